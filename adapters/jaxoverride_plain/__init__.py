@@ -1,0 +1,39 @@
+"""Generic init-safe control flow for code that creates parameters as it first runs.
+
+``init_context()`` marks parameter creation; the ``init_safe_*`` combinators run each
+body or branch once to create its parameters, then run the ordinary JAX loop, so that
+init returns what apply returns. ``context()`` makes the neutral ``jaxoverride.lax``
+functions use them. No dependency beyond jaxoverride.
+"""
+
+from jaxoverride_plain._combinators import (
+    create_by_calling as create_by_calling,
+    init_safe_cond as init_safe_cond,
+    init_safe_fori_loop as init_safe_fori_loop,
+    init_safe_map as init_safe_map,
+    init_safe_scan as init_safe_scan,
+    init_safe_switch as init_safe_switch,
+    init_safe_while_loop as init_safe_while_loop,
+)
+from jaxoverride_plain._context import context as context
+from jaxoverride_plain._phase import (
+    applying as applying,
+    init_context as init_context,
+    is_applying as is_applying,
+    is_initializing as is_initializing,
+)
+
+__all__ = [
+    "applying",
+    "context",
+    "create_by_calling",
+    "init_context",
+    "init_safe_cond",
+    "init_safe_fori_loop",
+    "init_safe_map",
+    "init_safe_scan",
+    "init_safe_switch",
+    "init_safe_while_loop",
+    "is_applying",
+    "is_initializing",
+]

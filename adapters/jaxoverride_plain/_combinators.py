@@ -1,0 +1,286 @@
+"""Init-safe control flow: create every parameter first, then run the ordinary loop.
+
+At init each combinator makes a *creation pass*, running each body or branch once
+outside any JAX control flow, so that parameters are created by plain Python side
+effects rather than inside a trace, and then an *apply pass*: the very call that apply
+would make, with ``is_initializing()`` false. The result is therefore what apply
+returns, and a loop that runs zero times has still created its parameters.
+
+Adapters customise two hooks: ``initializing`` says whether to make the creation pass,
+and ``create`` runs it (Haiku's keeps new parameters but restores rng and state).
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+import jax
+import jax.numpy as jnp
+
+from jaxoverride_plain._phase import applying, is_initializing
+
+T = TypeVar("T")
+Thunk = Callable[[], Any]
+
+_NO_OPERAND: Any = inspect.signature(jax.lax.cond).parameters["operand"].default
+
+
+def create_by_calling(thunk: Thunk) -> None:
+    """The default ``create`` hook: run the creation pass and discard its result."""
+    thunk()
+
+
+def _init_safe(
+    initializing: Callable[[], bool], create: Callable[[Thunk], Any], creation: Thunk,
+    apply: Callable[[], T],
+) -> T:
+    if not initializing():
+        return apply()
+    create(creation)
+    with applying():
+        return apply()
+
+
+def _first_slice(xs: Any, reverse: bool = False) -> Any:
+    """The slice a loop over ``xs`` sees first; zeros of the slice shape if ``xs`` is empty."""
+
+    def first(leaf: Any) -> Any:
+        leaf = jnp.asarray(leaf)
+        if leaf.shape[0] == 0:
+            return jnp.zeros(leaf.shape[1:], leaf.dtype)
+        return leaf[-1 if reverse else 0]
+
+    return jax.tree_util.tree_map(first, xs)
+
+
+def _operands(operands: tuple[Any, ...], operand: Any) -> tuple[Any, ...]:
+    return operands if operand is _NO_OPERAND else (operand,)
+
+
+def init_safe_scan(
+    f: Callable[[Any, Any], tuple[Any, Any]],
+    init: Any,
+    xs: Any = None,
+    length: int | None = None,
+    reverse: bool = False,
+    unroll: int | bool = 1,
+    _split_transpose: bool = False,
+    *,
+    default_scan: Callable[..., Any] = jax.lax.scan,
+    initializing: Callable[[], bool] = is_initializing,
+    create: Callable[[Thunk], Any] = create_by_calling,
+) -> tuple[Any, Any]:
+    """``jax.lax.scan`` that creates the parameters its body uses when initialising.
+
+    Args:
+      f, init, xs, length, reverse, unroll: as for ``jax.lax.scan``.
+      default_scan: the scan to run the loop with (``jax.lax.scan``, or the next
+        implementation when called from an override).
+      initializing: whether to make the creation pass; ``is_initializing`` by default.
+      create: runs the creation pass, a thunk calling ``f`` once on ``init`` and the
+        first slice of ``xs`` (zeros of its shape if ``xs`` is empty).
+
+    Returns:
+      ``(carry, ys)``, exactly what ``default_scan`` returns.
+
+    Example:
+      >>> import jax.numpy as jnp
+      >>> from jaxoverride_plain import init_context, init_safe_scan, is_initializing
+      >>> params = {}
+      >>> def body(carry, x):
+      ...     if is_initializing():
+      ...         params.setdefault("w", jnp.float32(2.0))
+      ...     return carry * params["w"] + x, carry
+      >>> with init_context():
+      ...     carry, ys = init_safe_scan(body, 1.0, jnp.zeros(0))
+      >>> float(carry), ys.shape, sorted(params)
+      (1.0, (0,), ['w'])
+    """
+    return _init_safe(
+        initializing,
+        create,
+        lambda: f(init, _first_slice(xs, reverse)),
+        lambda: default_scan(f, init, xs, length, reverse, unroll, _split_transpose),
+    )
+
+
+def init_safe_while_loop(
+    cond_fun: Callable[[T], Any],
+    body_fun: Callable[[T], T],
+    init_val: T,
+    *,
+    default_while_loop: Callable[..., Any] = jax.lax.while_loop,
+    initializing: Callable[[], bool] = is_initializing,
+    create: Callable[[Thunk], Any] = create_by_calling,
+) -> T:
+    """``jax.lax.while_loop`` that creates its parameters when initialising.
+
+    The creation pass calls ``cond_fun`` and ``body_fun`` once on ``init_val``, even when
+    the loop would not run, so a zero-trip loop still creates its parameters and
+    returns ``init_val``.
+
+    Args:
+      cond_fun, body_fun, init_val: as for ``jax.lax.while_loop``.
+      default_while_loop, initializing, create: as for ``init_safe_scan``.
+
+    Returns:
+      What ``default_while_loop`` returns.
+
+    Example:
+      >>> from jaxoverride_plain import init_context, init_safe_while_loop
+      >>> with init_context():
+      ...     out = init_safe_while_loop(lambda x: x < 0, lambda x: x + 1, 5)
+      >>> int(out)
+      5
+    """
+    return _init_safe(
+        initializing,
+        create,
+        lambda: (cond_fun(init_val), body_fun(init_val)),
+        lambda: default_while_loop(cond_fun, body_fun, init_val),
+    )
+
+
+def init_safe_fori_loop(
+    lower: Any,
+    upper: Any,
+    body_fun: Callable[[Any, T], T],
+    init_val: T,
+    *,
+    unroll: int | bool | None = None,
+    default_fori_loop: Callable[..., Any] = jax.lax.fori_loop,
+    initializing: Callable[[], bool] = is_initializing,
+    create: Callable[[Thunk], Any] = create_by_calling,
+) -> T:
+    """``jax.lax.fori_loop`` that creates its parameters when initialising.
+
+    The creation pass calls ``body_fun(lower, init_val)`` once, whatever the trip count.
+
+    Args:
+      lower, upper, body_fun, init_val, unroll: as for ``jax.lax.fori_loop``.
+      default_fori_loop, initializing, create: as for ``init_safe_scan``.
+
+    Returns:
+      What ``default_fori_loop`` returns.
+
+    Example:
+      >>> from jaxoverride_plain import init_context, init_safe_fori_loop
+      >>> with init_context():
+      ...     out = init_safe_fori_loop(0, 3, lambda i, x: x + i, 0)
+      >>> int(out)
+      3
+    """
+    return _init_safe(
+        initializing,
+        create,
+        lambda: body_fun(jnp.asarray(lower), init_val),
+        lambda: default_fori_loop(lower, upper, body_fun, init_val, unroll=unroll),
+    )
+
+
+def init_safe_cond(
+    pred: Any,
+    true_fun: Callable[..., Any],
+    false_fun: Callable[..., Any],
+    *operands: Any,
+    operand: Any = _NO_OPERAND,
+    default_cond: Callable[..., Any] = jax.lax.cond,
+    initializing: Callable[[], bool] = is_initializing,
+    create: Callable[[Thunk], Any] = create_by_calling,
+) -> Any:
+    """``jax.lax.cond`` that creates the parameters of both branches when initialising.
+
+    Args:
+      pred, true_fun, false_fun, operands, operand: as for ``jax.lax.cond``.
+      default_cond, initializing, create: as for ``init_safe_scan``.
+
+    Returns:
+      What ``default_cond`` returns.
+
+    Example:
+      >>> from jaxoverride_plain import init_context, init_safe_cond
+      >>> with init_context():
+      ...     out = init_safe_cond(True, lambda x: x + 1, lambda x: x - 1, 1)
+      >>> int(out)
+      2
+    """
+    arguments = _operands(operands, operand)
+    keywords = {} if operand is _NO_OPERAND else {"operand": operand}
+    return _init_safe(
+        initializing,
+        create,
+        lambda: (true_fun(*arguments), false_fun(*arguments)),
+        lambda: default_cond(pred, true_fun, false_fun, *operands, **keywords),
+    )
+
+
+def init_safe_switch(
+    index: Any,
+    branches: Sequence[Callable[..., Any]],
+    *operands: Any,
+    operand: Any = _NO_OPERAND,
+    default_switch: Callable[..., Any] = jax.lax.switch,
+    initializing: Callable[[], bool] = is_initializing,
+    create: Callable[[Thunk], Any] = create_by_calling,
+) -> Any:
+    """``jax.lax.switch`` that creates the parameters of every branch when initialising.
+
+    Args:
+      index, branches, operands, operand: as for ``jax.lax.switch``.
+      default_switch, initializing, create: as for ``init_safe_scan``.
+
+    Returns:
+      What ``default_switch`` returns.
+
+    Example:
+      >>> from jaxoverride_plain import init_context, init_safe_switch
+      >>> with init_context():
+      ...     out = init_safe_switch(1, [lambda x: x, lambda x: x * 10], 2)
+      >>> int(out)
+      20
+    """
+    arguments = _operands(operands, operand)
+    keywords = {} if operand is _NO_OPERAND else {"operand": operand}
+    return _init_safe(
+        initializing,
+        create,
+        lambda: [branch(*arguments) for branch in branches],
+        lambda: default_switch(index, branches, *operands, **keywords),
+    )
+
+
+def init_safe_map(
+    f: Callable[[Any], Any],
+    xs: Any,
+    *,
+    batch_size: int | None = None,
+    default_map: Callable[..., Any] = jax.lax.map,
+    initializing: Callable[[], bool] = is_initializing,
+    create: Callable[[Thunk], Any] = create_by_calling,
+) -> Any:
+    """``jax.lax.map`` that creates the parameters of ``f`` when initialising.
+
+    Args:
+      f, xs, batch_size: as for ``jax.lax.map``.
+      default_map, initializing, create: as for ``init_safe_scan``; the creation pass
+        calls ``f`` on the first slice of ``xs`` (zeros of its shape if empty).
+
+    Returns:
+      What ``default_map`` returns.
+
+    Example:
+      >>> import jax.numpy as jnp
+      >>> from jaxoverride_plain import init_context, init_safe_map
+      >>> with init_context():
+      ...     out = init_safe_map(lambda x: x * 2, jnp.arange(3))
+      >>> out.tolist()
+      [0, 2, 4]
+    """
+    return _init_safe(
+        initializing,
+        create,
+        lambda: f(_first_slice(xs)),
+        lambda: default_map(f, xs, batch_size=batch_size),
+    )

@@ -1,0 +1,1 @@
+"""Side-by-side measurements of jaxoverride against raw JAX and its peers (``make bench``)."""

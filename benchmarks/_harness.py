@@ -1,0 +1,127 @@
+"""Timing helpers shared by the benchmark suites.
+
+Every measurement interleaves the candidates round by round, so that drift of the
+machine (frequency, other processes) hits all of them alike, and reports the median
+over rounds of the per-round ratio to the baseline. Suites return ``Row`` objects;
+``benchmarks.run`` runs each suite in its own process and writes the report.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+
+@dataclass
+class Row:
+    """One line of the report: our time against a baseline, as a ratio, with its target."""
+
+    suite: str
+    case: str
+    ours: str
+    baseline: str
+    ours_us: float
+    baseline_us: float
+    ratio: float
+    target: str = ""
+    met: bool | None = None
+    note: str = ""
+
+
+def block(value: Any) -> Any:
+    """Waits for every array in ``value``, so that a timing includes the computation."""
+    import jax
+
+    return jax.block_until_ready(value)
+
+
+def interleaved(
+    candidates: dict[str, Callable[[], Any]],
+    *,
+    number: int,
+    rounds: int = 25,
+    warmup: int = 3,
+) -> dict[str, list[float]]:
+    """Seconds per call of each candidate, one entry per round; rounds interleave them."""
+    for fn in candidates.values():
+        for _ in range(warmup):
+            block(fn())
+    samples: dict[str, list[float]] = {name: [] for name in candidates}
+    for _ in range(rounds):
+        for name, fn in candidates.items():
+            start = time.perf_counter()
+            for _ in range(number):
+                fn()
+            samples[name].append((time.perf_counter() - start) / number)
+    return samples
+
+
+def ratio_rows(
+    suite: str,
+    case: str,
+    samples: dict[str, list[float]],
+    baseline: str,
+    targets: dict[str, tuple[str, Callable[[float], bool]]] | None = None,
+    note: str = "",
+) -> list[Row]:
+    """One ``Row`` per non-baseline candidate: median time, and median per-round ratio.
+
+    ``targets`` maps a candidate to ``(description, predicate on the ratio)``.
+    """
+    targets = targets or {}
+    base = samples[baseline]
+    rows = []
+    for name, times in samples.items():
+        if name == baseline:
+            continue
+        ratio = statistics.median(t / b for t, b in zip(times, base, strict=True))
+        description, check = targets.get(name, ("", None))
+        rows.append(
+            Row(
+                suite=suite,
+                case=case,
+                ours=name,
+                baseline=baseline,
+                ours_us=statistics.median(times) * 1e6,
+                baseline_us=statistics.median(base) * 1e6,
+                ratio=ratio,
+                target=description,
+                met=None if check is None else bool(check(ratio)),
+                note=note,
+            )
+        )
+    return rows
+
+
+def at_most(limit: float) -> tuple[str, Callable[[float], bool]]:
+    return f"<= {limit:g}x", lambda ratio: ratio <= limit
+
+
+def at_least_faster(factor: float) -> tuple[str, Callable[[float], bool]]:
+    """Target: ours at least ``factor`` times faster than the baseline (ratio <= 1/factor)."""
+    return f">= {factor:g}x faster", lambda ratio: ratio <= 1.0 / factor
+
+
+def main(run: Callable[[bool], list[Row]]) -> None:
+    """Command line of a suite: ``python -m benchmarks.bench_x [--quick] [--json PATH]``."""
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--quick", action="store_true", help="fewer rounds, for smoke tests")
+    parser.add_argument("--json", help="write the rows here as JSON")
+    options = parser.parse_args()
+    rows = run(options.quick)
+    if options.json:
+        with open(options.json, "w") as handle:
+            json.dump([asdict(row) for row in rows], handle, indent=1)
+    for row in rows:
+        status = {True: "met", False: "MISSED", None: ""}[row.met]
+        print(
+            f"{row.suite:6s} {row.case:42s} {row.ours:24s} {row.ratio:8.3f}x vs "
+            f"{row.baseline:20s} {row.target:14s} {status}",
+            file=sys.stderr,
+        )

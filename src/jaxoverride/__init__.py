@@ -1,0 +1,73 @@
+"""jaxoverride: one neutral API over JAX's transforms and control flow.
+
+Library code calls ``jaxoverride.jit``, ``jaxoverride.lax.scan`` and the rest where it
+would call ``jax.jit`` and ``jax.lax.scan``. With nothing active these are JAX's own
+functions in results, jaxprs and speed. Adapters (``jaxoverride_haiku``,
+``jaxoverride_nnx``, ``jaxoverride_plain``, ``jaxoverride_dag``) plug into the override
+stack and make the same calls stateful, init-safe or identity-preserving.
+"""
+
+from jaxoverride import lax as lax
+from jaxoverride._api import (
+    checkpoint as checkpoint,
+    eval_shape as eval_shape,
+    grad as grad,
+    hessian as hessian,
+    jacfwd as jacfwd,
+    jacrev as jacrev,
+    jit as jit,
+    jvp as jvp,
+    linearize as linearize,
+    pmap as pmap,
+    remat as remat,
+    shard_map as shard_map,
+    value_and_grad as value_and_grad,
+    vjp as vjp,
+    vmap as vmap,
+)
+from jaxoverride._context import (
+    Installation as Installation,
+    OverrideContext as OverrideContext,
+    install as install,
+    override_context as override_context,
+    uninstall as uninstall,
+)
+from jaxoverride._dispatch import next_impl as next_impl, resolve as resolve
+from jaxoverride._interpose import Interposition as Interposition, interpose as interpose
+from jaxoverride._introspect import Stack as Stack, current_stack as current_stack
+from jaxoverride._names import OVERRIDEABLE as OVERRIDEABLE
+from jaxoverride._neutral import Transformed as Transformed
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "OVERRIDEABLE",
+    "Installation",
+    "Interposition",
+    "OverrideContext",
+    "Stack",
+    "Transformed",
+    "checkpoint",
+    "current_stack",
+    "eval_shape",
+    "grad",
+    "hessian",
+    "install",
+    "interpose",
+    "jacfwd",
+    "jacrev",
+    "jit",
+    "jvp",
+    "lax",
+    "linearize",
+    "next_impl",
+    "override_context",
+    "pmap",
+    "remat",
+    "resolve",
+    "shard_map",
+    "uninstall",
+    "value_and_grad",
+    "vjp",
+    "vmap",
+]

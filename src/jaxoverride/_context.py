@@ -1,0 +1,216 @@
+"""``override_context`` and process-wide ``install``/``uninstall``."""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any, TypeVar
+
+from jaxoverride import _stack
+from jaxoverride._names import check_mapping
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _label(mapping: object, impls: Mapping[str, Callable[..., Any]], name: str | None,
+           kind: str) -> str:
+    if name is not None:
+        if not isinstance(name, str):
+            raise TypeError(f"name= must be a string label, got {type(name).__name__} {name!r}.")
+        return name
+    if isinstance(mapping, OverrideContext):
+        return mapping.name
+    owners = sorted({getattr(impl, "__module__", None) or "?" for impl in impls.values()})
+    return f"{kind}(" + ", ".join(owners) + ")"
+
+
+class OverrideContext(Mapping[str, Callable[..., Any]]):
+    """A layer of overrides, entered with ``with``; returned by ``override_context``.
+
+    It is also a read-only mapping of its overrides, so contexts compose:
+    ``override_context({**jaxoverride_plain.context(), "jit": my_jit})``. One object may
+    be entered any number of times, nested, and from many threads and asyncio tasks at
+    once; it keeps no state of its own. Used as a decorator, it enters around each call.
+    """
+
+    __slots__ = ("_layer",)
+
+    def __init__(self, mapping: Mapping[str, Callable[..., Any]], *, name: str | None = None):
+        impls = check_mapping(mapping, where="jaxoverride.override_context")
+        self._layer = _stack.intern_layer(_label(mapping, impls, name, "override_context"), impls)
+
+    @property
+    def name(self) -> str:
+        """The label shown by ``jaxoverride.current_stack()``."""
+        return self._layer.label
+
+    def __getitem__(self, key: str) -> Callable[..., Any]:
+        return self._layer.impls[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._layer.impls)
+
+    def __len__(self) -> int:
+        return len(self._layer.impls)
+
+    def __enter__(self) -> OverrideContext:
+        current = _stack.context_snapshot()
+        _stack.enter(current.push(self._layer), self)
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        _stack.leave(self)
+
+    def __call__(self, fn: F) -> F:
+        """Decorates ``fn`` so that each of its calls runs inside this context."""
+        if not callable(fn):
+            raise TypeError(
+                f"{self!r} used as a decorator expects a function, got {type(fn).__name__}."
+            )
+        if inspect.iscoroutinefunction(fn):
+
+            @functools.wraps(fn)
+            async def run_async(*args: Any, **kwargs: Any) -> Any:
+                with self:
+                    return await fn(*args, **kwargs)
+
+            return run_async  # type: ignore[return-value]
+
+        @functools.wraps(fn)
+        def run(*args: Any, **kwargs: Any) -> Any:
+            with self:
+                return fn(*args, **kwargs)
+
+        return run  # type: ignore[return-value]
+
+    def __repr__(self) -> str:
+        return f"<OverrideContext {self.name}: {', '.join(sorted(self))}>"
+
+
+def override_context(
+    mapping: Mapping[str, Callable[..., Any]], *, name: str | None = None
+) -> OverrideContext:
+    """A context in which neutral functions dispatch to the given implementations.
+
+    Contexts nest: the innermost override of a name wins, and reaches the ones below it
+    with ``jaxoverride.next_impl``. They are private to a thread and to an asyncio task,
+    unwind on exceptions, and are resolved when a neutral function is called, so
+    ``jo.jit(f)`` may be created before a context is entered.
+
+    Args:
+      mapping: ``{name: implementation}`` where each name is in
+        ``jaxoverride.OVERRIDEABLE`` and each implementation has the signature of the JAX
+        function it replaces (``"lax.scan"`` takes ``jax.lax.scan``'s arguments; ``"jit"``
+        takes ``jax.jit``'s and returns the jitted function).
+      name: a label for ``jaxoverride.current_stack()``; by default, the modules that
+        define the implementations.
+
+    Returns:
+      An ``OverrideContext``: a context manager, a decorator, and a read-only mapping.
+
+    Raises:
+      TypeError: ``mapping`` is not a mapping, or an implementation is not callable.
+      ValueError: a name is not overridable; the message names the closest valid one.
+
+    Example:
+      >>> import jax, jaxoverride as jo
+      >>> seen = []
+      >>> def logging_scan(f, init, xs=None, length=None, **kwargs):
+      ...     seen.append("scan")
+      ...     return jo.next_impl("lax.scan")(f, init, xs, length, **kwargs)
+      >>> with jo.override_context({"lax.scan": logging_scan}, name="logging"):
+      ...     _ = jo.lax.scan(lambda c, x: (c + x, None), 0, xs=jax.numpy.arange(3))
+      >>> seen
+      ['scan']
+    """
+    return OverrideContext(mapping, name=name)
+
+
+class Installation:
+    """A handle on an adapter installed for the whole process; see ``install``."""
+
+    __slots__ = ("_entry",)
+
+    def __init__(self, entry: _stack.Installed):
+        self._entry = entry
+
+    @property
+    def name(self) -> str:
+        return self._entry.layer.label
+
+    @property
+    def installed(self) -> bool:
+        """Whether this installation is still registered."""
+        return self._entry in _stack.installed
+
+    def uninstall(self) -> bool:
+        """Removes the installation; returns False if it had already been removed."""
+        return _stack.remove_installed(self._entry)
+
+    def __enter__(self) -> Installation:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.uninstall()
+
+    def __repr__(self) -> str:
+        state = "installed" if self.installed else "uninstalled"
+        return f"<Installation {self.name} ({state})>"
+
+
+def install(
+    mapping: Mapping[str, Callable[..., Any]],
+    *,
+    when: Callable[[], bool] | None = None,
+    name: str | None = None,
+) -> Installation:
+    """Registers overrides for every thread and task, active while ``when()`` is true.
+
+    This is how a framework adapter makes library code stateful without the library
+    knowing: ``jaxoverride_haiku.install()`` installs the Haiku overrides with a
+    predicate that holds only inside ``hk.transform``. Installed layers sit beneath all
+    entered contexts, in installation order. Installing an equal layer with the same
+    predicate again returns the existing installation.
+
+    Args:
+      mapping: as for ``override_context``; an ``OverrideContext`` works too.
+      when: a cheap predicate called on every neutral call while installed; ``None``
+        means always active.
+      name: a label for ``jaxoverride.current_stack()``.
+
+    Returns:
+      An ``Installation``; call its ``uninstall()`` (or ``jaxoverride.uninstall``) to
+      remove it. Used as a context manager it uninstalls on exit.
+
+    Example:
+      >>> import jax, jaxoverride as jo
+      >>> switch = {"on": False}
+      >>> handle = jo.install({"lax.map": lambda f, xs, **kw: "overridden"},
+      ...                     when=lambda: switch["on"], name="demo")
+      >>> jo.lax.map(abs, jax.numpy.arange(2)).tolist()
+      [0, 1]
+      >>> switch["on"] = True
+      >>> jo.lax.map(abs, jax.numpy.arange(2))
+      'overridden'
+      >>> handle.uninstall()
+      True
+    """
+    impls = check_mapping(mapping, where="jaxoverride.install")
+    if when is not None and not callable(when):
+        raise TypeError(
+            f"jaxoverride.install: when= must be a predicate taking no arguments, got "
+            f"{type(when).__name__} {when!r}."
+        )
+    layer = _stack.intern_layer(_label(mapping, impls, name, "install"), impls)
+    return Installation(_stack.add_installed(_stack.Installed(layer, when)))
+
+
+def uninstall(installation: Installation) -> bool:
+    """Removes an installation made by ``install``; returns False if it was already removed."""
+    if not isinstance(installation, Installation):
+        raise TypeError(
+            "jaxoverride.uninstall expects the Installation that install() returned, got "
+            f"{type(installation).__name__}."
+        )
+    return installation.uninstall()

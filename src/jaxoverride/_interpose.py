@@ -1,0 +1,205 @@
+"""``interpose``: make an unmodified module's jax calls neutral by rebinding its globals."""
+
+from __future__ import annotations
+
+import sys
+import threading
+import types
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import jax
+import jax.lax
+
+from jaxoverride import _api, _lax
+from jaxoverride import lax as neutral_lax
+from jaxoverride._names import JAX_IMPLS
+
+
+class _NeutralJax(types.ModuleType):
+    """``jax`` as an interposed module sees it: neutral transforms, the rest is jax's."""
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(jax, name)
+
+    def __dir__(self) -> list[str]:
+        return dir(jax)
+
+
+def _neutral_object(name: str) -> Any:
+    return getattr(_lax, name[4:]) if name.startswith("lax.") else getattr(_api, name)
+
+
+neutral_jax = _NeutralJax("jax", "jax, with jaxoverride's neutral transforms and lax.")
+for _name in JAX_IMPLS:
+    if not _name.startswith("lax."):
+        setattr(neutral_jax, _name, _neutral_object(_name))
+neutral_jax.lax = neutral_lax
+
+# identity of a raw jax object -> (the object, its neutral replacement)
+_REPLACEMENTS: dict[int, tuple[Any, Any]] = {
+    id(jax): (jax, neutral_jax),
+    id(jax.lax): (jax.lax, neutral_lax),
+    **{id(impl): (impl, _neutral_object(name)) for name, impl in JAX_IMPLS.items()},
+}
+_REFUSED_PREFIXES = ("jax", "jaxlib", "jaxoverride")
+
+
+@dataclass
+class _Binding:
+    module: types.ModuleType
+    attribute: str
+    original: Any
+    replacement: Any
+    holders: int = 0
+
+
+_lock = threading.Lock()
+_bindings: dict[tuple[int, str], _Binding] = {}
+
+
+@dataclass
+class Interposition:
+    """What ``interpose`` rebound; ``restore()`` (or leaving the ``with`` block) undoes it.
+
+    Attributes:
+      rebound: ``{module name: [attribute, ...]}`` that now refer to the neutral API.
+      precompiled: ``module.attribute`` names holding functions that ``jax.jit`` compiled
+        when the module was imported. Interposition cannot reach inside them: they keep
+        calling raw JAX until the module is re-imported while interposed.
+    """
+
+    rebound: dict[str, list[str]] = field(default_factory=dict)
+    precompiled: list[str] = field(default_factory=list)
+    _held: list[_Binding] = field(default_factory=list, repr=False)
+
+    def restore(self) -> None:
+        """Rebinds the original jax objects, unless another interposition still holds them."""
+        with _lock:
+            _release(self)
+
+    def __enter__(self) -> Interposition:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.restore()
+
+
+def _release(handle: Interposition) -> None:
+    held, handle._held = handle._held, []
+    for binding in reversed(held):
+        binding.holders -= 1
+        if binding.holders:
+            continue
+        del _bindings[(id(binding.module), binding.attribute)]
+        if binding.module.__dict__.get(binding.attribute) is binding.replacement:
+            setattr(binding.module, binding.attribute, binding.original)
+
+
+def _is_refused(module_name: str) -> bool:
+    return any(
+        module_name == prefix or module_name.startswith((prefix + ".", prefix + "_"))
+        for prefix in _REFUSED_PREFIXES
+    )
+
+
+def _submodules(module: types.ModuleType) -> Iterable[types.ModuleType]:
+    prefix = module.__name__ + "."
+    for name, candidate in list(sys.modules.items()):
+        if name.startswith(prefix) and isinstance(candidate, types.ModuleType):
+            yield candidate
+
+
+def _is_precompiled(value: Any) -> bool:
+    return type(value).__name__ == "PjitFunction"
+
+
+def interpose(module: types.ModuleType, *, recursive: bool = False) -> Interposition:
+    """Makes an unmodified module's calls to jax go through the neutral API.
+
+    The module's globals that refer to ``jax``, ``jax.lax`` or an overridable JAX function
+    (``import jax``, ``from jax import lax``, ``import jax.lax as lax``,
+    ``from jax.lax import scan``, ``from jax import jit``) are rebound to their neutral
+    counterparts; nothing else in the module changes. With nothing active the neutral API
+    is JAX itself, so this is safe to leave in place. It is idempotent and nests: each
+    handle keeps the bindings alive until it is restored.
+
+    Args:
+      module: the module object whose functions call jax.
+      recursive: also interpose every already-imported submodule of a package.
+
+    Returns:
+      An ``Interposition`` handle: use it as a context manager to restore the module on
+      exit, or call ``restore()``. ``precompiled`` lists functions that were compiled
+      with ``jax.jit`` at import time and so stay out of reach.
+
+    Raises:
+      TypeError: ``module`` is not a module object.
+      ValueError: the module is jax, jaxlib or jaxoverride itself, or refers to no jax
+        object that could be interposed.
+
+    Example:
+      >>> import jaxoverride as jo
+      >>> import optax._src.linesearch as linesearch
+      >>> with jo.interpose(linesearch) as handle:
+      ...     linesearch.jax.lax.while_loop is jo.lax.while_loop
+      True
+      >>> handle.rebound
+      {'optax._src.linesearch': ['jax']}
+      >>> linesearch.jax.lax.while_loop is jo.lax.while_loop
+      False
+    """
+    if not isinstance(module, types.ModuleType):
+        hint = (
+            " Pass the module object: interpose(importlib.import_module(name))."
+            if isinstance(module, str)
+            else " It rebinds a module's globals, so it needs the module that defines the"
+            " functions (see their __module__)."
+        )
+        raise TypeError(
+            f"jaxoverride.interpose expects a module, got {type(module).__name__} "
+            f"{module!r}.{hint}"
+        )
+    if _is_refused(module.__name__):
+        raise ValueError(
+            f"jaxoverride.interpose refuses {module.__name__!r}: jax, jaxlib and jaxoverride "
+            "must keep calling JAX directly. Interpose the library that calls jax instead."
+        )
+    modules = [module]
+    if recursive:
+        modules += [m for m in _submodules(module) if not _is_refused(m.__name__)]
+
+    handle = Interposition()
+    relevant = False
+    with _lock:
+        try:
+            for target in modules:
+                for attribute, value in list(vars(target).items()):
+                    binding = _bindings.get((id(target), attribute))
+                    if binding is not None and value is binding.replacement:
+                        relevant = True
+                    elif (entry := _REPLACEMENTS.get(id(value))) and entry[0] is value:
+                        relevant = True
+                        binding = _Binding(target, attribute, value, entry[1])
+                        setattr(target, attribute, entry[1])
+                        _bindings[(id(target), attribute)] = binding
+                    else:
+                        if _is_precompiled(value):
+                            handle.precompiled.append(f"{target.__name__}.{attribute}")
+                        continue
+                    binding.holders += 1
+                    handle._held.append(binding)
+                    handle.rebound.setdefault(target.__name__, []).append(attribute)
+        except BaseException:
+            _release(handle)
+            raise
+    if not relevant:
+        where = "it or its submodules" if recursive else "it"
+        raise ValueError(
+            f"jaxoverride.interpose: {module.__name__!r} holds no module-level reference to "
+            f"jax, jax.lax or an overridable jax function, so there is nothing to rebind in "
+            f"{where}. Interpose the submodule that calls jax (see the functions' "
+            "__module__), or pass recursive=True for a package."
+        )
+    return handle

@@ -1,0 +1,90 @@
+"""The overridable names, the JAX function behind each, and name validation."""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import jax
+
+# A transform takes a function and returns a function; the override of a transform is
+# called once per (wrapper, active stack) to build that function, and the result is cached.
+TRANSFORMS: Mapping[str, Callable[..., Any]] = {
+    "jit": jax.jit,
+    "vmap": jax.vmap,
+    "pmap": jax.pmap,
+    "grad": jax.grad,
+    "value_and_grad": jax.value_and_grad,
+    "jacfwd": jax.jacfwd,
+    "jacrev": jax.jacrev,
+    "hessian": jax.hessian,
+    "checkpoint": jax.checkpoint,
+    "remat": jax.remat,
+    "shard_map": jax.shard_map,
+}
+
+# A call runs at once; its override is resolved and called on every call.
+CALLS: Mapping[str, Callable[..., Any]] = {
+    "jvp": jax.jvp,
+    "vjp": jax.vjp,
+    "linearize": jax.linearize,
+    "eval_shape": jax.eval_shape,
+    "lax.scan": jax.lax.scan,
+    "lax.while_loop": jax.lax.while_loop,
+    "lax.fori_loop": jax.lax.fori_loop,
+    "lax.cond": jax.lax.cond,
+    "lax.switch": jax.lax.switch,
+    "lax.map": jax.lax.map,
+}
+
+JAX_IMPLS: Mapping[str, Callable[..., Any]] = {**TRANSFORMS, **CALLS}
+
+OVERRIDEABLE: frozenset[str] = frozenset(JAX_IMPLS)
+"""Every name that ``override_context`` and ``install`` accept, such as ``"jit"`` and
+``"lax.scan"``."""
+
+
+def check_name(name: object, *, where: str) -> str:
+    """Returns ``name`` if it is overridable, or raises an error that names the closest match."""
+    if not isinstance(name, str):
+        raise TypeError(
+            f"{where}: override names are strings such as 'lax.scan' or 'jit', "
+            f"got {type(name).__name__} {name!r}."
+        )
+    if name in OVERRIDEABLE:
+        return name
+    candidates = sorted(OVERRIDEABLE)
+    hint = ""
+    if f"lax.{name}" in OVERRIDEABLE:
+        hint = f" Did you mean 'lax.{name}'? Control flow lives under the 'lax.' prefix."
+    elif close := difflib.get_close_matches(name, candidates, n=1, cutoff=0.5):
+        hint = f" Did you mean {close[0]!r}?"
+    raise ValueError(
+        f"{where}: unknown override name {name!r}.{hint} "
+        f"Overridable names are: {', '.join(candidates)}."
+    )
+
+
+def check_mapping(mapping: object, *, where: str) -> dict[str, Callable[..., Any]]:
+    """Validates a ``{name: implementation}`` mapping and returns it as a fresh dict."""
+    if not isinstance(mapping, Mapping):
+        raise TypeError(
+            f"{where} expects a mapping from overridable names to implementations, such as "
+            f"{{'lax.scan': my_scan}}; got {type(mapping).__name__}. "
+            "Build one with dict(...) or pass an adapter's context()."
+        )
+    impls: dict[str, Callable[..., Any]] = {}
+    for name, impl in mapping.items():
+        check_name(name, where=where)
+        if not callable(impl):
+            raise TypeError(
+                f"{where}: the override for {name!r} must be callable with the signature of "
+                f"{_jax_path(name)}, got {type(impl).__name__} {impl!r}."
+            )
+        impls[name] = impl
+    return impls
+
+
+def _jax_path(name: str) -> str:
+    return f"jax.{name}"

@@ -1,0 +1,202 @@
+"""Factories that turn a JAX function into its neutral counterpart.
+
+A *call* (``lax.scan``, ``jvp``, ...) resolves the stack each time it is called. A
+*transform* (``jit``, ``vmap``, ...) returns a ``Transformed`` wrapper that resolves the
+stack each time the wrapper is called, and builds the transformed function once per
+snapshot. While the process is idle the wrapper's target is the plain JAX object
+itself, so a cache hit of ``jo.jit(f)`` costs what ``jax.jit(f)`` costs.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import types
+import weakref
+from collections.abc import Callable
+from typing import Any, TypeVar, cast
+
+from jaxoverride import _stack
+from jaxoverride._dispatch import dispatch
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+_NOTE = (
+    "Neutral ``{path}``: identical to it while no override is active; otherwise the "
+    "active override of ``{name!r}`` is chosen {when}. See ``jaxoverride.override_context``."
+    "\n\nThe documentation of ``{path}`` follows.\n\n"
+)
+
+
+def _doc(name: str, default: Callable[..., Any], when: str) -> str:
+    path = f"jax.{name}"
+    return _NOTE.format(path=path, name=name, when=when) + inspect.cleandoc(default.__doc__ or "")
+
+
+def neutral_call(name: str, default: F) -> F:
+    """Builds the neutral version of a JAX function that runs at once (a call)."""
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        if _stack.idle:
+            return default(*args, **kwargs)
+        return dispatch(_stack.effective_snapshot(), name, args, kwargs)
+
+    call.__name__ = default.__name__
+    call.__qualname__ = name
+    call.__module__ = "jaxoverride.lax" if name.startswith("lax.") else "jaxoverride"
+    call.__doc__ = _doc(name, default, "at every call")
+    call.__wrapped__ = default  # type: ignore[attr-defined]
+    return cast(F, call)
+
+
+class _TransformState:
+    """Everything a ``Transformed`` needs off its fast path; it never refers back strongly."""
+
+    __slots__ = ("args", "builds", "fun", "kwargs", "name", "owner", "plain")
+
+    def __init__(self, name: str, fun: Callable[..., Any], args: tuple[Any, ...],
+                 kwargs: dict[str, Any], plain: Callable[..., Any]):
+        self.name = name
+        self.fun = fun
+        self.args = args
+        self.kwargs = kwargs
+        self.plain = plain
+        self.builds: dict[_stack.Snapshot, Callable[..., Any]] = {}
+        self.owner: weakref.ref[Transformed] | None = None
+
+    def target(self) -> Callable[..., Any]:
+        """The transformed function for the stack active here and now."""
+        snapshot = _stack.effective_snapshot()
+        if snapshot is _stack.ROOT:
+            return self.plain
+        built = self.builds.get(snapshot)
+        if built is None:
+            built = dispatch(snapshot, self.name, (self.fun, *self.args), dict(self.kwargs))
+            self.builds[snapshot] = built
+        return built
+
+
+def _slow_call(state: _TransformState, /, *args: Any, **kwargs: Any) -> Any:
+    if _stack.idle and state.owner is not None and (owner := state.owner()) is not None:
+        owner._switch_to_fast()
+    return state.target()(*args, **kwargs)
+
+
+class Transformed(functools.partial):  # type: ignore[type-arg]
+    """The function returned by a neutral transform such as ``jaxoverride.jit(f)``.
+
+    Calling it runs the transform that the active stack selects for ``f``: JAX's own
+    while nothing is active, an override's otherwise, built once per distinct stack.
+    Attributes of the selected function, such as ``lower``, ``trace`` and
+    ``eval_shape`` of a jitted function, are forwarded, and ``__wrapped__`` is ``f``.
+
+    Example:
+      >>> import jax.numpy as jnp, jaxoverride as jo
+      >>> f = jo.jit(lambda x: x * 2)
+      >>> f(jnp.arange(3))
+      Array([0, 2, 4], dtype=int32)
+      >>> f.lower(jnp.arange(3)).as_text()[:6]
+      'module'
+    """
+
+    # The partial's target is switched between ``state.plain`` (process idle) and
+    # ``_slow_call`` bound to ``state``: a call then never pays for a Python frame
+    # while nothing can be active.
+
+    def __new__(cls, name: str, default: Callable[..., Any], fun: Callable[..., Any],
+                args: tuple[Any, ...], kwargs: dict[str, Any]) -> Transformed:
+        plain = default(fun, *args, **kwargs)
+        self = super().__new__(cls, plain)
+        state = _TransformState(name, fun, args, kwargs, plain)
+        state.owner = weakref.ref(self)
+        attributes = self.__dict__
+        for attribute in ("__module__", "__name__", "__qualname__", "__doc__"):
+            value = getattr(plain, attribute, None) or getattr(fun, attribute, None)
+            if value is not None:
+                attributes[attribute] = value
+        attributes["__wrapped__"] = getattr(plain, "__wrapped__", fun)
+        attributes["_jaxoverride_state"] = state
+        if not _stack.register_fast(self):
+            self._switch_to_slow()
+        return self
+
+    def _switch_to_slow(self) -> None:
+        state: _TransformState = self.__dict__["_jaxoverride_state"]
+        self.__setstate__((_slow_call, (state,), None, self.__dict__))
+
+    def _switch_to_fast(self) -> None:
+        if _stack.register_fast(self):
+            state: _TransformState = self.__dict__["_jaxoverride_state"]
+            self.__setstate__((state.plain, (), None, self.__dict__))
+
+    def __get__(self, instance: object, owner: type | None = None) -> Any:
+        return self if instance is None else types.MethodType(self, instance)
+
+    def lower(self, *args: Any, **kwargs: Any) -> Any:
+        """Lowers the function selected by the active stack; see ``jax.jit(...).lower``."""
+        return self._selected_attribute("lower")(*args, **kwargs)
+
+    def trace(self, *args: Any, **kwargs: Any) -> Any:
+        """Traces the function selected by the active stack; see ``jax.jit(...).trace``."""
+        return self._selected_attribute("trace")(*args, **kwargs)
+
+    def eval_shape(self, *args: Any, **kwargs: Any) -> Any:
+        """Output shapes of the function selected by the active stack, as ``jax.eval_shape``."""
+        return self._selected_attribute("eval_shape")(*args, **kwargs)
+
+    def _selected_attribute(self, attribute: str) -> Any:
+        state: _TransformState = self.__dict__["_jaxoverride_state"]
+        target = state.target()
+        try:
+            return getattr(target, attribute)
+        except AttributeError:
+            raise AttributeError(
+                f"jaxoverride.{state.name}({getattr(state.fun, '__name__', state.fun)!r}) "
+                f"has no attribute {attribute!r} under the active stack: the implementation "
+                f"of {state.name!r} selected here returned {type(target).__name__}, which "
+                "lacks it. See jaxoverride.current_stack() for what is active."
+            ) from None
+
+    def __getattr__(self, attribute: str) -> Any:
+        if attribute.startswith("__") or attribute == "_jaxoverride_state":
+            raise AttributeError(attribute)
+        return self._selected_attribute(attribute)
+
+    def __repr__(self) -> str:
+        state: _TransformState = self.__dict__["_jaxoverride_state"]
+        return f"<jaxoverride.{state.name} of {state.fun!r}>"
+
+    def __reduce__(self) -> Any:
+        raise TypeError("jaxoverride transformed functions cannot be pickled; pickle the "
+                        "underlying function and transform it again after loading.")
+
+
+def _function_parameter(default: Callable[..., Any]) -> inspect.Parameter:
+    return next(iter(inspect.signature(default).parameters.values()))
+
+
+def neutral_transform(name: str, default: F) -> F:
+    """Builds the neutral version of a JAX transform (a function of a function)."""
+    parameter = _function_parameter(default)
+    optional = parameter.default is not inspect.Parameter.empty
+    by_keyword = parameter.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD
+
+    def transform(*args: Any, **kwargs: Any) -> Any:
+        if args:
+            fun, rest = args[0], args[1:]
+        elif by_keyword and parameter.name in kwargs:
+            fun, rest = kwargs.pop(parameter.name), ()
+        elif optional:
+            fun, rest = parameter.default, ()
+        else:
+            return default(**kwargs)  # JAX reports the missing function in its own words.
+        if optional and fun is parameter.default:
+            # As in JAX, ``transform(**options)`` returns a decorator.
+            return functools.partial(transform, *rest, **kwargs)
+        return Transformed(name, default, fun, rest, kwargs)
+
+    functools.update_wrapper(transform, default, assigned=("__name__", "__annotations__"))
+    transform.__qualname__ = name
+    transform.__module__ = "jaxoverride"
+    transform.__doc__ = _doc(name, default, "each time the returned function is called")
+    return cast(F, transform)

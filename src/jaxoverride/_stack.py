@@ -1,0 +1,287 @@
+"""The override stack: interned layers and snapshots, and the process-wide idle flag.
+
+A *layer* is one immutable ``{name: implementation}`` mapping. A *snapshot* is an
+interned tuple of layers, bottom first. The contextvar ``_current`` holds an
+*activation* per entered context; the effective snapshot adds the installed adapters
+whose predicate holds underneath it.
+
+``idle`` is true while no activation is alive anywhere in the process and nothing is
+installed. Neutral functions read it to take JAX's own path with no further work, and
+transform wrappers (see ``_neutral``) are switched to their plain JAX target while it
+holds. An activation counts as alive while any contextvars context can still see it,
+including one copied by ``asyncio.create_task``, because it is counted down only when
+the activation object itself is freed.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import itertools
+import threading
+import weakref
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import jax
+
+_lock = threading.RLock()
+_serials = itertools.count(1)
+
+
+class Layer:
+    """One level of the override stack: an immutable mapping from names to implementations."""
+
+    __slots__ = ("__weakref__", "impls", "label", "serial")
+
+    def __init__(self, label: str, impls: dict[str, Callable[..., Any]]):
+        self.label = label
+        self.impls = impls
+        self.serial = next(_serials)
+
+    def __repr__(self) -> str:
+        return f"<Layer {self.label}: {', '.join(sorted(self.impls))}>"
+
+
+# Interning makes equal layers and snapshots the same objects, so that re-entering a
+# context finds the caches built for it earlier. Both tables are strong and bounded:
+# when one overflows it is cleared, which costs at most a retrace, never a wrong result.
+_TABLE_LIMIT = 4096
+_layers: dict[tuple[Any, ...], Layer] = {}
+
+
+def intern_layer(label: str, impls: dict[str, Callable[..., Any]]) -> Layer:
+    # Implementations are keyed by identity: the table holds the layer, and so keeps each
+    # implementation alive for as long as its id is part of a key.
+    key = (label, *sorted((name, id(impl)) for name, impl in impls.items()))
+    try:
+        return _layers[key]
+    except KeyError:
+        pass
+    with _lock:
+        if len(_layers) >= _TABLE_LIMIT:
+            _layers.clear()
+        return _layers.setdefault(key, Layer(label, dict(impls)))
+
+
+class Snapshot:
+    """An immutable, interned stack of layers (bottom first); hashable and cheap to compare."""
+
+    __slots__ = ("_hash", "_top", "layers", "serial")
+
+    def __init__(self, layers: tuple[Layer, ...]):
+        self.layers = layers
+        self.serial = next(_serials)
+        self._hash = hash(layers)
+        self._top = {name: level for level, layer in enumerate(layers) for name in layer.impls}
+
+    def top(self, name: str) -> int | None:
+        """The level of the topmost layer that overrides ``name``."""
+        return self._top.get(name)
+
+    def below(self, name: str, level: int) -> int | None:
+        """The level of the topmost layer under ``level`` that overrides ``name``."""
+        for lower in range(level - 1, -1, -1):
+            if name in self.layers[lower].impls:
+                return lower
+        return None
+
+    def push(self, layer: Layer) -> Snapshot:
+        return snapshot_of((*self.layers, layer))
+
+    def under(self, base: tuple[Layer, ...]) -> Snapshot:
+        return snapshot_of((*base, *self.layers))
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __eq__(self, other: object) -> bool:
+        return self is other or (isinstance(other, Snapshot) and self.layers == other.layers)
+
+    def __repr__(self) -> str:
+        return f"<Snapshot {[layer.label for layer in self.layers]}>"
+
+
+_snapshots: dict[tuple[Layer, ...], Snapshot] = {}
+
+
+def snapshot_of(layers: tuple[Layer, ...]) -> Snapshot:
+    try:
+        return _snapshots[layers]
+    except KeyError:
+        pass
+    with _lock:
+        if len(_snapshots) >= _TABLE_LIMIT:
+            _snapshots.clear()
+            _snapshots[()] = ROOT
+        return _snapshots.setdefault(layers, Snapshot(layers))
+
+
+ROOT = Snapshot(())
+_snapshots[()] = ROOT
+
+# The jax.jit cache key includes these values, so a raw jax.jit around code that calls
+# neutral functions retraces when the active overrides change instead of replaying a
+# stale trace. The context key is thread-local; the installed key is global.
+_context_key = jax.make_user_context(ROOT.serial)
+_installed_key = jax.make_user_context(())
+
+
+class _Switchable(Protocol):
+    def _switch_to_slow(self) -> None: ...
+
+
+idle = True
+_live = 0
+_fast: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def _set_busy_locked() -> None:
+    global idle
+    if idle:
+        idle = False
+        for wrapper in list(_fast):
+            wrapper._switch_to_slow()
+        _fast.clear()
+
+
+def register_fast(wrapper: _Switchable) -> bool:
+    """Marks ``wrapper`` as using its plain target; returns False if that is not allowed now."""
+    with _lock:
+        if not idle:
+            return False
+        _fast.add(wrapper)
+        return True
+
+
+def _recompute_idle_locked() -> None:
+    global idle
+    if _live == 0 and not installed:
+        idle = True
+    else:
+        _set_busy_locked()
+
+
+class Activation:
+    """What ``_current`` holds for one entered context."""
+
+    __slots__ = ("jax_key", "owner", "snapshot", "token")
+
+    def __init__(self, snapshot: Snapshot, owner: object):
+        global _live
+        self.snapshot = snapshot
+        self.owner = owner
+        self.token: contextvars.Token[Activation] | None = None
+        self.jax_key: Any = None
+        with _lock:
+            _live += 1
+            _set_busy_locked()
+
+    def __del__(self) -> None:
+        global _live
+        try:
+            with _lock:
+                _live -= 1
+                _recompute_idle_locked()
+        except Exception:  # interpreter shutdown: module globals may already be gone
+            pass
+
+
+class _RootActivation:
+    __slots__ = ("owner", "snapshot")
+
+    def __init__(self) -> None:
+        self.snapshot = ROOT
+        self.owner = None
+
+
+_current: contextvars.ContextVar[Activation | _RootActivation] = contextvars.ContextVar(
+    "jaxoverride_stack", default=_RootActivation()
+)
+
+
+def context_snapshot() -> Snapshot:
+    """The snapshot of the entered contexts in this thread or task, installed adapters excluded."""
+    return _current.get().snapshot
+
+
+def enter(snapshot: Snapshot, owner: object) -> None:
+    activation = Activation(snapshot, owner)
+    activation.token = _current.set(activation)
+    try:
+        key = _context_key(snapshot.serial)
+        key.__enter__()
+    except BaseException:
+        _current.reset(activation.token)
+        raise
+    activation.jax_key = key
+
+
+def leave(owner: object) -> None:
+    activation = _current.get()
+    if activation.owner is not owner or not isinstance(activation, Activation):
+        raise RuntimeError(
+            f"jaxoverride: exiting {owner!r}, but the innermost active context in this thread "
+            f"or task is {activation.owner!r}. Contexts must exit in the reverse order of "
+            "entry, in the thread or task that entered them; nothing was changed."
+        )
+    assert activation.token is not None
+    _current.reset(activation.token)
+    activation.jax_key.__exit__(None, None, None)
+    now = _current.get().snapshot.serial
+    # asyncio tasks interleave on one thread, so the thread-local key can lag behind the
+    # task-local stack; resynchronise it to this task's stack.
+    if _context_key.value != now:
+        _context_key(now).__enter__()
+
+
+class Installed:
+    """An adapter registered for the whole process, active while ``when()`` is true."""
+
+    __slots__ = ("layer", "when")
+
+    def __init__(self, layer: Layer, when: Callable[[], bool] | None):
+        self.layer = layer
+        self.when = when
+
+    def active(self) -> bool:
+        return self.when is None or bool(self.when())
+
+
+installed: tuple[Installed, ...] = ()
+
+
+def _installed_serials() -> tuple[int, ...]:
+    return tuple(entry.layer.serial for entry in installed)
+
+
+def add_installed(entry: Installed) -> Installed:
+    global installed
+    with _lock:
+        for existing in installed:
+            if existing.layer is entry.layer and existing.when is entry.when:
+                return existing
+        installed = (*installed, entry)
+        _installed_key.set_global(_installed_serials())
+        _recompute_idle_locked()
+        return entry
+
+
+def remove_installed(entry: Installed) -> bool:
+    global installed
+    with _lock:
+        if entry not in installed:
+            return False
+        installed = tuple(other for other in installed if other is not entry)
+        _installed_key.set_global(_installed_serials())
+        _recompute_idle_locked()
+        return True
+
+
+def effective_snapshot() -> Snapshot:
+    """The stack that a neutral call sees now: active installed adapters, then contexts."""
+    snapshot = _current.get().snapshot
+    if installed:
+        base = tuple(entry.layer for entry in installed if entry.active())
+        if base:
+            snapshot = snapshot.under(base)
+    return snapshot

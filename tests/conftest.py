@@ -1,0 +1,28 @@
+"""Shared test setup: 8 CPU devices, and a check that no test leaves overrides behind."""
+
+from __future__ import annotations
+
+import os
+
+# Must precede the first import of jax anywhere in the test session.
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+
+import gc  # noqa: E402
+
+import jax  # noqa: E402
+import pytest  # noqa: E402
+
+import jaxoverride as jo  # noqa: E402
+from jaxoverride import _stack  # noqa: E402
+
+jax.config.update("jax_enable_x64", False)
+
+
+@pytest.fixture(autouse=True)
+def _no_leftover_overrides():
+    """Every test must leave the stack, the installed adapters and the jit key as it found them."""
+    installed_before = _stack.installed
+    yield
+    gc.collect()
+    assert _stack.context_snapshot() is _stack.ROOT, f"test left a context entered: {jo.current_stack()}"
+    assert _stack.installed == installed_before, f"test left adapters installed: {jo.current_stack()}"
