@@ -7,13 +7,13 @@ import os
 # Must precede the first import of jax anywhere in the test session.
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 
-import gc  # noqa: E402
+import gc
 
-import jax  # noqa: E402
-import pytest  # noqa: E402
+import jax
+import pytest
 
-import jaxoverride as jo  # noqa: E402
-from jaxoverride import _stack  # noqa: E402
+import jaxoverride as jo
+from jaxoverride import _stack
 
 jax.config.update("jax_enable_x64", False)
 
@@ -24,5 +24,9 @@ def _no_leftover_overrides():
     installed_before = _stack.installed
     yield
     gc.collect()
-    assert _stack.context_snapshot() is _stack.ROOT, f"test left a context entered: {jo.current_stack()}"
-    assert _stack.installed == installed_before, f"test left adapters installed: {jo.current_stack()}"
+    assert _stack.context_snapshot() is _stack.ROOT, (
+        f"test left a context entered: {jo.current_stack()}"
+    )
+    assert _stack.installed == installed_before, (
+        f"test left adapters installed: {jo.current_stack()}"
+    )

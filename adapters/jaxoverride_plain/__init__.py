@@ -2,8 +2,9 @@
 
 ``init_context()`` marks parameter creation; the ``init_safe_*`` combinators run each
 body or branch once to create its parameters, then run the ordinary JAX loop, so that
-init returns what apply returns. ``context()`` makes the neutral ``jaxoverride.lax``
-functions use them. No dependency beyond jaxoverride.
+init returns what apply returns. ``init_safe_transform`` does the same around ``jit``,
+``grad`` and the other transforms. ``context()`` makes the neutral API use them. No
+dependency beyond jaxoverride.
 """
 
 from jaxoverride_plain._combinators import (
@@ -22,6 +23,11 @@ from jaxoverride_plain._phase import (
     is_applying as is_applying,
     is_initializing as is_initializing,
 )
+from jaxoverride_plain._transforms import (
+    init_safe_transform as init_safe_transform,
+    unbatched_arguments as unbatched_arguments,
+    zeros_for as zeros_for,
+)
 
 __all__ = [
     "applying",
@@ -33,7 +39,10 @@ __all__ = [
     "init_safe_map",
     "init_safe_scan",
     "init_safe_switch",
+    "init_safe_transform",
     "init_safe_while_loop",
     "is_applying",
     "is_initializing",
+    "unbatched_arguments",
+    "zeros_for",
 ]

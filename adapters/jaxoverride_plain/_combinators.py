@@ -33,7 +33,9 @@ def create_by_calling(thunk: Thunk) -> None:
 
 
 def _init_safe(
-    initializing: Callable[[], bool], create: Callable[[Thunk], Any], creation: Thunk,
+    initializing: Callable[[], bool],
+    create: Callable[[Thunk], Any],
+    creation: Thunk,
     apply: Callable[[], T],
 ) -> T:
     if not initializing():

@@ -1,44 +1,130 @@
-"""``context()``: the init-safe combinators as overrides of the neutral control flow."""
+"""``context()``: the init-safe combinators as overrides of the neutral API."""
 
 from __future__ import annotations
 
+import inspect
+from collections.abc import Callable
 from typing import Any
 
+import jax
+
 import jaxoverride as jo
-
 from jaxoverride_plain import _combinators as c
+from jaxoverride_plain._combinators import _init_safe, create_by_calling
+from jaxoverride_plain._phase import is_initializing
+from jaxoverride_plain._transforms import init_safe_transform, unbatched_arguments, zeros_for
 
 
-def _scan(f: Any, init: Any, xs: Any = None, length: Any = None, reverse: bool = False,
-          unroll: Any = 1, _split_transpose: bool = False) -> Any:
-    return c.init_safe_scan(f, init, xs, length, reverse, unroll, _split_transpose,
-                            default_scan=jo.next_impl("lax.scan"))
+def _scan(
+    f: Any,
+    init: Any,
+    xs: Any = None,
+    length: Any = None,
+    reverse: bool = False,
+    unroll: Any = 1,
+    _split_transpose: bool = False,
+) -> Any:
+    return c.init_safe_scan(
+        f, init, xs, length, reverse, unroll, _split_transpose,
+        default_scan=jo.next_impl("lax.scan"),
+    )  # fmt: skip
 
 
 def _while_loop(cond_fun: Any, body_fun: Any, init_val: Any) -> Any:
-    return c.init_safe_while_loop(cond_fun, body_fun, init_val,
-                                  default_while_loop=jo.next_impl("lax.while_loop"))
+    return c.init_safe_while_loop(
+        cond_fun, body_fun, init_val, default_while_loop=jo.next_impl("lax.while_loop")
+    )
 
 
-def _fori_loop(lower: Any, upper: Any, body_fun: Any, init_val: Any, *, unroll: Any = None
-               ) -> Any:
-    return c.init_safe_fori_loop(lower, upper, body_fun, init_val, unroll=unroll,
-                                 default_fori_loop=jo.next_impl("lax.fori_loop"))
+def _fori_loop(lower: Any, upper: Any, body_fun: Any, init_val: Any, *, unroll: Any = None) -> Any:
+    return c.init_safe_fori_loop(
+        lower, upper, body_fun, init_val, unroll=unroll,
+        default_fori_loop=jo.next_impl("lax.fori_loop"),
+    )  # fmt: skip
 
 
 def _cond(pred: Any, true_fun: Any, false_fun: Any, *operands: Any, **operand: Any) -> Any:
-    return c.init_safe_cond(pred, true_fun, false_fun, *operands, **operand,
-                            default_cond=jo.next_impl("lax.cond"))
+    return c.init_safe_cond(
+        pred, true_fun, false_fun, *operands, **operand, default_cond=jo.next_impl("lax.cond")
+    )
 
 
 def _switch(index: Any, branches: Any, *operands: Any, **operand: Any) -> Any:
-    return c.init_safe_switch(index, branches, *operands, **operand,
-                              default_switch=jo.next_impl("lax.switch"))
+    return c.init_safe_switch(
+        index, branches, *operands, **operand, default_switch=jo.next_impl("lax.switch")
+    )
 
 
 def _map(f: Any, xs: Any, *, batch_size: Any = None) -> Any:
     return c.init_safe_map(f, xs, batch_size=batch_size, default_map=jo.next_impl("lax.map"))
 
+
+def _same_arguments(name: str) -> Callable[..., Any]:
+    """A transform override whose creation pass calls ``fun`` with the call's arguments."""
+
+    def transform(fun: Any, *args: Any, **kwargs: Any) -> Any:
+        return init_safe_transform(jo.next_impl(name)(fun, *args, **kwargs), fun)
+
+    transform.__qualname__ = f"init_safe_{name}"
+    return transform
+
+
+def _mapped(name: str) -> Callable[..., Any]:
+    """A ``vmap``/``pmap`` override whose creation pass calls ``fun`` on one slice."""
+    signature = inspect.signature(getattr(jax, name))
+
+    def transform(fun: Any, *args: Any, **kwargs: Any) -> Any:
+        in_axes = signature.bind(fun, *args, **kwargs).arguments.get("in_axes", 0)
+
+        def creation(*call_args: Any, **call_kwargs: Any) -> Any:
+            # As in JAX, keyword arguments are always mapped over their leading axis.
+            keywords = unbatched_arguments(tuple(call_kwargs.values()), 0)
+            return fun(
+                *unbatched_arguments(call_args, in_axes),
+                **dict(zip(call_kwargs, keywords, strict=True)),
+            )
+
+        return init_safe_transform(jo.next_impl(name)(fun, *args, **kwargs), creation)
+
+    transform.__qualname__ = f"init_safe_{name}"
+    return transform
+
+
+def _primal_call(name: str, primals: Callable[..., tuple[Any, ...]]) -> Callable[..., Any]:
+    """A ``jvp``/``vjp``/``linearize``/``eval_shape`` override: create on the primal call."""
+
+    def call(fun: Any, *args: Any, **kwargs: Any) -> Any:
+        below = jo.next_impl(name)
+        return _init_safe(
+            is_initializing,
+            create_by_calling,
+            lambda: fun(*primals(*args, **kwargs)),
+            lambda: below(fun, *args, **kwargs),
+        )
+
+    call.__qualname__ = f"init_safe_{name}"
+    return call
+
+
+def _jvp_primals(primals: Any, tangents: Any, **_: Any) -> tuple[Any, ...]:
+    return tuple(primals)
+
+
+def _positional_primals(*primals: Any, **_: Any) -> tuple[Any, ...]:
+    return primals
+
+
+def _eval_shape_primals(*args: Any, **kwargs: Any) -> tuple[Any, ...]:
+    if kwargs:
+        raise NotImplementedError(
+            "jaxoverride_plain: eval_shape with keyword arguments at init is not supported; "
+            "pass them positionally."
+        )
+    return zeros_for(args)
+
+
+_SAME_ARGUMENTS = ("jit", "checkpoint", "remat", "grad", "value_and_grad", "jacfwd", "jacrev",
+                   "hessian")  # fmt: skip
 
 _CONTEXT = jo.override_context(
     {
@@ -48,17 +134,26 @@ _CONTEXT = jo.override_context(
         "lax.cond": _cond,
         "lax.switch": _switch,
         "lax.map": _map,
+        **{name: _same_arguments(name) for name in _SAME_ARGUMENTS},
+        "vmap": _mapped("vmap"),
+        "pmap": _mapped("pmap"),
+        "jvp": _primal_call("jvp", _jvp_primals),
+        "vjp": _primal_call("vjp", _positional_primals),
+        "linearize": _primal_call("linearize", _positional_primals),
+        "eval_shape": _primal_call("eval_shape", _eval_shape_primals),
     },
     name="jaxoverride_plain",
 )
 
 
 def context() -> jo.OverrideContext:
-    """Makes the neutral control flow init-safe: ``jaxoverride.lax.scan``, ``while_loop``,
-    ``fori_loop``, ``cond``, ``switch`` and ``map`` run the combinators of this package.
+    """Makes the neutral API init-safe: control flow runs the combinators of this package,
+    and ``jit``, ``grad``-like transforms, ``vmap``/``pmap``, ``jvp``/``vjp``/``linearize``
+    and ``eval_shape`` create parameters outside their trace first.
 
-    Outside ``init_context()`` they delegate straight to the implementation below, so
-    the context can stay entered around both init and apply.
+    Outside ``init_context()`` every override delegates straight to the implementation
+    below, so the context can stay entered around both init and apply. ``shard_map`` is
+    not covered: its per-device slices have no single unbatched call to create with.
 
     Returns:
       An ``OverrideContext`` (reusable; also a decorator and a mapping).

@@ -13,8 +13,9 @@ from jaxoverride._names import check_mapping
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-def _label(mapping: object, impls: Mapping[str, Callable[..., Any]], name: str | None,
-           kind: str) -> str:
+def _label(
+    mapping: object, impls: Mapping[str, Callable[..., Any]], name: str | None, kind: str
+) -> str:
     if name is not None:
         if not isinstance(name, str):
             raise TypeError(f"name= must be a string label, got {type(name).__name__} {name!r}.")

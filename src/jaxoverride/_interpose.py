@@ -12,13 +12,14 @@ from typing import Any
 import jax
 import jax.lax
 
-from jaxoverride import _api, _lax
-from jaxoverride import lax as neutral_lax
+from jaxoverride import _api, _lax, lax as neutral_lax
 from jaxoverride._names import JAX_IMPLS
 
 
 class _NeutralJax(types.ModuleType):
     """``jax`` as an interposed module sees it: neutral transforms, the rest is jax's."""
+
+    lax: types.ModuleType
 
     def __getattr__(self, name: str) -> Any:
         return getattr(jax, name)
@@ -158,8 +159,7 @@ def interpose(module: types.ModuleType, *, recursive: bool = False) -> Interposi
             " functions (see their __module__)."
         )
         raise TypeError(
-            f"jaxoverride.interpose expects a module, got {type(module).__name__} "
-            f"{module!r}.{hint}"
+            f"jaxoverride.interpose expects a module, got {type(module).__name__} {module!r}.{hint}"
         )
     if _is_refused(module.__name__):
         raise ValueError(

@@ -52,7 +52,9 @@ class Stack:
             names = ", ".join(
                 f"{name}={_describe(impl)}" for name, impl in sorted(layer.overrides.items())
             )
-            lines.append(f"  {len(self.layers) - 1 - index}. [{layer.source}] {layer.label}: {names}")
+            lines.append(
+                f"  {len(self.layers) - 1 - index}. [{layer.source}] {layer.label}: {names}"
+            )
         lines.append("  -. jax>")
         return "\n".join(lines)
 

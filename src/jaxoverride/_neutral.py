@@ -54,8 +54,14 @@ class _TransformState:
 
     __slots__ = ("args", "builds", "fun", "kwargs", "name", "owner", "plain")
 
-    def __init__(self, name: str, fun: Callable[..., Any], args: tuple[Any, ...],
-                 kwargs: dict[str, Any], plain: Callable[..., Any]):
+    def __init__(
+        self,
+        name: str,
+        fun: Callable[..., Any],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        plain: Callable[..., Any],
+    ):
         self.name = name
         self.fun = fun
         self.args = args
@@ -103,8 +109,14 @@ class Transformed(functools.partial):  # type: ignore[type-arg]
     # ``_slow_call`` bound to ``state``: a call then never pays for a Python frame
     # while nothing can be active.
 
-    def __new__(cls, name: str, default: Callable[..., Any], fun: Callable[..., Any],
-                args: tuple[Any, ...], kwargs: dict[str, Any]) -> Transformed:
+    def __new__(
+        cls,
+        name: str,
+        default: Callable[..., Any],
+        fun: Callable[..., Any],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+    ) -> Transformed:
         plain = default(fun, *args, **kwargs)
         self = super().__new__(cls, plain)
         state = _TransformState(name, fun, args, kwargs, plain)
@@ -167,8 +179,10 @@ class Transformed(functools.partial):  # type: ignore[type-arg]
         return f"<jaxoverride.{state.name} of {state.fun!r}>"
 
     def __reduce__(self) -> Any:
-        raise TypeError("jaxoverride transformed functions cannot be pickled; pickle the "
-                        "underlying function and transform it again after loading.")
+        raise TypeError(
+            "jaxoverride transformed functions cannot be pickled; pickle the "
+            "underlying function and transform it again after loading."
+        )
 
 
 def _function_parameter(default: Callable[..., Any]) -> inspect.Parameter:

@@ -170,7 +170,7 @@ class Activation:
         global _live
         self.snapshot = snapshot
         self.owner = owner
-        self.token: contextvars.Token[Activation] | None = None
+        self.token: contextvars.Token[Activation | _RootActivation] | None = None
         self.jax_key: Any = None
         with _lock:
             _live += 1
@@ -194,8 +194,9 @@ class _RootActivation:
         self.owner = None
 
 
+_ROOT_ACTIVATION = _RootActivation()  # immutable in practice: never written after creation
 _current: contextvars.ContextVar[Activation | _RootActivation] = contextvars.ContextVar(
-    "jaxoverride_stack", default=_RootActivation()
+    "jaxoverride_stack", default=_ROOT_ACTIVATION
 )
 
 

@@ -13,9 +13,17 @@ from __future__ import annotations
 from typing import Any
 
 import jax.lax as _jax_lax
-from jax.lax import *  # noqa: F403 - re-exported unchanged
+from jax.lax import *  # noqa: F403  # pyright: ignore[reportWildcardImportFromLibrary]
 
-from jaxoverride._lax import cond, fori_loop, map, scan, switch, while_loop
+# After the star import, so that these names shadow jax.lax's.
+from jaxoverride._lax import (
+    cond as cond,
+    fori_loop as fori_loop,
+    map as map,
+    scan as scan,
+    switch as switch,
+    while_loop as while_loop,
+)
 
 NEUTRAL = ("scan", "while_loop", "fori_loop", "cond", "switch", "map")
 
@@ -30,4 +38,3 @@ def __getattr__(name: str) -> Any:
 
 def __dir__() -> list[str]:
     return sorted(set(dir(_jax_lax)) | set(NEUTRAL))
-

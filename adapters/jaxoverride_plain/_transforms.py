@@ -1,0 +1,101 @@
+"""Init-safe transforms: the same creation pass, then apply pass, around ``jit``, ``grad``...
+
+Creating a parameter inside a ``jit``, ``grad`` or ``vmap`` trace leaks a tracer into the
+parameter store. At init these wrappers first call the function on the primal (for
+``vmap``/``pmap``: one unbatched slice) outside any transform, then run the transform.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from jaxoverride_plain._combinators import Thunk, _init_safe, create_by_calling
+from jaxoverride_plain._phase import is_initializing
+
+
+def init_safe_transform(
+    transformed: Callable[..., Any],
+    creation: Callable[..., Any],
+    *,
+    initializing: Callable[[], bool] = is_initializing,
+    create: Callable[[Thunk], Any] = create_by_calling,
+) -> Callable[..., Any]:
+    """Wraps a transformed function so that calling it at init creates parameters first.
+
+    Args:
+      transformed: the transformed function, such as ``jax.jit(f)``.
+      creation: called with the same arguments as ``transformed`` to create the
+        parameters, outside any transform (for ``jax.grad(f)`` that is ``f`` itself).
+      initializing, create: the hooks of ``init_safe_scan``.
+
+    Returns:
+      A function with the signature of ``transformed``.
+
+    Example:
+      >>> import jax, jax.numpy as jnp
+      >>> from jaxoverride_plain import init_context, init_safe_transform, is_initializing
+      >>> params = {}
+      >>> def f(x):
+      ...     if is_initializing():
+      ...         params.setdefault("w", jnp.ones(()) * 2.0)  # created outside the trace
+      ...     return params["w"] * x
+      >>> g = init_safe_transform(jax.grad(f), f)
+      >>> with init_context():
+      ...     slope = g(1.0)
+      >>> float(slope), type(params["w"]).__name__
+      (2.0, 'ArrayImpl')
+    """
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        return _init_safe(
+            initializing,
+            create,
+            lambda: creation(*args, **kwargs),
+            lambda: transformed(*args, **kwargs),
+        )
+
+    return call
+
+
+def _take_first(tree: Any, axis: int | None) -> Any:
+    if axis is None:
+        return tree
+
+    def first(leaf: Any) -> Any:
+        leaf = jnp.asarray(leaf)
+        position = axis % leaf.ndim
+        if leaf.shape[position] == 0:
+            return jnp.zeros(leaf.shape[:position] + leaf.shape[position + 1 :], leaf.dtype)
+        return jnp.take(leaf, 0, axis=position)
+
+    return jax.tree_util.tree_map(first, tree)
+
+
+def unbatched_arguments(args: tuple[Any, ...], in_axes: Any) -> tuple[Any, ...]:
+    """One slice of ``vmap``/``pmap`` arguments: index 0 along each mapped axis.
+
+    ``in_axes`` is what ``jax.vmap`` takes: an int or ``None`` for every argument, or a
+    tuple/list with one prefix tree per positional argument.
+    """
+    if in_axes is None or isinstance(in_axes, int):
+        return tuple(_take_first(arg, in_axes) for arg in args)
+    return tuple(
+        jax.tree_util.tree_map(
+            _take_first, tuple(in_axes), tuple(args), is_leaf=lambda node: node is None
+        )
+    )
+
+
+def zeros_for(tree: Any) -> Any:
+    """Concrete zeros for every ``jax.ShapeDtypeStruct`` in ``tree`` (for ``eval_shape``)."""
+
+    def concrete(leaf: Any) -> Any:
+        if isinstance(leaf, jax.ShapeDtypeStruct):
+            return jnp.zeros(leaf.shape, leaf.dtype)
+        return leaf
+
+    return jax.tree_util.tree_map(concrete, tree)
