@@ -453,3 +453,33 @@ def test_neutral_lax_names_are_the_neutral_functions():
     for name in ("scan", "while_loop", "fori_loop", "cond", "switch", "map"):
         assert getattr(jlax, name) is getattr(_lax, name)
         assert getattr(jlax, name) is not getattr(jax.lax, name)
+
+
+def test_scoped_install_is_idle_outside_its_scopes():
+    log: list[str] = []
+    handle = jo.install({"lax.scan": tagging_scan("scoped", log)}, scoped=True, name="sc")
+    jitted = jo.jit(lambda n: count_up(2)[0] + n)
+    try:
+        jitted(0)
+        assert _stack.idle  # installed, but no scope entered: JAX's own speed
+        assert type(jitted.func).__name__ == "PjitFunction"
+        assert log == []
+        with handle.scope():
+            assert int(jitted(1)) == 3
+            with jo.override_context({"lax.scan": tagging_scan("ctx", log)}), handle.scope():
+                count_up(1)  # re-entering the scope adds no second copy beneath ctx
+            text = repr(jo.current_stack())
+        assert log == ["scoped", "ctx", "scoped"]
+        assert "installed, scope" in text
+        count_up(1)
+        assert log == ["scoped", "ctx", "scoped"]
+        with pytest.raises(TypeError, match="not both"):
+            jo.install({"lax.scan": jax.lax.scan}, scoped=True, when=lambda: True)
+    finally:
+        handle.uninstall()
+    guarded = jo.install({"lax.scan": jax.lax.scan}, name="guarded")
+    try:
+        with pytest.raises(TypeError, match="scoped=True"):
+            guarded.scope()
+    finally:
+        guarded.uninstall()

@@ -24,7 +24,7 @@ class StackLayer:
 
     label: str
     overrides: dict[str, Callable[..., Any]]
-    source: str  # "context", "installed" or "installed (inactive)"
+    source: str  # "context", "installed", "installed, scope" or "installed (inactive)"
 
 
 @dataclass(frozen=True)
@@ -72,11 +72,16 @@ def current_stack() -> Stack:
       >>> jo.current_stack()
       <jaxoverride stack: empty, every neutral function is JAX's own>
     """
+    scoped = {entry.layer for entry in _stack.installed if entry.scoped}
     layers: list[StackLayer] = [
-        StackLayer(layer.label, dict(layer.impls), "context")
+        StackLayer(layer.label, dict(layer.impls), "installed, scope" if layer in scoped
+                   else "context")
         for layer in reversed(_stack.context_snapshot().layers)
-    ]
+    ]  # fmt: skip
+    active = set(_stack.effective_snapshot().layers)
     for entry in reversed(_stack.installed):
-        source = "installed" if entry.active() else "installed (inactive)"
+        if entry.scoped:
+            continue  # an active scope is part of the context snapshot listed above
+        source = "installed" if entry.layer in active else "installed (inactive)"
         layers.append(StackLayer(entry.layer.label, dict(entry.layer.impls), source))
     return Stack(tuple(layers))

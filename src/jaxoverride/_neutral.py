@@ -18,6 +18,7 @@ from typing import Any, TypeVar, cast
 
 from jaxoverride import _stack
 from jaxoverride._dispatch import dispatch
+from jaxoverride._stack import ROOT, effective_snapshot
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -72,20 +73,29 @@ class _TransformState:
 
     def target(self) -> Callable[..., Any]:
         """The transformed function for the stack active here and now."""
-        snapshot = _stack.effective_snapshot()
-        if snapshot is _stack.ROOT:
+        snapshot = effective_snapshot()
+        if snapshot is ROOT:
             return self.plain
         built = self.builds.get(snapshot)
-        if built is None:
-            built = dispatch(snapshot, self.name, (self.fun, *self.args), dict(self.kwargs))
-            self.builds[snapshot] = built
+        return self.build(snapshot) if built is None else built
+
+    def build(self, snapshot: _stack.Snapshot) -> Callable[..., Any]:
+        built = dispatch(snapshot, self.name, (self.fun, *self.args), dict(self.kwargs))
+        self.builds[snapshot] = built
         return built
 
 
 def _slow_call(state: _TransformState, /, *args: Any, **kwargs: Any) -> Any:
-    if _stack.idle and state.owner is not None and (owner := state.owner()) is not None:
-        owner._switch_to_fast()
-    return state.target()(*args, **kwargs)
+    # Hot when any override is alive anywhere: keep it to one snapshot lookup.
+    snapshot = effective_snapshot()
+    if snapshot is ROOT:
+        if _stack.idle and state.owner is not None and (owner := state.owner()) is not None:
+            owner._switch_to_fast()
+        return state.plain(*args, **kwargs)
+    built = state.builds.get(snapshot)
+    if built is None:
+        built = state.build(snapshot)
+    return built(*args, **kwargs)
 
 
 class Transformed(functools.partial):  # type: ignore[type-arg]

@@ -66,12 +66,13 @@ def intern_layer(label: str, impls: dict[str, Callable[..., Any]]) -> Layer:
 class Snapshot:
     """An immutable, interned stack of layers (bottom first); hashable and cheap to compare."""
 
-    __slots__ = ("_hash", "_top", "layers", "serial")
+    __slots__ = ("_hash", "_top", "_under", "layers", "serial")
 
     def __init__(self, layers: tuple[Layer, ...]):
         self.layers = layers
         self.serial = next(_serials)
         self._hash = hash(layers)
+        self._under: dict[tuple[Layer, ...], Snapshot] = {}
         self._top = {name: level for level, layer in enumerate(layers) for name in layer.impls}
 
     def top(self, name: str) -> int | None:
@@ -89,7 +90,10 @@ class Snapshot:
         return snapshot_of((*self.layers, layer))
 
     def under(self, base: tuple[Layer, ...]) -> Snapshot:
-        return snapshot_of((*base, *self.layers))
+        try:
+            return self._under[base]
+        except KeyError:
+            return self._under.setdefault(base, snapshot_of((*base, *self.layers)))
 
     def __hash__(self) -> int:
         return self._hash
@@ -155,7 +159,7 @@ def register_fast(wrapper: _Switchable) -> bool:
 
 def _recompute_idle_locked() -> None:
     global idle
-    if _live == 0 and not installed:
+    if _live == 0 and not _guards:
         idle = True
     else:
         _set_busy_locked()
@@ -235,35 +239,50 @@ def leave(owner: object) -> None:
         _context_key(now).__enter__()
 
 
+def _always() -> bool:
+    return True
+
+
 class Installed:
-    """An adapter registered for the whole process, active while ``when()`` is true."""
+    """An adapter registered for the whole process.
 
-    __slots__ = ("layer", "when")
+    A guarded entry is active while ``when()`` is true, asked on every neutral call. A
+    scoped entry is active only inside the scopes its adapter enters (see
+    ``enter_scoped``), so outside them the process stays idle and pays nothing.
+    """
 
-    def __init__(self, layer: Layer, when: Callable[[], bool] | None):
+    __slots__ = ("layer", "scoped", "when")
+
+    def __init__(self, layer: Layer, when: Callable[[], bool] | None, scoped: bool = False):
         self.layer = layer
-        self.when = when
-
-    def active(self) -> bool:
-        return self.when is None or bool(self.when())
+        self.when = _always if when is None else when
+        self.scoped = scoped
 
 
 installed: tuple[Installed, ...] = ()
+# (predicate, layer) of each installed adapter, in order: read on every dispatch.
+_guards: tuple[tuple[Callable[[], bool], Layer], ...] = ()
 
 
-def _installed_serials() -> tuple[int, ...]:
-    return tuple(entry.layer.serial for entry in installed)
+def _installed_changed_locked() -> None:
+    global _guards
+    _guards = tuple((entry.when, entry.layer) for entry in installed if not entry.scoped)
+    _installed_key.set_global(tuple(entry.layer.serial for entry in installed))
+    _recompute_idle_locked()
 
 
 def add_installed(entry: Installed) -> Installed:
     global installed
     with _lock:
         for existing in installed:
-            if existing.layer is entry.layer and existing.when is entry.when:
+            if (existing.layer, existing.when, existing.scoped) == (
+                entry.layer,
+                entry.when,
+                entry.scoped,
+            ):
                 return existing
         installed = (*installed, entry)
-        _installed_key.set_global(_installed_serials())
-        _recompute_idle_locked()
+        _installed_changed_locked()
         return entry
 
 
@@ -273,16 +292,31 @@ def remove_installed(entry: Installed) -> bool:
         if entry not in installed:
             return False
         installed = tuple(other for other in installed if other is not entry)
-        _installed_key.set_global(_installed_serials())
-        _recompute_idle_locked()
+        _installed_changed_locked()
         return True
+
+
+_current_get = _current.get
 
 
 def effective_snapshot() -> Snapshot:
     """The stack that a neutral call sees now: active installed adapters, then contexts."""
-    snapshot = _current.get().snapshot
-    if installed:
-        base = tuple(entry.layer for entry in installed if entry.active())
+    snapshot = _current_get().snapshot
+    if _guards:
+        base: tuple[Layer, ...] = ()
+        for when, layer in _guards:
+            if when():
+                base += (layer,)
         if base:
             snapshot = snapshot.under(base)
     return snapshot
+
+
+def enter_scoped(layer: Layer, owner: object) -> None:
+    """Activates an installed layer for a dynamic extent, beneath every entered context.
+
+    Re-entering while the layer is already active adds no second copy of it.
+    """
+    current = _current_get().snapshot
+    snapshot = current if layer in current.layers else snapshot_of((layer, *current.layers))
+    enter(snapshot, owner)
