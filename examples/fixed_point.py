@@ -20,9 +20,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import jaxoverride_plain as plain  # noqa: E402
-from _demo import Problem, Row, dense_map, make_problem, timed  # noqa: E402
-from fpsolve import fixed_point  # noqa: E402
+import jaxoverride_plain as plain
+from _demo import Problem, Row, dense_map, make_problem, timed
+from fpsolve import fixed_point
 
 METHODS = ("forward", "anderson", "newton")
 TOLERANCE = 1e-4

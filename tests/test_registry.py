@@ -9,12 +9,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 import jaxoverride as jo
-from jaxoverride import _stack
-from jaxoverride import lax as jlax
+from jaxoverride import _stack, lax as jlax
 
 
 def tagging_scan(tag: str, log: list[str]):
