@@ -86,8 +86,10 @@ class _TransformState:
 
 
 def _slow_call(state: _TransformState, /, *args: Any, **kwargs: Any) -> Any:
-    # Hot when any override is alive anywhere: keep it to one snapshot lookup.
-    snapshot = effective_snapshot()
+    # Hot while any override is alive anywhere: no extra frame unless guards exist.
+    snapshot = _stack._current_get().snapshot
+    if _stack._guards:
+        snapshot = effective_snapshot()
     if snapshot is ROOT:
         if _stack.idle and state.owner is not None and (owner := state.owner()) is not None:
             owner._switch_to_fast()

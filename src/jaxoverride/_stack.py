@@ -64,14 +64,13 @@ def intern_layer(label: str, impls: dict[str, Callable[..., Any]]) -> Layer:
 
 
 class Snapshot:
-    """An immutable, interned stack of layers (bottom first); hashable and cheap to compare."""
+    """An immutable, interned stack of layers (bottom first), compared by identity."""
 
-    __slots__ = ("_hash", "_top", "_under", "layers", "serial")
+    __slots__ = ("_top", "_under", "layers", "serial")
 
     def __init__(self, layers: tuple[Layer, ...]):
         self.layers = layers
         self.serial = next(_serials)
-        self._hash = hash(layers)
         self._under: dict[tuple[Layer, ...], Snapshot] = {}
         self._top = {name: level for level, layer in enumerate(layers) for name in layer.impls}
 
@@ -95,11 +94,9 @@ class Snapshot:
         except KeyError:
             return self._under.setdefault(base, snapshot_of((*base, *self.layers)))
 
-    def __hash__(self) -> int:
-        return self._hash
-
-    def __eq__(self, other: object) -> bool:
-        return self is other or (isinstance(other, Snapshot) and self.layers == other.layers)
+    # Snapshots are interned, so identity is equality, and object's C-level hash keeps
+    # cache lookups on the dispatch path free of Python frames. After a table overflow an
+    # equal snapshot may be a new object: its caches miss once, never hit wrongly.
 
     def __repr__(self) -> str:
         return f"<Snapshot {[layer.label for layer in self.layers]}>"

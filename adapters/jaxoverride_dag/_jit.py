@@ -1,0 +1,369 @@
+"""``jit`` that keeps relative identity and carries non-array leaves as static data.
+
+One ``jax.jit`` per plan (sharing pattern and static data): a new tree with the same
+pattern reuses it, so the cache never sees an object id. The hot path recognises a call
+shaped like the last one without encoding it again: ``flatten_up_to`` against the last
+structure, an identity check of the static leaves, and distinct ids of the traced
+leaves, which (for plans whose every node holds a traced leaf) proves nothing is shared.
+Whatever the hot path cannot prove goes through the full encoding.
+"""
+
+from __future__ import annotations
+
+import operator
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
+
+from jax import tree_util as jtu
+
+import jaxoverride as jo
+from jaxoverride_dag._axes import spread
+from jaxoverride_dag._kinds import ARRAY, DYNAMIC_TYPES, KINDS, SCALAR, kind
+from jaxoverride_dag._out import Packed
+from jaxoverride_dag._plan import Plan, encode
+from jaxoverride_dag._static_args import Layout, StaticArgs, infer_argnums_and_argnames
+from jaxoverride_dag._transfer import transfer_shared
+
+_ENTRY_LIMIT = 256
+_LABEL = "jit arguments"
+
+
+class StructureChangedError(Exception):
+    """Raised inside a trace when the hot path handed JAX leaves of another structure."""
+
+
+def pack_output(out: Any, label: str) -> Any:
+    """What a traced function returns: ``out`` itself if JAX can carry it unchanged."""
+    plan, dyn = encode(out, label)
+    if plan.unshared and not plan.statics:
+        return out
+    return Packed(tuple(dyn), plan)
+
+
+def unpack_output(out: Any) -> Any:
+    """The caller's view of what ``pack_output`` returned through a transform."""
+    return out.unpack() if type(out) is Packed else out
+
+
+def all_dynamic(leaves: Any) -> bool:
+    """Whether every leaf is an array or a Python scalar."""
+    for leaf in leaves:
+        k = KINDS.get(type(leaf))
+        if k is None:
+            k = kind(leaf)
+        if k not in (ARRAY, SCALAR):
+            return False
+    return True
+
+
+def _leaf_shorthand(value: Any) -> bool:
+    # A single sharding (or None) applies to every leaf, so it needs no spreading.
+    return value is None or jtu.treedef_is_leaf(jtu.tree_structure(value))
+
+
+class Hot(NamedTuple):
+    """What the hot path needs from an entry whose plan shares nothing; unpacked per call."""
+
+    layout: Layout | None
+    flat: int  # the number of positional arguments if they are the traced leaves, else -1
+    treedef: Any  # of the ``(args, kwargs)`` pair
+    static_pick: Callable[[Sequence[Any]], Sequence[Any]]
+    static_values: tuple[Any, ...]
+    dyn_pick: Callable[[Sequence[Any]], Sequence[Any]] | None
+    fn: Any
+
+
+class _Entry:
+    """The compiled side of one plan: its ``jax.jit``, and the hot path's view of it."""
+
+    __slots__ = ("fn", "hot", "layout", "plan")
+
+    def __init__(self, fn: Any, plan: Plan, layout: Layout | None):
+        self.fn = fn
+        self.plan = plan
+        self.layout = layout
+        fast = plan.fast_info(skip=2)
+        self.hot: Hot | None = None
+        if fast is not None:
+            self.hot = Hot(
+                layout,
+                fast.flat,
+                fast.treedef,
+                fast.static_pick,
+                fast.static_values,
+                fast.dyn_pick,
+                fn,
+            )
+
+
+class JitState:
+    """Everything a jitted function keeps: options, one entry per plan, the last entry."""
+
+    __slots__ = ("_entries", "_hot", "donate", "fun", "jit_kwargs", "last", "lower_jit", "static")
+
+    def __init__(
+        self, fun: Callable[..., Any], jit_kwargs: dict[str, Any], lower_jit: Callable[..., Any]
+    ):
+        if not callable(fun):
+            raise TypeError(f"jaxoverride.jit: expected a callable value, got {fun!r}.")
+        kwargs = dict(jit_kwargs)
+        for option in ("in_shardings", "out_shardings"):
+            if option in kwargs and not _leaf_shorthand(kwargs[option]):
+                raise NotImplementedError(
+                    f"jaxoverride_dag.jit: a tree of {option} is not supported, because a "
+                    "shared leaf is passed once and the tree would have to be laid over the "
+                    f"expanded arguments. Pass a single sharding for {option}, or call the "
+                    "function outside jaxoverride_dag.context()."
+                )
+        static = infer_argnums_and_argnames(
+            fun, kwargs.pop("static_argnums", None), kwargs.pop("static_argnames", None)
+        )
+        self.donate = infer_argnums_and_argnames(
+            fun, kwargs.pop("donate_argnums", None), kwargs.pop("donate_argnames", None)
+        )
+        self.fun = fun
+        self.jit_kwargs = kwargs
+        self.lower_jit = lower_jit
+        self.static = StaticArgs(*static)
+        self._entries: dict[Any, _Entry] = {}
+        # The hot path's view of the last entry that has one, and of one per structure.
+        self.last: Hot | None = None
+        self._hot: dict[Any, Hot] = {}
+
+    def resolve(
+        self, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> tuple[_Entry, tuple[Any, ...], list[Any]]:
+        """The entry for this call, the static prefix to pass, and the traced leaves."""
+        layout: Layout | None = None
+        static_values: tuple[Any, ...] = ()
+        if self.static:
+            layout, static_values, args, kwargs = self.static.split(args, kwargs)
+        plan, dyn = encode((args, kwargs), _LABEL, "call")
+        key = plan if layout is None else (layout, plan)
+        entry = self._entries.get(key)
+        if entry is None:
+            entry = self._make_entry(plan, layout, args, kwargs)
+            if len(self._entries) >= _ENTRY_LIMIT:
+                self._entries.clear()
+            self._entries[key] = entry
+        return entry, (() if layout is None else (static_values,)), dyn
+
+    def call_slow(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """A call the hot path could not take: another structure, sharing, a new entry."""
+        found = self._hot_for_structure(args, kwargs)
+        if found is not None:
+            hot, prefix, dyn = found
+            self.last = hot
+            return unpack_output(hot.fn(*prefix, *dyn))
+        entry, prefix, dyn = self.resolve(args, kwargs)
+        if entry.hot is not None:
+            self.last = entry.hot
+            if len(self._hot) >= _ENTRY_LIMIT:
+                self._hot.clear()
+            self._hot[(entry.layout, entry.hot.treedef)] = entry.hot
+        if not entry.plan.unshared:
+            dyn = transfer_shared(dyn, self.jit_kwargs)
+        return unpack_output(entry.fn(*prefix, *dyn))
+
+    def _hot_for_structure(
+        self, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> tuple[Hot, tuple[Any, ...], Any] | None:
+        # A structure seen before, unshared: one flatten and a lookup, instead of encoding.
+        if not self._hot:
+            return None
+        layout: Layout | None = None
+        prefix: tuple[Any, ...] = ()
+        if self.static:
+            layout, values, args, kwargs = self.static.split(args, kwargs)
+            prefix = (values,)
+        leaves, treedef = jtu.tree_flatten((args, kwargs))
+        hot = self._hot.get((layout, treedef))
+        if hot is None:
+            return None
+        if hot.static_values and not all(
+            map(operator.is_, hot.static_pick(leaves), hot.static_values)
+        ):
+            return None
+        dyn = leaves if hot.dyn_pick is None else hot.dyn_pick(leaves)
+        if len(set(map(id, dyn))) != len(dyn) or not all_dynamic(dyn):
+            return None
+        return hot, prefix, dyn
+
+    def _make_entry(
+        self, plan: Plan, layout: Layout | None, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> _Entry:
+        fun, n = self.fun, plan.n_dyn
+        offset = 0 if layout is None else 1
+
+        def traced(*inputs: Any) -> Any:
+            dyn = inputs[offset:]
+            if len(dyn) != n or not all_dynamic(dyn):
+                raise StructureChangedError
+            rest, rest_kwargs = plan.decode(dyn)
+            if layout is not None:
+                rest, rest_kwargs = StaticArgs.merge(layout, inputs[0], rest, rest_kwargs)
+            return pack_output(fun(*rest, **rest_kwargs), "jit outputs")
+
+        options = dict(self.jit_kwargs)
+        if layout is not None:
+            options["static_argnums"] = 0
+        donated = self._donated(plan, layout, args, kwargs)
+        if donated:
+            options["donate_argnums"] = tuple(offset + i for i in donated)
+        traced.__name__ = getattr(fun, "__name__", "traced")
+        traced.__qualname__ = getattr(fun, "__qualname__", traced.__name__)
+        return _Entry(self.lower_jit(traced, **options), plan, layout)
+
+    def _donated(
+        self, plan: Plan, layout: Layout | None, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> tuple[int, ...]:
+        nums, names = self.donate
+        if not nums and not names:
+            return ()
+        count = layout[0] if layout is not None else len(args)
+        positions = layout[1] if layout is not None else ()
+        donated_positions = {i % count for i in nums if -count <= i < count}
+        original = [i for i in range(count) if i not in positions]
+        flags = (
+            tuple(i in donated_positions for i in original),
+            {name: name in names for name in kwargs},
+        )
+        marks = spread(
+            plan, flags, api="jit", what="donate_argnums", noun="donation", merge=operator.or_
+        )
+        return tuple(i for i, flag in enumerate(marks) if flag)
+
+
+def dag_jit(fun: Callable[..., Any], /, **options: Any) -> Callable[..., Any]:
+    """The ``"jit"`` override: ``jax.jit``'s signature, identity-preserving result.
+
+    The returned function also has ``lower``, ``trace`` and ``eval_shape``.
+    """
+    state = JitState(fun, options, jo.next_impl("jit"))
+    jitted = _hot_path(state) if not state.static else _hot_path_static(state)
+
+    def lower(*args: Any, **kwargs: Any) -> Any:
+        entry, prefix, dyn = state.resolve(args, kwargs)
+        return entry.fn.lower(*prefix, *dyn)
+
+    def trace(*args: Any, **kwargs: Any) -> Any:
+        entry, prefix, dyn = state.resolve(args, kwargs)
+        return entry.fn.trace(*prefix, *dyn)
+
+    def eval_shape(*args: Any, **kwargs: Any) -> Any:
+        entry, prefix, dyn = state.resolve(args, kwargs)
+        return unpack_output(entry.fn.eval_shape(*prefix, *dyn))
+
+    lower.__doc__ = "Lowers for these arguments, as ``jax.jit(f).lower`` does."
+    trace.__doc__ = "Traces for these arguments, as ``jax.jit(f).trace`` does."
+    eval_shape.__doc__ = "Output shapes and static outputs, as ``jax.jit(f).eval_shape``."
+    jitted.lower = lower  # type: ignore[attr-defined]
+    jitted.trace = trace  # type: ignore[attr-defined]
+    jitted.eval_shape = eval_shape  # type: ignore[attr-defined]
+    jitted.__wrapped__ = fun  # type: ignore[attr-defined]
+    jitted._jaxoverride_dag_state = state  # type: ignore[attr-defined]
+    return jitted
+
+
+# The hot paths are kept in one frame each: every call saved is a measurable share of a
+# cache hit that costs a few microseconds. Each returns what the last entry computes,
+# or falls back to ``call_slow`` for anything it cannot prove.
+#
+# Distinct traced leaves are proven by reference counts first, because building a set of
+# ids costs about twice as much. A leaf that ``flatten_up_to`` put into its fresh list
+# once and that the tree holds once has exactly ``_REFS_IN_LIST`` references as counted
+# by ``sys.getrefcount`` (the tree, the list, the call's argument), one more if it was
+# also picked into a tuple. A leaf that occurs twice in the list has at least one more
+# than that whenever anything at all holds it besides the list, so ``max(refs) <= most``
+# proves that no leaf occurs twice. A larger count (a leaf the caller also holds in a
+# variable, a tracer that JAX holds) only sends the check on to the set of ids.
+_REFS_IN_LIST = 3
+
+
+def _hot_path(state: JitState) -> Callable[..., Any]:
+    call_slow = state.call_slow
+    dynamic_types = DYNAMIC_TYPES
+    is_ = operator.is_
+    refs = sys.getrefcount
+
+    def jitted(*args: Any, **kwargs: Any) -> Any:
+        last = state.last
+        if last is None:
+            return call_slow(args, kwargs)
+        if last.flat == 1 and len(args) == 1 and not kwargs and type(args[0]) in dynamic_types:
+            out = last.fn(args[0])  # the commonest call: one array
+            return out.unpack() if type(out) is Packed else out
+        _, flat, treedef, static_pick, static_values, dyn_pick, fn = last
+        dyn: Any = None
+        if flat == len(args) and flat <= 8 and not kwargs:
+            for arg in args:
+                if type(arg) not in dynamic_types:
+                    break
+            else:
+                dyn = args
+        if dyn is None:
+            try:
+                leaves = treedef.flatten_up_to((args, kwargs))
+            except Exception:
+                return call_slow(args, kwargs)
+            if static_values and not all(map(is_, static_pick(leaves), static_values)):
+                return call_slow(args, kwargs)
+            if dyn_pick is None:
+                dyn, most = leaves, _REFS_IN_LIST
+            else:
+                dyn, most = dyn_pick(leaves), _REFS_IN_LIST + 1
+            if len(dyn) > 1 and max(map(refs, dyn)) > most and len(set(map(id, dyn))) != len(dyn):
+                return call_slow(args, kwargs)
+        elif len(dyn) > 1 and len(set(map(id, dyn))) != len(dyn):
+            return call_slow(args, kwargs)
+        try:
+            out = fn(*dyn)
+        except StructureChangedError:
+            return call_slow(args, kwargs)
+        except TypeError:
+            if all_dynamic(dyn):
+                raise
+            return call_slow(args, kwargs)
+        return out.unpack() if type(out) is Packed else out
+
+    return jitted
+
+
+def _hot_path_static(state: JitState) -> Callable[..., Any]:
+    call_slow = state.call_slow
+    split = state.static.split
+    is_ = operator.is_
+    refs = sys.getrefcount
+
+    def jitted(*args: Any, **kwargs: Any) -> Any:
+        last = state.last
+        if last is None:
+            return call_slow(args, kwargs)
+        layout, _, treedef, static_pick, static_values, dyn_pick, fn = last
+        this_layout, values, rest, rest_kwargs = split(args, kwargs)
+        if this_layout != layout:
+            return call_slow(args, kwargs)
+        try:
+            leaves = treedef.flatten_up_to((rest, rest_kwargs))
+        except Exception:
+            return call_slow(args, kwargs)
+        if static_values and not all(map(is_, static_pick(leaves), static_values)):
+            return call_slow(args, kwargs)
+        if dyn_pick is None:
+            dyn, most = leaves, _REFS_IN_LIST
+        else:
+            dyn, most = dyn_pick(leaves), _REFS_IN_LIST + 1
+        if len(dyn) > 1 and max(map(refs, dyn)) > most and len(set(map(id, dyn))) != len(dyn):
+            return call_slow(args, kwargs)
+        try:
+            out = fn(values, *dyn)
+        except StructureChangedError:
+            return call_slow(args, kwargs)
+        except TypeError:
+            if all_dynamic(dyn):
+                raise
+            return call_slow(args, kwargs)
+        return out.unpack() if type(out) is Packed else out
+
+    return jitted

@@ -1,0 +1,70 @@
+"""``Packed``: traced leaves plus their plan, as one pytree whose plan is static.
+
+A transformed function returns ``Packed(dyn, plan)``; JAX sees only ``dyn`` as outputs and
+keeps ``plan`` in the output tree structure, so that even a cache hit of ``jax.jit``
+returns the plan of the trace that made the executable.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax import tree_util as jtu
+from jax.core import Tracer
+
+from jaxoverride_dag._plan import Plan, encode
+
+
+class Packed:
+    """Traced leaves and the plan that rebuilds the tree they came from."""
+
+    __slots__ = ("leaves", "plan")
+
+    def __init__(self, leaves: Sequence[Any], plan: Plan | None):
+        self.leaves = leaves
+        self.plan = plan
+
+    def unpack(self) -> Any:
+        """The tree: fresh nodes, shared where the packed tree shared."""
+        assert self.plan is not None
+        return self.plan.decode(self.leaves)
+
+    def __repr__(self) -> str:
+        return f"Packed({self.leaves!r}, {self.plan!r})"
+
+
+jtu.register_pytree_node(
+    Packed,
+    lambda packed: (packed.leaves, packed.plan),
+    lambda plan, leaves: Packed(tuple(leaves), plan),
+)
+
+
+def pack(tree: Any, label: str) -> Packed:
+    """``tree`` encoded; see ``_plan.encode``."""
+    plan, dyn = encode(tree, label)
+    return Packed(tuple(dyn), plan)
+
+
+def unforward(outputs: Sequence[Any], inputs: Sequence[Any]) -> Sequence[Any]:
+    """``outputs``, with a copy in place of any concrete input array among them.
+
+    Run eagerly, JAX hands back an input that a loop, ``checkpoint`` or ``vmap`` returns
+    unchanged, which would make an output the caller's own array. Tracers are left alone:
+    under an outer trace the inputs are not the caller's objects, and a copy would only
+    add an operation to the trace.
+    """
+    given = {id(x) for x in inputs if isinstance(x, jax.Array) and not isinstance(x, Tracer)}
+    if not given or not any(id(leaf) in given for leaf in outputs):
+        return outputs
+    return tuple(jnp.array(leaf, copy=True) if id(leaf) in given else leaf for leaf in outputs)
+
+
+def unforward_tree(tree: Any, inputs: Sequence[Any]) -> Any:
+    """``unforward`` over the leaves of any pytree (``Packed`` included)."""
+    leaves, treedef = jtu.tree_flatten(tree)
+    fresh = unforward(leaves, inputs)
+    return tree if fresh is leaves else treedef.unflatten(fresh)

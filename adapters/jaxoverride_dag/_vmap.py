@@ -1,0 +1,115 @@
+"""``vmap`` that keeps relative identity; non-array leaves ride through unmapped.
+
+``in_axes`` is laid over the expanded arguments, so a shared array takes the axis of its
+positions (a conflict is an error). ``out_axes`` is only known per leaf once the function
+has run, so it is handed to ``jax.vmap`` as a ``Packed`` that the traced function fills
+in: ``jax.vmap`` reads ``out_axes`` after tracing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import jaxoverride as jo
+from jaxoverride_dag._axes import spread
+from jaxoverride_dag._out import Packed, unforward_tree
+from jaxoverride_dag._plan import Plan, encode
+
+_LABEL = "vmap arguments"
+
+
+def check_in_axes(api: str, in_axes: Any) -> Any:
+    """``in_axes`` as JAX canonicalises it (a list becomes a tuple), or a clear error."""
+    if isinstance(in_axes, list):
+        in_axes = tuple(in_axes)
+    if not (in_axes is None or isinstance(in_axes, int | tuple)):
+        raise TypeError(
+            f"jaxoverride_dag.{api}: in_axes must be an int, None, or a tuple of entries "
+            f"corresponding to the positional arguments passed to the function, but got "
+            f"{in_axes!r}."
+        )
+    return in_axes
+
+
+def call_prefix(api: str, in_axes: Any, args: tuple[Any, ...]) -> Any:
+    """The prefix of the ``(args, kwargs)`` pair: keyword arguments are mapped on axis 0."""
+    if isinstance(in_axes, tuple) and len(in_axes) != len(args):
+        raise ValueError(
+            f"jaxoverride_dag.{api}: in_axes must be an int, None, or a tuple of entries "
+            "corresponding to the positional arguments passed to the function, but got "
+            f"len(in_axes)={len(in_axes)}, len(args)={len(args)}."
+        )
+    return (in_axes, 0)
+
+
+def output_axes(plan: Plan, out_axes: Any, api: str) -> tuple[Any, ...]:
+    """``out_axes`` spread over the traced leaves of the output plan."""
+    if out_axes is None or isinstance(out_axes, int):
+        return (out_axes,) * plan.n_dyn
+    return spread(plan, out_axes, api=api, what="out_axes", noun="output axis")
+
+
+class _AxesCache:
+    """Spread ``in_axes`` per plan: the spreading walks the tree, the lookup does not."""
+
+    __slots__ = ("_by_plan",)
+
+    def __init__(self) -> None:
+        self._by_plan: dict[Any, tuple[Any, ...]] = {}
+
+    def get(self, plan: Plan, key: Any, prefix: Any, api: str) -> tuple[Any, ...]:
+        axes = self._by_plan.get((plan, key))
+        if axes is None:
+            if prefix == (0, 0):  # the default: every traced leaf on axis 0
+                axes = (0,) * plan.n_dyn
+            else:
+                axes = spread(plan, prefix, api=api, what="in_axes", noun="mapped axis")
+            if len(self._by_plan) >= 256:
+                self._by_plan.clear()
+            self._by_plan[(plan, key)] = axes
+        return axes
+
+
+def dag_vmap(
+    fun: Callable[..., Any],
+    in_axes: Any = 0,
+    out_axes: Any = 0,
+    axis_name: Any = None,
+    axis_size: int | None = None,
+    spmd_axis_name: Any = None,
+    **options: Any,
+) -> Callable[..., Any]:
+    """The ``"vmap"`` override: ``jax.vmap``'s signature, identity-preserving result."""
+    if not callable(fun):
+        raise TypeError(f"jaxoverride.vmap: expected a callable value, got {fun!r}.")
+    in_axes = check_in_axes("vmap", in_axes)
+    cache = _AxesCache()
+    lower_vmap = jo.next_impl("vmap")
+
+    def mapped(*args: Any, **kwargs: Any) -> Any:
+        prefix = call_prefix("vmap", in_axes, args)
+        plan, dyn = encode((args, kwargs), _LABEL, "call")
+        axes = cache.get(plan, len(args), prefix, "vmap")
+        carrier = Packed((), None)
+
+        def traced(*inputs: Any) -> Packed:
+            inner_args, inner_kwargs = plan.decode(inputs)
+            out_plan, out_dyn = encode(fun(*inner_args, **inner_kwargs), "vmap outputs")
+            carrier.leaves = output_axes(out_plan, out_axes, "vmap")
+            carrier.plan = out_plan
+            return Packed(tuple(out_dyn), out_plan)
+
+        result = lower_vmap(
+            traced,
+            in_axes=axes,
+            out_axes=carrier,
+            axis_name=axis_name,
+            axis_size=axis_size,
+            spmd_axis_name=spmd_axis_name,
+            **options,
+        )(*dyn)
+        return unforward_tree(result, dyn).unpack()
+
+    mapped.__wrapped__ = fun  # type: ignore[attr-defined]
+    return mapped

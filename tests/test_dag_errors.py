@@ -1,0 +1,134 @@
+"""jaxoverride_dag: clear errors that name the path, and nothing left half-done after one."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+import jaxoverride as jo
+import jaxoverride_dag as dag
+from jaxoverride import _stack, lax as jlax
+
+
+class Unhashable:
+    """Equality without a hash: Python makes such objects unhashable."""
+
+    def __eq__(self, other):
+        return isinstance(other, Unhashable)
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+def test_unhashable_static_leaf_names_its_path():
+    with dag.context(), pytest.raises(TypeError) as info:
+        jo.jit(lambda p, q: p["w"])({"w": jnp.ones(2)}, q={"cfg": [1, Unhashable()]})
+    message = str(info.value)
+    assert "kwargs['q']['cfg'][1]" in message
+    assert "Unhashable" in message and "hashable" in message and "Fix" in message
+
+
+def test_scan_body_that_breaks_sharing_names_the_path():
+    w = jnp.ones(2)
+
+    def body(c, _):
+        return {"a": c["a"] + 1, "b": c["b"] + 1}, None  # two new arrays: the tie is gone
+
+    with dag.context(), pytest.raises(dag.SharingError) as info:
+        jlax.scan(body, {"a": w, "b": w}, length=2)
+    message = str(info.value)
+    assert "lax.scan" in message and "carry['b']" in message and "carry['a']" in message
+
+
+def test_while_and_fori_body_that_adds_sharing_names_the_path():
+    def body(c):
+        return [c[0] + 1] * 2  # one object at both positions
+
+    init = [jnp.zeros(2), jnp.zeros(2)]
+    with dag.context():
+        with pytest.raises(dag.SharingError, match=r"carry\[1\]"):
+            jlax.while_loop(lambda c: c[0][0] < 2, body, init)
+        with pytest.raises(dag.SharingError, match=r"lax\.fori_loop"):
+            jlax.fori_loop(0, 2, lambda i, c: body(c), init)
+
+
+def test_loop_body_that_changes_static_data_is_an_error():
+    with dag.context(), pytest.raises(dag.SharingError, match="static value"):
+        jlax.fori_loop(
+            0, 2, lambda i, c: {"x": c["x"] + 1, "mode": "b"}, {"x": jnp.zeros(2), "mode": "a"}
+        )
+
+
+def test_branches_with_different_patterns_are_an_error():
+    w = jnp.ones(2)
+    with dag.context(), pytest.raises(dag.SharingError, match=r"output\[1\]"):
+        jlax.cond(True, lambda x: (x, x), lambda x: (x, x + 1), w)
+
+
+def test_conflicting_vmap_in_axes_on_a_shared_leaf_names_both_paths():
+    w = jnp.ones((2, 2))
+    with dag.context(), pytest.raises(dag.SharingError) as info:
+        jo.vmap(lambda p: p["a"] + p["b"], in_axes=({"a": 0, "b": 1},))({"a": w, "b": w})
+    message = str(info.value)
+    assert "args[0]['a']" in message and "args[0]['b']" in message and "(0 and 1)" in message
+
+
+def test_bad_in_axes_are_reported_like_jax():
+    with dag.context():
+        with pytest.raises(ValueError, match="len\\(in_axes\\)=1, len\\(args\\)=2"):
+            jo.vmap(lambda a, b: a, in_axes=(0,))(jnp.ones(2), jnp.ones(2))
+        with pytest.raises(TypeError, match="in_axes must be an int, None, or a tuple"):
+            jo.vmap(lambda a: a, in_axes={"a": 0})
+        with pytest.raises(ValueError, match="tree prefix"):
+            jo.vmap(lambda p: p, in_axes=({"x": 0},))({"y": jnp.ones(2)})
+
+
+def test_tree_of_shardings_is_refused_with_the_reason():
+    with dag.context(), pytest.raises(NotImplementedError, match="in_shardings"):
+        jo.jit(lambda a, b: a, in_shardings=(None, None))(jnp.ones(2), jnp.ones(2))
+
+
+def test_errors_in_user_code_propagate_once_and_leave_no_state_behind():
+    calls = []
+
+    def f(x, fail):
+        calls.append(1)
+        if fail:
+            raise TypeError("user error")
+        return x * 2
+
+    w = jnp.ones(2)
+    with dag.context():
+        g = jo.jit(f, static_argnums=1)
+        assert float(g(w, False)[0]) == 2.0
+        with pytest.raises(TypeError, match="user error"):
+            g(w, True)
+        assert len(calls) == 2  # traced once, not retried
+        assert float(g(w, False)[0]) == 2.0  # and the cache is intact
+        assert _stack.context_snapshot() is not _stack.ROOT
+    assert _stack.context_snapshot() is _stack.ROOT
+
+
+def test_error_on_the_hot_path_is_not_retraced():
+    calls = []
+
+    def f(x):
+        calls.append(1)
+        if x.shape == (3,):
+            raise TypeError("bad shape")
+        return x
+
+    with dag.context():
+        g = jo.jit(f)
+        g(jnp.ones(2))
+        with pytest.raises(TypeError, match="bad shape"):
+            g(jnp.ones(3))
+    assert len(calls) == 2
+
+
+def test_static_leaf_in_an_array_position_takes_the_slow_path():
+    with dag.context():
+        g = jo.jit(lambda p: p)
+        g({"a": jnp.ones(2)})
+        out = g({"a": jax.nn.relu})
+    assert out["a"] is jax.nn.relu
