@@ -7,7 +7,6 @@ import os
 # Must precede the first import of jax anywhere in the test session.
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 
-import gc
 
 import jax
 import pytest
@@ -23,7 +22,6 @@ def _no_leftover_overrides():
     """Every test must leave the stack, the installed adapters and the jit key as it found them."""
     installed_before = _stack.installed
     yield
-    gc.collect()
     assert _stack.context_snapshot() is _stack.ROOT, (
         f"test left a context entered: {jo.current_stack()}"
     )

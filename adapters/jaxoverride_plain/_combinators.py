@@ -28,7 +28,18 @@ _NO_OPERAND: Any = inspect.signature(jax.lax.cond).parameters["operand"].default
 
 
 def create_by_calling(thunk: Thunk) -> None:
-    """The default ``create`` hook: run the creation pass and discard its result."""
+    """The default ``create`` hook: run the creation pass and discard its result.
+
+    Args:
+      thunk: the creation pass.
+
+    Example:
+      >>> from jaxoverride_plain import create_by_calling
+      >>> created = []
+      >>> create_by_calling(lambda: created.append("w"))
+      >>> created
+      ['w']
+    """
     thunk()
 
 

@@ -59,6 +59,13 @@ def is_applying() -> bool:
 
     Adapters use it to tell "initialising, but every parameter already exists" from a
     plain initialising call: see ``jaxoverride_haiku``.
+
+    Example:
+      >>> from jaxoverride_plain import applying, init_context, is_applying
+      >>> with init_context(), applying():
+      ...     inside = is_applying()
+      >>> inside, is_applying()
+      (True, False)
     """
     return _phase.get() is False
 
@@ -66,7 +73,15 @@ def is_applying() -> bool:
 @contextlib.contextmanager
 def applying() -> Iterator[None]:
     """Runs the block as the apply pass: ``is_initializing()`` is false and
-    ``is_applying()`` true inside it."""
+    ``is_applying()`` true inside it.
+
+    Example:
+      >>> from jaxoverride_plain import applying, init_context, is_initializing
+      >>> with init_context(), applying():
+      ...     inside = is_initializing()
+      >>> inside
+      False
+    """
     token = _phase.set(False)
     try:
         yield

@@ -33,6 +33,17 @@ class OverrideContext(Mapping[str, Callable[..., Any]]):
     ``override_context({**jaxoverride_plain.context(), "jit": my_jit})``. One object may
     be entered any number of times, nested, and from many threads and asyncio tasks at
     once; it keeps no state of its own. Used as a decorator, it enters around each call.
+
+    Example:
+      >>> import jax, jaxoverride as jo
+      >>> ctx = jo.override_context({"lax.map": lambda f, xs, **kw: "mine"}, name="demo")
+      >>> sorted(ctx), ctx.name
+      (['lax.map'], 'demo')
+      >>> @ctx
+      ... def run():
+      ...     return jo.lax.map(abs, jax.numpy.arange(2))
+      >>> run()
+      'mine'
     """
 
     __slots__ = ("_layer",)
@@ -147,7 +158,17 @@ class _Scope:
 
 
 class Installation:
-    """A handle on an adapter installed for the whole process; see ``install``."""
+    """A handle on an adapter installed for the whole process; see ``install``.
+
+    Example:
+      >>> import jax, jaxoverride as jo
+      >>> with jo.install({"lax.map": lambda f, xs, **kw: "mine"}, scoped=True) as handle:
+      ...     outside = jo.lax.map(abs, jax.numpy.arange(2)).tolist()
+      ...     with handle.scope():
+      ...         inside = jo.lax.map(abs, jax.numpy.arange(2))
+      >>> outside, inside, handle.installed
+      ([0, 1], 'mine', False)
+    """
 
     __slots__ = ("_entry",)
 
@@ -255,6 +276,17 @@ def install(
             f"jaxoverride.install: when= must be a predicate taking no arguments, got "
             f"{type(when).__name__} {when!r}."
         )
+    if when is not None:
+        try:
+            inspect.signature(when).bind()
+        except TypeError:
+            raise TypeError(
+                f"jaxoverride.install: when= must be a predicate taking no arguments, got "
+                f"{when!r} with signature {inspect.signature(when)}. Close over what it "
+                "needs instead, e.g. when=lambda: frame_is_active(frame)."
+            ) from None
+        except ValueError:
+            pass  # no signature to check (some builtins): it is called as when()
     if when is not None and scoped:
         raise TypeError(
             "jaxoverride.install: pass either when= (asked on every call) or scoped=True "
@@ -265,7 +297,20 @@ def install(
 
 
 def uninstall(installation: Installation) -> bool:
-    """Removes an installation made by ``install``; returns False if it was already removed."""
+    """Removes an installation made by ``install``.
+
+    Args:
+      installation: what ``install`` returned.
+
+    Returns:
+      True, or False if it had already been removed.
+
+    Example:
+      >>> import jax, jaxoverride as jo
+      >>> handle = jo.install({"lax.scan": jax.lax.scan}, name="example")
+      >>> jo.uninstall(handle), jo.uninstall(handle)
+      (True, False)
+    """
     if not isinstance(installation, Installation):
         raise TypeError(
             "jaxoverride.uninstall expects the Installation that install() returned, got "

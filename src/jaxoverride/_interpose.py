@@ -69,6 +69,16 @@ class Interposition:
       precompiled: ``module.attribute`` names holding functions that ``jax.jit`` compiled
         when the module was imported. Interposition cannot reach inside them: they keep
         calling raw JAX until the module is re-imported while interposed.
+
+    Example:
+      >>> import jaxoverride as jo
+      >>> import optax._src.linear_algebra as linear_algebra
+      >>> handle = jo.interpose(linear_algebra)
+      >>> handle.rebound
+      {'optax._src.linear_algebra': ['jax', 'lax']}
+      >>> handle.restore()
+      >>> linear_algebra.lax.while_loop is jo.lax.while_loop
+      False
     """
 
     rebound: dict[str, list[str]] = field(default_factory=dict)

@@ -29,7 +29,15 @@ class StackLayer:
 
 @dataclass(frozen=True)
 class Stack:
-    """The layers that neutral calls see in this thread or task, top first."""
+    """The layers that neutral calls see in this thread or task, top first.
+
+    Example:
+      >>> import jax, jaxoverride as jo
+      >>> with jo.override_context({"lax.scan": jax.lax.scan}, name="example"):
+      ...     stack = jo.current_stack()
+      >>> [layer.label for layer in stack.layers], stack.resolutions()["lax.scan"]
+      (['example'], 'jax.lax.scan')
+    """
 
     layers: tuple[StackLayer, ...]
 

@@ -85,19 +85,31 @@ class _TransformState:
         return built
 
 
-def _slow_call(state: _TransformState, /, *args: Any, **kwargs: Any) -> Any:
-    # Hot while any override is alive anywhere: no extra frame unless guards exist.
-    snapshot = _stack._current_get().snapshot
-    if _stack._guards:
-        snapshot = effective_snapshot()
-    if snapshot is ROOT:
-        if _stack.idle and state.owner is not None and (owner := state.owner()) is not None:
-            owner._switch_to_fast()
-        return state.plain(*args, **kwargs)
-    built = state.builds.get(snapshot)
-    if built is None:
-        built = state.build(snapshot)
-    return built(*args, **kwargs)
+def _slow_target(state: _TransformState) -> Callable[..., Any]:
+    """The target of a ``Transformed`` while anything is active anywhere in the process.
+
+    Its ``__wrapped__`` is the plain JAX object, as for the idle target: JAX unwraps
+    ``functools.partial`` and then ``__wrapped__`` to name the traced function in debug
+    info and errors, and that name must stay the user's function.
+    """
+    plain, builds, build = state.plain, state.builds, state.build
+
+    def slow_call(*args: Any, **kwargs: Any) -> Any:
+        # Hot while any override is alive anywhere: no extra frame unless guards exist.
+        snapshot = _stack._current_get().snapshot
+        if _stack._guards:
+            snapshot = effective_snapshot()
+        if snapshot is ROOT:
+            if _stack.idle and state.owner is not None and (owner := state.owner()) is not None:
+                owner._switch_to_fast()
+            return plain(*args, **kwargs)
+        built = builds.get(snapshot)
+        if built is None:
+            built = build(snapshot)
+        return built(*args, **kwargs)
+
+    slow_call.__wrapped__ = plain  # type: ignore[attr-defined]
+    return slow_call
 
 
 class Transformed(functools.partial):  # type: ignore[type-arg]
@@ -118,8 +130,8 @@ class Transformed(functools.partial):  # type: ignore[type-arg]
     """
 
     # The partial's target is switched between ``state.plain`` (process idle) and
-    # ``_slow_call`` bound to ``state``: a call then never pays for a Python frame
-    # while nothing can be active.
+    # ``_slow_target(state)``: a call then never pays for a Python frame while nothing
+    # can be active.
 
     def __new__(
         cls,
@@ -146,7 +158,7 @@ class Transformed(functools.partial):  # type: ignore[type-arg]
 
     def _switch_to_slow(self) -> None:
         state: _TransformState = self.__dict__["_jaxoverride_state"]
-        self.__setstate__((_slow_call, (state,), None, self.__dict__))
+        self.__setstate__((_slow_target(state), (), None, self.__dict__))
 
     def _switch_to_fast(self) -> None:
         if _stack.register_fast(self):
@@ -217,7 +229,9 @@ def neutral_transform(name: str, default: F) -> F:
         else:
             return default(**kwargs)  # JAX reports the missing function in its own words.
         if optional and fun is parameter.default:
-            # As in JAX, ``transform(**options)`` returns a decorator.
+            # As in JAX, ``transform(**options)`` returns a decorator; JAX checks the
+            # options now (a misspelt or missing one), so let it.
+            default(*rest, **kwargs)
             return functools.partial(transform, *rest, **kwargs)
         return Transformed(name, default, fun, rest, kwargs)
 

@@ -8,9 +8,10 @@ Example:
   True
 """
 
-from __future__ import annotations
-
-from typing import Any
+# Only underscored names of our own at module level: ``from jaxoverride.lax import *``
+# must export exactly what ``from jax.lax import *`` does (jax.lax has no ``__all__``), so
+# no ``from __future__ import annotations`` (it binds ``annotations``) and no ``Any``.
+import typing as _typing
 
 import jax.lax as _jax_lax
 from jax.lax import *  # noqa: F403  # pyright: ignore[reportWildcardImportFromLibrary]
@@ -25,10 +26,10 @@ from jaxoverride._lax import (
     while_loop as while_loop,
 )
 
-NEUTRAL = ("scan", "while_loop", "fori_loop", "cond", "switch", "map")
+_NEUTRAL = ("scan", "while_loop", "fori_loop", "cond", "switch", "map")
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> _typing.Any:
     # Attributes that ``import *`` does not bring, such as submodules, come from jax.lax.
     try:
         return getattr(_jax_lax, name)
@@ -37,4 +38,4 @@ def __getattr__(name: str) -> Any:
 
 
 def __dir__() -> list[str]:
-    return sorted(set(dir(_jax_lax)) | set(NEUTRAL))
+    return sorted(set(dir(_jax_lax)) | set(_NEUTRAL))

@@ -1,0 +1,271 @@
+"""jaxoverride core: what the neutral API costs next to raw JAX.
+
+- ``jo.jit(f)(x)`` cache-hit dispatch against ``jax.jit(f)(x)``: with nothing active
+  (target <= 1.05x); with an installed adapter whose predicate is false (target <= 1.10x),
+  for a trivial predicate and for the real ``jaxoverride_haiku.install()`` predicate; and,
+  for information, with a scoped installation outside its scope and inside an unrelated
+  override context.
+- eager ``jlax.scan`` / ``jlax.while_loop`` calls against ``jax.lax``'s (nothing active).
+- ``import jaxoverride`` on top of ``import jax`` in fresh processes (target <= 30 ms).
+- raw ``jax.jit`` dispatch in processes that did and did not import jaxoverride: the
+  user contexts it registers with JAX must not slow raw ``jax.jit`` down.
+
+Candidates are interleaved round by round (``_harness.interleaved``); ratios are medians of
+per-round ratios. Dispatch is timed without blocking on each result, as in JAX's own
+dispatch benchmarks: the computation is one addition, so the call is the cost.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import subprocess
+import sys
+import textwrap
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+import jaxoverride as jo
+from benchmarks._harness import Row, at_most, interleaved, main, ratio_rows
+from jaxoverride import _stack, lax as jlax
+
+SUITE = "core"
+
+
+def _add_one(x: jax.Array) -> jax.Array:
+    return x + 1
+
+
+def _never() -> bool:
+    return False
+
+
+def _passthrough_scan(*args: Any, **kwargs: Any) -> Any:
+    return jo.next_impl("lax.scan")(*args, **kwargs)
+
+
+def _dispatch_rows(
+    case: str,
+    rounds: int,
+    number: int,
+    note: str = "",
+    target: tuple[str, Callable[[float], bool]] | None = None,
+) -> list[Row]:
+    x = jnp.ones((8,), jnp.float32)
+    raw = jax.jit(_add_one)
+    ours = jo.jit(_add_one)
+    samples = interleaved(
+        {"jax.jit": lambda: raw(x), "jo.jit": lambda: ours(x)}, number=number, rounds=rounds
+    )
+    targets = {"jo.jit": target} if target else None
+    return ratio_rows(SUITE, case, samples, "jax.jit", targets, note)
+
+
+def _dispatch(quick: bool) -> list[Row]:
+    rounds, number = (9, 2000) if quick else (61, 4000)
+    rows: list[Row] = []
+    assert _stack.idle, "the dispatch benchmark must start with nothing active"
+    rows += _dispatch_rows("jit dispatch, nothing active", rounds, number, target=at_most(1.05))
+
+    with jo.install({"lax.scan": _passthrough_scan}, when=_never, name="bench-never"):
+        rows += _dispatch_rows(
+            "jit dispatch, installed, when=lambda: False", rounds, number,
+            target=at_most(1.10),
+        )  # fmt: skip
+
+    try:
+        import jaxoverride_haiku
+    except ImportError:  # pragma: no cover - the haiku extra is not installed
+        rows.append(
+            _skipped(
+                "jit dispatch, jaxoverride_haiku.install(), outside transform",
+                "jaxoverride_haiku or dm-haiku is not installed",
+            )
+        )
+    else:
+        already = jaxoverride_haiku.is_installed()
+        jaxoverride_haiku.install()
+        try:
+            rows += _dispatch_rows(
+                "jit dispatch, jaxoverride_haiku.install(), outside transform", rounds, number,
+                note="the real Haiku predicate (Haiku's frame stack is empty)",
+                target=at_most(1.10),
+            )  # fmt: skip
+        finally:
+            if not already:
+                jaxoverride_haiku.uninstall()
+
+    with jo.install({"lax.scan": _passthrough_scan}, scoped=True, name="bench-scoped"):
+        rows += _dispatch_rows(
+            "jit dispatch, scoped install, outside its scope", rounds, number,
+            note="information: the process stays idle outside scopes",
+        )  # fmt: skip
+
+    with jo.override_context({"lax.scan": _passthrough_scan}, name="bench-context"):
+        rows += _dispatch_rows(
+            "jit dispatch, unrelated override context active", rounds, number,
+            note="information: the slow path, one snapshot lookup per call",
+        )  # fmt: skip
+    return rows
+
+
+def _scan_body(carry: jax.Array, x: jax.Array) -> tuple[jax.Array, jax.Array]:
+    return carry + x, carry
+
+
+def _while_cond(state: tuple[jax.Array, jax.Array]) -> jax.Array:
+    return state[0] < 5
+
+
+def _while_body(state: tuple[jax.Array, jax.Array]) -> tuple[jax.Array, jax.Array]:
+    return state[0] + 1, state[1] * 2.0
+
+
+def _eager_control_flow(quick: bool) -> list[Row]:
+    rounds, number = (7, 50) if quick else (41, 150)
+    xs = jnp.arange(16.0)
+    init = jnp.float32(0.0)
+    state = (jnp.int32(0), jnp.float32(1.0))
+    assert _stack.idle
+    rows = ratio_rows(
+        SUITE,
+        "eager lax.scan call, nothing active",
+        interleaved(
+            {
+                "jax.lax.scan": lambda: jax.lax.scan(_scan_body, init, xs),
+                "jlax.scan": lambda: jlax.scan(_scan_body, init, xs),
+            },
+            number=number,
+            rounds=rounds,
+        ),
+        "jax.lax.scan",
+        {"jlax.scan": at_most(1.05)},
+    )
+    rows += ratio_rows(
+        SUITE,
+        "eager lax.while_loop call, nothing active",
+        interleaved(
+            {
+                "jax.lax.while_loop": lambda: jax.lax.while_loop(_while_cond, _while_body, state),
+                "jlax.while_loop": lambda: jlax.while_loop(_while_cond, _while_body, state),
+            },
+            number=number,
+            rounds=rounds,
+        ),
+        "jax.lax.while_loop",
+        {"jlax.while_loop": at_most(1.05)},
+    )
+    return rows
+
+
+# --- fresh-process measurements ------------------------------------------------------------
+
+_IMPORT_SCRIPT = """
+import time
+start = time.perf_counter()
+import jax
+after_jax = time.perf_counter()
+import jaxoverride
+after_jo = time.perf_counter()
+print(after_jax - start, after_jo - after_jax)
+"""
+
+_RAW_JIT_SCRIPT = """
+import json, statistics, sys, time
+import jax, jax.numpy as jnp
+if sys.argv[1] == "with":
+    import jaxoverride as jo
+    with jo.override_context({"lax.map": jax.lax.map}):  # exercise the user contexts once
+        pass
+f = jax.jit(lambda x: x + 1)
+x = jnp.ones((8,), jnp.float32)
+for _ in range(2000):
+    f(x)
+samples = []
+for _ in range(ROUNDS):
+    start = time.perf_counter()
+    for _ in range(NUMBER):
+        f(x)
+    samples.append((time.perf_counter() - start) / NUMBER)
+print(json.dumps(statistics.median(samples)))
+"""
+
+
+def _python(script: str, *args: str) -> str:
+    completed = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(script), *args],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    return completed.stdout.strip().splitlines()[-1]
+
+
+def _import_time(quick: bool) -> list[Row]:
+    runs = 5 if quick else 11
+    jax_times, increments = [], []
+    for _ in range(runs):
+        jax_time, increment = map(float, _python(_IMPORT_SCRIPT).split())
+        jax_times.append(jax_time)
+        increments.append(increment)
+    increment = statistics.median(increments)
+    jax_time = statistics.median(jax_times)
+    return [
+        Row(
+            suite=SUITE,
+            case=f"import time, fresh processes (median of {runs})",
+            ours="import jaxoverride (after jax)",
+            baseline="import jax",
+            ours_us=increment * 1e6,
+            baseline_us=jax_time * 1e6,
+            ratio=increment / jax_time,
+            target="<= 30 ms",
+            met=increment <= 0.030,
+            note=f"jaxoverride adds {increment * 1e3:.1f} ms to jax's {jax_time * 1e3:.0f} ms",
+        )
+    ]
+
+
+def _raw_jit_after_import(quick: bool) -> list[Row]:
+    pairs, rounds, number = (3, 9, 2000) if quick else (11, 15, 4000)
+    script = _RAW_JIT_SCRIPT.replace("ROUNDS", str(rounds)).replace("NUMBER", str(number))
+    without, with_jo = [], []
+    for _ in range(pairs):  # alternate the two kinds of process, so drift hits both alike
+        without.append(json.loads(_python(script, "without")))
+        with_jo.append(json.loads(_python(script, "with")))
+    ratio = statistics.median(w / o for w, o in zip(with_jo, without, strict=True))
+    return [
+        Row(
+            suite=SUITE,
+            case=f"raw jax.jit dispatch, fresh processes ({pairs} pairs)",
+            ours="jax.jit after import jaxoverride",
+            baseline="jax.jit without jaxoverride",
+            ours_us=statistics.median(with_jo) * 1e6,
+            baseline_us=statistics.median(without) * 1e6,
+            ratio=ratio,
+            target="<= 1.03x",
+            met=ratio <= 1.03,
+            note="jaxoverride registers two jax.make_user_context keys at import",
+        )
+    ]
+
+
+def _skipped(case: str, why: str) -> Row:
+    return Row(SUITE, case, "jo.jit", "jax.jit", float("nan"), float("nan"), float("nan"),
+               note=f"not measured: {why}")  # fmt: skip
+
+
+def run(quick: bool) -> list[Row]:
+    """Every measurement of the core suite; ``quick`` shortens them for smoke tests."""
+    rows = _dispatch(quick)
+    rows += _eager_control_flow(quick)
+    rows += _import_time(quick)
+    rows += _raw_jit_after_import(quick)
+    return rows
+
+
+if __name__ == "__main__":
+    main(run)

@@ -1,0 +1,507 @@
+"""Differential parity of ``jaxoverride.lax`` control flow against ``jax.lax``.
+
+Every case runs through JAX and through jaxoverride, with nothing active and under a
+pass-through override (see ``_parity``), and must give the same outputs, the same
+``jax.make_jaxpr`` text and the same derivatives.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+import jaxoverride as jo
+from _parity import (
+    JAX,
+    Case,
+    active,
+    assert_same,
+    check_jaxprs_in_mode,
+    check_raw_jax_ignores_overrides,
+    f32,
+    fresh_jax_caches_per_module,  # noqa: F401 - an autouse fixture
+    jaxpr_text,
+    parity_tests as _parity_tests,
+)
+
+# Bodies live at module level so that JAX and jaxoverride see the very same function.
+
+
+def scan_body(carry, x):
+    return carry * 0.9 + jnp.sin(x), carry * x
+
+
+def count_body(carry, _):
+    return carry * 1.1 + 1.0, carry
+
+
+def tree_scan_body(carry, xs):
+    a, b = xs
+    new = {"h": jnp.tanh(carry["h"] * a + b), "n": carry["n"] + 1}
+    return new, None
+
+
+def while_cond(state):
+    return state[0] < 10
+
+
+def while_body(state):
+    i, x = state
+    return i + 1, jnp.sin(x) * 1.5
+
+
+def fori_body(i, x):
+    return x * 0.8 + jnp.cos(x) * i
+
+
+def branch_a(x, y, z):
+    return x + y * z
+
+
+def branch_b(x, y, z):
+    return x * y - z
+
+
+def branch_c(x, y, z):
+    return jnp.sin(x) + y + z
+
+
+def one_a(x):
+    return jnp.sin(x) * 2.0
+
+
+def one_b(x):
+    return jnp.cos(x) - 1.0
+
+
+def one_c(x):
+    return x**2
+
+
+def map_f(x):
+    return jnp.tanh(x) * x.sum()
+
+
+def tree_map_f(tree):
+    return {"s": tree["a"] * tree["b"], "t": jnp.sum(tree["a"])}
+
+
+def pair_branch_a(pair):
+    return pair[0] + pair[1]
+
+
+def pair_branch_b(pair):
+    return pair[0] * pair[1]
+
+
+CASES = [
+    # --- scan ---------------------------------------------------------------------------
+    Case(
+        "scan",
+        lambda api, c, xs: api.lax.scan(scan_body, c, xs),
+        lambda: (f32(3), f32(5, 3)),
+        ("lax.scan",),
+        argnums=(0, 1),
+    ),
+    Case(
+        "scan-xs-none-length",
+        lambda api, c: api.lax.scan(count_body, c, length=4),
+        lambda: (f32(2),),
+        ("lax.scan",),
+    ),
+    Case(
+        "scan-xs-none-explicit-keywords",
+        lambda api, c: api.lax.scan(f=count_body, init=c, xs=None, length=3),
+        lambda: (f32(2),),
+        ("lax.scan",),
+    ),
+    Case(
+        "scan-reverse",
+        lambda api, c, xs: api.lax.scan(scan_body, c, xs, reverse=True),
+        lambda: (f32(3), f32(4, 3)),
+        ("lax.scan",),
+        argnums=(0, 1),
+    ),
+    Case(
+        "scan-unroll-2",
+        lambda api, c, xs: api.lax.scan(scan_body, c, xs, unroll=2),
+        lambda: (f32(3), f32(5, 3)),
+        ("lax.scan",),
+        argnums=(0, 1),
+    ),
+    Case(
+        "scan-unroll-true",
+        lambda api, c, xs: api.lax.scan(scan_body, c, xs, unroll=True),
+        lambda: (f32(3), f32(4, 3)),
+        ("lax.scan",),
+    ),
+    Case(
+        "scan-unroll-beyond-length",
+        lambda api, c, xs: api.lax.scan(scan_body, c, xs, unroll=16),
+        lambda: (f32(3), f32(3, 3)),
+        ("lax.scan",),
+    ),
+    Case(
+        "scan-all-positional",
+        lambda api, c, xs: api.lax.scan(scan_body, c, xs, 4, True, 2),
+        lambda: (f32(3), f32(4, 3)),
+        ("lax.scan",),
+        argnums=(0, 1),
+    ),
+    Case(
+        "scan-length-with-xs",
+        lambda api, c, xs: api.lax.scan(scan_body, c, xs, length=6),
+        lambda: (f32(3), f32(6, 3)),
+        ("lax.scan",),
+    ),
+    Case(
+        "scan-zero-length",
+        lambda api, c, xs: api.lax.scan(scan_body, c, xs),
+        lambda: (f32(3), np.zeros((0, 3), np.float32)),
+        ("lax.scan",),
+    ),
+    Case(
+        "scan-pytree",
+        lambda api, h, a, b: api.lax.scan(tree_scan_body, {"h": h, "n": jnp.int32(0)}, (a, b)),
+        lambda: (f32(2), f32(3, 2), f32(3, 2, offset=0.5)),
+        ("lax.scan",),
+        argnums=(0, 1, 2),
+    ),
+    Case(
+        "scan-integer-carry",
+        lambda api, xs: api.lax.scan(lambda c, x: (c + x, c * 2), 0, xs),
+        lambda: (np.arange(5, dtype=np.int32),),
+        ("lax.scan",),
+        diff=None,
+    ),
+    # --- while_loop ---------------------------------------------------------------------
+    Case(
+        "while_loop",
+        lambda api, x: api.lax.while_loop(while_cond, while_body, (0, x)),
+        lambda: (f32(3),),
+        ("lax.while_loop",),
+        diff="fwd",
+    ),
+    Case(
+        "while_loop-keywords",
+        lambda api, x: api.lax.while_loop(
+            cond_fun=while_cond, body_fun=while_body, init_val=(jnp.int32(3), x)
+        ),
+        lambda: (f32(2),),
+        ("lax.while_loop",),
+        diff="fwd",
+    ),
+    Case(
+        "while_loop-zero-trips",
+        lambda api, x: api.lax.while_loop(while_cond, while_body, (20, x)),
+        lambda: (f32(3),),
+        ("lax.while_loop",),
+        diff="fwd",
+    ),
+    # --- fori_loop ----------------------------------------------------------------------
+    Case(
+        "fori_loop-static-bounds",
+        lambda api, x: api.lax.fori_loop(0, 5, fori_body, x),
+        lambda: (f32(3),),
+        ("lax.fori_loop",),
+    ),
+    Case(
+        "fori_loop-traced-bounds",
+        lambda api, lo, hi, x: jax.jit(lambda lo, hi, x: api.lax.fori_loop(lo, hi, fori_body, x))(
+            lo, hi, x
+        ),
+        lambda: (np.int32(1), np.int32(6), f32(3)),
+        ("lax.fori_loop",),
+        diff="fwd",
+        argnums=(2,),
+    ),
+    Case(
+        "fori_loop-traced-upper-only",
+        lambda api, hi, x: jax.jit(lambda hi, x: api.lax.fori_loop(0, hi, fori_body, x))(hi, x),
+        lambda: (np.int32(4), f32(3)),
+        ("lax.fori_loop",),
+        diff="fwd",
+        argnums=(1,),
+    ),
+    Case(
+        "fori_loop-unroll",
+        lambda api, x: api.lax.fori_loop(0, 6, fori_body, x, unroll=3),
+        lambda: (f32(3),),
+        ("lax.fori_loop",),
+    ),
+    Case(
+        "fori_loop-keywords",
+        lambda api, x: api.lax.fori_loop(lower=2, upper=4, body_fun=fori_body, init_val=x),
+        lambda: (f32(3),),
+        ("lax.fori_loop",),
+    ),
+    Case(
+        "fori_loop-empty-range",
+        lambda api, x: api.lax.fori_loop(5, 2, fori_body, x),
+        lambda: (f32(3),),
+        ("lax.fori_loop",),
+    ),
+    # --- cond ---------------------------------------------------------------------------
+    Case(
+        "cond-one-operand",
+        lambda api, x: api.lax.cond(x.sum() > 0, one_a, one_b, x),
+        lambda: (f32(4),),
+        ("lax.cond",),
+    ),
+    Case(
+        "cond-false-branch",
+        lambda api, x: api.lax.cond(x.sum() > 100, one_a, one_b, x),
+        lambda: (f32(4),),
+        ("lax.cond",),
+    ),
+    Case(
+        "cond-several-operands",
+        lambda api, x, y, z: api.lax.cond(x[0] < 0, branch_a, branch_b, x, y, z),
+        lambda: (f32(3), f32(3, offset=1), f32(3, offset=2)),
+        ("lax.cond",),
+        argnums=(0, 1, 2),
+    ),
+    Case(
+        "cond-operand-keyword",
+        lambda api, x, y: api.lax.cond(True, pair_branch_a, pair_branch_b, operand=(x, y)),
+        lambda: (f32(3), f32(3, offset=1)),
+        ("lax.cond",),
+        argnums=(0, 1),
+    ),
+    Case(
+        "cond-no-operands",
+        lambda api, x: api.lax.cond(x[1] > 0, lambda: x * 2, lambda: x - 1),
+        lambda: (f32(3),),
+        ("lax.cond",),
+    ),
+    Case(
+        "cond-python-bool-predicate",
+        lambda api, x: api.lax.cond(False, one_a, one_b, x),
+        lambda: (f32(3),),
+        ("lax.cond",),
+    ),
+    Case(
+        "cond-integer-predicate",
+        lambda api, p, x: api.lax.cond(p, one_a, one_b, x),
+        lambda: (np.int32(3), f32(3)),
+        ("lax.cond",),
+        argnums=(1,),
+    ),
+    # --- switch -------------------------------------------------------------------------
+    Case(
+        "switch-in-range",
+        lambda api, x: api.lax.switch(1, [one_a, one_b, one_c], x),
+        lambda: (f32(3),),
+        ("lax.switch",),
+    ),
+    Case(
+        "switch-index-above-range",
+        lambda api, x: api.lax.switch(7, [one_a, one_b, one_c], x),
+        lambda: (f32(3),),
+        ("lax.switch",),
+    ),
+    Case(
+        "switch-negative-index",
+        lambda api, x: api.lax.switch(-4, [one_a, one_b, one_c], x),
+        lambda: (f32(3),),
+        ("lax.switch",),
+    ),
+    Case(
+        "switch-traced-out-of-range",
+        lambda api, i, x: api.lax.switch(i, (one_a, one_b, one_c), x),
+        lambda: (np.int32(9), f32(3)),
+        ("lax.switch",),
+        argnums=(1,),
+    ),
+    Case(
+        "switch-several-operands",
+        lambda api, i, x, y, z: api.lax.switch(i, [branch_a, branch_b, branch_c], x, y, z),
+        lambda: (np.int32(2), f32(3), f32(3, offset=1), f32(3, offset=2)),
+        ("lax.switch",),
+        argnums=(1, 2, 3),
+    ),
+    Case(
+        "switch-operand-keyword",
+        lambda api, x, y: api.lax.switch(0, [pair_branch_a, pair_branch_b], operand=(x, y)),
+        lambda: (f32(3), f32(3, offset=1)),
+        ("lax.switch",),
+        argnums=(0, 1),
+    ),
+    Case(
+        "switch-single-branch",
+        lambda api, x: api.lax.switch(3, [one_c], x),
+        lambda: (f32(3),),
+        ("lax.switch",),
+    ),
+    # --- map ----------------------------------------------------------------------------
+    Case("map", lambda api, xs: api.lax.map(map_f, xs), lambda: (f32(5, 3),), ("lax.map",)),
+    Case(
+        "map-batch-size-with-remainder",
+        lambda api, xs: api.lax.map(map_f, xs, batch_size=3),
+        lambda: (f32(7, 2),),
+        ("lax.map",),
+    ),
+    Case(
+        "map-batch-size-divides",
+        lambda api, xs: api.lax.map(map_f, xs, batch_size=2),
+        lambda: (f32(4, 2),),
+        ("lax.map",),
+    ),
+    Case(
+        "map-pytree",
+        lambda api, a, b: api.lax.map(tree_map_f, {"a": a, "b": b}),
+        lambda: (f32(4, 2), f32(4, 2, offset=1)),
+        ("lax.map",),
+        argnums=(0, 1),
+    ),
+    # --- nesting: neutral calls inside neutral bodies ------------------------------------
+    Case(
+        "scan-of-cond-of-map",
+        lambda api, c, xs: api.lax.scan(
+            lambda c, x: (
+                api.lax.cond(
+                    x.sum() > 0, lambda v: api.lax.map(jnp.sin, v), lambda v: v * 2, c + x
+                ),
+                x.sum(),
+            ),
+            c,
+            xs,
+        ),
+        lambda: (f32(3), f32(4, 3)),
+        ("lax.scan", "lax.cond", "lax.map"),
+        argnums=(0, 1),
+    ),
+    Case(
+        "fori-of-switch",
+        lambda api, x: api.lax.fori_loop(
+            0, 4, lambda i, v: api.lax.switch(i, [one_a, one_b, one_c], v), x
+        ),
+        lambda: (f32(3),),
+        ("lax.fori_loop", "lax.switch"),
+    ),
+]
+
+test_parity = _parity_tests(CASES)
+
+
+def test_raw_jax_ignores_overrides():
+    check_raw_jax_ignores_overrides(CASES)
+
+
+def test_jaxprs_inside_a_scoped_installation():
+    check_jaxprs_in_mode(CASES, "scoped")
+
+
+def test_every_neutral_lax_function_has_a_case():
+    covered = {name for case in CASES for name in case.uses}
+    assert covered == {name for name in jo.OVERRIDEABLE if name.startswith("lax.")}
+
+
+def test_switch_out_of_range_clamps_like_jax():
+    """The clamping semantics, spelled out: above the range is the last branch, below the first."""
+    x = jnp.float32(0.5)
+    branches = [lambda v: v + 1, lambda v: v + 2, lambda v: v + 3]
+    for index, expected in [(-5, 1.5), (0, 1.5), (2, 3.5), (3, 3.5), (100, 3.5)]:
+        with active("context"):
+            out = jo.lax.switch(index, branches, x)
+        assert float(out) == expected == float(jax.lax.switch(index, branches, x))
+
+
+@pytest.mark.parametrize("mode", ["idle", "context"])
+def test_errors_are_jax_errors(mode):
+    """Bad control-flow arguments raise JAX's own error type and message."""
+
+    def bad_body(c, x):
+        return (c, c), x  # carry changes structure
+
+    def messages(api):
+        found = []
+        for thunk in (
+            lambda: api.lax.scan(bad_body, 0.0, jnp.arange(3.0)),
+            lambda: api.lax.scan(count_body, 0.0),  # neither xs nor length
+            lambda: api.lax.cond(jnp.zeros(2) > 0, one_a, one_b, 1.0),  # non-scalar predicate
+            lambda: api.lax.switch(0, [], 1.0),  # no branches
+            lambda: api.lax.while_loop(lambda x: x, lambda x: x + 1, 1.0),  # float predicate
+            lambda: api.lax.map(map_f, jnp.ones((4, 2)), batch_size=0),
+        ):
+            try:
+                thunk()
+            except Exception as error:
+                found.append((type(error), str(error)))
+            else:
+                found.append(None)
+        return found
+
+    expected = messages(JAX)
+    with active(mode):
+        actual = messages(jo)
+    assert actual == expected
+    assert all(item is not None for item in expected[:5])
+
+
+# --- hypothesis: random scan configurations -------------------------------------------
+
+
+@settings(max_examples=12, deadline=None, derandomize=True)
+@given(
+    length=st.integers(0, 6),
+    width=st.integers(1, 3),
+    reverse=st.booleans(),
+    unroll=st.one_of(st.integers(1, 8), st.booleans()),
+    xs_none=st.booleans(),
+    passthrough=st.booleans(),
+)
+def test_scan_random_configurations(length, width, reverse, unroll, xs_none, passthrough):
+    carry = f32(width)
+    xs = None if xs_none else f32(length, width)
+
+    def run(api):
+        if xs_none:
+            return api.lax.scan(count_body, carry, length=length, reverse=reverse, unroll=unroll)
+        return api.lax.scan(scan_body, carry, xs, reverse=reverse, unroll=unroll)
+
+    expected_jaxpr = jaxpr_text(lambda: run(JAX))
+    expected = run(JAX)
+    with active("context" if passthrough else "idle"):
+        assert jaxpr_text(lambda: run(jo)) == expected_jaxpr
+        actual = run(jo)
+    assert_same(actual, expected)
+
+
+@settings(max_examples=10, deadline=None, derandomize=True)
+@given(
+    rows=st.integers(1, 9),
+    batch_size=st.one_of(st.none(), st.integers(1, 10)),
+    passthrough=st.booleans(),
+)
+def test_map_random_batch_sizes(rows, batch_size, passthrough):
+    xs = f32(rows, 2)
+    expected_jaxpr = jaxpr_text(lambda v: jax.lax.map(map_f, v, batch_size=batch_size), xs)
+    with active("context" if passthrough else "idle"):
+        actual_jaxpr = jaxpr_text(lambda v: jo.lax.map(map_f, v, batch_size=batch_size), xs)
+    assert actual_jaxpr == expected_jaxpr
+
+
+@settings(max_examples=10, deadline=None, derandomize=True)
+@given(
+    lower=st.integers(-3, 5),
+    upper=st.integers(-3, 8),
+    traced=st.booleans(),
+    passthrough=st.booleans(),
+)
+def test_fori_loop_random_bounds(lower, upper, traced, passthrough):
+    x = f32(2)
+
+    def run(api):
+        if traced:
+            return jax.make_jaxpr(lambda lo, hi, v: api.lax.fori_loop(lo, hi, fori_body, v))(
+                lower, upper, x
+            )
+        return jax.make_jaxpr(lambda v: api.lax.fori_loop(lower, upper, fori_body, v))(x)
+
+    expected = str(run(JAX))
+    with active("context" if passthrough else "idle"):
+        assert str(run(jo)) == expected
