@@ -1,4 +1,4 @@
-"""The ``>>>`` examples in jaxoverride's and jaxoverride_plain's own docstrings run as written.
+"""The ``>>>`` examples in the docstrings of jaxoverride and every adapter run as written.
 
 The neutral functions (``jo.jit``, ``jaxoverride.lax.scan``, ...) carry JAX's docstrings,
 whose examples assume ``jax``/``jnp`` globals and particular device counts: they are
@@ -15,9 +15,11 @@ import types
 import pytest
 
 import jaxoverride as jo
+import jaxoverride_dag
+import jaxoverride_haiku
 import jaxoverride_plain
 
-PACKAGES = [jo, jaxoverride_plain]
+PACKAGES = [jo, jaxoverride_plain, jaxoverride_haiku, jaxoverride_dag]
 
 
 def modules() -> list[types.ModuleType]:

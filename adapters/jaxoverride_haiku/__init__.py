@@ -1,1 +1,33 @@
-"""placeholder"""
+"""jaxoverride_haiku: every neutral jaxoverride function works inside ``hk.transform``.
+
+Library code written against ``jaxoverride`` (``jo.jit``, ``jo.vmap``, ``jo.jacfwd``,
+``jaxoverride.lax.scan``, ``while_loop``, ...) runs unchanged with Haiku modules in the
+functions it receives: params, state and rng are threaded through JAX, init creates every
+parameter apply uses and returns what apply returns, and modules built inside callbacks
+are named as Haiku names them. ``context()`` activates it in a ``with`` block;
+``install()`` activates it process-wide, inside transforms only.
+"""
+
+try:
+    import haiku as _haiku  # noqa: F401
+except ImportError as _error:  # pragma: no cover - exercised in a subprocess by the tests
+    raise ImportError(
+        "jaxoverride_haiku needs dm-haiku: pip install 'jaxoverride[haiku]'"
+    ) from _error
+
+from jaxoverride_haiku._context import (
+    context as context,
+    install as install,
+    is_installed as is_installed,
+    uninstall as uninstall,
+)
+from jaxoverride_haiku._frames import in_transform as in_transform, state_usable as state_usable
+
+__all__ = [
+    "context",
+    "in_transform",
+    "install",
+    "is_installed",
+    "state_usable",
+    "uninstall",
+]

@@ -9,6 +9,7 @@ dependency beyond jaxoverride.
 
 from jaxoverride_plain._combinators import (
     create_by_calling as create_by_calling,
+    init_safe_call as init_safe_call,
     init_safe_cond as init_safe_cond,
     init_safe_fori_loop as init_safe_fori_loop,
     init_safe_map as init_safe_map,
@@ -34,6 +35,7 @@ __all__ = [
     "context",
     "create_by_calling",
     "init_context",
+    "init_safe_call",
     "init_safe_cond",
     "init_safe_fori_loop",
     "init_safe_map",

@@ -43,12 +43,31 @@ def create_by_calling(thunk: Thunk) -> None:
     thunk()
 
 
-def _init_safe(
-    initializing: Callable[[], bool],
-    create: Callable[[Thunk], Any],
+def init_safe_call(
     creation: Thunk,
     apply: Callable[[], T],
+    *,
+    initializing: Callable[[], bool] = is_initializing,
+    create: Callable[[Thunk], Any] = create_by_calling,
 ) -> T:
+    """The pattern behind every combinator: at init, a creation pass, then the apply pass.
+
+    Args:
+      creation: runs the bodies or branches once, outside any JAX transformation.
+      apply: the ordinary call; its result is returned.
+      initializing, create: the hooks of ``init_safe_scan``.
+
+    Returns:
+      What ``apply()`` returns; at init it runs under ``applying()``.
+
+    Example:
+      >>> from jaxoverride_plain import init_context, init_safe_call
+      >>> log = []
+      >>> with init_context():
+      ...     out = init_safe_call(lambda: log.append("create"), lambda: log.append("apply"))
+      >>> log
+      ['create', 'apply']
+    """
     if not initializing():
         return apply()
     create(creation)
@@ -111,11 +130,11 @@ def init_safe_scan(
       >>> float(carry), ys.shape, sorted(params)
       (1.0, (0,), ['w'])
     """
-    return _init_safe(
-        initializing,
-        create,
+    return init_safe_call(
         lambda: f(init, _first_slice(xs, reverse)),
         lambda: default_scan(f, init, xs, length, reverse, unroll, _split_transpose),
+        initializing=initializing,
+        create=create,
     )
 
 
@@ -148,11 +167,11 @@ def init_safe_while_loop(
       >>> int(out)
       5
     """
-    return _init_safe(
-        initializing,
-        create,
+    return init_safe_call(
         lambda: (cond_fun(init_val), body_fun(init_val)),
         lambda: default_while_loop(cond_fun, body_fun, init_val),
+        initializing=initializing,
+        create=create,
     )
 
 
@@ -185,11 +204,11 @@ def init_safe_fori_loop(
       >>> int(out)
       3
     """
-    return _init_safe(
-        initializing,
-        create,
+    return init_safe_call(
         lambda: body_fun(jnp.asarray(lower), init_val),
         lambda: default_fori_loop(lower, upper, body_fun, init_val, unroll=unroll),
+        initializing=initializing,
+        create=create,
     )
 
 
@@ -221,11 +240,11 @@ def init_safe_cond(
     """
     arguments = _operands(operands, operand)
     keywords = {} if operand is _NO_OPERAND else {"operand": operand}
-    return _init_safe(
-        initializing,
-        create,
+    return init_safe_call(
         lambda: (true_fun(*arguments), false_fun(*arguments)),
         lambda: default_cond(pred, true_fun, false_fun, *operands, **keywords),
+        initializing=initializing,
+        create=create,
     )
 
 
@@ -256,11 +275,11 @@ def init_safe_switch(
     """
     arguments = _operands(operands, operand)
     keywords = {} if operand is _NO_OPERAND else {"operand": operand}
-    return _init_safe(
-        initializing,
-        create,
+    return init_safe_call(
         lambda: [branch(*arguments) for branch in branches],
         lambda: default_switch(index, branches, *operands, **keywords),
+        initializing=initializing,
+        create=create,
     )
 
 
@@ -291,9 +310,9 @@ def init_safe_map(
       >>> out.tolist()
       [0, 2, 4]
     """
-    return _init_safe(
-        initializing,
-        create,
+    return init_safe_call(
         lambda: f(_first_slice(xs)),
         lambda: default_map(f, xs, batch_size=batch_size),
+        initializing=initializing,
+        create=create,
     )

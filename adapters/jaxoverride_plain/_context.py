@@ -10,8 +10,7 @@ import jax
 
 import jaxoverride as jo
 from jaxoverride_plain import _combinators as c
-from jaxoverride_plain._combinators import _init_safe, create_by_calling
-from jaxoverride_plain._phase import is_initializing
+from jaxoverride_plain._combinators import init_safe_call
 from jaxoverride_plain._transforms import init_safe_transform, unbatched_arguments, zeros_for
 
 
@@ -95,11 +94,8 @@ def _primal_call(name: str, primals: Callable[..., tuple[Any, ...]]) -> Callable
 
     def call(fun: Any, *args: Any, **kwargs: Any) -> Any:
         below = jo.next_impl(name)
-        return _init_safe(
-            is_initializing,
-            create_by_calling,
-            lambda: fun(*primals(*args, **kwargs)),
-            lambda: below(fun, *args, **kwargs),
+        return init_safe_call(
+            lambda: fun(*primals(*args, **kwargs)), lambda: below(fun, *args, **kwargs)
         )
 
     call.__qualname__ = f"init_safe_{name}"

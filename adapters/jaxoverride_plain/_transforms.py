@@ -13,7 +13,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from jaxoverride_plain._combinators import Thunk, _init_safe, create_by_calling
+from jaxoverride_plain._combinators import Thunk, create_by_calling, init_safe_call
 from jaxoverride_plain._phase import is_initializing
 
 
@@ -51,11 +51,11 @@ def init_safe_transform(
     """
 
     def call(*args: Any, **kwargs: Any) -> Any:
-        return _init_safe(
-            initializing,
-            create,
+        return init_safe_call(
             lambda: creation(*args, **kwargs),
             lambda: transformed(*args, **kwargs),
+            initializing=initializing,
+            create=create,
         )
 
     return call

@@ -302,7 +302,7 @@ def effective_snapshot() -> Snapshot:
     if _guards:
         base: tuple[Layer, ...] = ()
         for when, layer in _guards:
-            if when():
+            if when() and layer not in snapshot.layers:  # no second copy of a layer
                 base += (layer,)
         if base:
             snapshot = snapshot.under(base)

@@ -1,0 +1,194 @@
+"""``context()``, ``install()`` and ``uninstall()``: the overrides as one layer."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from haiku._src import base
+
+import jaxoverride as jo
+from jaxoverride_haiku import _control, _jit, _transforms
+
+_OVERRIDES = {
+    "jit": _jit.jit,
+    "vmap": _transforms.vmap,
+    "grad": _transforms.grad,
+    "value_and_grad": _transforms.value_and_grad,
+    "jacfwd": _transforms.jacfwd,
+    "jacrev": _transforms.jacrev,
+    "hessian": _transforms.hessian,
+    "checkpoint": _transforms.checkpoint,
+    "remat": _transforms.remat,
+    "jvp": _transforms.jvp,
+    "vjp": _transforms.vjp,
+    "linearize": _transforms.linearize,
+    "eval_shape": _transforms.eval_shape,
+    "lax.scan": _control.scan,
+    "lax.while_loop": _control.while_loop,
+    "lax.fori_loop": _control.fori_loop,
+    "lax.cond": _control.cond,
+    "lax.switch": _control.switch,
+    "lax.map": _control.map,
+}
+
+# One layer for the whole process: re-entering it finds the builds made for it before.
+_CONTEXT = jo.override_context(_OVERRIDES, name="jaxoverride_haiku")
+
+_lock = threading.Lock()
+_installation: jo.Installation | None = None
+
+# install() enters the installation's scope whenever Haiku enters a transform's context
+# (HaikuContext.__enter__, the one place where Haiku pushes a transform frame) and leaves
+# it on exit. Outside every transform the process then stays idle: neutral functions cost
+# exactly what JAX's do, with no per-call predicate. Each thread keeps a stack pairing a
+# context with the scope its enter opened, so an exit closes exactly what its enter did,
+# also when install() or uninstall() runs inside a transform; the exit hook is removed
+# only once no scope is open in any thread.
+_haiku_enter = base.HaikuContext.__enter__
+_haiku_exit = base.HaikuContext.__exit__
+_scopes = threading.local()
+_open_scopes = 0
+
+
+def _thread_scopes() -> list[tuple[base.HaikuContext, Any]]:
+    try:
+        return _scopes.stack
+    except AttributeError:
+        _scopes.stack = []
+        return _scopes.stack
+
+
+def _enter_transform(context: base.HaikuContext) -> base.HaikuContext:
+    global _open_scopes
+    result = _haiku_enter(context)
+    installation = _installation
+    if installation is None:
+        return result
+    scope = installation.scope()
+    try:
+        scope.__enter__()
+    except BaseException:
+        _haiku_exit(context, None, None, None)
+        raise
+    _thread_scopes().append((context, scope))
+    with _lock:
+        _open_scopes += 1
+    return result
+
+
+def _exit_transform(context: base.HaikuContext, *exc_info: Any) -> None:
+    global _open_scopes
+    stack = _thread_scopes()
+    try:
+        if stack and stack[-1][0] is context:
+            _, scope = stack.pop()
+            with _lock:
+                _open_scopes -= 1
+                if _installation is None and _open_scopes == 0:
+                    base.HaikuContext.__exit__ = _haiku_exit  # type: ignore[method-assign]
+            scope.__exit__(None, None, None)
+    finally:
+        _haiku_exit(context, *exc_info)
+
+
+def context() -> jo.OverrideContext:
+    """The Haiku overrides, to enter with ``with``: neutral functions become Haiku-aware.
+
+    Inside ``hk.transform``/``hk.transform_with_state`` every neutral transform and
+    control-flow function threads Haiku params, state and rng through JAX, creates
+    parameters at init (init returns what apply returns), and names modules built in
+    the functions it receives as Haiku would. Outside a transform, and at a JAX trace
+    level where Haiku state is unusable, each neutral function is JAX's own.
+
+    Returns:
+      The adapter's ``OverrideContext`` (one object, reusable, reentrant; also a
+      decorator and a mapping).
+
+    Example:
+      >>> import jax, jax.numpy as jnp, haiku as hk
+      >>> import jaxoverride as jo, jaxoverride_haiku as joh
+      >>> def f(x):
+      ...     layer = hk.Linear(2)
+      ...     return jo.lax.fori_loop(0, 3, lambda i, h: jnp.tanh(layer(h)), x)
+      >>> model = hk.transform(f)
+      >>> x = jnp.ones((1, 2))
+      >>> with joh.context():
+      ...     params = model.init(jax.random.PRNGKey(0), x)
+      ...     out = model.apply(params, None, x)
+      >>> sorted(params), out.shape
+      (['linear'], (1, 2))
+    """
+    return _CONTEXT
+
+
+def install() -> jo.Installation:
+    """Registers the Haiku overrides for the whole process, active only inside transforms.
+
+    Library code that calls the neutral API (or was interposed with
+    ``jaxoverride.interpose``) then works with Haiku modules without any ``with`` block,
+    while everything outside ``hk.transform`` runs exactly as before, at JAX's own speed:
+    the installation is scoped (``jaxoverride.install(..., scoped=True)``), entered and
+    left by a hook on Haiku's transform context (``HaikuContext.__enter__``/``__exit__``),
+    so no predicate is asked on each neutral call. Calling it again returns the same
+    installation.
+
+    Returns:
+      The ``jaxoverride.Installation``; ``uninstall()`` removes it.
+
+    Example:
+      >>> import jax, jax.numpy as jnp, haiku as hk
+      >>> import jaxoverride as jo, jaxoverride_haiku as joh
+      >>> handle = joh.install()
+      >>> def f(x):
+      ...     return jo.lax.scan(lambda c, _: (hk.Linear(2)(c), None), x, length=2)[0]
+      >>> model = hk.transform(f)
+      >>> params = model.init(jax.random.PRNGKey(0), jnp.ones(2))
+      >>> sorted(params)
+      ['linear']
+      >>> joh.uninstall()
+      True
+    """
+    global _installation
+    with _lock:
+        if _installation is None or not _installation.installed:
+            _installation = jo.install(_CONTEXT, scoped=True, name="jaxoverride_haiku")
+            base.HaikuContext.__enter__ = _enter_transform  # type: ignore[method-assign]
+            base.HaikuContext.__exit__ = _exit_transform  # type: ignore[method-assign]
+        return _installation
+
+
+def uninstall() -> bool:
+    """Removes what ``install()`` registered.
+
+    Returns:
+      True if it was installed, False if there was nothing to remove.
+
+    Example:
+      >>> import jaxoverride_haiku as joh
+      >>> joh.uninstall()
+      False
+    """
+    global _installation
+    with _lock:
+        installation, _installation = _installation, None
+        if base.HaikuContext.__enter__ is _enter_transform:
+            base.HaikuContext.__enter__ = _haiku_enter  # type: ignore[method-assign]
+        if _open_scopes == 0 and base.HaikuContext.__exit__ is _exit_transform:
+            base.HaikuContext.__exit__ = _haiku_exit  # type: ignore[method-assign]
+    return installation is not None and installation.uninstall()
+
+
+def is_installed() -> bool:
+    """Whether ``install()`` is in effect.
+
+    Returns:
+      True between ``install()`` and ``uninstall()``.
+
+    Example:
+      >>> import jaxoverride_haiku as joh
+      >>> joh.is_installed()
+      False
+    """
+    installation = _installation
+    return installation is not None and installation.installed

@@ -1,0 +1,227 @@
+"""What the adapter needs from Haiku's internals: where its state is usable, frames for
+code that JAX traces, and the module-naming state that must survive retracing.
+
+Haiku keeps params, state and rng in a thread-local *frame*, and names modules with
+counters kept in the same frame. A JAX transform cannot see either, so every override
+passes the JAX values (``stateful.internal_state()``) in and out explicitly, and handles
+the Python values (the naming counters) itself: each traced function starts from a
+recorded naming state, so that a retrace (JAX retraces a loop body to fix weak types)
+names modules exactly as the first trace did, and the caller's counters are advanced
+once, after the JAX call, to where the last traced function left them.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import jax
+from haiku._src import base, stateful
+
+InternalState = stateful.InternalState
+
+try:  # JAX >= 0.10: the cheap public accessor; Haiku's own helper costs about 3x more.
+    from jax.extend.core import get_opaque_trace_state as _opaque_trace_state
+
+    def _trace_level_matches(expected: Any) -> bool:
+        return expected.opaque == _opaque_trace_state(convention="haiku")
+
+except ImportError:  # pragma: no cover - older JAX
+
+    def _trace_level_matches(expected: Any) -> bool:
+        return expected == base.JaxTraceLevel.current()
+
+
+def in_transform() -> bool:
+    """Whether code runs inside ``hk.transform`` (at any JAX trace level).
+
+    Returns:
+      True between the entry and exit of a Haiku transformed function.
+
+    Example:
+      >>> import haiku as hk, jaxoverride_haiku as joh
+      >>> joh.in_transform()
+      False
+      >>> hk.transform(lambda: joh.in_transform()).apply({}, None)
+      True
+    """
+    return bool(base.frame_stack)
+
+
+def state_usable() -> bool:
+    """Whether Haiku state can be passed through a JAX transform started here.
+
+    True inside ``hk.transform`` at the trace level of the innermost Haiku frame, which
+    is where Haiku itself allows ``hk.get_parameter`` and friends with
+    ``check_jax_usage=True``. Inside a raw ``jax.jit``/``jax.vmap`` written within a
+    transformed function it is false: the overrides then step aside and the neutral
+    functions are JAX's own, exactly as outside any transform.
+
+    Returns:
+      Whether the Haiku overrides take effect at this point.
+
+    Example:
+      >>> import jax, haiku as hk, jaxoverride_haiku as joh
+      >>> seen = []
+      >>> def f():
+      ...     seen.append(joh.state_usable())
+      ...     jax.jit(lambda: seen.append(joh.state_usable()))()
+      >>> hk.transform(f).apply({}, None)
+      >>> seen
+      [True, False]
+    """
+    if not base.frame_stack:
+        return False
+    return _trace_level_matches(base.frame_stack.peek().jax_trace_stack.peek())
+
+
+def current_frame() -> base.Frame:
+    return base.frame_stack.peek()
+
+
+def initializing() -> bool:
+    """True while Haiku creates parameters and no init-safe apply pass is running."""
+    from jaxoverride_plain import is_applying
+
+    return not current_frame().freeze_params and not is_applying()
+
+
+class Names:
+    """A copy of a frame's module-naming state (counters and used names, every level)."""
+
+    __slots__ = ("counters", "used")
+
+    def __init__(self, counters: list[collections.Counter[str]], used: list[set[str]]):
+        self.counters = counters
+        self.used = used
+
+    @classmethod
+    def capture(cls, frame: base.Frame) -> Names:
+        return cls(
+            [collections.Counter(c) for c in frame.counter_stack._storage],
+            [set(u) for u in frame.used_names_stack._storage],
+        )
+
+    def restore_into(self, frame: base.Frame) -> None:
+        """Writes this naming state into ``frame``'s own counters and name sets, in place."""
+        for target, saved in zip(frame.counter_stack._storage, self.counters, strict=False):
+            if target != saved:
+                target.clear()
+                target.update(saved)
+        for target, saved in zip(frame.used_names_stack._storage, self.used, strict=False):
+            if target != saved:
+                target.clear()
+                target.update(saved)
+
+
+def naming_signature(frame: base.Frame) -> tuple[Any, ...]:
+    """A hashable summary of everything that decides the names of modules made here."""
+    return (
+        tuple(
+            (getattr(entry.module, "module_name", None), entry.method_name)
+            for entry in frame.module_stack._storage
+        ),
+        tuple(frozenset(c.items()) for c in frame.counter_stack._storage),
+        tuple(frozenset(u) for u in frame.used_names_stack._storage),
+    )
+
+
+def submodule_sets(frame: base.Frame) -> list[set[str] | None]:
+    return [getattr(entry.module, "_submodules", None) for entry in frame.module_stack._storage]
+
+
+class Threaded:
+    """Runs ``count`` functions, traced by one JAX call in order, with Haiku state threaded.
+
+    Function ``i`` starts from the naming state in which function ``i - 1`` ended (the
+    first from the caller's); a retrace of ``i`` starts from the same state again.
+    ``finish()`` then advances the caller's counters once.
+    """
+
+    __slots__ = ("_ends", "_starts", "check_params", "where")
+
+    def __init__(self, count: int, where: str, *, check_params: bool = True):
+        entry = Names.capture(current_frame())
+        self._starts: list[Names | None] = [entry] + [None] * (count - 1)
+        self._ends: list[Names | None] = [None] * count
+        self.where = where
+        self.check_params = check_params
+
+    def _start(self, index: int) -> Names:
+        start = self._starts[index]
+        if start is None:
+            earlier = (e for e in reversed(self._ends[:index]) if e is not None)
+            start = self._starts[index] = next(earlier, self._starts[0])
+        assert start is not None
+        return start
+
+    @contextlib.contextmanager
+    def frame(self, index: int, state: InternalState) -> Iterator[base.Frame]:
+        """A Haiku frame holding ``state`` for function ``index``, at the current trace level."""
+        start = self._start(index)
+        with stateful.temporary_internal_state(state), base.push_jax_trace_level():
+            inner = current_frame()
+            start.restore_into(inner)
+            before = base.param_names() if self.check_params else None
+            yield inner
+            if before is not None:
+                created = base.param_names() - before
+                if created:
+                    raise new_parameters_error(self.where, created)
+            self._ends[index] = Names.capture(inner)
+
+    def finish(self) -> None:
+        last = next((e for e in reversed(self._ends) if e is not None), None)
+        if last is not None:
+            last.restore_into(current_frame())
+
+
+def new_parameters_error(where: str, created: Any) -> ValueError:
+    names = ", ".join(f"{module}/{name}" for module, name in sorted(created))
+    return ValueError(
+        f"{where}: parameters {names} were first created inside the traced body, where "
+        "they would leak out of the JAX trace. At init, jaxoverride_haiku runs each body "
+        "once outside the trace to create every parameter; a body that creates different "
+        "parameters when it is traced (for example one that checks hk.running_init() or "
+        "builds modules depending on a Python counter) defeats that. Create these "
+        "parameters unconditionally, or before the loop. At apply, pass the params that "
+        "init returned."
+    )
+
+
+def loop_state() -> InternalState:
+    """The state a loop carries: state and rng, params closed over, as Haiku's loops do.
+
+    A full block of rng keys is reserved first, so that the carry has the same structure
+    on entry to every iteration and on exit (and the same keys as ``hk.scan`` draws).
+    """
+    stateful.reserve_up_to_full_rng_block()
+    return stateful.internal_state(params=False)
+
+
+def state_names(state: Any) -> set[tuple[str, str]]:
+    return {(module, name) for module, bundle in state.items() for name in bundle}
+
+
+def check_same_state(where: str, before: InternalState, after: InternalState) -> None:
+    """Raises a clear error if a traced body created state that its input did not have."""
+    created = state_names(after.state) - state_names(before.state)
+    if created:
+        names = ", ".join(f"{m}/{n}" for m, n in sorted(created))
+        raise ValueError(
+            f"{where}: Haiku state {names} was first created inside the traced body, so "
+            "the state the body returns does not match the state it received. At init "
+            "jaxoverride_haiku creates state before tracing; at apply, pass the state that "
+            "init returned (hk.transform_with_state), or create the state before the loop."
+        )
+
+
+def leaf_ids(frame: base.Frame) -> tuple[frozenset[int], ...]:
+    """Identities of every state value and rng key of a frame, to detect changes."""
+    collection: Any = frame.state
+    state = frozenset(id(pair) for bundle in collection.values() for pair in bundle.values())
+    rng = frame.rng_stack.peek()
+    keys = frozenset() if rng is None else frozenset(map(id, jax.tree.leaves(rng.internal_state)))
+    return state, keys

@@ -1,0 +1,183 @@
+"""The ``jit`` override: Haiku state passed in and out, and module naming that a cache hit
+replays instead of silently skipping.
+
+Haiku's private ``stateful.jit`` caches on the arguments only. Called twice in one
+transform it retraces at init (the params changed) and names the second module
+``linear_1``, but at apply both calls hit the cache and reuse ``linear``: silently wrong.
+
+Here the naming state at the call (module stack, name counters, names in use), init vs
+apply, and the active custom creators, getters, setters and interceptors form a *key*.
+The key is interned by content, so equal situations share one key object, and passed to
+one ``jax.jit`` as a static argument: a new naming situation traces anew, an equal one is
+a cache hit, and the key remembers where the trace left the naming counters so that a
+hit advances them just as the trace did. Params, state and rng are ordinary arguments,
+so their structure, shapes and dtypes are part of JAX's own cache key. Nothing is keyed
+on object identities of modules or arrays.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from haiku._src import base, module as hk_module, stateful
+from jax._src import api_util
+
+import jaxoverride as jo
+from jaxoverride_haiku._frames import (
+    Names,
+    current_frame,
+    naming_signature,
+    state_usable,
+    submodule_sets,
+)
+
+_KEY_LIMIT = 1024
+
+
+class _Key:
+    """One naming situation of one jitted function; hashed by identity, interned by content."""
+
+    __slots__ = ("end", "submodules")
+
+    def __init__(self) -> None:
+        self.end: Names | None = None
+        self.submodules: list[set[str]] = []
+
+    def replay(self, frame: base.Frame) -> None:
+        if self.end is not None:
+            self.end.restore_into(frame)
+        for level, added in enumerate(self.submodules):
+            if added:
+                module = frame.module_stack._storage[level].module
+                getattr(module, "_submodules", set()).update(added)
+
+
+def _customisations() -> tuple[Any, ...]:
+    return tuple(
+        tuple(stack._storage)
+        for stack in (
+            base.param_creator_stack,
+            base.state_creator_stack,
+            base.param_getter_stack,
+            base.state_getter_stack,
+            base.state_setter_stack,
+            hk_module.interceptor_stack,
+        )
+    )
+
+
+def _shift(argnums: tuple[int, ...], by: int) -> tuple[int, ...]:
+    return tuple(i + by if i >= 0 else i for i in argnums)
+
+
+_PREFIX = 2  # the key and the Haiku state precede the user's arguments
+
+
+def _pure_signature(fun: Callable[..., Any]) -> inspect.Signature | None:
+    try:
+        signature = inspect.signature(fun)
+    except (TypeError, ValueError):
+        return None
+    prefix = [
+        inspect.Parameter("_jaxoverride_key", inspect.Parameter.POSITIONAL_ONLY),
+        inspect.Parameter("_jaxoverride_haiku_state", inspect.Parameter.POSITIONAL_ONLY),
+    ]
+    return signature.replace(parameters=[*prefix, *signature.parameters.values()])
+
+
+class StatefulJit:
+    """What ``jaxoverride.jit(fun)`` runs inside ``hk.transform`` with the adapter active."""
+
+    def __init__(self, fun: Callable[..., Any], lower: Callable[..., Any], options: dict[str, Any]):
+        self._fun = fun
+        self._plain = lower(fun, **options)
+        self._keys: dict[tuple[Any, ...], _Key] = {}
+        self._lock = threading.Lock()
+        inner_options = dict(options)
+        # Resolve names to positions on the user's signature (JAX infers them only when
+        # one of the two is missing), then make room for the key and the state.
+        donate_argnums, donate_argnames, static_argnums, static_argnames = api_util.resolve_argnums(
+            fun,
+            api_util.fun_signature(fun),
+            options.get("donate_argnums"),
+            options.get("donate_argnames"),
+            options.get("static_argnums"),
+            options.get("static_argnames"),
+        )
+        inner_options["static_argnums"] = (0, *_shift(static_argnums, _PREFIX))
+        inner_options["static_argnames"] = static_argnames
+        inner_options["donate_argnums"] = _shift(donate_argnums, _PREFIX)
+        inner_options["donate_argnames"] = donate_argnames
+        in_shardings = options.get("in_shardings")
+        if isinstance(in_shardings, (tuple, list)):
+            # Shardings are given per dynamic positional argument: the state comes first.
+            inner_options["in_shardings"] = (None, *in_shardings)
+        if "out_shardings" in options:
+            inner_options["out_shardings"] = (options["out_shardings"], None)
+        self._inner = lower(self._pure_function(), **inner_options)
+        functools.update_wrapper(self, fun, updated=())
+
+    def _pure_function(self) -> Callable[..., Any]:
+        fun = self._fun
+
+        def pure(key: _Key, state: stateful.InternalState, *args: Any, **kwargs: Any) -> Any:
+            with stateful.temporary_internal_state(state), base.push_jax_trace_level():
+                inner = current_frame()
+                submodules_before = [
+                    set(s) if s is not None else None for s in submodule_sets(inner)
+                ]
+                out = fun(*args, **kwargs)
+                changed = stateful.difference(state, stateful.internal_state())
+                key.end = Names.capture(inner)
+                key.submodules = [
+                    set(after - before) if after is not None and before is not None else set()
+                    for before, after in zip(submodules_before, submodule_sets(inner), strict=False)
+                ]
+            return out, changed
+
+        try:
+            functools.update_wrapper(pure, fun)
+        except (AttributeError, TypeError):  # pragma: no cover - exotic callables
+            pass
+        signature = _pure_signature(fun)
+        if signature is not None:
+            pure.__signature__ = signature  # type: ignore[attr-defined]
+        return pure
+
+    def _key(self, frame: base.Frame) -> _Key:
+        content = (frame.freeze_params, naming_signature(frame), _customisations())
+        key = self._keys.get(content)
+        if key is None:
+            with self._lock:
+                if len(self._keys) >= _KEY_LIMIT:
+                    # A fresh key object can never hit an old cache entry: at worst a retrace.
+                    self._keys.clear()
+                key = self._keys.setdefault(content, _Key())
+        return key
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if not state_usable():
+            return self._plain(*args, **kwargs)
+        frame = current_frame()
+        key = self._key(frame)
+        out, changed = self._inner(key, stateful.internal_state(), *args, **kwargs)
+        stateful.update_internal_state(changed)
+        key.replay(frame)
+        return out
+
+    def __getattr__(self, name: str) -> Any:
+        # lower/trace/eval_shape and the rest come from the stateless jitted function.
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return getattr(self.__dict__["_plain"], name)
+
+    def __repr__(self) -> str:
+        return f"<jaxoverride_haiku jit of {self._fun!r}>"
+
+
+def jit(fun: Callable[..., Any], **options: Any) -> StatefulJit:
+    return StatefulJit(fun, jo.next_impl("jit"), options)
