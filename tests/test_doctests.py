@@ -17,9 +17,10 @@ import pytest
 import jaxoverride as jo
 import jaxoverride_dag
 import jaxoverride_haiku
+import jaxoverride_nnx
 import jaxoverride_plain
 
-PACKAGES = [jo, jaxoverride_plain, jaxoverride_haiku, jaxoverride_dag]
+PACKAGES = [jo, jaxoverride_plain, jaxoverride_haiku, jaxoverride_nnx, jaxoverride_dag]
 
 
 def modules() -> list[types.ModuleType]:

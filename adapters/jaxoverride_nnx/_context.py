@@ -1,0 +1,112 @@
+"""``context()``, ``install()`` and ``uninstall()``: the NNX overrides as a layer."""
+
+from __future__ import annotations
+
+import jaxoverride as jo
+from jaxoverride_nnx import _control, _jit, _transforms
+from jaxoverride_nnx._scope import ACTIVE
+
+_CONTEXT = jo.override_context(
+    {
+        "jit": _jit.jit,
+        "vmap": _transforms.vmap,
+        "grad": _transforms.grad,
+        "value_and_grad": _transforms.value_and_grad,
+        "jacfwd": _transforms.jacfwd,
+        "jacrev": _transforms.jacrev,
+        "hessian": _transforms.hessian,
+        "checkpoint": _transforms.checkpoint,
+        "remat": _transforms.remat,
+        "eval_shape": _transforms.eval_shape,
+        "jvp": _transforms.jvp,
+        "vjp": _transforms.vjp,
+        "linearize": _transforms.linearize,
+        "lax.scan": _control.scan,
+        "lax.while_loop": _control.while_loop,
+        "lax.fori_loop": _control.fori_loop,
+        "lax.cond": _control.cond,
+        "lax.switch": _control.switch,
+        "lax.map": _control.lax_map,
+    },
+    name="jaxoverride_nnx",
+)
+
+
+def context() -> jo.OverrideContext:
+    """The NNX overrides as an ``OverrideContext``, to enter or to compose.
+
+    ``track`` enters it by itself, so most code never needs this. Use it to combine the
+    NNX overrides with others in one layer, or to enter them without tracking anything
+    (modules passed as arguments are then still threaded).
+
+    Returns:
+      The module's single ``OverrideContext`` (re-entering it reuses every cached build).
+
+    Example:
+      >>> import jaxoverride as jo, jaxoverride_nnx
+      >>> sorted(jaxoverride_nnx.context())[:3]
+      ['checkpoint', 'eval_shape', 'grad']
+      >>> with jaxoverride_nnx.context():
+      ...     jo.resolve("jit").__module__
+      'jaxoverride_nnx._jit'
+    """
+    return _CONTEXT
+
+
+def _tracking() -> bool:
+    return ACTIVE.get() is not None
+
+
+_handle: jo.Installation | None = None
+
+
+def install() -> jo.Installation:
+    """Installs the NNX overrides for the whole process, active while anything is tracked.
+
+    With the overrides installed, ``track`` does not enter its own context. Like any
+    predicate-driven installation, a raw ``jax.jit`` around code that calls neutral
+    functions does not see ``track`` scopes come and go; use ``jaxoverride.jit``.
+
+    Returns:
+      The ``jaxoverride.Installation``; installing twice returns the same one.
+
+    Example:
+      >>> import jax.numpy as jnp, jaxoverride as jo, jaxoverride_nnx
+      >>> from flax import nnx
+      >>> handle = jaxoverride_nnx.install()
+      >>> counter = nnx.Variable(jnp.array(0))
+      >>> def bump(_, __):
+      ...     counter[...] += 1
+      ...     return None, None
+      >>> with jaxoverride_nnx.track(counter):
+      ...     _ = jo.lax.scan(bump, None, length=3)
+      >>> int(counter[...]), jaxoverride_nnx.uninstall()
+      (3, True)
+    """
+    global _handle
+    _handle = jo.install(_CONTEXT, when=_tracking, name="jaxoverride_nnx")
+    return _handle
+
+
+def uninstall() -> bool:
+    """Removes the installation made by ``install``; returns False if there was none.
+
+    Returns:
+      Whether an installation was removed.
+
+    Example:
+      >>> import jaxoverride_nnx
+      >>> jaxoverride_nnx.uninstall()
+      False
+    """
+    global _handle
+    handle, _handle = _handle, None
+    return handle is not None and handle.uninstall()
+
+
+def layer_active() -> bool:
+    """Whether the NNX layer is already in effect here (entered or installed and active)."""
+    for layer in jo.current_stack().layers:
+        if layer.source != "installed (inactive)" and layer.overrides.get("jit") is _jit.jit:
+            return True
+    return False

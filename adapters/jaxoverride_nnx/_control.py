@@ -1,0 +1,476 @@
+"""Overrides of the neutral control flow: the tracked Variables become loop carries.
+
+Every lifted Variable's value is carried (or passed to each branch) next to the user's
+carry; inside the body the Variables hold the carried values and may be written, so a
+counter, BatchNorm statistics or an RNG stream advances once per step exactly as in a
+Python loop. After the call only the Variables that the body or a branch actually wrote
+(seen when it was traced) are stored back. Array attributes of modules are read-only
+and ride along unchanged.
+
+The functions handed to JAX are cached per (user function, tracked set) and close over
+nothing that changes between calls: they find the tracked set of the running call in a
+contextvar. So JAX's own trace cache works as it does for raw ``jax.lax.scan``, and a
+loop called eagerly again with the same body is neither traced nor compiled again.
+
+``while_loop`` evaluates ``cond_fun`` once before the loop and then at the end of each
+body step (the predicate rides in the carry), so a ``cond_fun`` that updates state does
+so exactly as often as in ``while cond(x): x = body(x)``.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import inspect
+import weakref
+from collections.abc import Callable, Hashable, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+import jaxoverride as jo
+from jaxoverride_nnx._lift import (
+    call_plain,
+    changed,
+    check_same_refs,
+    from_refs,
+    graph_objects,
+    run_lifted,
+    to_refs,
+    with_arguments,
+    write_back,
+)
+from jaxoverride_nnx._scope import Tracked, current
+from jaxoverride_nnx._transforms import batched_state_error, run_closure
+
+_NO_OPERAND: Any = inspect.signature(jax.lax.cond).parameters["operand"].default
+
+# The tracked set of the control-flow call whose functions JAX is tracing right now.
+_RUNNING: contextvars.ContextVar[Tracked] = contextvars.ContextVar("jaxoverride_nnx_running")
+
+
+class _Lifted:
+    """A function handed to JAX in place of the user's: cached, so JAX can cache its trace.
+
+    It holds the user's functions by weak reference (a strong one would keep them, and
+    every module they close over, alive through the cache) and passes them to ``body``.
+    ``written`` records which Variables some trace of it wrote; it lives as long as the
+    wrapper, because a cached trace is not run again.
+    """
+
+    __slots__ = ("__weakref__", "body", "refs", "written")
+
+    def __init__(self, body: Callable[..., Any], refs: tuple[Callable[[], Any], ...]):
+        self.body = body
+        self.refs = refs
+        self.written: list[bool] = []
+
+    def __call__(self, *args: Any) -> Any:
+        return self.body(self, [ref() for ref in self.refs], *args)
+
+    def run(
+        self,
+        tracked: Tracked,
+        state: Sequence[Any],
+        constants: Sequence[Any],
+        fn: Callable[..., Any],
+        args: Sequence[Any],
+        where: str,
+    ) -> tuple[Any, list[Any]]:
+        """Inside the trace: run ``fn`` with the Variables holding ``state``."""
+        out, after = run_lifted(tracked, [*state, *constants], fn, args, {}, where)
+        if len(self.written) != len(after):
+            self.written = [False] * len(after)
+        for index in changed(state, after):
+            self.written[index] = True
+        return out, after
+
+
+_wrappers: weakref.WeakKeyDictionary[Any, dict[Hashable, _Lifted]] = weakref.WeakKeyDictionary()
+
+
+def _lifted(fns: Sequence[Any], key: Hashable, body: Callable[..., Any]) -> _Lifted:
+    """The cached wrapper of the user's functions ``fns`` for ``key`` (the kind of call
+    and the tracked set)."""
+    try:
+        refs = tuple(weakref.ref(fn) for fn in fns)
+        table = _wrappers.setdefault(fns[0], {})
+    except TypeError:  # not weakly referenceable: a fresh wrapper, as JAX would trace anew
+        return _Lifted(body, tuple((lambda fn=fn: fn) for fn in fns))
+    full_key = (key, tuple(id(fn) for fn in fns))
+    wrapper = table.get(full_key)
+    if wrapper is None or any(ref() is not fn for ref, fn in zip(wrapper.refs, fns, strict=True)):
+        if len(table) > 64:  # many tracked sets over time: forget the old ones
+            table.clear()
+        wrapper = table[full_key] = _Lifted(body, refs)
+    return wrapper
+
+
+def _start(tracked: Tracked) -> tuple[list[Any], list[Any]]:
+    """The Variables' values to carry and the array attributes to pass along."""
+    values = tracked.read()
+    count = len(tracked.variables)
+    return values[:count], values[count:]
+
+
+def _store(tracked: Tracked, wrappers: Sequence[_Lifted], final: Sequence[Any], where: str) -> None:
+    """After the call: write back the Variables that some traced function wrote."""
+    written = [any(w.written[i] for w in wrappers if w.written) for i in range(len(final))]
+    write_back(tracked, {i: final[i] for i, yes in enumerate(written) if yes}, where)
+
+
+def _enter(tracked: Tracked) -> contextvars.Token[Tracked]:
+    return _RUNNING.set(tracked)
+
+
+def _no_modules_in(xs: Any, where: str) -> None:
+    if graph_objects(xs):
+        raise TypeError(
+            f"jaxoverride_nnx: {where} got an NNX module or Variable in xs. Looping over "
+            "slices of a module's state is nnx.scan's job; here a module is either closed "
+            "over (and tracked) or carried in the carry."
+        )
+
+
+def _pair(out: Any, where: str) -> tuple[Any, Any]:
+    if not isinstance(out, (tuple, list)) or len(out) != 2:
+        raise TypeError(
+            f"{where} body function must return a pair (carry, y), got {type(out).__name__}."
+        )
+    return out[0], out[1]
+
+
+# -- scan -----------------------------------------------------------------------------
+
+_SCAN = "jaxoverride.lax.scan"
+
+
+def _scan_body(self: _Lifted, fns: list[Any], carry: Any, x: Any) -> Any:
+    (f,) = fns
+    tracked = _RUNNING.get()
+    user_carry, state, constants = carry
+    out, after = self.run(tracked, state, constants, f, (from_refs(user_carry, tracked), x), _SCAN)
+    new_carry, y = _pair(out, _SCAN)
+    new_carry = to_refs(new_carry, tracked)[0]
+    check_same_refs(user_carry, new_carry, "carry", _SCAN)
+    return (new_carry, after, constants), to_refs(y, tracked)[0]
+
+
+def scan(
+    f: Callable[[Any, Any], tuple[Any, Any]],
+    init: Any,
+    xs: Any = None,
+    length: int | None = None,
+    reverse: bool = False,
+    unroll: int | bool = 1,
+    _split_transpose: bool = False,
+) -> tuple[Any, Any]:
+    """The ``"lax.scan"`` override."""
+    below = jo.next_impl("lax.scan")
+    _no_modules_in(xs, _SCAN)
+    tracked = with_arguments(current(), init)
+    if tracked is None:
+        return call_plain(
+            below, (f, init, xs, length, reverse, unroll, _split_transpose), {}, _SCAN
+        )
+    state, constants = _start(tracked)
+    body = _lifted((f,), ("scan", tracked.key), _scan_body)
+    token = _enter(tracked)
+    try:
+        (final, state, _), ys = below(
+            body,
+            (to_refs(init, tracked)[0], state, constants),
+            xs,
+            length,
+            reverse,
+            unroll,
+            _split_transpose,
+        )
+    finally:
+        _RUNNING.reset(token)
+    _store(tracked, [body], state, _SCAN)
+    return from_refs(final, tracked), from_refs(ys, tracked)
+
+
+# -- while_loop -----------------------------------------------------------------------
+
+_WHILE = "jaxoverride.lax.while_loop"
+
+
+def _while_body(self: _Lifted, fns: list[Any], carry: Any) -> Any:
+    body_fun, cond_fun = fns
+
+    def step(value: Any) -> tuple[Any, Any]:
+        value = body_fun(value)
+        return value, cond_fun(value)
+
+    tracked = _RUNNING.get()
+    value, state, constants, _ = carry
+    (new_value, going), after = self.run(
+        tracked, state, constants, step, (from_refs(value, tracked),), _WHILE
+    )
+    new_value = to_refs(new_value, tracked)[0]
+    check_same_refs(value, new_value, "carry", _WHILE)
+    return new_value, after, constants, going
+
+
+def _going(carry: Any) -> Any:
+    return carry[3]
+
+
+def while_loop(
+    cond_fun: Callable[[Any], Any], body_fun: Callable[[Any], Any], init_val: Any
+) -> Any:
+    """The ``"lax.while_loop"`` override."""
+    below = jo.next_impl("lax.while_loop")
+    tracked = with_arguments(current(), init_val)
+    if tracked is None:
+        return call_plain(below, (cond_fun, body_fun, init_val), {}, _WHILE)
+    state, constants = _start(tracked)
+    # The first test runs before the loop, at this level, as eager Python would run it.
+    first = _Lifted(_no_body, ())
+    going, state = first.run(tracked, state, constants, cond_fun, (init_val,), _WHILE)
+    body = _lifted((body_fun, cond_fun), ("while", tracked.key), _while_body)
+    token = _enter(tracked)
+    try:
+        final, state, _, _ = below(
+            _going, body, (to_refs(init_val, tracked)[0], state, constants, going)
+        )
+    finally:
+        _RUNNING.reset(token)
+    _store(tracked, [first, body], state, _WHILE)
+    return from_refs(final, tracked)
+
+
+def _no_body(self: _Lifted, fns: list[Any]) -> None:
+    return None
+
+
+# -- fori_loop ------------------------------------------------------------------------
+
+_FORI = "jaxoverride.lax.fori_loop"
+
+
+def _fori_body(self: _Lifted, fns: list[Any], i: Any, carry: Any) -> Any:
+    (body_fun,) = fns
+    tracked = _RUNNING.get()
+    value, state, constants = carry
+    new_value, after = self.run(
+        tracked, state, constants, body_fun, (i, from_refs(value, tracked)), _FORI
+    )
+    new_value = to_refs(new_value, tracked)[0]
+    check_same_refs(value, new_value, "carry", _FORI)
+    return new_value, after, constants
+
+
+def fori_loop(
+    lower: Any,
+    upper: Any,
+    body_fun: Callable[[Any, Any], Any],
+    init_val: Any,
+    *,
+    unroll: int | bool | None = None,
+) -> Any:
+    """The ``"lax.fori_loop"`` override."""
+    below = jo.next_impl("lax.fori_loop")
+    tracked = with_arguments(current(), init_val)
+    if tracked is None:
+        return call_plain(below, (lower, upper, body_fun, init_val), {"unroll": unroll}, _FORI)
+    state, constants = _start(tracked)
+    body = _lifted((body_fun,), ("fori", tracked.key), _fori_body)
+    token = _enter(tracked)
+    try:
+        final, state, _ = below(
+            lower, upper, body, (to_refs(init_val, tracked)[0], state, constants), unroll=unroll
+        )
+    finally:
+        _RUNNING.reset(token)
+    _store(tracked, [body], state, _FORI)
+    return from_refs(final, tracked)
+
+
+# -- cond and switch ------------------------------------------------------------------
+
+
+def _branch(
+    self: _Lifted,
+    fns: list[Any],
+    where: str,
+    state: list[Any],
+    constants: list[Any],
+    *operands: Any,
+) -> Any:
+    (fn,) = fns
+    tracked = _RUNNING.get()
+    out, after = self.run(tracked, state, constants, fn, tuple(from_refs(operands, tracked)), where)
+    return to_refs(out, tracked)[0], after
+
+
+def _cond_branch(self: _Lifted, fns: list[Any], *args: Any) -> Any:
+    return _branch(self, fns, "jaxoverride.lax.cond", *args)
+
+
+def _switch_branch(self: _Lifted, fns: list[Any], *args: Any) -> Any:
+    return _branch(self, fns, "jaxoverride.lax.switch", *args)
+
+
+def _branches(
+    fns: Sequence[Callable[..., Any]], tracked: Tracked, body: Callable[..., Any]
+) -> list[_Lifted]:
+    return [_lifted((fn,), (body, tracked.key), body) for fn in fns]
+
+
+def _operands(operands: tuple[Any, ...], operand: Any) -> tuple[tuple[Any, ...], bool]:
+    if operand is _NO_OPERAND:
+        return operands, True
+    return (operand,), not operands
+
+
+def cond(
+    pred: Any,
+    true_fun: Callable[..., Any],
+    false_fun: Callable[..., Any],
+    *operands: Any,
+    operand: Any = _NO_OPERAND,
+) -> Any:
+    """The ``"lax.cond"`` override."""
+    below = jo.next_impl("lax.cond")
+    where = "jaxoverride.lax.cond"
+    args, valid = _operands(operands, operand)
+    if not valid:  # JAX's own error for passing both
+        return below(pred, true_fun, false_fun, *operands, operand=operand)
+    tracked = with_arguments(current(), args)
+    if tracked is None:
+        return call_plain(below, (pred, true_fun, false_fun, *args), {}, where)
+    state, constants = _start(tracked)
+    wrapped = _branches([true_fun, false_fun], tracked, _cond_branch)
+    token = _enter(tracked)
+    try:
+        out, state = below(pred, *wrapped, state, constants, *to_refs(args, tracked)[0])
+    finally:
+        _RUNNING.reset(token)
+    _store(tracked, wrapped, state, where)
+    return from_refs(out, tracked)
+
+
+def switch(
+    index: Any, branches: Sequence[Callable[..., Any]], *operands: Any, operand: Any = _NO_OPERAND
+) -> Any:
+    """The ``"lax.switch"`` override."""
+    below = jo.next_impl("lax.switch")
+    where = "jaxoverride.lax.switch"
+    args, valid = _operands(operands, operand)
+    if not valid:
+        return below(index, branches, *operands, operand=operand)
+    tracked = with_arguments(current(), args)
+    if tracked is None:
+        return call_plain(below, (index, branches, *args), {}, where)
+    state, constants = _start(tracked)
+    wrapped = _branches(list(branches), tracked, _switch_branch)
+    token = _enter(tracked)
+    try:
+        out, state = below(index, wrapped, state, constants, *to_refs(args, tracked)[0])
+    finally:
+        _RUNNING.reset(token)
+    _store(tracked, wrapped, state, where)
+    return from_refs(out, tracked)
+
+
+# -- map ------------------------------------------------------------------------------
+
+_MAP = "jaxoverride.lax.map"
+
+
+def _map_body(self: _Lifted, fns: list[Any], carry: Any, x: Any) -> Any:
+    (f,) = fns
+    tracked = _RUNNING.get()
+    state, constants = carry
+    y, after = self.run(tracked, state, constants, f, (x,), _MAP)
+    return (after, constants), to_refs(y, tracked)[0]
+
+
+def _vmapped(
+    tracked: Tracked, f: Callable[[Any], Any], vmap_below: Callable[..., Any], xs: Any, where: str
+) -> Any:
+    """``vmap(f)(xs)`` with tracked state broadcast; writes the (unbatched) updates."""
+
+    def pure(x: Any) -> Any:
+        out, updates = run_closure(tracked, f, (x,), {}, where)
+        return to_refs(out, tracked)[0], updates
+
+    try:
+        ys, updates = vmap_below(pure, out_axes=(0, None))(xs)
+    except ValueError as error:
+        clearer = batched_state_error(error, tracked, where)
+        if clearer is error:
+            raise
+        raise clearer from None
+    write_back(tracked, updates, where)
+    return ys
+
+
+_VMAP_BELOW: contextvars.ContextVar[Callable[..., Any]] = contextvars.ContextVar(
+    "jaxoverride_nnx_vmap_below"
+)
+
+
+def _block_body(self: _Lifted, fns: list[Any], carry: Any, chunk: Any) -> Any:
+    (f,) = fns
+    tracked = _RUNNING.get()
+    vmap_below = _VMAP_BELOW.get()
+    state, constants = carry
+
+    def batch(c: Any) -> Any:
+        return _vmapped(tracked, f, vmap_below, c, _MAP)
+
+    y, after = self.run(tracked, state, constants, batch, (chunk,), _MAP)
+    return (after, constants), y
+
+
+def lax_map(f: Callable[[Any], Any], xs: Any, *, batch_size: int | None = None) -> Any:
+    """The ``"lax.map"`` override: a ``scan`` that threads the state (``vmap`` within a
+    batch when ``batch_size`` is given, as ``jax.lax.map`` does)."""
+    below = jo.next_impl("lax.map")
+    _no_modules_in(xs, _MAP)
+    tracked = current()
+    if tracked is None:
+        return call_plain(below, (f, xs), {"batch_size": batch_size}, _MAP)
+    scan_below = jo.next_impl("lax.scan")
+    state, constants = _start(tracked)
+    if batch_size is None:
+        body = _lifted((f,), ("map", tracked.key), _map_body)
+        token = _enter(tracked)
+        try:
+            (state, _), ys = scan_below(body, (state, constants), xs)
+        finally:
+            _RUNNING.reset(token)
+        _store(tracked, [body], state, _MAP)
+        return from_refs(ys, tracked)
+    vmap_below = jo.next_impl("vmap")
+    leaves = jax.tree_util.tree_leaves(xs)
+    total = leaves[0].shape[0] if leaves else 0
+    batches, remainder = divmod(total, batch_size)
+    split = batches * batch_size
+    ys = None
+    if batches:
+        blocks = jax.tree_util.tree_map(
+            lambda x: x[:split].reshape(batches, batch_size, *x.shape[1:]), xs
+        )
+        body = _lifted((f,), ("map-blocks", tracked.key), _block_body)
+        token, below_token = _enter(tracked), _VMAP_BELOW.set(vmap_below)
+        try:
+            (state, _), ys = scan_below(body, (state, constants), blocks)
+        finally:
+            _VMAP_BELOW.reset(below_token)
+            _RUNNING.reset(token)
+        _store(tracked, [body], state, _MAP)
+        ys = jax.tree_util.tree_map(lambda y: y.reshape(-1, *y.shape[2:]), ys)
+    if remainder:
+        rest = jax.tree_util.tree_map(lambda x: x[split:], xs)
+        rest_ys = _vmapped(tracked, f, vmap_below, rest, _MAP)
+        ys = (
+            rest_ys
+            if ys is None
+            else jax.tree_util.tree_map(lambda a, b: jnp.concatenate([a, b], axis=0), ys, rest_ys)
+        )
+    return from_refs(ys, tracked)

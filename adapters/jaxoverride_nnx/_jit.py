@@ -1,0 +1,333 @@
+"""The ``jit`` override: one inner ``jax.jit`` per tracked set, fed the Variables' values.
+
+On a cache hit a call reads the lifted Variables' raw values into a flat list, calls the
+inner jitted function with that list prepended to the arguments, and stores back only
+the values that the trace showed to change (returned as a dict, so an unchanged
+Variable costs nothing on the way out). No graph traversal happens per call: the
+tracked set was walked when ``track`` was entered. The inner function is keyed on the
+tracked set's ``TrackKey`` (root identities and graph fingerprint) in a table that
+holds no module, so weights are never baked in as constants, a changed tracked set
+gets its own trace and a dead module's entries are pruned.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.core import Tracer
+
+import jaxoverride as jo
+from jaxoverride_nnx import _scope
+from jaxoverride_nnx._graph import RAW, is_graph_object
+from jaxoverride_nnx._lift import (
+    call_plain,
+    changed,
+    from_refs,
+    run_lifted,
+    to_refs,
+    with_arguments,
+    write_back,
+)
+from jaxoverride_nnx._scope import ACTIVE, Tracked, TrackKey
+
+_WHERE = "jaxoverride.jit"
+_GET = RAW.__get__
+_SET = RAW.__set__
+_JIT_SIGNATURE = inspect.signature(jax.jit)
+_PLAIN_TYPES = frozenset(
+    {type(jnp.zeros(())), np.ndarray, int, float, bool, complex, np.float32, np.int32}
+)
+_CLEAN_LIMIT = 256
+
+
+def _as_tuple(value: int | str | Iterable[Any] | None) -> tuple[Any, ...] | None:
+    if value is None:
+        return None
+    if isinstance(value, (int, str)):
+        return (value,)
+    return tuple(value)
+
+
+def _infer(
+    fun: Callable[..., Any], nums: tuple[int, ...] | None, names: tuple[str, ...] | None
+) -> tuple[tuple[int, ...], tuple[str, ...]]:
+    """``jax.jit``'s completion of argnums from argnames and back, via ``fun``'s signature."""
+    if nums is not None and names is not None:
+        return nums, names
+    try:
+        parameters = list(inspect.signature(fun).parameters.values())
+    except (TypeError, ValueError):
+        return nums or (), names or ()
+    positional = [
+        p
+        for p in parameters
+        if p.kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    ]
+    if nums is None and names is None:
+        return (), ()
+    if nums is None:
+        assert names is not None
+        nums = tuple(i for i, p in enumerate(positional) if p.name in names)
+        return nums, names
+    count = len(positional)
+    names = tuple(
+        positional[i].name
+        for i in nums
+        if -count <= i < count and positional[i].kind is inspect.Parameter.POSITIONAL_OR_KEYWORD
+    )
+    return nums, names
+
+
+def _shift(nums: tuple[int, ...]) -> tuple[int, ...]:
+    # The lifted function takes the Variables' values first; negative positions count
+    # from the end and stay put.
+    return tuple(n + 1 if n >= 0 else n for n in nums)
+
+
+class TrackedJit:
+    """What ``jaxoverride.jit(fun)`` runs while the NNX overrides are active."""
+
+    def __init__(
+        self,
+        fun: Callable[..., Any],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        below: Callable[..., Any],
+    ):
+        self._fun = fun
+        self._below = below
+        self._plain = below(fun, *args, **kwargs)
+        options = dict(_JIT_SIGNATURE.bind(fun, *args, **kwargs).arguments)
+        del options["fun"]
+        static = _infer(
+            fun,
+            _as_tuple(options.pop("static_argnums", None)),
+            _as_tuple(options.pop("static_argnames", None)),
+        )
+        donate = _infer(
+            fun,
+            _as_tuple(options.pop("donate_argnums", None)),
+            _as_tuple(options.pop("donate_argnames", None)),
+        )
+        self._static_nums, self._static_names = static
+        options["static_argnums"] = _shift(static[0])
+        options["static_argnames"] = static[1]
+        if donate[0] or donate[1]:
+            options["donate_argnums"] = _shift(donate[0])
+            options["donate_argnames"] = donate[1]
+        in_shardings = options.get("in_shardings")
+        if isinstance(in_shardings, (tuple, list)):
+            options["in_shardings"] = (None, *in_shardings)
+        if "out_shardings" in options:
+            options["out_shardings"] = (options["out_shardings"], None, None)
+        self._options = options
+        self._cache: dict[TrackKey, Any] = {}
+        self._deaths = _scope.deaths()
+        self._clean: set[Any] = set()
+        functools.update_wrapper(self, fun, updated=())  # type: ignore[arg-type]
+        self.call = self._make_call()
+
+    # -- the call ---------------------------------------------------------------------
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.call(*args, **kwargs)
+
+    def _make_call(self) -> Callable[..., Any]:
+        """The callable that ``jaxoverride.jit`` runs: the hot path as a plain closure
+        (cheaper to call than an object), with ``lower``, ``trace``, ``eval_shape``."""
+        plain, cache, compile_, clean, with_nodes = (
+            self._plain,
+            self._cache,
+            self._compile,
+            self._clean_arguments,
+            self._call_with_nodes,
+        )
+        last: list[Any] = [None, None]  # the last key and its jitted function
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            # A cache hit with plain array arguments: keep it free of calls.
+            tracked = ACTIVE.get()
+            if tracked is not None and tracked.epoch != _scope._epoch and tracked.owner:
+                tracked.owner.refresh(tracked)
+            if kwargs:
+                if not clean(args, kwargs):
+                    return with_nodes(tracked, args, kwargs)
+            else:
+                for arg in args:
+                    if type(arg) not in _PLAIN_TYPES:
+                        if not clean(args, kwargs):
+                            return with_nodes(tracked, args, kwargs)
+                        break
+            if tracked is None:
+                return call_plain(plain, args, kwargs, _WHERE)
+            key = tracked.key
+            if key is last[0]:
+                jitted = last[1]
+            else:
+                jitted = cache.get(key) or compile_(key)
+                last[0], last[1] = key, jitted
+            variables = tracked.variables
+            values = tracked.read() if tracked.attrs else list(map(_GET, variables))
+            result = jitted(values, *args, **kwargs)
+            out, updates = result[0], result[1]
+            if updates:
+                # One jitted call's outputs are all concrete or all tracers of one trace.
+                for index, value in updates.items():
+                    if isinstance(value, Tracer):
+                        write_back(tracked, updates, _WHERE)  # checks the trace level first
+                        break
+                    _SET(variables[index], value)
+            if len(result) == 3:  # the output holds tracked modules: map them back
+                out = from_refs(out, tracked)
+            return out
+
+        call.lower = self.lower  # type: ignore[attr-defined]
+        call.trace = self.trace  # type: ignore[attr-defined]
+        call.eval_shape = self.eval_shape  # type: ignore[attr-defined]
+        call.tracked_jit = self  # type: ignore[attr-defined]
+        functools.update_wrapper(call, self._fun, updated=())
+        return call
+
+    def _call_with_nodes(
+        self, tracked: Tracked | None, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Any:
+        view, args, kwargs = self._lift_arguments(tracked, args, kwargs)
+        jitted = self._cache.get(view.key) or self._compile(view.key)
+        token = ACTIVE.set(view)
+        try:
+            result = jitted(view.read(), *args, **kwargs)
+        finally:
+            ACTIVE.reset(token)
+        out, updates = result[0], result[1]
+        if updates:
+            write_back(view, updates, _WHERE)
+        return from_refs(out, view) if len(result) == 3 else out
+
+    def _lift_arguments(
+        self, tracked: Tracked | None, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> tuple[Tracked, tuple[Any, ...], dict[str, Any]]:
+        static = self._static_positions(len(args))
+        dynamic_args = [a for i, a in enumerate(args) if i not in static]
+        dynamic_kwargs = {k: v for k, v in kwargs.items() if k not in self._static_names}
+        view = with_arguments(tracked, dynamic_args, dynamic_kwargs)
+        assert view is not None
+        new_args = tuple(a if i in static else to_refs(a, view)[0] for i, a in enumerate(args))
+        new_kwargs = {
+            k: v if k in self._static_names else to_refs(v, view)[0] for k, v in kwargs.items()
+        }
+        return view, new_args, new_kwargs
+
+    def _static_positions(self, count: int) -> set[int]:
+        return {n % count if n < 0 else n for n in self._static_nums if -count <= n < count}
+
+    def _clean_arguments(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+        """True when no dynamic argument holds an NNX graph node (checked cheaply)."""
+        if not kwargs:
+            for arg in args:
+                if type(arg) not in _PLAIN_TYPES:
+                    break
+            else:
+                return True
+        static = self._static_positions(len(args)) if self._static_nums else ()
+        dynamic = (
+            [a for i, a in enumerate(args) if i not in static],
+            {k: v for k, v in kwargs.items() if k not in self._static_names},
+        )
+        try:
+            treedef = jax.tree_util.tree_structure(dynamic)
+            if treedef in self._clean:
+                return True
+        except Exception:  # an argument that is not a pytree: let the slow path decide
+            treedef = None
+        leaves = jax.tree_util.tree_leaves(dynamic, is_leaf=is_graph_object)
+        if any(is_graph_object(leaf) for leaf in leaves):
+            return False
+        if treedef is not None and len(self._clean) < _CLEAN_LIMIT:
+            self._clean.add(treedef)
+        return True
+
+    # -- building ---------------------------------------------------------------------
+    def _compile(self, key: TrackKey) -> Any:
+        if self._deaths != _scope.deaths():
+            self._deaths = _scope.deaths()
+            for stale in [k for k in self._cache if not k.alive()]:
+                del self._cache[stale]
+        jitted = self._below(self._lifted(), **self._options)
+        self._cache[key] = jitted
+        return jitted
+
+    def _lifted(self) -> Callable[..., Any]:
+        fun = self._fun
+
+        def lifted(values: list[Any], *args: Any, **kwargs: Any) -> Any:
+            tracked = ACTIVE.get()
+            assert tracked is not None
+            args, kwargs = from_refs((args, kwargs), tracked)
+            out, after = run_lifted(tracked, values, fun, args, kwargs, _WHERE)
+            out, has_refs = to_refs(out, tracked)
+            # The arity says whether the output holds NodeRefs: a static fact of the trace
+            # that costs nothing to read on a cache hit.
+            if has_refs:
+                return out, changed(values, after), None
+            return out, changed(values, after)
+
+        for attribute in ("__name__", "__qualname__", "__module__", "__doc__"):
+            value = getattr(fun, attribute, None)
+            if isinstance(value, str):
+                setattr(lifted, attribute, value)
+        return lifted
+
+    # -- the jitted function's other entry points -------------------------------------
+    def _entry(
+        self, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> tuple[Any, Tracked | None, tuple[Any, ...], dict[str, Any]]:
+        tracked = _scope.current()
+        if self._clean_arguments(args, kwargs):
+            if tracked is None:
+                return None, None, args, kwargs
+            return self._cache.get(tracked.key) or self._compile(tracked.key), tracked, args, kwargs
+        view, args, kwargs = self._lift_arguments(tracked, args, kwargs)
+        return self._cache.get(view.key) or self._compile(view.key), view, args, kwargs
+
+    def eval_shape(self, *args: Any, **kwargs: Any) -> Any:
+        """Output shapes, as ``jax.jit(fun).eval_shape``; tracked modules are not changed."""
+        jitted, view, args, kwargs = self._entry(args, kwargs)
+        if view is None:
+            return self._plain.eval_shape(*args, **kwargs)
+        token = ACTIVE.set(view)
+        try:
+            result = jitted.eval_shape(view.read(), *args, **kwargs)
+        finally:
+            ACTIVE.reset(token)
+        return from_refs(result[0], view) if len(result) == 3 else result[0]
+
+    def lower(self, *args: Any, **kwargs: Any) -> Any:
+        """Lowers the lifted function: its first argument is the list of Variable values."""
+        return self._staged("lower", args, kwargs)
+
+    def trace(self, *args: Any, **kwargs: Any) -> Any:
+        """Traces the lifted function: its first argument is the list of Variable values."""
+        return self._staged("trace", args, kwargs)
+
+    def _staged(self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        jitted, view, args, kwargs = self._entry(args, kwargs)
+        if view is None:
+            return getattr(self._plain, method)(*args, **kwargs)
+        token = ACTIVE.set(view)
+        try:
+            return getattr(jitted, method)(view.read(), *args, **kwargs)
+        finally:
+            ACTIVE.reset(token)
+
+    def __repr__(self) -> str:
+        return f"<jaxoverride_nnx jit of {self._fun!r}>"
+
+
+def jit(fun: Callable[..., Any], *args: Any, **kwargs: Any) -> Callable[..., Any]:
+    """The ``"jit"`` override: ``jax.jit``'s signature; returns ``TrackedJit(...).call``."""
+    return TrackedJit(fun, args, kwargs, jo.next_impl("jit")).call

@@ -1,0 +1,290 @@
+"""Lifting: run stateful NNX code inside a JAX trace as a function of explicit values.
+
+Every override follows the same recipe. Outside the trace it reads the lifted
+Variables' values (``Tracked.read``) and passes them through the JAX transform as
+ordinary inputs, carries or closure constants. Inside, ``run_lifted`` points each
+Variable at its traced value, gives it a trace state that is valid at this level (so
+NNX lets it be written), runs the user's function, collects the new values and restores
+every Variable exactly, also on an exception. The values come back as outputs and
+``write_back`` stores those that changed. The Variable objects are never replaced, so
+shared references, and the identity of modules passed as arguments, are kept.
+
+Graph nodes passed as arguments or carries are replaced by ``NodeRef`` placeholders,
+pytree nodes with no leaves whose identity is their position in the lifted set; the
+function inside sees the very same module object, and an output that is a lifted
+module comes back as that object.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax.errors import TraceContextError
+from flax.nnx import tracers
+from jax.core import Tracer
+
+from jaxoverride_nnx._errors import StructureChangeError, explain, structure_changed
+from jaxoverride_nnx._graph import RAW, TRACE, is_graph_object
+from jaxoverride_nnx._scope import ACTIVE, Tracked, current, empty
+
+
+@jax.tree_util.register_static
+class NodeRef:
+    """Stands for a lifted module (``kind="n"``) or Variable (``"v"``) inside a trace."""
+
+    __slots__ = ("index", "kind")
+
+    def __init__(self, kind: str, index: int):
+        self.kind = kind
+        self.index = index
+
+    def __hash__(self) -> int:
+        return hash((self.kind, self.index))
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, NodeRef) and (self.kind, self.index) == (other.kind, other.index)
+
+    def __repr__(self) -> str:
+        return f"NodeRef({self.kind}{self.index})"
+
+
+@jax.tree_util.register_static
+class Flag:
+    """A boolean that leaves a trace as static output (in the treedef, not as an array)."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: bool):
+        self.value = value
+
+    def __hash__(self) -> int:
+        return hash(self.value)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Flag) and self.value == other.value
+
+
+NO_REFS = Flag(False)
+HAS_REFS = Flag(True)
+
+
+def _is_ref(x: Any) -> bool:
+    return type(x) is NodeRef
+
+
+def _is_ref_or_object(x: Any) -> bool:
+    # Modules are pytrees too: stop at them, or tree_map would rebuild them as copies.
+    return type(x) is NodeRef or is_graph_object(x)
+
+
+def _signature(value: Any) -> tuple[Any, ...]:
+    leaves, treedef = jax.tree_util.tree_flatten(value)
+    return (treedef, tuple((tuple(np.shape(leaf)), jnp.result_type(leaf)) for leaf in leaves))
+
+
+def _describe(signature: tuple[Any, ...]) -> str:
+    treedef, leaves = signature
+    parts = [f"{np.dtype(dtype).name}{list(shape)}" for shape, dtype in leaves]
+    text = ", ".join(parts) if parts else "no arrays"
+    return text if treedef.num_leaves == 1 and treedef.num_nodes == 1 else f"{treedef} of {text}"
+
+
+def check_unchanged_structure(
+    tracked: Tracked, before: Sequence[Any], after: Sequence[Any], where: str
+) -> None:
+    """Raises if a Variable's value changed shape, dtype or pytree structure."""
+    # ``before`` may be longer: it also holds array attributes, which are read only.
+    for index, (old, new) in enumerate(zip(before, after, strict=False)):
+        if old is not new:
+            old_sig, new_sig = _signature(old), _signature(new)
+            if old_sig != new_sig:
+                raise structure_changed(
+                    tracked.path(index), _describe(old_sig), _describe(new_sig), where
+                )
+
+
+def run_lifted(
+    tracked: Tracked,
+    values: Sequence[Any] | None,
+    fn: Callable[..., Any],
+    args: Sequence[Any],
+    kwargs: dict[str, Any],
+    where: str,
+) -> tuple[Any, list[Any]]:
+    """Calls ``fn`` with the lifted Variables holding ``values`` (or their current values).
+
+    Must be called inside the trace of the transform that ``where`` names. The Variables
+    may be read and written by ``fn`` at this trace level; nested neutral calls inside
+    ``fn`` see ``tracked`` (frozen) as the tracked set.
+
+    Returns:
+      ``(fn's output, the Variables' values after the call)``; every Variable is restored
+      to its state before the call, also when ``fn`` raises.
+    """
+    variables = tracked.variables
+    count = len(variables)
+    saved_values = list(map(RAW.__get__, variables))
+    saved_traces = list(map(TRACE.__get__, variables))
+    attrs = tracked.attrs
+    saved_attrs = [getattr(ref(), name) for ref, name in attrs] if attrs else None
+    state = tracers.TraceState()
+    token = ACTIVE.set(tracked.frozen)
+    try:
+        if values is not None:
+            for variable, value in zip(variables, values[:count], strict=True):
+                RAW.__set__(variable, value)
+            for (ref, name), value in zip(attrs, values[count:], strict=True):
+                object.__setattr__(ref(), name, value)
+        for variable in variables:
+            TRACE.__set__(variable, state)
+        try:
+            out = fn(*args, **kwargs)
+        except TraceContextError as error:
+            clearer = explain(error, tracked, where)
+            if clearer is error:
+                raise
+            raise clearer from error
+        after = list(map(RAW.__get__, variables))
+    finally:
+        ACTIVE.reset(token)
+        for variable, value, trace in zip(variables, saved_values, saved_traces, strict=True):
+            RAW.__set__(variable, value)
+            TRACE.__set__(variable, trace)
+        if saved_attrs is not None:
+            for (ref, name), value in zip(attrs, saved_attrs, strict=True):
+                object.__setattr__(ref(), name, value)
+    check_unchanged_structure(tracked, saved_values if values is None else values, after, where)
+    return out, after
+
+
+def call_plain(
+    fn: Callable[..., Any], args: Sequence[Any], kwargs: dict[str, Any], where: str
+) -> Any:
+    """Calls the untracked path, turning NNX's bare trace-level error into a clear one."""
+    try:
+        return fn(*args, **kwargs)
+    except TraceContextError as error:
+        clearer = explain(error, empty(), where)
+        if clearer is error:
+            raise
+        raise clearer from error
+
+
+def changed(before: Sequence[Any], after: Sequence[Any]) -> dict[int, Any]:
+    """``{index: new value}`` for the Variables whose value object changed.
+
+    ``before`` may be longer than ``after``: it can end with array attributes' values.
+    """
+    pairs = enumerate(zip(before, after, strict=False))
+    return {index: new for index, (old, new) in pairs if new is not old}
+
+
+def write_back(tracked: Tracked, updates: dict[int, Any], where: str) -> None:
+    """Stores new Variable values at the calling level; all or nothing."""
+    variables = tracked.variables
+    for index, value in updates.items():
+        if isinstance(value, Tracer) and not TRACE.__get__(variables[index]).is_valid():
+            raise_level_error(tracked, index, where)
+    for index, value in updates.items():
+        RAW.__set__(variables[index], value)
+
+
+def raise_level_error(tracked: Tracked, index: int, where: str) -> None:
+    from jaxoverride_nnx._errors import LevelError
+
+    raise LevelError(
+        f"jaxoverride_nnx: {where} updated the tracked Variable `{tracked.path(index)}`, but "
+        "it was called inside a JAX transform that is not a jaxoverride neutral function "
+        "(a raw jax.* or nnx.* transform), where the Variable cannot hold the new value. "
+        "Use the neutral function there too (jaxoverride.jit, jaxoverride.grad, ...)."
+    )
+
+
+# -- graph nodes as arguments ---------------------------------------------------------
+
+
+def graph_objects(tree: Any) -> list[Any]:
+    """The distinct graph nodes and Variables in ``tree``, in order of appearance."""
+    seen: set[int] = set()
+    found = []
+    for leaf in jax.tree_util.tree_leaves(tree, is_leaf=is_graph_object):
+        if is_graph_object(leaf) and id(leaf) not in seen:
+            seen.add(id(leaf))
+            found.append(leaf)
+    return found
+
+
+def with_arguments(tracked: Tracked | None, *trees: Any) -> Tracked | None:
+    """The tracked set extended by the graph nodes found in ``trees`` (if any)."""
+    objects = []
+    for tree in trees:
+        objects += graph_objects(tree)
+    if not objects:
+        return tracked
+    base = tracked if tracked is not None else empty()
+    fresh = [obj for obj in objects if not base.contains(obj)]
+    if not fresh:
+        return base.frozen if base.owner is not None else base
+    names = [f"{type(obj).__name__}(argument {i})" for i, obj in enumerate(fresh)]
+    return base.derive(fresh, names)
+
+
+def to_refs(tree: Any, tracked: Tracked) -> tuple[Any, bool]:
+    """Replaces lifted modules and Variables in ``tree`` by ``NodeRef``s."""
+    found = False
+
+    def replace(x: Any) -> Any:
+        nonlocal found
+        if is_graph_object(x):
+            index = tracked.node_index(x)
+            if index is not None:
+                found = True
+                return NodeRef("n", index)
+            index = tracked.var_index(x)
+            if index is not None:
+                found = True
+                return NodeRef("v", index)
+        return x
+
+    out = jax.tree_util.tree_map(replace, tree, is_leaf=is_graph_object)
+    return out, found
+
+
+def from_refs(tree: Any, tracked: Tracked) -> Any:
+    """Replaces ``NodeRef``s in ``tree`` by the objects they stand for."""
+
+    def resolve(x: Any) -> Any:
+        if type(x) is NodeRef:
+            return tracked.node(x.index) if x.kind == "n" else tracked.variables[x.index]
+        return x
+
+    return jax.tree_util.tree_map(resolve, tree, is_leaf=_is_ref_or_object)
+
+
+def refs_of(tree: Any) -> list[NodeRef]:
+    leaves = jax.tree_util.tree_leaves(tree, is_leaf=_is_ref_or_object)
+    return [leaf for leaf in leaves if _is_ref(leaf)]
+
+
+def check_same_refs(before: Any, after: Any, what: str, where: str) -> None:
+    """A loop carry must hold the same modules, in the same places, on every iteration."""
+    old, new = refs_of(before), refs_of(after)
+    if old != new:
+        raise StructureChangeError(
+            f"jaxoverride_nnx: the {what} of {where} held the modules/Variables {old} on "
+            f"entry but {new} on return. A carry must hold the same NNX objects in the "
+            "same places on every iteration: return the module you were given (its "
+            "Variables carry the state), not a new or different one."
+        )
+
+
+def prepare(*trees: Any) -> tuple[Tracked | None, list[Any]]:
+    """The tracked set for a call whose inputs are ``trees``, with nodes as ``NodeRef``s."""
+    tracked = with_arguments(current(), *trees)
+    if tracked is None:
+        return None, list(trees)
+    return tracked, [to_refs(tree, tracked)[0] for tree in trees]

@@ -1,0 +1,162 @@
+"""``track(*modules)``: the context manager that makes closure-captured modules work."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from jaxoverride_nnx import _context
+from jaxoverride_nnx._graph import is_graph_object
+from jaxoverride_nnx._scope import ACTIVE, Scope, Tracked
+
+
+class Track:
+    """An entered or enterable ``track`` scope; returned by ``track``.
+
+    Entering walks the modules' object graphs once, publishes the tracked set for the
+    neutral functions of this thread or asyncio task and, unless the NNX overrides are
+    already in effect, enters ``jaxoverride_nnx.context()``. Leaving undoes all three.
+    The object may be entered again later and nested; it keeps its modules by weak
+    reference, so a module that is deleted inside the scope can still be collected.
+
+    Example:
+      >>> import jaxoverride_nnx
+      >>> from flax import nnx
+      >>> layer = nnx.Linear(2, 2, rngs=nnx.Rngs(0))
+      >>> scope = jaxoverride_nnx.track(layer)
+      >>> scope
+      <jaxoverride_nnx.track(Linear)>
+      >>> with scope:
+      ...     len(jaxoverride_nnx.tracked_variables())
+      2
+      >>> scope.modules == (layer,)
+      True
+    """
+
+    __slots__ = ("_entries", "_refs")
+
+    def __init__(self, modules: tuple[Any, ...]):
+        # A Scope builds the weak references; keep just enough to rebuild it.
+        self._refs = Scope(modules).refs
+        self._entries: list[tuple[Scope, Any, bool]] = []
+
+    @property
+    def modules(self) -> tuple[Any, ...]:
+        """The tracked modules that are still alive."""
+        return tuple(obj for ref in self._refs if (obj := ref()) is not None)
+
+    def __enter__(self) -> Track:
+        outer = ACTIVE.get()
+        if outer is not None and outer.owner is None:
+            raise RuntimeError(
+                "jaxoverride_nnx.track was entered inside traced code (a function that a "
+                "neutral transform is running). Enter it around the neutral call instead."
+            )
+        roots = list(outer.owner.roots() if outer is not None and outer.owner else ())
+        for module in self.modules:
+            if not any(module is root for root in roots):
+                roots.append(module)
+        scope = Scope(roots)
+        try:
+            tracked = scope.build()
+            token = ACTIVE.set(tracked)
+            try:
+                entered = not _context.layer_active()
+                if entered:
+                    _context.context().__enter__()
+            except BaseException:
+                ACTIVE.reset(token)
+                raise
+        except BaseException:
+            scope.close()
+            raise
+        self._entries.append((scope, token, entered))
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        scope, token, entered = self._entries.pop()
+        try:
+            if entered:
+                _context.context().__exit__(*exc_info)
+        finally:
+            ACTIVE.reset(token)
+            scope.close()
+
+    def __repr__(self) -> str:
+        names = ", ".join(type(m).__name__ for m in self.modules)
+        return f"<jaxoverride_nnx.track({names})>"
+
+
+def track(*modules: Any) -> Track:
+    """Makes neutral functions work on code that reads and writes ``modules`` by closure.
+
+    Within ``with track(model): ...`` every neutral transform (``jaxoverride.jit``,
+    ``vmap``, ``grad``, ``value_and_grad``, ``jacfwd``, ``jacrev``, ``hessian``,
+    ``checkpoint``, ``eval_shape``, ``jvp``, ``vjp``, ``linearize``) and every neutral
+    control-flow call (``jaxoverride.lax.scan``, ``while_loop``, ``fori_loop``,
+    ``cond``, ``switch``, ``map``) may run functions that use the modules: their
+    Variables are threaded through the JAX transform as values, and afterwards the
+    modules hold what eager Python execution would have left (counters, BatchNorm
+    statistics, RNG streams advanced once per step). Variables and submodules shared
+    between the modules stay shared. ``jaxoverride.jit`` re-reads the weights on every
+    call, so it never serves stale ones, and does not retrace on a cache hit.
+
+    The object graphs are walked once here, not per call; setting an attribute of a
+    tracked module (``model.eval()``, a new submodule) is noticed and the graph walked
+    again on the next neutral call.
+
+    Args:
+      *modules: NNX graph nodes (Modules, ``nnx.Rngs``, ``nnx.List``, ...) or
+        Variables. Track the top-level module: everything it holds is tracked with it.
+        Variables created with ``ref=True`` or ``hijax=True`` work natively and are
+        left alone.
+
+    Returns:
+      A ``Track`` context manager (re-enterable; nested scopes track the union).
+
+    Raises:
+      TypeError: an argument is not an NNX graph node or Variable.
+
+    Example:
+      >>> import jax.numpy as jnp, jaxoverride as jo, jaxoverride_nnx
+      >>> from flax import nnx
+      >>> class Counter(nnx.Module):
+      ...     def __init__(self):
+      ...         self.count = nnx.Variable(jnp.array(0))
+      ...     def __call__(self, x):
+      ...         self.count[...] += 1
+      ...         return x + 1
+      >>> model = Counter()
+      >>> with jaxoverride_nnx.track(model):
+      ...     x, _ = jo.lax.scan(lambda x, _: (model(x), None), 0, length=5)
+      >>> int(x), int(model.count[...])
+      (5, 5)
+    """
+    for index, module in enumerate(modules):
+        if not is_graph_object(module):
+            raise TypeError(
+                f"jaxoverride_nnx.track expects NNX modules (graph nodes such as nnx.Module, "
+                f"nnx.Rngs, nnx.List) or Variables, but argument {index} is "
+                f"{type(module).__name__} {module!r:.60}. Pass the module object itself; "
+                "plain arrays and pytrees need no tracking."
+            )
+    return Track(modules)
+
+
+def tracked_variables() -> list[tuple[str, Any]]:
+    """``(path, Variable)`` for every Variable that neutral calls thread here.
+
+    Returns:
+      An empty list outside ``track``.
+
+    Example:
+      >>> import jaxoverride_nnx
+      >>> from flax import nnx
+      >>> layer = nnx.Linear(2, 3, rngs=nnx.Rngs(0))
+      >>> with jaxoverride_nnx.track(layer):
+      ...     [path for path, _ in jaxoverride_nnx.tracked_variables()]
+      ['Linear.bias', 'Linear.kernel']
+    """
+    tracked: Tracked | None = ACTIVE.get()
+    if tracked is None:
+        return []
+    return [(tracked.path(i), v) for i, v in enumerate(tracked.variables)]

@@ -1,0 +1,449 @@
+"""Overrides of the neutral transforms other than ``jit``, and of the transform-like calls.
+
+They lift with *closure* semantics: inside the transform the tracked Variables keep the
+values they have outside (constants of the trace, as closed-over arrays are in JAX) but
+become writable, and whatever the function writes leaves the transform as an auxiliary
+output, which is stored back afterwards. So ``grad`` sees the weights as constants,
+``vmap`` broadcasts the state to every example and ``eval_shape`` changes nothing.
+
+Modules passed as arguments are threaded the same way and the function receives the
+very same objects. In the differentiated arguments of ``grad`` and friends a module
+stands for its ``nnx.Param`` Variables, and its gradient is an ``nnx.State``, as with
+``nnx.grad``.
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+from flax import nnx
+
+import jaxoverride as jo
+from jaxoverride_nnx._errors import StructureChangeError
+from jaxoverride_nnx._graph import RAW, is_graph_object
+from jaxoverride_nnx._lift import (
+    HAS_REFS,
+    NO_REFS,
+    call_plain,
+    changed,
+    from_refs,
+    graph_objects,
+    prepare,
+    refs_of,
+    run_lifted,
+    to_refs,
+    with_arguments,
+    write_back,
+)
+from jaxoverride_nnx._scope import Tracked, current
+
+
+def run_closure(
+    tracked: Tracked,
+    fn: Callable[..., Any],
+    args: Sequence[Any],
+    kwargs: dict[str, Any],
+    where: str,
+) -> tuple[Any, dict[int, Any]]:
+    """``run_lifted`` with the current values; returns the output and the changes."""
+    before = list(map(RAW.__get__, tracked.variables))
+    out, after = run_lifted(tracked, None, fn, args, kwargs, where)
+    return out, changed(before, after)
+
+
+def _bind(
+    default: Callable[..., Any],
+    fun: Callable[..., Any],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+) -> dict[str, Any]:
+    """The options of a transform call such as ``jax.vmap(fun, ...)``, by name."""
+    bound = inspect.signature(default).bind(fun, *args, **kwargs)
+    options = dict(bound.arguments)
+    options.pop(next(iter(inspect.signature(default).parameters)))
+    return options
+
+
+# -- vmap -----------------------------------------------------------------------------
+
+_BATCHED = re.compile(r"out_axes\[1\]\[(\d+)\]")
+
+
+def batched_state_error(error: ValueError, tracked: Tracked, where: str) -> BaseException:
+    """Rephrases JAX's complaint about a batched output whose ``out_axes`` is ``None``."""
+    match = _BATCHED.search(str(error))
+    if match is None or "batched" not in str(error):
+        return error
+    path = tracked.path(int(match.group(1)))
+    return StructureChangeError(
+        f"jaxoverride_nnx: under {where} the tracked Variable `{path}` was given a value "
+        "that differs across the mapped axis, but a Variable holds one value for the whole "
+        "batch (vmap broadcasts tracked state to every example). Make the update the same "
+        "for every example, for instance by reducing over the axis (nnx.BatchNorm("
+        "axis_name=...) with vmap(axis_name=...), or jax.lax.pmean), or loop over the "
+        "examples with jaxoverride.lax.map or scan so that each one updates the state."
+    )
+
+
+def _check_broadcast(in_axes: Any, args: Any, path: str = "in_axes") -> None:
+    """Modules are broadcast: ``in_axes`` must be ``None`` wherever a module is passed."""
+    if in_axes is None or not refs_of(args):
+        return
+    if (
+        isinstance(in_axes, (tuple, list))
+        and isinstance(args, (tuple, list))
+        and len(in_axes) == len(args)
+    ):
+        for i, (axes, arg) in enumerate(zip(in_axes, args, strict=True)):
+            _check_broadcast(axes, arg, f"{path}[{i}]")
+        return
+    if isinstance(in_axes, dict) and isinstance(args, dict):
+        for key, arg in args.items():
+            _check_broadcast(in_axes.get(key), arg, f"{path}[{key!r}]")
+        return
+    raise ValueError(
+        f"jaxoverride_nnx: jaxoverride.vmap got {path}={in_axes!r} for an argument holding an "
+        "NNX module or Variable. Modules are broadcast to every example (their state is "
+        "shared, as if closed over): give that argument in_axes=None, e.g. "
+        "vmap(f, in_axes=(None, 0))(model, xs). Mapping over a module's state (an "
+        "ensemble) is nnx.vmap's job."
+    )
+
+
+def vmap(fun: Callable[..., Any], *args: Any, **kwargs: Any) -> Callable[..., Any]:
+    """The ``"vmap"`` override."""
+    below = jo.next_impl("vmap")
+    plain = below(fun, *args, **kwargs)
+    options = _bind(jax.vmap, fun, args, kwargs)
+    in_axes = options.get("in_axes", 0)
+    out_axes = options.get("out_axes", 0)
+    where = "jaxoverride.vmap"
+
+    def call(*call_args: Any, **call_kwargs: Any) -> Any:
+        tracked, (args_, kwargs_) = prepare(call_args, call_kwargs)
+        if tracked is None:
+            return call_plain(plain, call_args, call_kwargs, where)
+        _check_broadcast(in_axes, args_)
+        if refs_of(kwargs_):
+            raise ValueError(
+                "jaxoverride_nnx: jaxoverride.vmap maps keyword arguments over axis 0, so "
+                "NNX modules cannot be passed by keyword; pass them positionally with "
+                "in_axes=None."
+            )
+        view = tracked
+
+        def pure(*inner_args: Any, **inner_kwargs: Any) -> Any:
+            inner_args, inner_kwargs = from_refs((inner_args, inner_kwargs), view)
+            out, updates = run_closure(view, fun, inner_args, inner_kwargs, where)
+            return to_refs(out, view)[0], updates
+
+        mapped = below(pure, **{**options, "out_axes": (out_axes, None)})
+        try:
+            out, updates = mapped(*args_, **kwargs_)
+        except ValueError as error:
+            clearer = batched_state_error(error, view, where)
+            if clearer is error:
+                raise
+            raise clearer from None
+        write_back(view, updates, where)
+        return from_refs(out, view)
+
+    return _named(call, fun)
+
+
+def _named(call: Callable[..., Any], fun: Callable[..., Any]) -> Callable[..., Any]:
+    for attribute in ("__name__", "__qualname__", "__doc__", "__module__"):
+        value = getattr(fun, attribute, None)
+        if isinstance(value, str):
+            setattr(call, attribute, value)
+    call.__wrapped__ = fun  # type: ignore[attr-defined]
+    return call
+
+
+# -- differentiation ------------------------------------------------------------------
+
+
+@jax.tree_util.register_pytree_node_class
+class _ParamsOf:
+    """A module in a differentiated argument: its ``nnx.Param`` values, and which module."""
+
+    __slots__ = ("index", "state")
+
+    def __init__(self, state: Any, index: int):
+        self.state = state
+        self.index = index
+
+    def tree_flatten(self) -> tuple[tuple[Any], int]:
+        return (self.state,), self.index
+
+    @classmethod
+    def tree_unflatten(cls, index: int, children: Sequence[Any]) -> _ParamsOf:
+        return cls(children[0], index)
+
+
+def _params(obj: Any, index: int) -> _ParamsOf:
+    if is_graph_object(obj) and not isinstance(obj, nnx.Variable):
+        return _ParamsOf(nnx.state(obj, nnx.Param), index)
+    return _ParamsOf(obj.get_raw_value(), index)
+
+
+def _load(wrapped: _ParamsOf, objects: Sequence[Any]) -> Any:
+    """Inside the trace: put the differentiated values into the module; return the module."""
+    obj = objects[wrapped.index]
+    if isinstance(obj, nnx.Variable):
+        obj.set_raw_value(wrapped.state)
+    else:
+        nnx.update(obj, wrapped.state)
+    return obj
+
+
+def _gradient(wrapped: _ParamsOf, objects: Sequence[Any]) -> Any:
+    """Outside: the gradient for a module argument, as ``nnx.grad`` gives it."""
+    obj = objects[wrapped.index]
+    if isinstance(obj, nnx.Variable):
+        return obj.replace(wrapped.state)
+    return wrapped.state
+
+
+def _is_params(x: Any) -> bool:
+    return type(x) is _ParamsOf
+
+
+def _argnums(argnums: int | Sequence[int], count: int) -> tuple[int, ...]:
+    nums = (argnums,) if isinstance(argnums, int) else tuple(argnums)
+    return tuple(n % count if n < 0 and count else n for n in nums)
+
+
+def _differentiating(name: str, default: Callable[..., Any]) -> Callable[..., Any]:
+    """The override of ``grad``, ``value_and_grad``, ``jacfwd``, ``jacrev`` or ``hessian``."""
+    where = f"jaxoverride.{name}"
+    returns_value = name == "value_and_grad"
+
+    def impl(fun: Callable[..., Any], *args: Any, **kwargs: Any) -> Callable[..., Any]:
+        below = jo.next_impl(name)
+        plain = below(fun, *args, **kwargs)
+        options = _bind(default, fun, args, kwargs)
+        argnums = options.get("argnums", 0)
+        has_aux = options.get("has_aux", False)
+
+        def call(*call_args: Any, **call_kwargs: Any) -> Any:
+            tracked = with_arguments(current(), call_args, call_kwargs)
+            if tracked is None:
+                return call_plain(plain, call_args, call_kwargs, where)
+            view = tracked
+            nums = _argnums(argnums, len(call_args))
+            objects: list[Any] = []
+
+            def wrap(obj: Any) -> Any:
+                if is_graph_object(obj):
+                    objects.append(obj)
+                    return _params(obj, len(objects) - 1)
+                return obj
+
+            args_ = [
+                jax.tree_util.tree_map(wrap, a, is_leaf=is_graph_object)
+                if i in nums
+                else to_refs(a, view)[0]
+                for i, a in enumerate(call_args)
+            ]
+            kwargs_ = to_refs(call_kwargs, view)[0]
+
+            def pure(*inner_args: Any, **inner_kwargs: Any) -> Any:
+                baseline: list[Any] = []
+
+                def run(*a: Any, **k: Any) -> Any:
+                    a = tuple(
+                        jax.tree_util.tree_map(
+                            lambda x: _load(x, objects) if _is_params(x) else x,
+                            arg,
+                            is_leaf=_is_params,
+                        )
+                        if i in nums
+                        else arg
+                        for i, arg in enumerate(a)
+                    )
+                    a, k = from_refs((a, k), view)
+                    baseline.extend(map(RAW.__get__, view.variables))
+                    return fun(*a, **k)
+
+                out, after = run_lifted(view, None, run, inner_args, inner_kwargs, where)
+                updates = changed(baseline, after)
+                if has_aux:
+                    value, aux = out
+                    aux, has_refs = to_refs(aux, view)
+                else:
+                    value, aux, has_refs = out, None, False
+                return value, (aux, updates, HAS_REFS if has_refs else NO_REFS)
+
+            transformed = below(pure, **{**options, "has_aux": True})
+            result = transformed(*args_, **kwargs_)
+            if returns_value:
+                (value, (aux, updates, refs)), derivative = result
+            else:
+                value, (derivative, (aux, updates, refs)) = None, result
+            write_back(view, updates, where)
+            derivative = jax.tree_util.tree_map(
+                lambda x: _gradient(x, objects) if _is_params(x) else x,
+                derivative,
+                is_leaf=_is_params,
+            )
+            if refs.value:
+                aux = from_refs(aux, view)
+            if returns_value:
+                return ((value, aux) if has_aux else value), derivative
+            return (derivative, aux) if has_aux else derivative
+
+        return _named(call, fun)
+
+    impl.__name__ = impl.__qualname__ = name
+    return impl
+
+
+grad = _differentiating("grad", jax.grad)
+value_and_grad = _differentiating("value_and_grad", jax.value_and_grad)
+jacfwd = _differentiating("jacfwd", jax.jacfwd)
+jacrev = _differentiating("jacrev", jax.jacrev)
+hessian = _differentiating("hessian", jax.hessian)
+
+
+# -- checkpoint -----------------------------------------------------------------------
+
+
+def _checkpointing(name: str, default: Callable[..., Any]) -> Callable[..., Any]:
+    where = f"jaxoverride.{name}"
+
+    def impl(fun: Callable[..., Any], *args: Any, **kwargs: Any) -> Callable[..., Any]:
+        below = jo.next_impl(name)
+        plain = below(fun, *args, **kwargs)
+        options = _bind(default, fun, args, kwargs)
+        static = options.get("static_argnums", ())
+        static = (static,) if isinstance(static, int) else tuple(static)
+        prevent_cse = options.get("prevent_cse", True)
+        shifted = dict(options)
+        shifted["static_argnums"] = tuple(n + 1 if n >= 0 else n for n in static)
+        if isinstance(prevent_cse, (tuple, list)):
+            shifted["prevent_cse"] = (True, *prevent_cse)
+
+        def call(*call_args: Any, **call_kwargs: Any) -> Any:
+            count = len(call_args)
+            fixed = {n % count if n < 0 else n for n in static if -count <= n < count}
+            dynamic = [a for i, a in enumerate(call_args) if i not in fixed]
+            tracked = with_arguments(current(), dynamic, call_kwargs)
+            if tracked is None:
+                return call_plain(plain, call_args, call_kwargs, where)
+            view = tracked
+            args_ = [a if i in fixed else to_refs(a, view)[0] for i, a in enumerate(call_args)]
+            kwargs_ = to_refs(call_kwargs, view)[0]
+
+            def pure(values: list[Any], *inner_args: Any, **inner_kwargs: Any) -> Any:
+                inner_args, inner_kwargs = from_refs((inner_args, inner_kwargs), view)
+                out, after = run_lifted(view, values, fun, inner_args, inner_kwargs, where)
+                out, has_refs = to_refs(out, view)
+                return out, changed(values, after), HAS_REFS if has_refs else NO_REFS
+
+            out, updates, refs = below(pure, **shifted)(view.read(), *args_, **kwargs_)
+            write_back(view, updates, where)
+            return from_refs(out, view) if refs.value else out
+
+        return _named(call, fun)
+
+    impl.__name__ = impl.__qualname__ = name
+    return impl
+
+
+checkpoint = _checkpointing("checkpoint", jax.checkpoint)
+remat = _checkpointing("remat", jax.remat)
+
+
+# -- calls: eval_shape, jvp, vjp, linearize -------------------------------------------
+
+
+def eval_shape(fun: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """The ``"eval_shape"`` override: runs nothing, so tracked modules do not change."""
+    below = jo.next_impl("eval_shape")
+    tracked, (args_, kwargs_) = prepare(args, kwargs)
+    if tracked is None:
+        return call_plain(below, (fun, *args), kwargs, "jaxoverride.eval_shape")
+    view = tracked
+
+    def pure(*inner_args: Any, **inner_kwargs: Any) -> Any:
+        inner_args, inner_kwargs = from_refs((inner_args, inner_kwargs), view)
+        out, _ = run_lifted(view, None, fun, inner_args, inner_kwargs, "jaxoverride.eval_shape")
+        return to_refs(out, view)[0]
+
+    return from_refs(below(pure, *args_, **kwargs_), view)
+
+
+def _no_modules(where: str, primals: Any) -> None:
+    if graph_objects(primals):
+        raise TypeError(
+            f"jaxoverride_nnx: {where} got an NNX module or Variable among its primals. "
+            "Close over the module (tracked with jaxoverride_nnx.track) and pass arrays, "
+            "for instance nnx.state(model, nnx.Param), as primals instead."
+        )
+
+
+def _aux_pure(
+    tracked: Tracked, fun: Callable[..., Any], has_aux: bool, where: str
+) -> Callable[..., Any]:
+    def pure(*primals: Any) -> Any:
+        out, updates = run_closure(tracked, fun, primals, {}, where)
+        if has_aux:
+            value, aux = out
+            return value, (to_refs(aux, tracked)[0], updates)
+        return out, (None, updates)
+
+    return pure
+
+
+def _finish_aux(tracked: Tracked, aux_pack: Any, has_aux: bool, where: str) -> Any:
+    aux, updates = aux_pack
+    write_back(tracked, updates, where)
+    return from_refs(aux, tracked) if has_aux else None
+
+
+def jvp(fun: Callable[..., Any], primals: Any, tangents: Any, has_aux: bool = False) -> Any:
+    """The ``"jvp"`` override."""
+    below = jo.next_impl("jvp")
+    tracked = current()
+    if tracked is None:
+        return call_plain(below, (fun, primals, tangents), {"has_aux": has_aux}, "jaxoverride.jvp")
+    _no_modules("jaxoverride.jvp", primals)
+    where = "jaxoverride.jvp"
+    out, tangent_out, pack = below(
+        _aux_pure(tracked, fun, has_aux, where), primals, tangents, has_aux=True
+    )
+    aux = _finish_aux(tracked, pack, has_aux, where)
+    return (out, tangent_out, aux) if has_aux else (out, tangent_out)
+
+
+def vjp(fun: Callable[..., Any], *primals: Any, has_aux: bool = False, **kwargs: Any) -> Any:
+    """The ``"vjp"`` override."""
+    below = jo.next_impl("vjp")
+    tracked = current()
+    if tracked is None:
+        return call_plain(below, (fun, *primals), {"has_aux": has_aux, **kwargs}, "jaxoverride.vjp")
+    _no_modules("jaxoverride.vjp", primals)
+    where = "jaxoverride.vjp"
+    out, pullback, pack = below(
+        _aux_pure(tracked, fun, has_aux, where), *primals, has_aux=True, **kwargs
+    )
+    aux = _finish_aux(tracked, pack, has_aux, where)
+    return (out, pullback, aux) if has_aux else (out, pullback)
+
+
+def linearize(fun: Callable[..., Any], *primals: Any, has_aux: bool = False) -> Any:
+    """The ``"linearize"`` override."""
+    below = jo.next_impl("linearize")
+    tracked = current()
+    if tracked is None:
+        return call_plain(below, (fun, *primals), {"has_aux": has_aux}, "jaxoverride.linearize")
+    _no_modules("jaxoverride.linearize", primals)
+    where = "jaxoverride.linearize"
+    out, linear, pack = below(_aux_pure(tracked, fun, has_aux, where), *primals, has_aux=True)
+    aux = _finish_aux(tracked, pack, has_aux, where)
+    return (out, linear, aux) if has_aux else (out, linear)

@@ -1,0 +1,276 @@
+"""``jaxoverride.jit`` under ``track``: fresh weights, trace counts, weak references."""
+
+from __future__ import annotations
+
+import gc
+import weakref
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+import jaxoverride as jo
+import jaxoverride_nnx
+from _nnx_models import Counter
+
+X = jnp.arange(3.0)
+
+
+class Traces:
+    """Counts how many times JAX traces a function (its Python body runs)."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def wrap(self, model: nnx.Module):
+        def f(x):
+            self.count += 1
+            return model(x)
+
+        return f
+
+
+def test_weights_changed_outside_are_never_stale():
+    model, traces = Counter(), Traces()
+    f = jo.jit(traces.wrap(model))
+    with jaxoverride_nnx.track(model):
+        first = f(X)
+        model.w[...] = model.w[...] * 3.0  # changed eagerly, between calls
+        second = f(X)
+        nnx.update(model, nnx.State({"w": nnx.Param(jnp.full(3, 0.25, jnp.float32))}))
+        third = f(X)
+    assert traces.count == 1  # new values, same trace
+    reference = Counter()
+    expected = [reference(X)]
+    reference.w[...] = reference.w[...] * 3.0
+    expected.append(reference(X))
+    reference.w[...] = jnp.full(3, 0.25)
+    expected.append(reference(X))
+    np.testing.assert_allclose(np.stack([first, second, third]), np.stack(expected), rtol=1e-6)
+    assert int(model.count[...]) == 3
+
+
+def test_raw_jax_jit_would_serve_stale_weights():
+    """The problem ``track`` solves: raw jax.jit bakes a read-only closure's weights in."""
+
+    class Scale(nnx.Module):
+        def __init__(self):
+            self.w = nnx.Param(jnp.array(2.0))
+
+        def __call__(self, x):
+            return x * self.w[...]
+
+    model = Scale()
+    raw, ours = jax.jit(lambda x: model(x)), jo.jit(lambda x: model(x))
+    with jaxoverride_nnx.track(model):
+        assert float(raw(1.0)) == float(ours(1.0)) == 2.0
+        model.w[...] = jnp.array(5.0)
+        assert float(raw(1.0)) == 2.0  # stale
+        assert float(ours(1.0)) == 5.0
+
+
+def test_cache_hit_does_not_retrace_and_new_scopes_reuse_the_trace():
+    model, traces = Counter(), Traces()
+    f = jo.jit(traces.wrap(model))
+    for _ in range(3):
+        with jaxoverride_nnx.track(model):
+            for _ in range(4):
+                f(X)
+    assert traces.count == 1
+    assert int(model.count[...]) == 12
+
+
+def test_retraces_on_tracked_set_and_variable_shape_or_dtype():
+    model, other, traces = Counter(), Counter(seed=3), Traces()
+    f = jo.jit(traces.wrap(model))
+    with jaxoverride_nnx.track(model):
+        f(X)
+        model.w[...] = model.w[...] + 1.0  # same shape and dtype: no retrace
+        f(X)
+        assert traces.count == 1
+        model.w.set_value(jnp.ones(3, jnp.float16))  # dtype changed
+        f(X)
+        assert traces.count == 2
+        model.w.set_value(jnp.ones((1, 3)))  # shape changed
+        f(X)
+        assert traces.count == 3
+        model.w.set_value(jnp.ones(3))  # back: the first trace is reused
+        f(X)
+        assert traces.count == 3
+    with jaxoverride_nnx.track(model, other):  # a different tracked set
+        f(X)
+    assert traces.count == 4
+
+
+def test_structural_changes_outside_are_noticed_and_cached():
+    """``model.eval()`` between calls changes static attributes: a new trace, and the
+    old one again when they change back."""
+
+    class Model(nnx.Module):
+        def __init__(self):
+            self.norm = nnx.BatchNorm(3, use_running_average=False, rngs=nnx.Rngs(0))
+
+        def __call__(self, x):
+            return self.norm(x)
+
+    model, traces = Model(), Traces()
+    f = jo.jit(traces.wrap(model))
+    x = jnp.arange(6.0).reshape(2, 3)
+    with jaxoverride_nnx.track(model):
+        f(x)
+        mean = np.asarray(model.norm.mean[...])
+        model.eval()
+        f(x)
+        np.testing.assert_array_equal(model.norm.mean[...], mean)  # eval: no update
+        model.train()
+        f(x)
+        assert not np.array_equal(model.norm.mean[...], mean)
+        model.norm.extra = nnx.Variable(jnp.zeros(()))  # a new Variable, added eagerly
+        f(x)
+        assert any(p == "Model.norm.extra" for p, _ in jaxoverride_nnx.tracked_variables())
+    assert traces.count == 3  # train, eval, train again from cache, then the new Variable
+
+
+def test_graph_is_walked_once_per_scope(monkeypatch):
+    from jaxoverride_nnx import _scope
+
+    walks = []
+    original = _scope.walk
+
+    def counting_walk(*args, **kwargs):
+        walks.append(1)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(_scope, "walk", counting_walk)
+    model = Counter()
+    f = jo.jit(lambda x: model(x))
+    with jaxoverride_nnx.track(model):
+        for _ in range(5):
+            f(X)
+            jo.lax.scan(lambda c, _: (model(c), None), X, length=2)
+            jo.grad(lambda x: model(x).sum())(X)
+    assert len(walks) == 1
+
+
+def test_deleted_tracked_module_is_collected():
+    holder = [Counter()]
+    ref = weakref.ref(holder[0])
+    f = jo.jit(lambda x: holder[0](x))  # long-lived, like a library's jitted solver
+    with jaxoverride_nnx.track(holder[0]):
+        f(X)
+        f(X)
+    holder.clear()
+    gc.collect()
+    assert ref() is None
+    # The cache entry of the dead module is pruned when the next trace is built.
+    built = f.__dict__["_jaxoverride_state"].builds
+    holder.append(Counter())
+    with jaxoverride_nnx.track(holder[0]):
+        f(X)
+        (call,) = {id(b): b for b in built.values()}.values()
+        assert len(call.tracked_jit._cache) == 1
+
+
+def test_module_deleted_inside_the_scope_is_collected():
+    holder = [Counter()]
+    ref = weakref.ref(holder[0])
+    with jaxoverride_nnx.track(holder[0]):
+        f = jo.jit(lambda x: holder[0](x))
+        f(X)
+        holder.clear()
+        del f
+        gc.collect()
+        assert ref() is None
+
+
+@pytest.mark.parametrize("where", ["jit", "scan_in_jit", "grad", "while_loop", "cond"])
+def test_exceptions_restore_every_variable(where):
+    model = Counter()
+    before = [np.asarray(v) for v in jax.tree_util.tree_leaves(nnx.state(model))]
+    traces = [v._trace_state for v in (model.w, model.count)]
+
+    def failing(x):
+        model(x)
+        model(x)
+        raise RuntimeError("boom")
+
+    calls = {
+        "jit": lambda: jo.jit(failing)(X),
+        "scan_in_jit": lambda: jo.jit(
+            lambda x: jo.lax.scan(lambda c, _: (failing(c), None), x, length=2)
+        )(X),
+        "grad": lambda: jo.grad(lambda x: failing(x).sum())(X),
+        "while_loop": lambda: jo.lax.while_loop(lambda c: True, failing, X),
+        "cond": lambda: jo.lax.cond(True, failing, lambda x: x, X),
+    }
+    with jax.checking_leaks(), jaxoverride_nnx.track(model):
+        with pytest.raises(RuntimeError, match="boom"):
+            calls[where]()
+        after = [np.asarray(v) for v in jax.tree_util.tree_leaves(nnx.state(model))]
+        assert all(np.array_equal(a, b) for a, b in zip(before, after, strict=True))
+        assert [v._trace_state for v in (model.w, model.count)] == traces
+        # Still usable afterwards.
+        jo.jit(lambda x: model(x))(X)
+    assert int(model.count[...]) == 1
+
+
+@pytest.mark.parametrize("kind", ["scan", "fori_loop", "while_loop", "cond", "map"])
+def test_eager_control_flow_reuses_traces_like_jax(kind):
+    """Called again with the same body, a loop is not traced again: once in all, as raw
+    JAX manages for scan, fori_loop, while_loop and cond (its map retraces every call)."""
+    model = Counter()
+    traces = {"ours": 0, "jax": 0}
+
+    def make(which, apply):
+        def step(c):
+            traces[which] += 1
+            return apply(c)
+
+        return step
+
+    def calls(lax, step):
+        def scan_body(c, _):
+            return step(c), None
+
+        def fori_body(i, c):
+            return step(c)
+
+        return {
+            "scan": lambda: lax.scan(scan_body, X, length=3),
+            "fori_loop": lambda: lax.fori_loop(0, 3, fori_body, X),
+            "while_loop": lambda: lax.while_loop(negative, step, X),
+            "cond": lambda: lax.cond(True, step, lambda c: c, X),
+            "map": lambda: lax.map(step, jnp.stack([X, X])),
+        }[kind]
+
+    def negative(c):
+        return c.sum() < 0.0
+
+    ours = make("ours", model)
+    raw = make("jax", lambda c: jnp.sin(c * model.w[...]))
+    # The loops' bodies must be the same objects on every call for any cache to work.
+    bodies = {"ours": calls(jo.lax, ours), "jax": calls(jax.lax, raw)}
+    with jaxoverride_nnx.track(model):
+        for _ in range(3):
+            bodies["ours"]()
+            bodies["jax"]()
+    assert traces["ours"] == 1
+    assert traces["jax"] == (3 if kind == "map" else 1)
+
+
+def test_cached_loop_bodies_do_not_keep_modules_alive():
+    holder = [Counter()]
+    ref = weakref.ref(holder[0])
+
+    def body(c, _):
+        return holder[0](c), None
+
+    with jaxoverride_nnx.track(holder[0]):
+        jo.lax.scan(body, X, length=2)
+        jo.lax.fori_loop(0, 2, lambda i, c: holder[0](c), X)
+    del body
+    holder.clear()
+    gc.collect()
+    assert ref() is None
