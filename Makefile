@@ -16,7 +16,7 @@ demo: $(STAMP)
 	$(PY) examples/fixed_point.py
 
 test: $(STAMP)
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest -n 2 $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
