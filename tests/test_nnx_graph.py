@@ -242,7 +242,7 @@ def test_install_makes_track_use_the_installed_layer():
         with jaxoverride_nnx.track(model):
             sources = [layer.source for layer in jo.current_stack().layers]
             jlax.scan(lambda c, _: (model(c), None), X, length=3)
-        assert sources == ["installed"]  # no context entered on top
+        assert sources == ["installed, scope"]  # track entered the scope, no context on top
         assert [layer.source for layer in jo.current_stack().layers] == ["installed (inactive)"]
     finally:
         assert jaxoverride_nnx.uninstall()

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import jaxoverride as jo
 from jaxoverride_nnx import _control, _jit, _transforms
-from jaxoverride_nnx._scope import ACTIVE
 
 _CONTEXT = jo.override_context(
     {
@@ -53,19 +54,15 @@ def context() -> jo.OverrideContext:
     return _CONTEXT
 
 
-def _tracking() -> bool:
-    return ACTIVE.get() is not None
-
-
 _handle: jo.Installation | None = None
 
 
 def install() -> jo.Installation:
-    """Installs the NNX overrides for the whole process, active while anything is tracked.
+    """Installs the NNX overrides for the whole process, active inside every ``track``.
 
-    With the overrides installed, ``track`` does not enter its own context. Like any
-    predicate-driven installation, a raw ``jax.jit`` around code that calls neutral
-    functions does not see ``track`` scopes come and go; use ``jaxoverride.jit``.
+    The installation is scoped (``jaxoverride.install(..., scoped=True)``): ``track``
+    enters its scope instead of entering ``context()``, so the layer sits beneath every
+    override context, and outside ``track`` scopes neutral functions cost what JAX's do.
 
     Returns:
       The ``jaxoverride.Installation``; installing twice returns the same one.
@@ -84,8 +81,15 @@ def install() -> jo.Installation:
       (3, True)
     """
     global _handle
-    _handle = jo.install(_CONTEXT, when=_tracking, name="jaxoverride_nnx")
+    _handle = jo.install(_CONTEXT, scoped=True, name="jaxoverride_nnx")
     return _handle
+
+
+def activation() -> Any:
+    """What ``track`` enters to make the NNX layer active: the installation's scope when
+    installed, else ``context()``."""
+    handle = _handle
+    return handle.scope() if handle is not None and handle.installed else _CONTEXT
 
 
 def uninstall() -> bool:

@@ -37,7 +37,7 @@ class Track:
     def __init__(self, modules: tuple[Any, ...]):
         # A Scope builds the weak references; keep just enough to rebuild it.
         self._refs = Scope(modules).refs
-        self._entries: list[tuple[Scope, Any, bool]] = []
+        self._entries: list[tuple[Scope, Any, Any]] = []
 
     @property
     def modules(self) -> tuple[Any, ...]:
@@ -60,23 +60,23 @@ class Track:
             tracked = scope.build()
             token = ACTIVE.set(tracked)
             try:
-                entered = not _context.layer_active()
-                if entered:
-                    _context.context().__enter__()
+                activation = None if _context.layer_active() else _context.activation()
+                if activation is not None:
+                    activation.__enter__()
             except BaseException:
                 ACTIVE.reset(token)
                 raise
         except BaseException:
             scope.close()
             raise
-        self._entries.append((scope, token, entered))
+        self._entries.append((scope, token, activation))
         return self
 
     def __exit__(self, *exc_info: object) -> None:
-        scope, token, entered = self._entries.pop()
+        scope, token, activation = self._entries.pop()
         try:
-            if entered:
-                _context.context().__exit__(*exc_info)
+            if activation is not None:
+                activation.__exit__(*exc_info)
         finally:
             ACTIVE.reset(token)
             scope.close()

@@ -88,8 +88,8 @@ def current_stack() -> Stack:
     ]  # fmt: skip
     active = set(_stack.effective_snapshot().layers)
     for entry in reversed(_stack.installed):
-        if entry.scoped:
-            continue  # an active scope is part of the context snapshot listed above
+        if entry.scoped and entry.layer in active:
+            continue  # an entered scope is part of the context snapshot listed above
         source = "installed" if entry.layer in active else "installed (inactive)"
         layers.append(StackLayer(entry.layer.label, dict(entry.layer.impls), source))
     return Stack(tuple(layers))
