@@ -26,3 +26,16 @@ def test_code_blocks_run(page: Path):
     for index, source in enumerate(blocks(page)):
         code = compile(source, f"{page.name}[block {index}]", "exec")
         exec(code, namespace)
+
+
+def test_api_reference_is_current():
+    """docs/api.md is generated from the packages; regenerate it after changing the API."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gen_api", ROOT / "docs" / "gen_api.py")
+    assert spec is not None and spec.loader is not None
+    generator = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(generator)
+    assert (ROOT / "docs" / "api.md").read_text() == generator.render(), (
+        "docs/api.md is out of date: run `.venv/bin/python docs/gen_api.py`"
+    )

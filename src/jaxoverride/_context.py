@@ -226,7 +226,7 @@ def install(
     scoped: bool = False,
     name: str | None = None,
 ) -> Installation:
-    """Registers overrides for every thread and task, active while ``when()`` is true.
+    """Registers overrides for every thread and task, active by a predicate or in scopes.
 
     This is how a framework adapter makes library code stateful without the library
     knowing: ``jaxoverride_haiku.install()`` installs the Haiku overrides so that they
