@@ -393,3 +393,61 @@ def test_composes_with_another_adapter_below():
             out, _ = jlax.scan(body, {"a": child, "b": child}, length=2)
     assert out["a"] is out["b"] and "w" in params
     np.testing.assert_array_equal(out["b"].shared, [4.0, 4.0])
+
+
+def _identity_inside(run):
+    """Runs ``run(record)`` in the context; returns the leaves the function saw."""
+    seen: list[object] = []
+    with dag.context():
+        run(seen.append)
+    return seen
+
+
+@pytest.mark.parametrize(
+    "case",
+    ["grad-other-args", "vmap-unmapped", "scan-under-disable_jit", "jit-under-disable_jit"],
+)
+def test_untraced_arrays_inside_are_not_the_callers_objects(case):
+    """Even arrays that JAX passes through untraced reach the function as fresh objects,
+    with the caller's sharing kept; numpy arrays arrive as views."""
+    w = jnp.ones(3)
+    other = jnp.arange(3.0)
+    host = np.arange(3.0)
+
+    def run(record):
+        if case == "grad-other-args":
+
+            def loss(w, a, b, c):
+                record(a), record(b), record(c)
+                return jnp.sum(w * a)
+
+            jo.grad(loss)(w, other, other, host)
+        elif case == "vmap-unmapped":
+
+            def row(x, a, b, c):
+                record(a), record(b), record(c)
+                return x * a
+
+            jo.vmap(row, in_axes=(0, None, None, None))(jnp.ones((2, 3)), other, other, host)
+        else:
+            with jax.disable_jit():
+                if case == "scan-under-disable_jit":
+
+                    def body(carry, _):
+                        a, b, c = carry
+                        record(a), record(b), record(c)
+                        return carry, None
+
+                    jlax.scan(body, (other, other, host), length=1)
+                else:
+                    jo.jit(lambda a, b, c: [record(a), record(b), record(c)] and a)(
+                        other, other, host
+                    )
+
+    a, b, c = _identity_inside(run)[:3]
+    assert a is b  # sharing kept
+    assert a is not other and c is not host  # but never the caller's objects
+    np.testing.assert_array_equal(a, other)
+    np.testing.assert_array_equal(c, host)
+    if isinstance(c, np.ndarray):
+        assert np.shares_memory(c, host)  # a view, not a copy

@@ -36,7 +36,7 @@ def _checkpoint(
         plan, dyn = encode((rest, rest_kwargs), f"{api} arguments", "call")
 
         def traced(*inputs: Any) -> Any:
-            inner_rest, inner_kwargs = plan.decode(inputs)
+            inner_rest, inner_kwargs = plan.decode_inside(inputs)
             call_args, call_kwargs = StaticArgs.merge(layout, values, inner_rest, inner_kwargs)
             return pack_output(fun(*call_args, **call_kwargs), f"{api} outputs")
 
@@ -67,7 +67,7 @@ def dag_eval_shape(fun: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     plan, dyn = encode((args, kwargs), "eval_shape arguments", "call")
 
     def traced(*inputs: Any) -> Packed:
-        inner_args, inner_kwargs = plan.decode(inputs)
+        inner_args, inner_kwargs = plan.decode_inside(inputs)
         out_plan, out_dyn = encode(fun(*inner_args, **inner_kwargs), "eval_shape outputs")
         return Packed(tuple(out_dyn), out_plan)
 

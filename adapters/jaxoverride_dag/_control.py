@@ -62,7 +62,7 @@ def dag_scan(
     xs_plan, xs_dyn = encode(xs, "scan xs")
 
     def body(carry: tuple[Any, ...], x: tuple[Any, ...]) -> tuple[tuple[Any, ...], Packed]:
-        out = f(carry_plan.decode(carry), xs_plan.decode(x))
+        out = f(carry_plan.decode_inside(carry), xs_plan.decode_inside(x))
         if not isinstance(out, tuple) or len(out) != 2:
             raise TypeError(
                 "jaxoverride_dag.lax.scan: the body must return a pair (carry, y), got "
@@ -87,10 +87,10 @@ def dag_while_loop(
     plan, dyn = encode(init_val, "while_loop carry")
 
     def cond(carry: tuple[Any, ...]) -> Any:
-        return cond_fun(plan.decode(carry))
+        return cond_fun(plan.decode_inside(carry))
 
     def body(carry: tuple[Any, ...]) -> tuple[Any, ...]:
-        return _carry_out("lax.while_loop", plan, init_val, body_fun(plan.decode(carry)))
+        return _carry_out("lax.while_loop", plan, init_val, body_fun(plan.decode_inside(carry)))
 
     return plan.decode(unforward(lower(cond, body, tuple(dyn)), dyn))
 
@@ -108,7 +108,7 @@ def dag_fori_loop(
     plan, dyn = encode(init_val, "fori_loop carry")
 
     def body(i: Any, carry: tuple[Any, ...]) -> tuple[Any, ...]:
-        return _carry_out("lax.fori_loop", plan, init_val, body_fun(i, plan.decode(carry)))
+        return _carry_out("lax.fori_loop", plan, init_val, body_fun(i, plan.decode_inside(carry)))
 
     return plan.decode(unforward(below(lower, upper, body, tuple(dyn), unroll=unroll), dyn))
 
@@ -125,7 +125,7 @@ class _Branches:
 
     def wrap(self, branch: Callable[..., Any]) -> Callable[..., Packed]:
         def wrapped(*operands: Any) -> Packed:
-            out = branch(*self.plan.decode(operands))
+            out = branch(*self.plan.decode_inside(operands))
             out_plan, out_dyn = encode(out, f"{self.api} outputs")
             if self.first is None:
                 self.first = (out_plan, out)
@@ -187,7 +187,7 @@ def dag_map(f: Callable[[Any], Any], xs: Any, *, batch_size: int | None = None) 
     plan, dyn = encode(xs, "map xs")
 
     def body(x: tuple[Any, ...]) -> Packed:
-        out_plan, out_dyn = encode(f(plan.decode(x)), "map outputs")
+        out_plan, out_dyn = encode(f(plan.decode_inside(x)), "map outputs")
         return Packed(tuple(out_dyn), out_plan)
 
     return unforward_tree(lower(body, tuple(dyn), batch_size=batch_size), dyn).unpack()

@@ -85,8 +85,8 @@ class _Split:
         full = list(dyn)
         for k, i in enumerate(self.dpos):
             full[i] = dvals[k]
-        diff = self.diff_plan.decode(full)
-        rest, kwargs = self.kwargs_plan.decode(rest_dyn)
+        diff = self.diff_plan.decode_inside(full)
+        rest, kwargs = self.kwargs_plan.decode_inside(rest_dyn)
         rest_iter = iter(rest)
         position = dict(zip(self.argnums, diff, strict=True))
         args = [position[i] if i in position else next(rest_iter) for i in range(self.count)]

@@ -200,7 +200,7 @@ class JitState:
             dyn = inputs[offset:]
             if len(dyn) != n or not all_dynamic(dyn):
                 raise StructureChangedError
-            rest, rest_kwargs = plan.decode(dyn)
+            rest, rest_kwargs = plan.decode_inside(dyn)
             if layout is not None:
                 rest, rest_kwargs = StaticArgs.merge(layout, inputs[0], rest, rest_kwargs)
             return pack_output(fun(*rest, **rest_kwargs), "jit outputs")

@@ -11,10 +11,10 @@ from collections.abc import Sequence
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 from jax import tree_util as jtu
 from jax.core import Tracer
 
+from jaxoverride_dag._alias import fresh_alias
 from jaxoverride_dag._plan import Plan, encode
 
 
@@ -50,17 +50,16 @@ def pack(tree: Any, label: str) -> Packed:
 
 
 def unforward(outputs: Sequence[Any], inputs: Sequence[Any]) -> Sequence[Any]:
-    """``outputs``, with a copy in place of any concrete input array among them.
+    """``outputs``, with a fresh alias in place of any concrete input array among them.
 
     Run eagerly, JAX hands back an input that a loop, ``checkpoint`` or ``vmap`` returns
     unchanged, which would make an output the caller's own array. Tracers are left alone:
-    under an outer trace the inputs are not the caller's objects, and a copy would only
-    add an operation to the trace.
+    under an outer trace the inputs are not the caller's objects.
     """
     given = {id(x) for x in inputs if isinstance(x, jax.Array) and not isinstance(x, Tracer)}
     if not given or not any(id(leaf) in given for leaf in outputs):
         return outputs
-    return tuple(jnp.array(leaf, copy=True) if id(leaf) in given else leaf for leaf in outputs)
+    return tuple(fresh_alias(leaf) if id(leaf) in given else leaf for leaf in outputs)
 
 
 def unforward_tree(tree: Any, inputs: Sequence[Any]) -> Any:

@@ -21,6 +21,7 @@ from typing import Any
 from jax import tree_util as jtu
 
 from jaxoverride_dag import _errors
+from jaxoverride_dag._alias import fresh_leaves
 from jaxoverride_dag._kinds import ARRAY, KINDS, NODE, SCALAR, TRACKED, kind
 
 Skeleton = tuple[Any, tuple[int, ...]]  # (PyTreeDef, pool index per leaf)
@@ -122,6 +123,12 @@ class Plan:
         if decode is None:
             decode = self._decode = self._compile()
         return decode(dyn, self.statics if statics is None else statics)
+
+    def decode_inside(self, dyn: Sequence[Any], statics: Sequence[Any] | None = None) -> Any:
+        """``decode`` for the inside of a transformed function: any concrete array that
+        JAX passed through untraced becomes a fresh alias, so that nothing inside is the
+        caller's object (inside a trace every leaf is a tracer and this adds nothing)."""
+        return self.decode(fresh_leaves(dyn), statics)
 
     def _compile(self) -> Callable[[Sequence[Any], Sequence[Any]], Any]:
         treedef, slots = self.root

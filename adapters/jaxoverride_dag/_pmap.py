@@ -106,7 +106,7 @@ class _PmapState:
         fun = self.fun
 
         def traced(*inputs: Any) -> Packed:
-            rest, rest_kwargs = plan.decode(inputs[k:])
+            rest, rest_kwargs = plan.decode_inside(inputs[k:])
             call_args, call_kwargs = StaticArgs.merge(layout, inputs[:k], rest, rest_kwargs)
             out_plan, out_dyn = encode(fun(*call_args, **call_kwargs), "pmap outputs")
             return Packed(tuple(out_dyn), out_plan)

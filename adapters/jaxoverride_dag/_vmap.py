@@ -94,7 +94,7 @@ def dag_vmap(
         carrier = Packed((), None)
 
         def traced(*inputs: Any) -> Packed:
-            inner_args, inner_kwargs = plan.decode(inputs)
+            inner_args, inner_kwargs = plan.decode_inside(inputs)
             out_plan, out_dyn = encode(fun(*inner_args, **inner_kwargs), "vmap outputs")
             carrier.leaves = output_axes(out_plan, out_axes, "vmap")
             carrier.plan = out_plan
