@@ -40,7 +40,7 @@ def neutral_call(name: str, default: F) -> F:
     def call(*args: Any, **kwargs: Any) -> Any:
         if _stack.idle:
             return default(*args, **kwargs)
-        return dispatch(_stack.effective_snapshot(), name, args, kwargs)
+        return dispatch(effective_snapshot(), name, args, kwargs)
 
     call.__name__ = default.__name__
     call.__qualname__ = name

@@ -5,8 +5,10 @@ interned tuple of layers, bottom first. The contextvar ``_current`` holds an
 *activation* per entered context; the effective snapshot adds the installed adapters
 whose predicate holds underneath it.
 
-``idle`` is true while no activation is alive anywhere in the process and nothing is
-installed. Neutral functions read it to take JAX's own path with no further work, and
+``idle`` is true while no activation is alive anywhere in the process and no guarded
+adapter (one with a per-call ``when=`` predicate) is installed; a scoped installation
+counts only through the activations of its scopes. Neutral functions read it to take
+JAX's own path with no further work, and
 transform wrappers (see ``_neutral``) are switched to their plain JAX target while it
 holds. An activation counts as alive while any contextvars context can still see it,
 including one copied by ``asyncio.create_task``, because it is counted down only when
