@@ -173,8 +173,9 @@ def _init_rows(problem: Any, quick: bool) -> list[Row]:
                 ""
                 if jit
                 else (
-                    "information: eager init runs the solver op by op so that "
-                    "init returns apply's value; by hand it calls the layer once"
+                    "information: eager init compiles and runs the solver (the library's jo.jit) "
+                    "so that init returns apply's value; by hand, init calls the layer once "
+                    "and returns f(z0, x)"
                 )
             )
             rows += ratio_rows(SUITE, case, samples, "hk.* by hand", target, note)
