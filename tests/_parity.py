@@ -145,6 +145,19 @@ def assert_same(actual: Any, expected: Any, what: str = "output") -> None:
         np.testing.assert_array_equal(np.asarray(a), np.asarray(e), err_msg=f"{what} leaf {index}")
 
 
+def error_messages(thunks: Sequence[Callable[[], Any]]) -> list[tuple[type, str] | None]:
+    """For each thunk, the type and text of what it raised, or ``None`` if it returned."""
+    found: list[tuple[type, str] | None] = []
+    for thunk in thunks:
+        try:
+            thunk()
+        except Exception as error:
+            found.append((type(error), str(error)))
+        else:
+            found.append(None)
+    return found
+
+
 def jaxpr_text(fn: Callable[..., Any], *args: Any) -> str:
     return str(jax.make_jaxpr(fn)(*args))
 

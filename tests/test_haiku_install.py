@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import sys
-import threading
 from pathlib import Path
 
 import haiku as hk
@@ -16,6 +15,7 @@ import pytest
 
 import jaxoverride as jo
 import jaxoverride_haiku as joh
+from _threads import run_in_threads
 from jaxoverride import lax as jlax
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
@@ -122,11 +122,7 @@ def test_each_thread_sees_its_own_transforms(installed) -> None:
         params = model.init(jax.random.PRNGKey(index), X)
         results[index] = (sorted(params), jo.resolve("lax.scan") is jax.lax.scan)
 
-    threads = [threading.Thread(target=worker, args=(i,)) for i in range(4)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    run_in_threads(worker, 4)
     assert results == {i: (["linear"], True) for i in range(4)}
 
 

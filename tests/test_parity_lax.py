@@ -21,6 +21,7 @@ from _parity import (
     assert_same,
     check_jaxprs_in_mode,
     check_raw_jax_ignores_overrides,
+    error_messages,
     f32,
     fresh_jax_caches_per_module,  # noqa: F401 - an autouse fixture
     jaxpr_text,
@@ -418,22 +419,16 @@ def test_errors_are_jax_errors(mode):
         return (c, c), x  # carry changes structure
 
     def messages(api):
-        found = []
-        for thunk in (
-            lambda: api.lax.scan(bad_body, 0.0, jnp.arange(3.0)),
-            lambda: api.lax.scan(count_body, 0.0),  # neither xs nor length
-            lambda: api.lax.cond(jnp.zeros(2) > 0, one_a, one_b, 1.0),  # non-scalar predicate
-            lambda: api.lax.switch(0, [], 1.0),  # no branches
-            lambda: api.lax.while_loop(lambda x: x, lambda x: x + 1, 1.0),  # float predicate
-            lambda: api.lax.map(map_f, jnp.ones((4, 2)), batch_size=0),
-        ):
-            try:
-                thunk()
-            except Exception as error:
-                found.append((type(error), str(error)))
-            else:
-                found.append(None)
-        return found
+        return error_messages(
+            [
+                lambda: api.lax.scan(bad_body, 0.0, jnp.arange(3.0)),
+                lambda: api.lax.scan(count_body, 0.0),  # neither xs nor length
+                lambda: api.lax.cond(jnp.zeros(2) > 0, one_a, one_b, 1.0),  # non-scalar predicate
+                lambda: api.lax.switch(0, [], 1.0),  # no branches
+                lambda: api.lax.while_loop(lambda x: x, lambda x: x + 1, 1.0),  # float predicate
+                lambda: api.lax.map(map_f, jnp.ones((4, 2)), batch_size=0),
+            ]
+        )
 
     expected = messages(JAX)
     with active(mode):

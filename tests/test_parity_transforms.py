@@ -23,6 +23,7 @@ from _parity import (
     assert_same,
     check_jaxprs_in_mode,
     check_raw_jax_ignores_overrides,
+    error_messages,
     f32,
     fresh_jax_caches_per_module,  # noqa: F401 - an autouse fixture
     mesh8,
@@ -487,23 +488,17 @@ def test_transform_errors_are_jax_errors(mode):
     """Misuse of a neutral transform raises what JAX raises, with JAX's message."""
 
     def messages(api):
-        found = []
-        for thunk in (
-            lambda: api.grad(g)(jnp.ones(3)),  # non-scalar output
-            lambda: api.jit(power, static_argnums=1)(jnp.ones(2), jnp.ones(2)),  # unhashable
-            lambda: api.vmap(g2)(jnp.ones(3), jnp.ones(4)),  # inconsistent sizes
-            lambda: api.vmap(in_axes=0),  # missing function
-            lambda: api.jit(3),  # not callable
-            lambda: api.pmap(g)(jnp.ones((9, 2))),  # more than 8 devices
-            lambda: api.jvp(g, (jnp.ones(2),), (jnp.ones(3),)),
-        ):
-            try:
-                thunk()
-            except Exception as error:
-                found.append((type(error), str(error)))
-            else:
-                found.append(None)
-        return found
+        return error_messages(
+            [
+                lambda: api.grad(g)(jnp.ones(3)),  # non-scalar output
+                lambda: api.jit(power, static_argnums=1)(jnp.ones(2), jnp.ones(2)),  # unhashable
+                lambda: api.vmap(g2)(jnp.ones(3), jnp.ones(4)),  # inconsistent sizes
+                lambda: api.vmap(in_axes=0),  # missing function
+                lambda: api.jit(3),  # not callable
+                lambda: api.pmap(g)(jnp.ones((9, 2))),  # more than 8 devices
+                lambda: api.jvp(g, (jnp.ones(2),), (jnp.ones(3),)),
+            ]
+        )
 
     expected = messages(JAX)
     with active(mode):

@@ -29,6 +29,7 @@ from _parity import (
     assert_same,
     fresh_jax_caches_per_module,  # noqa: F401 - an autouse fixture
 )
+from _threads import run_in_threads
 from jaxoverride import lax as jlax
 
 # --- the parameter store -----------------------------------------------------------------
@@ -468,27 +469,18 @@ def test_init_context_nests_and_unwinds():
 def test_init_context_is_private_to_each_thread():
     barrier = threading.Barrier(8)
     results: dict[int, list[bool]] = {}
-    errors: list[BaseException] = []
 
     def worker(index: int) -> None:
-        try:
-            mine = index % 2 == 0
-            log = []
-            with plain.init_context(mine):
-                for _ in range(5):
-                    barrier.wait()  # every thread inside its own context at once
-                    log.append(plain.is_initializing())
-            log.append(plain.is_initializing())
-            results[index] = log
-        except BaseException as error:  # pragma: no cover - reported below
-            errors.append(error)
+        mine = index % 2 == 0
+        log = []
+        with plain.init_context(mine):
+            for _ in range(5):
+                barrier.wait()  # every thread inside its own context at once
+                log.append(plain.is_initializing())
+        log.append(plain.is_initializing())
+        results[index] = log
 
-    threads = [threading.Thread(target=worker, args=(i,)) for i in range(8)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    assert not errors
+    run_in_threads(worker, 8)
     for index, log in results.items():
         assert log == [index % 2 == 0] * 5 + [False]
     assert not plain.is_initializing()
@@ -519,24 +511,15 @@ def test_threads_initialising_different_stores_at_once():
     params, reference, _ = init(lambda *a: scan_model(SAFE, *a), H, XS)
     barrier = threading.Barrier(4)
     outputs: dict[int, Any] = {}
-    errors: list[BaseException] = []
 
     def worker(index: int) -> None:
-        try:
-            barrier.wait()
-            if index % 2:
-                outputs[index] = init(lambda *a: scan_model(SAFE, *a), H, XS)[:2]
-            else:
-                outputs[index] = (params, apply(lambda *a: scan_model(SAFE, *a), params, H, XS))
-        except BaseException as error:  # pragma: no cover
-            errors.append(error)
+        barrier.wait()
+        if index % 2:
+            outputs[index] = init(lambda *a: scan_model(SAFE, *a), H, XS)[:2]
+        else:
+            outputs[index] = (params, apply(lambda *a: scan_model(SAFE, *a), params, H, XS))
 
-    threads = [threading.Thread(target=worker, args=(i,)) for i in range(4)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    assert not errors
+    run_in_threads(worker, 4)
     for got_params, out in outputs.values():
         assert_same(got_params, params)
         assert_same(out, reference)

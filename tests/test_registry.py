@@ -12,6 +12,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 import jaxoverride as jo
+from _threads import run_in_threads
 from jaxoverride import _stack, lax as jlax
 
 
@@ -156,64 +157,46 @@ def test_exiting_out_of_order_is_refused_and_changes_nothing():
 
 def test_threads_do_not_share_contexts():
     results: dict[int, list[str]] = {}
-    errors: list[BaseException] = []
     barrier = threading.Barrier(8)
 
     def worker(index: int) -> None:
-        try:
-            log: list[str] = []
-            barrier.wait()
-            for depth in range(20):
-                ctx = jo.override_context({"lax.scan": tagging_scan(f"{index}.{depth}", log)})
-                with ctx:
-                    count_up(1)
-                    # Peek at the top of this thread's stack while others churn theirs.
-                    assert (
-                        jo.current_stack().layers[0].overrides["lax.scan"].__qualname__
-                        == f"scan[{index}.{depth}]"
-                    )
-            count_up(1)  # nothing active here any more
-            results[index] = log
-        except BaseException as error:  # pragma: no cover - reported below
-            errors.append(error)
+        log: list[str] = []
+        barrier.wait()
+        for depth in range(20):
+            ctx = jo.override_context({"lax.scan": tagging_scan(f"{index}.{depth}", log)})
+            with ctx:
+                count_up(1)
+                # Peek at the top of this thread's stack while others churn theirs.
+                assert (
+                    jo.current_stack().layers[0].overrides["lax.scan"].__qualname__
+                    == f"scan[{index}.{depth}]"
+                )
+        count_up(1)  # nothing active here any more
+        results[index] = log
 
-    threads = [threading.Thread(target=worker, args=(i,)) for i in range(8)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    assert not errors, errors
+    run_in_threads(worker, 8)
     for index, log in results.items():
         assert log == [f"{index}.{depth}" for depth in range(20)]
 
 
 def test_threads_nested_contexts_no_cross_talk():
     """8 threads, each nesting several contexts; every resolution sees only its own."""
-    errors: list[BaseException] = []
 
     def worker(index: int) -> None:
-        try:
-            for _ in range(10):
-                log: list[str] = []
-                contexts = [
-                    jo.override_context({"lax.scan": tagging_scan(f"{index}:{level}", log)})
-                    for level in range(4)
-                ]
-                for ctx in contexts:
-                    ctx.__enter__()
-                count_up(1)
-                for ctx in reversed(contexts):
-                    ctx.__exit__(None, None, None)
-                assert log == [f"{index}:{level}" for level in (3, 2, 1, 0)], log
-        except BaseException as error:  # pragma: no cover
-            errors.append(error)
+        for _ in range(10):
+            log: list[str] = []
+            contexts = [
+                jo.override_context({"lax.scan": tagging_scan(f"{index}:{level}", log)})
+                for level in range(4)
+            ]
+            for ctx in contexts:
+                ctx.__enter__()
+            count_up(1)
+            for ctx in reversed(contexts):
+                ctx.__exit__(None, None, None)
+            assert log == [f"{index}:{level}" for level in (3, 2, 1, 0)], log
 
-    threads = [threading.Thread(target=worker, args=(i,)) for i in range(8)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    assert not errors, errors
+    run_in_threads(worker, 8)
 
 
 def test_asyncio_tasks_are_isolated():
