@@ -1,7 +1,9 @@
 """``make bench``: run every suite in its own process and write the report.
 
-Writes ``benchmarks/results/results.json`` (every row) and ``benchmarks/results/report.md``
-(one table per suite: times, ratios, targets and whether each is met).
+Writes ``benchmarks/results/results.json`` (every row), ``docs/benchmark-report.md`` (the
+summary, the chart and one table per suite: times, ratios, targets and whether each is
+met) and ``docs/assets/benchmark-report.png`` (every ratio as a bar, with its target).
+``python -m benchmarks.run --report-only`` redraws the report from the saved rows.
 """
 
 from __future__ import annotations
@@ -15,9 +17,13 @@ import tempfile
 from datetime import datetime, timezone
 from pathlib import Path
 
-SUITES = ["bench_core", "bench_haiku", "bench_nnx", "bench_dag"]
+from benchmarks._report import bar_chart, markdown
+
+SUITES = ["bench_core", "bench_haiku", "bench_nnx", "bench_dag", "bench_debug"]
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
+DOCS = HERE.parent / "docs"
+CHART = "assets/benchmark-report.png"
 
 
 def _run_suite(suite: str, quick: bool) -> list[dict]:
@@ -34,45 +40,30 @@ def _run_suite(suite: str, quick: bool) -> list[dict]:
         return json.loads(out.read_text())
 
 
-def _markdown(rows: list[dict], header: str) -> str:
-    lines = [header, ""]
-    for suite in dict.fromkeys(row["suite"] for row in rows):
-        lines += [
-            f"## {suite}",
-            "",
-            "| case | ours | baseline | ours (µs) | baseline (µs) | ratio | target | met |",
-            "|---|---|---|---:|---:|---:|---|---|",
-        ]
-        for row in (r for r in rows if r["suite"] == suite):
-            met = {True: "yes", False: "**no**", None: ""}[row["met"]]
-            lines.append(
-                f"| {row['case']} | {row['ours']} | {row['baseline']} | {row['ours_us']:.2f} | "
-                f"{row['baseline_us']:.2f} | {row['ratio']:.3f} | {row['target']} | {met} |"
-            )
-            if row["note"]:
-                lines[-1] += f" {row['note']}"
-        lines.append("")
-    return "\n".join(lines)
-
-
 def main() -> None:
     quick = "--quick" in sys.argv
-    rows: list[dict] = []
-    for suite in SUITES:
-        rows += _run_suite(suite, quick)
     RESULTS.mkdir(exist_ok=True)
+    if "--report-only" in sys.argv:
+        rows = json.loads((RESULTS / "results.json").read_text())
+    else:
+        rows = []
+        for suite in SUITES:
+            rows += _run_suite(suite, quick)
+        (RESULTS / "results.json").write_text(json.dumps(rows, indent=1))
     import jax
 
     stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    machine = f"{platform.machine()}, {os.cpu_count()} cores; CPU backend"
     header = (
-        f"# jaxoverride benchmark report\n\n{stamp}; jax {jax.__version__}; "
-        f"Python {platform.python_version()}; {platform.machine()}, {os.cpu_count()} cores; "
-        "CPU backend. Ratios are medians of per-round ratios over interleaved rounds "
+        f"# Benchmark report\n\n{stamp}; jax {jax.__version__}; "
+        f"Python {platform.python_version()}; {machine}. Written by `make bench` "
+        "(`benchmarks/run.py`); what each suite measures is in [Benchmarks](benchmarks.md). "
+        "Ratios are medians of per-round ratios over interleaved rounds "
         "(lower is faster for ours)."
     )
-    (RESULTS / "results.json").write_text(json.dumps(rows, indent=1))
-    (RESULTS / "report.md").write_text(_markdown(rows, header))
-    print(f"wrote {RESULTS / 'report.md'}")
+    (DOCS / "benchmark-report.md").write_text(markdown(rows, header, CHART))
+    bar_chart(rows, DOCS / CHART, f"jaxoverride against raw JAX and its peers ({machine})")
+    print(f"wrote {DOCS / 'benchmark-report.md'} and {DOCS / CHART}")
 
 
 if __name__ == "__main__":

@@ -83,9 +83,11 @@ def test_bad_in_axes_are_reported_like_jax():
             jo.vmap(lambda p: p, in_axes=({"x": 0},))({"y": jnp.ones(2)})
 
 
-def test_tree_of_shardings_is_refused_with_the_reason():
-    with dag.context(), pytest.raises(NotImplementedError, match="in_shardings"):
-        jo.jit(lambda a, b: a, in_shardings=(None, None))(jnp.ones(2), jnp.ones(2))
+def test_tree_of_shardings_with_the_wrong_arity_is_refused_with_the_fix():
+    with dag.context(), pytest.raises(ValueError, match="give 2 entries"):
+        jo.jit(lambda a, b: a, in_shardings=(None,))(jnp.ones(2), jnp.ones(2))
+    with dag.context(), pytest.raises(ValueError, match="pass them positionally"):
+        jo.jit(lambda a, b: a, in_shardings=(None,))(jnp.ones(2), b=jnp.ones(2))
 
 
 def test_errors_in_user_code_propagate_once_and_leave_no_state_behind():

@@ -16,11 +16,19 @@ import pytest
 
 import jaxoverride as jo
 import jaxoverride_dag
+import jaxoverride_debug
 import jaxoverride_haiku
 import jaxoverride_nnx
 import jaxoverride_plain
 
-PACKAGES = [jo, jaxoverride_plain, jaxoverride_haiku, jaxoverride_nnx, jaxoverride_dag]
+PACKAGES = [
+    jo,
+    jaxoverride_plain,
+    jaxoverride_haiku,
+    jaxoverride_nnx,
+    jaxoverride_dag,
+    jaxoverride_debug,
+]
 
 
 def modules() -> list[types.ModuleType]:

@@ -1,7 +1,7 @@
 """Identity-preserving transforms: shared sub-objects and arrays stay shared.
 
 ``jaxoverride_dag.context()`` makes every neutral transform (``jaxoverride.jit``,
-``vmap``, ``pmap``, ``grad`` and the rest) and the neutral control flow
+``vmap``, ``pmap``, ``shard_map``, ``grad`` and the rest) and the neutral control flow
 (``jaxoverride.lax.scan`` and the rest) keep the relative identity of pytrees: shared
 nodes and arrays stay shared, tied parameters get one summed gradient, shared arrays
 are transferred once, and non-array leaves ride along as static data. It needs nothing

@@ -21,12 +21,14 @@ from jaxoverride_dag._grad import (
 )
 from jaxoverride_dag._jit import dag_jit
 from jaxoverride_dag._pmap import dag_pmap
+from jaxoverride_dag._shard_map import dag_shard_map
 from jaxoverride_dag._vmap import dag_vmap
 
 OVERRIDES = {
     "jit": dag_jit,
     "vmap": dag_vmap,
     "pmap": dag_pmap,
+    "shard_map": dag_shard_map,
     "grad": dag_grad,
     "value_and_grad": dag_value_and_grad,
     "jacfwd": dag_jacfwd,
@@ -49,8 +51,9 @@ _CONTEXT = jo.override_context(OVERRIDES, name="jaxoverride_dag")
 def context() -> jo.OverrideContext:
     """Makes every neutral transform and control-flow call preserve relative identity.
 
-    Inside it, ``jaxoverride.jit``, ``vmap``, ``pmap``, ``grad``, ``value_and_grad``,
-    ``jacfwd``, ``jacrev``, ``hessian``, ``checkpoint``/``remat``, ``eval_shape`` and
+    Inside it, ``jaxoverride.jit``, ``vmap``, ``pmap``, ``shard_map``, ``grad``,
+    ``value_and_grad``, ``jacfwd``, ``jacrev``, ``hessian``, ``checkpoint``/``remat``,
+    ``eval_shape`` and
     ``jaxoverride.lax.scan``, ``while_loop``, ``fori_loop``, ``cond``, ``switch`` and
     ``map`` pass pytrees through with their sharing intact: positions that held one
     object hold one (fresh) object inside and in the outputs, a shared array is passed

@@ -22,6 +22,7 @@ from jaxoverride_dag._axes import spread
 from jaxoverride_dag._kinds import ARRAY, DYNAMIC_TYPES, KINDS, SCALAR, kind
 from jaxoverride_dag._out import Packed
 from jaxoverride_dag._plan import Plan, encode
+from jaxoverride_dag._shardings import positional_prefix, spread_shardings
 from jaxoverride_dag._static_args import Layout, StaticArgs, infer_argnums_and_argnames
 from jaxoverride_dag._transfer import transfer_shared
 
@@ -100,7 +101,18 @@ class _Entry:
 class JitState:
     """Everything a jitted function keeps: options, one entry per plan, the last entry."""
 
-    __slots__ = ("_entries", "_hot", "donate", "fun", "jit_kwargs", "last", "lower_jit", "static")
+    __slots__ = (
+        "_entries",
+        "_hot",
+        "donate",
+        "fun",
+        "in_tree",
+        "jit_kwargs",
+        "last",
+        "lower_jit",
+        "out_tree",
+        "static",
+    )
 
     def __init__(
         self, fun: Callable[..., Any], jit_kwargs: dict[str, Any], lower_jit: Callable[..., Any]
@@ -108,14 +120,13 @@ class JitState:
         if not callable(fun):
             raise TypeError(f"jaxoverride.jit: expected a callable value, got {fun!r}.")
         kwargs = dict(jit_kwargs)
-        for option in ("in_shardings", "out_shardings"):
-            if option in kwargs and not _leaf_shorthand(kwargs[option]):
-                raise NotImplementedError(
-                    f"jaxoverride_dag.jit: a tree of {option} is not supported, because a "
-                    "shared leaf is passed once and the tree would have to be laid over the "
-                    f"expanded arguments. Pass a single sharding for {option}, or call the "
-                    "function outside jaxoverride_dag.context()."
-                )
+        # A tree of shardings describes the caller's tree: it is laid over each plan's
+        # traced leaves when the plan's entry is made. A single one applies as it is.
+        self.in_tree = self.out_tree = None
+        if "in_shardings" in kwargs and not _leaf_shorthand(kwargs["in_shardings"]):
+            self.in_tree = kwargs.pop("in_shardings")
+        if "out_shardings" in kwargs and not _leaf_shorthand(kwargs["out_shardings"]):
+            self.out_tree = kwargs.pop("out_shardings")
         static = infer_argnums_and_argnames(
             fun, kwargs.pop("static_argnums", None), kwargs.pop("static_argnames", None)
         )
@@ -143,7 +154,8 @@ class JitState:
         key = plan if layout is None else (layout, plan)
         entry = self._entries.get(key)
         if entry is None:
-            entry = self._make_entry(plan, layout, args, kwargs)
+            prefix = () if layout is None else (static_values,)
+            entry = self._make_entry(plan, layout, args, kwargs, (*prefix, *dyn))
             if len(self._entries) >= _ENTRY_LIMIT:
                 self._entries.clear()
             self._entries[key] = entry
@@ -191,7 +203,12 @@ class JitState:
         return hot, prefix, dyn
 
     def _make_entry(
-        self, plan: Plan, layout: Layout | None, args: tuple[Any, ...], kwargs: dict[str, Any]
+        self,
+        plan: Plan,
+        layout: Layout | None,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        inputs: tuple[Any, ...],
     ) -> _Entry:
         fun, n = self.fun, plan.n_dyn
         offset = 0 if layout is None else 1
@@ -213,7 +230,37 @@ class JitState:
             options["donate_argnums"] = tuple(offset + i for i in donated)
         traced.__name__ = getattr(fun, "__name__", "traced")
         traced.__qualname__ = getattr(fun, "__qualname__", traced.__name__)
+        if self.in_tree is not None:
+            options["in_shardings"] = self._in_shardings(plan, args, kwargs)
+        if self.out_tree is not None:
+            options["out_shardings"] = self._out_shardings(traced, options, inputs)
         return _Entry(self.lower_jit(traced, **options), plan, layout)
+
+    def _in_shardings(
+        self, plan: Plan, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> tuple[Any, ...]:
+        if kwargs:
+            raise ValueError(
+                "jaxoverride_dag.jit: keyword arguments cannot be passed when in_shardings "
+                "is a tree (jax.jit does not support kwargs when in_shardings is specified). "
+                "Fix: pass them positionally."
+            )
+        prefix = positional_prefix(self.in_tree, len(args), "jit", "in_shardings")
+        return spread_shardings(plan, (prefix, {}), api="jit", what="in_shardings")
+
+    def _out_shardings(
+        self, traced: Callable[..., Any], options: dict[str, Any], inputs: tuple[Any, ...]
+    ) -> Any:
+        # ``jax.jit`` matches out_shardings against the output tree after tracing, but
+        # with the plan in the tree's structure the tree of shardings must already hold
+        # it: one abstract trace finds the output plan.
+        out = self.lower_jit(traced, **options).eval_shape(*inputs)
+        if type(out) is not Packed:
+            return self.out_tree
+        assert out.plan is not None
+        return Packed(
+            spread_shardings(out.plan, self.out_tree, api="jit", what="out_shardings"), out.plan
+        )
 
     def _donated(
         self, plan: Plan, layout: Layout | None, args: tuple[Any, ...], kwargs: dict[str, Any]

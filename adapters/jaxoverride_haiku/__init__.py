@@ -6,6 +6,9 @@ functions it receives: params, state and rng are threaded through JAX, init crea
 parameter apply uses and returns what apply returns, and modules built inside callbacks
 are named as Haiku names them. ``context()`` activates it in a ``with`` block;
 ``install()`` activates it process-wide, inside transforms only.
+
+``pmap``, ``shard_map`` and ``jit`` with shardings work on many devices: Haiku state enters
+replicated and must leave replicated (reduce it with ``lax.pmean`` before writing it).
 """
 
 try:

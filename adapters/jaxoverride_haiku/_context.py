@@ -8,11 +8,13 @@ from typing import Any
 from haiku._src import base
 
 import jaxoverride as jo
-from jaxoverride_haiku import _control, _jit, _transforms
+from jaxoverride_haiku import _control, _jit, _mapped, _transforms
 
 _OVERRIDES = {
     "jit": _jit.jit,
     "vmap": _transforms.vmap,
+    "pmap": _mapped.pmap,
+    "shard_map": _mapped.shard_map,
     "grad": _transforms.grad,
     "value_and_grad": _transforms.value_and_grad,
     "jacfwd": _transforms.jacfwd,

@@ -89,6 +89,15 @@ def _pure_signature(fun: Callable[..., Any]) -> inspect.Signature | None:
     return signature.replace(parameters=[*prefix, *signature.parameters.values()])
 
 
+def _positional_count(fun: Callable[..., Any]) -> int:
+    try:
+        parameters = inspect.signature(fun).parameters.values()
+    except (TypeError, ValueError):
+        return 1
+    kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    return sum(1 for p in parameters if p.kind in kinds)
+
+
 class StatefulJit:
     """What ``jaxoverride.jit(fun)`` runs inside ``hk.transform`` with the adapter active."""
 
@@ -113,13 +122,40 @@ class StatefulJit:
         inner_options["donate_argnums"] = _shift(donate_argnums, _PREFIX)
         inner_options["donate_argnames"] = donate_argnames
         in_shardings = options.get("in_shardings")
+        # The Haiku state gets None (JAX chooses: it follows the committed inputs).
+        self._single_in_sharding: Any = None
         if isinstance(in_shardings, (tuple, list)):
             # Shardings are given per dynamic positional argument: the state comes first.
             inner_options["in_shardings"] = (None, *in_shardings)
+        elif in_shardings is not None and "in_shardings" in options:
+            # One sharding for every argument: it must not reach the state, so it is spread
+            # over the positional arguments when their number is known (one jit per count).
+            self._single_in_sharding = in_shardings
+            del inner_options["in_shardings"]
         if "out_shardings" in options:
             inner_options["out_shardings"] = (options["out_shardings"], None)
+        self._static_argnums = frozenset(static_argnums)
+        self._lower = lower
+        self._inner_options = inner_options
+        self._per_count: dict[int, Callable[..., Any]] = {}
         self._inner = lower(self._pure_function(), **inner_options)
+        if self._single_in_sharding is not None:
+            # Built now for the usual count, while the implementation below is resolvable.
+            self._inner_for(_positional_count(fun))
         functools.update_wrapper(self, fun, updated=())
+
+    def _inner_for(self, count: int) -> Callable[..., Any]:
+        """The jitted pure function for ``count`` positional arguments (single in_sharding)."""
+        inner = self._per_count.get(count)
+        if inner is None:
+            dynamic = sum(1 for i in range(count) if i not in self._static_argnums)
+            shardings = (None, *([self._single_in_sharding] * dynamic))
+            options = {**self._inner_options, "in_shardings": shardings}
+            with self._lock:
+                inner = self._per_count.setdefault(
+                    count, self._lower(self._pure_function(), **options)
+                )
+        return inner
 
     def _pure_function(self) -> Callable[..., Any]:
         fun = self._fun
@@ -164,7 +200,8 @@ class StatefulJit:
             return self._plain(*args, **kwargs)
         frame = current_frame()
         key = self._key(frame)
-        out, changed = self._inner(key, stateful.internal_state(), *args, **kwargs)
+        inner = self._inner if self._single_in_sharding is None else self._inner_for(len(args))
+        out, changed = inner(key, stateful.internal_state(), *args, **kwargs)
         stateful.update_internal_state(changed)
         key.replay(frame)
         return out

@@ -5,12 +5,14 @@ from __future__ import annotations
 from typing import Any
 
 import jaxoverride as jo
-from jaxoverride_nnx import _control, _jit, _transforms
+from jaxoverride_nnx import _control, _jit, _mapped, _transforms
 
 _CONTEXT = jo.override_context(
     {
         "jit": _jit.jit,
         "vmap": _transforms.vmap,
+        "pmap": _mapped.pmap,
+        "shard_map": _mapped.shard_map,
         "grad": _transforms.grad,
         "value_and_grad": _transforms.value_and_grad,
         "jacfwd": _transforms.jacfwd,

@@ -34,7 +34,7 @@ from jaxoverride_nnx._lift import (
     with_arguments,
     write_back,
 )
-from jaxoverride_nnx._scope import ACTIVE, Tracked, TrackKey
+from jaxoverride_nnx._scope import ACTIVE, Tracked
 
 _WHERE = "jaxoverride.jit"
 _GET = RAW.__get__
@@ -121,13 +121,21 @@ class TrackedJit:
         if donate[0] or donate[1]:
             options["donate_argnums"] = _shift(donate[0])
             options["donate_argnames"] = donate[1]
+        # The Variables' values come first and keep their own placement (``None``); the
+        # user's shardings apply to the user's arguments and outputs only. A single
+        # sharding stands for one per positional argument, so it needs the arity: such a
+        # jit keeps one trace per (tracked set, argument count).
         in_shardings = options.get("in_shardings")
+        self._per_arity: Any = None
         if isinstance(in_shardings, (tuple, list)):
             options["in_shardings"] = (None, *in_shardings)
-        if "out_shardings" in options:
+        elif in_shardings is not None:
+            self._per_arity = in_shardings
+        self._sharded_out = "out_shardings" in options
+        if self._sharded_out:
             options["out_shardings"] = (options["out_shardings"], None, None)
         self._options = options
-        self._cache: dict[TrackKey, Any] = {}
+        self._cache: dict[Any, Any] = {}
         self._deaths = _scope.deaths()
         self._clean: set[Any] = set()
         functools.update_wrapper(self, fun, updated=())  # type: ignore[arg-type]
@@ -148,6 +156,7 @@ class TrackedJit:
             self._call_with_nodes,
         )
         last: list[Any] = [None, None]  # the last key and its jitted function
+        per_arity = self._per_arity
 
         def call(*args: Any, **kwargs: Any) -> Any:
             # A cache hit with plain array arguments: keep it free of calls.
@@ -165,7 +174,7 @@ class TrackedJit:
                         break
             if tracked is None:
                 return call_plain(plain, args, kwargs, _WHERE)
-            key = tracked.key
+            key = tracked.key if per_arity is None else (tracked.key, len(args))
             if key is last[0]:
                 jitted = last[1]
             else:
@@ -197,7 +206,8 @@ class TrackedJit:
         self, tracked: Tracked | None, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> Any:
         view, args, kwargs = self._lift_arguments(tracked, args, kwargs)
-        jitted = self._cache.get(view.key) or self._compile(view.key)
+        key = self._key(view, args)
+        jitted = self._cache.get(key) or self._compile(key)
         token = ACTIVE.set(view)
         try:
             result = jitted(view.read(), *args, **kwargs)
@@ -252,17 +262,26 @@ class TrackedJit:
         return True
 
     # -- building ---------------------------------------------------------------------
-    def _compile(self, key: TrackKey) -> Any:
+    def _key(self, tracked: Tracked, args: tuple[Any, ...]) -> Any:
+        return tracked.key if self._per_arity is None else (tracked.key, len(args))
+
+    def _compile(self, key: Any) -> Any:
         if self._deaths != _scope.deaths():
             self._deaths = _scope.deaths()
-            for stale in [k for k in self._cache if not k.alive()]:
+            for stale in [k for k in self._cache if not _alive(k)]:
                 del self._cache[stale]
-        jitted = self._below(self._lifted(), **self._options)
+        options = self._options
+        if self._per_arity is not None:
+            count = key[1]
+            dynamic = count - len(self._static_positions(count))
+            options = {**options, "in_shardings": (None, *[self._per_arity] * dynamic)}
+        jitted = self._below(self._lifted(), **options)
         self._cache[key] = jitted
         return jitted
 
     def _lifted(self) -> Callable[..., Any]:
         fun = self._fun
+        sharded_out = self._sharded_out
 
         def lifted(values: list[Any], *args: Any, **kwargs: Any) -> Any:
             tracked = ACTIVE.get()
@@ -271,8 +290,9 @@ class TrackedJit:
             out, after = run_lifted(tracked, values, fun, args, kwargs, _WHERE)
             out, has_refs = to_refs(out, tracked)
             # The arity says whether the output holds NodeRefs: a static fact of the trace
-            # that costs nothing to read on a cache hit.
-            if has_refs:
+            # that costs nothing to read on a cache hit. With ``out_shardings`` the arity
+            # is fixed (the shardings are a prefix of the output), and ``from_refs`` runs.
+            if has_refs or sharded_out:
                 return out, changed(values, after), None
             return out, changed(values, after)
 
@@ -290,9 +310,11 @@ class TrackedJit:
         if self._clean_arguments(args, kwargs):
             if tracked is None:
                 return None, None, args, kwargs
-            return self._cache.get(tracked.key) or self._compile(tracked.key), tracked, args, kwargs
+            key = self._key(tracked, args)
+            return self._cache.get(key) or self._compile(key), tracked, args, kwargs
         view, args, kwargs = self._lift_arguments(tracked, args, kwargs)
-        return self._cache.get(view.key) or self._compile(view.key), view, args, kwargs
+        key = self._key(view, args)
+        return self._cache.get(key) or self._compile(key), view, args, kwargs
 
     def eval_shape(self, *args: Any, **kwargs: Any) -> Any:
         """Output shapes, as ``jax.jit(fun).eval_shape``; tracked modules are not changed."""
@@ -326,6 +348,10 @@ class TrackedJit:
 
     def __repr__(self) -> str:
         return f"<jaxoverride_nnx jit of {self._fun!r}>"
+
+
+def _alive(key: Any) -> bool:
+    return (key[0] if type(key) is tuple else key).alive()
 
 
 def jit(fun: Callable[..., Any], *args: Any, **kwargs: Any) -> Callable[..., Any]:

@@ -89,7 +89,9 @@ def batched_state_error(error: ValueError, tracked: Tracked, where: str) -> Base
     )
 
 
-def _check_broadcast(in_axes: Any, args: Any, path: str = "in_axes") -> None:
+def _check_broadcast(
+    in_axes: Any, args: Any, path: str = "in_axes", api: str = "jaxoverride.vmap"
+) -> None:
     """Modules are broadcast: ``in_axes`` must be ``None`` wherever a module is passed."""
     if in_axes is None or not refs_of(args):
         return
@@ -99,18 +101,18 @@ def _check_broadcast(in_axes: Any, args: Any, path: str = "in_axes") -> None:
         and len(in_axes) == len(args)
     ):
         for i, (axes, arg) in enumerate(zip(in_axes, args, strict=True)):
-            _check_broadcast(axes, arg, f"{path}[{i}]")
+            _check_broadcast(axes, arg, f"{path}[{i}]", api)
         return
     if isinstance(in_axes, dict) and isinstance(args, dict):
         for key, arg in args.items():
-            _check_broadcast(in_axes.get(key), arg, f"{path}[{key!r}]")
+            _check_broadcast(in_axes.get(key), arg, f"{path}[{key!r}]", api)
         return
     raise ValueError(
-        f"jaxoverride_nnx: jaxoverride.vmap got {path}={in_axes!r} for an argument holding an "
+        f"jaxoverride_nnx: {api} got {path}={in_axes!r} for an argument holding an "
         "NNX module or Variable. Modules are broadcast to every example (their state is "
         "shared, as if closed over): give that argument in_axes=None, e.g. "
-        "vmap(f, in_axes=(None, 0))(model, xs). Mapping over a module's state (an "
-        "ensemble) is nnx.vmap's job."
+        f"{api.split('.')[-1]}(f, in_axes=(None, 0))(model, xs). Mapping over a module's "
+        "state (an ensemble) is nnx.vmap's job."
     )
 
 

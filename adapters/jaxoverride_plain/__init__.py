@@ -18,6 +18,11 @@ from jaxoverride_plain._combinators import (
     init_safe_while_loop as init_safe_while_loop,
 )
 from jaxoverride_plain._context import context as context
+from jaxoverride_plain._mapped import (
+    create_binding_axes as create_binding_axes,
+    mesh_axis_sizes as mesh_axis_sizes,
+    shard_block_arguments as shard_block_arguments,
+)
 from jaxoverride_plain._phase import (
     applying as applying,
     init_context as init_context,
@@ -33,6 +38,7 @@ from jaxoverride_plain._transforms import (
 __all__ = [
     "applying",
     "context",
+    "create_binding_axes",
     "create_by_calling",
     "init_context",
     "init_safe_call",
@@ -45,6 +51,8 @@ __all__ = [
     "init_safe_while_loop",
     "is_applying",
     "is_initializing",
+    "mesh_axis_sizes",
+    "shard_block_arguments",
     "unbatched_arguments",
     "zeros_for",
 ]

@@ -10,7 +10,8 @@ import jax
 
 import jaxoverride as jo
 from jaxoverride_plain import _combinators as c
-from jaxoverride_plain._combinators import init_safe_call
+from jaxoverride_plain._combinators import create_by_calling, init_safe_call
+from jaxoverride_plain._mapped import INFER, create_binding_axes, shard_block_arguments
 from jaxoverride_plain._transforms import init_safe_transform, unbatched_arguments, zeros_for
 
 
@@ -69,11 +70,19 @@ def _same_arguments(name: str) -> Callable[..., Any]:
 
 
 def _mapped(name: str) -> Callable[..., Any]:
-    """A ``vmap``/``pmap`` override whose creation pass calls ``fun`` on one slice."""
+    """A ``vmap``/``pmap`` override whose creation pass calls ``fun`` on one slice.
+
+    Collectives over the mapped ``axis_name`` work in the creation pass (bound to size 1).
+    """
     signature = inspect.signature(getattr(jax, name))
 
     def transform(fun: Any, *args: Any, **kwargs: Any) -> Any:
-        in_axes = signature.bind(fun, *args, **kwargs).arguments.get("in_axes", 0)
+        arguments = signature.bind(fun, *args, **kwargs).arguments
+        in_axes = arguments.get("in_axes", 0)
+        axis_name = arguments.get("axis_name")
+        create = create_by_calling
+        if axis_name is not None:
+            create = create_binding_axes(create_by_calling, [axis_name])
 
         def creation(*call_args: Any, **call_kwargs: Any) -> Any:
             # As in JAX, keyword arguments are always mapped over their leading axis.
@@ -83,10 +92,36 @@ def _mapped(name: str) -> Callable[..., Any]:
                 **dict(zip(call_kwargs, keywords, strict=True)),
             )
 
-        return init_safe_transform(jo.next_impl(name)(fun, *args, **kwargs), creation)
+        return init_safe_transform(
+            jo.next_impl(name)(fun, *args, **kwargs), creation, create=create
+        )
 
     transform.__qualname__ = f"init_safe_{name}"
     return transform
+
+
+_SHARD_MAP = inspect.signature(jax.shard_map)
+
+
+def _shard_map(fun: Any, *args: Any, **kwargs: Any) -> Any:
+    """``shard_map`` whose creation pass calls ``fun`` on the first device's block."""
+    arguments = _SHARD_MAP.bind(fun, *args, **kwargs).arguments
+    in_specs = arguments.get("in_specs", INFER)
+    mesh = arguments.get("mesh")
+    axis_names = arguments.get("axis_names") or ()
+    transformed = jo.next_impl("shard_map")(fun, *args, **kwargs)
+
+    def creation(*call_args: Any, **call_kwargs: Any) -> Any:
+        return fun(*shard_block_arguments(call_args, in_specs, mesh), **call_kwargs)
+
+    def create(thunk: Any) -> Any:
+        # The mesh is looked up at call time: shard_map(mesh=None) uses the one in context.
+        names = tuple(axis_names) or tuple(
+            (mesh if mesh is not None else jax.sharding.get_abstract_mesh()).axis_names
+        )
+        return create_binding_axes(create_by_calling, names)(thunk)
+
+    return init_safe_transform(transformed, creation, create=create)
 
 
 def _primal_call(name: str, primals: Callable[..., tuple[Any, ...]]) -> Callable[..., Any]:
@@ -133,6 +168,7 @@ _CONTEXT = jo.override_context(
         **{name: _same_arguments(name) for name in _SAME_ARGUMENTS},
         "vmap": _mapped("vmap"),
         "pmap": _mapped("pmap"),
+        "shard_map": _shard_map,
         "jvp": _primal_call("jvp", _jvp_primals),
         "vjp": _primal_call("vjp", _positional_primals),
         "linearize": _primal_call("linearize", _positional_primals),
@@ -148,8 +184,9 @@ def context() -> jo.OverrideContext:
     and ``eval_shape`` create parameters outside their trace first.
 
     Outside ``init_context()`` every override delegates straight to the implementation
-    below, so the context can stay entered around both init and apply. ``shard_map`` is
-    not covered: its per-device slices have no single unbatched call to create with.
+    below, so the context can stay entered around both init and apply. ``shard_map``'s
+    creation pass runs on the block of the first device, ``pmap``'s on one slice; both
+    with collectives over the mapped axes bound (size 1).
 
     Returns:
       An ``OverrideContext`` (reusable; also a decorator and a mapping).

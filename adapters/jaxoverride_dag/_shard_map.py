@@ -1,0 +1,80 @@
+"""``shard_map`` that keeps relative identity; non-array leaves ride through as static data.
+
+``in_specs`` is laid over the arguments with sharing expanded, so a shared array is passed
+once with the spec of its positions (two different specs are a ``SharingError``).
+``out_specs`` is only known per leaf once the function has run, so, as for ``vmap``, it is
+handed to ``jax.shard_map`` as a ``Packed`` that the traced function fills in:
+``shard_map`` reads ``out_specs`` after tracing.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Set
+from typing import Any
+
+import jax
+
+import jaxoverride as jo
+from jaxoverride_dag._out import Packed, unforward_tree
+from jaxoverride_dag._plan import encode
+from jaxoverride_dag._shardings import spread_shardings
+
+_LABEL = "shard_map arguments"
+# ``jax.shard_map``'s default ``in_specs`` (infer from the arguments), a private singleton.
+_INFER = inspect.signature(jax.shard_map).parameters["in_specs"].default
+
+
+def dag_shard_map(
+    f: Callable[..., Any],
+    /,
+    *,
+    out_specs: Any,
+    in_specs: Any = _INFER,
+    mesh: Any = None,
+    axis_names: Set[Any] = frozenset(),
+    check_vma: bool = True,
+) -> Callable[..., Any]:
+    """The ``"shard_map"`` override: ``jax.shard_map``'s signature, identity-preserving."""
+    if not callable(f):
+        raise TypeError(f"jaxoverride.shard_map: expected a callable value, got {f!r}.")
+    lower = jo.next_impl("shard_map")
+    specs_by_plan: dict[Any, tuple[Any, ...]] = {}
+
+    def mapped(*args: Any) -> Any:
+        plan, dyn = encode((args, {}), _LABEL, "call")
+        if in_specs is _INFER:
+            specs: Any = _INFER
+        else:
+            specs = specs_by_plan.get(plan)
+            if specs is None:
+                specs = spread_shardings(
+                    plan, (in_specs, {}), api="shard_map", what="in_specs", noun="spec"
+                )
+                if len(specs_by_plan) >= 256:
+                    specs_by_plan.clear()
+                specs_by_plan[plan] = specs
+        carrier = Packed((), None)
+
+        def traced(*inputs: Any) -> Packed:
+            inner_args, _ = plan.decode_inside(inputs)
+            out_plan, out_dyn = encode(f(*inner_args), "shard_map outputs")
+            carrier.leaves = spread_shardings(
+                out_plan, out_specs, api="shard_map", what="out_specs"
+            )
+            carrier.plan = out_plan
+            return Packed(tuple(out_dyn), out_plan)
+
+        traced.__name__ = getattr(f, "__name__", "traced")
+        result = lower(
+            traced,
+            out_specs=carrier,
+            in_specs=specs,
+            mesh=mesh,
+            axis_names=axis_names,
+            check_vma=check_vma,
+        )(*dyn)
+        return unforward_tree(result, dyn).unpack()
+
+    mapped.__wrapped__ = f  # type: ignore[attr-defined]
+    return mapped

@@ -1,0 +1,255 @@
+"""The trace layer: an override of every name that records the call and delegates down.
+
+There is one ``OverrideContext`` per *compiled-in* configuration (which names, whether
+loops get progress bars, the bars' threshold and options): what ends up inside a traced
+program must be part of the layer, so that the stack, and with it every cache keyed on
+it (``jo.jit``'s builds, ``jax.jit``'s user context), tells the configurations apart.
+Everything that only matters on the host while Python runs (where records go) lives in
+the ``_SESSION`` context variable instead, so entering ``trace()`` again with the same
+configuration finds the same layer and the builds cached for it.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import jaxoverride as jo
+from jaxoverride import _dispatch
+from jaxoverride._names import CALLS, JAX_IMPLS, TRANSFORMS
+from jaxoverride_debug._describe import (
+    describe_arguments,
+    describe_call,
+    describe_impl,
+    describe_options,
+    function_name,
+)
+from jaxoverride_debug._progress import with_progress
+from jaxoverride_debug._record import Call
+
+LABEL = "jaxoverride_debug"
+
+
+@dataclass(frozen=True)
+class Config:
+    """What a trace compiles into programs; equal configurations share one layer."""
+
+    names: frozenset[str] | None
+    progress: bool
+    min_steps: int
+    progress_options: tuple[tuple[str, Any], ...]
+
+    def wants(self, name: str) -> bool:
+        return self.names is None or name in self.names
+
+    def label(self) -> str:
+        parts = []
+        if self.names is not None:
+            parts.append("names=" + ",".join(sorted(self.names)))
+        if self.progress:
+            parts.append(f"progress, min_steps={self.min_steps}")
+        return f"{LABEL}({'; '.join(parts)})" if parts else LABEL
+
+
+@dataclass
+class Session:
+    """Where the records of one ``trace()`` object go."""
+
+    emit_to: Callable[[Call], object]
+    calls: list[Call] = field(default_factory=list)
+
+    def emit(self, call: Call) -> None:
+        self.calls.append(call)
+        self.emit_to(call)
+
+
+_SESSION: contextvars.ContextVar[Session | None] = contextvars.ContextVar(
+    "jaxoverride_debug_session", default=None
+)
+# How many recorded calls enclose the running code in this thread or task.
+_DEPTH: contextvars.ContextVar[int] = contextvars.ContextVar("jaxoverride_debug_depth", default=0)
+
+
+@dataclass(frozen=True)
+class _Where:
+    """Where the running trace override sits in its stack."""
+
+    shadowed: bool  # another trace layer above already records this call
+    impl: str  # what it delegates to
+    above: tuple[str, ...]  # overrides of the name above it, which ran first
+
+
+def _where(name: str) -> _Where:
+    # jo.next_impl gives the implementation below but not the level; the position that
+    # next_impl itself reads has both (see the core patch proposed in the report).
+    position = _dispatch._position.get()
+    assert position is not None, "a trace override runs only through the stack"
+    snapshot, level = position
+    layers = snapshot.layers
+    above_impls = [
+        layers[upper].impls[name]
+        for upper in range(len(layers) - 1, level, -1)
+        if name in layers[upper].impls
+    ]
+    lower = snapshot.below(name, level)
+    below = JAX_IMPLS[name] if lower is None else layers[lower].impls[name]
+    return _Where(
+        shadowed=any(getattr(impl, "_jaxoverride_debug", False) for impl in above_impls),
+        impl=describe_impl(below, name),
+        above=tuple(describe_impl(impl, name) for impl in above_impls),
+    )
+
+
+def _recording(config: Config, name: str) -> tuple[Session, _Where] | None:
+    session = _SESSION.get()
+    if session is None or not config.wants(name):
+        return None
+    where = _where(name)
+    return None if where.shadowed else (session, where)
+
+
+# Where the function that a call runs is among its arguments: (position, keyword).
+_FUNCTION_ARGUMENT = {
+    "lax.scan": (0, "f"),
+    "lax.while_loop": (1, "body_fun"),
+    "lax.fori_loop": (2, "body_fun"),
+    "lax.map": (0, "f"),
+    "jvp": (0, "fun"),
+    "vjp": (0, "fun"),
+    "linearize": (0, "fun"),
+    "eval_shape": (0, "fun"),
+}
+
+
+def _function_argument(name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    if name not in _FUNCTION_ARGUMENT:
+        return None
+    position, keyword = _FUNCTION_ARGUMENT[name]
+    return args[position] if len(args) > position else kwargs.get(keyword)
+
+
+def _make_call(name: str, config: Config) -> Callable[..., Any]:
+    def traced_call(*args: Any, **kwargs: Any) -> Any:
+        below = jo.next_impl(name)
+        recording = _recording(config, name)
+        if recording is None:
+            return below(*args, **kwargs)
+        session, where = recording
+        shapes = describe_call(name, args, kwargs)
+        attached = None
+        if config.progress:
+            attached = with_progress(
+                name,
+                args,
+                kwargs,
+                min_steps=config.min_steps,
+                options=dict(config.progress_options),
+            )
+        depth = _DEPTH.get()
+        body = _function_argument(name, args, kwargs)
+        session.emit(
+            Call(
+                name,
+                "call",
+                shapes,
+                where.impl,
+                depth,
+                None if body is None else function_name(body),
+                where.above,
+                attached is not None,
+            )
+        )
+        if attached is not None:
+            args, kwargs = attached
+        token = _DEPTH.set(depth + 1)
+        try:
+            return below(*args, **kwargs)
+        finally:
+            _DEPTH.reset(token)
+
+    traced_call.__name__ = traced_call.__qualname__ = f"traced {name}"
+    traced_call.__module__ = __name__
+    traced_call._jaxoverride_debug = True  # type: ignore[attr-defined]
+    return traced_call
+
+
+class TracedFunction:
+    """What a traced transform returns: the function built below, recording each call.
+
+    Attributes of the built function (``lower``, ``trace`` of a jitted function) are
+    forwarded, as ``jaxoverride.Transformed`` forwards them.
+    """
+
+    __slots__ = ("__wrapped__", "_config", "_function", "_impl", "_name")
+
+    def __init__(
+        self, name: str, built: Callable[..., Any], function: str, impl: str, config: Config
+    ):
+        self.__wrapped__ = built
+        self._name = name
+        self._function = function
+        self._impl = impl
+        self._config = config
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        session = _SESSION.get()
+        if session is None or not self._config.wants(self._name):
+            return self.__wrapped__(*args, **kwargs)
+        depth = _DEPTH.get()
+        shapes = describe_arguments(args, kwargs)
+        session.emit(Call(self._name, "run", shapes, self._impl, depth, self._function))
+        token = _DEPTH.set(depth + 1)
+        try:
+            return self.__wrapped__(*args, **kwargs)
+        finally:
+            _DEPTH.reset(token)
+
+    def __getattr__(self, attribute: str) -> Any:
+        return getattr(self.__wrapped__, attribute)
+
+    def __repr__(self) -> str:
+        return f"<traced {self._name}({self._function})>"
+
+
+def _make_transform(name: str, config: Config) -> Callable[..., Any]:
+    def traced_transform(fun: Any, *args: Any, **kwargs: Any) -> Any:
+        below = jo.next_impl(name)
+        recording = _recording(config, name)
+        if recording is None:
+            return below(fun, *args, **kwargs)
+        session, where = recording
+        function = function_name(fun)
+        options = describe_options(kwargs, args)
+        session.emit(Call(name, "build", options, where.impl, _DEPTH.get(), function, where.above))
+        built = below(fun, *args, **kwargs)
+        return TracedFunction(name, built, function, where.impl, config)
+
+    traced_transform.__name__ = traced_transform.__qualname__ = f"traced {name}"
+    traced_transform.__module__ = __name__
+    traced_transform._jaxoverride_debug = True  # type: ignore[attr-defined]
+    return traced_transform
+
+
+_lock = threading.Lock()
+_contexts: dict[Config, jo.OverrideContext] = {}
+# Configurations differ mostly by progress_options (a new file object per run, say); past
+# this many the table starts afresh: a trace keeps its own layer, later ones rebuild.
+_CONTEXT_LIMIT = 64
+
+
+def context_for(config: Config) -> jo.OverrideContext:
+    """The one layer of ``config``, made on first use and kept for the process."""
+    context = _contexts.get(config)
+    if context is not None:
+        return context
+    with _lock:
+        if config not in _contexts:
+            if len(_contexts) >= _CONTEXT_LIMIT:
+                _contexts.clear()
+            impls = {name: _make_call(name, config) for name in CALLS}
+            impls.update({name: _make_transform(name, config) for name in TRANSFORMS})
+            _contexts[config] = jo.override_context(impls, name=config.label())
+        return _contexts[config]

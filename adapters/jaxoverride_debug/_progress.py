@@ -1,0 +1,236 @@
+"""Progress bars for loops with a static trip count, updated from inside compiled code.
+
+The body of the loop gets a ``jax.debug.callback`` that receives the iteration index:
+the loop counter of ``fori_loop``, or an ``arange`` scanned alongside ``xs`` for ``scan``
+and ``lax.map``. The index makes the callback loop-variant, so JAX's partial evaluation
+keeps it inside the forward loop under ``grad`` (a callback without operands would be
+hoisted out and run once), and it is never batched, so under ``vmap`` it runs once per
+iteration, not once per batch element. A ``lax.cond`` on the index lets about a hundred
+callbacks through per run. Nothing flows from the callback back into the loop: the carry
+and the outputs are those of the loop without it.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax.core import Tracer
+from jax.extend.core import get_opaque_trace_state
+
+from jaxoverride_debug._describe import function_name
+
+_NEEDS_TQDM = (
+    "jaxoverride_debug.trace(progress=True) needs tqdm: pip install 'jaxoverride[debug]' "
+    "(or pip install tqdm). Tracing without progress bars needs nothing extra."
+)
+
+
+def require_tqdm() -> Any:
+    """The ``tqdm.tqdm`` class, or an ImportError that names the extra to install."""
+    try:
+        from tqdm import tqdm
+    except ImportError as error:
+        raise ImportError(_NEEDS_TQDM) from error
+    return tqdm
+
+
+class Bar:
+    """The host side of one loop's progress bar: one tqdm bar per run of the loop.
+
+    ``step`` (1-based) is computed from the index each callback receives. A run opens
+    its bar at step 1 and closes it at the last step; a step at or behind the bar is
+    ignored, so duplicate reports (several devices under ``pmap``) cannot reopen it.
+    """
+
+    def __init__(self, total: int, description: str, options: Mapping[str, Any]):
+        self.total = total
+        self.description = description
+        self.options = dict(options)
+        self.runs = 0
+        self._bar: Any = None
+        self._lock = threading.Lock()
+
+    def report(self, step: int) -> None:
+        with self._lock:
+            if self._bar is None:
+                if step != 1:
+                    return
+                self.runs += 1
+                self._bar = require_tqdm()(total=self.total, desc=self.description, **self.options)
+            if step > self._bar.n:
+                self._bar.update(step - self._bar.n)
+            if self._bar.n >= self.total:
+                self._bar.close()
+                self._bar = None
+
+
+UPDATES = 100
+"""The most times one run of a loop calls back to the host (plus its first and last step):
+a host callback costs tens of microseconds, far more than a small loop body."""
+
+
+def _ticking(bar: Bar, step_of: Callable[[Any], Any]) -> Callable[[Any], None]:
+    """A function of the iteration index that reports to ``bar`` from compiled code.
+
+    It calls back on the first and last step and on every ``total // UPDATES``-th in
+    between, under a ``lax.cond`` on the (never batched) step, so a long loop pays for
+    about ``UPDATES`` callbacks, not one per step. It stages the callback only where the
+    loop body is being traced for JAX's loop: an adapter that runs the body once eagerly
+    to create parameters (Haiku and plain at init) calls it at the trace level of the
+    loop call itself, where it does nothing.
+    """
+    outer = get_opaque_trace_state()
+    stride = max(1, bar.total // UPDATES)
+
+    def report(step: Any) -> None:
+        jax.debug.callback(lambda s: bar.report(int(s)), step, ordered=False)
+
+    def tick(index: Any) -> None:
+        if get_opaque_trace_state() == outer:
+            return
+        step = step_of(index)
+        # lax rather than jnp operators: a step is never negative, so rem is enough, and
+        # the gate stays a handful of equations.
+        ends = jax.lax.bitwise_or(jax.lax.eq(step, 1), jax.lax.eq(step, bar.total))
+        due = jax.lax.bitwise_or(ends, jax.lax.eq(jax.lax.rem(step, stride), 0))
+        jax.lax.cond(due, report, lambda step: None, step)
+
+    return tick
+
+
+def _static_int(value: Any) -> int | None:
+    if isinstance(value, Tracer):
+        return None
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def _leading(xs: Any) -> int | None:
+    leaves = jax.tree_util.tree_leaves(xs)
+    if not leaves or not getattr(leaves[0], "shape", ()):
+        return None
+    return int(leaves[0].shape[0])
+
+
+def _bound_scan(
+    f: Any,
+    init: Any,
+    xs: Any = None,
+    length: Any = None,
+    reverse: bool = False,
+    unroll: Any = 1,
+    _split_transpose: bool = False,
+) -> tuple[Any, ...]:
+    return f, init, xs, length, reverse, unroll, _split_transpose
+
+
+def _bound_fori(
+    lower: Any, upper: Any, body_fun: Any, init_val: Any, **kwargs: Any
+) -> tuple[Any, ...]:
+    return lower, upper, body_fun, init_val, kwargs
+
+
+def _bound_map(f: Any, xs: Any, **kwargs: Any) -> tuple[Any, ...]:
+    return f, xs, kwargs
+
+
+def with_progress(
+    name: str,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    *,
+    min_steps: int,
+    options: Mapping[str, Any],
+) -> tuple[tuple[Any, ...], dict[str, Any]] | None:
+    """The arguments of a ``scan``/``fori_loop``/``map`` call with a progress bar attached.
+
+    Returns None (leave the call alone) for other names, for a trip count that is not
+    static or is below ``min_steps``, and for arguments JAX would reject anyway.
+    """
+    try:
+        if name == "lax.scan":
+            bound = _bound_scan(*args, **kwargs)
+            return _scan(*bound, min_steps=min_steps, options=options)
+        if name == "lax.fori_loop":
+            bound = _bound_fori(*args, **kwargs)
+            return _fori(*bound, min_steps=min_steps, options=options)
+        if name == "lax.map":
+            bound = _bound_map(*args, **kwargs)
+            return _map(*bound, min_steps=min_steps, options=options)
+    except TypeError:
+        return None
+    return None
+
+
+def _scan(
+    f: Any,
+    init: Any,
+    xs: Any,
+    length: Any,
+    reverse: bool,
+    unroll: Any,
+    split: bool,
+    *,
+    min_steps: int,
+    options: Mapping[str, Any],
+) -> tuple[tuple[Any, ...], dict[str, Any]] | None:
+    total = _static_int(length) if length is not None else _leading(xs)
+    if total is None or total < min_steps or not callable(f):
+        return None
+    bar = Bar(total, f"lax.scan {function_name(f)}", options)
+    # A reversed scan consumes the indices from the last: its first step has the highest.
+    tick = _ticking(bar, (lambda i: total - i) if reverse else (lambda i: i + 1))
+
+    def body(carry: Any, x_and_index: Any) -> Any:
+        x, index = x_and_index
+        tick(index)
+        return f(carry, x)
+
+    indices = jnp.arange(total, dtype=jnp.int32)
+    return (body, init, (xs, indices), length, reverse, unroll, split), {}
+
+
+def _fori(
+    lower: Any,
+    upper: Any,
+    body_fun: Any,
+    init_val: Any,
+    kwargs: dict[str, Any],
+    *,
+    min_steps: int,
+    options: Mapping[str, Any],
+) -> tuple[tuple[Any, ...], dict[str, Any]] | None:
+    first, last = _static_int(lower), _static_int(upper)
+    if first is None or last is None or last - first < min_steps or not callable(body_fun):
+        return None
+    bar = Bar(last - first, f"lax.fori_loop {function_name(body_fun)}", options)
+    tick = _ticking(bar, lambda i: i - first + 1)
+
+    def body(i: Any, carry: Any) -> Any:
+        tick(i)
+        return body_fun(i, carry)
+
+    return (lower, upper, body, init_val), kwargs
+
+
+def _map(
+    f: Any, xs: Any, kwargs: dict[str, Any], *, min_steps: int, options: Mapping[str, Any]
+) -> tuple[tuple[Any, ...], dict[str, Any]] | None:
+    total = _leading(xs)
+    if total is None or total < min_steps or not callable(f):
+        return None
+    bar = Bar(total, f"lax.map {function_name(f)}", options)
+    tick = _ticking(bar, lambda i: i + 1)
+
+    def each(x_and_index: Any) -> Any:
+        x, index = x_and_index
+        tick(index)
+        return f(x)
+
+    return (each, (xs, jnp.arange(total, dtype=jnp.int32))), kwargs

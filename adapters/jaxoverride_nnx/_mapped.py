@@ -1,0 +1,334 @@
+"""The ``pmap`` and ``shard_map`` overrides: tracked state enters and leaves replicated.
+
+The tracked Variables' values are passed as one extra argument that every device sees
+whole (``pmap`` ``in_axes=None``, ``shard_map`` spec ``P()``); the user's arguments keep
+their ``in_axes`` / ``in_specs``. What the function writes leaves unmapped (``out_axes=None``,
+``P()``) and is stored back once, so it must be the same on every device: reduce it over
+the axis (``lax.pmean``, ``nnx.BatchNorm(axis_name=...)``) before writing.
+
+``shard_map`` proves that with its own replication check (``check_vma=True``): a value
+that may differ across devices is refused with the Variable's path. ``jax.pmap`` does not
+check (it would keep the first device's value), so before the first call with a new
+tracked set or new shapes the function is traced once abstractly under a ``vmap`` with
+the same axis name, where a per-device update shows up as a batched output.
+
+One mapped function is built per tracked set (``TrackKey``), as ``jit`` does, so a
+cache hit of the underlying ``jax.pmap`` never runs with another set's Variables.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import numpy as np
+from jax import tree_util as jtu
+from jax.sharding import PartitionSpec
+
+import jaxoverride as jo
+from jaxoverride_nnx._errors import StructureChangeError
+from jaxoverride_nnx._lift import (
+    HAS_REFS,
+    NO_REFS,
+    call_plain,
+    changed,
+    from_refs,
+    graph_objects,
+    refs_of,
+    run_lifted,
+    to_refs,
+    with_arguments,
+    write_back,
+)
+from jaxoverride_nnx._scope import ACTIVE, Tracked, TrackKey, current
+from jaxoverride_nnx._transforms import _bind, _check_broadcast, _named
+
+_CACHE_LIMIT = 256
+# ``jax.shard_map``'s default ``in_specs`` (infer from the arguments), a private singleton.
+_INFER = inspect.signature(jax.shard_map).parameters["in_specs"].default
+
+
+def _index_tuple(value: int | Any) -> tuple[int, ...]:
+    return (value,) if isinstance(value, int) else tuple(value)
+
+
+def _avals(tree: Any) -> tuple[Any, ...]:
+    leaves, treedef = jtu.tree_flatten(tree)
+    return (treedef, tuple((np.shape(x), getattr(x, "dtype", type(x))) for x in leaves))
+
+
+def _lifted(fun: Callable[..., Any], where: str, check_vma: bool) -> Callable[..., Any]:
+    """``fun`` as a function of ``(values, *args)`` run with the Variables of ``ACTIVE``."""
+
+    def lifted(values: list[Any], *args: Any, **kwargs: Any) -> Any:
+        view = ACTIVE.get()
+        assert view is not None
+        args, kwargs = from_refs((args, kwargs), view)
+        out, after = run_lifted(view, values, fun, args, kwargs, where)
+        updates = changed(values, after)
+        if check_vma:
+            _check_replicated(view, updates, where)
+        out, has_refs = to_refs(out, view)
+        return out, updates, HAS_REFS if has_refs else NO_REFS
+
+    for attribute in ("__name__", "__qualname__", "__module__", "__doc__"):
+        value = getattr(fun, attribute, None)
+        if isinstance(value, str):
+            setattr(lifted, attribute, value)
+    return lifted
+
+
+def _check_replicated(view: Tracked, updates: dict[int, Any], where: str) -> None:
+    for index, value in updates.items():
+        for leaf in jtu.tree_leaves(value):
+            axes = _varying_axes(leaf)
+            if axes:
+                raise _varying(view, index, where, tuple(sorted(axes, key=str)))
+
+
+def _varying_axes(value: Any) -> Any:
+    """The manual mesh axes ``value`` may vary over (its "vma"), where JAX records it."""
+    aval = jax.typeof(value)
+    manual = getattr(aval, "manual_axis_type", None)  # JAX 0.10
+    if manual is not None:
+        return getattr(manual, "varying", None)
+    return getattr(aval, "vma", None)  # earlier JAX
+
+
+def _varying(view: Tracked, index: int, where: str, axes: Any) -> StructureChangeError:
+    names = ", ".join(repr(axis) for axis in axes)
+    return StructureChangeError(
+        f"jaxoverride_nnx: under {where} the tracked Variable `{view.path(index)}` was given "
+        f"a value that may differ across the mapped axis {names}, but a Variable holds one "
+        "value for every device (its state is replicated). Reduce it over the axis before "
+        f"writing it, for instance with jax.lax.pmean(value, {names}) or "
+        "nnx.BatchNorm(axis_name=...), or return per-device values as an output instead."
+    )
+
+
+class _PerSet:
+    """One mapped function per tracked set (and per extra key), pruned of dead sets."""
+
+    __slots__ = ("_build", "_cache")
+
+    def __init__(self, build: Callable[[Any], Any]):
+        self._build = build
+        self._cache: dict[Any, Any] = {}
+
+    def get(self, key: TrackKey, extra: Any = None) -> Any:
+        entry = self._cache.get((key, extra))
+        if entry is None:
+            if len(self._cache) >= _CACHE_LIMIT:
+                for stale in [k for k in self._cache if not k[0].alive()]:
+                    del self._cache[stale]
+                if len(self._cache) >= _CACHE_LIMIT:
+                    self._cache.clear()
+            entry = self._cache[(key, extra)] = self._build(extra)
+        return entry
+
+
+def _lift_call(
+    args: tuple[Any, ...], kwargs: dict[str, Any], static: set[int]
+) -> tuple[Tracked | None, tuple[Any, ...], dict[str, Any]]:
+    dynamic = [a for i, a in enumerate(args) if i not in static]
+    view = with_arguments(current(), dynamic, kwargs)
+    if view is None:
+        return None, args, kwargs
+    new_args = tuple(a if i in static else to_refs(a, view)[0] for i, a in enumerate(args))
+    return view, new_args, to_refs(kwargs, view)[0]
+
+
+def _run(view: Tracked, mapped: Callable[..., Any], args: Any, kwargs: Any, where: str) -> Any:
+    token = ACTIVE.set(view)
+    try:
+        out, updates, refs = mapped(view.read(), *args, **kwargs)
+    finally:
+        ACTIVE.reset(token)
+    write_back(view, updates, where)
+    return from_refs(out, view) if refs.value else out
+
+
+# -- pmap -----------------------------------------------------------------------------
+
+
+def pmap(fun: Callable[..., Any], *args: Any, **kwargs: Any) -> Callable[..., Any]:
+    """The ``"pmap"`` override: tracked state is broadcast in and must come out replicated."""
+    below = jo.next_impl("pmap")
+    plain = below(fun, *args, **kwargs)
+    options = _bind(jax.pmap, fun, args, kwargs)
+    axis_name = options.pop("axis_name", None)
+    in_axes = options.pop("in_axes", 0)
+    out_axes = options.pop("out_axes", 0)
+    static = _index_tuple(options.pop("static_broadcasted_argnums", ()))
+    donate = _index_tuple(options.pop("donate_argnums", ()))
+    where = "jaxoverride.pmap"
+    lifted = _lifted(fun, where, check_vma=False)
+    probed: set[Any] = set()
+
+    def build(count: int) -> Any:
+        fixed = {n % count if n < 0 else n for n in static if -count <= n < count}
+        axes = in_axes if isinstance(in_axes, (tuple, list)) else (in_axes,) * count
+        return below(
+            lifted,
+            axis_name,
+            in_axes=(None, *axes),
+            out_axes=(out_axes, None, None),
+            static_broadcasted_argnums=tuple(n + 1 for n in sorted(fixed)),
+            donate_argnums=tuple(n + 1 for n in donate if n >= 0),
+            **options,
+        )
+
+    cache = _PerSet(build)
+
+    def call(*call_args: Any, **call_kwargs: Any) -> Any:
+        count = len(call_args)
+        fixed = {n % count if n < 0 else n for n in static if -count <= n < count}
+        view, args_, kwargs_ = _lift_call(call_args, call_kwargs, fixed)
+        if view is None:
+            return call_plain(plain, call_args, call_kwargs, where)
+        if isinstance(in_axes, (tuple, list)) and len(in_axes) != count:
+            return call_plain(plain, call_args, call_kwargs, where)  # JAX's own complaint
+        axes = tuple(in_axes) if isinstance(in_axes, (tuple, list)) else (in_axes,) * count
+        dynamic_axes = tuple(a for i, a in enumerate(axes) if i not in fixed)
+        _check_broadcast(
+            dynamic_axes, [a for i, a in enumerate(args_) if i not in fixed], api=where
+        )
+        if refs_of(kwargs_):
+            raise ValueError(
+                "jaxoverride_nnx: jaxoverride.pmap maps keyword arguments over axis 0, so NNX "
+                "modules cannot be passed by keyword; pass them positionally with in_axes=None."
+            )
+        probe_key = (view.key, count, _avals((view.read(), args_, kwargs_)))
+        if probe_key not in probed:
+            _probe(view, lifted, axis_name, axes, out_axes, fixed, args_, kwargs_, where)
+            if len(probed) >= _CACHE_LIMIT:
+                probed.clear()
+            probed.add(probe_key)
+        return _run(view, cache.get(view.key, count), args_, kwargs_, where)
+
+    return _named(call, fun)
+
+
+def _probe(
+    view: Tracked,
+    lifted: Callable[..., Any],
+    axis_name: Any,
+    axes: tuple[Any, ...],
+    out_axes: Any,
+    fixed: set[int],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    where: str,
+) -> None:
+    """Traces under ``vmap``: a batched state update is one that differs per device.
+
+    The first abstract trace maps every update to axis 0 and notes which ones are
+    batched (``vmap`` refuses ``out_axes=None`` for a batched output); only when one
+    is, each update is tried on its own to name the Variable.
+    """
+    static_values = {i: args[i] for i in fixed}
+    dynamic = [a for i, a in enumerate(args) if i not in fixed]
+    dynamic_axes = tuple(a for i, a in enumerate(axes) if i not in fixed)
+    keys: list[int] = []
+
+    def probe(values: list[Any], *inner: Any, **inner_kwargs: Any) -> Any:
+        it = iter(inner)
+        full = [static_values[i] if i in fixed else next(it) for i in range(len(args))]
+        _, updates, _ = lifted(values, *full, **inner_kwargs)
+        keys[:] = sorted(updates)
+        return tuple(updates[k] for k in keys)
+
+    def attempt(unmapped: Any) -> bool:
+        mapped = jax.vmap(
+            probe, in_axes=(None, *dynamic_axes), out_axes=unmapped, axis_name=axis_name
+        )
+        try:
+            jax.eval_shape(mapped, view.read(), *dynamic, **kwargs)
+        except ValueError as error:
+            if "out_axes" not in str(error):
+                raise
+            return False
+        return True
+
+    token = ACTIVE.set(view)
+    try:
+        if attempt(None):
+            return
+        for position, index in enumerate(list(keys)):
+            count = len(keys)
+            if not attempt(tuple(None if j == position else 0 for j in range(count))):
+                raise _varying(view, index, where, (axis_name,))
+    finally:
+        ACTIVE.reset(token)
+
+
+# -- shard_map ------------------------------------------------------------------------
+
+
+def shard_map(fun: Callable[..., Any], *args: Any, **kwargs: Any) -> Callable[..., Any]:
+    """The ``"shard_map"`` override: tracked state enters with spec ``P()`` and must leave
+    replicated (``out_specs`` ``P()``), which ``check_vma`` proves."""
+    below = jo.next_impl("shard_map")
+    plain = below(fun, *args, **kwargs)
+    options = _bind(jax.shard_map, fun, args, kwargs)
+    in_specs = options.pop("in_specs", _INFER)
+    out_specs = options.pop("out_specs")
+    check_vma = options.get("check_vma", True)
+    where = "jaxoverride.shard_map"
+    lifted = _lifted(fun, where, check_vma=check_vma)
+    raise_infer = in_specs is _INFER
+
+    def pack(values: list[Any], args: tuple[Any, ...]) -> Any:
+        return lifted(values, *args)
+
+    def build(_: Any) -> Any:
+        mapped = below(
+            pack,
+            in_specs=(PartitionSpec(), in_specs),
+            out_specs=(out_specs, PartitionSpec(), PartitionSpec()),
+            **options,
+        )
+        return lambda values, *args: mapped(values, args)
+
+    cache = _PerSet(build)
+
+    def call(*call_args: Any, **call_kwargs: Any) -> Any:
+        view, args_, kwargs_ = _lift_call(call_args, call_kwargs, set())
+        if view is None or call_kwargs:
+            return call_plain(plain, call_args, call_kwargs, where)
+        if raise_infer:
+            raise ValueError(
+                "jaxoverride_nnx: jaxoverride.shard_map needs explicit in_specs while NNX "
+                "modules are tracked: the tracked state is passed replicated (spec P()) next "
+                "to your arguments, and shard_map cannot infer specs for a mix. Pass "
+                "in_specs=... for your arguments."
+            )
+        _check_specs(in_specs, call_args)
+        return _run(view, cache.get(view.key), args_, kwargs_, where)
+
+    return _named(call, fun)
+
+
+def _check_specs(in_specs: Any, args: tuple[Any, ...], path: str = "in_specs") -> None:
+    """Modules are replicated: their spec must be ``P()`` (or ``None``)."""
+    if in_specs is None or in_specs == PartitionSpec() or not graph_objects(args):
+        return
+    if (
+        isinstance(in_specs, (tuple, list))
+        and isinstance(args, (tuple, list))
+        and len(in_specs) == len(args)
+    ):
+        for i, (spec, arg) in enumerate(zip(in_specs, args, strict=True)):
+            _check_specs(spec, arg, f"{path}[{i}]")
+        return
+    if isinstance(in_specs, dict) and isinstance(args, dict):
+        for key, arg in args.items():
+            _check_specs(in_specs.get(key), arg, f"{path}[{key!r}]")
+        return
+    raise ValueError(
+        f"jaxoverride_nnx: jaxoverride.shard_map got {path}={in_specs!r} for an argument "
+        "holding an NNX module or Variable. Module state is replicated on every device (as "
+        "if closed over): give that argument the spec P(), e.g. in_specs=(P(), P('data'))."
+    )

@@ -1,0 +1,235 @@
+"""Unmodified installed solver libraries with Haiku modules in their callbacks.
+
+Each library runs unchanged; ``jo.interpose`` rebinds its ``jax``/``lax`` globals to the
+neutral API and ``jaxoverride_haiku`` makes those calls work inside ``hk.transform``. Every
+"works" case is checked both ways: raw (fails) and interposed (init and apply, eager and
+under ``jax.jit``, equal to the same library run on the explicit parameters outside Haiku).
+Every "does not work" case pins its failure mode.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import diffrax
+import haiku as hk
+import jax
+import jax.numpy as jnp
+import jaxopt
+import lineax
+import numpy as np
+import optax
+import optimistix as optx
+import pytest
+
+import jaxoverride_haiku as joh
+from _libraries import EQUINOX_FAMILY, eager_calls, interposed
+
+N = 4
+X = jnp.linspace(-1.0, 1.0, N)
+RNG = jax.random.PRNGKey(0)
+SOLVERS = {"fixed_point": jaxopt.FixedPointIteration, "anderson": jaxopt.AndersonAcceleration}
+
+
+def cell(layer: hk.Linear, z: jax.Array, x: jax.Array) -> jax.Array:
+    """A contraction with Haiku parameters and a call counter in Haiku state."""
+    calls = hk.get_state("calls", [], jnp.int32, init=jnp.zeros)
+    hk.set_state("calls", calls + 1)
+    return jnp.tanh(layer(z) + x)
+
+
+def jaxopt_model(solver: str, implicit_diff: bool) -> hk.TransformedWithState:
+    def forward(x: jax.Array) -> jax.Array:
+        layer = hk.Linear(N, w_init=hk.initializers.RandomNormal(0.2), name="cell")
+        fixed_point = SOLVERS[solver](
+            fixed_point_fun=lambda z: cell(layer, z, x),
+            maxiter=50,
+            tol=1e-5,
+            implicit_diff=implicit_diff,
+        )
+        return fixed_point.run(jnp.zeros(N)).params
+
+    return hk.transform_with_state(forward)
+
+
+def explicit_solve(params: hk.Params, solver: str, fun=None) -> jax.Array:
+    """The same library call outside Haiku, on the explicit parameters."""
+    w, b = params["cell"]["w"], params["cell"]["b"]
+    fun = fun or (lambda z: jnp.tanh(z @ w + b + X))
+    fixed_point = SOLVERS[solver](fixed_point_fun=fun, maxiter=50, tol=1e-5, implicit_diff=False)
+    return fixed_point.run(jnp.zeros(N)).params
+
+
+@pytest.mark.parametrize("solver", list(SOLVERS))
+def test_jaxopt_raw_fails_inside_haiku(solver):
+    """Without jaxoverride, the state written in the jitted/looped callback leaks out."""
+    model = jaxopt_model(solver, implicit_diff=True)
+
+    def init_and_apply():
+        params, state = model.init(RNG, X)
+        return model.apply(params, state, None, X)[1]["~"]["calls"] + 1
+
+    with pytest.raises(jax.errors.UnexpectedTracerError):
+        init_and_apply()
+
+
+@pytest.mark.parametrize("solver", list(SOLVERS))
+def test_jaxopt_works_inside_haiku(solver):
+    """``implicit_diff=False``: init and apply, eager and jitted, equal the explicit solve."""
+    model = jaxopt_model(solver, implicit_diff=False)
+    with interposed("jaxopt"), joh.context():
+        with jax.checking_leaks():
+            params, state = model.init(RNG, X)
+            out, after = model.apply(params, state, None, X)
+        # (checking_leaks flags JAX's own separate_consts cache under an outer jit; a leak
+        # into Haiku state would come back as a tracer and fail the comparisons below.)
+        jitted, after_jit = jax.jit(model.apply)(params, state, None, X)
+
+    assert jax.tree.map(jnp.shape, params) == {"cell": {"b": (N,), "w": (N, N)}}
+    expected = explicit_solve(params, solver)
+    np.testing.assert_allclose(out, expected, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(jitted, expected, rtol=1e-6, atol=1e-6)
+    # The counter advanced once per callback call, as the eager library would call it.
+    assert int(after["~"]["calls"]) == int(after_jit["~"]["calls"]) > 2
+    if solver == "fixed_point":  # (eager Anderson under disable_jit is too slow to repeat)
+        w, b = params["cell"]["w"], params["cell"]["b"]
+        calls = eager_calls(
+            lambda f: explicit_solve(params, solver, f), lambda z: jnp.tanh(z @ w + b + X)
+        )
+        assert int(after["~"]["calls"]) == calls
+
+
+@pytest.mark.parametrize("solver", ["fixed_point"])
+def test_jaxopt_implicit_diff_works_eagerly_only(solver):
+    """With the default ``implicit_diff=True`` jaxopt wraps ``run`` in ``jax.custom_vjp``.
+    Eagerly that runs ``run`` directly, and everything works. Under an outer ``jax.jit``
+    the custom_vjp traces ``run`` at a trace level of its own, where Haiku state is not
+    usable: the adapter steps aside and the state written in the loop leaks."""
+    model = jaxopt_model(solver, implicit_diff=True)
+    with interposed("jaxopt"), joh.context():
+        with jax.checking_leaks():
+            params, state = model.init(RNG, X)
+            out, _ = model.apply(params, state, None, X)
+        np.testing.assert_allclose(out, explicit_solve(params, solver), rtol=1e-6, atol=1e-6)
+        with pytest.raises(Exception, match="Leaked trace"), jax.checking_leaks():
+            jax.jit(model.apply)(params, state, None, X)
+
+
+def test_jaxopt_unrolled_gradient_wrt_haiku_params():
+    """``implicit_diff=False`` differentiates the (scan) loop: equal to the explicit gradient."""
+    model = jaxopt_model("fixed_point", implicit_diff=False)
+    with interposed("jaxopt"), joh.context(), jax.checking_leaks():
+        params, state = model.init(RNG, X)
+        grads = jax.grad(lambda p: jnp.sum(model.apply(p, state, None, X)[0] ** 2))(params)
+    expected = jax.grad(lambda p: jnp.sum(explicit_solve(p, "fixed_point") ** 2))(params)
+    jax.tree.map(
+        lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6), grads, expected
+    )
+
+
+def test_jaxopt_implicit_gradient_wrt_closed_over_params_is_jaxopts_limit():
+    """jaxopt's implicit diff is a ``jax.custom_vjp`` over ``run``: it differentiates only
+    explicit arguments, so parameters closed over by the callback cannot get a gradient
+    (raw JAX refuses the same closure outside Haiku)."""
+    model = jaxopt_model("fixed_point", implicit_diff=True)
+    with interposed("jaxopt"), joh.context():
+        params, state = model.init(RNG, X)
+        with pytest.raises(jax.errors.UnexpectedTracerError):
+            jax.grad(lambda p: jnp.sum(model.apply(p, state, None, X)[0] ** 2))(params)
+
+
+class CountingOperator(hk.Module):
+    """A linear operator that counts its applications in Haiku state."""
+
+    def __call__(self, v: jax.Array) -> jax.Array:
+        calls = hk.get_state("calls", [], jnp.int32, init=jnp.zeros)
+        hk.set_state("calls", calls + 1)
+        return hk.Linear(N, with_bias=False, name="linear")(v)
+
+
+def spectral_radius(v0: jax.Array):
+    return optax.power_iteration(
+        CountingOperator(name="op"), v0=v0, num_iters=30, error_tolerance=0.0
+    )
+
+
+def test_optax_power_iteration_raw_and_interposed():
+    model = hk.transform_with_state(spectral_radius)
+    params, state = model.init(RNG, X)
+    _, state = model.apply(params, state, None, X)
+    with pytest.raises(jax.errors.UnexpectedTracerError):
+        state["op"]["calls"] + 1  # the count leaked out of the loop as a tracer
+
+    joh.install()  # process-wide, but active only inside Haiku transforms
+    try:
+        with interposed("optax"), jax.checking_leaks():
+            params, state = model.init(RNG, X)
+            (value, vector), after = model.apply(params, state, None, X)
+    finally:
+        joh.uninstall()
+    w = params["op/linear"]["w"]
+    expected_value, expected_vector = optax.power_iteration(
+        w.T, v0=X, num_iters=30, error_tolerance=0.0
+    )
+    np.testing.assert_allclose(value, expected_value, rtol=1e-5)
+    np.testing.assert_allclose(vector, expected_vector, rtol=1e-4, atol=1e-5)
+    assert int(after["op"]["calls"]) == eager_calls(
+        lambda f: optax.power_iteration(f, v0=X, num_iters=30, error_tolerance=0.0),
+        lambda v: v @ w,
+    )
+
+
+def optimistix_forward(x: jax.Array, create_first: bool = False) -> jax.Array:
+    layer = hk.Linear(N, w_init=hk.initializers.RandomNormal(0.2), name="cell")
+    if create_first:
+        layer(x)  # the parameters exist before the library's trace reads them
+    solver = optx.FixedPointIteration(rtol=1e-6, atol=1e-6)
+    fun = lambda z, args: jnp.tanh(layer(z) + x)
+    return optx.fixed_point(fun, solver, jnp.zeros(N), max_steps=50).value
+
+
+def test_optimistix_fails_at_init_even_interposed():
+    """``optx.fixed_point`` is ``eqx.filter_jit``-compiled at import: the raw ``jax.jit`` lives
+    inside an equinox ``_JitWrapper``, out of interposition's reach, and inside it the callback
+    is closure-converted with ``jax.make_jaxpr``. Haiku creates the parameters inside that
+    trace, and they leak out of init."""
+    model = hk.transform(optimistix_forward)
+    with interposed(*EQUINOX_FAMILY), joh.context():
+        params = model.init(RNG, X)
+        assert isinstance(params["cell"]["w"], jax.core.Tracer)  # leaked out of init
+        with pytest.raises(jax.errors.UnexpectedTracerError):
+            model.apply(params, None, X)
+
+
+def diffrax_forward(x: jax.Array) -> jax.Array:
+    layer = hk.Linear(N, w_init=hk.initializers.RandomNormal(0.2), name="cell")
+    term = diffrax.ODETerm(lambda t, y, _: jnp.tanh(layer(y) + x) - y)
+    return diffrax.diffeqsolve(term, diffrax.Tsit5(), 0.0, 1.0, 0.25, jnp.zeros(N)).ys[-1]
+
+
+def lineax_forward(x: jax.Array) -> jax.Array:
+    layer = hk.Linear(N, w_init=hk.initializers.RandomNormal(0.2), name="cell")
+    operator = lineax.FunctionLinearOperator(lambda v: v - 0.5 * layer(v), jnp.zeros(N))
+    return lineax.linear_solve(operator, x, lineax.GMRES(rtol=1e-6, atol=1e-6)).value
+
+
+@pytest.mark.parametrize("forward", [diffrax_forward, lineax_forward], ids=["diffrax", "lineax"])
+def test_diffrax_and_lineax_fail_inside_haiku_even_interposed(forward):
+    """As optimistix: ``filter_jit`` compiled at import and closure conversion put the
+    callback in traces that no adapter sees, so Haiku's parameters escape as tracers."""
+    model = hk.transform(forward)
+    for interposing in (False, True):
+        with contextlib.ExitStack() as stack:
+            if interposing:
+                stack.enter_context(interposed(*EQUINOX_FAMILY))
+                stack.enter_context(joh.context())
+            with pytest.raises(jax.errors.UnexpectedTracerError):
+                model.apply(model.init(RNG, X), None, X)
+
+
+def test_optimistix_read_only_workaround_needs_no_jaxoverride():
+    """Creating the parameters before the call makes a read-only model work, raw."""
+    params = hk.transform(lambda x: optimistix_forward(x, create_first=True)).init(RNG, X)
+    out = hk.transform(optimistix_forward).apply(params, None, X)
+    expected = explicit_solve(params, "fixed_point")
+    np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-5)
