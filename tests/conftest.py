@@ -9,7 +9,9 @@ os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 
 
 import jax
+import numpy as np
 import pytest
+from jax.sharding import Mesh
 
 import jaxoverride as jo
 from jaxoverride import _stack
@@ -28,3 +30,10 @@ def _no_leftover_overrides():
     assert _stack.installed == installed_before, (
         f"test left adapters installed: {jo.current_stack()}"
     )
+
+
+@pytest.fixture(scope="session")
+def mesh() -> Mesh:
+    """All 8 CPU devices as one ``"data"`` axis (Auto axes, unlike ``jax.make_mesh``'s)."""
+    assert jax.device_count() == 8, "XLA_FLAGS above must give this process 8 CPU devices"
+    return Mesh(np.array(jax.devices()), ("data",))

@@ -6,23 +6,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import NamedSharding, PartitionSpec as P
 
 import jaxoverride as jo
 import jaxoverride_dag as dag
 
-N = 8
-
-
-@pytest.fixture(autouse=True)
-def _eight_devices():
-    if jax.device_count() < N:
-        pytest.skip(f"needs {N} devices; tests/conftest.py sets XLA_FLAGS for 8 CPU devices")
-
-
-@pytest.fixture(scope="module")
-def mesh():
-    return Mesh(np.array(jax.devices()[:N]), ("data",))
+N = 8  # devices: the ``mesh`` fixture of conftest.py
 
 
 def tied():

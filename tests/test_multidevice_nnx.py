@@ -8,23 +8,12 @@ import numpy as np
 import optax
 import pytest
 from flax import nnx
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import NamedSharding, PartitionSpec as P
 
 import jaxoverride as jo
 import jaxoverride_nnx
 
-N = 8
-
-
-@pytest.fixture(autouse=True)
-def _eight_devices():
-    if jax.device_count() < N:
-        pytest.skip(f"needs {N} devices; tests/conftest.py sets XLA_FLAGS for 8 CPU devices")
-
-
-@pytest.fixture(scope="module")
-def mesh():
-    return Mesh(np.array(jax.devices()[:N]), ("data",))
+N = 8  # devices: the ``mesh`` fixture of conftest.py
 
 
 def counted_linear():

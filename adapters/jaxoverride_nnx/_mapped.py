@@ -43,7 +43,7 @@ from jaxoverride_nnx._lift import (
     write_back,
 )
 from jaxoverride_nnx._scope import ACTIVE, Tracked, TrackKey, current
-from jaxoverride_nnx._transforms import _bind, _check_broadcast, _named
+from jaxoverride_nnx._transforms import _bind, _check_broadcast, _named, mapped_module_path
 
 _CACHE_LIMIT = 256
 # ``jax.shard_map``'s default ``in_specs`` (infer from the arguments), a private singleton.
@@ -311,24 +311,15 @@ def shard_map(fun: Callable[..., Any], *args: Any, **kwargs: Any) -> Callable[..
     return _named(call, fun)
 
 
-def _check_specs(in_specs: Any, args: tuple[Any, ...], path: str = "in_specs") -> None:
+def _check_specs(in_specs: Any, args: tuple[Any, ...]) -> None:
     """Modules are replicated: their spec must be ``P()`` (or ``None``)."""
-    if in_specs is None or in_specs == PartitionSpec() or not graph_objects(args):
+    unmapped = lambda spec: spec is None or spec == PartitionSpec()
+    found = mapped_module_path(in_specs, args, unmapped, graph_objects)
+    if found is None:
         return
-    if (
-        isinstance(in_specs, (tuple, list))
-        and isinstance(args, (tuple, list))
-        and len(in_specs) == len(args)
-    ):
-        for i, (spec, arg) in enumerate(zip(in_specs, args, strict=True)):
-            _check_specs(spec, arg, f"{path}[{i}]")
-        return
-    if isinstance(in_specs, dict) and isinstance(args, dict):
-        for key, arg in args.items():
-            _check_specs(in_specs.get(key), arg, f"{path}[{key!r}]")
-        return
+    path, spec = found
     raise ValueError(
-        f"jaxoverride_nnx: jaxoverride.shard_map got {path}={in_specs!r} for an argument "
+        f"jaxoverride_nnx: jaxoverride.shard_map got in_specs{path}={spec!r} for an argument "
         "holding an NNX module or Variable. Module state is replicated on every device (as "
         "if closed over): give that argument the spec P(), e.g. in_specs=(P(), P('data'))."
     )

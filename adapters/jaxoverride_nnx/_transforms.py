@@ -89,26 +89,38 @@ def batched_state_error(error: ValueError, tracked: Tracked, where: str) -> Base
     )
 
 
-def _check_broadcast(
-    in_axes: Any, args: Any, path: str = "in_axes", api: str = "jaxoverride.vmap"
-) -> None:
+def mapped_module_path(
+    prefix: Any, args: Any, unmapped: Callable[[Any], bool], holds_module: Callable[[Any], Any]
+) -> tuple[str, Any] | None:
+    """Where a prefix tree of ``in_axes``/``in_specs`` maps an argument that holds an NNX
+    module (modules are shared by every example or device, as if closed over): the path,
+    e.g. ``"[1]['m']"``, and the prefix given there; None if every module is unmapped."""
+    if unmapped(prefix) or not holds_module(args):
+        return None
+    if isinstance(prefix, (tuple, list)) and isinstance(args, (tuple, list)):
+        if len(prefix) == len(args):
+            pairs = [(f"[{i}]", p, a) for i, (p, a) in enumerate(zip(prefix, args, strict=True))]
+        else:
+            return "", prefix
+    elif isinstance(prefix, dict) and isinstance(args, dict):
+        pairs = [(f"[{key!r}]", prefix.get(key), a) for key, a in args.items()]
+    else:
+        return "", prefix
+    for step, sub_prefix, sub_args in pairs:
+        found = mapped_module_path(sub_prefix, sub_args, unmapped, holds_module)
+        if found is not None:
+            return step + found[0], found[1]
+    return None
+
+
+def _check_broadcast(in_axes: Any, args: Any, api: str = "jaxoverride.vmap") -> None:
     """Modules are broadcast: ``in_axes`` must be ``None`` wherever a module is passed."""
-    if in_axes is None or not refs_of(args):
+    found = mapped_module_path(in_axes, args, lambda axes: axes is None, refs_of)
+    if found is None:
         return
-    if (
-        isinstance(in_axes, (tuple, list))
-        and isinstance(args, (tuple, list))
-        and len(in_axes) == len(args)
-    ):
-        for i, (axes, arg) in enumerate(zip(in_axes, args, strict=True)):
-            _check_broadcast(axes, arg, f"{path}[{i}]", api)
-        return
-    if isinstance(in_axes, dict) and isinstance(args, dict):
-        for key, arg in args.items():
-            _check_broadcast(in_axes.get(key), arg, f"{path}[{key!r}]", api)
-        return
+    path, axes = found
     raise ValueError(
-        f"jaxoverride_nnx: {api} got {path}={in_axes!r} for an argument holding an "
+        f"jaxoverride_nnx: {api} got in_axes{path}={axes!r} for an argument holding an "
         "NNX module or Variable. Modules are broadcast to every example (their state is "
         "shared, as if closed over): give that argument in_axes=None, e.g. "
         f"{api.split('.')[-1]}(f, in_axes=(None, 0))(model, xs). Mapping over a module's "
