@@ -151,19 +151,12 @@ def _check_replicated(changed: Any) -> None:
     varying: list[str] = []
     axes: set[Any] = set()
     for path, leaf in jax.tree_util.tree_leaves_with_path(changed):
-        vma = _varying_axes(leaf)
+        vma = plain.varying_axes(leaf)
         if vma:
             varying.append(_state_name(path))
             axes |= set(vma)
     if varying:
         raise _varying_state_error(varying, axes)
-
-
-def _varying_axes(leaf: Any) -> frozenset[Any]:
-    aval = jax.typeof(leaf)
-    manual = getattr(aval, "manual_axis_type", None)  # JAX 0.10; older JAX: ``aval.vma``
-    varying = getattr(manual, "varying", None) if manual is not None else None
-    return frozenset(getattr(aval, "vma", ()) if varying is None else varying)
 
 
 def _state_name(path: Any) -> str:

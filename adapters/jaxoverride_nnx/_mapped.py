@@ -44,6 +44,7 @@ from jaxoverride_nnx._lift import (
 )
 from jaxoverride_nnx._scope import ACTIVE, Tracked, TrackKey, current
 from jaxoverride_nnx._transforms import _bind, _check_broadcast, _named, mapped_module_path
+from jaxoverride_plain import varying_axes
 
 _CACHE_LIMIT = 256
 # ``jax.shard_map``'s default ``in_specs`` (infer from the arguments), a private singleton.
@@ -83,18 +84,9 @@ def _lifted(fun: Callable[..., Any], where: str, check_vma: bool) -> Callable[..
 def _check_replicated(view: Tracked, updates: dict[int, Any], where: str) -> None:
     for index, value in updates.items():
         for leaf in jtu.tree_leaves(value):
-            axes = _varying_axes(leaf)
+            axes = varying_axes(leaf)
             if axes:
                 raise _varying(view, index, where, tuple(sorted(axes, key=str)))
-
-
-def _varying_axes(value: Any) -> Any:
-    """The manual mesh axes ``value`` may vary over (its "vma"), where JAX records it."""
-    aval = jax.typeof(value)
-    manual = getattr(aval, "manual_axis_type", None)  # JAX 0.10
-    if manual is not None:
-        return getattr(manual, "varying", None)
-    return getattr(aval, "vma", None)  # earlier JAX
 
 
 def _varying(view: Tracked, index: int, where: str, axes: Any) -> StructureChangeError:

@@ -22,6 +22,7 @@ from jaxoverride_plain._mapped import (
     create_binding_axes as create_binding_axes,
     mesh_axis_sizes as mesh_axis_sizes,
     shard_block_arguments as shard_block_arguments,
+    varying_axes as varying_axes,
 )
 from jaxoverride_plain._phase import (
     applying as applying,
@@ -54,5 +55,6 @@ __all__ = [
     "mesh_axis_sizes",
     "shard_block_arguments",
     "unbatched_arguments",
+    "varying_axes",
     "zeros_for",
 ]

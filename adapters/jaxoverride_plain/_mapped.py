@@ -55,6 +55,42 @@ def _block(leaf: Any, spec: PartitionSpec | None, sizes: dict[Any, int]) -> Any:
         return leaf.at[tuple(index)].get(out_sharding=sharding.update(spec=PartitionSpec()))
 
 
+def varying_axes(value: Any) -> frozenset[Any]:
+    """The mesh axes over which ``value`` may differ between devices inside ``shard_map``.
+
+    A stateful adapter writes state back once, unmapped, so state written inside
+    ``shard_map`` must not vary over any axis; with ``check_vma=True`` JAX records, for each
+    value, the manual axes it varies over. This reads that record where the running JAX
+    keeps it (``manual_axis_type.varying`` in JAX 0.10, ``vma`` before).
+
+    Args:
+      value: an array or tracer.
+
+    Returns:
+      The axis names, empty outside ``shard_map`` and for values reduced over every axis.
+
+    Example:
+      >>> import jax, jax.numpy as jnp, numpy as np
+      >>> from jax.sharding import Mesh, PartitionSpec as P
+      >>> import jaxoverride_plain
+      >>> mesh = Mesh(np.array(jax.devices()[:1]), ("data",))
+      >>> seen = []
+      >>> def body(block):
+      ...     total = jax.lax.psum(block, "data")
+      ...     seen.append([sorted(jaxoverride_plain.varying_axes(v)) for v in (block, total)])
+      ...     return block
+      >>> _ = jax.shard_map(body, mesh=mesh, in_specs=P("data"), out_specs=P("data"))(
+      ...     jnp.ones(1)
+      ... )
+      >>> seen
+      [[['data'], []]]
+    """
+    aval = jax.typeof(value)
+    manual = getattr(aval, "manual_axis_type", None)
+    varying = getattr(manual, "varying", None) if manual is not None else None
+    return frozenset(getattr(aval, "vma", ()) if varying is None else varying)
+
+
 def mesh_axis_sizes(mesh: Any) -> dict[Any, int]:
     """The size of each axis of ``mesh``; the mesh in context (``jax.set_mesh``) when None.
 
