@@ -38,6 +38,9 @@ def interposed(*packages: str) -> Iterator[list[jo.Interposition]]:
             stack.enter_context(jo.interpose(importlib.import_module(name), recursive=True))
             for name in packages
         ]
+        for name, handle in zip(packages, handles, strict=True):
+            # A package whose layout changed would otherwise run raw JAX, unnoticed.
+            assert handle.rebound, f"interposing {name} rebound nothing"
         yield handles
 
 
