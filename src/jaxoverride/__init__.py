@@ -10,6 +10,9 @@ stack and make the same calls stateful, init-safe or identity-preserving.
 from jaxoverride import lax as lax
 from jaxoverride._api import (
     checkpoint as checkpoint,
+    closure_convert as closure_convert,
+    custom_jvp as custom_jvp,
+    custom_vjp as custom_vjp,
     eval_shape as eval_shape,
     grad as grad,
     hessian as hessian,
@@ -18,6 +21,7 @@ from jaxoverride._api import (
     jit as jit,
     jvp as jvp,
     linearize as linearize,
+    make_jaxpr as make_jaxpr,
     pmap as pmap,
     remat as remat,
     shard_map as shard_map,
@@ -36,7 +40,7 @@ from jaxoverride._dispatch import next_impl as next_impl, resolve as resolve
 from jaxoverride._interpose import Interposition as Interposition, interpose as interpose
 from jaxoverride._introspect import Stack as Stack, current_stack as current_stack
 from jaxoverride._names import OVERRIDEABLE as OVERRIDEABLE
-from jaxoverride._neutral import Transformed as Transformed
+from jaxoverride._neutral import NeutralRule as NeutralRule, Transformed as Transformed
 
 __version__ = "0.1.0"
 
@@ -44,11 +48,15 @@ __all__ = [
     "OVERRIDEABLE",
     "Installation",
     "Interposition",
+    "NeutralRule",
     "OverrideContext",
     "Stack",
     "Transformed",
     "checkpoint",
+    "closure_convert",
     "current_stack",
+    "custom_jvp",
+    "custom_vjp",
     "eval_shape",
     "grad",
     "hessian",
@@ -60,6 +68,7 @@ __all__ = [
     "jvp",
     "lax",
     "linearize",
+    "make_jaxpr",
     "next_impl",
     "override_context",
     "pmap",

@@ -2,9 +2,18 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import jax
 
-from jaxoverride._neutral import neutral_call, neutral_transform
+from jaxoverride._neutral import (
+    NeutralRule,
+    _check_rule_function,
+    _doc,
+    neutral_call,
+    neutral_transform,
+)
 
 jit = neutral_transform("jit", jax.jit)
 vmap = neutral_transform("vmap", jax.vmap)
@@ -17,8 +26,63 @@ hessian = neutral_transform("hessian", jax.hessian)
 checkpoint = neutral_transform("checkpoint", jax.checkpoint)
 remat = neutral_transform("remat", jax.remat)
 shard_map = neutral_transform("shard_map", jax.shard_map)
+make_jaxpr = neutral_transform("make_jaxpr", jax.make_jaxpr)
 
 jvp = neutral_call("jvp", jax.jvp)
 vjp = neutral_call("vjp", jax.vjp)
 linearize = neutral_call("linearize", jax.linearize)
 eval_shape = neutral_call("eval_shape", jax.eval_shape)
+closure_convert = neutral_call("closure_convert", jax.closure_convert)
+
+
+class custom_vjp(NeutralRule):  # noqa: N801  (JAX's name)
+    _name = "custom_vjp"
+    _default = jax.custom_vjp
+    _kind = "VJP"
+
+    def defvjp(
+        self,
+        fwd: Callable[..., Any],
+        bwd: Callable[..., Any],
+        symbolic_zeros: bool = False,
+        optimize_remat: bool = False,
+    ) -> None:
+        """Defines the forward and backward rules, as ``jax.custom_vjp.defvjp``."""
+        _check_rule_function(
+            fwd, role="fwd (the forward rule)", where="jaxoverride.custom_vjp.defvjp"
+        )
+        _check_rule_function(
+            bwd, role="bwd (the backward rule)", where="jaxoverride.custom_vjp.defvjp"
+        )
+        options = {"symbolic_zeros": symbolic_zeros, "optimize_remat": optimize_remat}
+        self._define("defvjp", (fwd, bwd), options)
+
+
+class custom_jvp(NeutralRule):  # noqa: N801  (JAX's name)
+    _name = "custom_jvp"
+    _default = jax.custom_jvp
+    _kind = "JVP"
+
+    def defjvp(self, jvp: Callable[..., Any], symbolic_zeros: bool = False) -> Callable[..., Any]:
+        """Defines the JVP rule, as ``jax.custom_jvp.defjvp``; usable as a decorator."""
+        _check_rule_function(jvp, role="jvp (the JVP rule)", where="jaxoverride.custom_jvp.defjvp")
+        self._define("defjvp", (jvp,), {"symbolic_zeros": symbolic_zeros})
+        return jvp
+
+    def defjvps(self, *jvps: Callable[..., Any] | None) -> None:
+        """Defines one JVP per argument, as ``jax.custom_jvp.defjvps``."""
+        for jvp in jvps:
+            if jvp is not None:
+                _check_rule_function(
+                    jvp, role="each jvp (or None)", where="jaxoverride.custom_jvp.defjvps"
+                )
+        self._define("defjvps", jvps, {})
+
+
+custom_vjp.__doc__ = _doc(
+    "custom_vjp", jax.custom_vjp, "each time the decorated function is called"
+)
+custom_jvp.__doc__ = _doc(
+    "custom_jvp", jax.custom_jvp, "each time the decorated function is called"
+)
+custom_vjp.__module__ = custom_jvp.__module__ = "jaxoverride"

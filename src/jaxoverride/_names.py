@@ -22,6 +22,16 @@ TRANSFORMS: Mapping[str, Callable[..., Any]] = {
     "checkpoint": jax.checkpoint,
     "remat": jax.remat,
     "shard_map": jax.shard_map,
+    "make_jaxpr": jax.make_jaxpr,
+}
+
+# A custom derivative rule is a decorator class: its override is called with JAX's
+# constructor arguments once per (decorated function, active stack), must return an object
+# with JAX's ``defvjp`` / ``defjvp`` / ``defjvps`` and ``__call__``, and the rules defined
+# on the neutral object are replayed onto it.
+RULES: Mapping[str, Callable[..., Any]] = {
+    "custom_vjp": jax.custom_vjp,
+    "custom_jvp": jax.custom_jvp,
 }
 
 # A call runs at once; its override is resolved and called on every call.
@@ -30,15 +40,18 @@ CALLS: Mapping[str, Callable[..., Any]] = {
     "vjp": jax.vjp,
     "linearize": jax.linearize,
     "eval_shape": jax.eval_shape,
+    "closure_convert": jax.closure_convert,
     "lax.scan": jax.lax.scan,
     "lax.while_loop": jax.lax.while_loop,
     "lax.fori_loop": jax.lax.fori_loop,
     "lax.cond": jax.lax.cond,
     "lax.switch": jax.lax.switch,
     "lax.map": jax.lax.map,
+    "lax.custom_root": jax.lax.custom_root,
+    "lax.custom_linear_solve": jax.lax.custom_linear_solve,
 }
 
-JAX_IMPLS: Mapping[str, Callable[..., Any]] = {**TRANSFORMS, **CALLS}
+JAX_IMPLS: Mapping[str, Callable[..., Any]] = {**TRANSFORMS, **RULES, **CALLS}
 
 OVERRIDEABLE: frozenset[str] = frozenset(JAX_IMPLS)
 """Every name that ``override_context`` and ``install`` accept, such as ``"jit"`` and

@@ -240,3 +240,118 @@ def neutral_transform(name: str, default: F) -> F:
     transform.__module__ = "jaxoverride"
     transform.__doc__ = _doc(name, default, "each time the returned function is called")
     return cast(F, transform)
+
+
+def _check_rule_function(value: object, *, role: str, where: str) -> None:
+    if not callable(value):
+        raise TypeError(
+            f"{where}: {role} must be a function, got {type(value).__name__} {value!r}. "
+            f"Pass the function itself, as in {where}(my_{role.split()[0]}, ...)."
+        )
+
+
+class NeutralRule:
+    """Base of ``jaxoverride.custom_vjp`` and ``jaxoverride.custom_jvp``.
+
+    It records the decorated function, JAX's constructor options and the rules defined on
+    it. While nothing is active a call is a call of the JAX object built from the same
+    definition. Otherwise the active override of the name builds one object per stack (as
+    a transform builds one function per stack), the recorded rules are replayed onto it,
+    and the call goes there. Redefining a rule drops every build.
+    """
+
+    _name: str
+    _default: Callable[..., Any]
+    _kind: str  # "VJP" or "JVP", for JAX's own wording of a missing rule
+
+    def __init__(
+        self,
+        fun: Callable[..., Any],
+        nondiff_argnums: Any = (),
+        nondiff_argnames: Any = (),
+    ):
+        where = f"jaxoverride.{self._name}"
+        _check_rule_function(fun, role="the decorated function", where=where)
+        _check_nondiff_argnums(fun, nondiff_argnums, where=where)
+        plain = self._default(
+            fun, nondiff_argnums=nondiff_argnums, nondiff_argnames=nondiff_argnames
+        )
+        functools.update_wrapper(self, fun)
+        self.__dict__.pop("_jaxoverride_state", None)  # fun may itself be neutral
+        self.fun = fun
+        self.nondiff_argnums = plain.nondiff_argnums
+        self._plain = plain
+        self._options = {"nondiff_argnums": nondiff_argnums, "nondiff_argnames": nondiff_argnames}
+        self._rules: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = []
+        self._builds: dict[_stack.Snapshot, Any] = {}
+
+    def _define(self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        getattr(self._plain, method)(*args, **kwargs)
+        self._rules = [(method, args, kwargs)]  # a new definition replaces the old one
+        self._builds.clear()
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if not self._rules:
+            raise AttributeError(
+                f"No {self._kind} defined for {self._name} function "
+                f"{getattr(self.fun, '__name__', self.fun)} using "
+                f"{'defvjp' if self._kind == 'VJP' else 'defjvp'}. Define the rule before "
+                f"calling it: f.{'defvjp(fwd, bwd)' if self._kind == 'VJP' else 'defjvp(f_jvp)'}."
+            )
+        if _stack.idle:
+            return self._plain(*args, **kwargs)
+        snapshot = effective_snapshot()
+        if snapshot is ROOT:
+            return self._plain(*args, **kwargs)
+        built = self._builds.get(snapshot)
+        if built is None:
+            built = self._build(snapshot)
+        return built(*args, **kwargs)
+
+    def _build(self, snapshot: _stack.Snapshot) -> Any:
+        built = dispatch(snapshot, self._name, (self.fun,), dict(self._options))
+        for method, args, kwargs in self._rules:
+            getattr(built, method)(*args, **kwargs)
+        self._builds[snapshot] = built
+        return built
+
+    def __getattr__(self, attribute: str) -> Any:
+        # JAX's object exposes the rules it holds (``fwd``, ``bwd``, ``jvp``, ...).
+        if attribute.startswith("__") or attribute in ("_plain", "_rules", "_builds"):
+            raise AttributeError(attribute)
+        return getattr(self._plain, attribute)
+
+    def __repr__(self) -> str:
+        return f"<jaxoverride.{self._name} of {self.fun!r}>"
+
+
+def _check_nondiff_argnums(fun: Callable[..., Any], nondiff_argnums: Any, *, where: str) -> None:
+    """Refuses what JAX would only trip over at the first call (an ``IndexError``)."""
+    try:
+        argnums = tuple(nondiff_argnums)
+    except TypeError:
+        raise TypeError(
+            f"{where}: nondiff_argnums must be a sequence of argument positions such as (0,), "
+            f"got {type(nondiff_argnums).__name__} {nondiff_argnums!r}."
+        ) from None
+    if not all(isinstance(argnum, int) and not isinstance(argnum, bool) for argnum in argnums):
+        raise TypeError(
+            f"{where}: nondiff_argnums must hold ints (argument positions), got {argnums!r}."
+        )
+    try:
+        parameters = inspect.signature(fun).parameters.values()
+    except (TypeError, ValueError):
+        return
+    kinds = [parameter.kind for parameter in parameters]
+    if inspect.Parameter.VAR_POSITIONAL in kinds:
+        return
+    positional = sum(
+        kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+        for kind in kinds
+    )
+    if bad := [argnum for argnum in argnums if not -positional <= argnum < positional]:
+        raise IndexError(
+            f"{where}: nondiff_argnums {argnums!r} names position(s) {bad} of "
+            f"{getattr(fun, '__name__', fun)!r}, which takes {positional} positional "
+            "argument(s). Number the non-differentiable arguments from 0."
+        )

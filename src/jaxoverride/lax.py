@@ -1,5 +1,6 @@
-"""Neutral ``jax.lax``: ``scan``, ``while_loop``, ``fori_loop``, ``cond``, ``switch`` and
-``map`` dispatch through the override stack; every other attribute *is* ``jax.lax``'s.
+"""Neutral ``jax.lax``: ``scan``, ``while_loop``, ``fori_loop``, ``cond``, ``switch``,
+``map``, ``custom_root`` and ``custom_linear_solve`` dispatch through the override stack;
+every other attribute *is* ``jax.lax``'s.
 
 Example:
   >>> import jax
@@ -19,6 +20,8 @@ from jax.lax import *  # noqa: F403  # pyright: ignore[reportWildcardImportFromL
 # After the star import, so that these names shadow jax.lax's.
 from jaxoverride._lax import (
     cond as cond,
+    custom_linear_solve as custom_linear_solve,
+    custom_root as custom_root,
     fori_loop as fori_loop,
     map as map,
     scan as scan,
@@ -26,7 +29,16 @@ from jaxoverride._lax import (
     while_loop as while_loop,
 )
 
-_NEUTRAL = ("scan", "while_loop", "fori_loop", "cond", "switch", "map")
+_NEUTRAL = (
+    "scan",
+    "while_loop",
+    "fori_loop",
+    "cond",
+    "switch",
+    "map",
+    "custom_root",
+    "custom_linear_solve",
+)
 
 
 def __getattr__(name: str) -> _typing.Any:
