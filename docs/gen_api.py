@@ -1,6 +1,6 @@
 """Writes ``docs/api.md``, the index of the API reference, from the packages themselves.
 
-Each public name (a package's ``__all__``; the six neutral names of ``jaxoverride.lax``)
+Each public name (a package's ``__all__``; the neutral names of ``jaxoverride.lax``)
 gets one row: a cross-reference to its entry in ``docs/reference/<package>.md`` and the
 first paragraph of its docstring. A name missing from the reference pages leaves its
 cross-reference unresolved, which fails ``mkdocs build --strict``; ``tests/test_docs.py``
@@ -24,7 +24,16 @@ PACKAGES = [
     "jaxoverride_dag",
     "jaxoverride_debug",
 ]
-NEUTRAL_LAX = ["scan", "while_loop", "fori_loop", "cond", "switch", "map"]
+NEUTRAL_LAX = [
+    "scan",
+    "while_loop",
+    "fori_loop",
+    "cond",
+    "switch",
+    "map",
+    "custom_root",
+    "custom_linear_solve",
+]
 DOCS = Path(__file__).resolve().parent
 PAGE = DOCS / "api.md"
 

@@ -27,6 +27,7 @@ from jaxoverride import _stack, lax as jlax
 from jaxoverride_debug._describe import describe_leaf
 from jaxoverride_debug._layer import _SESSION
 from test_parity_lax import CASES as LAX_CASES
+from test_parity_rules import CASES as RULE_CASES
 from test_parity_transforms import CASES as TRANSFORM_CASES
 
 
@@ -41,7 +42,7 @@ def covering(cases):
     return chosen
 
 
-CASES = covering([*LAX_CASES, *TRANSFORM_CASES])
+CASES = covering([*LAX_CASES, *TRANSFORM_CASES, *RULE_CASES])
 
 
 def lines(t: jd.Trace) -> list[str]:

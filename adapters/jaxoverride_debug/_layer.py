@@ -19,7 +19,7 @@ from typing import Any
 
 import jaxoverride as jo
 from jaxoverride import _dispatch
-from jaxoverride._names import CALLS, JAX_IMPLS, TRANSFORMS
+from jaxoverride._names import CALLS, JAX_IMPLS, RULES, TRANSFORMS
 from jaxoverride_debug._describe import (
     describe_arguments,
     describe_call,
@@ -121,6 +121,9 @@ _FUNCTION_ARGUMENT = {
     "vjp": (0, "fun"),
     "linearize": (0, "fun"),
     "eval_shape": (0, "fun"),
+    "closure_convert": (0, "fun"),
+    "lax.custom_root": (0, "f"),
+    "lax.custom_linear_solve": (0, "matvec"),
 }
 
 
@@ -250,6 +253,9 @@ def context_for(config: Config) -> jo.OverrideContext:
             if len(_contexts) >= _CONTEXT_LIMIT:
                 _contexts.clear()
             impls = {name: _make_call(name, config) for name in CALLS}
-            impls.update({name: _make_transform(name, config) for name in TRANSFORMS})
+            # A rule's override builds an object as a transform's builds a function; the
+            # record forwards ``defvjp``/``defjvp`` to it, so the core's replay reaches JAX.
+            built_once = (*TRANSFORMS, *RULES)
+            impls.update({name: _make_transform(name, config) for name in built_once})
             _contexts[config] = jo.override_context(impls, name=config.label())
         return _contexts[config]

@@ -258,6 +258,17 @@ class NeutralRule:
     definition. Otherwise the active override of the name builds one object per stack (as
     a transform builds one function per stack), the recorded rules are replayed onto it,
     and the call goes there. Redefining a rule drops every build.
+
+    Example:
+      >>> import jax, jax.numpy as jnp, jaxoverride as jo
+      >>> @jo.custom_vjp
+      ... def clip_gradient(x):
+      ...     return x
+      >>> clip_gradient.defvjp(lambda x: (x, None), lambda _, g: (jnp.clip(g, -1.0, 1.0),))
+      >>> isinstance(clip_gradient, jo.NeutralRule)
+      True
+      >>> float(jax.grad(lambda x: 3.0 * clip_gradient(x))(2.0))
+      1.0
     """
 
     _name: str
