@@ -9,7 +9,7 @@ from typing import Any
 import jax
 
 import jaxoverride as jo
-from jaxoverride_plain import _combinators as c
+from jaxoverride_plain import _combinators as c, _rules
 from jaxoverride_plain._combinators import create_by_calling, init_safe_call
 from jaxoverride_plain._mapped import INFER, create_binding_axes, shard_block_arguments
 from jaxoverride_plain._transforms import init_safe_transform, unbatched_arguments, zeros_for
@@ -137,6 +137,18 @@ def _primal_call(name: str, primals: Callable[..., tuple[Any, ...]]) -> Callable
     return call
 
 
+def _primal_transform(name: str) -> Callable[..., Any]:
+    """A transform override whose creation pass calls ``fun`` on concrete zeros for any
+    ``ShapeDtypeStruct`` argument (``make_jaxpr`` accepts them)."""
+
+    def transform(fun: Any, *args: Any, **kwargs: Any) -> Any:
+        creation = lambda *a, **k: fun(*zeros_for(a), **zeros_for(k))
+        return init_safe_transform(jo.next_impl(name)(fun, *args, **kwargs), creation)
+
+    transform.__qualname__ = f"init_safe_{name}"
+    return transform
+
+
 def _jvp_primals(primals: Any, tangents: Any, **_: Any) -> tuple[Any, ...]:
     return tuple(primals)
 
@@ -173,6 +185,12 @@ _CONTEXT = jo.override_context(
         "vjp": _primal_call("vjp", _positional_primals),
         "linearize": _primal_call("linearize", _positional_primals),
         "eval_shape": _primal_call("eval_shape", _eval_shape_primals),
+        "make_jaxpr": _primal_transform("make_jaxpr"),
+        "custom_vjp": _rules.rule("custom_vjp"),
+        "custom_jvp": _rules.rule("custom_jvp"),
+        "closure_convert": _rules.closure_convert,
+        "lax.custom_root": _rules.custom_root,
+        "lax.custom_linear_solve": _rules.custom_linear_solve,
     },
     name="jaxoverride_plain",
 )
@@ -181,7 +199,11 @@ _CONTEXT = jo.override_context(
 def context() -> jo.OverrideContext:
     """Makes the neutral API init-safe: control flow runs the combinators of this package,
     and ``jit``, ``grad``-like transforms, ``vmap``/``pmap``, ``jvp``/``vjp``/``linearize``
-    and ``eval_shape`` create parameters outside their trace first.
+    and ``eval_shape`` create parameters outside their trace first; so do the implicit-
+    differentiation names: ``custom_vjp``/``custom_jvp`` (the primal function runs once
+    before JAX traces it), ``closure_convert`` (so the parameters it hoists exist),
+    ``make_jaxpr``, ``lax.custom_root`` (on ``f(initial_guess)``) and
+    ``lax.custom_linear_solve`` (on ``matvec(b)``).
 
     Outside ``init_context()`` every override delegates straight to the implementation
     below, so the context can stay entered around both init and apply. ``shard_map``'s

@@ -1,0 +1,76 @@
+"""Init-safe implicit differentiation: custom rules, closure conversion, custom solves.
+
+Each creates parameters by running the user's primal function once, outside any trace,
+before JAX sees it: ``closure_convert`` then hoists parameters that already exist, and a
+custom rule's ``fwd``/``bwd`` (traced lazily by JAX, possibly after init has returned)
+only ever read them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import jaxoverride as jo
+from jaxoverride_plain._combinators import init_safe_call
+
+
+class InitSafeRule:
+    """A JAX ``custom_vjp``/``custom_jvp`` object whose call at init creates parameters first.
+
+    ``defvjp``, ``defjvp``, ``defjvps`` and the rules' attributes are the JAX object's.
+    """
+
+    __slots__ = ("_built", "_fun")
+
+    def __init__(self, built: Any, fun: Callable[..., Any]):
+        self._built = built
+        self._fun = fun
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return init_safe_call(
+            lambda: self._fun(*args, **kwargs), lambda: self._built(*args, **kwargs)
+        )
+
+    def __getattr__(self, attribute: str) -> Any:
+        return getattr(self._built, attribute)
+
+
+def rule(name: str) -> Callable[..., InitSafeRule]:
+    """The override of ``custom_vjp`` or ``custom_jvp``."""
+
+    def build(fun: Callable[..., Any], *args: Any, **kwargs: Any) -> InitSafeRule:
+        return InitSafeRule(jo.next_impl(name)(fun, *args, **kwargs), fun)
+
+    build.__qualname__ = f"init_safe_{name}"
+    return build
+
+
+def closure_convert(fun: Callable[..., Any], *example_args: Any) -> Any:
+    below = jo.next_impl("closure_convert")
+    return init_safe_call(lambda: fun(*example_args), lambda: below(fun, *example_args))
+
+
+def custom_root(
+    f: Callable[..., Any], initial_guess: Any, solve: Any, tangent_solve: Any, has_aux: bool = False
+) -> Any:
+    below = jo.next_impl("lax.custom_root")
+    return init_safe_call(
+        lambda: f(initial_guess),
+        lambda: below(f, initial_guess, solve, tangent_solve, has_aux=has_aux),
+    )
+
+
+def custom_linear_solve(
+    matvec: Callable[..., Any],
+    b: Any,
+    solve: Any,
+    transpose_solve: Any = None,
+    symmetric: bool = False,
+    has_aux: bool = False,
+) -> Any:
+    below = jo.next_impl("lax.custom_linear_solve")
+    return init_safe_call(
+        lambda: matvec(b),
+        lambda: below(matvec, b, solve, transpose_solve, symmetric=symmetric, has_aux=has_aux),
+    )
