@@ -8,10 +8,10 @@ closures, inside ``jaxoverride_nnx.track(model, optimizer)``.
 
 Two ways to get the gradient of the loss with respect to the layer's weights:
 
-* ``"implicit"``: solve with Anderson acceleration without differentiating the loop,
-  then apply one Newton correction ``z = z* + (I - J)^-1 (f(z*) - z*)`` with ``J`` from
-  ``jaxoverride.jacfwd`` held constant. Its value is ``z*`` and its derivative is the
-  implicit-function-theorem gradient ``(I - J)^-1 df/dtheta``.
+* ``"implicit"`` (fpsolve's default): Anderson acceleration, differentiated implicitly.
+  ``fpsolve`` closure-converts the cell (so the tracked weights it reads become explicit
+  inputs) and its ``jaxoverride.custom_vjp`` solves the adjoint fixed point with the same
+  solver: the loop is never differentiated, and the model needs no help.
 * ``"unrolled"``: the solver's ``"unrolled"`` method, a ``lax.scan`` of plain steps,
   differentiated in reverse mode.
 
@@ -56,16 +56,7 @@ class DEQ(nnx.Module):
         z0 = jnp.zeros((x.shape[0], HIDDEN))
         if self.gradient == "unrolled":
             return fixed_point(self.cell, z0, x, method="unrolled", max_iter=30).value
-        z_star = jax.lax.stop_gradient(fixed_point(self.cell, z0, x, method="anderson").value)
-        shape = z_star.shape
-
-        def step(z_flat: jax.Array) -> jax.Array:
-            return self.cell(z_flat.reshape(shape), x).ravel()
-
-        jacobian = jax.lax.stop_gradient(jo.jacfwd(step)(z_star.ravel()))
-        residual = step(z_star.ravel()) - z_star.ravel()
-        correction = jnp.linalg.solve(jnp.eye(jacobian.shape[0]) - jacobian, residual)
-        return z_star + correction.reshape(shape)
+        return fixed_point(self.cell, z0, x, method="anderson").value
 
     def __call__(self, x: jax.Array) -> jax.Array:
         return self.readout(self.equilibrium(x))[:, 0]

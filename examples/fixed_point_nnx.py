@@ -65,7 +65,10 @@ def run(problem: Problem) -> list[Row]:
     with jaxoverride_nnx.track(model):
         for method in METHODS:
             # One compiled call of the whole solve, timed as for every framework.
-            solve = jo.jit(lambda x, m=method: fixed_point(f, z0, x, method=m))
+            # The map writes state (its call counter). Closure conversion, which the
+            # implicit gradient needs, makes a function pure, so the adapter refuses a
+            # write inside it: this forward-only demo keeps the bare loop.
+            solve = jo.jit(lambda x, m=method: fixed_point(f, z0, x, method=m, implicit=False))
             solution, ms = timed(lambda solve=solve: solve(problem.x))
             rows.append(Row("nnx", method, int(solution.iterations), float(solution.residual), ms,
                             np.asarray(solution.value)))  # fmt: skip
@@ -76,12 +79,17 @@ def main() -> None:
     problem = make_problem()
     model = DenseMap.from_problem(problem)
     try:
-        fixed_point(lambda z, x: model(z, x), jnp.zeros(problem.n), problem.x)
+        fixed_point(lambda z, x: model(z, x), jnp.zeros(problem.n), problem.x, implicit=False)
     except Exception as error:  # what happens without the adapter
         print(f"without track: {type(error).__name__}")
     with jaxoverride_nnx.track(model):
         solution = fixed_point(
-            lambda z, x: model(z, x), jnp.zeros(problem.n), problem.x, method="forward", jit=False
+            lambda z, x: model(z, x),
+            jnp.zeros(problem.n),
+            problem.x,
+            method="forward",
+            jit=False,
+            implicit=False,
         )
     print(
         f"forward iteration: {int(solution.iterations)} steps, the model counted "

@@ -11,10 +11,17 @@ Solves ``z = f(z, args)`` for an array ``z`` of any shape, by
 * ``"newton"``: Newton's method on ``g(z) = f(z) - z``, with the Jacobian from ``jacfwd``;
 * ``"unrolled"``: exactly ``max_iter`` forward steps in a ``scan``, differentiable in
   reverse mode (for training deep-equilibrium layers by backpropagation).
+
+The other methods are differentiated *implicitly* by default: ``closure_convert`` hoists
+whatever ``f`` closes over (model parameters included), and a ``custom_vjp`` solves the
+adjoint fixed point ``u = z_bar + u df/dz`` at ``z*`` with the same method, so reverse
+mode never differentiates through the loop (the implicit function theorem gives the
+exact derivative of the fixed point).
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -157,6 +164,58 @@ _solve_jit = jo.jit(
 )
 
 
+class _Settings(NamedTuple):
+    method: str
+    tol: float
+    max_iter: int
+    m: int
+    beta: float
+    ridge: float
+
+
+def _closing(converted: Callable[..., Array], constants: Any) -> FixedPointMap:
+    return lambda z, args: converted(z, args, *constants)
+
+
+@functools.partial(jo.custom_vjp, nondiff_argnums=(0, 1))
+def _implicit(
+    converted: Callable[..., Array], settings: _Settings, z0: Array, args: Any, constants: Any
+) -> Solution:
+    return _solve(_closing(converted, constants), z0, args, *settings)
+
+
+def _implicit_fwd(
+    converted: Callable[..., Array], settings: _Settings, z0: Array, args: Any, constants: Any
+) -> tuple[Solution, Any]:
+    solution = _implicit(converted, settings, z0, args, constants)
+    return solution, (solution.value, args, constants)
+
+
+def _implicit_bwd(
+    converted: Callable[..., Array], settings: _Settings, residuals: Any, cotangent: Solution
+) -> tuple[Any, Any, Any]:
+    z, args, constants = residuals
+    z_bar = cotangent.value
+    _, vjp_z = jo.vjp(lambda z: converted(z, args, *constants), z)
+    # The adjoint u solves u = z_bar + u df/dz: a fixed point of a linear map, solved by
+    # the same method as the forward problem.
+    adjoint = _solve(lambda u, _: vjp_z(u)[0] + z_bar, z_bar, None, *settings).value
+    _, vjp_rest = jo.vjp(lambda a, c: converted(z, a, *c), args, constants)
+    args_bar, constants_bar = vjp_rest(adjoint)
+    return jnp.zeros_like(z), args_bar, constants_bar
+
+
+_implicit.defvjp(_implicit_fwd, _implicit_bwd)
+
+
+def _solve_implicitly(f: FixedPointMap, z0: Array, args: Any, settings: _Settings) -> Solution:
+    converted, constants = jo.closure_convert(f, z0, args)
+    return _implicit(converted, settings, z0, args, tuple(constants))
+
+
+_solve_implicitly_jit = jo.jit(_solve_implicitly, static_argnames=("f", "settings"))
+
+
 def fixed_point(
     f: FixedPointMap,
     z0: Array,
@@ -169,6 +228,7 @@ def fixed_point(
     beta: float = 1.0,
     ridge: float = 1e-6,
     jit: bool = True,
+    implicit: bool = True,
 ) -> Solution:
     """Finds ``z`` with ``z = f(z, args)``.
 
@@ -183,6 +243,10 @@ def fixed_point(
       max_iter: the iteration limit (the exact step count for ``"unrolled"``).
       m, beta, ridge: Anderson memory, mixing and regularisation.
       jit: compile the solver with ``jaxoverride.jit``.
+      implicit: differentiate ``"forward"``, ``"anderson"`` and ``"newton"`` implicitly
+        (reverse mode, w.r.t. ``args`` and everything ``f`` closes over). ``False``
+        leaves the bare loop: forward mode (``jacfwd``) works through it, reverse mode
+        does not. ``"unrolled"`` is always differentiated by backpropagation.
 
     Returns:
       A ``Solution(value, iterations, residual)``.
@@ -196,5 +260,9 @@ def fixed_point(
     if method not in METHODS:
         raise ValueError(f"fixed_point: unknown method {method!r}; choose one of {METHODS}.")
     z0 = jnp.asarray(z0)
+    if implicit and method != "unrolled":
+        settings = _Settings(method, tol, max_iter, m, beta, ridge)
+        solve_implicitly = _solve_implicitly_jit if jit else _solve_implicitly
+        return solve_implicitly(f, z0, args, settings)
     solve = _solve_jit if jit else _solve
     return solve(f, z0, args, method, tol, max_iter, m, beta, ridge)

@@ -34,7 +34,12 @@ def test_fixed_point_counts_every_evaluation():
     model = fixed_point_nnx.DenseMap.from_problem(problem)
     with jaxoverride_nnx.track(model):
         solution = fixed_point(
-            lambda z, x: model(z, x), jnp.zeros(problem.n), problem.x, method="forward", jit=False
+            lambda z, x: model(z, x),
+            jnp.zeros(problem.n),
+            problem.x,
+            method="forward",
+            jit=False,
+            implicit=False,
         )
     assert int(model.calls[...]) == int(solution.iterations)
 
