@@ -20,7 +20,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import jaxoverride_haiku as joh
-from _demo import Problem, Row, make_problem, timed
+from _demo import UNROLLED_STEPS, Problem, Row, make_problem, max_gap, timed
 from fpsolve import fixed_point
 
 METHODS = ("forward", "anderson", "newton")
@@ -46,12 +46,13 @@ def problem_params(problem: Problem) -> hk.Params:
     }
 
 
-def model(n: int, method: str) -> hk.Transformed:
+def model(n: int, method: str, max_iter: int = 200) -> hk.Transformed:
     """A deep-equilibrium layer: the fixed point of ``DenseMap`` for the input ``x``."""
 
     def solve(x: jax.Array):
-        layer = DenseMap(n)
-        return fixed_point(lambda z, x: layer(z, x), jnp.zeros(n), x, method=method)
+        layer = DenseMap(n)  # built outside the map: built inside, each call would add one
+        f = lambda z, x: layer(z, x)
+        return fixed_point(f, jnp.zeros(n), x, method=method, max_iter=max_iter)
 
     return hk.transform(solve)
 
@@ -72,6 +73,20 @@ def run(problem: Problem) -> list[Row]:
         rows.append(Row("haiku", method, int(solution.iterations), float(solution.residual), ms,
                         np.asarray(solution.value)))  # fmt: skip
     return rows
+
+
+def gradient_gap(problem: Problem) -> float:
+    """Implicit (fpsolve's default) against unrolled gradients w.r.t. the Haiku params."""
+    params = problem_params(problem)
+
+    def grad(deq: hk.Transformed) -> hk.Params:
+        loss = lambda params: jnp.sum(deq.apply(params, None, problem.x).value ** 2)
+        return jax.jit(jax.grad(loss))(params)
+
+    with joh.context():
+        implicit = grad(model(problem.n, "anderson"))
+        unrolled = grad(model(problem.n, "unrolled", max_iter=UNROLLED_STEPS))
+    return max_gap(implicit, unrolled)
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -25,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import jaxoverride as jo
 import jaxoverride_nnx
-from _demo import Problem, Row, make_problem, timed
+from _demo import UNROLLED_STEPS, Problem, Row, make_problem, max_gap, timed
 from fpsolve import fixed_point
 
 METHODS = ("forward", "anderson", "newton")
@@ -73,6 +74,28 @@ def run(problem: Problem) -> list[Row]:
             rows.append(Row("nnx", method, int(solution.iterations), float(solution.residual), ms,
                             np.asarray(solution.value)))  # fmt: skip
     return rows
+
+
+def gradient_gap(problem: Problem) -> float:
+    """Implicit (fpsolve's default) against unrolled gradients w.r.t. the module's Params.
+
+    The map reads the layers but not the call counter: a write inside it could not come
+    out of the closure conversion that the implicit gradient uses (the adapter refuses it).
+    """
+    model = DenseMap.from_problem(problem)
+    f = lambda z, x: jnp.tanh(model.hidden(z) + model.inject(x))
+    z0 = jnp.zeros(problem.n)
+
+    def loss(module: DenseMap, **options: Any) -> jax.Array:
+        del module  # the map reads the tracked model, which jo.grad differentiates
+        return jnp.sum(fixed_point(f, z0, problem.x, **options).value ** 2)
+
+    with jaxoverride_nnx.track(model):
+        implicit = jo.jit(lambda: jo.grad(lambda m: loss(m, method="anderson"))(model))()
+        unrolled = jo.jit(
+            lambda: jo.grad(lambda m: loss(m, method="unrolled", max_iter=UNROLLED_STEPS))(model)
+        )()
+    return max_gap(implicit, unrolled)
 
 
 def main() -> None:
