@@ -25,7 +25,8 @@ from _parity import (
 from jaxoverride import _lax, lax as jlax
 
 MODES = ["idle", "context"]
-NEUTRAL_LAX = ("scan", "while_loop", "fori_loop", "cond", "switch", "map")
+NEUTRAL_LAX = ("scan", "while_loop", "fori_loop", "cond", "switch", "map", "custom_root",
+               "custom_linear_solve")  # fmt: skip
 
 
 def neutral_and_jax(name: str):
@@ -56,6 +57,11 @@ def test_overrideable_is_exactly_the_design_list():
                 "vjp",
                 "linearize",
                 "eval_shape",
+                # Implicit differentiation.
+                "custom_vjp",
+                "custom_jvp",
+                "closure_convert",
+                "make_jaxpr",
             ]
             + [f"lax.{name}" for name in NEUTRAL_LAX]
         )
@@ -70,6 +76,10 @@ def test_signature_name_and_docstring_match_jax():
         neutral, original = neutral_and_jax(name)
         assert neutral is not original, name
         assert inspect.signature(neutral) == inspect.signature(original), name
+        for method in ("defvjp", "defjvp", "defjvps"):
+            if hasattr(original, method):
+                ours, theirs = getattr(neutral, method), getattr(original, method)
+                assert inspect.signature(ours) == inspect.signature(theirs), (name, method)
         assert neutral.__name__ == original.__name__, name
         module = "jaxoverride.lax" if name.startswith("lax.") else "jaxoverride"
         assert neutral.__module__ == module, name

@@ -395,7 +395,7 @@ def test_errors_inside_the_rules_are_jaxs(mode):
             [
                 lambda: jax.grad(bad_bwd)(1.0, 2.0),
                 lambda: jax.grad(bad_fwd)(1.0, 2.0),
-                lambda: api.closure_convert(lambda x: x, object()),
+                lambda: api.closure_convert(lambda x: x, NOT_AN_ARRAY),
                 lambda: api.lax.custom_root(lambda x: x, 1.0, 3, None),
             ]
         )
@@ -405,6 +405,9 @@ def test_errors_inside_the_rules_are_jaxs(mode):
         actual = messages(jo)
     assert actual == expected
     assert None not in expected
+
+
+NOT_AN_ARRAY = object()
 
 
 def test_nondiff_argnames_and_keyword_binding_match_jax():

@@ -9,6 +9,7 @@ import jax
 
 from jaxoverride._neutral import (
     NeutralRule,
+    ReturnValue,
     _check_rule_function,
     _doc,
     neutral_call,
@@ -35,15 +36,19 @@ eval_shape = neutral_call("eval_shape", jax.eval_shape)
 closure_convert = neutral_call("closure_convert", jax.closure_convert)
 
 
-class custom_vjp(NeutralRule):  # noqa: N801  (JAX's name)
+class custom_vjp(NeutralRule[ReturnValue]):  # noqa: N801  (JAX's name)
     _name = "custom_vjp"
     _default = jax.custom_vjp
     _kind = "VJP"
 
+    # Unannotated, as JAX's: ``inspect.signature`` of the class must equal JAX's.
+    def __init__(self, fun, nondiff_argnums=(), nondiff_argnames=()):
+        super().__init__(fun, nondiff_argnums, nondiff_argnames)
+
     def defvjp(
         self,
-        fwd: Callable[..., Any],
-        bwd: Callable[..., Any],
+        fwd: Callable[..., tuple[ReturnValue, Any]],
+        bwd: Callable[..., tuple[Any, ...]],
         symbolic_zeros: bool = False,
         optimize_remat: bool = False,
     ) -> None:
@@ -58,18 +63,22 @@ class custom_vjp(NeutralRule):  # noqa: N801  (JAX's name)
         self._define("defvjp", (fwd, bwd), options)
 
 
-class custom_jvp(NeutralRule):  # noqa: N801  (JAX's name)
+class custom_jvp(NeutralRule[ReturnValue]):  # noqa: N801  (JAX's name)
     _name = "custom_jvp"
     _default = jax.custom_jvp
     _kind = "JVP"
 
-    def defjvp(self, jvp: Callable[..., Any], symbolic_zeros: bool = False) -> Callable[..., Any]:
+    def defjvp(
+        self,
+        jvp: Callable[..., tuple[ReturnValue, ReturnValue]],
+        symbolic_zeros: bool = False,
+    ) -> Callable[..., tuple[ReturnValue, ReturnValue]]:
         """Defines the JVP rule, as ``jax.custom_jvp.defjvp``; usable as a decorator."""
         _check_rule_function(jvp, role="jvp (the JVP rule)", where="jaxoverride.custom_jvp.defjvp")
         self._define("defjvp", (jvp,), {"symbolic_zeros": symbolic_zeros})
         return jvp
 
-    def defjvps(self, *jvps: Callable[..., Any] | None) -> None:
+    def defjvps(self, *jvps: Callable[..., ReturnValue] | None) -> None:
         """Defines one JVP per argument, as ``jax.custom_jvp.defjvps``."""
         for jvp in jvps:
             if jvp is not None:

@@ -13,14 +13,15 @@ import functools
 import inspect
 import types
 import weakref
-from collections.abc import Callable
-from typing import Any, TypeVar, cast
+from collections.abc import Callable, Sequence
+from typing import Any, Generic, TypeVar, cast
 
 from jaxoverride import _stack
 from jaxoverride._dispatch import dispatch
 from jaxoverride._stack import ROOT, effective_snapshot
 
 F = TypeVar("F", bound=Callable[..., Any])
+ReturnValue = TypeVar("ReturnValue")
 
 _NOTE = (
     "Neutral ``{path}``: identical to it while no override is active; otherwise the "
@@ -250,7 +251,7 @@ def _check_rule_function(value: object, *, role: str, where: str) -> None:
         )
 
 
-class NeutralRule:
+class NeutralRule(Generic[ReturnValue]):
     """Base of ``jaxoverride.custom_vjp`` and ``jaxoverride.custom_jvp``.
 
     It records the decorated function, JAX's constructor options and the rules defined on
@@ -275,11 +276,12 @@ class NeutralRule:
     _default: Callable[..., Any]
     _kind: str  # "VJP" or "JVP", for JAX's own wording of a missing rule
 
+    # The annotations are JAX's, to the letter: ``inspect.signature`` compares them.
     def __init__(
         self,
-        fun: Callable[..., Any],
-        nondiff_argnums: Any = (),
-        nondiff_argnames: Any = (),
+        fun: Callable[..., ReturnValue],
+        nondiff_argnums: Sequence[int] = (),
+        nondiff_argnames: Sequence[str] = (),
     ):
         where = f"jaxoverride.{self._name}"
         _check_rule_function(fun, role="the decorated function", where=where)
@@ -301,7 +303,7 @@ class NeutralRule:
         self._rules = [(method, args, kwargs)]  # a new definition replaces the old one
         self._builds.clear()
 
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+    def __call__(self, *args: Any, **kwargs: Any) -> ReturnValue:
         if not self._rules:
             raise AttributeError(
                 f"No {self._kind} defined for {self._name} function "
