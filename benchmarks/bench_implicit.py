@@ -148,7 +148,8 @@ def _nnx(quick: bool) -> list[Row]:
 
         def __call__(self, x: jax.Array) -> jax.Array:
             f = lambda z, x: jnp.tanh(self.recurrent(z) + self.injection(x))
-            return jnp.sum(fixed_point(f, jnp.zeros_like(x), x, method="forward").value ** 2)
+            solution = fixed_point(f, jnp.zeros_like(x), x, method="forward", jit=False)
+            return jnp.sum(solution.value**2)
 
     model = DEQ()
     explicit = jax.jit(jax.grad(_explicit_loss))

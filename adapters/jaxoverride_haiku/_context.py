@@ -8,7 +8,7 @@ from typing import Any
 from haiku._src import base
 
 import jaxoverride as jo
-from jaxoverride_haiku import _control, _jit, _mapped, _transforms
+from jaxoverride_haiku import _control, _convert, _jit, _mapped, _transforms
 
 _OVERRIDES = {
     "jit": _jit.jit,
@@ -32,6 +32,10 @@ _OVERRIDES = {
     "lax.cond": _control.cond,
     "lax.switch": _control.switch,
     "lax.map": _control.map,
+    "closure_convert": _convert.closure_convert,
+    "make_jaxpr": _convert.make_jaxpr,
+    "lax.custom_root": _convert.custom_root,
+    "lax.custom_linear_solve": _convert.custom_linear_solve,
 }
 
 # One layer for the whole process: re-entering it finds the builds made for it before.

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import jaxoverride as jo
-from jaxoverride_nnx import _control, _jit, _mapped, _transforms
+from jaxoverride_nnx import _control, _jit, _mapped, _rules, _transforms
 
 _CONTEXT = jo.override_context(
     {
@@ -30,6 +30,8 @@ _CONTEXT = jo.override_context(
         "lax.cond": _control.cond,
         "lax.switch": _control.switch,
         "lax.map": _control.lax_map,
+        "custom_vjp": _rules.custom_vjp,
+        "closure_convert": _rules.closure_convert,
     },
     name="jaxoverride_nnx",
 )

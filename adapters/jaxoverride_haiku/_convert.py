@@ -1,0 +1,155 @@
+"""Closure conversion, ``make_jaxpr`` and JAX's custom solves inside ``hk.transform``.
+
+Each traces the user's function into a jaxpr whose inputs and outputs are fixed. So:
+
+* at init, a creation pass first runs the function once outside every trace (with
+  ``jaxoverride_haiku``'s ``create``: parameters are created once, under the names apply
+  uses, and nothing else of the pass remains);
+* the function is then traced in a temporary Haiku frame built from the caller's
+  params, state and rng: parameters it reads are values it closes over, which
+  ``closure_convert`` hoists when they are being differentiated or traced;
+* a state write (``hk.set_state``) or an rng draw inside it is refused at the write
+  itself: nothing written inside a converted function could come out of it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from haiku._src import base, stateful
+
+import jaxoverride as jo
+from jaxoverride_haiku._creation import init_safe_call
+from jaxoverride_haiku._frames import Threaded, state_usable
+
+
+class PureFunctionWriteError(RuntimeError):
+    """A Haiku state write or rng draw inside a function that JAX makes pure."""
+
+
+def _refusal(where: str, what: str) -> PureFunctionWriteError:
+    return PureFunctionWriteError(
+        f"{where}: {what} inside the function being converted. {where} turns the function "
+        "into a pure jaxpr of its inputs, so nothing it writes or draws could come out, and "
+        "the value would be silently lost or stale. Move the write or the draw out of the "
+        "function that is converted (do it before or after the solver call), or pass the "
+        "value in as an argument; a solver with a non-implicit mode (fpsolve's "
+        "implicit=False, jaxopt's implicit_diff=False) does not convert the function."
+    )
+
+
+class _RefusingSequence(base.PRNGSequence):
+    """An rng sequence that refuses every draw; loops may still carry its state."""
+
+    def __init__(self, state: Any, where: str):
+        super().__init__(state)
+        self._where = where
+
+    def _refuse(self, *_: Any) -> Any:
+        raise _refusal(self._where, "an rng key was drawn (hk.next_rng_key)")
+
+    __next__ = next = take = reserve = _refuse  # type: ignore[assignment]
+
+
+@contextlib.contextmanager
+def pure_frame(where: str) -> Iterator[None]:
+    """Refuses state writes and rng draws in the current Haiku frame."""
+
+    def refuse_write(next_setter: Any, value: Any, context: base.SetterContext) -> Any:
+        del next_setter, value
+        raise _refusal(where, f"the Haiku state {context.full_name!r} was written")
+
+    frame = base.current_frame()
+    sequence = frame.rng_stack.peek()
+    guard = None if sequence is None else _RefusingSequence(sequence.internal_state, where)
+    with base.custom_setter(refuse_write), frame.rng_stack(guard):
+        yield
+
+
+def traced_in_pure_frame(
+    fun: Callable[..., Any], where: str
+) -> tuple[Callable[..., Any], Threaded]:
+    """``fun`` in a temporary frame of the caller's state, entered inside JAX's trace."""
+    state = stateful.internal_state()
+    thread = Threaded(1, where, check_params=False)
+
+    def traced(*args: Any, **kwargs: Any) -> Any:
+        with thread.frame(0, state), pure_frame(where):
+            return fun(*args, **kwargs)
+
+    return traced, thread
+
+
+def closure_convert(fun: Callable[..., Any], *example_args: Any) -> Any:
+    below = jo.next_impl("closure_convert")
+    if not state_usable():
+        return below(fun, *example_args)
+
+    def apply() -> Any:
+        traced, thread = traced_in_pure_frame(fun, "jaxoverride.closure_convert")
+        converted = below(traced, *example_args)
+        thread.finish()
+        return converted
+
+    return init_safe_call(lambda: fun(*example_args), apply)
+
+
+def make_jaxpr(fun: Callable[..., Any], *args: Any, **kwargs: Any) -> Callable[..., Any]:
+    lower = jo.next_impl("make_jaxpr")
+    plain = lower(fun, *args, **kwargs)
+
+    def traced_jaxpr(*call_args: Any, **call_kwargs: Any) -> Any:
+        if not state_usable():
+            return plain(*call_args, **call_kwargs)
+        from jaxoverride_plain import zeros_for
+
+        def apply() -> Any:
+            traced, thread = traced_in_pure_frame(fun, "jaxoverride.make_jaxpr")
+            out = lower(traced, *args, **kwargs)(*call_args, **call_kwargs)
+            thread.finish()
+            return out
+
+        creation = lambda: fun(*zeros_for(call_args), **zeros_for(call_kwargs))
+        return init_safe_call(creation, apply)
+
+    return traced_jaxpr
+
+
+def custom_root(
+    f: Callable[..., Any], initial_guess: Any, solve: Any, tangent_solve: Any, has_aux: bool = False
+) -> Any:
+    below = jo.next_impl("lax.custom_root")
+    if not state_usable():
+        return below(f, initial_guess, solve, tangent_solve, has_aux=has_aux)
+
+    def apply() -> Any:
+        traced, thread = traced_in_pure_frame(f, "jaxoverride.lax.custom_root")
+        out = below(traced, initial_guess, solve, tangent_solve, has_aux=has_aux)
+        thread.finish()
+        return out
+
+    return init_safe_call(lambda: f(initial_guess), apply)
+
+
+def custom_linear_solve(
+    matvec: Callable[..., Any],
+    b: Any,
+    solve: Any,
+    transpose_solve: Any = None,
+    symmetric: bool = False,
+    has_aux: bool = False,
+) -> Any:
+    below = jo.next_impl("lax.custom_linear_solve")
+    options = {"symmetric": symmetric, "has_aux": has_aux}
+    if not state_usable():
+        return below(matvec, b, solve, transpose_solve, **options)
+
+    def apply() -> Any:
+        traced, thread = traced_in_pure_frame(matvec, "jaxoverride.lax.custom_linear_solve")
+        out = below(traced, b, solve, transpose_solve, **options)
+        thread.finish()
+        return out
+
+    return init_safe_call(lambda: matvec(b), apply)

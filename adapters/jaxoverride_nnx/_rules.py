@@ -1,0 +1,143 @@
+"""``custom_vjp`` under ``track``: the tracked Variables' values as an explicit argument.
+
+JAX traces a custom rule's primal function at a level of its own and its ``fwd`` one
+level up. A neutral loop inside the rule carries every tracked Variable, Params included,
+so without lifting, the Variables' values at the caller's level would be closed over by
+the rule, which JAX refuses ("differentiation of a custom_vjp function with respect to a
+closed-over value"). Here the values go in as a leading argument, the primal and ``fwd``
+run with the Variables pointing at them (``run_lifted``, so they may also be written),
+and the values after the call come back as an extra output that is written back once.
+The leading argument gets a zero cotangent: gradients reach the parameters through the
+arguments of the rule, which ``jaxoverride.closure_convert`` provides.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from flax.errors import TraceContextError
+
+import jaxoverride as jo
+from jaxoverride_nnx._errors import LevelError
+from jaxoverride_nnx._lift import changed, run_lifted, write_back
+from jaxoverride_nnx._scope import current
+
+WHERE = "jaxoverride.custom_vjp"
+
+
+def _positional(fun: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple:
+    """The arguments as JAX binds them: every keyword resolved to its position."""
+    if not kwargs:
+        return args
+    bound = inspect.signature(fun).bind(*args, **kwargs)
+    bound.apply_defaults()
+    return bound.args
+
+
+def _written(before: Sequence[Any], after: Sequence[Any]) -> list[Any]:
+    """The values after the call, ``None`` where a Variable was not written (static)."""
+    updates = changed(before, after)
+    return [updates.get(index) for index in range(len(after))]
+
+
+def _argnums(fun: Callable[..., Any], argnums: Sequence[int], argnames: Sequence[str]) -> set[int]:
+    found = set(argnums)
+    if argnames:
+        names = list(inspect.signature(fun).parameters)
+        found |= {names.index(name) for name in argnames}
+    return found
+
+
+class LiftedVJP:
+    """What the NNX override of ``custom_vjp`` builds: JAX's rule, Variables lifted."""
+
+    def __init__(
+        self, fun: Callable[..., Any], nondiff_argnums: Sequence[int] = (),
+        nondiff_argnames: Sequence[str] = (),
+    ):  # fmt: skip
+        below = jo.next_impl("custom_vjp")
+        self._plain = below(fun, nondiff_argnums=nondiff_argnums, nondiff_argnames=nondiff_argnames)
+        self._below = below
+        self._fun = fun
+        self._nondiff = _argnums(fun, nondiff_argnums, nondiff_argnames)
+        self._rules: tuple[Any, ...] | None = None
+
+    def defvjp(
+        self,
+        fwd: Callable[..., Any],
+        bwd: Callable[..., Any],
+        symbolic_zeros: bool = False,
+        optimize_remat: bool = False,
+    ) -> None:
+        self._plain.defvjp(fwd, bwd, symbolic_zeros=symbolic_zeros, optimize_remat=optimize_remat)
+        self._rules = (fwd, bwd, symbolic_zeros, optimize_remat)
+
+    def __getattr__(self, attribute: str) -> Any:
+        if attribute.startswith("_"):
+            raise AttributeError(attribute)
+        return getattr(self._plain, attribute)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        tracked = current()
+        if tracked is None or self._rules is None:
+            return self._plain(*args, **kwargs)
+        args = _positional(self._fun, args, kwargs)
+        fun, (fwd, bwd, symbolic_zeros, optimize_remat) = self._fun, self._rules
+        nondiff = sorted(self._nondiff)
+
+        def lifted(values: list[Any], *inner: Any) -> Any:
+            out, after = run_lifted(tracked, values, fun, inner, {}, WHERE)
+            return out, _written(values, after)
+
+        def lifted_fwd(values: Any, *inner: Any) -> Any:
+            if symbolic_zeros:
+                values = [value.value for value in values]
+            (out, residuals), after = run_lifted(tracked, values, fwd, inner, {}, WHERE)
+            return (out, _written(values, after)), residuals
+
+        def lifted_bwd(*rest: Any) -> Any:
+            *static, residuals, (out_cotangent, _) = rest
+            return (None, *bwd(*static, residuals, out_cotangent))
+
+        rule = self._below(lifted, nondiff_argnums=tuple(n + 1 for n in nondiff))
+        rule.defvjp(lifted_fwd, lifted_bwd, symbolic_zeros=symbolic_zeros,
+                    optimize_remat=optimize_remat)  # fmt: skip
+        out, written = rule(tracked.read(), *args)
+        updates = {index: value for index, value in enumerate(written) if value is not None}
+        write_back(tracked, updates, WHERE)
+        return out
+
+
+def custom_vjp(
+    fun: Callable[..., Any], nondiff_argnums: Sequence[int] = (),
+    nondiff_argnames: Sequence[str] = (),
+) -> LiftedVJP:  # fmt: skip
+    return LiftedVJP(fun, nondiff_argnums, nondiff_argnames)
+
+
+class PureFunctionWriteError(RuntimeError):
+    """A tracked Variable written inside a function that JAX makes pure."""
+
+
+def closure_convert(fun: Callable[..., Any], *example_args: Any) -> Any:
+    below = jo.next_impl("closure_convert")
+    if current() is None:
+        return below(fun, *example_args)
+    # JAX caches a conversion by the function's identity and argument types, constants
+    # included: a tracked module's weights, changed since, would come back stale (and,
+    # under jo.grad, unperturbed: a silently zero gradient). A new function per call
+    # never hits that cache.
+    fresh = lambda *args: fun(*args)
+    try:
+        return below(fresh, *example_args)
+    except (LevelError, TraceContextError) as error:
+        raise PureFunctionWriteError(
+            "jaxoverride.closure_convert: a tracked NNX Variable was written inside the "
+            "function being converted. Closure conversion turns it into a pure jaxpr of its "
+            "inputs, so the write could never come out. Move the write out of the converted "
+            "function (before or after the solver call), or use the solver's non-implicit "
+            "mode (fpsolve's implicit=False, jaxopt's implicit_diff=False). "
+            f"NNX said: {error}"
+        ) from error
