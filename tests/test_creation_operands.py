@@ -19,8 +19,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import nnx
 
 import jaxoverride_haiku as joh
+import jaxoverride_nnx
 import jaxoverride_plain as plain
 from jaxoverride import lax as jlax
 
@@ -178,3 +180,32 @@ def test_plain_each_distinct_branch_is_traced_once(shape):
             init = _calls(lambda f, g: BRANCHES[shape](jlax, f, g))
     assert init == {k: v + v for k, v in jax_calls.items()}
     assert apply == jax_calls
+
+
+@pytest.mark.parametrize("shape", sorted(BRANCHES))
+def test_nnx_each_distinct_branch_is_traced_once_and_sees_arrays(shape):
+    # NNX has no creation pass: its overrides hand JAX one cached wrapper per branch
+    # object, so JAX's own count and operands hold; this guards that.
+    model = nnx.Linear(1, 1, rngs=nnx.Rngs(0))
+    seen: list[Any] = []
+
+    def through_model(lax: Any) -> Callable[[Any, Any], Any]:
+        def run(f: Callable[..., Any], g: Callable[..., Any]) -> Any:
+            def via(fun: Callable[..., Any]) -> Callable[..., Any]:
+                def branch(x: Any) -> Any:
+                    seen.append(_avals(x))
+                    return fun(model(jnp.reshape(x * 1.0, (1, 1))).sum())
+
+                return branch
+
+            return BRANCHES[shape](lax, via(f), via(g))
+
+        return run
+
+    jax_calls = _calls(through_model(jax.lax))
+    jax_seen = list(seen)
+    seen.clear()
+    with jaxoverride_nnx.track(model):
+        calls = _calls(through_model(jlax))
+    assert calls == jax_calls
+    assert seen == jax_seen
