@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
+import jaxoverride as jo
 import jaxoverride_haiku as joh
 import jaxoverride_nnx
 import jaxoverride_plain as plain
@@ -209,3 +210,33 @@ def test_nnx_each_distinct_branch_is_traced_once_and_sees_arrays(shape):
         calls = _calls(through_model(jlax))
     assert calls == jax_calls
     assert seen == jax_seen
+
+
+# name -> run(jax-like module, f): the transform applied to `f(x, n)` at x = 2.0 (Python).
+TRANSFORMS: dict[str, Callable[[Any, Callable[..., Any]], Any]] = {
+    "grad": lambda j, f: j.grad(f)(2.0, 3),
+    "value_and_grad": lambda j, f: j.value_and_grad(f)(2.0, 3),
+    "jacfwd": lambda j, f: j.jacfwd(f)(2.0, 3),
+    "jacrev": lambda j, f: j.jacrev(f)(2.0, 3),
+    "hessian": lambda j, f: j.hessian(f)(2.0, 3),
+    "jvp": lambda j, f: j.jvp(lambda x: f(x, 3), (2.0,), (1.0,)),
+    "vjp": lambda j, f: j.vjp(lambda x: f(x, 3), 2.0)[0],
+    "linearize": lambda j, f: j.linearize(lambda x: f(x, 3), 2.0)[0],
+}
+
+
+@pytest.mark.parametrize("name", sorted(TRANSFORMS))
+def test_plain_transform_creation_pass_sees_what_jax_traces(name):
+    seen: list[Any] = []
+
+    def f(x: Any, n: Any) -> Any:
+        # x is differentiated (an array in JAX's trace); n is passed through as given.
+        seen.append((_avals(x), type(n)))
+        return x**2 * n
+
+    TRANSFORMS[name](jax, f)
+    expected = seen[0]
+    seen.clear()
+    with plain.context(), plain.init_context(), jax.checking_leaks():
+        TRANSFORMS[name](jo, f)
+    assert seen[0] == expected

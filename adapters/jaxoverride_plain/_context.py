@@ -12,6 +12,7 @@ import jaxoverride as jo
 from jaxoverride_plain import _combinators as c
 from jaxoverride_plain._combinators import create_by_calling, init_safe_call
 from jaxoverride_plain._mapped import INFER, create_binding_axes, shard_block_arguments
+from jaxoverride_plain._operands import as_jax_operands
 from jaxoverride_plain._transforms import init_safe_transform, unbatched_arguments, zeros_for
 
 
@@ -64,6 +65,26 @@ def _same_arguments(name: str) -> Callable[..., Any]:
 
     def transform(fun: Any, *args: Any, **kwargs: Any) -> Any:
         return init_safe_transform(jo.next_impl(name)(fun, *args, **kwargs), fun)
+
+    transform.__qualname__ = f"init_safe_{name}"
+    return transform
+
+
+def _differentiating(name: str) -> Callable[..., Any]:
+    """A ``grad``-family override: the creation pass sees the ``argnums`` arguments as the
+    arrays JAX differentiates with respect to, and the others as given, as JAX passes them."""
+    signature = inspect.signature(getattr(jax, name))
+
+    def transform(fun: Any, *args: Any, **kwargs: Any) -> Any:
+        argnums = signature.bind(fun, *args, **kwargs).arguments.get("argnums", 0)
+        numbers = (argnums,) if isinstance(argnums, int) else tuple(argnums)
+
+        def creation(*call_args: Any, **call_kwargs: Any) -> Any:
+            wanted = {n % len(call_args) for n in numbers} if call_args else set()
+            converted = [as_jax_operands(a) if i in wanted else a for i, a in enumerate(call_args)]
+            return fun(*converted, **call_kwargs)
+
+        return init_safe_transform(jo.next_impl(name)(fun, *args, **kwargs), creation)
 
     transform.__qualname__ = f"init_safe_{name}"
     return transform
@@ -130,7 +151,9 @@ def _primal_call(name: str, primals: Callable[..., tuple[Any, ...]]) -> Callable
     def call(fun: Any, *args: Any, **kwargs: Any) -> Any:
         below = jo.next_impl(name)
         return init_safe_call(
-            lambda: fun(*primals(*args, **kwargs)), lambda: below(fun, *args, **kwargs)
+            # JAX traces ``fun`` on the primals as arrays, so the creation pass does too.
+            lambda: fun(*as_jax_operands(primals(*args, **kwargs))),
+            lambda: below(fun, *args, **kwargs),
         )
 
     call.__qualname__ = f"init_safe_{name}"
@@ -154,8 +177,8 @@ def _eval_shape_primals(*args: Any, **kwargs: Any) -> tuple[Any, ...]:
     return zeros_for(args)
 
 
-_SAME_ARGUMENTS = ("jit", "checkpoint", "remat", "grad", "value_and_grad", "jacfwd", "jacrev",
-                   "hessian")  # fmt: skip
+_SAME_ARGUMENTS = ("jit", "checkpoint", "remat")
+_DIFFERENTIATING = ("grad", "value_and_grad", "jacfwd", "jacrev", "hessian")
 
 _CONTEXT = jo.override_context(
     {
@@ -166,6 +189,7 @@ _CONTEXT = jo.override_context(
         "lax.switch": _switch,
         "lax.map": _map,
         **{name: _same_arguments(name) for name in _SAME_ARGUMENTS},
+        **{name: _differentiating(name) for name in _DIFFERENTIATING},
         "vmap": _mapped("vmap"),
         "pmap": _mapped("pmap"),
         "shard_map": _shard_map,
