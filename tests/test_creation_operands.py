@@ -219,6 +219,8 @@ TRANSFORMS: dict[str, Callable[[Any, Callable[..., Any]], Any]] = {
     "jacfwd": lambda j, f: j.jacfwd(f)(2.0, 3),
     "jacrev": lambda j, f: j.jacrev(f)(2.0, 3),
     "hessian": lambda j, f: j.hessian(f)(2.0, 3),
+    "jit": lambda j, f: j.jit(f, static_argnums=1)(2.0, 3),
+    "jit_argnames": lambda j, f: j.jit(f, static_argnames="n")(2.0, n=3),
     "jvp": lambda j, f: j.jvp(lambda x: f(x, 3), (2.0,), (1.0,)),
     "vjp": lambda j, f: j.vjp(lambda x: f(x, 3), 2.0)[0],
     "linearize": lambda j, f: j.linearize(lambda x: f(x, 3), 2.0)[0],

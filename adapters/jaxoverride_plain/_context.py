@@ -7,6 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
+from jax._src import api_util
 
 import jaxoverride as jo
 from jaxoverride_plain import _combinators as c
@@ -70,6 +71,11 @@ def _same_arguments(name: str) -> Callable[..., Any]:
     return transform
 
 
+def _positions(numbers: tuple[int, ...], count: int) -> set[int]:
+    """The argument positions that ``argnums``-style ``numbers`` name in a call of ``count``."""
+    return {n + count if n < 0 else n for n in numbers}
+
+
 def _differentiating(name: str) -> Callable[..., Any]:
     """A ``grad``-family override: the creation pass sees the ``argnums`` arguments as the
     arrays JAX differentiates with respect to, and the others as given, as JAX passes them."""
@@ -80,7 +86,7 @@ def _differentiating(name: str) -> Callable[..., Any]:
         numbers = (argnums,) if isinstance(argnums, int) else tuple(argnums)
 
         def creation(*call_args: Any, **call_kwargs: Any) -> Any:
-            wanted = {n % len(call_args) for n in numbers} if call_args else set()
+            wanted = _positions(numbers, len(call_args))
             converted = [as_jax_operands(a) if i in wanted else a for i, a in enumerate(call_args)]
             return fun(*converted, **call_kwargs)
 
@@ -177,7 +183,29 @@ def _eval_shape_primals(*args: Any, **kwargs: Any) -> tuple[Any, ...]:
     return zeros_for(args)
 
 
-_SAME_ARGUMENTS = ("jit", "checkpoint", "remat")
+def _jit(fun: Any, *args: Any, **kwargs: Any) -> Any:
+    """``jit`` whose creation pass sees the dynamic arguments as the arrays JAX traces, and
+    the static ones as given."""
+    arguments = inspect.signature(jax.jit).bind(fun, *args, **kwargs).arguments
+    signature = api_util.fun_signature(fun)
+    numbers, names = arguments.get("static_argnums"), arguments.get("static_argnames")
+    if signature is not None:
+        numbers, names = api_util.infer_argnums_and_argnames(signature, numbers, names)
+    static_numbers = (numbers,) if isinstance(numbers, int) else tuple(numbers or ())
+    static_names = (names,) if isinstance(names, str) else tuple(names or ())
+
+    def creation(*call_args: Any, **call_kwargs: Any) -> Any:
+        static = _positions(static_numbers, len(call_args))
+        positional = [a if i in static else as_jax_operands(a) for i, a in enumerate(call_args)]
+        keywords = {
+            k: v if k in static_names else as_jax_operands(v) for k, v in call_kwargs.items()
+        }
+        return fun(*positional, **keywords)
+
+    return init_safe_transform(jo.next_impl("jit")(fun, *args, **kwargs), creation)
+
+
+_SAME_ARGUMENTS = ("checkpoint", "remat")
 _DIFFERENTIATING = ("grad", "value_and_grad", "jacfwd", "jacrev", "hessian")
 
 _CONTEXT = jo.override_context(
@@ -188,6 +216,7 @@ _CONTEXT = jo.override_context(
         "lax.cond": _cond,
         "lax.switch": _switch,
         "lax.map": _map,
+        "jit": _jit,
         **{name: _same_arguments(name) for name in _SAME_ARGUMENTS},
         **{name: _differentiating(name) for name in _DIFFERENTIATING},
         "vmap": _mapped("vmap"),
