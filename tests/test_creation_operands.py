@@ -242,3 +242,23 @@ def test_plain_transform_creation_pass_sees_what_jax_traces(name):
     with plain.context(), plain.init_context(), jax.checking_leaks():
         TRANSFORMS[name](jo, f)
     assert seen[0] == expected
+
+
+@pytest.mark.parametrize("name", [*sorted(TRANSFORMS), "eval_shape"])
+def test_haiku_transform_creation_pass_sees_what_jax_traces(name):
+    run: Callable[[Any, Callable[..., Any]], Any] = TRANSFORMS.get(
+        name, lambda j, f: j.eval_shape(f, 2.0, 3)
+    )
+    seen: list[Any] = []
+
+    def f(x: Any, n: Any) -> Any:
+        # A module sized by x.shape: the creation pass needs an array, as JAX traces one.
+        seen.append((_avals(x), _avals(n)))
+        return (hk.get_parameter("w", x.shape, init=jnp.ones) * x**2).sum() * n
+
+    hk.transform_with_state(lambda: run(jax, f)).init(None)
+    expected = seen[0]
+    seen.clear()
+    with joh.context(), jax.checking_leaks():
+        hk.transform_with_state(lambda: run(jo, f)).init(None)
+    assert seen[0] == expected

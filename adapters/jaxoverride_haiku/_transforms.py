@@ -18,10 +18,10 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 from haiku._src import stateful
 
 import jaxoverride as jo
+import jaxoverride_plain as plain
 from jaxoverride_haiku._creation import init_safe_call
 from jaxoverride_haiku._frames import Threaded, state_usable
 
@@ -249,14 +249,9 @@ remat = _rematerializing("remat")
 
 
 def _concrete(tree: Any) -> Any:
-    """Zeros in place of ``ShapeDtypeStruct`` leaves, for the creation pass."""
-
-    def leaf(x: Any) -> Any:
-        if isinstance(x, jax.ShapeDtypeStruct):
-            return jnp.zeros(x.shape, x.dtype)
-        return x
-
-    return jax.tree.map(leaf, tree)
+    """What ``eval_shape`` traces ``fun`` on, made concrete for the creation pass: zeros for
+    ``ShapeDtypeStruct`` leaves, and every other leaf as the array JAX would make of it."""
+    return plain.as_jax_operands(plain.zeros_for(tree))
 
 
 def eval_shape(fun: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
