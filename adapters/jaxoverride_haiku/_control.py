@@ -266,8 +266,12 @@ def _threaded_branches(
     operands: tuple[Any, ...],
     call: Callable[..., Any],
 ) -> Any:
-    thread = Threaded(len(branches), where)
-    wrapped = [_branch(thread, i, fun) for i, fun in enumerate(branches)]
+    # One wrapper per distinct branch object, so JAX traces a repeated branch once, as
+    # it does without the adapter.
+    distinct = plain.distinct_functions(branches)
+    thread = Threaded(len(distinct), where)
+    by_id = {id(fun): _branch(thread, i, fun) for i, fun in enumerate(distinct)}
+    wrapped = [by_id[id(fun)] for fun in branches]
     out, state = call(lower, selector, wrapped, (loop_state(), operands))
     _finish(thread, state)
     return out

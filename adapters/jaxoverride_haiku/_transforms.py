@@ -18,10 +18,10 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 from haiku._src import stateful
 
 import jaxoverride as jo
+import jaxoverride_plain as plain
 from jaxoverride_haiku._creation import init_safe_call
 from jaxoverride_haiku._frames import Threaded, state_usable
 
@@ -36,11 +36,17 @@ class _Call:
         self.thread = Threaded(1, where, check_params=False)
 
     def run(
-        self, fun: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+        self,
+        fun: Callable[..., Any],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        state: Any = None,
     ) -> tuple[Any, Any]:
-        with self.thread.frame(0, self.state):
+        """``fun`` in a frame holding ``state`` (the captured state if None)."""
+        state = self.state if state is None else state
+        with self.thread.frame(0, state):
             out = fun(*args, **kwargs)
-            changed = stateful.difference(self.state, stateful.internal_state())
+            changed = stateful.difference(state, stateful.internal_state())
         return out, changed
 
     def finish(self, changed: Any) -> None:
@@ -194,6 +200,21 @@ def jvp(fun: Callable[..., Any], primals: Any, tangents: Any, has_aux: bool = Fa
 # -- checkpoint / remat ----------------------------------------------------------------
 
 
+def _after_state(
+    lower: Callable[..., Any],
+    fun: Callable[..., Any],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """``checkpoint``'s options for a function given one extra leading argument."""
+    bound = inspect.signature(lower).bind_partial(fun, *args, **kwargs)
+    static = bound.arguments.get("static_argnums")
+    if static is not None:
+        numbers = (static,) if isinstance(static, int) else tuple(static)
+        bound.arguments["static_argnums"] = tuple(n + 1 if n >= 0 else n for n in numbers)
+    return bound.args[1:], bound.kwargs
+
+
 def _rematerializing(name: str) -> Callable[..., Callable[..., Any]]:
     def transform(fun: Callable[..., Any], *args: Any, **kwargs: Any) -> Callable[..., Any]:
         lower = jo.next_impl(name)
@@ -204,8 +225,13 @@ def _rematerializing(name: str) -> Callable[..., Callable[..., Any]]:
             if not state_usable():
                 return plain(*call_args, **call_kwargs)
             call = _Call(f"jaxoverride.{name}")
-            pure = _wraps(fun)(lambda *a, **k: call.run(fun, a, k))
-            out, changed = lower(pure, *args, **kwargs)(*call_args, **call_kwargs)
+            # The state goes in as an argument, as hk.remat passes it: closed over, JAX's
+            # rematerialisation may rebuild a scalar integer param as a Python literal.
+            pure = _wraps(fun)(lambda state, *a, **k: call.run(fun, a, k, state))
+            shifted = _after_state(lower, fun, args, kwargs)
+            out, changed = lower(pure, *shifted[0], **shifted[1])(
+                call.state, *call_args, **call_kwargs
+            )
             call.finish(changed)
             return out
 
@@ -223,14 +249,9 @@ remat = _rematerializing("remat")
 
 
 def _concrete(tree: Any) -> Any:
-    """Zeros in place of ``ShapeDtypeStruct`` leaves, for the creation pass."""
-
-    def leaf(x: Any) -> Any:
-        if isinstance(x, jax.ShapeDtypeStruct):
-            return jnp.zeros(x.shape, x.dtype)
-        return x
-
-    return jax.tree.map(leaf, tree)
+    """What ``eval_shape`` traces ``fun`` on, made concrete for the creation pass: zeros for
+    ``ShapeDtypeStruct`` leaves, and every other leaf as the array JAX would make of it."""
+    return plain.as_jax_operands(plain.zeros_for(tree))
 
 
 def eval_shape(fun: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:

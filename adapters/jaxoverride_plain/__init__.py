@@ -24,6 +24,10 @@ from jaxoverride_plain._mapped import (
     shard_block_arguments as shard_block_arguments,
     varying_axes as varying_axes,
 )
+from jaxoverride_plain._operands import (
+    as_jax_operands as as_jax_operands,
+    distinct_functions as distinct_functions,
+)
 from jaxoverride_plain._phase import (
     applying as applying,
     init_context as init_context,
@@ -38,9 +42,11 @@ from jaxoverride_plain._transforms import (
 
 __all__ = [
     "applying",
+    "as_jax_operands",
     "context",
     "create_binding_axes",
     "create_by_calling",
+    "distinct_functions",
     "init_context",
     "init_safe_call",
     "init_safe_cond",

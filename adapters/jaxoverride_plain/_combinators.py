@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 import jax
 import jax.numpy as jnp
 
+from jaxoverride_plain._operands import as_jax_operands, distinct_functions
 from jaxoverride_plain._phase import applying, is_initializing
 
 T = TypeVar("T")
@@ -79,7 +80,7 @@ def _first_slice(xs: Any, reverse: bool = False) -> Any:
     """The slice a loop over ``xs`` sees first; zeros of the slice shape if ``xs`` is empty."""
 
     def first(leaf: Any) -> Any:
-        leaf = jnp.asarray(leaf)
+        leaf = as_jax_operands(leaf)
         if leaf.shape[0] == 0:
             return jnp.zeros(leaf.shape[1:], leaf.dtype)
         return leaf[-1 if reverse else 0]
@@ -88,7 +89,7 @@ def _first_slice(xs: Any, reverse: bool = False) -> Any:
 
 
 def _operands(operands: tuple[Any, ...], operand: Any) -> tuple[Any, ...]:
-    return operands if operand is _NO_OPERAND else (operand,)
+    return as_jax_operands(operands if operand is _NO_OPERAND else (operand,))
 
 
 def init_safe_scan(
@@ -131,11 +132,15 @@ def init_safe_scan(
       (1.0, (0,), ['w'])
     """
     return init_safe_call(
-        lambda: f(init, _first_slice(xs, reverse)),
+        lambda: f(as_jax_operands(init), _first_slice(xs, reverse)),
         lambda: default_scan(f, init, xs, length, reverse, unroll, _split_transpose),
         initializing=initializing,
         create=create,
     )
+
+
+def _call_both(cond_fun: Callable[[T], Any], body_fun: Callable[[T], T], carry: T) -> Any:
+    return cond_fun(carry), body_fun(carry)
 
 
 def init_safe_while_loop(
@@ -168,7 +173,7 @@ def init_safe_while_loop(
       5
     """
     return init_safe_call(
-        lambda: (cond_fun(init_val), body_fun(init_val)),
+        lambda: _call_both(cond_fun, body_fun, as_jax_operands(init_val)),
         lambda: default_while_loop(cond_fun, body_fun, init_val),
         initializing=initializing,
         create=create,
@@ -205,7 +210,7 @@ def init_safe_fori_loop(
       3
     """
     return init_safe_call(
-        lambda: body_fun(jnp.asarray(lower), init_val),
+        lambda: body_fun(as_jax_operands(lower), as_jax_operands(init_val)),
         lambda: default_fori_loop(lower, upper, body_fun, init_val, unroll=unroll),
         initializing=initializing,
         create=create,
@@ -241,7 +246,7 @@ def init_safe_cond(
     arguments = _operands(operands, operand)
     keywords = {} if operand is _NO_OPERAND else {"operand": operand}
     return init_safe_call(
-        lambda: (true_fun(*arguments), false_fun(*arguments)),
+        lambda: [branch(*arguments) for branch in distinct_functions((true_fun, false_fun))],
         lambda: default_cond(pred, true_fun, false_fun, *operands, **keywords),
         initializing=initializing,
         create=create,
@@ -276,7 +281,7 @@ def init_safe_switch(
     arguments = _operands(operands, operand)
     keywords = {} if operand is _NO_OPERAND else {"operand": operand}
     return init_safe_call(
-        lambda: [branch(*arguments) for branch in branches],
+        lambda: [branch(*arguments) for branch in distinct_functions(branches)],
         lambda: default_switch(index, branches, *operands, **keywords),
         initializing=initializing,
         create=create,

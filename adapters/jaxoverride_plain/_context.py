@@ -7,11 +7,13 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
+from jax._src import api_util
 
 import jaxoverride as jo
 from jaxoverride_plain import _combinators as c, _rules
 from jaxoverride_plain._combinators import create_by_calling, init_safe_call
 from jaxoverride_plain._mapped import INFER, create_binding_axes, shard_block_arguments
+from jaxoverride_plain._operands import as_jax_operands
 from jaxoverride_plain._transforms import init_safe_transform, unbatched_arguments, zeros_for
 
 
@@ -64,6 +66,31 @@ def _same_arguments(name: str) -> Callable[..., Any]:
 
     def transform(fun: Any, *args: Any, **kwargs: Any) -> Any:
         return init_safe_transform(jo.next_impl(name)(fun, *args, **kwargs), fun)
+
+    transform.__qualname__ = f"init_safe_{name}"
+    return transform
+
+
+def _positions(numbers: tuple[int, ...], count: int) -> set[int]:
+    """The argument positions that ``argnums``-style ``numbers`` name in a call of ``count``."""
+    return {n + count if n < 0 else n for n in numbers}
+
+
+def _differentiating(name: str) -> Callable[..., Any]:
+    """A ``grad``-family override: the creation pass sees the ``argnums`` arguments as the
+    arrays JAX differentiates with respect to, and the others as given, as JAX passes them."""
+    signature = inspect.signature(getattr(jax, name))
+
+    def transform(fun: Any, *args: Any, **kwargs: Any) -> Any:
+        argnums = signature.bind(fun, *args, **kwargs).arguments.get("argnums", 0)
+        numbers = (argnums,) if isinstance(argnums, int) else tuple(argnums)
+
+        def creation(*call_args: Any, **call_kwargs: Any) -> Any:
+            wanted = _positions(numbers, len(call_args))
+            converted = [as_jax_operands(a) if i in wanted else a for i, a in enumerate(call_args)]
+            return fun(*converted, **call_kwargs)
+
+        return init_safe_transform(jo.next_impl(name)(fun, *args, **kwargs), creation)
 
     transform.__qualname__ = f"init_safe_{name}"
     return transform
@@ -130,7 +157,9 @@ def _primal_call(name: str, primals: Callable[..., tuple[Any, ...]]) -> Callable
     def call(fun: Any, *args: Any, **kwargs: Any) -> Any:
         below = jo.next_impl(name)
         return init_safe_call(
-            lambda: fun(*primals(*args, **kwargs)), lambda: below(fun, *args, **kwargs)
+            # JAX traces ``fun`` on the primals as arrays, so the creation pass does too.
+            lambda: fun(*as_jax_operands(primals(*args, **kwargs))),
+            lambda: below(fun, *args, **kwargs),
         )
 
     call.__qualname__ = f"init_safe_{name}"
@@ -166,8 +195,30 @@ def _eval_shape_primals(*args: Any, **kwargs: Any) -> tuple[Any, ...]:
     return zeros_for(args)
 
 
-_SAME_ARGUMENTS = ("jit", "checkpoint", "remat", "grad", "value_and_grad", "jacfwd", "jacrev",
-                   "hessian")  # fmt: skip
+def _jit(fun: Any, *args: Any, **kwargs: Any) -> Any:
+    """``jit`` whose creation pass sees the dynamic arguments as the arrays JAX traces, and
+    the static ones as given."""
+    arguments = inspect.signature(jax.jit).bind(fun, *args, **kwargs).arguments
+    signature = api_util.fun_signature(fun)
+    numbers, names = arguments.get("static_argnums"), arguments.get("static_argnames")
+    if signature is not None:
+        numbers, names = api_util.infer_argnums_and_argnames(signature, numbers, names)
+    static_numbers = (numbers,) if isinstance(numbers, int) else tuple(numbers or ())
+    static_names = (names,) if isinstance(names, str) else tuple(names or ())
+
+    def creation(*call_args: Any, **call_kwargs: Any) -> Any:
+        static = _positions(static_numbers, len(call_args))
+        positional = [a if i in static else as_jax_operands(a) for i, a in enumerate(call_args)]
+        keywords = {
+            k: v if k in static_names else as_jax_operands(v) for k, v in call_kwargs.items()
+        }
+        return fun(*positional, **keywords)
+
+    return init_safe_transform(jo.next_impl("jit")(fun, *args, **kwargs), creation)
+
+
+_SAME_ARGUMENTS = ("checkpoint", "remat")
+_DIFFERENTIATING = ("grad", "value_and_grad", "jacfwd", "jacrev", "hessian")
 
 _CONTEXT = jo.override_context(
     {
@@ -177,7 +228,9 @@ _CONTEXT = jo.override_context(
         "lax.cond": _cond,
         "lax.switch": _switch,
         "lax.map": _map,
+        "jit": _jit,
         **{name: _same_arguments(name) for name in _SAME_ARGUMENTS},
+        **{name: _differentiating(name) for name in _DIFFERENTIATING},
         "vmap": _mapped("vmap"),
         "pmap": _mapped("pmap"),
         "shard_map": _shard_map,
