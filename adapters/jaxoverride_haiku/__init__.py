@@ -24,9 +24,11 @@ from jaxoverride_haiku._context import (
     is_installed as is_installed,
     uninstall as uninstall,
 )
+from jaxoverride_haiku._convert import PureFunctionWriteError as PureFunctionWriteError
 from jaxoverride_haiku._frames import in_transform as in_transform, state_usable as state_usable
 
 __all__ = [
+    "PureFunctionWriteError",
     "context",
     "in_transform",
     "install",

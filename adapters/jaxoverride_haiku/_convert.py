@@ -26,7 +26,26 @@ from jaxoverride_haiku._frames import Threaded, state_usable
 
 
 class PureFunctionWriteError(RuntimeError):
-    """A Haiku state write or rng draw inside a function that JAX makes pure."""
+    """A Haiku state write or rng draw inside a function that JAX makes pure.
+
+    Raised by ``closure_convert``, ``make_jaxpr``, ``lax.custom_root`` and
+    ``lax.custom_linear_solve`` inside ``hk.transform``: nothing written or drawn inside
+    the converted function could come out of it.
+
+    Example:
+      >>> import jax, jax.numpy as jnp, haiku as hk
+      >>> import jaxoverride as jo, jaxoverride_haiku as joh
+      >>> def f(x):
+      ...     def g(v):
+      ...         hk.set_state("n", jnp.ones(()))
+      ...         return v
+      ...     return jo.closure_convert(g, x)
+      >>> with joh.context():
+      ...     hk.transform_with_state(f).init(None, jnp.ones(2))
+      Traceback (most recent call last):
+      ...
+      jaxoverride_haiku._convert.PureFunctionWriteError: jaxoverride.closure_convert: ...
+    """
 
 
 def _refusal(where: str, what: str) -> PureFunctionWriteError:

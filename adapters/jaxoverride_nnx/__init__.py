@@ -20,6 +20,7 @@ from jaxoverride_nnx._errors import (
     StructureChangeError as StructureChangeError,
     UntrackedModuleError as UntrackedModuleError,
 )
+from jaxoverride_nnx._rules import PureFunctionWriteError as PureFunctionWriteError
 from jaxoverride_nnx._track import (
     Track as Track,
     track as track,
@@ -27,6 +28,7 @@ from jaxoverride_nnx._track import (
 )
 
 __all__ = [
+    "PureFunctionWriteError",
     "LevelError",
     "StructureChangeError",
     "Track",

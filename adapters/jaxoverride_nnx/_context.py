@@ -50,7 +50,7 @@ def context() -> jo.OverrideContext:
     Example:
       >>> import jaxoverride as jo, jaxoverride_nnx
       >>> sorted(jaxoverride_nnx.context())[:3]
-      ['checkpoint', 'eval_shape', 'grad']
+      ['checkpoint', 'closure_convert', 'custom_vjp']
       >>> with jaxoverride_nnx.context():
       ...     jo.resolve("jit").__module__
       'jaxoverride_nnx._jit'

@@ -118,7 +118,22 @@ def custom_vjp(
 
 
 class PureFunctionWriteError(RuntimeError):
-    """A tracked Variable written inside a function that JAX makes pure."""
+    """A tracked Variable written inside a function that ``closure_convert`` makes pure.
+
+    Example:
+      >>> import jax.numpy as jnp
+      >>> from flax import nnx
+      >>> import jaxoverride as jo, jaxoverride_nnx
+      >>> counter = nnx.Variable(jnp.array(0))
+      >>> def g(v):
+      ...     counter[...] += 1
+      ...     return v
+      >>> with jaxoverride_nnx.track(counter):
+      ...     jo.closure_convert(g, jnp.ones(2))
+      Traceback (most recent call last):
+      ...
+      jaxoverride_nnx._rules.PureFunctionWriteError: jaxoverride.closure_convert: ...
+    """
 
 
 def closure_convert(fun: Callable[..., Any], *example_args: Any) -> Any:
