@@ -1,32 +1,49 @@
-# Every target bootstraps .venv with nothing but python3 and pip.
+# Every target bootstraps .venv with nothing but python3 and pip, and installs only what
+# it needs: `make demo` the library with the Haiku and NNX extras; `make test` the test
+# dependencies; `make lint`, `make docs` and `make bench` the development tools. One stamp
+# per install set, so any order of targets works.
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
-STAMP  := $(VENV)/.installed
+PIP    := $(PY) -m pip install --quiet --disable-pip-version-check
 PYTEST_ARGS ?=
 
-.PHONY: demo test lint bench docs clean
+.PHONY: demo test lint bench docs serve clean
 
-$(STAMP): pyproject.toml
-	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --disable-pip-version-check -e ".[dev]"
-	@touch $(STAMP)
+$(PY):
+	$(PYTHON) -m venv $(VENV)
 
-demo: $(STAMP)
+$(VENV)/.installed-demo: pyproject.toml | $(PY)
+	$(PIP) -e ".[haiku,nnx]"
+	@touch $@
+
+$(VENV)/.installed-test: pyproject.toml | $(PY)
+	$(PIP) -e ".[test]"
+	@touch $@
+
+$(VENV)/.installed-dev: pyproject.toml | $(PY)
+	$(PIP) -e ".[dev]"
+	@touch $@
+
+demo: $(VENV)/.installed-demo
 	$(PY) examples/fixed_point.py
 
-test: $(STAMP)
+test: $(VENV)/.installed-test
 	$(PY) -m pytest -n 2 $(PYTEST_ARGS)
 
-lint: $(STAMP)
+lint: $(VENV)/.installed-dev
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/pyright
 
-docs: $(STAMP)
+docs: $(VENV)/.installed-test
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir site
 
-bench: $(STAMP)
+# The built site links page to page as files, so it also opens from disk (site/index.html).
+serve: $(VENV)/.installed-test
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs serve
+
+bench: $(VENV)/.installed-test
 	$(PY) -m benchmarks.run
 
 clean:

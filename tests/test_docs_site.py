@@ -34,22 +34,41 @@ def test_strict_build_passes(tmp_path: Path):
     assert result.returncode == 0, result.stderr[-4000:]
     assert "WARNING" not in result.stderr, result.stderr[-4000:]
 
-    core = (site / "reference" / "jaxoverride" / "index.html").read_text()
+    core = (site / "reference" / "jaxoverride.html").read_text()
     assert 'id="jaxoverride.override_context"' in core  # rendered by mkdocstrings
     assert 'id="jaxoverride.jit"' in core  # the neutral names' anchors
     # Examples are highlighted doctests, not quoted prose: docs/reference/_griffe_style.py.
     assert '<span class="gp">&gt;&gt;&gt; </span>' in core
     assert "<blockquote>" not in core
-    index = (site / "api" / "index.html").read_text()
-    assert 'href="../reference/jaxoverride/#jaxoverride.override_context"' in index
+    index = (site / "api.html").read_text()
+    assert 'href="reference/jaxoverride.html#jaxoverride.override_context"' in index
     # Every entry of every reference page made it into the site (none dropped for lack
     # of a docstring, none unresolved).
     for page in sorted((ROOT / "docs" / "reference").glob("*.md")):
-        html = (site / "reference" / page.stem / "index.html").read_text()
+        html = (site / "reference" / f"{page.stem}.html").read_text()
         for block, anchor in ENTRY.findall(page.read_text()):
             assert f'id="{block or anchor}"' in html, f"{block or anchor} is not on {page.name}"
     for page in ("quickstart", "faq", "model-authors", "benchmarks"):
-        assert (site / page / "index.html").is_file()
+        assert (site / f"{page}.html").is_file()
+
+
+def test_the_site_opens_from_disk(tmp_path: Path):
+    """No directory-style links: every internal link names an existing file."""
+    site = tmp_path / "site"
+    assert _build(ROOT / "mkdocs.yml", site).returncode == 0
+    link = re.compile(r'href="([^"#:?]+)(?:#[^"]*)?"')
+    checked = 0
+    for html in site.rglob("*.html"):
+        if html.name == "404.html":  # served at any depth, so its links are site-absolute
+            continue
+        for target in link.findall(html.read_text()):
+            if target.startswith("//"):
+                continue
+            resolved = (html.parent / target).resolve()
+            assert resolved.exists(), f"{html.relative_to(site)} links to {target}"
+            assert not resolved.is_dir(), f"{html.relative_to(site)} links to a folder: {target}"
+            checked += 1
+    assert checked > 500
 
 
 def test_broken_links_anchors_and_references_fail_the_build(tmp_path: Path):

@@ -20,7 +20,10 @@ from jaxoverride_nnx._errors import (
     StructureChangeError as StructureChangeError,
     UntrackedModuleError as UntrackedModuleError,
 )
-from jaxoverride_nnx._rules import PureFunctionWriteError as PureFunctionWriteError
+from jaxoverride_nnx._rules import (
+    ClosedOverDifferentiationError as ClosedOverDifferentiationError,
+    PureFunctionWriteError as PureFunctionWriteError,
+)
 from jaxoverride_nnx._track import (
     Track as Track,
     track as track,
@@ -28,6 +31,7 @@ from jaxoverride_nnx._track import (
 )
 
 __all__ = [
+    "ClosedOverDifferentiationError",
     "PureFunctionWriteError",
     "LevelError",
     "StructureChangeError",

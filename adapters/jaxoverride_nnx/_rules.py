@@ -13,11 +13,15 @@ arguments of the rule, which ``jaxoverride.closure_convert`` provides.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
+import jax
+import jax.numpy as jnp
 from flax.errors import TraceContextError
+from jax._src.custom_derivatives import CustomVJPPrimal, SymbolicZero
 
 import jaxoverride as jo
 from jaxoverride_nnx._errors import LevelError
@@ -40,6 +44,84 @@ def _written(before: Sequence[Any], after: Sequence[Any]) -> list[Any]:
     """The values after the call, ``None`` where a Variable was not written (static)."""
     updates = changed(before, after)
     return [updates.get(index) for index in range(len(after))]
+
+
+def _is_primal(x: Any) -> bool:
+    return isinstance(x, CustomVJPPrimal)
+
+
+def _unwrap(tree: Any) -> Any:
+    return jax.tree.map(lambda x: x.value if _is_primal(x) else x, tree, is_leaf=_is_primal)
+
+
+def _is_zero(x: Any) -> bool:
+    return isinstance(x, SymbolicZero)
+
+
+def _instantiate(x: Any) -> Any:
+    return jnp.zeros(x.shape, x.dtype) if isinstance(x, SymbolicZero) else x
+
+
+class ClosedOverDifferentiationError(ValueError):
+    """A custom rule reads a tracked Variable that is being differentiated.
+
+    The rule gives gradients for its explicit arguments only, so the Variable would get a
+    silently zero gradient; ``closure_convert`` makes what a function reads explicit.
+
+    Example:
+      >>> import jax.numpy as jnp
+      >>> from flax import nnx
+      >>> import jaxoverride as jo, jaxoverride_nnx
+      >>> w = nnx.Param(jnp.ones(()))
+      >>> f = jo.custom_vjp(lambda x: x * w[...])
+      >>> f.defvjp(lambda x: (x * w[...], None), lambda _, g: (g,))
+      >>> with jaxoverride_nnx.track(w):
+      ...     jo.grad(lambda p: f(1.0))(w)
+      Traceback (most recent call last):
+      ...
+      jaxoverride_nnx._rules.ClosedOverDifferentiationError: jaxoverride.custom_vjp: ...
+    """
+
+
+@contextlib.contextmanager
+def _refusing_reads(tracked: Any, perturbed: list[int]) -> Iterator[None]:
+    """Refuses reads of the Variables being differentiated, at the read itself.
+
+    A custom rule gives gradients for its explicit arguments only: a Variable that it
+    reads directly would get a silently zero gradient (raw JAX refuses the same for a
+    closed-over tracer). NNX calls ``on_get_value`` hooks on every user read
+    (``variable[...]``, ``.value``); the adapter's own plumbing reads the raw value and
+    is not seen.
+    """
+    if not perturbed:
+        yield
+        return
+
+    def refuse(variable: Any, value: Any) -> Any:
+        path = tracked.path(tracked.var_index(variable))
+        raise ClosedOverDifferentiationError(
+            f"{WHERE}: the rule reads the tracked Variable `{path}`, which is being "
+            "differentiated, without having it as an argument. A custom rule gives gradients "
+            "for its explicit arguments only, so it would get a silently zero gradient. Pass "
+            "it in: jaxoverride.closure_convert(f, *example_args) hoists what f reads into "
+            "explicit arguments (or pass the parameters to the library's solve/run call)."
+        )
+
+    saved = []
+    for index in perturbed:
+        metadata = tracked.variables[index]._var_metadata
+        old = metadata.get("on_get_value")
+        hooks = () if old is None else old if isinstance(old, tuple) else (old,)
+        metadata["on_get_value"] = (refuse, *hooks)
+        saved.append((metadata, old))
+    try:
+        yield
+    finally:
+        for metadata, old in saved:
+            if old is None:
+                metadata.pop("on_get_value", None)
+            else:
+                metadata["on_get_value"] = old
 
 
 def _argnums(fun: Callable[..., Any], argnums: Sequence[int], argnames: Sequence[str]) -> set[int]:
@@ -92,18 +174,28 @@ class LiftedVJP:
             return out, _written(values, after)
 
         def lifted_fwd(values: Any, *inner: Any) -> Any:
-            if symbolic_zeros:
-                values = [value.value for value in values]
-            (out, residuals), after = run_lifted(tracked, values, fwd, inner, {}, WHERE)
+            perturbed = [
+                index
+                for index, value in enumerate(values)
+                if any(leaf.perturbed for leaf in jax.tree.leaves(value, is_leaf=_is_primal))
+            ]
+            values = _unwrap(values)
+            if not symbolic_zeros:
+                inner = _unwrap(inner)
+            with _refusing_reads(tracked, [i for i in perturbed if i < len(tracked.variables)]):
+                (out, residuals), after = run_lifted(tracked, values, fwd, inner, {}, WHERE)
             return (out, _written(values, after)), residuals
 
         def lifted_bwd(*rest: Any) -> Any:
             *static, residuals, (out_cotangent, _) = rest
+            if not symbolic_zeros:
+                out_cotangent = jax.tree.map(_instantiate, out_cotangent, is_leaf=_is_zero)
             return (None, *bwd(*static, residuals, out_cotangent))
 
         rule = self._below(lifted, nondiff_argnums=tuple(n + 1 for n in nondiff))
-        rule.defvjp(lifted_fwd, lifted_bwd, symbolic_zeros=symbolic_zeros,
-                    optimize_remat=optimize_remat)  # fmt: skip
+        # Symbolic zeros tell which Variables are being differentiated (see
+        # _refuse_differentiated_reads); the user's rules see them only if they asked.
+        rule.defvjp(lifted_fwd, lifted_bwd, symbolic_zeros=True, optimize_remat=optimize_remat)
         out, written = rule(tracked.read(), *args)
         updates = {index: value for index, value in enumerate(written) if value is not None}
         write_back(tracked, updates, WHERE)
