@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import importlib.util
 import re
+import subprocess
+import sys
 from pathlib import Path
 from types import ModuleType
 
@@ -52,6 +54,16 @@ def test_code_blocks_run(page: Path):
     for index, source in enumerate(blocks(page)):
         code = compile(source, f"{_label(page)}[block {index}]", "exec")
         exec(code, namespace)
+
+
+@pytest.mark.parametrize("index", range(len(blocks(ROOT / "README.md"))))
+def test_each_readme_block_runs_on_its_own(index: int):
+    """A reader copies one block, not the page: each block carries its own imports."""
+    source = blocks(ROOT / "README.md")[index]
+    result = subprocess.run(
+        [sys.executable, "-c", source], cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 0, f"README block {index} alone:\n{result.stderr[-3000:]}"
 
 
 def _documented() -> dict[str, Path]:
