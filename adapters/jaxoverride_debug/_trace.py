@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import logging
 import threading
+import warnings
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypeVar
 
@@ -17,6 +18,23 @@ from jaxoverride_debug._record import Call
 F = TypeVar("F", bound=Callable[..., Any])
 
 logger = logging.getLogger("jaxoverride_debug")
+
+
+class NothingTracedWarning(UserWarning):
+    """A ``trace()`` ended without recording a single neutral call.
+
+    The usual cause: the code that ran calls ``jax.*`` directly (a third-party library),
+    so no call reached jaxoverride. Interpose it first: ``jaxoverride.interpose(module)``.
+
+    Example:
+      >>> import warnings, jaxoverride_debug as jd
+      >>> with warnings.catch_warnings(record=True) as caught:
+      ...     warnings.simplefilter("always")
+      ...     with jd.trace(log=print):
+      ...         pass
+      >>> caught[0].category.__name__
+      'NothingTracedWarning'
+    """
 
 
 def _to_logger(call: Call) -> None:
@@ -95,6 +113,16 @@ class Trace:
         # The core refuses, unchanged, an exit across another entered context.
         self._context.__exit__(*exc_info)
         _SESSION.reset(stack.pop())
+        if not stack and exc_info[0] is None and not self.calls:
+            warnings.warn(
+                NothingTracedWarning(
+                    "jaxoverride_debug.trace() recorded no call: nothing that ran inside it "
+                    "called the neutral API. A library that calls jax.jit / jax.lax directly "
+                    "is invisible until it is interposed: jaxoverride.interpose(module), or "
+                    "jaxoverride.interpose(package, recursive=True)."
+                ),
+                stacklevel=2,
+            )
 
     def __call__(self, fn: F) -> F:
         """Decorates ``fn`` so that each of its calls runs inside this trace."""
