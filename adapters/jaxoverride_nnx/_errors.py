@@ -208,14 +208,15 @@ def explain(error: TraceContextError, tracked: Tracked, where: str) -> BaseExcep
                 f"jaxoverride_nnx: the tracked {kind} `{name}`{of} was mutated inside a JAX "
                 f"transform that runs within {where} but is not a jaxoverride neutral "
                 "function (a raw jax.* or nnx.* transform). Only neutral calls thread "
-                "tracked state: use jaxoverride.jit, jaxoverride.lax.scan and so on there."
+                "tracked state: use jaxoverride.jit, jaxoverride.lax.scan and so on there. "
+                f"{TROUBLESHOOTING}"
             )
         return UntrackedModuleError(
             f"jaxoverride_nnx: {where} ran code that mutates the {kind} `{name}`{of}, but "
             f"that module is not tracked, so its Variables cannot be updated from inside "
             f"the trace. Track it: `with jaxoverride_nnx.track({_root(name)}): ...` "
             "(track the top-level module; every submodule and Variable it holds is "
-            "tracked with it)."
+            f"tracked with it). {TROUBLESHOOTING}"
         )
     kind = type(target).__name__
     what = f"set attribute {attribute!r} of" if attribute else "mutate"
@@ -233,6 +234,9 @@ def explain(error: TraceContextError, tracked: Tracked, where: str) -> BaseExcep
         "note that even then attributes cannot be assigned inside traced code, only "
         "Variable values updated."
     )
+
+
+TROUBLESHOOTING = "Raw errors and their fixes: docs/troubleshooting.md."
 
 
 def structure_changed(path: str, before: Any, after: Any, where: str) -> StructureChangeError:
