@@ -59,7 +59,10 @@ def _is_zero(x: Any) -> bool:
 
 
 def _instantiate(x: Any) -> Any:
-    return jnp.zeros(x.shape, x.dtype) if isinstance(x, SymbolicZero) else x
+    if not isinstance(x, SymbolicZero):
+        return x
+    aval: Any = x.aval  # the cotangent's type: float0 for integer outputs
+    return jnp.zeros(aval.shape, aval.dtype)
 
 
 class ClosedOverDifferentiationError(ValueError):
