@@ -24,16 +24,7 @@ PACKAGES = [
     "jaxoverride_dag",
     "jaxoverride_debug",
 ]
-NEUTRAL_LAX = [
-    "scan",
-    "while_loop",
-    "fori_loop",
-    "cond",
-    "switch",
-    "map",
-    "custom_root",
-    "custom_linear_solve",
-]
+NEUTRAL_LAX = list(importlib.import_module("jaxoverride.lax")._NEUTRAL)
 DOCS = Path(__file__).resolve().parent
 PAGE = DOCS / "api.md"
 
