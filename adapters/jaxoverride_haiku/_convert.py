@@ -23,6 +23,7 @@ from haiku._src import base, stateful
 import jaxoverride as jo
 from jaxoverride_haiku._creation import init_safe_call
 from jaxoverride_haiku._frames import Threaded, state_usable
+from jaxoverride_plain import zeros_for
 
 
 class PureFunctionWriteError(RuntimeError):
@@ -87,32 +88,40 @@ def pure_frame(where: str) -> Iterator[None]:
         yield
 
 
-def traced_in_pure_frame(
-    fun: Callable[..., Any], where: str
-) -> tuple[Callable[..., Any], Threaded]:
-    """``fun`` in a temporary frame of the caller's state, entered inside JAX's trace."""
-    state = stateful.internal_state()
-    thread = Threaded(1, where, check_params=False)
+def _converting(
+    fun: Callable[..., Any],
+    where: str,
+    trace: Callable[[Callable[..., Any]], Any],
+    creation: Callable[[], Any],
+) -> Any:
+    """At init the creation pass; then ``trace(traced)``, where ``traced`` runs ``fun`` in a
+    temporary, write-refusing frame of the caller's state, entered inside JAX's trace."""
 
-    def traced(*args: Any, **kwargs: Any) -> Any:
-        with thread.frame(0, state), pure_frame(where):
-            return fun(*args, **kwargs)
+    def apply() -> Any:
+        state = stateful.internal_state()
+        thread = Threaded(1, where, check_params=False)
 
-    return traced, thread
+        def traced(*args: Any, **kwargs: Any) -> Any:
+            with thread.frame(0, state), pure_frame(where):
+                return fun(*args, **kwargs)
+
+        out = trace(traced)
+        thread.finish()
+        return out
+
+    return init_safe_call(creation, apply)
 
 
 def closure_convert(fun: Callable[..., Any], *example_args: Any) -> Any:
     below = jo.next_impl("closure_convert")
     if not state_usable():
         return below(fun, *example_args)
-
-    def apply() -> Any:
-        traced, thread = traced_in_pure_frame(fun, "jaxoverride.closure_convert")
-        converted = below(traced, *example_args)
-        thread.finish()
-        return converted
-
-    return init_safe_call(lambda: fun(*example_args), apply)
+    return _converting(
+        fun,
+        "jaxoverride.closure_convert",
+        lambda traced: below(traced, *example_args),
+        lambda: fun(*example_args),
+    )
 
 
 def make_jaxpr(fun: Callable[..., Any], *args: Any, **kwargs: Any) -> Callable[..., Any]:
@@ -122,16 +131,12 @@ def make_jaxpr(fun: Callable[..., Any], *args: Any, **kwargs: Any) -> Callable[.
     def traced_jaxpr(*call_args: Any, **call_kwargs: Any) -> Any:
         if not state_usable():
             return plain(*call_args, **call_kwargs)
-        from jaxoverride_plain import zeros_for
-
-        def apply() -> Any:
-            traced, thread = traced_in_pure_frame(fun, "jaxoverride.make_jaxpr")
-            out = lower(traced, *args, **kwargs)(*call_args, **call_kwargs)
-            thread.finish()
-            return out
-
-        creation = lambda: fun(*zeros_for(call_args), **zeros_for(call_kwargs))
-        return init_safe_call(creation, apply)
+        return _converting(
+            fun,
+            "jaxoverride.make_jaxpr",
+            lambda traced: lower(traced, *args, **kwargs)(*call_args, **call_kwargs),
+            lambda: fun(*zeros_for(call_args), **zeros_for(call_kwargs)),
+        )
 
     return traced_jaxpr
 
@@ -142,14 +147,12 @@ def custom_root(
     below = jo.next_impl("lax.custom_root")
     if not state_usable():
         return below(f, initial_guess, solve, tangent_solve, has_aux=has_aux)
-
-    def apply() -> Any:
-        traced, thread = traced_in_pure_frame(f, "jaxoverride.lax.custom_root")
-        out = below(traced, initial_guess, solve, tangent_solve, has_aux=has_aux)
-        thread.finish()
-        return out
-
-    return init_safe_call(lambda: f(initial_guess), apply)
+    return _converting(
+        f,
+        "jaxoverride.lax.custom_root",
+        lambda traced: below(traced, initial_guess, solve, tangent_solve, has_aux=has_aux),
+        lambda: f(initial_guess),
+    )
 
 
 def custom_linear_solve(
@@ -164,11 +167,9 @@ def custom_linear_solve(
     options = {"symmetric": symmetric, "has_aux": has_aux}
     if not state_usable():
         return below(matvec, b, solve, transpose_solve, **options)
-
-    def apply() -> Any:
-        traced, thread = traced_in_pure_frame(matvec, "jaxoverride.lax.custom_linear_solve")
-        out = below(traced, b, solve, transpose_solve, **options)
-        thread.finish()
-        return out
-
-    return init_safe_call(lambda: matvec(b), apply)
+    return _converting(
+        matvec,
+        "jaxoverride.lax.custom_linear_solve",
+        lambda traced: below(traced, b, solve, transpose_solve, **options),
+        lambda: matvec(b),
+    )
