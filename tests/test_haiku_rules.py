@@ -10,6 +10,8 @@ gradient), as is a write or a draw in ``bwd``; every refusal leaves Haiku as it 
 
 from __future__ import annotations
 
+from typing import Any
+
 import haiku as hk
 import jax
 import jax.numpy as jnp
@@ -20,6 +22,8 @@ from haiku._src import base
 import jaxoverride as jo
 import jaxoverride_haiku as joh
 from jaxoverride_haiku import ClosedOverDifferentiationError, PureFunctionWriteError
+from jaxoverride_haiku._frames import Names
+from jaxoverride_haiku._rules import _REFUSED
 
 X = jnp.linspace(-1.0, 1.0, 3)
 RNG = jax.random.PRNGKey(0)
@@ -282,3 +286,122 @@ def test_a_write_or_draw_in_bwd_is_refused(what):
     with pytest.raises(PureFunctionWriteError, match=rf"custom_vjp: .*{message}.*backward rule"):
         jax.grad(lambda x: model.apply(params, state, RNG, x)[0])(X)
     assert not base.frame_stack
+
+
+def haiku_view() -> tuple:
+    """Everything of Haiku and jaxoverride that a failed call must leave as it was: the
+    frame stack, module stack, naming counters, params, state and rng (by identity), the
+    getter/setter stacks, the active overrides and the rule's refused reads."""
+    frame = base.current_frame()
+    names = Names.capture(frame)
+    state: Any = frame.state
+    sequence = frame.rng_stack.peek()
+    rng = () if sequence is None else jax.tree.leaves(sequence.internal_state)
+    return (
+        len(base.frame_stack),
+        len(frame.module_stack),
+        len(frame.rng_stack),
+        [dict(c) for c in names.counters],
+        [set(u) for u in names.used],
+        {m: {n: id(v) for n, v in b.items()} for m, b in frame.params.items()},
+        {m: {n: (id(p.initial), id(p.current)) for n, p in b.items()} for m, b in state.items()},
+        [id(leaf) for leaf in rng],
+        [
+            len(s)
+            for s in (
+                base.param_getter_stack,
+                base.state_getter_stack,
+                base.state_setter_stack,
+                base.param_creator_stack,
+                base.state_creator_stack,
+            )
+        ],
+        repr(jo.current_stack()),
+        _REFUSED.get(),
+    )
+
+
+def _undefined(x):
+    return jo.custom_vjp(lambda x: 2.0 * x)(x)
+
+
+def _wrong_nondiff_argnums(x):
+    return jo.custom_vjp(lambda n, x: n * x, nondiff_argnums=(2,))
+
+
+def _non_callable_rule(x):
+    jo.custom_vjp(lambda x: x).defvjp(lambda x: (x, None), "bwd")  # pyright: ignore[reportArgumentType]
+
+
+def _bwd_write(x):
+    f = jo.custom_vjp(lambda x: x)
+
+    def bwd(_, g):
+        hk.set_state("before", jnp.sum(g))
+        return (g,)
+
+    f.defvjp(lambda x: (x, None), bwd)
+    return jo.grad(lambda v: jnp.sum(f(v)))(x)
+
+
+def _closed_over(x):
+    primal = lambda x: x * hk.get_parameter("w", [3])
+    f = jo.custom_vjp(primal)
+    f.defvjp(lambda x: (primal(x), None), lambda _, g: (g,))
+    return f(x)
+
+
+BAD = {
+    "undefined": (_undefined, AttributeError, "No VJP defined for custom_vjp function.*defvjp"),
+    "nondiff_argnums": (
+        _wrong_nondiff_argnums,
+        IndexError,
+        r"nondiff_argnums \(2,\).*2 positional",
+    ),
+    "non-callable": (
+        _non_callable_rule,
+        TypeError,
+        r"bwd \(the backward rule\) must be a function",
+    ),
+    "bwd-write": (
+        _bwd_write,
+        PureFunctionWriteError,
+        r"'~/before' was written inside the backward",
+    ),
+    "closed-over": (_closed_over, ClosedOverDifferentiationError, r"'~/w'.*closure_convert"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD))
+def test_bad_input_is_refused_and_leaves_haiku_as_it_was(case):
+    """Each misuse, caught inside the transform (at apply, under ``jax.grad`` w.r.t. the
+    params): a clear error, then Haiku is exactly as before and the program goes on."""
+    bad, error, message = BAD[case]
+    seen = []
+
+    def forward(x):
+        w = hk.get_parameter("w", [3], init=jnp.ones)
+        hk.set_state("before", hk.get_state("before", [], init=jnp.ones))
+        if not hk.running_init():
+            before = haiku_view()
+            with pytest.raises(error, match=message):
+                bad(x)
+            seen.append(haiku_view() == before)
+        # The failed call named nothing: this is `linear`, and the state is untouched.
+        return jnp.sum(hk.Linear(3)(x * w)) + hk.get_state("before")
+
+    model = hk.transform_with_state(forward)
+    params, state = model.init(RNG, X)
+    with jax.checking_leaks():
+        grads, after = jax.grad(
+            lambda p: model.apply(p, state, RNG, X), has_aux=True, allow_int=True
+        )(params)
+    assert seen == [True]
+    assert sorted(params) == ["linear", "~"]
+    assert float(after["~"]["before"]) == 1.0
+    expected = jax.grad(
+        lambda p: hk.transform(lambda x: jnp.sum(hk.Linear(3)(x * p["~"]["w"]))).apply(
+            {"linear": p["linear"]}, None, X
+        )
+    )(params)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6), grads, expected)

@@ -203,9 +203,23 @@ def _haiku_layer() -> contextlib.AbstractContextManager[Any]:
     return contextlib.nullcontext()
 
 
-def _caller_values() -> InternalState:
-    stateful.reserve_up_to_full_rng_block()  # the same rng structure in and out
-    return stateful.internal_state()
+def _run(rule: Any, call: _Call, args: tuple[Any, ...]) -> Any:
+    """Calls JAX's rule on the caller's values and hands back what it wrote.
+
+    A full block of rng keys is reserved first (the same rng structure in and out); a
+    failure puts the caller's sequence back as it was.
+    """
+    sequence = current_frame().rng_stack.peek()
+    saved = None if sequence is None else (sequence, sequence.internal_state)
+    try:
+        stateful.reserve_up_to_full_rng_block()
+        out, after = rule(stateful.internal_state(), *args)
+    except BaseException:
+        if saved is not None:
+            saved[0].replace_internal_state(saved[1])
+        raise
+    call.finish(after)
+    return out
 
 
 class HaikuRule:
@@ -306,9 +320,7 @@ class HaikuRule:
         # Symbolic zeros tell which of Haiku's values are being differentiated; the user's
         # rules see them only if they asked.
         rule.defvjp(lifted_fwd, lifted_bwd, symbolic_zeros=True, optimize_remat=optimize_remat)
-        out, after = rule(_caller_values(), *args)
-        call.finish(after)
-        return out
+        return _run(rule, call, args)
 
     def _lifted_jvp(self, args: tuple[Any, ...]) -> Any:
         call = _Call(self._where)
@@ -327,9 +339,7 @@ class HaikuRule:
 
         rule = self._below(self._primal(call), nondiff_argnums=self._lifted_nondiff)
         rule.defjvp(lifted_jvp, symbolic_zeros=True)
-        out, after = rule(_caller_values(), *args)
-        call.finish(after)
-        return out
+        return _run(rule, call, args)
 
 
 def custom_vjp(
