@@ -89,3 +89,31 @@ def test_a_write_inside_closure_convert_is_refused_and_nothing_changes():
         with pytest.raises(PureFunctionWriteError, match="closure_convert"):
             solver.fixed_point(f, jnp.zeros(4), X)
     assert int(counter[...]) == 0
+
+
+def test_a_jit_inside_the_implicit_solve_under_a_jitted_gradient():
+    """The solver's own ``jo.jit`` traced first under ``jo.jit(jo.grad)``: ``bwd`` is traced
+    in that jit's transpose, and used to see the Variables' values of another trace (and
+    to fail lowering with "No constant handler for DynamicJaxprTracer")."""
+    inner = jo.jit(solver.fixed_point, static_argnums=0)
+    implicit, unrolled = DEQ(lambda f, z0, x: inner(f, z0, x)), DEQ(solver.unrolled)
+    with jax.checking_leaks():
+        got, expected = _gradient(implicit, jit=True), _gradient(unrolled, jit=True)
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(expected), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+
+
+def test_a_write_in_bwd_is_refused_and_nothing_changes():
+    counter = nnx.Variable(jnp.array(0))
+    f = jo.custom_vjp(lambda x: jnp.sin(x))
+
+    def bwd(x, g):
+        counter[...] += 1
+        return (jnp.cos(x) * g,)
+
+    f.defvjp(lambda x: (jnp.sin(x), x), bwd)
+    with jaxoverride_nnx.track(counter):
+        for grad in (jo.grad(lambda x: f(x).sum()), jo.jit(jo.grad(lambda x: f(x).sum()))):
+            with pytest.raises(PureFunctionWriteError, match=r"bwd.*wrote.*Variable"):
+                grad(X)
+            assert int(counter[...]) == 0

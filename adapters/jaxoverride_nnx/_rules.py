@@ -86,6 +86,38 @@ class ClosedOverDifferentiationError(ValueError):
     """
 
 
+class PureFunctionWriteError(RuntimeError):
+    """A tracked Variable written where the write could never come out.
+
+    Raised for a write inside a function that ``closure_convert``, ``lax.custom_root`` or
+    ``lax.custom_linear_solve`` turn into a pure jaxpr of its inputs, and inside a custom
+    rule's backward pass (``bwd``), which JAX traces while it transposes: its only outputs
+    are cotangents.
+
+    Example:
+      >>> import jax.numpy as jnp
+      >>> from flax import nnx
+      >>> import jaxoverride as jo, jaxoverride_nnx
+      >>> counter = nnx.Variable(jnp.array(0))
+      >>> def g(v):
+      ...     counter[...] += 1
+      ...     return v
+      >>> with jaxoverride_nnx.track(counter):
+      ...     jo.closure_convert(g, jnp.ones(2))
+      Traceback (most recent call last):
+      ...
+      jaxoverride_nnx._rules.PureFunctionWriteError: jaxoverride.closure_convert: ...
+    """
+
+
+def _write_refused(tracked: Any, written: dict[int, Any], what: str, fix: str) -> Exception:
+    paths = ", ".join(f"`{tracked.path(index)}`" for index in sorted(written))
+    return PureFunctionWriteError(
+        f"{WHERE}: {what} wrote the tracked Variable(s) {paths}. Its only outputs are "
+        f"cotangents, so the write could never come out. {fix}"
+    )
+
+
 @contextlib.contextmanager
 def _refusing_reads(tracked: Any, perturbed: list[int]) -> Iterator[None]:
     """Refuses reads of the Variables being differentiated, at the read itself.
@@ -187,13 +219,30 @@ class LiftedVJP:
                 inner = _unwrap(inner)
             with _refusing_reads(tracked, [i for i in perturbed if i < len(tracked.variables)]):
                 (out, residuals), after = run_lifted(tracked, values, fwd, inner, {}, WHERE)
-            return (out, _written(values, after)), residuals
+            return (out, _written(values, after)), (values, residuals)
 
         def lifted_bwd(*rest: Any) -> Any:
-            *static, residuals, (out_cotangent, _) = rest
+            *static, (values, residuals), (out_cotangent, _) = rest
             if not symbolic_zeros:
                 out_cotangent = jax.tree.map(_instantiate, out_cotangent, is_leaf=_is_zero)
-            return (None, *bwd(*static, residuals, out_cotangent))
+            # JAX traces bwd later, while it transposes (possibly inside a jit's transpose
+            # trace): the Variables then hold whatever the caller's level left in them, and
+            # a neutral loop in bwd would carry those as foreign constants ("No constant
+            # handler for DynamicJaxprTracer"). bwd sees the values of the call instead.
+            cotangents, after = run_lifted(
+                tracked, values, bwd, (*static, residuals, out_cotangent), {}, WHERE
+            )
+            if written := changed(values, after):
+                raise _write_refused(
+                    tracked,
+                    written,
+                    "the custom_vjp's backward rule (bwd), traced while JAX transposes,",
+                    "Keep state writes out of what bwd calls (a library's implicit "
+                    "differentiation calls your function again in its backward pass: "
+                    "jaxopt's implicit_diff=True does), or use the library's "
+                    "non-implicit mode (jaxopt's implicit_diff=False).",
+                )
+            return (None, *cotangents)
 
         rule = self._below(lifted, nondiff_argnums=tuple(n + 1 for n in nondiff))
         # Symbolic zeros tell which Variables are being differentiated (see
@@ -210,25 +259,6 @@ def custom_vjp(
     nondiff_argnames: Sequence[str] = (),
 ) -> LiftedVJP:  # fmt: skip
     return LiftedVJP(fun, nondiff_argnums, nondiff_argnames)
-
-
-class PureFunctionWriteError(RuntimeError):
-    """A tracked Variable written inside a function that ``closure_convert`` makes pure.
-
-    Example:
-      >>> import jax.numpy as jnp
-      >>> from flax import nnx
-      >>> import jaxoverride as jo, jaxoverride_nnx
-      >>> counter = nnx.Variable(jnp.array(0))
-      >>> def g(v):
-      ...     counter[...] += 1
-      ...     return v
-      >>> with jaxoverride_nnx.track(counter):
-      ...     jo.closure_convert(g, jnp.ones(2))
-      Traceback (most recent call last):
-      ...
-      jaxoverride_nnx._rules.PureFunctionWriteError: jaxoverride.closure_convert: ...
-    """
 
 
 def closure_convert(fun: Callable[..., Any], *example_args: Any) -> Any:
