@@ -18,7 +18,8 @@ from flax import nnx
 import _implicit_solver as solver
 import jaxoverride as jo
 import jaxoverride_nnx
-from jaxoverride_nnx import PureFunctionWriteError
+from jaxoverride import lax as jlax
+from jaxoverride_nnx import ClosedOverDifferentiationError, PureFunctionWriteError
 
 X = jnp.linspace(-1.0, 1.0, 4)
 
@@ -117,3 +118,74 @@ def test_a_write_in_bwd_is_refused_and_nothing_changes():
             with pytest.raises(PureFunctionWriteError, match=r"bwd.*wrote.*Variable"):
                 grad(X)
             assert int(counter[...]) == 0
+
+
+def _counting_jvp(counter):
+    def primal(x):
+        counter[...] += 1
+        return jnp.sin(x)
+
+    f = jo.custom_jvp(primal)
+
+    @f.defjvp
+    def _(primals, tangents):
+        (x,), (x_dot,) = primals, tangents
+        counter[...] += 10
+        return jnp.sin(x), jnp.cos(x) * x_dot
+
+    return f
+
+
+def test_a_custom_jvp_primal_and_rule_may_write_tracked_state_once_per_call():
+    counter = nnx.Variable(jnp.array(0))
+    f = _counting_jvp(counter)
+    with jaxoverride_nnx.track(counter), jax.checking_leaks():
+        np.testing.assert_allclose(f(X), jnp.sin(X), rtol=1e-6)
+        assert int(counter[...]) == 1, "the primal ran once"
+        jo.jit(lambda: f(X))()
+        assert int(counter[...]) == 2
+        for grad in (jo.grad(lambda x: f(x).sum()), jo.jit(jo.grad(lambda x: f(x).sum()))):
+            before = int(counter[...])
+            np.testing.assert_allclose(grad(X), jnp.cos(X), rtol=1e-6)
+            assert int(counter[...]) == before + 10, "only the rule ran, once"
+        _, tangent = jo.jvp(f, (X,), (jnp.ones(4),))
+        np.testing.assert_allclose(tangent, jnp.cos(X), rtol=1e-6)
+        assert int(counter[...]) == 32
+
+
+class Scale(nnx.Module):
+    def __init__(self):
+        self.w = nnx.Param(jnp.array(0.9))
+
+
+def _cubed(x, w):  # a neutral loop inside the rule's primal function
+    return jlax.fori_loop(0, 3, lambda _, z: z * w, x)
+
+
+@pytest.mark.parametrize("jit", [False, True], ids=["grad", "jit-grad"])
+def test_custom_jvp_defjvps_gradient_wrt_the_module_equals_raw_jax(jit):
+    f = jo.custom_jvp(_cubed)
+    f.defjvps(lambda x_dot, _, x, w: x_dot * w**3, lambda w_dot, _, x, w: w_dot * 3 * x * w**2)
+    model = Scale()
+    expected = jax.grad(lambda w: jnp.sum(_cubed(X, w) ** 2))(jnp.array(0.9))
+    with jaxoverride_nnx.track(model), jax.checking_leaks():
+        grad = lambda: jo.grad(lambda m: jnp.sum(f(X, m.w[...]) ** 2))(model)
+        got = jo.jit(grad)() if jit else grad()
+        np.testing.assert_allclose(jo.jit(lambda: f(X, model.w[...]))(), X * 0.9**3, rtol=1e-6)
+    np.testing.assert_allclose(got["w"][...], expected, rtol=1e-5)
+
+
+def test_a_custom_jvp_rule_reading_a_differentiated_variable_is_refused():
+    model = Scale()
+    f = jo.custom_jvp(lambda x: x * model.w[...])
+    f.defjvp(lambda p, t: (p[0] * model.w[...], t[0] * model.w[...]))
+    with jaxoverride_nnx.track(model), jax.checking_leaks():
+        np.testing.assert_allclose(
+            jo.grad(lambda x: f(x))(3.0), 0.9, rtol=1e-6
+        )  # w not differentiated
+        with pytest.raises(
+            ClosedOverDifferentiationError, match=r"custom_jvp.*`Scale.w`.*closure_convert"
+        ):
+            jo.grad(lambda m: f(1.0))(model)
+    assert float(model.w[...]) == pytest.approx(0.9)
+    assert "on_get_value" not in model.w._var_metadata

@@ -1,4 +1,5 @@
-"""``custom_vjp`` under ``track``: the tracked Variables' values as an explicit argument.
+"""``custom_vjp`` and ``custom_jvp`` under ``track``: the tracked Variables' values as an
+explicit argument.
 
 JAX traces a custom rule's primal function at a level of its own and its ``fwd`` one
 level up. A neutral loop inside the rule carries every tracked Variable, Params included,
@@ -8,7 +9,8 @@ closed-over value"). Here the values go in as a leading argument, the primal and
 run with the Variables pointing at them (``run_lifted``, so they may also be written),
 and the values after the call come back as an extra output that is written back once.
 The leading argument gets a zero cotangent: gradients reach the parameters through the
-arguments of the rule, which ``jaxoverride.closure_convert`` provides.
+arguments of the rule, which ``jaxoverride.closure_convert`` provides. ``custom_jvp`` does
+the same with its primal function and JVP rule (the written values get zero tangents).
 """
 
 from __future__ import annotations
@@ -21,7 +23,12 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 from flax.errors import TraceContextError
-from jax._src.custom_derivatives import CustomVJPPrimal, SymbolicZero
+from jax._src.custom_derivatives import (
+    CustomVJPPrimal,
+    SymbolicZero,
+    _sum_tangents,
+    _zeros_like_pytree,
+)
 
 import jaxoverride as jo
 from jaxoverride_nnx._errors import LevelError
@@ -110,16 +117,18 @@ class PureFunctionWriteError(RuntimeError):
     """
 
 
-def _write_refused(tracked: Any, written: dict[int, Any], what: str, fix: str) -> Exception:
+def _write_refused(
+    tracked: Any, written: dict[int, Any], what: str, fix: str, where: str = WHERE
+) -> Exception:
     paths = ", ".join(f"`{tracked.path(index)}`" for index in sorted(written))
     return PureFunctionWriteError(
-        f"{WHERE}: {what} wrote the tracked Variable(s) {paths}. Its only outputs are "
+        f"{where}: {what} wrote the tracked Variable(s) {paths}. Its only outputs are "
         f"cotangents, so the write could never come out. {fix}"
     )
 
 
 @contextlib.contextmanager
-def _refusing_reads(tracked: Any, perturbed: list[int]) -> Iterator[None]:
+def _refusing_reads(tracked: Any, perturbed: list[int], where: str = WHERE) -> Iterator[None]:
     """Refuses reads of the Variables being differentiated, at the read itself.
 
     A custom rule gives gradients for its explicit arguments only: a Variable that it
@@ -135,7 +144,7 @@ def _refusing_reads(tracked: Any, perturbed: list[int]) -> Iterator[None]:
     def refuse(variable: Any, value: Any) -> Any:
         path = tracked.path(tracked.var_index(variable))
         raise ClosedOverDifferentiationError(
-            f"{WHERE}: the rule reads the tracked Variable `{path}`, which is being "
+            f"{where}: the rule reads the tracked Variable `{path}`, which is being "
             "differentiated, without having it as an argument. A custom rule gives gradients "
             "for its explicit arguments only, so it would get a silently zero gradient. Pass "
             "it in: jaxoverride.closure_convert(f, *example_args) hoists what f reads into "
@@ -259,6 +268,109 @@ def custom_vjp(
     nondiff_argnames: Sequence[str] = (),
 ) -> LiftedVJP:  # fmt: skip
     return LiftedVJP(fun, nondiff_argnums, nondiff_argnames)
+
+
+WHERE_JVP = "jaxoverride.custom_jvp"
+
+
+def _tangent_zero(value: Any) -> Any:
+    """A symbolic zero tangent for a written Variable's value (state, not differentiated)."""
+    return SymbolicZero(jax.typeof(value).to_tangent_aval())
+
+
+class LiftedJVP:
+    """What the NNX override of ``custom_jvp`` builds: JAX's rule, Variables lifted.
+
+    The contract is ``LiftedVJP``'s: the tracked values enter as a leading argument, the
+    primal function (when JAX calls it) or the JVP rule (when JAX differentiates) runs with
+    the Variables pointing at them and may write them, and the values after the call come
+    back as an extra output with a zero tangent, written back once.
+    """
+
+    def __init__(
+        self, fun: Callable[..., Any], nondiff_argnums: Sequence[int] = (),
+        nondiff_argnames: Sequence[str] = (),
+    ):  # fmt: skip
+        below = jo.next_impl("custom_jvp")
+        self._plain = below(fun, nondiff_argnums=nondiff_argnums, nondiff_argnames=nondiff_argnames)
+        self._below = below
+        self._fun = fun
+        self._nondiff = _argnums(fun, nondiff_argnums, nondiff_argnames)
+        self._rule: tuple[Callable[..., Any], bool] | None = None
+
+    def defjvp(self, jvp: Callable[..., Any], symbolic_zeros: bool = False) -> Callable[..., Any]:
+        self._plain.defjvp(jvp, symbolic_zeros=symbolic_zeros)
+        self._rule = (jvp, symbolic_zeros)
+        return jvp
+
+    def defjvps(self, *jvps: Callable[..., Any] | None) -> None:
+        self._plain.defjvps(*jvps)  # JAX's checks (no nondiff_argnums)
+        fun = self._fun
+
+        # JAX's own composition calls the decorated object for the primal output; inside
+        # the lifted rule the Variables already hold this call's values, so call ``fun``.
+        def jvp(primals: Sequence[Any], tangents: Sequence[Any]) -> Any:
+            primal_out = fun(*primals)
+            zeros = _zeros_like_pytree(primal_out)
+            each = [
+                rule(t, primal_out, *primals) if rule else zeros
+                for t, rule in zip(tangents, jvps, strict=False)
+            ]
+            return primal_out, jax.tree.map(_sum_tangents, primal_out, *each)
+
+        self._rule = (jvp, False)
+
+    def __getattr__(self, attribute: str) -> Any:
+        if attribute.startswith("_"):
+            raise AttributeError(attribute)
+        return getattr(self._plain, attribute)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        tracked = current()
+        if tracked is None or self._rule is None:
+            return self._plain(*args, **kwargs)
+        args = _positional(self._fun, args, kwargs)
+        fun, (jvp, symbolic_zeros) = self._fun, self._rule
+        nondiff = sorted(self._nondiff)
+        count = len(tracked.variables)
+
+        def lifted(values: list[Any], *inner: Any) -> Any:
+            out, after = run_lifted(tracked, values, fun, inner, {}, WHERE_JVP)
+            return out, _written(values, after)
+
+        def lifted_jvp(*rest: Any) -> Any:
+            *static, (values, *primals), (values_dot, *tangents) = rest
+            perturbed = [
+                index
+                for index, tangent in enumerate(values_dot[:count])
+                if any(not _is_zero(leaf) for leaf in jax.tree.leaves(tangent, is_leaf=_is_zero))
+            ]
+            if not symbolic_zeros:
+                tangents = jax.tree.map(_instantiate, tangents, is_leaf=_is_zero)
+            with _refusing_reads(tracked, perturbed, WHERE_JVP):
+                (out, out_dot), after = run_lifted(
+                    tracked, values, jvp, (*static, tuple(primals), tuple(tangents)), {}, WHERE_JVP
+                )
+            written = _written(values, after)
+            return (out, written), (
+                out_dot,
+                [None if w is None else _tangent_zero(w) for w in written],
+            )
+
+        rule = self._below(lifted, nondiff_argnums=tuple(n + 1 for n in nondiff))
+        # Symbolic zeros tell which Variables are being differentiated.
+        rule.defjvp(lifted_jvp, symbolic_zeros=True)
+        out, written = rule(tracked.read(), *args)
+        updates = {index: value for index, value in enumerate(written) if value is not None}
+        write_back(tracked, updates, WHERE_JVP)
+        return out
+
+
+def custom_jvp(
+    fun: Callable[..., Any], nondiff_argnums: Sequence[int] = (),
+    nondiff_argnames: Sequence[str] = (),
+) -> LiftedJVP:  # fmt: skip
+    return LiftedJVP(fun, nondiff_argnums, nondiff_argnames)
 
 
 def closure_convert(fun: Callable[..., Any], *example_args: Any) -> Any:
