@@ -189,3 +189,127 @@ def test_a_custom_jvp_rule_reading_a_differentiated_variable_is_refused():
             jo.grad(lambda m: f(1.0))(model)
     assert float(model.w[...]) == pytest.approx(0.9)
     assert "on_get_value" not in model.w._var_metadata
+
+
+# -- lax.custom_root and lax.custom_linear_solve ----------------------------------------
+
+
+class Cell(nnx.Module):
+    def __init__(self):
+        self.layer = nnx.Linear(4, 4, rngs=nnx.Rngs(0))
+        self.layer.kernel[...] *= 0.3
+        self.calls = nnx.Variable(jnp.array(0))
+
+
+def _root_loss(cell):
+    """A root solve whose ``f`` is one function object, read-only on the module, and whose
+    ``solve`` runs a neutral loop: the shape of a library that defines its map once."""
+
+    def f(z):
+        return jnp.tanh(cell.layer(z) + X) - z
+
+    def solve(g, z0):
+        return jlax.fori_loop(0, 100, lambda _, z: z + g(z), z0)
+
+    def tangent_solve(g, y):
+        return jnp.linalg.solve(jax.jacobian(g)(y), y)
+
+    return lambda m: jnp.sum(jlax.custom_root(f, jnp.zeros(4), solve, tangent_solve) ** 2)
+
+
+def _root_reference(cell):
+    def loss(kernel, bias):
+        z = jnp.zeros(4)
+        for _ in range(100):
+            z = jnp.tanh(z @ kernel + bias + X)
+        return jnp.sum(z**2)
+
+    return jax.value_and_grad(loss, argnums=(0, 1))(cell.layer.kernel[...], cell.layer.bias[...])
+
+
+@pytest.mark.parametrize("jit", [False, True], ids=["grad", "jit-grad"])
+def test_custom_root_gradient_wrt_the_module_equals_the_unrolled_one_and_is_never_stale(jit):
+    """JAX caches the trace of ``f`` by its identity, closed-over values included: without
+    the override, the second call reuses the weights (or tracers) of the first."""
+    cell = Cell()
+    loss = _root_loss(cell)
+    with jaxoverride_nnx.track(cell), jax.checking_leaks():
+        for _ in range(2):
+            value, (kernel, bias) = _root_reference(cell)
+            np.testing.assert_allclose(loss(cell), value, rtol=1e-5)
+            grad = lambda: jo.grad(loss)(cell)
+            got = jo.jit(grad)() if jit else grad()
+            np.testing.assert_allclose(got["layer"]["kernel"][...], kernel, rtol=1e-4, atol=1e-6)
+            np.testing.assert_allclose(got["layer"]["bias"][...], bias, rtol=1e-4, atol=1e-6)
+            cell.layer.kernel[...] *= 0.5
+
+
+def _linear_loss(cell):
+    def matvec(v):
+        return 2.0 * v + cell.layer(v) - cell.layer.bias[...]
+
+    def solve(mv, b):  # a neutral loop around a direct solve
+        return jlax.fori_loop(0, 1, lambda _, x: jnp.linalg.solve(jax.jacobian(mv)(b), b), b)
+
+    return lambda m: jnp.sum(jlax.custom_linear_solve(matvec, X, solve, solve) ** 2)
+
+
+@pytest.mark.parametrize("jit", [False, True], ids=["grad", "jit-grad"])
+def test_custom_linear_solve_gradient_wrt_the_module_equals_raw_jax(jit):
+    cell = Cell()
+    loss = _linear_loss(cell)
+    reference = jax.value_and_grad(
+        lambda kernel: jnp.sum(jnp.linalg.solve(2.0 * jnp.eye(4) + kernel.T, X) ** 2)
+    )
+    with jaxoverride_nnx.track(cell), jax.checking_leaks():
+        for _ in range(2):
+            value, kernel = reference(cell.layer.kernel[...])
+            np.testing.assert_allclose(loss(cell), value, rtol=1e-5)
+            grad = lambda: jo.grad(loss)(cell)
+            got = jo.jit(grad)() if jit else grad()
+            np.testing.assert_allclose(got["layer"]["kernel"][...], kernel, rtol=1e-4, atol=1e-6)
+            cell.layer.kernel[...] *= 0.5
+
+
+def _counting(cell, fn):
+    def counted(*args):
+        cell.calls[...] += 1
+        return fn(*args)
+
+    return counted
+
+
+def _root_writes(where):
+    cell = Cell()
+    f = lambda z: jnp.tanh(cell.layer(z) + X) - z
+    solve = lambda g, z0: jlax.fori_loop(0, 10, lambda _, z: z + g(z), z0)
+    tangent_solve = lambda g, y: jnp.linalg.solve(jax.jacobian(g)(y), y)
+    rules = {"f": f, "solve": solve, "tangent_solve": tangent_solve}
+    rules[where] = _counting(cell, rules[where])
+    call = lambda: jlax.custom_root(rules["f"], jnp.zeros(4), rules["solve"], rules["tangent_solve"])
+    return cell, lambda m: jnp.sum(call())
+
+
+@pytest.mark.parametrize("where", ["f", "solve", "tangent_solve"])
+def test_a_write_inside_custom_root_is_refused_and_nothing_changes(where):
+    cell, loss = _root_writes(where)
+    kernel = cell.layer.kernel[...]
+    with jaxoverride_nnx.track(cell), jax.checking_leaks():
+        for run in (lambda: loss(cell), jo.jit(lambda: loss(cell)), lambda: jo.grad(loss)(cell)):
+            with pytest.raises(PureFunctionWriteError, match=rf"custom_root: {where}.*`Cell.calls`"):
+                run()
+            assert int(cell.calls[...]) == 0
+            assert cell.layer.kernel[...] is kernel
+
+
+def test_a_write_inside_custom_linear_solve_is_refused_and_nothing_changes():
+    cell = Cell()
+    matvec = _counting(cell, lambda v: 2.0 * v + cell.layer(v))
+    solve = lambda mv, b: jnp.linalg.solve(jax.jacobian(mv)(b), b)
+    with jaxoverride_nnx.track(cell), jax.checking_leaks():
+        for run in (lambda: jlax.custom_linear_solve(matvec, X, solve), jo.jit(
+            lambda: jlax.custom_linear_solve(matvec, X, solve)
+        )):
+            with pytest.raises(PureFunctionWriteError, match=r"custom_linear_solve: matvec"):
+                run()
+            assert int(cell.calls[...]) == 0

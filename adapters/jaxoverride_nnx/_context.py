@@ -33,6 +33,8 @@ _CONTEXT = jo.override_context(
         "custom_vjp": _rules.custom_vjp,
         "custom_jvp": _rules.custom_jvp,
         "closure_convert": _rules.closure_convert,
+        "lax.custom_root": _rules.custom_root,
+        "lax.custom_linear_solve": _rules.custom_linear_solve,
     },
     name="jaxoverride_nnx",
 )

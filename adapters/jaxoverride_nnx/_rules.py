@@ -118,12 +118,12 @@ class PureFunctionWriteError(RuntimeError):
 
 
 def _write_refused(
-    tracked: Any, written: dict[int, Any], what: str, fix: str, where: str = WHERE
+    tracked: Any, written: dict[int, Any], what: str, why: str, fix: str, where: str = WHERE
 ) -> Exception:
     paths = ", ".join(f"`{tracked.path(index)}`" for index in sorted(written))
     return PureFunctionWriteError(
-        f"{where}: {what} wrote the tracked Variable(s) {paths}. Its only outputs are "
-        f"cotangents, so the write could never come out. {fix}"
+        f"{where}: {what} wrote the tracked Variable(s) {paths}. {why}, so the write could "
+        f"never come out. {fix} Every Variable was left as it was."
     )
 
 
@@ -245,7 +245,8 @@ class LiftedVJP:
                 raise _write_refused(
                     tracked,
                     written,
-                    "the custom_vjp's backward rule (bwd), traced while JAX transposes,",
+                    "the custom_vjp's backward rule (bwd)",
+                    "JAX traces it while it transposes, and its only outputs are cotangents",
                     "Keep state writes out of what bwd calls (a library's implicit "
                     "differentiation calls your function again in its backward pass: "
                     "jaxopt's implicit_diff=True does), or use the library's "
@@ -393,3 +394,87 @@ def closure_convert(fun: Callable[..., Any], *example_args: Any) -> Any:
             "mode (fpsolve's implicit=False, jaxopt's implicit_diff=False). "
             f"NNX said: {error}"
         ) from error
+
+
+# -- lax.custom_root and lax.custom_linear_solve ---------------------------------------
+
+
+def _pure(tracked: Any, fn: Callable[..., Any] | None, role: str, where: str) -> Any:
+    """``fn`` run with the tracked Variables readable and any write refused.
+
+    JAX traces each function it is given into a jaxpr and hoists what it closes over into
+    explicit, differentiated inputs, so reads of a tracked module come out right. Two things
+    need the adapter. JAX caches those traces by the function's identity, closed-over values
+    included: a function defined once and called again after the weights changed (or under
+    ``jo.grad``, whose values are other tracers) would get the old values, a silently wrong
+    gradient or a leaked tracer. A fresh wrapper per call never hits that cache. And a write
+    inside could never come out of the jaxpr: it is refused with the fix, every Variable left
+    as it was.
+    """
+    if fn is None:
+        return None
+    if not callable(fn):
+        raise TypeError(
+            f"{where}: {role} must be a function, got {type(fn).__name__} {fn!r}. Pass the "
+            f"function itself, as in {where}(..., my_{role.split()[0]}, ...)."
+        )
+
+    def pure(*args: Any) -> Any:
+        out, after = run_lifted(tracked, None, fn, args, {}, where)
+        if written := changed(tracked.read(), after):
+            raise _write_refused(
+                tracked,
+                written,
+                role,
+                "JAX traces it into a pure jaxpr of its inputs",
+                "Move the write out of the solve (before or after the call), or use the "
+                "library's non-implicit mode (jaxopt's implicit_diff=False).",
+                where,
+            )
+        return out
+
+    return pure
+
+
+def custom_root(
+    f: Callable[..., Any],
+    initial_guess: Any,
+    solve: Callable[..., Any],
+    tangent_solve: Callable[..., Any],
+    has_aux: bool = False,
+) -> Any:
+    below = jo.next_impl("lax.custom_root")
+    tracked = current()
+    if tracked is None:
+        return below(f, initial_guess, solve, tangent_solve, has_aux=has_aux)
+    where = "jaxoverride.lax.custom_root"
+    return below(
+        _pure(tracked, f, "f (the function whose root is found)", where),
+        initial_guess,
+        _pure(tracked, solve, "solve", where),
+        _pure(tracked, tangent_solve, "tangent_solve", where),
+        has_aux=has_aux,
+    )
+
+
+def custom_linear_solve(
+    matvec: Callable[..., Any],
+    b: Any,
+    solve: Callable[..., Any],
+    transpose_solve: Callable[..., Any] | None = None,
+    symmetric: bool = False,
+    has_aux: bool = False,
+) -> Any:
+    below = jo.next_impl("lax.custom_linear_solve")
+    tracked = current()
+    if tracked is None:
+        return below(matvec, b, solve, transpose_solve, symmetric=symmetric, has_aux=has_aux)
+    where = "jaxoverride.lax.custom_linear_solve"
+    return below(
+        _pure(tracked, matvec, "matvec", where),
+        b,
+        _pure(tracked, solve, "solve", where),
+        _pure(tracked, transpose_solve, "transpose_solve", where),
+        symmetric=symmetric,
+        has_aux=has_aux,
+    )
