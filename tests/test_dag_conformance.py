@@ -16,6 +16,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 from jax._src import test_util as jax_test_util
 
+import jaxoverride as jo
 import jaxoverride_dag as dag
 from jaxoverride import lax as jlax
 
@@ -99,6 +100,21 @@ def test_a_body_that_shares_more_than_the_carry_passes_the_array_once_per_positi
     want, _ = jax.lax.scan(body, (z0, z0 + 1), length=2)
     assert_same(out, want)
     assert seen == [False, False]  # traced once, not retried: the carry keeps its layout
+
+
+def test_ties_the_body_keeps_stay_one_array_with_no_retrace():
+    seen = []
+
+    def body(c, _):
+        seen.append(c[0] is c[1])
+        new = c[0] + 1
+        return (new, new, c[2] * 2), None  # keeps the tie of positions 0 and 1
+
+    with jax.checking_leaks(), dag.context():
+        out, _ = jlax.scan(body, (z0, z0, z0 + 1), length=3)
+    assert out[0] is out[1] and out[0] is not out[2]
+    assert seen == [True]  # one trace: nothing to de-share
+    assert_same(out, jax.lax.scan(body, (z0, z0, z0 + 1), length=3)[0])
 
 
 sharing_patterns = st.lists(st.integers(0, 2), min_size=1, max_size=5)
@@ -190,6 +206,31 @@ def test_bad_input_raises_jax_exception_and_message(name):
         program(jax.lax)
     with jax.checking_leaks(), dag.context(), pytest.raises(type(raw.value)) as ours:
         program(jlax)
+    assert type(ours.value) is type(raw.value)
+    assert str(raw.value) in str(ours.value)
+
+
+def bad_transform_calls():
+    """Bad input to the DAG's transforms; ``api`` is ``jax`` or ``jaxoverride``."""
+    return {
+        "jit-not-callable": lambda api: api.jit(not_callable),
+        "vmap-not-callable": lambda api: api.vmap(not_callable),
+        "grad-not-callable": lambda api: api.grad(not_callable),
+        "jacfwd-not-callable": lambda api: api.jacfwd(not_callable),
+        "eval_shape-not-callable": lambda api: api.eval_shape(not_callable, 1.0),
+        "grad-not-scalar": lambda api: api.grad(lambda x: x)(jnp.ones(3)),
+        "vmap-in_axes-length": lambda api: api.vmap(lambda a, b: a, in_axes=(0,))(z0, z0),
+        "vmap-in_axes-type": lambda api: api.vmap(lambda a: a, in_axes={"a": 0})(z0),
+    }
+
+
+@pytest.mark.parametrize("name", sorted(bad_transform_calls()))
+def test_bad_input_to_transforms_raises_jax_exception_and_message(name):
+    call = bad_transform_calls()[name]
+    with pytest.raises(Exception) as raw:
+        call(jax)
+    with dag.context(), pytest.raises(type(raw.value)) as ours:
+        call(jo)
     assert type(ours.value) is type(raw.value)
     assert str(raw.value) in str(ours.value)
 
