@@ -30,7 +30,10 @@ RNG = jax.random.PRNGKey(0)
 
 
 @pytest.fixture(autouse=True)
-def _haiku_context():
+def _haiku_context(request):
+    if request.node.name.startswith("test_install_"):  # activates the adapter itself
+        yield
+        return
     with joh.context():
         yield
 
@@ -405,3 +408,38 @@ def test_bad_input_is_refused_and_leaves_haiku_as_it_was(case):
         )
     )(params)
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6), grads, expected)
+
+
+def test_install_and_a_neutral_loop_inside_a_lazily_traced_fwd():
+    """Under ``install()`` and ``jax.grad(jax.jit(apply))`` JAX traces ``fwd`` after the
+    transform returned; a neutral loop inside it is still Haiku's (it carries the state
+    it writes), and the ``defjvps`` rule stacked on it differentiates as JAX's."""
+
+    def forward(x):
+        f = jo.custom_vjp(lambda x: x)
+
+        def fwd(x):
+            def body(_, c):
+                count_call()
+                return c
+
+            return jo.lax.fori_loop(0, 3, body, x), None
+
+        f.defvjp(fwd, lambda _, g: (2.0 * g,))
+        g = jo.custom_jvp(jnp.sin)
+        g.defjvps(lambda t, ans, x: jnp.cos(x) * t)
+        hk.get_state("calls", [], jnp.int32, init=jnp.zeros)
+        return jnp.sum(g(f(hk.Linear(3, name="lin")(x))))
+
+    model = hk.transform_with_state(forward)
+    joh.install()
+    try:
+        params, state = model.init(RNG, X)
+        apply = jax.jit(model.apply)
+        with jax.checking_leaks():
+            grads, after = jax.grad(lambda p: apply(p, state, None, X), has_aux=True)(params)
+    finally:
+        joh.uninstall()
+    assert int(after["~"]["calls"]) == 3
+    pre = X @ params["lin"]["w"] + params["lin"]["b"]
+    np.testing.assert_allclose(grads["lin"]["b"], 2.0 * jnp.cos(pre), rtol=1e-6)
