@@ -10,8 +10,11 @@ as a leading argument and returns ``(state, rng)`` after it as an extra output:
   copy of the caller's module stack and naming counters (taken at the call), so modules
   are named, and parameters found, as in the caller;
 * state written and keys drawn by the primal or ``fwd``/JVP rule come out once per call,
-  whichever JAX ran; ``bwd`` runs in a fresh frame holding the forward's values, and what
-  it writes is dropped (a backward pass returns cotangents only);
+  whichever JAX ran; ``bwd`` runs in a fresh frame holding the values as ``fwd`` left
+  them, and a state write or rng draw there is refused at the write (``pure_frame``'s
+  setter and rng guard): a backward pass returns cotangents only. Writes are never
+  detected by comparing values afterwards: a neutral loop inside a rule stores the state
+  it carries again, as new objects, without any write;
 * the rule is registered with ``symbolic_zeros=True`` to learn which of Haiku's values are
   being differentiated. A rule gives gradients for its explicit arguments only, so a read
   of such a value (``hk.get_parameter``/``hk.get_state``, seen by a custom getter) is
@@ -346,6 +349,7 @@ def custom_vjp(
     fun: Callable[..., Any], nondiff_argnums: Sequence[int] = (),
     nondiff_argnames: Sequence[str] = (),
 ) -> HaikuRule:  # fmt: skip
+    """The Haiku override of ``custom_vjp``: JAX's constructor arguments, a ``HaikuRule``."""
     return HaikuRule("custom_vjp", fun, nondiff_argnums, nondiff_argnames)
 
 
@@ -353,4 +357,5 @@ def custom_jvp(
     fun: Callable[..., Any], nondiff_argnums: Sequence[int] = (),
     nondiff_argnames: Sequence[str] = (),
 ) -> HaikuRule:  # fmt: skip
+    """The Haiku override of ``custom_jvp``: JAX's constructor arguments, a ``HaikuRule``."""
     return HaikuRule("custom_jvp", fun, nondiff_argnums, nondiff_argnames)
