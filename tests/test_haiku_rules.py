@@ -128,17 +128,20 @@ def test_init_creates_parameters_once_and_returns_what_apply_returns(kind):
             f.defvjp(lambda x: (primal(x), None), lambda _, g: (g,))
         else:
             f.defjvp(lambda p, t: (primal(*p), t[0]))
-        return f(x), hk.Linear(2)(x)  # the caller's naming continues after the rule
+        # One rule called twice names its module twice, at init as at apply (no stale
+        # cache), and the caller's naming continues after it.
+        return f(x), f(x), hk.Linear(2)(x)
 
     model = hk.transform(forward)
     with jax.checking_leaks():
         params = model.init(RNG, X)
-        at_init = model.init(RNG, X)
-        applied = model.apply(params, None, X)
-    assert sorted(params) == ["linear", "linear_1"]
-    assert jax.tree.map(jnp.shape, params["linear_1"]) == {"b": (2,), "w": (3, 2)}
-    np.testing.assert_allclose(applied[0], reference({"lin": params["linear"]}), rtol=1e-6)
-    jax.tree.map(np.testing.assert_array_equal, at_init, params)
+        jitted = jax.jit(model.init)(RNG, X)
+        first, second, _ = model.apply(params, None, X)
+    assert sorted(params) == ["linear", "linear_1", "linear_2"]
+    assert jax.tree.map(jnp.shape, params["linear_2"]) == {"b": (2,), "w": (3, 2)}
+    np.testing.assert_allclose(first, reference({"lin": params["linear"]}), rtol=1e-6)
+    np.testing.assert_allclose(second, reference({"lin": params["linear_1"]}), rtol=1e-6)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6), jitted, params)
 
 
 def test_init_output_equals_apply_output():
