@@ -446,3 +446,49 @@ def test_install_and_a_neutral_loop_inside_a_lazily_traced_fwd():
     assert int(after["~"]["calls"]) == 3
     pre = X @ params["lin"]["w"] + params["lin"]["b"]
     np.testing.assert_allclose(grads["lin"]["b"], 2.0 * jnp.cos(pre), rtol=1e-6)
+
+
+def test_outside_a_transform_the_rule_is_jaxs_own():
+    """With the context active but no transform, the jaxpr is exactly JAX's."""
+
+    def build(kind):
+        f = kind(lambda x: 2.0 * jnp.sin(x))
+        f.defvjp(lambda x: (2.0 * jnp.sin(x), jnp.cos(x)), lambda c, g: (2.0 * c * g,))
+        return lambda x: jnp.sum(f(x))
+
+    ours, theirs = build(jo.custom_vjp), build(jax.custom_vjp)
+    assert str(jax.make_jaxpr(ours)(X)) == str(jax.make_jaxpr(theirs)(X))
+    assert str(jax.make_jaxpr(jax.grad(ours))(X)) == str(jax.make_jaxpr(jax.grad(theirs))(X))
+
+
+def test_each_function_is_traced_once_per_trace_of_apply():
+    traces = {"primal": 0, "fwd": 0, "bwd": 0}
+
+    def forward(x):
+        def primal(x):
+            traces["primal"] += 1
+            return 2.0 * jnp.sin(x)
+
+        def fwd(x):
+            traces["fwd"] += 1
+            return 2.0 * jnp.sin(x), jnp.cos(x)
+
+        def bwd(cos, g):
+            traces["bwd"] += 1
+            return (2.0 * cos * g,)
+
+        f = jo.custom_vjp(primal)
+        f.defvjp(fwd, bwd)
+        return jnp.sum(f(hk.Linear(3)(x)))
+
+    model = hk.transform(forward)
+    params = model.init(RNG, X)
+    assert traces == {"primal": 2, "fwd": 0, "bwd": 0}  # creation pass, then the rule
+    apply = jax.jit(model.apply)
+    for _ in range(2):
+        apply(params, None, X)
+    assert traces == {"primal": 3, "fwd": 0, "bwd": 0}  # a cache hit traces nothing
+    grad = jax.jit(jax.grad(model.apply))
+    for _ in range(2):
+        grad(params, None, X)
+    assert traces == {"primal": 3, "fwd": 1, "bwd": 1}
