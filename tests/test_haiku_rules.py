@@ -492,3 +492,31 @@ def test_each_function_is_traced_once_per_trace_of_apply():
     for _ in range(2):
         grad(params, None, X)
     assert traces == {"primal": 3, "fwd": 1, "bwd": 1}
+
+
+def test_keywords_and_nondiff_arguments_bind_as_in_jax():
+    """Keywords resolve to positions on the user's function (JAX's binding), and a
+    non-differentiable argument reaches ``fwd`` and ``bwd`` where JAX puts it."""
+
+    def build(kind):
+        def primal(power, x, scale=1.0):
+            return scale * x**power
+
+        f = kind(primal, nondiff_argnums=(0,))
+
+        def fwd(power, x, scale=1.0):
+            return primal(power, x, scale), (x, scale)
+
+        def bwd(power, residuals, g):
+            x, scale = residuals
+            return (scale * power * x ** (power - 1) * g, jnp.sum(x**power * g))
+
+        f.defvjp(fwd, bwd)
+        return lambda x, scale: jnp.sum(f(3, x, scale=scale))
+
+    ours, theirs = build(jo.custom_vjp), build(jax.custom_vjp)
+    model = hk.transform(lambda x, scale: ours(x, scale))
+    with jax.checking_leaks():
+        got = jax.grad(lambda x, s: model.apply({}, None, x, s), argnums=(0, 1))(X, 2.0)
+    expected = jax.grad(theirs, argnums=(0, 1))(X, 2.0)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6), got, expected)
