@@ -419,16 +419,15 @@ def test_install_and_a_neutral_loop_inside_a_lazily_traced_fwd():
     it writes), and the ``defjvps`` rule stacked on it differentiates as JAX's."""
 
     def forward(x):
-        f = jo.custom_vjp(lambda x: x)
-
-        def fwd(x):
+        def primal(x):
             def body(_, c):
                 count_call()
                 return c
 
-            return jo.lax.fori_loop(0, 3, body, x), None
+            return jo.lax.fori_loop(0, 3, body, x)
 
-        f.defvjp(fwd, lambda _, g: (2.0 * g,))
+        f = jo.custom_vjp(primal)
+        f.defvjp(lambda x: (primal(x), None), lambda _, g: (2.0 * g,))
         g = jo.custom_jvp(jnp.sin)
         g.defjvps(lambda t, ans, x: jnp.cos(x) * t)
         hk.get_state("calls", [], jnp.int32, init=jnp.zeros)
@@ -520,3 +519,68 @@ def test_keywords_and_nondiff_arguments_bind_as_in_jax():
         got = jax.grad(lambda x, s: model.apply({}, None, x, s), argnums=(0, 1))(X, 2.0)
     expected = jax.grad(theirs, argnums=(0, 1))(X, 2.0)
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6), got, expected)
+
+
+@pytest.mark.parametrize("kind", ["vjp", "jvp"])
+@pytest.mark.parametrize("jit", [False, True], ids=["grad", "grad-jit"])
+def test_state_the_rule_does_not_write_keeps_its_gradient(kind, jit):
+    """State written from the params before the rule and read after it: the rule hands
+    back only what it replaced, so this value keeps its derivative."""
+
+    def forward(x):
+        hk.set_state("h", hk.Linear(3, name="lin")(x))
+        y = counted_sin(kind)(x)  # writes "calls", not "h"
+        return jnp.sum(y) + jnp.sum(hk.get_state("h") ** 2)
+
+    model = hk.transform_with_state(forward)
+    params, state = model.init(RNG, X)
+    apply = jax.jit(model.apply) if jit else model.apply
+    with jax.checking_leaks():
+        got, after = jax.grad(lambda p: apply(p, state, None, X), has_aux=True)(params)
+    expected = jax.grad(lambda p: jnp.sum((X @ p["lin"]["w"] + p["lin"]["b"]) ** 2))(params)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6), got, expected)
+    assert int(after["~"]["calls"]) == 1
+
+
+def test_differentiating_state_that_came_out_of_a_rule_is_refused():
+    def forward(x):
+        def primal(x):
+            hk.set_state("y", 3.0 * x)
+            return x
+
+        f = jo.custom_vjp(primal)
+        f.defvjp(lambda x: (primal(x), None), lambda _, g: (g,))
+        return jnp.sum(f(x) + hk.get_state("y", [3], init=jnp.zeros))
+
+    model = hk.transform_with_state(forward)
+    params, state = model.init(RNG, X)
+    with pytest.raises(joh.DifferentiatedStateError, match=r"state ~/y came out of the rule"):
+        jax.grad(lambda x: model.apply(params, state, None, x)[0])(X)
+    # Not differentiated afterwards: the written state simply comes out.
+    _, after = model.apply(params, state, None, X)
+    np.testing.assert_allclose(after["~"]["y"], 3.0 * X)
+
+
+def test_a_lazily_traced_fwd_that_writes_what_the_primal_does_not_is_refused():
+    """Under ``jax.grad(jax.jit(apply))`` the call has returned its state before JAX
+    traces ``fwd``: a write only ``fwd`` makes could not come out, so it is refused."""
+
+    def forward(x):
+        f = jo.custom_vjp(lambda x: x)
+
+        def fwd(x):
+            count_call()
+            return x, None
+
+        f.defvjp(fwd, lambda _, g: (g,))
+        hk.get_state("calls", [], jnp.int32, init=jnp.zeros)
+        return jnp.sum(f(x))
+
+    model = hk.transform_with_state(forward)
+    params, state = model.init(RNG, X)
+    apply = jax.jit(model.apply)
+    with pytest.raises(ValueError, match=r"writes the Haiku state ~/calls, which the primal"):
+        jax.grad(lambda x: apply(params, state, None, x)[0])(X)
+    # Where JAX traces fwd during the call (jax.grad, jax.jit(jax.grad)), it comes out.
+    _, after = jax.grad(lambda x: model.apply(params, state, None, x), has_aux=True)(X)
+    assert int(after["~"]["calls"]) == 1
