@@ -10,11 +10,14 @@ as a leading argument and returns ``(state, rng)`` after it as an extra output:
   copy of the caller's module stack and naming counters (taken at the call), so modules
   are named, and parameters found, as in the caller;
 * state written and keys drawn by the primal or ``fwd``/JVP rule come out once per call,
-  whichever JAX ran; ``bwd`` runs in a fresh frame holding the values as ``fwd`` left
-  them, and a state write or rng draw there is refused at the write (``pure_frame``'s
-  setter and rng guard): a backward pass returns cotangents only. Writes are never
-  detected by comparing values afterwards: a neutral loop inside a rule stores the state
-  it carries again, as new objects, without any write;
+  whichever JAX ran. Only the entries that the run replaced reach the caller's frame (a
+  superset of the writes: a neutral loop or jit inside the rule stores what it carries
+  again), so state the rule did not touch keeps its derivatives, and no write is lost;
+  differentiating, after the call, state that came out of a ``custom_vjp`` is refused;
+* ``bwd`` runs in a fresh frame holding the values as ``fwd`` left them, and a state
+  write or rng draw there is refused at the write itself (``pure_frame``'s setter and rng
+  guard), never by comparing afterwards, which a neutral loop inside ``bwd`` would
+  trip: a backward pass returns cotangents only;
 * the rule is registered with ``symbolic_zeros=True`` to learn which of Haiku's values are
   being differentiated. A rule gives gradients for its explicit arguments only, so a read
   of such a value (``hk.get_parameter``/``hk.get_state``, seen by a custom getter) is
