@@ -584,3 +584,29 @@ def test_a_lazily_traced_fwd_that_writes_what_the_primal_does_not_is_refused():
     # Where JAX traces fwd during the call (jax.grad, jax.jit(jax.grad)), it comes out.
     _, after = jax.grad(lambda x: model.apply(params, state, None, x), has_aux=True)(X)
     assert int(after["~"]["calls"]) == 1
+
+
+def test_a_neutral_loop_in_bwd_that_writes_nothing_is_not_refused():
+    """bwd's refusal is at the write: a loop that carries the state (storing it again as
+    new objects) without writing passes, and reads the state as fwd left it."""
+
+    def forward(x):
+        f = jo.custom_vjp(lambda x: x)
+
+        def fwd(x):
+            hk.set_state("scale", jnp.float32(2.0))
+            return x, None
+
+        def bwd(_, g):
+            scale = hk.get_state("scale")
+            return (jo.lax.fori_loop(0, 3, lambda _, c: c * scale, g),)
+
+        f.defvjp(fwd, bwd)
+        hk.get_state("scale", [], init=jnp.zeros)
+        return jnp.sum(f(x))
+
+    model = hk.transform_with_state(forward)
+    params, state = model.init(RNG, X)
+    with jax.checking_leaks():
+        grad, _ = jax.grad(lambda x: model.apply(params, state, None, x), has_aux=True)(X)
+    np.testing.assert_allclose(grad, 8.0 * jnp.ones(3))
