@@ -168,14 +168,6 @@ def _refusing_reads(tracked: Any, perturbed: list[int], where: str = WHERE) -> I
                 metadata["on_get_value"] = old
 
 
-def _argnums(fun: Callable[..., Any], argnums: Sequence[int], argnames: Sequence[str]) -> set[int]:
-    found = set(argnums)
-    if argnames:
-        names = list(inspect.signature(fun).parameters)
-        found |= {names.index(name) for name in argnames}
-    return found
-
-
 class LiftedVJP:
     """What the NNX override of ``custom_vjp`` builds: JAX's rule, Variables lifted."""
 
@@ -187,7 +179,8 @@ class LiftedVJP:
         self._plain = below(fun, nondiff_argnums=nondiff_argnums, nondiff_argnames=nondiff_argnames)
         self._below = below
         self._fun = fun
-        self._nondiff = _argnums(fun, nondiff_argnums, nondiff_argnames)
+        # JAX's own resolution of the names (it ignores a name that is no parameter).
+        self._nondiff = set(self._plain.nondiff_argnums)
         self._rules: tuple[Any, ...] | None = None
 
     def defvjp(
@@ -296,7 +289,8 @@ class LiftedJVP:
         self._plain = below(fun, nondiff_argnums=nondiff_argnums, nondiff_argnames=nondiff_argnames)
         self._below = below
         self._fun = fun
-        self._nondiff = _argnums(fun, nondiff_argnums, nondiff_argnames)
+        # JAX's own resolution of the names (it ignores a name that is no parameter).
+        self._nondiff = set(self._plain.nondiff_argnums)
         self._rule: tuple[Callable[..., Any], bool] | None = None
 
     def defjvp(self, jvp: Callable[..., Any], symbolic_zeros: bool = False) -> Callable[..., Any]:
