@@ -320,3 +320,34 @@ def test_a_write_inside_custom_linear_solve_is_refused_and_nothing_changes():
             with pytest.raises(PureFunctionWriteError, match=r"custom_linear_solve: matvec"):
                 run()
             assert int(cell.calls[...]) == 0
+
+
+@pytest.mark.parametrize("jit", [False, True], ids=["value_and_grad", "jit-value_and_grad"])
+def test_value_and_grad_wrt_the_module_through_the_implicit_solver(jit):
+    implicit, unrolled = DEQ(solver.fixed_point), DEQ(solver.unrolled)
+    with jax.checking_leaks():
+        results = []
+        for model in (implicit, unrolled):
+            with jaxoverride_nnx.track(model):
+                run = lambda m=model: jo.value_and_grad(lambda m: m(X))(m)
+                results.append(jo.jit(run)() if jit else run())
+    (value, got), (expected_value, expected) = results
+    np.testing.assert_allclose(value, expected_value, rtol=1e-5)
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(expected), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+
+
+def test_nondiff_argnames_are_resolved_as_jax_resolves_them():
+    """A named non-differentiable argument goes to ``bwd`` first, under ``track`` too."""
+    counter = nnx.Variable(jnp.array(0))
+
+    def scaled(x, scale):
+        counter[...] += 1
+        return jnp.sin(x) * scale
+
+    f = jo.custom_vjp(scaled, nondiff_argnames=("scale",))
+    f.defvjp(lambda x, scale: (scaled(x, scale), x), lambda scale, x, g: (jnp.cos(x) * scale * g,))
+    with jaxoverride_nnx.track(counter), jax.checking_leaks():
+        gradient = jo.jit(jo.grad(lambda x: f(x, scale=3.0).sum()))(X)
+    np.testing.assert_allclose(gradient, 3.0 * jnp.cos(X), rtol=1e-6)
+    assert int(counter[...]) == 1
