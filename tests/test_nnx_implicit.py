@@ -160,6 +160,12 @@ class Scale(nnx.Module):
         self.w = nnx.Param(jnp.array(0.9))
 
 
+class Counted(Scale):
+    def __init__(self):
+        super().__init__()
+        self.calls = nnx.Variable(jnp.array(0))
+
+
 def _cubed(x, w):  # a neutral loop inside the rule's primal function
     return jlax.fori_loop(0, 3, lambda _, z: z * w, x)
 
@@ -351,3 +357,47 @@ def test_nondiff_argnames_are_resolved_as_jax_resolves_them():
         gradient = jo.jit(jo.grad(lambda x: f(x, scale=3.0).sum()))(X)
     np.testing.assert_allclose(gradient, 3.0 * jnp.cos(X), rtol=1e-6)
     assert int(counter[...]) == 1
+
+
+def _cubed_jvp(model, rule_writes, primal_writes):
+    def primal(x, w):
+        if primal_writes:
+            model.calls[...] += 1
+        return _cubed(x, w)
+
+    f = jo.custom_jvp(primal)
+
+    @f.defjvp
+    def _(primals, tangents):
+        (x, w), (x_dot, w_dot) = primals, tangents
+        if rule_writes:
+            model.calls[...] += 1
+        return _cubed(x, w), x_dot * w**3 + w_dot * 3 * x * w**2
+
+    return f
+
+
+@pytest.mark.parametrize("rule_writes", [True, False], ids=["both-write", "primal-writes"])
+def test_custom_jvp_inside_a_jit_under_a_jitted_gradient(rule_writes):
+    """The inner ``jo.jit`` traces the primal function; JAX traces the rule later, while
+    it linearizes that jit, and needs the same outputs from it, written state included."""
+    model = Counted()
+    inner = jo.jit(_cubed_jvp(model, rule_writes, primal_writes=True))
+    expected = jax.grad(lambda w: jnp.sum(_cubed(X, w) ** 2))(jnp.array(0.9))
+    with jaxoverride_nnx.track(model), jax.checking_leaks():
+        loss = lambda m: jnp.sum(inner(X, m.w[...]) ** 2)
+        got = jo.jit(lambda: jo.grad(loss)(model))()
+        np.testing.assert_allclose(inner(X, model.w[...]), X * 0.9**3, rtol=1e-6)
+    np.testing.assert_allclose(got["w"][...], expected, rtol=1e-5)
+    # Under jo.grad JAX runs the rule instead of the primal: its writes are the ones kept.
+    assert int(model.calls[...]) == (2 if rule_writes else 1)
+
+
+def test_a_custom_jvp_rule_writing_what_the_primal_does_not_is_refused():
+    model = Counted()
+    inner = jo.jit(_cubed_jvp(model, rule_writes=True, primal_writes=False))
+    with jaxoverride_nnx.track(model):
+        loss = lambda m: jnp.sum(inner(X, m.w[...]) ** 2)
+        with pytest.raises(TypeError, match=r"JVP rule wrote .*`Counted.calls`.*primal function"):
+            jo.jit(lambda: jo.grad(loss)(model))()
+    assert int(model.calls[...]) == 0

@@ -329,9 +329,31 @@ class LiftedJVP:
         nondiff = sorted(self._nondiff)
         count = len(tracked.variables)
 
+        # JAX needs the primal function and the JVP rule to return one structure, but each
+        # may be traced alone (under jo.grad only the rule is). Whichever is traced second
+        # returns the Variables the first wrote, unchanged ones as their value.
+        first: dict[str, frozenset[int]] = {}
+
+        def conform(role: str, values: Sequence[Any], written: list[Any]) -> list[Any]:
+            mine = frozenset(index for index, value in enumerate(written) if value is not None)
+            other = next((indices for name, indices in first.items() if name != role), None)
+            if other is None:
+                first[role] = mine
+                return written
+            if extra := mine - other:
+                paths = ", ".join(f"`{tracked.path(index)}`" for index in sorted(extra))
+                raise TypeError(
+                    f"{WHERE_JVP}: the {role} wrote the tracked Variable(s) {paths}, which the "
+                    f"{'JVP rule' if role == 'primal function' else 'primal function'} does "
+                    "not write. JAX needs both to return the same outputs, the written state "
+                    "included. Make the JVP rule compute its primal output by calling the "
+                    "decorated function (as defjvps does), or write the same state in both."
+                )
+            return [values[i] if i in other and w is None else w for i, w in enumerate(written)]
+
         def lifted(values: list[Any], *inner: Any) -> Any:
             out, after = run_lifted(tracked, values, fun, inner, {}, WHERE_JVP)
-            return out, _written(values, after)
+            return out, conform("primal function", values, _written(values, after))
 
         def lifted_jvp(*rest: Any) -> Any:
             *static, (values, *primals), (values_dot, *tangents) = rest
@@ -346,7 +368,7 @@ class LiftedJVP:
                 (out, out_dot), after = run_lifted(
                     tracked, values, jvp, (*static, tuple(primals), tuple(tangents)), {}, WHERE_JVP
                 )
-            written = _written(values, after)
+            written = conform("JVP rule", values, _written(values, after))
             return (out, written), (
                 out_dot,
                 [None if w is None else _tangent_zero(w) for w in written],
