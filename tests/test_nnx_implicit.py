@@ -401,3 +401,44 @@ def test_a_custom_jvp_rule_writing_what_the_primal_does_not_is_refused():
         with pytest.raises(TypeError, match=r"JVP rule wrote .*`Counted.calls`.*primal function"):
             jo.jit(lambda: jo.grad(loss)(model))()
     assert int(model.calls[...]) == 0
+
+
+def _sin_vjp_writing(counter, primal_writes, fwd_writes):
+    def primal(x):
+        if primal_writes:
+            counter[...] += 1
+        return jnp.sin(x)
+
+    def fwd(x):
+        if fwd_writes:
+            counter[...] += 1
+        return jnp.sin(x), x
+
+    f = jo.custom_vjp(primal)
+    f.defvjp(fwd, lambda x, g: (jnp.cos(x) * g,))
+    return f
+
+
+def test_custom_vjp_inside_a_jit_under_a_jitted_gradient_when_only_the_primal_writes():
+    """The inner ``jo.jit`` traces the primal, then JAX traces ``fwd`` while it linearizes
+    that jit; ``fwd`` returns the primal's written state, unchanged (fwd's writes count)."""
+    counter = nnx.Variable(jnp.array(0))
+    inner = jo.jit(_sin_vjp_writing(counter, primal_writes=True, fwd_writes=False))
+    with jaxoverride_nnx.track(counter), jax.checking_leaks():
+        gradient = jo.jit(jo.grad(lambda x: inner(x).sum()))(X)
+        assert int(counter[...]) == 0
+        inner(X)
+        assert int(counter[...]) == 1
+    np.testing.assert_allclose(gradient, jnp.cos(X), rtol=1e-6)
+
+
+def test_a_fwd_writing_what_the_primal_does_not_is_refused_and_nothing_changes():
+    counter = nnx.Variable(jnp.array(0))
+    f = _sin_vjp_writing(counter, primal_writes=False, fwd_writes=True)
+    inner = jo.jit(f)
+    with jaxoverride_nnx.track(counter):
+        with pytest.raises(TypeError, match=r"custom_vjp: the forward rule \(fwd\) wrote"):
+            jo.jit(jo.grad(lambda x: inner(x).sum()))(X)
+        assert int(counter[...]) == 0
+        np.testing.assert_allclose(jo.grad(lambda x: f(x).sum())(X), jnp.cos(X), rtol=1e-6)
+    assert int(counter[...]) == 1, "alone (no primal traced), fwd may write"
