@@ -285,7 +285,7 @@ class LiftedVJP:
 
         rule = self._below(lifted, nondiff_argnums=tuple(n + 1 for n in nondiff))
         # Symbolic zeros tell which Variables are being differentiated (see
-        # _refuse_differentiated_reads); the user's rules see them only if they asked.
+        # _refusing_reads); the user's rules see them only if they asked.
         rule.defvjp(lifted_fwd, lifted_bwd, symbolic_zeros=True, optimize_remat=optimize_remat)
         out, written = rule(tracked.read(), *args)
         updates = {index: value for index, value in enumerate(written) if value is not None}
