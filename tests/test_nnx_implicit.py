@@ -442,3 +442,37 @@ def test_a_fwd_writing_what_the_primal_does_not_is_refused_and_nothing_changes()
         assert int(counter[...]) == 0
         np.testing.assert_allclose(jo.grad(lambda x: f(x).sum())(X), jnp.cos(X), rtol=1e-6)
     assert int(counter[...]) == 1, "alone (no primal traced), fwd may write"
+
+
+TRANSFORMS = {
+    "vmap": (lambda f: jo.vmap(f)(X), jnp.sin(X)),
+    "jacfwd": (lambda f: jnp.diag(jo.jacfwd(f)(X)), jnp.cos(X)),
+    "jacrev": (lambda f: jnp.diag(jo.jacrev(f)(X)), jnp.cos(X)),
+    "jit-vmap-grad": (lambda f: jo.jit(jo.vmap(jo.grad(lambda x: f(x))))(X), jnp.cos(X)),
+}
+
+
+@pytest.mark.parametrize("transform", list(TRANSFORMS))
+@pytest.mark.parametrize("kind", ["custom_jvp", "custom_vjp"])
+def test_a_writing_rule_under_each_transform_writes_once(kind, transform):
+    counter = nnx.Variable(jnp.array(0))
+
+    def primal(x):
+        counter[...] += 1
+        return jnp.sin(x)
+
+    if kind == "custom_jvp":
+        f = jo.custom_jvp(primal)
+        f.defjvp(lambda p, t: (primal(p[0]), jnp.cos(p[0]) * t[0]))
+    else:
+        f = jo.custom_vjp(primal)
+        f.defvjp(lambda x: (primal(x), x), lambda x, g: (jnp.cos(x) * g,))
+    run, expected = TRANSFORMS[transform]
+    with jaxoverride_nnx.track(counter), jax.checking_leaks():
+        if kind == "custom_vjp" and transform == "jacfwd":  # JAX's own refusal, unchanged
+            with pytest.raises(TypeError, match="forward-mode autodiff"):
+                run(f)
+            assert int(counter[...]) == 0
+            return
+        np.testing.assert_allclose(run(f), expected, rtol=1e-6, atol=1e-7)
+    assert int(counter[...]) == 1
