@@ -168,12 +168,37 @@ def _refusing_reads(tracked: Any, perturbed: list[int], where: str = WHERE) -> I
                 metadata["on_get_value"] = old
 
 
-def _argnums(fun: Callable[..., Any], argnums: Sequence[int], argnames: Sequence[str]) -> set[int]:
-    found = set(argnums)
-    if argnames:
-        names = list(inspect.signature(fun).parameters)
-        found |= {names.index(name) for name in argnames}
-    return found
+class _SameWrites:
+    """Makes a rule's primal function and its forward rule return one structure.
+
+    JAX needs the primal function and ``fwd`` (or the JVP rule) to return the same outputs,
+    and the written Variables are outputs here. Each may be traced alone (under ``jo.grad``
+    only the rule is), or both, in either order: whichever is traced second returns the
+    Variables that the first wrote, an unchanged one as its value (a write of the same
+    value). Writing a Variable that the first did not is refused, with the fix.
+    """
+
+    def __init__(self, tracked: Any, where: str, rule: str):
+        self._tracked = tracked
+        self._where = where
+        self._rule = rule
+        self._first: tuple[str, frozenset[int]] | None = None
+
+    def conform(self, role: str, values: Sequence[Any], written: list[Any]) -> list[Any]:
+        mine = frozenset(index for index, value in enumerate(written) if value is not None)
+        if self._first is None or self._first[0] == role:
+            self._first = (role, mine)
+            return written
+        other_role, other = self._first
+        if extra := mine - other:
+            paths = ", ".join(f"`{self._tracked.path(index)}`" for index in sorted(extra))
+            raise TypeError(
+                f"{self._where}: the {role} wrote the tracked Variable(s) {paths}, which the "
+                f"{other_role} does not write. JAX needs both to return the same outputs, the "
+                f"written state included. Make the {self._rule} compute its primal output by "
+                "calling the decorated function, or write the same state in both."
+            )
+        return [values[i] if i in other and w is None else w for i, w in enumerate(written)]
 
 
 class LiftedVJP:
@@ -187,7 +212,8 @@ class LiftedVJP:
         self._plain = below(fun, nondiff_argnums=nondiff_argnums, nondiff_argnames=nondiff_argnames)
         self._below = below
         self._fun = fun
-        self._nondiff = _argnums(fun, nondiff_argnums, nondiff_argnames)
+        # JAX's own resolution of the names (it ignores a name that is no parameter).
+        self._nondiff = set(self._plain.nondiff_argnums)
         self._rules: tuple[Any, ...] | None = None
 
     def defvjp(
@@ -213,9 +239,11 @@ class LiftedVJP:
         fun, (fwd, bwd, symbolic_zeros, optimize_remat) = self._fun, self._rules
         nondiff = sorted(self._nondiff)
 
+        same = _SameWrites(tracked, WHERE, "forward rule (fwd)")
+
         def lifted(values: list[Any], *inner: Any) -> Any:
             out, after = run_lifted(tracked, values, fun, inner, {}, WHERE)
-            return out, _written(values, after)
+            return out, same.conform("primal function", values, _written(values, after))
 
         def lifted_fwd(values: Any, *inner: Any) -> Any:
             perturbed = [
@@ -228,7 +256,8 @@ class LiftedVJP:
                 inner = _unwrap(inner)
             with _refusing_reads(tracked, [i for i in perturbed if i < len(tracked.variables)]):
                 (out, residuals), after = run_lifted(tracked, values, fwd, inner, {}, WHERE)
-            return (out, _written(values, after)), (values, residuals)
+            written = same.conform("forward rule (fwd)", values, _written(values, after))
+            return (out, written), (values, residuals)
 
         def lifted_bwd(*rest: Any) -> Any:
             *static, (values, residuals), (out_cotangent, _) = rest
@@ -256,7 +285,7 @@ class LiftedVJP:
 
         rule = self._below(lifted, nondiff_argnums=tuple(n + 1 for n in nondiff))
         # Symbolic zeros tell which Variables are being differentiated (see
-        # _refuse_differentiated_reads); the user's rules see them only if they asked.
+        # _refusing_reads); the user's rules see them only if they asked.
         rule.defvjp(lifted_fwd, lifted_bwd, symbolic_zeros=True, optimize_remat=optimize_remat)
         out, written = rule(tracked.read(), *args)
         updates = {index: value for index, value in enumerate(written) if value is not None}
@@ -296,7 +325,8 @@ class LiftedJVP:
         self._plain = below(fun, nondiff_argnums=nondiff_argnums, nondiff_argnames=nondiff_argnames)
         self._below = below
         self._fun = fun
-        self._nondiff = _argnums(fun, nondiff_argnums, nondiff_argnames)
+        # JAX's own resolution of the names (it ignores a name that is no parameter).
+        self._nondiff = set(self._plain.nondiff_argnums)
         self._rule: tuple[Callable[..., Any], bool] | None = None
 
     def defjvp(self, jvp: Callable[..., Any], symbolic_zeros: bool = False) -> Callable[..., Any]:
@@ -335,9 +365,11 @@ class LiftedJVP:
         nondiff = sorted(self._nondiff)
         count = len(tracked.variables)
 
+        same = _SameWrites(tracked, WHERE_JVP, "JVP rule")
+
         def lifted(values: list[Any], *inner: Any) -> Any:
             out, after = run_lifted(tracked, values, fun, inner, {}, WHERE_JVP)
-            return out, _written(values, after)
+            return out, same.conform("primal function", values, _written(values, after))
 
         def lifted_jvp(*rest: Any) -> Any:
             *static, (values, *primals), (values_dot, *tangents) = rest
@@ -352,7 +384,7 @@ class LiftedJVP:
                 (out, out_dot), after = run_lifted(
                     tracked, values, jvp, (*static, tuple(primals), tuple(tangents)), {}, WHERE_JVP
                 )
-            written = _written(values, after)
+            written = same.conform("JVP rule", values, _written(values, after))
             return (out, written), (
                 out_dot,
                 [None if w is None else _tangent_zero(w) for w in written],
