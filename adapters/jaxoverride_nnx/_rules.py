@@ -16,15 +16,12 @@ the same with its primal function and JVP rule (the written values get zero tang
 from __future__ import annotations
 
 import contextlib
-import inspect
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 from flax.errors import TraceContextError
 from jax._src.custom_derivatives import (
-    CustomVJPPrimal,
     SymbolicZero,
     _sum_tangents,
     _zeros_like_pytree,
@@ -34,42 +31,20 @@ import jaxoverride as jo
 from jaxoverride_nnx._errors import LevelError
 from jaxoverride_nnx._lift import changed, run_lifted, write_back
 from jaxoverride_nnx._scope import current
+from jaxoverride_plain import (
+    instantiate_zeros,
+    perturbed_leaves,
+    positional_arguments,
+    unwrap_primals,
+)
 
 WHERE = "jaxoverride.custom_vjp"
-
-
-def _positional(fun: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple:
-    """The arguments as JAX binds them: every keyword resolved to its position."""
-    if not kwargs:
-        return args
-    bound = inspect.signature(fun).bind(*args, **kwargs)
-    bound.apply_defaults()
-    return bound.args
 
 
 def _written(before: Sequence[Any], after: Sequence[Any]) -> list[Any]:
     """The values after the call, ``None`` where a Variable was not written (static)."""
     updates = changed(before, after)
     return [updates.get(index) for index in range(len(after))]
-
-
-def _is_primal(x: Any) -> bool:
-    return isinstance(x, CustomVJPPrimal)
-
-
-def _unwrap(tree: Any) -> Any:
-    return jax.tree.map(lambda x: x.value if _is_primal(x) else x, tree, is_leaf=_is_primal)
-
-
-def _is_zero(x: Any) -> bool:
-    return isinstance(x, SymbolicZero)
-
-
-def _instantiate(x: Any) -> Any:
-    if not isinstance(x, SymbolicZero):
-        return x
-    aval: Any = x.aval  # the cotangent's type: float0 for integer outputs
-    return jnp.zeros(aval.shape, aval.dtype)
 
 
 class ClosedOverDifferentiationError(ValueError):
@@ -235,7 +210,7 @@ class LiftedVJP:
         tracked = current()
         if tracked is None or self._rules is None:
             return self._plain(*args, **kwargs)
-        args = _positional(self._fun, args, kwargs)
+        args = positional_arguments(self._fun, args, kwargs)
         fun, (fwd, bwd, symbolic_zeros, optimize_remat) = self._fun, self._rules
         nondiff = sorted(self._nondiff)
 
@@ -247,13 +222,11 @@ class LiftedVJP:
 
         def lifted_fwd(values: Any, *inner: Any) -> Any:
             perturbed = [
-                index
-                for index, value in enumerate(values)
-                if any(leaf.perturbed for leaf in jax.tree.leaves(value, is_leaf=_is_primal))
+                index for index, value in enumerate(values) if any(perturbed_leaves(value))
             ]
-            values = _unwrap(values)
+            values = unwrap_primals(values)
             if not symbolic_zeros:
-                inner = _unwrap(inner)
+                inner = unwrap_primals(inner)
             with _refusing_reads(tracked, [i for i in perturbed if i < len(tracked.variables)]):
                 (out, residuals), after = run_lifted(tracked, values, fwd, inner, {}, WHERE)
             written = same.conform("forward rule (fwd)", values, _written(values, after))
@@ -262,7 +235,7 @@ class LiftedVJP:
         def lifted_bwd(*rest: Any) -> Any:
             *static, (values, residuals), (out_cotangent, _) = rest
             if not symbolic_zeros:
-                out_cotangent = jax.tree.map(_instantiate, out_cotangent, is_leaf=_is_zero)
+                out_cotangent = instantiate_zeros(out_cotangent)
             # JAX traces bwd later, while it transposes (possibly inside a jit's transpose
             # trace): the Variables then hold whatever the caller's level left in them, and
             # a neutral loop in bwd would carry those as foreign constants ("No constant
@@ -360,7 +333,7 @@ class LiftedJVP:
         tracked = current()
         if tracked is None or self._rule is None:
             return self._plain(*args, **kwargs)
-        args = _positional(self._fun, args, kwargs)
+        args = positional_arguments(self._fun, args, kwargs)
         fun, (jvp, symbolic_zeros) = self._fun, self._rule
         nondiff = sorted(self._nondiff)
         count = len(tracked.variables)
@@ -376,10 +349,10 @@ class LiftedJVP:
             perturbed = [
                 index
                 for index, tangent in enumerate(values_dot[:count])
-                if any(not _is_zero(leaf) for leaf in jax.tree.leaves(tangent, is_leaf=_is_zero))
+                if any(perturbed_leaves(tangent))
             ]
             if not symbolic_zeros:
-                tangents = jax.tree.map(_instantiate, tangents, is_leaf=_is_zero)
+                tangents = instantiate_zeros(tangents)
             with _refusing_reads(tracked, perturbed, WHERE_JVP):
                 (out, out_dot), after = run_lifted(
                     tracked, values, jvp, (*static, tuple(primals), tuple(tangents)), {}, WHERE_JVP
