@@ -94,8 +94,64 @@ def active(mode: str) -> Iterator[None]:
         with jo.install(PASSTHROUGH, when=when, name=f"passthrough-{mode}"):
             assert not _stack.idle
             yield
+    elif mode in ADAPTER_MODES:
+        with adapter_context(mode):
+            yield
     else:  # pragma: no cover
         raise ValueError(mode)
+
+
+ADAPTER_MODES = ("plain", "haiku_installed", "nnx_track", "dag")
+"""Each adapter active where it has nothing to do, so it must behave exactly as JAX:
+
+- ``plain``: ``jaxoverride_plain.context()`` outside ``init_context()``;
+- ``haiku_installed``: ``jaxoverride_haiku.install()``, outside any ``hk.transform``;
+- ``nnx_track``: ``jaxoverride_nnx.track(m)`` of a module ``m`` that the code never uses;
+- ``dag``: ``jaxoverride_dag.context()`` (functional: without sharing or non-array leaves
+  in the arguments, it must give what JAX gives).
+"""
+
+
+@contextlib.contextmanager
+def adapter_context(mode: str) -> Iterator[None]:
+    """Runs the block in one of ``ADAPTER_MODES``; imports the adapter on first use."""
+    if mode == "plain":
+        import jaxoverride_plain
+
+        with jaxoverride_plain.context():
+            yield
+    elif mode == "haiku_installed":
+        import jaxoverride_haiku
+
+        jaxoverride_haiku.install()
+        try:
+            yield
+        finally:
+            jaxoverride_haiku.uninstall()
+    elif mode == "nnx_track":
+        import jaxoverride_nnx
+
+        with jaxoverride_nnx.track(_unrelated_module()):
+            yield
+    elif mode == "dag":
+        import jaxoverride_dag
+
+        with jaxoverride_dag.context():
+            yield
+    else:  # pragma: no cover
+        raise ValueError(mode)
+
+
+@functools.cache
+def _unrelated_module() -> Any:
+    from flax import nnx
+
+    class Unrelated(nnx.Module):
+        def __init__(self) -> None:
+            self.w = nnx.Param(jnp.ones(2))
+            self.calls = nnx.Variable(jnp.array(0))
+
+    return Unrelated()
 
 
 @pytest.fixture(autouse=True, scope="module")

@@ -147,7 +147,7 @@ class TrackedJit:
 
     def _make_call(self) -> Callable[..., Any]:
         """The callable that ``jaxoverride.jit`` runs: the hot path as a plain closure
-        (cheaper to call than an object), with ``lower``, ``trace``, ``eval_shape``."""
+        (cheaper to call than an object), with JAX's jitted-function API."""
         plain, cache, compile_, clean, with_nodes = (
             self._plain,
             self._cache,
@@ -195,12 +195,9 @@ class TrackedJit:
                 out = from_refs(out, tracked)
             return out
 
-        call.lower = self.lower  # type: ignore[attr-defined]
-        call.trace = self.trace  # type: ignore[attr-defined]
-        call.eval_shape = self.eval_shape  # type: ignore[attr-defined]
         call.tracked_jit = self  # type: ignore[attr-defined]
         functools.update_wrapper(call, self._fun, updated=())
-        return call
+        return jo.jit_api(call, self._fun, stage=self._stage, jitted=self._jitted)
 
     def _call_with_nodes(
         self, tracked: Tracked | None, args: tuple[Any, ...], kwargs: dict[str, Any]
@@ -335,6 +332,14 @@ class TrackedJit:
     def trace(self, *args: Any, **kwargs: Any) -> Any:
         """Traces the lifted function: its first argument is the list of Variable values."""
         return self._staged("trace", args, kwargs)
+
+    def _stage(self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        if method == "eval_shape":
+            return self.eval_shape(*args, **kwargs)
+        return self._staged(method, args, kwargs)
+
+    def _jitted(self) -> list[Any]:
+        return [self._plain, *self._cache.values()]
 
     def _staged(self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         jitted, view, args, kwargs = self._entry(args, kwargs)

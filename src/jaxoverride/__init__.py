@@ -39,6 +39,7 @@ from jaxoverride._context import (
 from jaxoverride._dispatch import next_impl as next_impl, resolve as resolve
 from jaxoverride._interpose import Interposition as Interposition, interpose as interpose
 from jaxoverride._introspect import Stack as Stack, current_stack as current_stack
+from jaxoverride._jitapi import jit_api as jit_api
 from jaxoverride._names import OVERRIDEABLE as OVERRIDEABLE
 from jaxoverride._neutral import NeutralRule as NeutralRule, Transformed as Transformed
 
@@ -65,6 +66,7 @@ __all__ = [
     "jacfwd",
     "jacrev",
     "jit",
+    "jit_api",
     "jvp",
     "lax",
     "linearize",

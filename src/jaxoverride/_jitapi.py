@@ -1,0 +1,104 @@
+"""``jit_api``: the attributes of ``jax.jit(f)`` on what an adapter's ``"jit"`` override returns.
+
+Users call more of a jitted function than ``__call__``: ahead-of-time lowering
+(``.lower(x).compile()``, cost analysis), ``.trace``, ``.eval_shape`` and
+``.clear_cache()``. An override of ``"jit"`` usually runs one or more ``jax.jit`` objects
+of its own (over a function that threads state, or over a plan of the arguments), so
+those attributes must describe *that* computation, not a stateless ``jax.jit(f)`` beside
+it. Every adapter states the two adapter-specific facts here, and this module turns them
+into JAX's API, once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any, Protocol, TypeVar
+
+F = TypeVar("F")
+
+STAGES = ("lower", "trace", "eval_shape")
+"""The methods of a jitted function that stage it for given arguments."""
+
+
+class Stage(Protocol):
+    """``stage(method, args, kwargs)``: see ``jit_api``."""
+
+    def __call__(self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any: ...
+
+
+def _staging(stage: Stage, method: str, fun: Callable[..., Any]) -> Callable[..., Any]:
+    def staged(*args: Any, **kwargs: Any) -> Any:
+        return stage(method, args, kwargs)
+
+    staged.__name__ = staged.__qualname__ = method
+    staged.__doc__ = (
+        f"``jax.jit(f).{method}`` of the computation that a call with these arguments runs "
+        f"(for {getattr(fun, '__name__', 'f')!r})."
+    )
+    return staged
+
+
+def jit_api(
+    call: F,
+    fun: Callable[..., Any],
+    *,
+    stage: Stage,
+    jitted: Callable[[], Iterable[Any]],
+    clear: Callable[[], None] | None = None,
+) -> F:
+    """Gives what an override of ``"jit"`` returns the API of a ``jax.jit(fun)`` object.
+
+    Sets ``lower``, ``trace`` and ``eval_shape`` (each calls ``stage``), ``clear_cache``
+    and ``_cache_size`` (over the ``jax.jit`` objects that ``jitted`` lists) and
+    ``__wrapped__`` (``fun``) on ``call``, and returns it. ``call`` stays what the caller
+    gave (a plain function keeps its fast call); it must accept attributes.
+
+    Args:
+      call: the function (or object with a ``__dict__``) that the override returns.
+      fun: the user's function, as passed to ``jax.jit``.
+      stage: ``stage(method, args, kwargs)`` with ``method`` one of ``"lower"``,
+        ``"trace"``, ``"eval_shape"``: calls that method of the ``jax.jit`` object that
+        ``call(*args, **kwargs)`` would run, with the arguments it would pass it (the
+        threaded state included), and returns the result. For ``"eval_shape"`` it returns
+        the output as the caller of ``call`` would see it.
+      jitted: returns every ``jax.jit`` object built so far (those ``call`` may run).
+        ``clear_cache()`` clears each; ``_cache_size()`` sums theirs.
+      clear: called by ``clear_cache()`` after that, for caches of the adapter's own that
+        a fresh compilation must not skip.
+
+    Returns:
+      ``call``, with the attributes set.
+
+    Example:
+      >>> import jax, jax.numpy as jnp, jaxoverride as jo
+      >>> def logging_jit(fun, **options):
+      ...     inner = jo.next_impl("jit")(fun, **options)
+      ...     def call(*args, **kwargs):
+      ...         return inner(*args, **kwargs)
+      ...     stage = lambda method, args, kwargs: getattr(inner, method)(*args, **kwargs)
+      ...     return jo.jit_api(call, fun, stage=stage, jitted=lambda: [inner])
+      >>> with jo.override_context({"jit": logging_jit}):
+      ...     double = jo.jit(lambda x: 2 * x)
+      ...     text = double.lower(jnp.ones(2)).as_text()
+      ...     double(jnp.ones(2)).tolist(), double._cache_size()
+      ([2.0, 2.0], 1)
+      >>> text.startswith("module")
+      True
+    """
+
+    def clear_cache() -> None:
+        for function in list(jitted()):
+            function.clear_cache()
+        if clear is not None:
+            clear()
+
+    def cache_size() -> int:
+        return sum(function._cache_size() for function in list(jitted()))
+
+    clear_cache.__doc__ = "Clears the compiled code of every ``jax.jit`` this function runs."
+    cache_size.__doc__ = "The number of compiled entries, summed over those ``jax.jit``s."
+    attributes = {name: _staging(stage, name, fun) for name in STAGES}
+    attributes.update(clear_cache=clear_cache, _cache_size=cache_size, __wrapped__=fun)
+    for name, value in attributes.items():
+        setattr(call, name, value)
+    return call
