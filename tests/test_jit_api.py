@@ -10,6 +10,8 @@ one a call runs: the state is among its arguments, and compiling it reproduces t
 from __future__ import annotations
 
 import contextlib
+import gc
+import weakref
 from collections.abc import Iterator
 from typing import Any
 
@@ -26,7 +28,8 @@ import jaxoverride_haiku as joh
 import jaxoverride_nnx
 import jaxoverride_plain as plain
 from _nnx_models import Counter
-from _parity import ADAPTER_MODES, MODES, active, assert_same
+from _parity import ADAPTER_MODES, MODES, active, assert_same, counting_compiles
+from jaxoverride import _jitapi
 from jaxoverride_nnx import _scope
 
 X = jnp.array([0.5, -1.0, 2.0], jnp.float32)
@@ -262,3 +265,57 @@ def test_jit_api_helper_sets_the_attributes_on_what_it_is_given():
     assert result._cache_size() == 1
     result.clear_cache()
     assert inner._cache_size() == 0
+
+
+@pytest.mark.parametrize("mode", [*ADAPTER_MODES, "debug"])
+def test_a_jit_built_again_compiles_nothing_again(mode):
+    """``jo.jit(f)(x)`` in a loop compiles once, as ``jax.jit(f)(x)`` does: the adapter's
+    build of one function and options is shared (``jo.reuse_jit``)."""
+
+    def f(x):
+        return jnp.cos(x) * 3.0
+
+    def g(x):
+        return jnp.cos(x) * 3.0
+
+    with counting_compiles() as theirs:
+        for _ in range(3):
+            jax.jit(g)(X)
+    ours: list[list[str]] = []
+    out: Any = None
+    with in_mode(mode):
+        for _ in range(3):
+            with counting_compiles() as compiled:
+                out = jo.jit(f)(X)
+            ours.append(compiled)
+    assert_same(out, jax.jit(g)(X))
+    assert theirs == ["jit(g)"]
+    assert ours == [["jit(f)"], [], []]
+
+
+class _State:
+    def __init__(self, fun):
+        self.fun = fun
+
+
+def test_reuse_jit_shares_while_held_and_frees_the_function_after(monkeypatch):
+    monkeypatch.setattr(_jitapi, "_RECENT", 2)
+    made: list[object] = []
+
+    def maker(fun):
+        return lambda: made.append(fun) or _State(fun)
+
+    def f(x):
+        return x
+
+    ref = weakref.ref(f)
+    first = jo.reuse_jit(f, ("options",), maker(f))
+    assert jo.reuse_jit(f, ("options",), maker(f)) is first and len(made) == 1
+    assert jo.reuse_jit(f, ("other options",), maker(f)) is not first  # a key of its own
+    assert jo.reuse_jit(f, ([],), maker(f)) is not jo.reuse_jit(f, ([],), maker(f))  # unhashable
+    del first, f
+    made.clear()
+    for index in range(2):  # newer builds push f's out of the recently used ones
+        jo.reuse_jit(_State, index, lambda: _State(None))
+    gc.collect()
+    assert ref() is None

@@ -103,6 +103,7 @@ class JitState:
     """Everything a jitted function keeps: options, one entry per plan, the last entry."""
 
     __slots__ = (
+        "__weakref__",  # shared through jaxoverride.reuse_jit
         "_entries",
         "_hot",
         "donate",
@@ -296,7 +297,11 @@ def dag_jit(fun: Callable[..., Any], /, **options: Any) -> Callable[..., Any]:
     The returned function has JAX's jitted-function API (``lower``, ``trace``,
     ``eval_shape``, ``clear_cache``), over the ``jax.jit`` of the arguments' plan.
     """
-    state = JitState(fun, options, jo.next_impl("jit"))
+    below = jo.next_impl("jit")
+    # One state per function and options, shared by every wrapper of them (as jax.jit
+    # shares its cache): ``jo.jit(f)(x)`` built again compiles nothing again.
+    options_key = tuple(sorted(options.items()))
+    state = jo.reuse_jit(fun, (options_key, below), lambda: JitState(fun, options, below))
     jitted = _hot_path(state) if not state.static else _hot_path_static(state)
 
     def stage(method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:

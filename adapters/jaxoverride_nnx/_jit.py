@@ -20,6 +20,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax._src.util import fun_name
 from jax.core import Tracer
 
 import jaxoverride as jo
@@ -293,7 +294,10 @@ class TrackedJit:
                 return out, changed(values, after), None
             return out, changed(values, after)
 
-        for attribute in ("__name__", "__qualname__", "__module__", "__doc__"):
+        # Named as JAX names ``fun`` (a partial by its function, an object as unnamed), so
+        # compilations and lowerings carry the user's name.
+        lifted.__name__ = lifted.__qualname__ = fun_name(fun)
+        for attribute in ("__qualname__", "__module__", "__doc__"):
             value = getattr(fun, attribute, None)
             if isinstance(value, str):
                 setattr(lifted, attribute, value)
@@ -360,5 +364,11 @@ def _alive(key: Any) -> bool:
 
 
 def jit(fun: Callable[..., Any], *args: Any, **kwargs: Any) -> Callable[..., Any]:
-    """The ``"jit"`` override: ``jax.jit``'s signature; returns ``TrackedJit(...).call``."""
-    return TrackedJit(fun, args, kwargs, jo.next_impl("jit")).call
+    """The ``"jit"`` override: ``jax.jit``'s signature; returns ``TrackedJit(...).call``.
+
+    One ``TrackedJit`` per function and options, shared by every wrapper of them (as
+    ``jax.jit`` shares its cache): ``jo.jit(f)(x)`` built again compiles nothing again.
+    """
+    below = jo.next_impl("jit")
+    key = (args, tuple(sorted(kwargs.items())), below)
+    return jo.reuse_jit(fun, key, lambda: TrackedJit(fun, args, kwargs, below)).call

@@ -39,7 +39,7 @@ from jaxoverride._context import (
 from jaxoverride._dispatch import next_impl as next_impl, resolve as resolve
 from jaxoverride._interpose import Interposition as Interposition, interpose as interpose
 from jaxoverride._introspect import Stack as Stack, current_stack as current_stack
-from jaxoverride._jitapi import jit_api as jit_api
+from jaxoverride._jitapi import jit_api as jit_api, reuse_jit as reuse_jit
 from jaxoverride._names import OVERRIDEABLE as OVERRIDEABLE
 from jaxoverride._neutral import NeutralRule as NeutralRule, Transformed as Transformed
 
@@ -76,6 +76,7 @@ __all__ = [
     "pmap",
     "remat",
     "resolve",
+    "reuse_jit",
     "shard_map",
     "uninstall",
     "value_and_grad",

@@ -6,15 +6,20 @@ Users call more of a jitted function than ``__call__``: ahead-of-time lowering
 of its own (over a function that threads state, or over a plan of the arguments), so
 those attributes must describe *that* computation, not a stateless ``jax.jit(f)`` beside
 it. Every adapter states the two adapter-specific facts here, and this module turns them
-into JAX's API, once.
+into JAX's API, once. ``reuse_jit`` shares an override's per-function state between
+``jaxoverride.jit`` objects of one function, as ``jax.jit`` objects share their cache.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+import threading
+import weakref
+from collections import OrderedDict
+from collections.abc import Callable, Hashable, Iterable
 from typing import Any, Protocol, TypeVar
 
 F = TypeVar("F")
+T = TypeVar("T")
 
 STAGES = ("lower", "trace", "eval_shape")
 """The methods of a jitted function that stage it for given arguments."""
@@ -102,3 +107,62 @@ def jit_api(
     for name, value in attributes.items():
         setattr(call, name, value)
     return call
+
+
+_RECENT = 64
+"""How many recently used builds ``reuse_jit`` keeps alive when no wrapper holds them."""
+_shared: weakref.WeakValueDictionary[Hashable, Any] = weakref.WeakValueDictionary()
+_recent: OrderedDict[Hashable, Any] = OrderedDict()
+_shared_lock = threading.Lock()
+
+
+def reuse_jit(fun: Callable[..., Any], key: Hashable, make: Callable[[], T]) -> T:
+    """What ``make()`` returned for an equal ``fun`` and ``key`` before, else ``make()``.
+
+    ``jax.jit(f)`` built twice, say ``jax.jit(f)(x)`` inside a loop, compiles once: every
+    ``jax.jit`` object of the same function and options shares one cache. An override of
+    ``"jit"`` that keeps its own compiled functions (one per argument plan, per tracked
+    set) must share them the same way, or each ``jaxoverride.jit(f)`` compiles ``f`` again.
+    Build that per-function state through this function. A build is shared while anything
+    holds it (a wrapper's build, a caller) and the 64 most recently used are kept besides,
+    so that a function and what it closes over are freed soon after its last wrapper, as
+    with ``jax.jit``. An unhashable ``fun`` or ``key`` is built afresh each time.
+
+    Args:
+      fun: the user's function, as passed to ``jax.jit``.
+      key: every other input of ``make`` that changes what it builds: the options and the
+        implementation below (``jaxoverride.next_impl("jit")``).
+      make: builds the state (an object that accepts weak references); called once per
+        distinct ``(fun, key)`` alive.
+
+    Returns:
+      The shared state.
+
+    Example:
+      >>> import jaxoverride as jo
+      >>> class State: pass
+      >>> built = []
+      >>> make = lambda: built.append(1) or State()
+      >>> double = lambda x: 2 * x
+      >>> jo.reuse_jit(double, ("options",), make) is jo.reuse_jit(double, ("options",), make)
+      True
+      >>> len(built)
+      1
+    """
+    try:
+        full_key = (fun, key)
+        hash(full_key)
+    except TypeError:
+        return make()
+    with _shared_lock:
+        state = _shared.get(full_key)
+    if state is None:
+        made = make()  # outside the lock: it runs the adapter's and the user's code
+        with _shared_lock:
+            state = _shared.setdefault(full_key, made)
+    with _shared_lock:
+        _recent[full_key] = state
+        _recent.move_to_end(full_key)
+        while len(_recent) > _RECENT:
+            _recent.popitem(last=False)
+    return state
