@@ -319,3 +319,33 @@ def test_reuse_jit_shares_while_held_and_frees_the_function_after(monkeypatch):
         jo.reuse_jit(_State, index, lambda: _State(None))
     gc.collect()
     assert ref() is None
+
+
+def test_haiku_jit_built_again_inside_a_transform_compiles_once():
+    """A library's ``jo.jit(f)(x)`` inside the model: each apply builds the wrapper again,
+    and only the first apply compiles; names stay those of separate calls."""
+
+    def lin(v):
+        return hk.Linear(3, name="lin")(v)
+
+    def forward(x):
+        y = jo.jit(lin)(x)
+        return jo.jit(lin)(y)  # a second module: lin_1
+
+    model = hk.transform(forward)
+    with joh.context(), jax.checking_leaks():
+        params = model.init(jax.random.PRNGKey(0), X)
+        applied = []
+        for _ in range(3):
+            with counting_compiles() as compiled:
+                out = model.apply(params, None, X)
+            applied.append(len(compiled))
+    assert sorted(params) == ["lin", "lin_1"]
+    assert applied[0] >= 1 and applied[1:] == [0, 0]
+
+    def reference(x):
+        y = hk.Linear(3, name="lin")(x)
+        return hk.Linear(3, name="lin_1")(y)
+
+    expected = hk.transform(reference).apply(params, None, X)
+    np.testing.assert_allclose(out, expected, rtol=1e-6)

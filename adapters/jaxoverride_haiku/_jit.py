@@ -226,4 +226,12 @@ class StatefulJit:
 
 
 def jit(fun: Callable[..., Any], **options: Any) -> StatefulJit:
-    return StatefulJit(fun, jo.next_impl("jit"), options)
+    """The ``"jit"`` override: ``jax.jit``'s signature; returns a ``StatefulJit``.
+
+    One per function and options, shared by every wrapper of them (as ``jax.jit`` shares
+    its cache): ``jo.jit(f)(x)`` built again inside a transform compiles nothing again.
+    Its keys are naming situations, so sharing never merges two modules' names.
+    """
+    below = jo.next_impl("jit")
+    key = (tuple(sorted(options.items())), below)
+    return jo.reuse_jit(fun, key, lambda: StatefulJit(fun, below, options))
