@@ -336,6 +336,7 @@ def test_haiku_jit_built_again_inside_a_transform_compiles_once():
     with joh.context(), jax.checking_leaks():
         params = model.init(jax.random.PRNGKey(0), X)
         applied = []
+        out: Any = None
         for _ in range(3):
             with counting_compiles() as compiled:
                 out = model.apply(params, None, X)
