@@ -18,6 +18,9 @@ tree structure), the same ``jax.make_jaxpr`` text, and the same gradients, in fo
 In the pass-through modes each case also asserts that the overrides it exercises were
 really reached (``Case.uses``), so a neutral function that silently bypasses the stack
 fails here.
+
+``ADAPTER_MODES`` run the same cases under each adapter where it has nothing to do
+(``adapter_parity_tests``); ``ALL_MODES`` are the modes of the error and API tests.
 """
 
 from __future__ import annotations

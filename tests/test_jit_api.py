@@ -10,6 +10,7 @@ one a call runs: the state is among its arguments, and compiling it reproduces t
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
 import weakref
 from collections.abc import Iterator
@@ -29,7 +30,6 @@ import jaxoverride_nnx
 import jaxoverride_plain as plain
 from _nnx_models import Counter
 from _parity import ADAPTER_MODES, MODES, active, assert_same, counting_compiles
-from jaxoverride import _jitapi
 from jaxoverride_nnx import _scope
 
 X = jnp.array([0.5, -1.0, 2.0], jnp.float32)
@@ -298,8 +298,7 @@ class _State:
         self.fun = fun
 
 
-def test_reuse_jit_shares_while_held_and_frees_the_function_after(monkeypatch):
-    monkeypatch.setattr(_jitapi, "_RECENT", 2)
+def test_reuse_jit_lives_as_long_as_the_function():
     made: list[object] = []
 
     def maker(fun):
@@ -313,12 +312,31 @@ def test_reuse_jit_shares_while_held_and_frees_the_function_after(monkeypatch):
     assert jo.reuse_jit(f, ("options",), maker(f)) is first and len(made) == 1
     assert jo.reuse_jit(f, ("other options",), maker(f)) is not first  # a key of its own
     assert jo.reuse_jit(f, ([],), maker(f)) is not jo.reuse_jit(f, ([],), maker(f))  # unhashable
-    del first, f
+
+    @functools.wraps(f)  # copies f's __dict__, the builds' holder included
+    def wrapper(x):
+        return x
+
+    assert jo.reuse_jit(wrapper, ("options",), maker(wrapper)).fun is wrapper
+    del first, wrapper
     made.clear()
-    for index in range(2):  # newer builds push f's out of the recently used ones
-        jo.reuse_jit(_State, index, lambda: _State(None))
+    gc.collect()
+    assert ref() is not None  # f is alive (this frame), and so are its builds
+    assert jo.reuse_jit(f, ("options",), maker(f)) is not None and made == []
+    del f
+    gc.collect()
+    assert ref() is None  # the builds, which hold f, went with it
+
+
+def test_reuse_jit_of_other_callables_is_shared_while_held():
+    fun = Traces()  # a callable object: no per-function holder
+    first = jo.reuse_jit(fun, "options", lambda: _State(fun))
+    assert jo.reuse_jit(fun, "options", lambda: _State(fun)) is first
+    ref = weakref.ref(first)
+    del first
     gc.collect()
     assert ref() is None
+    assert jo.reuse_jit(fun, "options", lambda: _State(None)).fun is None  # built again
 
 
 def test_haiku_jit_built_again_inside_a_transform_compiles_once():

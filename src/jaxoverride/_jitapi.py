@@ -13,8 +13,8 @@ into JAX's API, once. ``reuse_jit`` shares an override's per-function state betw
 from __future__ import annotations
 
 import threading
+import types
 import weakref
-from collections import OrderedDict
 from collections.abc import Callable, Hashable, Iterable
 from typing import Any, Protocol, TypeVar
 
@@ -109,10 +109,9 @@ def jit_api(
     return call
 
 
-_RECENT = 64
-"""How many recently used builds ``reuse_jit`` keeps alive when no wrapper holds them."""
+_HOLDER = "__jaxoverride_jit_builds__"
+"""The attribute of a Python function that holds its shared builds (see ``reuse_jit``)."""
 _shared: weakref.WeakValueDictionary[Hashable, Any] = weakref.WeakValueDictionary()
-_recent: OrderedDict[Hashable, Any] = OrderedDict()
 _shared_lock = threading.Lock()
 
 
@@ -120,20 +119,20 @@ def reuse_jit(fun: Callable[..., Any], key: Hashable, make: Callable[[], T]) -> 
     """What ``make()`` returned for an equal ``fun`` and ``key`` before, else ``make()``.
 
     ``jax.jit(f)`` built twice, say ``jax.jit(f)(x)`` inside a loop, compiles once: every
-    ``jax.jit`` object of the same function and options shares one cache. An override of
-    ``"jit"`` that keeps its own compiled functions (one per argument plan, per tracked
-    set) must share them the same way, or each ``jaxoverride.jit(f)`` compiles ``f`` again.
-    Build that per-function state through this function. A build is shared while anything
-    holds it (a wrapper's build, a caller) and the 64 most recently used are kept besides,
-    so that a function and what it closes over are freed soon after its last wrapper, as
-    with ``jax.jit``. An unhashable ``fun`` or ``key`` is built afresh each time.
+    ``jax.jit`` object of the same function and options shares one cache, which lives as
+    long as ``f``. An override of ``"jit"`` that keeps its own compiled functions (one per
+    argument plan, per tracked set) must share them the same way, or each
+    ``jaxoverride.jit(f)`` compiles ``f`` again. Build that per-function state through
+    this function. For a Python function the builds live as long as the function (they
+    are kept in an attribute of it, so that they and what it closes over are freed with
+    it, as JAX frees its cache); for another callable they are shared while anything
+    holds them. An unhashable ``fun`` or ``key`` is built afresh each time.
 
     Args:
       fun: the user's function, as passed to ``jax.jit``.
       key: every other input of ``make`` that changes what it builds: the options and the
         implementation below (``jaxoverride.next_impl("jit")``).
-      make: builds the state (an object that accepts weak references); called once per
-        distinct ``(fun, key)`` alive.
+      make: builds the state (an object that accepts weak references).
 
     Returns:
       The shared state.
@@ -150,6 +149,25 @@ def reuse_jit(fun: Callable[..., Any], key: Hashable, make: Callable[[], T]) -> 
       1
     """
     try:
+        hash(key)
+    except TypeError:
+        return make()
+    if isinstance(fun, types.FunctionType):
+        with _shared_lock:
+            holder = fun.__dict__.get(_HOLDER)
+            # functools.wraps copies a function's __dict__: a holder copied onto a wrapper
+            # is the wrapped function's, never the wrapper's.
+            if holder is None or holder[0]() is not fun:
+                holder = (weakref.ref(fun), {})
+                setattr(fun, _HOLDER, holder)
+            builds: dict[Hashable, Any] = holder[1]
+            state = builds.get(key)
+        if state is None:
+            made = make()  # outside the lock: it runs the adapter's and the user's code
+            with _shared_lock:
+                state = builds.setdefault(key, made)
+        return state
+    try:
         full_key = (fun, key)
         hash(full_key)
     except TypeError:
@@ -157,12 +175,7 @@ def reuse_jit(fun: Callable[..., Any], key: Hashable, make: Callable[[], T]) -> 
     with _shared_lock:
         state = _shared.get(full_key)
     if state is None:
-        made = make()  # outside the lock: it runs the adapter's and the user's code
+        made = make()
         with _shared_lock:
             state = _shared.setdefault(full_key, made)
-    with _shared_lock:
-        _recent[full_key] = state
-        _recent.move_to_end(full_key)
-        while len(_recent) > _RECENT:
-            _recent.popitem(last=False)
     return state
