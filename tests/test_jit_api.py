@@ -10,8 +10,10 @@ one a call runs: the state is among its arguments, and compiling it reproduces t
 from __future__ import annotations
 
 import contextlib
+import copy
 import functools
 import gc
+import pickle
 import weakref
 from collections.abc import Iterator
 from typing import Any
@@ -318,6 +320,12 @@ def test_reuse_jit_lives_as_long_as_the_function():
         return x
 
     assert jo.reuse_jit(wrapper, ("options",), maker(wrapper)).fun is wrapper
+    # cloudpickle copies a function's __dict__: the builds never travel with it.
+    holder = f.__dict__["__jaxoverride_jit_builds__"]
+    assert len(holder) == 2
+    for duplicate in (pickle.loads(pickle.dumps(holder)), copy.deepcopy(holder)):
+        assert len(duplicate) == 0 and duplicate.owner is None
+    del holder
     del first, wrapper
     made.clear()
     gc.collect()

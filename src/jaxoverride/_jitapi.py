@@ -111,6 +111,29 @@ def jit_api(
 
 _HOLDER = "__jaxoverride_jit_builds__"
 """The attribute of a Python function that holds its shared builds (see ``reuse_jit``)."""
+
+
+class _Builds(dict):  # type: ignore[type-arg]
+    """A function's shared builds, keyed by ``reuse_jit``'s ``key``; ``owner`` is a weak
+    reference to the function. Never copied or pickled with the function (cloudpickle
+    copies a function's ``__dict__``): a copy starts empty, owned by no function."""
+
+    __slots__ = ("owner",)
+
+    def __init__(self, owner: weakref.ref[Any] | None = None):
+        super().__init__()
+        self.owner = owner
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_Builds, ())
+
+    def __copy__(self) -> _Builds:
+        return _Builds()
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> _Builds:
+        return _Builds()
+
+
 _shared: weakref.WeakValueDictionary[Hashable, Any] = weakref.WeakValueDictionary()
 _shared_lock = threading.Lock()
 
@@ -154,13 +177,12 @@ def reuse_jit(fun: Callable[..., Any], key: Hashable, make: Callable[[], T]) -> 
         return make()
     if isinstance(fun, types.FunctionType):
         with _shared_lock:
-            holder = fun.__dict__.get(_HOLDER)
+            builds = fun.__dict__.get(_HOLDER)
             # functools.wraps copies a function's __dict__: a holder copied onto a wrapper
             # is the wrapped function's, never the wrapper's.
-            if holder is None or holder[0]() is not fun:
-                holder = (weakref.ref(fun), {})
-                setattr(fun, _HOLDER, holder)
-            builds: dict[Hashable, Any] = holder[1]
+            if type(builds) is not _Builds or builds.owner is None or builds.owner() is not fun:
+                builds = _Builds(weakref.ref(fun))
+                setattr(fun, _HOLDER, builds)
             state = builds.get(key)
         if state is None:
             made = make()  # outside the lock: it runs the adapter's and the user's code
