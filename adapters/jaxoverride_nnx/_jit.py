@@ -20,6 +20,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax._src.util import fun_name
 from jax.core import Tracer
 
 import jaxoverride as jo
@@ -147,7 +148,7 @@ class TrackedJit:
 
     def _make_call(self) -> Callable[..., Any]:
         """The callable that ``jaxoverride.jit`` runs: the hot path as a plain closure
-        (cheaper to call than an object), with ``lower``, ``trace``, ``eval_shape``."""
+        (cheaper to call than an object), with JAX's jitted-function API."""
         plain, cache, compile_, clean, with_nodes = (
             self._plain,
             self._cache,
@@ -195,12 +196,9 @@ class TrackedJit:
                 out = from_refs(out, tracked)
             return out
 
-        call.lower = self.lower  # type: ignore[attr-defined]
-        call.trace = self.trace  # type: ignore[attr-defined]
-        call.eval_shape = self.eval_shape  # type: ignore[attr-defined]
         call.tracked_jit = self  # type: ignore[attr-defined]
         functools.update_wrapper(call, self._fun, updated=())
-        return call
+        return jo.jit_api(call, self._fun, stage=self._stage, jitted=self._jitted)
 
     def _call_with_nodes(
         self, tracked: Tracked | None, args: tuple[Any, ...], kwargs: dict[str, Any]
@@ -296,7 +294,10 @@ class TrackedJit:
                 return out, changed(values, after), None
             return out, changed(values, after)
 
-        for attribute in ("__name__", "__qualname__", "__module__", "__doc__"):
+        # Named as JAX names ``fun`` (a partial by its function, an object as unnamed), so
+        # compilations and lowerings carry the user's name.
+        lifted.__name__ = lifted.__qualname__ = fun_name(fun)
+        for attribute in ("__qualname__", "__module__", "__doc__"):
             value = getattr(fun, attribute, None)
             if isinstance(value, str):
                 setattr(lifted, attribute, value)
@@ -336,6 +337,14 @@ class TrackedJit:
         """Traces the lifted function: its first argument is the list of Variable values."""
         return self._staged("trace", args, kwargs)
 
+    def _stage(self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        if method == "eval_shape":
+            return self.eval_shape(*args, **kwargs)
+        return self._staged(method, args, kwargs)
+
+    def _jitted(self) -> list[Any]:
+        return [self._plain, *self._cache.values()]
+
     def _staged(self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         jitted, view, args, kwargs = self._entry(args, kwargs)
         if view is None:
@@ -355,5 +364,11 @@ def _alive(key: Any) -> bool:
 
 
 def jit(fun: Callable[..., Any], *args: Any, **kwargs: Any) -> Callable[..., Any]:
-    """The ``"jit"`` override: ``jax.jit``'s signature; returns ``TrackedJit(...).call``."""
-    return TrackedJit(fun, args, kwargs, jo.next_impl("jit")).call
+    """The ``"jit"`` override: ``jax.jit``'s signature; returns ``TrackedJit(...).call``.
+
+    One ``TrackedJit`` per function and options, shared by every wrapper of them (as
+    ``jax.jit`` shares its cache): ``jo.jit(f)(x)`` built again compiles nothing again.
+    """
+    below = jo.next_impl("jit")
+    key = (args, tuple(sorted(kwargs.items())), below)
+    return jo.reuse_jit(fun, key, lambda: TrackedJit(fun, args, kwargs, below)).call
