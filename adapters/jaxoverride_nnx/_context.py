@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import jaxoverride as jo
-from jaxoverride_nnx import _control, _jit, _mapped, _rules, _transforms
+from jaxoverride_nnx import _control, _convert, _jit, _mapped, _rules, _transforms
 
 _CONTEXT = jo.override_context(
     {
@@ -32,6 +32,7 @@ _CONTEXT = jo.override_context(
         "lax.map": _control.lax_map,
         "custom_vjp": _rules.custom_vjp,
         "closure_convert": _rules.closure_convert,
+        "make_jaxpr": _convert.make_jaxpr,
     },
     name="jaxoverride_nnx",
 )

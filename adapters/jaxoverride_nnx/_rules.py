@@ -193,7 +193,11 @@ class LiftedVJP:
             *static, residuals, (out_cotangent, _) = rest
             if not symbolic_zeros:
                 out_cotangent = jax.tree.map(_instantiate, out_cotangent, is_leaf=_is_zero)
-            return (None, *bwd(*static, residuals, out_cotangent))
+            # JAX runs the backward pass while it transposes: pure by contract, and the
+            # Variables hold the enclosing trace's values there (see _convert).
+            from jaxoverride_nnx._convert import run_untracked
+
+            return (None, *run_untracked(bwd, *static, residuals, out_cotangent))
 
         rule = self._below(lifted, nondiff_argnums=tuple(n + 1 for n in nondiff))
         # Symbolic zeros tell which Variables are being differentiated (see
