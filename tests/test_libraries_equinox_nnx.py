@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -38,14 +39,14 @@ CASES = [case for cases in GROUPS.values() for case in cases]
 TOLERANCE = 2e-5
 
 
+def _pythonpath() -> str:
+    root = Path(__file__).resolve().parent.parent
+    return os.pathsep.join([str(root / "src"), str(root / "adapters")])
+
+
 @pytest.fixture(scope="module")
 def results() -> dict[str, Any]:
-    root = Path(__file__).resolve().parent.parent
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(root / "src"), str(root / "adapters")]),
-        "XLA_FLAGS": "",
-    }
+    env = {**os.environ, "PYTHONPATH": _pythonpath(), "XLA_FLAGS": ""}
     runs = [
         subprocess.Popen(
             [sys.executable, str(SCRIPT), *cases],
@@ -113,3 +114,17 @@ def test_a_state_write_in_the_callback_is_refused_clearly(results, case, mode):
     assert "Cell.calls" in outcome["message"]
     assert "fixed outputs" in outcome["message"]
     assert results[case]["write_calls"] == 0  # the refusal left the counter as it was
+
+
+def test_deq_optimistix_example_trains_and_matches_explicit_gradients():
+    example = Path(__file__).resolve().parent.parent / "examples" / "deq_optimistix_nnx.py"
+    env = {**os.environ, "PYTHONPATH": _pythonpath(), "XLA_FLAGS": ""}
+    run = subprocess.run(
+        [sys.executable, str(example)], capture_output=True, text=True, env=env, timeout=900
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    pattern = r"error vs explicit parameters: (\S+) \(norm (\S+)\)"
+    error, norm = map(float, re.findall(pattern, run.stdout)[0])
+    assert norm > 1e-3 and error <= 1e-5 * max(1.0, norm)
+    losses = [float(v) for v in re.findall(r"\d+\.\d+", run.stdout.splitlines()[-1])]
+    assert losses[-1] < 0.5 * losses[0]
