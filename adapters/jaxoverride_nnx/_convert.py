@@ -1,4 +1,4 @@
-"""``make_jaxpr`` under ``track``, and running JAX's pure callbacks with nothing tracked.
+"""``make_jaxpr`` under ``track``: tracked Variables read at the traced level, writes refused.
 
 Equinox closure-converts a user's callback with ``jax.make_jaxpr`` (``filter_closure_convert``
 in optimistix, lineax and diffrax): the tracked Variables that the callback reads become
@@ -11,11 +11,6 @@ A write cannot come out: the jaxpr has fixed outputs, and the libraries evaluate
 their own primitives and custom derivative rules. The override lets the callback write at
 the traced level, sees the write when the trace ends and refuses it with
 ``PureFunctionWriteError``, instead of NNX's bare ``TraceContextError``.
-
-``run_untracked`` runs a function that JAX calls back while it transforms (a custom rule's
-backward pass, run when JAX transposes): such a function is pure by contract, and the
-tracked Variables hold values of the enclosing trace there, which a neutral loop inside it
-would otherwise carry in as constants that JAX does not expect.
 """
 
 from __future__ import annotations
@@ -27,47 +22,29 @@ from typing import Any
 from flax.errors import TraceContextError
 
 import jaxoverride as jo
-from jaxoverride_nnx._lift import changed, run_lifted
-from jaxoverride_nnx._rules import PureFunctionWriteError
-from jaxoverride_nnx._scope import ACTIVE, Tracked, current
+from jaxoverride_nnx._rules import PureFunctionWriteError, _pure
+from jaxoverride_nnx._scope import current
 
 WHERE = "jaxoverride.make_jaxpr"
 
 
-def run_untracked(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-    """Calls ``fn`` with nothing tracked: neutral calls inside it are JAX's own."""
-    token = ACTIVE.set(None)
-    try:
-        return fn(*args, **kwargs)
-    finally:
-        ACTIVE.reset(token)
-
-
+_WHAT = "the function being traced into a jaxpr"
 _WHY = (
     "A jaxpr has fixed outputs, and code that closure-converts a callback (Equinox's "
     "filter_closure_convert in optimistix, lineax and diffrax) evaluates it inside its own "
-    "primitives and custom derivative rules, so the new value could never come out. Move the "
-    "write out of the callback (before or after the solver call); reading tracked Variables "
-    "inside is fine."
+    "primitives and custom derivative rules"
 )
-
-
-def _refuse_writes(tracked: Tracked, before: list[Any], after: list[Any]) -> None:
-    written = changed(before, after)
-    if written:
-        paths = ", ".join(f"`{tracked.path(index)}`" for index in sorted(written))
-        raise PureFunctionWriteError(
-            f"{WHERE}: the function being traced into a jaxpr wrote the tracked NNX "
-            f"Variable(s) {paths}. {_WHY}"
-        )
+_FIX = (
+    "Move the write out of the callback (before or after the solver call); reading tracked "
+    "Variables inside is fine."
+)
 
 
 def _refuse_write_error(error: TraceContextError) -> PureFunctionWriteError:
     return PureFunctionWriteError(
-        f"{WHERE}: the function being traced into a jaxpr wrote an NNX Variable. {_WHY} If the "
-        "module itself was passed to the library (not closed over), the library flattened it "
-        "into arrays and the callback wrote to a copy, which is lost either way. "
-        f"NNX said: {error}"
+        f"{WHERE}: {_WHAT} wrote an NNX Variable. {_WHY}, so the write could never come out. "
+        f"{_FIX} If the module itself was passed to the library (not closed over), the library "
+        f"flattened it into arrays and the callback wrote to a copy. NNX said: {error}"
     )
 
 
@@ -86,16 +63,14 @@ def make_jaxpr(fun: Callable[..., Any], *args: Any, **kwargs: Any) -> Callable[.
         tracked = current()
         if tracked is None:
             return plain(*call_args, **call_kwargs)
-        before = tracked.read()
+        pure = _pure(tracked, fun, _WHAT, WHERE, why=_WHY, fix=_FIX)
 
         @functools.wraps(fun)
         def fresh(*inner_args: Any, **inner_kwargs: Any) -> Any:
             try:
-                out, after = run_lifted(tracked, None, fun, inner_args, inner_kwargs, WHERE)
+                return pure(*inner_args, **inner_kwargs)
             except TraceContextError as error:  # a write to a Variable that is not lifted
                 raise _refuse_write_error(error) from error
-            _refuse_writes(tracked, before, after)
-            return out
 
         return below(fresh, *args, **kwargs)(*call_args, **call_kwargs)
 
