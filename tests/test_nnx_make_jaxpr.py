@@ -1,4 +1,4 @@
-"""``jo.make_jaxpr`` and custom rules' backward passes under ``jaxoverride_nnx.track``."""
+"""``jo.make_jaxpr`` and the custom rules Equinox relies on, under ``jaxoverride_nnx.track``."""
 
 from __future__ import annotations
 
@@ -103,3 +103,25 @@ def test_custom_vjp_backward_pass_with_a_neutral_loop_under_jit_of_grad():
     rw, rx = jax.grad(lambda w, x: jnp.sum((2 * jnp.tanh(x @ w)) ** 2), argnums=(0, 1))(w, X)
     np.testing.assert_allclose(state["w"][...], rw, rtol=1e-6)
     np.testing.assert_allclose(gx, rx, rtol=1e-6)
+
+
+def test_custom_jvp_rule_is_not_called_when_only_tracked_variables_are_perturbed():
+    """As in raw JAX, a ``custom_jvp`` rule runs only for tangents of its own arguments.
+    Equinox's ``nondifferentiable`` (in every ``filter_custom_vjp``) has a rule that raises:
+    under ``jo.grad`` with respect to a module it must not run (lineax, diffrax)."""
+    w = nnx.Param(jnp.array(2.0))
+
+    def scale(x, message, y):
+        return x * y
+
+    guarded = jo.custom_jvp(scale, nondiff_argnums=(1,))
+
+    def rule(message, primals, tangents):
+        raise RuntimeError(message)
+
+    guarded.defjvp(rule)
+    with jon.track(w):
+        grad = jo.grad(lambda v: v[...] * guarded(3.0, "rule called", 4.0))(w)
+        np.testing.assert_allclose(grad[...], 12.0)
+        with pytest.raises(RuntimeError, match="rule called"):  # an argument's tangent: it runs
+            jo.grad(lambda x: w[...] * guarded(x, "rule called", 4.0))(3.0)

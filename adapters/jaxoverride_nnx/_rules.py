@@ -279,6 +279,13 @@ def _tangent_zero(value: Any) -> Any:
     return SymbolicZero(jax.typeof(value).to_tangent_aval())
 
 
+def _interleave(static: Sequence[Any], primals: Sequence[Any], nondiff: Sequence[int]) -> list:
+    """The arguments in the function's order, from JAX's (nondiff first) split."""
+    static_it, primal_it = iter(static), iter(primals)
+    total = len(static) + len(primals)
+    return [next(static_it) if i in nondiff else next(primal_it) for i in range(total)]
+
+
 class LiftedJVP:
     """What the NNX override of ``custom_jvp`` builds: JAX's rule, Variables lifted.
 
@@ -346,6 +353,19 @@ class LiftedJVP:
                 for index, tangent in enumerate(values_dot[:count])
                 if any(not _is_zero(leaf) for leaf in jax.tree.leaves(tangent, is_leaf=_is_zero))
             ]
+            if all(_is_zero(leaf) for leaf in jax.tree.leaves(tangents, is_leaf=_is_zero)):
+                # Only the Variables are perturbed: raw JAX would not call the rule here
+                # (it gives derivatives for its arguments only), and a rule may refuse to
+                # be called (equinox's ``nondifferentiable``). The output tangent is zero,
+                # which is right unless the function reads a perturbed Variable: refused.
+                ordered = _interleave(static, primals, nondiff)
+                with _refusing_reads(tracked, perturbed, WHERE_JVP):
+                    out, after = run_lifted(tracked, values, fun, ordered, {}, WHERE_JVP)
+                written = _written(values, after)
+                return (out, written), (
+                    jax.tree.map(_tangent_zero, out),
+                    [None if w is None else _tangent_zero(w) for w in written],
+                )
             if not symbolic_zeros:
                 tangents = jax.tree.map(_instantiate, tangents, is_leaf=_is_zero)
             with _refusing_reads(tracked, perturbed, WHERE_JVP):
