@@ -30,7 +30,10 @@ RNG = jax.random.PRNGKey(0)
 
 
 @pytest.fixture(autouse=True)
-def _haiku_context():
+def _haiku_context(request):
+    if request.node.name.startswith("test_install_"):  # activates the adapter itself
+        yield
+        return
     with joh.context():
         yield
 
@@ -125,17 +128,20 @@ def test_init_creates_parameters_once_and_returns_what_apply_returns(kind):
             f.defvjp(lambda x: (primal(x), None), lambda _, g: (g,))
         else:
             f.defjvp(lambda p, t: (primal(*p), t[0]))
-        return f(x), hk.Linear(2)(x)  # the caller's naming continues after the rule
+        # One rule called twice names its module twice, at init as at apply (no stale
+        # cache), and the caller's naming continues after it.
+        return f(x), f(x), hk.Linear(2)(x)
 
     model = hk.transform(forward)
     with jax.checking_leaks():
         params = model.init(RNG, X)
-        at_init = model.init(RNG, X)
-        applied = model.apply(params, None, X)
-    assert sorted(params) == ["linear", "linear_1"]
-    assert jax.tree.map(jnp.shape, params["linear_1"]) == {"b": (2,), "w": (3, 2)}
-    np.testing.assert_allclose(applied[0], reference({"lin": params["linear"]}), rtol=1e-6)
-    jax.tree.map(np.testing.assert_array_equal, at_init, params)
+        jitted = jax.jit(model.init)(RNG, X)
+        first, second, _ = model.apply(params, None, X)
+    assert sorted(params) == ["linear", "linear_1", "linear_2"]
+    assert jax.tree.map(jnp.shape, params["linear_2"]) == {"b": (2,), "w": (3, 2)}
+    np.testing.assert_allclose(first, reference({"lin": params["linear"]}), rtol=1e-6)
+    np.testing.assert_allclose(second, reference({"lin": params["linear_1"]}), rtol=1e-6)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6), jitted, params)
 
 
 def test_init_output_equals_apply_output():
@@ -405,3 +411,202 @@ def test_bad_input_is_refused_and_leaves_haiku_as_it_was(case):
         )
     )(params)
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6), grads, expected)
+
+
+def test_install_and_a_neutral_loop_inside_a_lazily_traced_fwd():
+    """Under ``install()`` and ``jax.grad(jax.jit(apply))`` JAX traces ``fwd`` after the
+    transform returned; a neutral loop inside it is still Haiku's (it carries the state
+    it writes), and the ``defjvps`` rule stacked on it differentiates as JAX's."""
+
+    def forward(x):
+        def primal(x):
+            def body(_, c):
+                count_call()
+                return c
+
+            return jo.lax.fori_loop(0, 3, body, x)
+
+        f = jo.custom_vjp(primal)
+        f.defvjp(lambda x: (primal(x), None), lambda _, g: (2.0 * g,))
+        g = jo.custom_jvp(jnp.sin)
+        g.defjvps(lambda t, ans, x: jnp.cos(x) * t)
+        hk.get_state("calls", [], jnp.int32, init=jnp.zeros)
+        return jnp.sum(g(f(hk.Linear(3, name="lin")(x))))
+
+    model = hk.transform_with_state(forward)
+    joh.install()
+    try:
+        params, state = model.init(RNG, X)
+        apply = jax.jit(model.apply)
+        with jax.checking_leaks():
+            grads, after = jax.grad(lambda p: apply(p, state, None, X), has_aux=True)(params)
+    finally:
+        joh.uninstall()
+    assert int(after["~"]["calls"]) == 3
+    pre = X @ params["lin"]["w"] + params["lin"]["b"]
+    np.testing.assert_allclose(grads["lin"]["b"], 2.0 * jnp.cos(pre), rtol=1e-6)
+
+
+def test_outside_a_transform_the_rule_is_jaxs_own():
+    """With the context active but no transform, the jaxpr is exactly JAX's."""
+
+    def build(kind):
+        f = kind(lambda x: 2.0 * jnp.sin(x))
+        f.defvjp(lambda x: (2.0 * jnp.sin(x), jnp.cos(x)), lambda c, g: (2.0 * c * g,))
+        return lambda x: jnp.sum(f(x))
+
+    ours, theirs = build(jo.custom_vjp), build(jax.custom_vjp)
+    assert str(jax.make_jaxpr(ours)(X)) == str(jax.make_jaxpr(theirs)(X))
+    assert str(jax.make_jaxpr(jax.grad(ours))(X)) == str(jax.make_jaxpr(jax.grad(theirs))(X))
+
+
+def test_each_function_is_traced_once_per_trace_of_apply():
+    traces = {"primal": 0, "fwd": 0, "bwd": 0}
+
+    def forward(x):
+        def primal(x):
+            traces["primal"] += 1
+            return 2.0 * jnp.sin(x)
+
+        def fwd(x):
+            traces["fwd"] += 1
+            return 2.0 * jnp.sin(x), jnp.cos(x)
+
+        def bwd(cos, g):
+            traces["bwd"] += 1
+            return (2.0 * cos * g,)
+
+        f = jo.custom_vjp(primal)
+        f.defvjp(fwd, bwd)
+        return jnp.sum(f(hk.Linear(3)(x)))
+
+    model = hk.transform(forward)
+    params = model.init(RNG, X)
+    assert traces == {"primal": 2, "fwd": 0, "bwd": 0}  # creation pass, then the rule
+    apply = jax.jit(model.apply)
+    for _ in range(2):
+        apply(params, None, X)
+    assert traces == {"primal": 3, "fwd": 0, "bwd": 0}  # a cache hit traces nothing
+    grad = jax.jit(jax.grad(model.apply))
+    for _ in range(2):
+        grad(params, None, X)
+    assert traces == {"primal": 3, "fwd": 1, "bwd": 1}
+
+
+def test_keywords_and_nondiff_arguments_bind_as_in_jax():
+    """Keywords resolve to positions on the user's function (JAX's binding), and a
+    non-differentiable argument reaches ``fwd`` and ``bwd`` where JAX puts it."""
+
+    def build(kind):
+        def primal(power, x, scale=1.0):
+            return scale * x**power
+
+        f = kind(primal, nondiff_argnums=(0,))
+
+        def fwd(power, x, scale=1.0):
+            return primal(power, x, scale), (x, scale)
+
+        def bwd(power, residuals, g):
+            x, scale = residuals
+            return (scale * power * x ** (power - 1) * g, jnp.sum(x**power * g))
+
+        f.defvjp(fwd, bwd)
+        return lambda x, scale: jnp.sum(f(3, x, scale=scale))
+
+    ours, theirs = build(jo.custom_vjp), build(jax.custom_vjp)
+    model = hk.transform(lambda x, scale: ours(x, scale))
+    with jax.checking_leaks():
+        got = jax.grad(lambda x, s: model.apply({}, None, x, s), argnums=(0, 1))(X, 2.0)
+    expected = jax.grad(theirs, argnums=(0, 1))(X, 2.0)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6), got, expected)
+
+
+@pytest.mark.parametrize("kind", ["vjp", "jvp"])
+@pytest.mark.parametrize("jit", [False, True], ids=["grad", "grad-jit"])
+def test_state_the_rule_does_not_write_keeps_its_gradient(kind, jit):
+    """State written from the params before the rule and read after it: the rule hands
+    back only what it replaced, so this value keeps its derivative."""
+
+    def forward(x):
+        hk.set_state("h", hk.Linear(3, name="lin")(x))
+        y = counted_sin(kind)(x)  # writes "calls", not "h"
+        return jnp.sum(y) + jnp.sum(hk.get_state("h") ** 2)
+
+    model = hk.transform_with_state(forward)
+    params, state = model.init(RNG, X)
+    apply = jax.jit(model.apply) if jit else model.apply
+    with jax.checking_leaks():
+        got, after = jax.grad(lambda p: apply(p, state, None, X), has_aux=True)(params)
+    expected = jax.grad(lambda p: jnp.sum((X @ p["lin"]["w"] + p["lin"]["b"]) ** 2))(params)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6), got, expected)
+    assert int(after["~"]["calls"]) == 1
+
+
+def test_differentiating_state_that_came_out_of_a_rule_is_refused():
+    def forward(x):
+        def primal(x):
+            hk.set_state("y", 3.0 * x)
+            return x
+
+        f = jo.custom_vjp(primal)
+        f.defvjp(lambda x: (primal(x), None), lambda _, g: (g,))
+        return jnp.sum(f(x) + hk.get_state("y", [3], init=jnp.zeros))
+
+    model = hk.transform_with_state(forward)
+    params, state = model.init(RNG, X)
+    with pytest.raises(joh.DifferentiatedStateError, match=r"state ~/y came out of the rule"):
+        jax.grad(lambda x: model.apply(params, state, None, x)[0])(X)
+    # Not differentiated afterwards: the written state simply comes out.
+    _, after = model.apply(params, state, None, X)
+    np.testing.assert_allclose(after["~"]["y"], 3.0 * X)
+
+
+def test_a_lazily_traced_fwd_that_writes_what_the_primal_does_not_is_refused():
+    """Under ``jax.grad(jax.jit(apply))`` the call has returned its state before JAX
+    traces ``fwd``: a write only ``fwd`` makes could not come out, so it is refused."""
+
+    def forward(x):
+        f = jo.custom_vjp(lambda x: x)
+
+        def fwd(x):
+            count_call()
+            return x, None
+
+        f.defvjp(fwd, lambda _, g: (g,))
+        hk.get_state("calls", [], jnp.int32, init=jnp.zeros)
+        return jnp.sum(f(x))
+
+    model = hk.transform_with_state(forward)
+    params, state = model.init(RNG, X)
+    apply = jax.jit(model.apply)
+    with pytest.raises(ValueError, match=r"writes the Haiku state ~/calls, which the primal"):
+        jax.grad(lambda x: apply(params, state, None, x)[0])(X)
+    # Where JAX traces fwd during the call (jax.grad, jax.jit(jax.grad)), it comes out.
+    _, after = jax.grad(lambda x: model.apply(params, state, None, x), has_aux=True)(X)
+    assert int(after["~"]["calls"]) == 1
+
+
+def test_a_neutral_loop_in_bwd_that_writes_nothing_is_not_refused():
+    """bwd's refusal is at the write: a loop that carries the state (storing it again as
+    new objects) without writing passes, and reads the state as fwd left it."""
+
+    def forward(x):
+        f = jo.custom_vjp(lambda x: x)
+
+        def fwd(x):
+            hk.set_state("scale", jnp.float32(2.0))
+            return x, None
+
+        def bwd(_, g):
+            scale = hk.get_state("scale")
+            return (jo.lax.fori_loop(0, 3, lambda _, c: c * scale, g),)
+
+        f.defvjp(fwd, bwd)
+        hk.get_state("scale", [], init=jnp.zeros)
+        return jnp.sum(f(x))
+
+    model = hk.transform_with_state(forward)
+    params, state = model.init(RNG, X)
+    with jax.checking_leaks():
+        grad, _ = jax.grad(lambda x: model.apply(params, state, None, x), has_aux=True)(X)
+    np.testing.assert_allclose(grad, 8.0 * jnp.ones(3))

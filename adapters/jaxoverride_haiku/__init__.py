@@ -28,10 +28,12 @@ from jaxoverride_haiku._convert import PureFunctionWriteError as PureFunctionWri
 from jaxoverride_haiku._frames import in_transform as in_transform, state_usable as state_usable
 from jaxoverride_haiku._rules import (
     ClosedOverDifferentiationError as ClosedOverDifferentiationError,
+    DifferentiatedStateError as DifferentiatedStateError,
 )
 
 __all__ = [
     "ClosedOverDifferentiationError",
+    "DifferentiatedStateError",
     "PureFunctionWriteError",
     "context",
     "in_transform",

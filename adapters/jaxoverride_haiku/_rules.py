@@ -10,8 +10,14 @@ as a leading argument and returns ``(state, rng)`` after it as an extra output:
   copy of the caller's module stack and naming counters (taken at the call), so modules
   are named, and parameters found, as in the caller;
 * state written and keys drawn by the primal or ``fwd``/JVP rule come out once per call,
-  whichever JAX ran; ``bwd`` runs in a fresh frame holding the forward's values, and what
-  it writes is dropped (a backward pass returns cotangents only);
+  whichever JAX ran. Only the entries that the run replaced reach the caller's frame (a
+  superset of the writes: a neutral loop or jit inside the rule stores what it carries
+  again), so state the rule did not touch keeps its derivatives, and no write is lost;
+  differentiating, after the call, state that came out of a ``custom_vjp`` is refused;
+* ``bwd`` runs in a fresh frame holding the values as ``fwd`` left them, and a state
+  write or rng draw there is refused at the write itself (``pure_frame``'s setter and rng
+  guard), never by comparing afterwards, which a neutral loop inside ``bwd`` would
+  trip: a backward pass returns cotangents only;
 * the rule is registered with ``symbolic_zeros=True`` to learn which of Haiku's values are
   being differentiated. A rule gives gradients for its explicit arguments only, so a read
   of such a value (``hk.get_parameter``/``hk.get_state``, seen by a custom getter) is
@@ -78,6 +84,32 @@ class ClosedOverDifferentiationError(ValueError):
     """
 
 
+class DifferentiatedStateError(ValueError):
+    """State that came out of a custom rule is differentiated after it.
+
+    The rule's ``bwd`` gives cotangents from that of the rule's output only, so the state
+    would get a silently zero gradient.
+
+    Example:
+      >>> import jax, jax.numpy as jnp, haiku as hk
+      >>> import jaxoverride as jo, jaxoverride_haiku as joh
+      >>> def f(x):
+      ...     def primal(x):
+      ...         hk.set_state("y", 3.0 * x)
+      ...         return x
+      ...     g = jo.custom_vjp(primal)
+      ...     g.defvjp(lambda x: (primal(x), None), lambda _, ct: (ct,))
+      ...     return g(x) + hk.get_state("y", [], init=jnp.zeros)
+      >>> model = hk.transform_with_state(f)
+      >>> with joh.context():
+      ...     params, state = model.init(None, 1.0)
+      ...     jax.grad(lambda x: model.apply(params, state, None, x)[0])(1.0)
+      Traceback (most recent call last):
+      ...
+      jaxoverride_haiku._rules.DifferentiatedStateError: jaxoverride.custom_vjp: ...
+    """
+
+
 _BACKWARD = (
     "the backward rule (bwd)",
     "A backward rule returns cotangents only, so nothing it writes or draws could come out, "
@@ -120,6 +152,48 @@ def _differentiated(internal: Any, perturbed: Callable[[Any], list[bool]]) -> fr
     return frozenset(names)
 
 
+def _refuse_differentiated_state(call: _Call, cotangents: dict[str, Any]) -> None:
+    """Refuses a derivative that would silently be zero: of state that the rule replaced.
+
+    The user's ``bwd`` gives cotangents for the rule's arguments from that of its output
+    only; a state value that came out of the rule and is differentiated afterwards (its
+    cotangent is not a symbolic zero) would get none.
+    """
+    names = sorted(
+        f"{module}/{name}"
+        for module, name in call.changed
+        if any(perturbed_leaves(cotangents[module][name].current))
+    )
+    if names:
+        raise DifferentiatedStateError(
+            f"{call.where}: the Haiku state {', '.join(names)} came out of the rule (written "
+            "in it, or carried through a neutral loop or jit inside it) and is differentiated "
+            "afterwards. The rule's bwd gives cotangents from its output only, so the state "
+            "would get a silently zero gradient. Write the state outside the rule (before or "
+            "after the call), or return the value from the rule as part of its output."
+        )
+
+
+def _late_write_error(where: str, names: set[tuple[str, str]]) -> ValueError:
+    listed = ", ".join(f"{module}/{name}" for module, name in sorted(names))
+    return ValueError(
+        f"{where}: fwd (or the JVP rule), traced by JAX after the call returned (as under "
+        f"jax.grad(jax.jit(apply))), writes the Haiku state {listed}, which the primal "
+        "function does not write; the call has already handed its state to the caller, so "
+        "the write could not come out. Write the same state in the primal function and in "
+        "fwd (the primal usually calls the same code)."
+    )
+
+
+def _state_identities(frame: base.Frame) -> dict[tuple[str, str], int]:
+    """The identity of each state entry's ``StatePair`` (every write makes a new one).
+
+    Identities are not kept beyond the run, whose frame holds the objects meanwhile.
+    """
+    state: Any = frame.state
+    return {(module, name): id(pair) for module, b in state.items() for name, pair in b.items()}
+
+
 def _mutable(bundles: Any) -> collections.defaultdict[str, dict[str, Any]]:
     return collections.defaultdict(dict, {module: dict(b) for module, b in bundles.items()})
 
@@ -141,7 +215,7 @@ class _Call:
     JAX value: the caller's values are the rule's leading argument.
     """
 
-    __slots__ = ("end", "template", "where")
+    __slots__ = ("changed", "end", "finished", "template", "where")
 
     def __init__(self, where: str):
         frame = current_frame()
@@ -152,6 +226,11 @@ class _Call:
         self.template = template._replace(rng_stack=data_structures.Stack())
         self.where = where
         self.end: Names | None = None
+        # Names of the state entries that a forward run replaced (written, or stored by a
+        # neutral loop or jit inside it): only these reach the caller's frame, so a value
+        # the rule did not touch keeps its own derivatives.
+        self.changed: set[tuple[str, str]] = set()
+        self.finished = False
 
     @contextlib.contextmanager
     def frame(
@@ -179,16 +258,26 @@ class _Call:
                         base.custom_getter(_refuse_differentiated, params=True, state=True)
                     )
             before = base.param_names()
+            entry = _state_identities(frame)
             yield frame
             created = base.param_names() - before
             if created:
                 raise new_parameters_error(self.where, created)
             if forward:
                 self.end = Names.capture(frame)
+                leaving = _state_identities(frame)
+                changed = {n for n, pair in leaving.items() if entry.get(n) != pair}
+                if self.finished and changed - self.changed:
+                    raise _late_write_error(self.where, changed - self.changed)
+                self.changed |= changed
 
     def finish(self, after: tuple[Any, Any]) -> None:
         state, rng = after
-        stateful.update_internal_state(InternalState(params=None, state=state, rng=rng))
+        changed: dict[str, dict[str, Any]] = {}
+        for module, name in self.changed:
+            changed.setdefault(module, {})[name] = state[module][name]
+        stateful.update_internal_state(InternalState(params=None, state=changed, rng=rng))
+        self.finished = True
         if self.end is not None:
             self.end.restore_into(current_frame())
 
@@ -309,7 +398,8 @@ class HaikuRule:
             return (out, after), (residuals, forward_values)
 
         def lifted_bwd(*rest: Any) -> Any:
-            *static, (residuals, forward_values), (out_cotangent, _) = rest
+            *static, (residuals, forward_values), (out_cotangent, (state_cotangent, _)) = rest
+            _refuse_differentiated_state(call, state_cotangent)
             if not symbolic_zeros:
                 out_cotangent = instantiate_zeros(out_cotangent)
             with call.frame(forward_values, forward=False), pure_frame(call.where, *_BACKWARD):
@@ -346,6 +436,7 @@ def custom_vjp(
     fun: Callable[..., Any], nondiff_argnums: Sequence[int] = (),
     nondiff_argnames: Sequence[str] = (),
 ) -> HaikuRule:  # fmt: skip
+    """The Haiku override of ``custom_vjp``: JAX's constructor arguments, a ``HaikuRule``."""
     return HaikuRule("custom_vjp", fun, nondiff_argnums, nondiff_argnames)
 
 
@@ -353,4 +444,5 @@ def custom_jvp(
     fun: Callable[..., Any], nondiff_argnums: Sequence[int] = (),
     nondiff_argnames: Sequence[str] = (),
 ) -> HaikuRule:  # fmt: skip
+    """The Haiku override of ``custom_jvp``: JAX's constructor arguments, a ``HaikuRule``."""
     return HaikuRule("custom_jvp", fun, nondiff_argnums, nondiff_argnames)
