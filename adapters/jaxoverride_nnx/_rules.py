@@ -358,7 +358,7 @@ class LiftedJVP:
                 for index, tangent in enumerate(values_dot[:count])
                 if any(perturbed_leaves(tangent))
             ]
-            if all(_is_zero(leaf) for leaf in jax.tree.leaves(tangents, is_leaf=_is_zero)):
+            if not any(perturbed_leaves(tangents)):
                 # Only the Variables are perturbed: raw JAX would not call the rule here
                 # (it gives derivatives for its arguments only), and a rule may refuse to
                 # be called (equinox's ``nondifferentiable``). The output tangent is zero,
