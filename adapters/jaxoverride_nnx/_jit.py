@@ -12,6 +12,7 @@ gets its own trace and a dead module's entries are pruned.
 
 from __future__ import annotations
 
+import contextvars
 import functools
 import inspect
 from collections.abc import Callable, Iterable
@@ -183,7 +184,10 @@ class TrackedJit:
                 last[0], last[1] = key, jitted
             variables = tracked.variables
             values = tracked.read() if tracked.attrs else list(map(_GET, variables))
-            result = jitted(values, *args, **kwargs)
+            if tracked.owner is None:  # inside a neutral transform: see _call_hidden
+                result = _call_hidden(jitted, tracked, values, args, kwargs)
+            else:
+                result = jitted(values, *args, **kwargs)
             out, updates = result[0], result[1]
             if updates:
                 # One jitted call's outputs are all concrete or all tracers of one trace.
@@ -282,7 +286,7 @@ class TrackedJit:
         sharded_out = self._sharded_out
 
         def lifted(values: list[Any], *args: Any, **kwargs: Any) -> Any:
-            tracked = ACTIVE.get()
+            tracked = ACTIVE.get() or _HIDDEN.get()
             assert tracked is not None
             args, kwargs = from_refs((args, kwargs), tracked)
             out, after = run_lifted(tracked, values, fun, args, kwargs, _WHERE)
@@ -357,6 +361,35 @@ class TrackedJit:
 
     def __repr__(self) -> str:
         return f"<jaxoverride_nnx jit of {self._fun!r}>"
+
+
+# The tracked set of a jitted call made inside a neutral transform, for ``lifted`` to find
+# while ``ACTIVE`` is cleared (see ``_call_hidden``).
+_HIDDEN: contextvars.ContextVar[Tracked | None] = contextvars.ContextVar(
+    "jaxoverride_nnx_jit_hidden", default=None
+)
+
+
+def _call_hidden(
+    jitted: Any, tracked: Tracked, values: list[Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> Any:
+    """Calls ``jitted`` with the tracked set visible to ``lifted`` only.
+
+    Inside a neutral transform (``jo.grad``: JAX's linearize) the Variables hold that
+    transform's tracers. JAX may lower the jitted function during the call, and lowering
+    runs the Python implementation of primitives such as Equinox's (``lineax``'s linear
+    solve): neutral loops in it would carry the Variables' values into the lowering as
+    constants ("No constant handler for type: LinearizeTracer"). A primitive's
+    implementation is pure, so it runs with nothing tracked; ``lifted``, traced by the
+    same call, still finds the tracked set.
+    """
+    hidden = _HIDDEN.set(tracked)
+    token = ACTIVE.set(None)
+    try:
+        return jitted(values, *args, **kwargs)
+    finally:
+        ACTIVE.reset(token)
+        _HIDDEN.reset(hidden)
 
 
 def _alive(key: Any) -> bool:

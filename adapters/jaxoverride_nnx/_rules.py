@@ -281,6 +281,13 @@ def _tangent_zero(value: Any) -> Any:
     return SymbolicZero(jax.typeof(value).to_tangent_aval())
 
 
+def _interleave(static: Sequence[Any], primals: Sequence[Any], nondiff: Sequence[int]) -> list:
+    """The arguments in the function's order, from JAX's (nondiff first) split."""
+    static_it, primal_it = iter(static), iter(primals)
+    total = len(static) + len(primals)
+    return [next(static_it) if i in nondiff else next(primal_it) for i in range(total)]
+
+
 class LiftedJVP:
     """What the NNX override of ``custom_jvp`` builds: JAX's rule, Variables lifted.
 
@@ -351,6 +358,19 @@ class LiftedJVP:
                 for index, tangent in enumerate(values_dot[:count])
                 if any(perturbed_leaves(tangent))
             ]
+            if not any(perturbed_leaves(tangents)):
+                # Only the Variables are perturbed: raw JAX would not call the rule here
+                # (it gives derivatives for its arguments only), and a rule may refuse to
+                # be called (equinox's ``nondifferentiable``). The output tangent is zero,
+                # which is right unless the function reads a perturbed Variable: refused.
+                ordered = _interleave(static, primals, nondiff)
+                with _refusing_reads(tracked, perturbed, WHERE_JVP):
+                    out, after = run_lifted(tracked, values, fun, ordered, {}, WHERE_JVP)
+                written = _written(values, after)
+                return (out, written), (
+                    jax.tree.map(_tangent_zero, out),
+                    [None if w is None else _tangent_zero(w) for w in written],
+                )
             if not symbolic_zeros:
                 tangents = instantiate_zeros(tangents)
             with _refusing_reads(tracked, perturbed, WHERE_JVP):
@@ -404,7 +424,15 @@ def closure_convert(fun: Callable[..., Any], *example_args: Any) -> Any:
 # -- lax.custom_root and lax.custom_linear_solve ---------------------------------------
 
 
-def _pure(tracked: Any, fn: Callable[..., Any] | None, role: str, where: str) -> Any:
+def _pure(
+    tracked: Any,
+    fn: Callable[..., Any] | None,
+    role: str,
+    where: str,
+    why: str = "JAX traces it into a pure jaxpr of its inputs",
+    fix: str = "Move the write out of the solve (before or after the call), or use the "
+    "library's non-implicit mode (jaxopt's implicit_diff=False).",
+) -> Any:
     """``fn`` run with the tracked Variables readable and any write refused.
 
     JAX traces each function it is given into a jaxpr and hoists what it closes over into
@@ -424,18 +452,10 @@ def _pure(tracked: Any, fn: Callable[..., Any] | None, role: str, where: str) ->
             f"function itself, as in {where}(..., my_{role.split()[0]}, ...)."
         )
 
-    def pure(*args: Any) -> Any:
-        out, after = run_lifted(tracked, None, fn, args, {}, where)
+    def pure(*args: Any, **kwargs: Any) -> Any:
+        out, after = run_lifted(tracked, None, fn, args, kwargs, where)
         if written := changed(tracked.read(), after):
-            raise _write_refused(
-                tracked,
-                written,
-                role,
-                "JAX traces it into a pure jaxpr of its inputs",
-                "Move the write out of the solve (before or after the call), or use the "
-                "library's non-implicit mode (jaxopt's implicit_diff=False).",
-                where,
-            )
+            raise _write_refused(tracked, written, role, why, fix, where)
         return out
 
     return pure
