@@ -102,6 +102,25 @@ def test_a_body_that_shares_more_than_the_carry_passes_the_array_once_per_positi
     assert seen == [False, False]  # traced once, not retried: the carry keeps its layout
 
 
+def test_gradients_and_nested_loops_through_desharing_match_jax():
+    def loss(lax, w):
+        def inner(c):
+            return lax.fori_loop(0, 2, lambda i, d: (d[0] * 1.5, d[1] + d[0]), c)
+
+        a, b = lax.while_loop(lambda c: c[0][0] < 10.0, lambda c: inner(c), (w, w))
+        y = lax.cond(a[0] > 0, lambda x: (x, x), lambda x: (x, 2 * x), b)
+        return jnp.sum(y[0] * y[1])
+
+    w = jnp.array([1.0, 2.0])
+    fori_loss = lambda lax, w: jnp.sum(
+        lax.fori_loop(0, 3, lambda i, c: (c[0] * c[1], c[1] + 1.0), (w, w))[0]
+    )
+    want = (jax.jit(lambda w: loss(jax.lax, w))(w), jax.grad(lambda w: fori_loss(jax.lax, w))(w))
+    with jax.checking_leaks(), dag.context():
+        got = (jo.jit(lambda w: loss(jlax, w))(w), jo.grad(lambda w: fori_loss(jlax, w))(w))
+    assert_same(got, want)
+
+
 def test_ties_the_body_keeps_stay_one_array_with_no_retrace():
     seen = []
 
