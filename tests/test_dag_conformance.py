@@ -56,13 +56,18 @@ def desharing_programs():
 
 
 @pytest.mark.parametrize("name", sorted(desharing_programs()))
-@pytest.mark.parametrize("jitted", [False, True], ids=["eager", "jit"])
-def test_programs_whose_array_sharing_changes_run_as_in_jax(name, jitted):
+@pytest.mark.parametrize("how", ["eager", "jit", "vmap"])
+def test_programs_whose_array_sharing_changes_run_as_in_jax(name, how):
     program = desharing_programs()[name]
+    if how == "jit":
+        program = jax.jit(program, static_argnums=0)
+    if how == "vmap":  # a batched predicate: JAX runs both branches
+        batched = program
+        program = lambda lax, p: jax.vmap(lambda q: batched(lax, q))(jnp.stack([p, ~p]))
     for p in (jnp.array(True), jnp.array(False)):
-        want = (jax.jit(program, static_argnums=0) if jitted else program)(jax.lax, p)
+        want = program(jax.lax, p)
         with jax.checking_leaks(), dag.context():
-            got = (jax.jit(program, static_argnums=0) if jitted else program)(jlax, p)
+            got = program(jlax, p)
         assert_same(got, want)
 
 
