@@ -245,6 +245,11 @@ def bad_transform_calls():
         "grad-not-scalar": lambda api: api.grad(lambda x: x)(jnp.ones(3)),
         "vmap-in_axes-length": lambda api: api.vmap(lambda a, b: a, in_axes=(0,))(z0, z0),
         "vmap-in_axes-type": lambda api: api.vmap(lambda a: a, in_axes={"a": 0})(z0),
+        "value_and_grad-aux-not-a-pair": lambda api: api.value_and_grad(
+            lambda x: x.sum(), has_aux=True
+        )(z0),
+        "grad-aux-three": lambda api: api.grad(lambda x: (x.sum(), 1, 2), has_aux=True)(z0),
+        "jacrev-aux-three": lambda api: api.jacrev(lambda x: [x, x, x], has_aux=True)(z0),
     }
 
 
