@@ -144,7 +144,7 @@ def test_ties_the_body_keeps_stay_one_array_with_no_retrace():
 sharing_patterns = st.lists(st.integers(0, 2), min_size=1, max_size=5)
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=15, deadline=None)
 @given(init_pattern=sharing_patterns, moves=st.lists(st.integers(-1, 4), min_size=5, max_size=5))
 def test_random_carries_with_sharing_match_jax(init_pattern, moves):
     """Random initial ties; each position of the new carry is a new array or a copy of another."""
@@ -172,6 +172,34 @@ def test_random_carries_with_sharing_match_jax(init_pattern, moves):
         got_while = jlax.fori_loop(0, 3, lambda i, c: body(c, 1.0)[0], init)
     assert_same(got, want)
     assert_same(got_while, jax.lax.fori_loop(0, 3, lambda i, c: body(c, 1.0)[0], init))
+
+
+@settings(max_examples=12, deadline=None)
+@given(
+    operand_pattern=sharing_patterns,
+    outputs=st.lists(st.lists(st.integers(0, 2), min_size=3, max_size=3), min_size=2, max_size=3),
+    index=st.integers(0, 2),
+)
+def test_random_branch_output_sharing_matches_jax(operand_pattern, outputs, index):
+    """Each branch returns three positions, each one of three arrays it computed."""
+    bases = [jnp.full(2, float(i)) for i in range(3)]
+    operands = tuple(bases[i] for i in operand_pattern)
+
+    def branch(picks, scale):
+        def run(*xs):
+            made = [sum(xs) * scale, xs[0] + scale, xs[-1] - scale]
+            return tuple(made[p] for p in picks)
+
+        return run
+
+    branches = [branch(picks, float(k + 1)) for k, picks in enumerate(outputs)]
+    index = index % len(branches)
+    want = jax.lax.switch(index, branches, *operands)
+    with jax.checking_leaks(), dag.context():
+        got = jlax.switch(index, branches, *operands)
+        got_jit = jax.jit(lambda i: jlax.switch(i, branches, *operands))(index)
+    assert_same(got, want)
+    assert_same(got_jit, want)
 
 
 # --- 2. bad input: JAX's exception type and message -------------------------------------
