@@ -9,6 +9,9 @@ call on raw JAX is the reference.
 
 from __future__ import annotations
 
+import gc
+import weakref
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -358,6 +361,21 @@ def trace_and_compile_counts(lax, name):
         run()
         run()
     return len(calls), lowerings()
+
+
+def test_the_wrapper_cache_keeps_no_body_alive():
+    def make():
+        data = jnp.ones(4)
+        return lambda c, x: (c + data[0], x), lambda x: x * data[1]
+
+    body, branch = make()
+    with dag.context():
+        jlax.scan(body, 0.0, z0)
+        jlax.cond(True, branch, branch, z0)
+    refs = [weakref.ref(body), weakref.ref(branch)]
+    del body, branch
+    gc.collect()
+    assert [ref() for ref in refs] == [None, None]
 
 
 def test_cond_compiles_no_more_than_jax():
