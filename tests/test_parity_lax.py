@@ -390,30 +390,7 @@ CASES = [
 ]
 
 test_parity = _parity_tests(CASES)
-# Engineer dag is making eager control flow under jaxoverride_dag.context() hit JAX's
-# cache on a second call; until then each such call compiles again (issue 13 item 5).
-DAG_RECOMPILES = {
-    "jit(scan)": ["scan", "scan-xs-none-length", "scan-xs-none-explicit-keywords",
-                  "scan-reverse", "scan-unroll-2", "scan-unroll-true",
-                  "scan-unroll-beyond-length", "scan-all-positional", "scan-length-with-xs",
-                  "scan-zero-length", "scan-pytree", "fori_loop-static-bounds",
-                  "fori_loop-unroll", "fori_loop-keywords", "fori_loop-empty-range"],
-    "jit(while)": ["while_loop", "while_loop-keywords", "while_loop-zero-trips"],
-    "jit(cond)": ["cond-one-operand", "cond-false-branch", "cond-several-operands",
-                  "cond-operand-keyword", "cond-python-bool-predicate",
-                  "cond-integer-predicate", "switch-in-range", "switch-index-above-range",
-                  "switch-negative-index", "switch-traced-out-of-range",
-                  "switch-several-operands", "switch-operand-keyword"],
-}  # fmt: skip
-test_parity_under_adapter = adapter_parity_tests(
-    CASES,
-    known={
-        ("dag", case_id): f"issue 13 item 5: eager control flow under the DAG context compiles "
-        f"{compiled} again on every call, where JAX's second call hits its cache"
-        for compiled, case_ids in DAG_RECOMPILES.items()
-        for case_id in case_ids
-    },
-)
+test_parity_under_adapter = adapter_parity_tests(CASES)
 
 
 def test_raw_jax_ignores_overrides():
@@ -462,12 +439,8 @@ def control_flow_errors(api):
 
 
 KNOWN_ERRORS = {
-    ("dag", 0): "issue 13 item 5: the DAG scan raises SharingError, not JAX's TypeError, for a "
-    "carry whose structure changes",
     ("nnx_track", 0): "NNX under track: JAX's carry message names the carry 'args[0]' of the "
     "adapter's lifted body instead of the user's 'c'",
-    ("nnx_track", 5): "NNX under track: lax.map with batch_size=0 raises ZeroDivisionError; "
-    "JAX maps without batching",
 }
 
 

@@ -444,13 +444,8 @@ def _pure(
     inside could never come out of the jaxpr: it is refused with the fix, every Variable left
     as it was.
     """
-    if fn is None:
-        return None
-    if not callable(fn):
-        raise TypeError(
-            f"{where}: {role} must be a function, got {type(fn).__name__} {fn!r}. Pass the "
-            f"function itself, as in {where}(..., my_{role.split()[0]}, ...)."
-        )
+    if fn is None or not callable(fn):
+        return fn  # JAX's own error for JAX's misuse, as with nothing active
 
     def pure(*args: Any, **kwargs: Any) -> Any:
         out, after = run_lifted(tracked, None, fn, args, kwargs, where)
