@@ -1,0 +1,103 @@
+"""optimistix, lineax and diffrax, unmodified, with a Haiku model in their callbacks.
+
+Equinox compiles ``eqx.filter_jit`` when optimistix/diffrax/lineax are imported and
+closure-converts every callback with ``jax.make_jaxpr``, so these libraries work inside
+``hk.transform`` only when ``equinox`` is interposed before they are imported. Each group
+of cases therefore runs in a fresh interpreter (``tests/_equinox_haiku.py``, which prints
+JSON); this file asserts on what it reports, case by case:
+
+* init creates the parameters once, under the names a direct call of the layer gives,
+  and none of them is a tracer;
+* apply, ``jax.jit(apply)``, ``jax.grad`` and ``jax.jit(jax.grad)`` (with respect to
+  params and inputs) equal the same library run on the explicit parameters with raw JAX;
+* a state write or an rng draw inside the callback is refused by jaxoverride with a
+  ``PureFunctionWriteError`` that says why, at init, at apply and under ``jax.jit``, and
+  the refusal leaves the read-only model working.
+
+The in-process tests of ``tests/test_libraries_haiku.py`` pin what happens when the
+libraries are interposed only after they were imported.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import jaxoverride as jo
+import jaxoverride_haiku as joh
+
+SCRIPT = Path(__file__).with_name("_equinox_haiku.py")
+GROUPS = {
+    "optimistix": [
+        "fixed_point_iteration",
+        "fixed_point_newton",
+        "root_find_newton",
+        "least_squares_gauss_newton",
+    ],
+    "lineax_diffrax": ["linear_solve_gmres", "neural_ode_tsit5"],
+}
+CASES = [(group, case) for group, cases in GROUPS.items() for case in cases]
+REFUSALS = ["write_at_init", "write_at_apply", "write_under_jit", "draw_at_init", "draw_at_apply"]
+
+
+@functools.cache
+def _run_group(group: str) -> dict[str, Any]:
+    # The same jaxoverride and adapters as this session, first on the child's path.
+    paths = [str(Path(jo.__file__).parents[1]), str(Path(joh.__file__).parents[1])]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([*paths, os.environ.get("PYTHONPATH", "")]))
+    env.pop("XLA_FLAGS", None)  # one CPU device is enough, and compiles faster
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT), *GROUPS[group]],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(params=CASES, ids=[case for _, case in CASES])
+def result(request) -> dict[str, Any]:
+    group, case = request.param
+    reported = _run_group(group)[case]
+    assert "crashed" not in reported, reported.get("crashed")
+    return reported
+
+
+def test_init_creates_the_parameters_once_and_leaks_nothing(result):
+    assert result["params"] == result["direct_params"]
+    assert result["param_tracers"] == 0
+    assert result["output_tracers"] == 0
+
+
+def test_apply_and_jit_apply_equal_the_explicit_library_call(result):
+    assert result["apply"] <= 1e-5
+    assert result["jit_apply"] <= 1e-5
+
+
+def test_gradients_wrt_params_and_inputs_equal_the_explicit_ones(result):
+    # The gradients are O(1) (``grad_scale``): a wrong or missing term would show.
+    assert result["grad_scale"] > 0.1
+    assert result["grad"] <= 1e-5 * result["grad_scale"] + 1e-6
+    assert result["jit_grad"] <= 1e-5 * result["grad_scale"] + 1e-6
+
+
+@pytest.mark.parametrize("where", REFUSALS)
+def test_state_writes_and_rng_draws_in_the_callback_are_refused(result, where):
+    refusal = result[where]
+    assert refusal["type"] == "PureFunctionWriteError", refusal
+    message = refusal["message"]
+    what = "rng key was drawn" if where.startswith("draw") else "Haiku state '~/calls' was written"
+    assert what in message
+    assert "nothing it writes or draws could come out" in message  # why
+    assert "args" in message  # the fix: pass the value in
+    # ...and the refusal left the read-only model as it was.
+    assert result["after_refusals"] <= 1e-5
