@@ -47,17 +47,21 @@ CASES = [(group, case) for group, cases in GROUPS.items() for case in cases]
 REFUSALS = ["write_at_init", "write_at_apply", "write_under_jit", "draw_at_init", "draw_at_apply"]
 
 
-@functools.cache
-def _run_group(group: str) -> dict[str, Any]:
+def _env() -> dict[str, str]:
     # The same jaxoverride and adapters as this session, first on the child's path.
     paths = [str(Path(jo.__file__).parents[1]), str(Path(joh.__file__).parents[1])]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([*paths, os.environ.get("PYTHONPATH", "")]))
     env.pop("XLA_FLAGS", None)  # one CPU device is enough, and compiles faster
+    return env
+
+
+@functools.cache
+def _run_group(group: str) -> dict[str, Any]:
     done = subprocess.run(
         [sys.executable, str(SCRIPT), *GROUPS[group]],
         capture_output=True,
         text=True,
-        env=env,
+        env=_env(),
         timeout=600,
     )
     assert done.returncode == 0, done.stderr[-4000:]
@@ -101,3 +105,19 @@ def test_state_writes_and_rng_draws_in_the_callback_are_refused(result, where):
     assert "args" in message  # the fix: pass the value in
     # ...and the refusal left the read-only model as it was.
     assert result["after_refusals"] <= 1e-5
+
+
+def test_haiku_neural_ode_example_trains_through_diffrax():
+    """``examples/haiku_neural_ode.py`` in a fresh interpreter (its import order matters):
+    it checks its first loss and gradient against diffrax on the explicit parameters."""
+    example = Path(__file__).resolve().parents[1] / "examples" / "haiku_neural_ode.py"
+    done = subprocess.run(
+        [sys.executable, str(example)], capture_output=True, text=True, env=_env(), timeout=600
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    out = done.stdout
+    losses = [float(v) for v in out.split("loss per step:", 1)[1].splitlines()[0].split()]
+    assert len(losses) == 8
+    assert losses[-1] < 0.5 * losses[0]
+    assert int(out.split("traces of the loss:", 1)[1].split()[0]) == 1  # one compile, then hits
+    assert "['vector_field/~/linear_0', 'vector_field/~/linear_1']" in out
