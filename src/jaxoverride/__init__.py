@@ -37,6 +37,11 @@ from jaxoverride._context import (
     uninstall as uninstall,
 )
 from jaxoverride._dispatch import next_impl as next_impl, resolve as resolve
+from jaxoverride._import_hook import (
+    ImportInterposition as ImportInterposition,
+    ImportOrderError as ImportOrderError,
+    interpose_on_import as interpose_on_import,
+)
 from jaxoverride._interpose import Interposition as Interposition, interpose as interpose
 from jaxoverride._introspect import Stack as Stack, current_stack as current_stack
 from jaxoverride._names import OVERRIDEABLE as OVERRIDEABLE
@@ -46,6 +51,8 @@ __version__ = "0.1.0"
 
 __all__ = [
     "OVERRIDEABLE",
+    "ImportInterposition",
+    "ImportOrderError",
     "Installation",
     "Interposition",
     "NeutralRule",
@@ -62,6 +69,7 @@ __all__ = [
     "hessian",
     "install",
     "interpose",
+    "interpose_on_import",
     "jacfwd",
     "jacrev",
     "jit",
