@@ -30,13 +30,9 @@ import jaxoverride_haiku as joh
 
 def import_diffrax() -> Any:
     """Imports diffrax with ``equinox`` and ``diffrax`` interposed from their first line on."""
-    # TODO(interpose_on_import): jo.interpose_on_import("equinox", "diffrax") once on main.
-    import equinox
-
-    jo.interpose(equinox, recursive=True)
+    jo.interpose_on_import("equinox", "diffrax")  # before the first import of either
     import diffrax
 
-    jo.interpose(diffrax, recursive=True)
     return diffrax
 
 

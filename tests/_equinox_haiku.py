@@ -1,8 +1,8 @@
 """The Equinox family (optimistix, lineax, diffrax), unmodified, inside ``hk.transform``.
 
 Run in a fresh interpreter by ``tests/test_libraries_equinox_haiku.py``, because import order
-matters: ``equinox`` is interposed *before* optimistix, lineax and diffrax are imported, so
-that the ``eqx.filter_jit`` they build at import holds a neutral ``jax.jit``.
+matters: ``jo.interpose_on_import`` is called *before* equinox, optimistix, lineax and diffrax
+are imported, so that the ``eqx.filter_jit`` they build at import holds a neutral ``jax.jit``.
 
 ``python tests/_equinox_haiku.py CASE [CASE ...]`` prints one JSON object: for each case,
 what the test asserts on (parameter names, tracer leaks, largest differences against the
@@ -31,17 +31,12 @@ import jaxoverride_haiku as joh
 
 
 def _import_neutral() -> tuple[Any, Any, Any]:
-    """Imports the libraries with ``equinox`` interposed first: import order is the point."""
-    # TODO(interpose_on_import): use jo.interpose_on_import once it is on main.
-    import equinox
-
-    jo.interpose(equinox, recursive=True)
+    """Imports the libraries interposed from their first line on: import order is the point."""
+    jo.interpose_on_import("equinox", "optimistix", "lineax", "diffrax")
     import diffrax
     import lineax
     import optimistix
 
-    for module in (optimistix, lineax, diffrax):
-        jo.interpose(module, recursive=True)
     return optimistix, lineax, diffrax
 
 
@@ -180,6 +175,15 @@ def run_case(name: str) -> dict[str, Any]:
         # A refusal leaves everything as it was: the read-only model still runs.
         after_refusals = model.apply(params, None, X)
 
+    # install() instead of context(): active inside transforms only, no with block.
+    joh.install()
+    try:
+        installed_params = model.init(RNG, X)
+        installed = model.apply(params, None, X)
+    finally:
+        joh.uninstall()
+    result["installed_params"] = _max_diff(installed_params, params)
+
     def reference_loss(p: hk.Params, x: jax.Array) -> jax.Array:
         return jnp.sum(solve(_explicit(p, with_bias), x) ** 2)
 
@@ -187,11 +191,12 @@ def run_case(name: str) -> dict[str, Any]:
     expected_grads = jax.grad(reference_loss, argnums=(0, 1))(params, X)
     result["apply"] = _max_diff(out, expected)
     result["jit_apply"] = _max_diff(jitted, expected)
+    result["installed_apply"] = _max_diff(installed, expected)
     result["after_refusals"] = _max_diff(after_refusals, expected)
     result["grad"] = _max_diff(grads, expected_grads)
     result["jit_grad"] = _max_diff(jitted_grads, expected_grads)
     result["grad_scale"] = max(float(np.max(np.abs(g))) for g in jax.tree.leaves(expected_grads))
-    result["output_tracers"] = _tracers((out, jitted, grads, jitted_grads))
+    result["output_tracers"] = _tracers((out, jitted, grads, jitted_grads, installed_params))
     return result
 
 

@@ -2,14 +2,16 @@
 
 Equinox compiles ``eqx.filter_jit`` when optimistix/diffrax/lineax are imported and
 closure-converts every callback with ``jax.make_jaxpr``, so these libraries work inside
-``hk.transform`` only when ``equinox`` is interposed before they are imported. Each group
-of cases therefore runs in a fresh interpreter (``tests/_equinox_haiku.py``, which prints
-JSON); this file asserts on what it reports, case by case:
+``hk.transform`` only when ``jo.interpose_on_import("equinox", ...)`` runs before they are
+imported. Each group of cases therefore runs in a fresh interpreter
+(``tests/_equinox_haiku.py``, which prints JSON); this file asserts on what it reports,
+case by case:
 
 * init creates the parameters once, under the names a direct call of the layer gives,
   and none of them is a tracer;
-* apply, ``jax.jit(apply)``, ``jax.grad`` and ``jax.jit(jax.grad)`` (with respect to
-  params and inputs) equal the same library run on the explicit parameters with raw JAX;
+* apply, ``jax.jit(apply)``, apply under ``install()`` instead of ``context()``,
+  ``jax.grad`` and ``jax.jit(jax.grad)`` (with respect to params and inputs) equal the
+  same library run on the explicit parameters with raw JAX;
 * a state write or an rng draw inside the callback is refused by jaxoverride with a
   ``PureFunctionWriteError`` that says why, at init, at apply and under ``jax.jit``, and
   the refusal leaves the read-only model working.
@@ -85,6 +87,11 @@ def test_init_creates_the_parameters_once_and_leaks_nothing(result):
 def test_apply_and_jit_apply_equal_the_explicit_library_call(result):
     assert result["apply"] <= 1e-5
     assert result["jit_apply"] <= 1e-5
+
+
+def test_install_works_as_the_context_does(result):
+    assert result["installed_params"] == 0.0  # init under install(): the same parameters
+    assert result["installed_apply"] <= 1e-5
 
 
 def test_gradients_wrt_params_and_inputs_equal_the_explicit_ones(result):
