@@ -18,11 +18,13 @@ from __future__ import annotations
 import json
 import sys
 import traceback
+from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
 import haiku as hk
 import jax
+import jax.extend.core
 import jax.numpy as jnp
 import numpy as np
 
@@ -117,9 +119,23 @@ def _drawing(linear: Linear) -> Linear:
 
 
 def _explicit(params: hk.Params, with_bias: bool) -> Linear:
-    w = params["cell"]["w"]
-    b = params["cell"]["b"] if with_bias else 0.0
-    return lambda z: z @ w + b
+    """``hk.Linear`` on the explicit parameters, op for op, so that the jaxprs compare."""
+
+    def linear(z: jax.Array) -> jax.Array:
+        out = jnp.dot(z, params["cell"]["w"])
+        return out + jnp.broadcast_to(params["cell"]["b"], out.shape) if with_bias else out
+
+    return linear
+
+
+def _primitives(jaxpr: jax.extend.core.Jaxpr) -> list[str]:
+    """Every primitive, in order, with the sub-jaxprs of each equation after it."""
+    names = []
+    for eqn in jaxpr.eqns:
+        names.append(eqn.primitive.name)
+        for sub in jax.extend.core.jaxprs_in_params(eqn.params):
+            names += _primitives(sub)
+    return names
 
 
 def _max_diff(a: Any, b: Any) -> float:
@@ -163,6 +179,7 @@ def run_case(name: str) -> dict[str, Any]:
         jitted = jax.jit(model.apply)(params, None, X)
         grads = jax.grad(loss, argnums=(0, 1))(params, X)
         jitted_grads = jax.jit(jax.grad(loss, argnums=(0, 1)))(params, X)
+        traced = jax.make_jaxpr(jax.grad(loss, argnums=(0, 1)))(params, X).jaxpr
 
         writer = hk.transform_with_state(lambda x: solve(_writing(_layer(with_bias)), x))
         drawer = hk.transform(lambda x: solve(_drawing(_layer(with_bias)), x))
@@ -189,6 +206,14 @@ def run_case(name: str) -> dict[str, Any]:
 
     expected = solve(_explicit(params, with_bias), X)
     expected_grads = jax.grad(reference_loss, argnums=(0, 1))(params, X)
+    reference = jax.make_jaxpr(jax.grad(reference_loss, argnums=(0, 1)))(params, X).jaxpr
+    # Differential: the gradient's program is the explicit one's, primitive for primitive
+    # (only the order of the hoisted parameters may differ).
+    ours, theirs = _primitives(traced), _primitives(reference)
+    result["primitives"] = len(theirs)
+    result["same_primitives"] = ours == theirs
+    result["only_explicit"] = dict(Counter(theirs) - Counter(ours))
+    result["only_ours"] = dict(Counter(ours) - Counter(theirs))
     result["apply"] = _max_diff(out, expected)
     result["jit_apply"] = _max_diff(jitted, expected)
     result["installed_apply"] = _max_diff(installed, expected)

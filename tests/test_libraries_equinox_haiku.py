@@ -94,6 +94,19 @@ def test_install_works_as_the_context_does(result):
     assert result["installed_apply"] <= 1e-5
 
 
+def test_the_gradient_program_is_the_explicit_one(result):
+    """``make_jaxpr`` of ``jax.grad`` inside Haiku lists the same primitives, in the same
+    order and nesting, as on the explicit parameters: nothing of the adapter remains."""
+    assert result["primitives"] > 20  # the whole solver, not an empty program
+    assert result["only_ours"] == {}
+    if not result["same_primitives"]:
+        # diffrax only: its dt0 sign check (``eqx.error_if`` on a constant, which passes
+        # at trace time) is an identity ``jit`` that raw JAX keeps (plus the cast of its
+        # weak-typed output), while through the Haiku ``jit`` override JAX forwards the
+        # input and drops the empty ``jit``.
+        assert result["only_explicit"] == {"jit": 1, "convert_element_type": 1}
+
+
 def test_gradients_wrt_params_and_inputs_equal_the_explicit_ones(result):
     # The gradients are O(1) (``grad_scale``): a wrong or missing term would show.
     assert result["grad_scale"] > 0.1
@@ -128,3 +141,20 @@ def test_haiku_neural_ode_example_trains_through_diffrax():
     assert losses[-1] < 0.5 * losses[0]
     assert int(out.split("traces of the loss:", 1)[1].split()[0]) == 1  # one compile, then hits
     assert "['vector_field/~/linear_0', 'vector_field/~/linear_1']" in out
+
+
+def test_the_import_order_snippet_of_the_docs_runs_in_a_fresh_interpreter():
+    """``docs/existing-libraries.md`` shows the import-order rule in a ``text`` fence (the docs
+    test runs pages in-process, where optimistix is already imported): it runs here."""
+    page = (Path(__file__).resolve().parents[1] / "docs" / "existing-libraries.md").read_text()
+    start = page.index("```text\nimport jaxoverride as jo\n") + len("```text\n")
+    snippet = page[start : page.index("```", start)]
+    check = "\nassert set(params) == {'cell'}\nassert not isinstance(z, jax.core.Tracer)\n"
+    done = subprocess.run(
+        [sys.executable, "-c", snippet + check],
+        capture_output=True,
+        text=True,
+        env=_env(),
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
