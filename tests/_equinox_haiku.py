@@ -162,7 +162,13 @@ def _refusal(run: Callable[[], Any]) -> dict[str, str | None]:
 
 def run_case(name: str) -> dict[str, Any]:
     solve, with_bias = CASES[name]
-    model = hk.transform(lambda x: solve(_layer(with_bias), x))
+    traces: list[int] = []
+
+    def forward(x: jax.Array) -> jax.Array:
+        traces.append(1)  # Python runs once per trace (and per eager call)
+        return solve(_layer(with_bias), x)
+
+    model = hk.transform(forward)
     direct = hk.transform(lambda x: _layer(with_bias)(x))
     result: dict[str, Any] = {}
 
@@ -176,7 +182,13 @@ def run_case(name: str) -> dict[str, Any]:
             return jnp.sum(model.apply(p, None, x) ** 2)
 
         out = model.apply(params, None, X)
-        jitted = jax.jit(model.apply)(params, None, X)
+        jitted_apply = jax.jit(model.apply)
+        before = len(traces)
+        jitted = jitted_apply(params, None, X)
+        result["first_traces"] = len(traces) - before
+        before = len(traces)
+        jitted_apply(params, None, X + 1.0)  # new values, same shapes: a cache hit
+        result["retraces"] = len(traces) - before
         grads = jax.grad(loss, argnums=(0, 1))(params, X)
         jitted_grads = jax.jit(jax.grad(loss, argnums=(0, 1)))(params, X)
         traced = jax.make_jaxpr(jax.grad(loss, argnums=(0, 1)))(params, X).jaxpr

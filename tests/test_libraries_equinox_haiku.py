@@ -87,6 +87,8 @@ def test_init_creates_the_parameters_once_and_leaks_nothing(result):
 def test_apply_and_jit_apply_equal_the_explicit_library_call(result):
     assert result["apply"] <= 1e-5
     assert result["jit_apply"] <= 1e-5
+    assert result["first_traces"] == 1  # jax.jit(apply) traces the model once...
+    assert result["retraces"] == 0  # ...and called again with new values, not again
 
 
 def test_install_works_as_the_context_does(result):
