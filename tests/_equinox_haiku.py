@@ -4,7 +4,8 @@ Run in a fresh interpreter by ``tests/test_libraries_equinox_haiku.py``, because
 matters: ``jo.interpose_on_import`` is called *before* equinox, optimistix, lineax and diffrax
 are imported, so that the ``eqx.filter_jit`` they build at import holds a neutral ``jax.jit``.
 
-``python tests/_equinox_haiku.py CASE [CASE ...]`` prints one JSON object: for each case,
+``python tests/_equinox_haiku.py CASE [CASE ...]`` prints one JSON object: for each case
+(``inside:CASE``: the layer built inside the callback, which only reports its modules),
 what the test asserts on (parameter names, tracer leaks, largest differences against the
 same library run on the explicit parameters with raw JAX, and the refusals of a state write
 and an rng draw inside the callback).
@@ -237,11 +238,24 @@ def run_case(name: str) -> dict[str, Any]:
     return result
 
 
+def run_inside(name: str) -> dict[str, Any]:
+    """The layer built *inside* the callback: a new Haiku module per trace of it."""
+    solve, with_bias = CASES[name]
+    model = hk.transform(lambda x: solve(lambda z: _layer(with_bias)(z), x))
+    with joh.context():
+        params = model.init(RNG, X)
+        out = model.apply(params, None, X)
+    last = sorted(params)[-1]  # the module built by the library's last trace
+    expected = solve(_explicit({"cell": params[last]}, with_bias), X)
+    return {"modules": sorted(params), "apply_uses_last": _max_diff(out, expected)}
+
+
 def main(names: list[str]) -> None:
     results: dict[str, Any] = {}
     for name in names:
         try:
-            results[name] = run_case(name)
+            inside = name.startswith("inside:")
+            results[name] = run_inside(name[7:]) if inside else run_case(name)
         except Exception:  # reported to the test, which fails with it
             results[name] = {"crashed": traceback.format_exc()}
     print(json.dumps(results))

@@ -44,8 +44,9 @@ GROUPS = {
         "least_squares_gauss_newton",
     ],
     "lineax_diffrax": ["linear_solve_gmres", "neural_ode_tsit5"],
+    "inside": ["inside:fixed_point_iteration", "inside:neural_ode_tsit5"],
 }
-CASES = [(group, case) for group, cases in GROUPS.items() for case in cases]
+CASES = [(group, case) for group, cases in GROUPS.items() if group != "inside" for case in cases]
 REFUSALS = ["write_at_init", "write_at_apply", "write_under_jit", "draw_at_init", "draw_at_apply"]
 
 
@@ -160,3 +161,18 @@ def test_the_import_order_snippet_of_the_docs_runs_in_a_fresh_interpreter():
         timeout=600,
     )
     assert done.returncode == 0, done.stderr[-4000:]
+
+
+def test_a_module_built_inside_the_callback_is_one_module_per_trace():
+    """Haiku names every construction anew, and these libraries trace the callback more
+    than once: optimistix once (one ``cell``), diffrax three times (``cell``, ``cell_1``,
+    ``cell_2``; the last feeds the solution). Init and apply agree on the names, so apply
+    works; the docs say to build modules outside the callback."""
+    reported = _run_group("inside")
+    for case, modules in (
+        ("inside:fixed_point_iteration", ["cell"]),
+        ("inside:neural_ode_tsit5", ["cell", "cell_1", "cell_2"]),
+    ):
+        assert "crashed" not in reported[case], reported[case].get("crashed")
+        assert reported[case]["modules"] == modules
+        assert reported[case]["apply_uses_last"] <= 1e-5
