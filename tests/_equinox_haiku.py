@@ -205,6 +205,16 @@ def run_case(name: str) -> dict[str, Any]:
         # A refusal leaves everything as it was: the read-only model still runs.
         after_refusals = model.apply(params, None, X)
 
+        def write_outside(x: jax.Array) -> jax.Array:
+            # The fix the refusal names: the write before the solver call works.
+            hk.set_state("calls", hk.get_state("calls", [], jnp.int32, init=jnp.zeros) + 1)
+            return solve(_layer(with_bias), x)
+
+        outside = hk.transform_with_state(write_outside)
+        outside_params, outside_state = outside.init(RNG, X)
+        outside_out, outside_state = outside.apply(outside_params, outside_state, None, X)
+        result["write_outside_calls"] = int(outside_state["~"]["calls"])
+
     # install() instead of context(): active inside transforms only, no with block.
     joh.install()
     try:
@@ -231,6 +241,7 @@ def run_case(name: str) -> dict[str, Any]:
     result["jit_apply"] = _max_diff(jitted, expected)
     result["installed_apply"] = _max_diff(installed, expected)
     result["after_refusals"] = _max_diff(after_refusals, expected)
+    result["write_outside"] = _max_diff(outside_out, expected)
     result["grad"] = _max_diff(grads, expected_grads)
     result["jit_grad"] = _max_diff(jitted_grads, expected_grads)
     result["grad_scale"] = max(float(np.max(np.abs(g))) for g in jax.tree.leaves(expected_grads))

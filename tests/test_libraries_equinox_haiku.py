@@ -130,6 +130,13 @@ def test_state_writes_and_rng_draws_in_the_callback_are_refused(result, where):
     assert result["after_refusals"] <= 1e-5
 
 
+def test_a_state_write_outside_the_callback_works(result):
+    """The fix the refusal names: the same write, before the library call, is kept."""
+    assert result["write_outside"] <= 1e-5
+    # Haiku's init returns the initial state (0), as raw Haiku does; one apply adds one.
+    assert result["write_outside_calls"] == 1
+
+
 def test_haiku_neural_ode_example_trains_through_diffrax():
     """``examples/haiku_neural_ode.py`` in a fresh interpreter (its import order matters):
     it checks its first loss and gradient against diffrax on the explicit parameters."""
