@@ -18,7 +18,8 @@ from flax import nnx
 import _implicit_solver as solver
 import jaxoverride as jo
 import jaxoverride_nnx
-from jaxoverride_nnx import PureFunctionWriteError
+from jaxoverride import lax as jlax
+from jaxoverride_nnx import ClosedOverDifferentiationError, PureFunctionWriteError
 
 X = jnp.linspace(-1.0, 1.0, 4)
 
@@ -89,3 +90,226 @@ def test_a_write_inside_closure_convert_is_refused_and_nothing_changes():
         with pytest.raises(PureFunctionWriteError, match="closure_convert"):
             solver.fixed_point(f, jnp.zeros(4), X)
     assert int(counter[...]) == 0
+
+
+def test_a_jit_inside_the_implicit_solve_under_a_jitted_gradient():
+    """The solver's own ``jo.jit`` traced first under ``jo.jit(jo.grad)``: ``bwd`` is traced
+    in that jit's transpose, and used to see the Variables' values of another trace (and
+    to fail lowering with "No constant handler for DynamicJaxprTracer")."""
+    inner = jo.jit(solver.fixed_point, static_argnums=0)
+    implicit, unrolled = DEQ(lambda f, z0, x: inner(f, z0, x)), DEQ(solver.unrolled)
+    with jax.checking_leaks():
+        got, expected = _gradient(implicit, jit=True), _gradient(unrolled, jit=True)
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(expected), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+
+
+def test_a_write_in_bwd_is_refused_and_nothing_changes():
+    counter = nnx.Variable(jnp.array(0))
+    f = jo.custom_vjp(lambda x: jnp.sin(x))
+
+    def bwd(x, g):
+        counter[...] += 1
+        return (jnp.cos(x) * g,)
+
+    f.defvjp(lambda x: (jnp.sin(x), x), bwd)
+    with jaxoverride_nnx.track(counter):
+        for grad in (jo.grad(lambda x: f(x).sum()), jo.jit(jo.grad(lambda x: f(x).sum()))):
+            with pytest.raises(PureFunctionWriteError, match=r"bwd.*wrote.*Variable"):
+                grad(X)
+            assert int(counter[...]) == 0
+
+
+def _counting_jvp(counter):
+    def primal(x):
+        counter[...] += 1
+        return jnp.sin(x)
+
+    f = jo.custom_jvp(primal)
+
+    @f.defjvp
+    def _(primals, tangents):
+        (x,), (x_dot,) = primals, tangents
+        counter[...] += 10
+        return jnp.sin(x), jnp.cos(x) * x_dot
+
+    return f
+
+
+def test_a_custom_jvp_primal_and_rule_may_write_tracked_state_once_per_call():
+    counter = nnx.Variable(jnp.array(0))
+    f = _counting_jvp(counter)
+    with jaxoverride_nnx.track(counter), jax.checking_leaks():
+        np.testing.assert_allclose(f(X), jnp.sin(X), rtol=1e-6)
+        assert int(counter[...]) == 1, "the primal ran once"
+        jo.jit(lambda: f(X))()
+        assert int(counter[...]) == 2
+        for grad in (jo.grad(lambda x: f(x).sum()), jo.jit(jo.grad(lambda x: f(x).sum()))):
+            before = int(counter[...])
+            np.testing.assert_allclose(grad(X), jnp.cos(X), rtol=1e-6)
+            assert int(counter[...]) == before + 10, "only the rule ran, once"
+        _, tangent = jo.jvp(f, (X,), (jnp.ones(4),))
+        np.testing.assert_allclose(tangent, jnp.cos(X), rtol=1e-6)
+        assert int(counter[...]) == 32
+
+
+class Scale(nnx.Module):
+    def __init__(self):
+        self.w = nnx.Param(jnp.array(0.9))
+
+
+def _cubed(x, w):  # a neutral loop inside the rule's primal function
+    return jlax.fori_loop(0, 3, lambda _, z: z * w, x)
+
+
+@pytest.mark.parametrize("jit", [False, True], ids=["grad", "jit-grad"])
+def test_custom_jvp_defjvps_gradient_wrt_the_module_equals_raw_jax(jit):
+    f = jo.custom_jvp(_cubed)
+    f.defjvps(lambda x_dot, _, x, w: x_dot * w**3, lambda w_dot, _, x, w: w_dot * 3 * x * w**2)
+    model = Scale()
+    expected = jax.grad(lambda w: jnp.sum(_cubed(X, w) ** 2))(jnp.array(0.9))
+    with jaxoverride_nnx.track(model), jax.checking_leaks():
+        grad = lambda: jo.grad(lambda m: jnp.sum(f(X, m.w[...]) ** 2))(model)
+        got = jo.jit(grad)() if jit else grad()
+        np.testing.assert_allclose(jo.jit(lambda: f(X, model.w[...]))(), X * 0.9**3, rtol=1e-6)
+    np.testing.assert_allclose(got["w"][...], expected, rtol=1e-5)
+
+
+def test_a_custom_jvp_rule_reading_a_differentiated_variable_is_refused():
+    model = Scale()
+    f = jo.custom_jvp(lambda x: x * model.w[...])
+    f.defjvp(lambda p, t: (p[0] * model.w[...], t[0] * model.w[...]))
+    with jaxoverride_nnx.track(model), jax.checking_leaks():
+        np.testing.assert_allclose(
+            jo.grad(lambda x: f(x))(3.0), 0.9, rtol=1e-6
+        )  # w not differentiated
+        with pytest.raises(
+            ClosedOverDifferentiationError, match=r"custom_jvp.*`Scale.w`.*closure_convert"
+        ):
+            jo.grad(lambda m: f(1.0))(model)
+    assert float(model.w[...]) == pytest.approx(0.9)
+    assert "on_get_value" not in model.w._var_metadata
+
+
+# -- lax.custom_root and lax.custom_linear_solve ----------------------------------------
+
+
+class Cell(nnx.Module):
+    def __init__(self):
+        self.layer = nnx.Linear(4, 4, rngs=nnx.Rngs(0))
+        self.layer.kernel[...] *= 0.3
+        self.calls = nnx.Variable(jnp.array(0))
+
+
+def _root_loss(cell):
+    """A root solve whose ``f`` is one function object, read-only on the module, and whose
+    ``solve`` runs a neutral loop: the shape of a library that defines its map once."""
+
+    def f(z):
+        return jnp.tanh(cell.layer(z) + X) - z
+
+    def solve(g, z0):
+        return jlax.fori_loop(0, 100, lambda _, z: z + g(z), z0)
+
+    def tangent_solve(g, y):
+        return jnp.linalg.solve(jax.jacobian(g)(y), y)
+
+    return lambda m: jnp.sum(jlax.custom_root(f, jnp.zeros(4), solve, tangent_solve) ** 2)
+
+
+def _root_reference(cell):
+    def loss(kernel, bias):
+        z = jnp.zeros(4)
+        for _ in range(100):
+            z = jnp.tanh(z @ kernel + bias + X)
+        return jnp.sum(z**2)
+
+    return jax.value_and_grad(loss, argnums=(0, 1))(cell.layer.kernel[...], cell.layer.bias[...])
+
+
+@pytest.mark.parametrize("jit", [False, True], ids=["grad", "jit-grad"])
+def test_custom_root_gradient_wrt_the_module_equals_the_unrolled_one_and_is_never_stale(jit):
+    """JAX caches the trace of ``f`` by its identity, closed-over values included: without
+    the override, the second call reuses the weights (or tracers) of the first."""
+    cell = Cell()
+    loss = _root_loss(cell)
+    with jaxoverride_nnx.track(cell), jax.checking_leaks():
+        for _ in range(2):
+            value, (kernel, bias) = _root_reference(cell)
+            np.testing.assert_allclose(loss(cell), value, rtol=1e-5)
+            grad = lambda: jo.grad(loss)(cell)
+            got = jo.jit(grad)() if jit else grad()
+            np.testing.assert_allclose(got["layer"]["kernel"][...], kernel, rtol=1e-4, atol=1e-6)
+            np.testing.assert_allclose(got["layer"]["bias"][...], bias, rtol=1e-4, atol=1e-6)
+            cell.layer.kernel[...] *= 0.5
+
+
+def _linear_loss(cell):
+    def matvec(v):
+        return 2.0 * v + cell.layer(v) - cell.layer.bias[...]
+
+    def solve(mv, b):  # a neutral loop around a direct solve
+        return jlax.fori_loop(0, 1, lambda _, x: jnp.linalg.solve(jax.jacobian(mv)(b), b), b)
+
+    return lambda m: jnp.sum(jlax.custom_linear_solve(matvec, X, solve, solve) ** 2)
+
+
+@pytest.mark.parametrize("jit", [False, True], ids=["grad", "jit-grad"])
+def test_custom_linear_solve_gradient_wrt_the_module_equals_raw_jax(jit):
+    cell = Cell()
+    loss = _linear_loss(cell)
+    reference = jax.value_and_grad(
+        lambda kernel: jnp.sum(jnp.linalg.solve(2.0 * jnp.eye(4) + kernel.T, X) ** 2)
+    )
+    with jaxoverride_nnx.track(cell), jax.checking_leaks():
+        for _ in range(2):
+            value, kernel = reference(cell.layer.kernel[...])
+            np.testing.assert_allclose(loss(cell), value, rtol=1e-5)
+            grad = lambda: jo.grad(loss)(cell)
+            got = jo.jit(grad)() if jit else grad()
+            np.testing.assert_allclose(got["layer"]["kernel"][...], kernel, rtol=1e-4, atol=1e-6)
+            cell.layer.kernel[...] *= 0.5
+
+
+def _counting(cell, fn):
+    def counted(*args):
+        cell.calls[...] += 1
+        return fn(*args)
+
+    return counted
+
+
+def _root_writes(where):
+    cell = Cell()
+    f = lambda z: jnp.tanh(cell.layer(z) + X) - z
+    solve = lambda g, z0: jlax.fori_loop(0, 10, lambda _, z: z + g(z), z0)
+    tangent_solve = lambda g, y: jnp.linalg.solve(jax.jacobian(g)(y), y)
+    rules = {"f": f, "solve": solve, "tangent_solve": tangent_solve}
+    rules[where] = _counting(cell, rules[where])
+    call = lambda: jlax.custom_root(rules["f"], jnp.zeros(4), rules["solve"], rules["tangent_solve"])
+    return cell, lambda m: jnp.sum(call())
+
+
+@pytest.mark.parametrize("where", ["f", "solve", "tangent_solve"])
+def test_a_write_inside_custom_root_is_refused_and_nothing_changes(where):
+    cell, loss = _root_writes(where)
+    kernel = cell.layer.kernel[...]
+    with jaxoverride_nnx.track(cell), jax.checking_leaks():
+        for run in (lambda: loss(cell), jo.jit(lambda: loss(cell)), lambda: jo.grad(loss)(cell)):
+            with pytest.raises(PureFunctionWriteError, match=rf"custom_root: {where}.*`Cell.calls`"):
+                run()
+            assert int(cell.calls[...]) == 0
+            assert cell.layer.kernel[...] is kernel
+
+
+def test_a_write_inside_custom_linear_solve_is_refused_and_nothing_changes():
+    cell = Cell()
+    matvec = _counting(cell, lambda v: 2.0 * v + cell.layer(v))
+    solve = lambda mv, b: jnp.linalg.solve(jax.jacobian(mv)(b), b)
+    with jaxoverride_nnx.track(cell), jax.checking_leaks():
+        for run in (lambda: jlax.custom_linear_solve(matvec, X, solve), jo.jit(
+            lambda: jlax.custom_linear_solve(matvec, X, solve)
+        )):
+            with pytest.raises(PureFunctionWriteError, match=r"custom_linear_solve: matvec"):
+                run()
+            assert int(cell.calls[...]) == 0

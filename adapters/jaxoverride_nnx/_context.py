@@ -31,7 +31,10 @@ _CONTEXT = jo.override_context(
         "lax.switch": _control.switch,
         "lax.map": _control.lax_map,
         "custom_vjp": _rules.custom_vjp,
+        "custom_jvp": _rules.custom_jvp,
         "closure_convert": _rules.closure_convert,
+        "lax.custom_root": _rules.custom_root,
+        "lax.custom_linear_solve": _rules.custom_linear_solve,
     },
     name="jaxoverride_nnx",
 )
@@ -50,7 +53,7 @@ def context() -> jo.OverrideContext:
     Example:
       >>> import jaxoverride as jo, jaxoverride_nnx
       >>> sorted(jaxoverride_nnx.context())[:3]
-      ['checkpoint', 'closure_convert', 'custom_vjp']
+      ['checkpoint', 'closure_convert', 'custom_jvp']
       >>> with jaxoverride_nnx.context():
       ...     jo.resolve("jit").__module__
       'jaxoverride_nnx._jit'

@@ -1,4 +1,5 @@
-"""``custom_vjp`` under ``track``: the tracked Variables' values as an explicit argument.
+"""``custom_vjp`` and ``custom_jvp`` under ``track``: the tracked Variables' values as an
+explicit argument.
 
 JAX traces a custom rule's primal function at a level of its own and its ``fwd`` one
 level up. A neutral loop inside the rule carries every tracked Variable, Params included,
@@ -8,7 +9,8 @@ closed-over value"). Here the values go in as a leading argument, the primal and
 run with the Variables pointing at them (``run_lifted``, so they may also be written),
 and the values after the call come back as an extra output that is written back once.
 The leading argument gets a zero cotangent: gradients reach the parameters through the
-arguments of the rule, which ``jaxoverride.closure_convert`` provides.
+arguments of the rule, which ``jaxoverride.closure_convert`` provides. ``custom_jvp`` does
+the same with its primal function and JVP rule (the written values get zero tangents).
 """
 
 from __future__ import annotations
@@ -21,7 +23,12 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 from flax.errors import TraceContextError
-from jax._src.custom_derivatives import CustomVJPPrimal, SymbolicZero
+from jax._src.custom_derivatives import (
+    CustomVJPPrimal,
+    SymbolicZero,
+    _sum_tangents,
+    _zeros_like_pytree,
+)
 
 import jaxoverride as jo
 from jaxoverride_nnx._errors import LevelError
@@ -86,8 +93,42 @@ class ClosedOverDifferentiationError(ValueError):
     """
 
 
+class PureFunctionWriteError(RuntimeError):
+    """A tracked Variable written where the write could never come out.
+
+    Raised for a write inside a function that ``closure_convert``, ``lax.custom_root`` or
+    ``lax.custom_linear_solve`` turn into a pure jaxpr of its inputs, and inside a custom
+    rule's backward pass (``bwd``), which JAX traces while it transposes: its only outputs
+    are cotangents.
+
+    Example:
+      >>> import jax.numpy as jnp
+      >>> from flax import nnx
+      >>> import jaxoverride as jo, jaxoverride_nnx
+      >>> counter = nnx.Variable(jnp.array(0))
+      >>> def g(v):
+      ...     counter[...] += 1
+      ...     return v
+      >>> with jaxoverride_nnx.track(counter):
+      ...     jo.closure_convert(g, jnp.ones(2))
+      Traceback (most recent call last):
+      ...
+      jaxoverride_nnx._rules.PureFunctionWriteError: jaxoverride.closure_convert: ...
+    """
+
+
+def _write_refused(
+    tracked: Any, written: dict[int, Any], what: str, why: str, fix: str, where: str = WHERE
+) -> Exception:
+    paths = ", ".join(f"`{tracked.path(index)}`" for index in sorted(written))
+    return PureFunctionWriteError(
+        f"{where}: {what} wrote the tracked Variable(s) {paths}. {why}, so the write could "
+        f"never come out. {fix} Every Variable was left as it was."
+    )
+
+
 @contextlib.contextmanager
-def _refusing_reads(tracked: Any, perturbed: list[int]) -> Iterator[None]:
+def _refusing_reads(tracked: Any, perturbed: list[int], where: str = WHERE) -> Iterator[None]:
     """Refuses reads of the Variables being differentiated, at the read itself.
 
     A custom rule gives gradients for its explicit arguments only: a Variable that it
@@ -103,7 +144,7 @@ def _refusing_reads(tracked: Any, perturbed: list[int]) -> Iterator[None]:
     def refuse(variable: Any, value: Any) -> Any:
         path = tracked.path(tracked.var_index(variable))
         raise ClosedOverDifferentiationError(
-            f"{WHERE}: the rule reads the tracked Variable `{path}`, which is being "
+            f"{where}: the rule reads the tracked Variable `{path}`, which is being "
             "differentiated, without having it as an argument. A custom rule gives gradients "
             "for its explicit arguments only, so it would get a silently zero gradient. Pass "
             "it in: jaxoverride.closure_convert(f, *example_args) hoists what f reads into "
@@ -187,13 +228,31 @@ class LiftedVJP:
                 inner = _unwrap(inner)
             with _refusing_reads(tracked, [i for i in perturbed if i < len(tracked.variables)]):
                 (out, residuals), after = run_lifted(tracked, values, fwd, inner, {}, WHERE)
-            return (out, _written(values, after)), residuals
+            return (out, _written(values, after)), (values, residuals)
 
         def lifted_bwd(*rest: Any) -> Any:
-            *static, residuals, (out_cotangent, _) = rest
+            *static, (values, residuals), (out_cotangent, _) = rest
             if not symbolic_zeros:
                 out_cotangent = jax.tree.map(_instantiate, out_cotangent, is_leaf=_is_zero)
-            return (None, *bwd(*static, residuals, out_cotangent))
+            # JAX traces bwd later, while it transposes (possibly inside a jit's transpose
+            # trace): the Variables then hold whatever the caller's level left in them, and
+            # a neutral loop in bwd would carry those as foreign constants ("No constant
+            # handler for DynamicJaxprTracer"). bwd sees the values of the call instead.
+            cotangents, after = run_lifted(
+                tracked, values, bwd, (*static, residuals, out_cotangent), {}, WHERE
+            )
+            if written := changed(values, after):
+                raise _write_refused(
+                    tracked,
+                    written,
+                    "the custom_vjp's backward rule (bwd)",
+                    "JAX traces it while it transposes, and its only outputs are cotangents",
+                    "Keep state writes out of what bwd calls (a library's implicit "
+                    "differentiation calls your function again in its backward pass: "
+                    "jaxopt's implicit_diff=True does), or use the library's "
+                    "non-implicit mode (jaxopt's implicit_diff=False).",
+                )
+            return (None, *cotangents)
 
         rule = self._below(lifted, nondiff_argnums=tuple(n + 1 for n in nondiff))
         # Symbolic zeros tell which Variables are being differentiated (see
@@ -212,23 +271,107 @@ def custom_vjp(
     return LiftedVJP(fun, nondiff_argnums, nondiff_argnames)
 
 
-class PureFunctionWriteError(RuntimeError):
-    """A tracked Variable written inside a function that ``closure_convert`` makes pure.
+WHERE_JVP = "jaxoverride.custom_jvp"
 
-    Example:
-      >>> import jax.numpy as jnp
-      >>> from flax import nnx
-      >>> import jaxoverride as jo, jaxoverride_nnx
-      >>> counter = nnx.Variable(jnp.array(0))
-      >>> def g(v):
-      ...     counter[...] += 1
-      ...     return v
-      >>> with jaxoverride_nnx.track(counter):
-      ...     jo.closure_convert(g, jnp.ones(2))
-      Traceback (most recent call last):
-      ...
-      jaxoverride_nnx._rules.PureFunctionWriteError: jaxoverride.closure_convert: ...
+
+def _tangent_zero(value: Any) -> Any:
+    """A symbolic zero tangent for a written Variable's value (state, not differentiated)."""
+    return SymbolicZero(jax.typeof(value).to_tangent_aval())
+
+
+class LiftedJVP:
+    """What the NNX override of ``custom_jvp`` builds: JAX's rule, Variables lifted.
+
+    The contract is ``LiftedVJP``'s: the tracked values enter as a leading argument, the
+    primal function (when JAX calls it) or the JVP rule (when JAX differentiates) runs with
+    the Variables pointing at them and may write them, and the values after the call come
+    back as an extra output with a zero tangent, written back once.
     """
+
+    def __init__(
+        self, fun: Callable[..., Any], nondiff_argnums: Sequence[int] = (),
+        nondiff_argnames: Sequence[str] = (),
+    ):  # fmt: skip
+        below = jo.next_impl("custom_jvp")
+        self._plain = below(fun, nondiff_argnums=nondiff_argnums, nondiff_argnames=nondiff_argnames)
+        self._below = below
+        self._fun = fun
+        self._nondiff = _argnums(fun, nondiff_argnums, nondiff_argnames)
+        self._rule: tuple[Callable[..., Any], bool] | None = None
+
+    def defjvp(self, jvp: Callable[..., Any], symbolic_zeros: bool = False) -> Callable[..., Any]:
+        self._plain.defjvp(jvp, symbolic_zeros=symbolic_zeros)
+        self._rule = (jvp, symbolic_zeros)
+        return jvp
+
+    def defjvps(self, *jvps: Callable[..., Any] | None) -> None:
+        self._plain.defjvps(*jvps)  # JAX's checks (no nondiff_argnums)
+        fun = self._fun
+
+        # JAX's own composition calls the decorated object for the primal output; inside
+        # the lifted rule the Variables already hold this call's values, so call ``fun``.
+        def jvp(primals: Sequence[Any], tangents: Sequence[Any]) -> Any:
+            primal_out = fun(*primals)
+            zeros = _zeros_like_pytree(primal_out)
+            each = [
+                rule(t, primal_out, *primals) if rule else zeros
+                for t, rule in zip(tangents, jvps, strict=False)
+            ]
+            return primal_out, jax.tree.map(_sum_tangents, primal_out, *each)
+
+        self._rule = (jvp, False)
+
+    def __getattr__(self, attribute: str) -> Any:
+        if attribute.startswith("_"):
+            raise AttributeError(attribute)
+        return getattr(self._plain, attribute)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        tracked = current()
+        if tracked is None or self._rule is None:
+            return self._plain(*args, **kwargs)
+        args = _positional(self._fun, args, kwargs)
+        fun, (jvp, symbolic_zeros) = self._fun, self._rule
+        nondiff = sorted(self._nondiff)
+        count = len(tracked.variables)
+
+        def lifted(values: list[Any], *inner: Any) -> Any:
+            out, after = run_lifted(tracked, values, fun, inner, {}, WHERE_JVP)
+            return out, _written(values, after)
+
+        def lifted_jvp(*rest: Any) -> Any:
+            *static, (values, *primals), (values_dot, *tangents) = rest
+            perturbed = [
+                index
+                for index, tangent in enumerate(values_dot[:count])
+                if any(not _is_zero(leaf) for leaf in jax.tree.leaves(tangent, is_leaf=_is_zero))
+            ]
+            if not symbolic_zeros:
+                tangents = jax.tree.map(_instantiate, tangents, is_leaf=_is_zero)
+            with _refusing_reads(tracked, perturbed, WHERE_JVP):
+                (out, out_dot), after = run_lifted(
+                    tracked, values, jvp, (*static, tuple(primals), tuple(tangents)), {}, WHERE_JVP
+                )
+            written = _written(values, after)
+            return (out, written), (
+                out_dot,
+                [None if w is None else _tangent_zero(w) for w in written],
+            )
+
+        rule = self._below(lifted, nondiff_argnums=tuple(n + 1 for n in nondiff))
+        # Symbolic zeros tell which Variables are being differentiated.
+        rule.defjvp(lifted_jvp, symbolic_zeros=True)
+        out, written = rule(tracked.read(), *args)
+        updates = {index: value for index, value in enumerate(written) if value is not None}
+        write_back(tracked, updates, WHERE_JVP)
+        return out
+
+
+def custom_jvp(
+    fun: Callable[..., Any], nondiff_argnums: Sequence[int] = (),
+    nondiff_argnames: Sequence[str] = (),
+) -> LiftedJVP:  # fmt: skip
+    return LiftedJVP(fun, nondiff_argnums, nondiff_argnames)
 
 
 def closure_convert(fun: Callable[..., Any], *example_args: Any) -> Any:
@@ -251,3 +394,87 @@ def closure_convert(fun: Callable[..., Any], *example_args: Any) -> Any:
             "mode (fpsolve's implicit=False, jaxopt's implicit_diff=False). "
             f"NNX said: {error}"
         ) from error
+
+
+# -- lax.custom_root and lax.custom_linear_solve ---------------------------------------
+
+
+def _pure(tracked: Any, fn: Callable[..., Any] | None, role: str, where: str) -> Any:
+    """``fn`` run with the tracked Variables readable and any write refused.
+
+    JAX traces each function it is given into a jaxpr and hoists what it closes over into
+    explicit, differentiated inputs, so reads of a tracked module come out right. Two things
+    need the adapter. JAX caches those traces by the function's identity, closed-over values
+    included: a function defined once and called again after the weights changed (or under
+    ``jo.grad``, whose values are other tracers) would get the old values, a silently wrong
+    gradient or a leaked tracer. A fresh wrapper per call never hits that cache. And a write
+    inside could never come out of the jaxpr: it is refused with the fix, every Variable left
+    as it was.
+    """
+    if fn is None:
+        return None
+    if not callable(fn):
+        raise TypeError(
+            f"{where}: {role} must be a function, got {type(fn).__name__} {fn!r}. Pass the "
+            f"function itself, as in {where}(..., my_{role.split()[0]}, ...)."
+        )
+
+    def pure(*args: Any) -> Any:
+        out, after = run_lifted(tracked, None, fn, args, {}, where)
+        if written := changed(tracked.read(), after):
+            raise _write_refused(
+                tracked,
+                written,
+                role,
+                "JAX traces it into a pure jaxpr of its inputs",
+                "Move the write out of the solve (before or after the call), or use the "
+                "library's non-implicit mode (jaxopt's implicit_diff=False).",
+                where,
+            )
+        return out
+
+    return pure
+
+
+def custom_root(
+    f: Callable[..., Any],
+    initial_guess: Any,
+    solve: Callable[..., Any],
+    tangent_solve: Callable[..., Any],
+    has_aux: bool = False,
+) -> Any:
+    below = jo.next_impl("lax.custom_root")
+    tracked = current()
+    if tracked is None:
+        return below(f, initial_guess, solve, tangent_solve, has_aux=has_aux)
+    where = "jaxoverride.lax.custom_root"
+    return below(
+        _pure(tracked, f, "f (the function whose root is found)", where),
+        initial_guess,
+        _pure(tracked, solve, "solve", where),
+        _pure(tracked, tangent_solve, "tangent_solve", where),
+        has_aux=has_aux,
+    )
+
+
+def custom_linear_solve(
+    matvec: Callable[..., Any],
+    b: Any,
+    solve: Callable[..., Any],
+    transpose_solve: Callable[..., Any] | None = None,
+    symmetric: bool = False,
+    has_aux: bool = False,
+) -> Any:
+    below = jo.next_impl("lax.custom_linear_solve")
+    tracked = current()
+    if tracked is None:
+        return below(matvec, b, solve, transpose_solve, symmetric=symmetric, has_aux=has_aux)
+    where = "jaxoverride.lax.custom_linear_solve"
+    return below(
+        _pure(tracked, matvec, "matvec", where),
+        b,
+        _pure(tracked, solve, "solve", where),
+        _pure(tracked, transpose_solve, "transpose_solve", where),
+        symmetric=symmetric,
+        has_aux=has_aux,
+    )
