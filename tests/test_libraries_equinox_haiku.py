@@ -183,3 +183,48 @@ def test_a_module_built_inside_the_callback_is_one_module_per_trace():
         assert "crashed" not in reported[case], reported[case].get("crashed")
         assert reported[case]["modules"] == modules
         assert reported[case]["apply_uses_last"] <= 1e-5
+
+
+def _nondifferentiable(custom_jvp: Any) -> Any:
+    """Equinox's ``nondifferentiable``: a ``custom_jvp`` whose rule always raises."""
+
+    @functools.partial(custom_jvp, nondiff_argnums=(0,))
+    def nondifferentiable(message: str, x: Any) -> Any:
+        return x
+
+    @nondifferentiable.defjvp
+    def _(message: str, primals: Any, tangents: Any) -> Any:
+        raise RuntimeError(message)
+
+    return nondifferentiable
+
+
+@pytest.mark.parametrize("jit", [False, True], ids=["grad", "jit_grad"])
+def test_a_jvp_rule_is_not_called_when_only_haiku_params_are_differentiated(jit):
+    """Equinox guards its closure-converted inputs with ``nondifferentiable``. Raw JAX calls
+    no JVP rule when none of the function's own arguments is perturbed; inside Haiku the
+    params are perturbed too, but the rule gives no tangent for them, so it must not be
+    called either: the gradient equals raw JAX's, and a perturbed argument still raises."""
+    import haiku as hk
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    x = jnp.array([1.0, 2.0])
+
+    def loss(nondifferentiable: Any, w: jax.Array, x: jax.Array) -> jax.Array:
+        return jnp.sum(nondifferentiable("x is not differentiable", x) * w)
+
+    def forward(x: jax.Array) -> jax.Array:
+        w = hk.get_parameter("w", [2], init=jnp.ones)
+        return loss(_nondifferentiable(jo.custom_jvp), w, x)
+
+    model = hk.transform(forward)
+    grad = jax.grad(lambda p, x: model.apply(p, None, x))
+    with joh.context():
+        params = model.init(None, x)
+        got = (jax.jit(grad) if jit else grad)(params, x)
+        with pytest.raises(RuntimeError, match="x is not differentiable"):
+            jax.grad(lambda x: model.apply(params, None, x))(x)
+    raw = jax.grad(functools.partial(loss, _nondifferentiable(jax.custom_jvp)))(jnp.ones(2), x)
+    np.testing.assert_array_equal(got["~"]["w"], raw)
