@@ -191,7 +191,7 @@ def _nnx(quick: bool) -> list[Row]:
 
         def __call__(self, x: jax.Array) -> jax.Array:
             f = lambda z, x: jnp.tanh(self.recurrent(z) + self.injection(x))
-            solution = fixed_point(f, jnp.zeros_like(x), x, method="forward", jit=False)
+            solution = fixed_point(f, jnp.zeros_like(x), x, method="forward")
             return jnp.sum(solution.value**2)
 
     model = DEQ()

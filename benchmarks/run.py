@@ -27,6 +27,7 @@ SUITES = [
     "bench_debug",
     "bench_implicit",
     "bench_equinox",
+    "bench_equinox_nnx",
 ]
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"

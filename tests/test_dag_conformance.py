@@ -9,6 +9,9 @@ call on raw JAX is the reference.
 
 from __future__ import annotations
 
+import gc
+import weakref
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -56,13 +59,18 @@ def desharing_programs():
 
 
 @pytest.mark.parametrize("name", sorted(desharing_programs()))
-@pytest.mark.parametrize("jitted", [False, True], ids=["eager", "jit"])
-def test_programs_whose_array_sharing_changes_run_as_in_jax(name, jitted):
+@pytest.mark.parametrize("how", ["eager", "jit", "vmap"])
+def test_programs_whose_array_sharing_changes_run_as_in_jax(name, how):
     program = desharing_programs()[name]
+    if how == "jit":
+        program = jax.jit(program, static_argnums=0)
+    if how == "vmap":  # a batched predicate: JAX runs both branches
+        batched = program
+        program = lambda lax, p: jax.vmap(lambda q: batched(lax, q))(jnp.stack([p, ~p]))
     for p in (jnp.array(True), jnp.array(False)):
-        want = (jax.jit(program, static_argnums=0) if jitted else program)(jax.lax, p)
+        want = program(jax.lax, p)
         with jax.checking_leaks(), dag.context():
-            got = (jax.jit(program, static_argnums=0) if jitted else program)(jlax, p)
+            got = program(jlax, p)
         assert_same(got, want)
 
 
@@ -102,6 +110,25 @@ def test_a_body_that_shares_more_than_the_carry_passes_the_array_once_per_positi
     assert seen == [False, False]  # traced once, not retried: the carry keeps its layout
 
 
+def test_gradients_and_nested_loops_through_desharing_match_jax():
+    def loss(lax, w):
+        def inner(c):
+            return lax.fori_loop(0, 2, lambda i, d: (d[0] * 1.5, d[1] + d[0]), c)
+
+        a, b = lax.while_loop(lambda c: c[0][0] < 10.0, lambda c: inner(c), (w, w))
+        y = lax.cond(a[0] > 0, lambda x: (x, x), lambda x: (x, 2 * x), b)
+        return jnp.sum(y[0] * y[1])
+
+    w = jnp.array([1.0, 2.0])
+    fori_loss = lambda lax, w: jnp.sum(
+        lax.fori_loop(0, 3, lambda i, c: (c[0] * c[1], c[1] + 1.0), (w, w))[0]
+    )
+    want = (jax.jit(lambda w: loss(jax.lax, w))(w), jax.grad(lambda w: fori_loss(jax.lax, w))(w))
+    with jax.checking_leaks(), dag.context():
+        got = (jo.jit(lambda w: loss(jlax, w))(w), jo.grad(lambda w: fori_loss(jlax, w))(w))
+    assert_same(got, want)
+
+
 def test_ties_the_body_keeps_stay_one_array_with_no_retrace():
     seen = []
 
@@ -120,7 +147,7 @@ def test_ties_the_body_keeps_stay_one_array_with_no_retrace():
 sharing_patterns = st.lists(st.integers(0, 2), min_size=1, max_size=5)
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=15, deadline=None)
 @given(init_pattern=sharing_patterns, moves=st.lists(st.integers(-1, 4), min_size=5, max_size=5))
 def test_random_carries_with_sharing_match_jax(init_pattern, moves):
     """Random initial ties; each position of the new carry is a new array or a copy of another."""
@@ -148,6 +175,34 @@ def test_random_carries_with_sharing_match_jax(init_pattern, moves):
         got_while = jlax.fori_loop(0, 3, lambda i, c: body(c, 1.0)[0], init)
     assert_same(got, want)
     assert_same(got_while, jax.lax.fori_loop(0, 3, lambda i, c: body(c, 1.0)[0], init))
+
+
+@settings(max_examples=12, deadline=None)
+@given(
+    operand_pattern=sharing_patterns,
+    outputs=st.lists(st.lists(st.integers(0, 2), min_size=3, max_size=3), min_size=2, max_size=3),
+    index=st.integers(0, 2),
+)
+def test_random_branch_output_sharing_matches_jax(operand_pattern, outputs, index):
+    """Each branch returns three positions, each one of three arrays it computed."""
+    bases = [jnp.full(2, float(i)) for i in range(3)]
+    operands = tuple(bases[i] for i in operand_pattern)
+
+    def branch(picks, scale):
+        def run(*xs):
+            made = [sum(xs) * scale, xs[0] + scale, xs[-1] - scale]
+            return tuple(made[p] for p in picks)
+
+        return run
+
+    branches = [branch(picks, float(k + 1)) for k, picks in enumerate(outputs)]
+    index = index % len(branches)
+    want = jax.lax.switch(index, branches, *operands)
+    with jax.checking_leaks(), dag.context():
+        got = jlax.switch(index, branches, *operands)
+        got_jit = jax.jit(lambda i: jlax.switch(i, branches, *operands))(index)
+    assert_same(got, want)
+    assert_same(got_jit, want)
 
 
 # --- 2. bad input: JAX's exception type and message -------------------------------------
@@ -221,6 +276,11 @@ def bad_transform_calls():
         "grad-not-scalar": lambda api: api.grad(lambda x: x)(jnp.ones(3)),
         "vmap-in_axes-length": lambda api: api.vmap(lambda a, b: a, in_axes=(0,))(z0, z0),
         "vmap-in_axes-type": lambda api: api.vmap(lambda a: a, in_axes={"a": 0})(z0),
+        "value_and_grad-aux-not-a-pair": lambda api: api.value_and_grad(
+            lambda x: x.sum(), has_aux=True
+        )(z0),
+        "grad-aux-three": lambda api: api.grad(lambda x: (x.sum(), 1, 2), has_aux=True)(z0),
+        "jacrev-aux-three": lambda api: api.jacrev(lambda x: [x, x, x], has_aux=True)(z0),
     }
 
 
@@ -301,6 +361,21 @@ def trace_and_compile_counts(lax, name):
         run()
         run()
     return len(calls), lowerings()
+
+
+def test_the_wrapper_cache_keeps_no_body_alive():
+    def make():
+        data = jnp.ones(4)
+        return lambda c, x: (c + data[0], x), lambda x: x * data[1]
+
+    body, branch = make()
+    with dag.context():
+        jlax.scan(body, 0.0, z0)
+        jlax.cond(True, branch, branch, z0)
+    refs = [weakref.ref(body), weakref.ref(branch)]
+    del body, branch
+    gc.collect()
+    assert [ref() for ref in refs] == [None, None]
 
 
 def test_cond_compiles_no_more_than_jax():

@@ -9,6 +9,8 @@ closure-converted function is refused.
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -158,6 +160,12 @@ class Scale(nnx.Module):
         self.w = nnx.Param(jnp.array(0.9))
 
 
+class Counted(Scale):
+    def __init__(self):
+        super().__init__()
+        self.calls = nnx.Variable(jnp.array(0))
+
+
 def _cubed(x, w):  # a neutral loop inside the rule's primal function
     return jlax.fori_loop(0, 3, lambda _, z: z * w, x)
 
@@ -217,14 +225,12 @@ def _root_loss(cell):
     return lambda m: jnp.sum(jlax.custom_root(f, jnp.zeros(4), solve, tangent_solve) ** 2)
 
 
-def _root_reference(cell):
-    def loss(kernel, bias):
-        z = jnp.zeros(4)
-        for _ in range(100):
-            z = jnp.tanh(z @ kernel + bias + X)
-        return jnp.sum(z**2)
-
-    return jax.value_and_grad(loss, argnums=(0, 1))(cell.layer.kernel[...], cell.layer.bias[...])
+@jax.jit
+@functools.partial(jax.value_and_grad, argnums=(0, 1))
+def _root_reference(kernel, bias):
+    """Backpropagation through the same 100 steps, on explicit arrays."""
+    step = lambda _, z: jnp.tanh(z @ kernel + bias + X)
+    return jnp.sum(jax.lax.fori_loop(0, 100, step, jnp.zeros(4)) ** 2)
 
 
 @pytest.mark.parametrize("jit", [False, True], ids=["grad", "jit-grad"])
@@ -235,7 +241,9 @@ def test_custom_root_gradient_wrt_the_module_equals_the_unrolled_one_and_is_neve
     loss = _root_loss(cell)
     with jaxoverride_nnx.track(cell), jax.checking_leaks():
         for _ in range(2):
-            value, (kernel, bias) = _root_reference(cell)
+            bias = cell.layer.bias
+            assert bias is not None
+            value, (kernel, bias) = _root_reference(cell.layer.kernel[...], bias[...])
             np.testing.assert_allclose(loss(cell), value, rtol=1e-5)
             grad = lambda: jo.grad(loss)(cell)
             got = jo.jit(grad)() if jit else grad()
@@ -286,7 +294,9 @@ def _root_writes(where):
     tangent_solve = lambda g, y: jnp.linalg.solve(jax.jacobian(g)(y), y)
     rules = {"f": f, "solve": solve, "tangent_solve": tangent_solve}
     rules[where] = _counting(cell, rules[where])
-    call = lambda: jlax.custom_root(rules["f"], jnp.zeros(4), rules["solve"], rules["tangent_solve"])
+    call = lambda: jlax.custom_root(
+        rules["f"], jnp.zeros(4), rules["solve"], rules["tangent_solve"]
+    )
     return cell, lambda m: jnp.sum(call())
 
 
@@ -296,7 +306,9 @@ def test_a_write_inside_custom_root_is_refused_and_nothing_changes(where):
     kernel = cell.layer.kernel[...]
     with jaxoverride_nnx.track(cell), jax.checking_leaks():
         for run in (lambda: loss(cell), jo.jit(lambda: loss(cell)), lambda: jo.grad(loss)(cell)):
-            with pytest.raises(PureFunctionWriteError, match=rf"custom_root: {where}.*`Cell.calls`"):
+            with pytest.raises(
+                PureFunctionWriteError, match=rf"custom_root: {where}.*`Cell.calls`"
+            ):
                 run()
             assert int(cell.calls[...]) == 0
             assert cell.layer.kernel[...] is kernel
@@ -307,9 +319,187 @@ def test_a_write_inside_custom_linear_solve_is_refused_and_nothing_changes():
     matvec = _counting(cell, lambda v: 2.0 * v + cell.layer(v))
     solve = lambda mv, b: jnp.linalg.solve(jax.jacobian(mv)(b), b)
     with jaxoverride_nnx.track(cell), jax.checking_leaks():
-        for run in (lambda: jlax.custom_linear_solve(matvec, X, solve), jo.jit(
-            lambda: jlax.custom_linear_solve(matvec, X, solve)
-        )):
+        for run in (
+            lambda: jlax.custom_linear_solve(matvec, X, solve),
+            jo.jit(lambda: jlax.custom_linear_solve(matvec, X, solve)),
+        ):
             with pytest.raises(PureFunctionWriteError, match=r"custom_linear_solve: matvec"):
                 run()
             assert int(cell.calls[...]) == 0
+
+
+@pytest.mark.parametrize("jit", [False, True], ids=["value_and_grad", "jit-value_and_grad"])
+def test_value_and_grad_wrt_the_module_through_the_implicit_solver(jit):
+    implicit, unrolled = DEQ(solver.fixed_point), DEQ(solver.unrolled)
+    with jax.checking_leaks():
+        results = []
+        for model in (implicit, unrolled):
+            with jaxoverride_nnx.track(model):
+                run = lambda m=model: jo.value_and_grad(lambda m: m(X))(m)
+                results.append(jo.jit(run)() if jit else run())
+    (value, got), (expected_value, expected) = results
+    np.testing.assert_allclose(value, expected_value, rtol=1e-5)
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(expected), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+
+
+def test_nondiff_argnames_are_resolved_as_jax_resolves_them():
+    """A named non-differentiable argument goes to ``bwd`` first, under ``track`` too."""
+    counter = nnx.Variable(jnp.array(0))
+
+    def scaled(x, scale):
+        counter[...] += 1
+        return jnp.sin(x) * scale
+
+    f = jo.custom_vjp(scaled, nondiff_argnames=("scale",))
+    f.defvjp(lambda x, scale: (scaled(x, scale), x), lambda scale, x, g: (jnp.cos(x) * scale * g,))
+    with jaxoverride_nnx.track(counter), jax.checking_leaks():
+        gradient = jo.jit(jo.grad(lambda x: f(x, scale=3.0).sum()))(X)
+    np.testing.assert_allclose(gradient, 3.0 * jnp.cos(X), rtol=1e-6)
+    assert int(counter[...]) == 1
+
+
+def _cubed_jvp(model, rule_writes, primal_writes):
+    def primal(x, w):
+        if primal_writes:
+            model.calls[...] += 1
+        return _cubed(x, w)
+
+    f = jo.custom_jvp(primal)
+
+    @f.defjvp
+    def _(primals, tangents):
+        (x, w), (x_dot, w_dot) = primals, tangents
+        if rule_writes:
+            model.calls[...] += 1
+        return _cubed(x, w), x_dot * w**3 + w_dot * 3 * x * w**2
+
+    return f
+
+
+@pytest.mark.parametrize("rule_writes", [True, False], ids=["both-write", "primal-writes"])
+def test_custom_jvp_inside_a_jit_under_a_jitted_gradient(rule_writes):
+    """The inner ``jo.jit`` traces the primal function; JAX traces the rule later, while
+    it linearizes that jit, and needs the same outputs from it, written state included."""
+    model = Counted()
+    inner = jo.jit(_cubed_jvp(model, rule_writes, primal_writes=True))
+    expected = jax.grad(lambda w: jnp.sum(_cubed(X, w) ** 2))(jnp.array(0.9))
+    with jaxoverride_nnx.track(model), jax.checking_leaks():
+        loss = lambda m: jnp.sum(inner(X, m.w[...]) ** 2)
+        got = jo.jit(lambda: jo.grad(loss)(model))()
+        np.testing.assert_allclose(inner(X, model.w[...]), X * 0.9**3, rtol=1e-6)
+    np.testing.assert_allclose(got["w"][...], expected, rtol=1e-5)
+    # Under jo.grad JAX runs the rule instead of the primal: its writes are the ones kept.
+    assert int(model.calls[...]) == (2 if rule_writes else 1)
+
+
+def test_a_custom_jvp_rule_writing_what_the_primal_does_not_is_refused():
+    model = Counted()
+    inner = jo.jit(_cubed_jvp(model, rule_writes=True, primal_writes=False))
+    with jaxoverride_nnx.track(model):
+        loss = lambda m: jnp.sum(inner(X, m.w[...]) ** 2)
+        with pytest.raises(TypeError, match=r"JVP rule wrote .*`Counted.calls`.*primal function"):
+            jo.jit(lambda: jo.grad(loss)(model))()
+    assert int(model.calls[...]) == 0
+
+
+def _sin_vjp_writing(counter, primal_writes, fwd_writes):
+    def primal(x):
+        if primal_writes:
+            counter[...] += 1
+        return jnp.sin(x)
+
+    def fwd(x):
+        if fwd_writes:
+            counter[...] += 1
+        return jnp.sin(x), x
+
+    f = jo.custom_vjp(primal)
+    f.defvjp(fwd, lambda x, g: (jnp.cos(x) * g,))
+    return f
+
+
+def test_custom_vjp_inside_a_jit_under_a_jitted_gradient_when_only_the_primal_writes():
+    """The inner ``jo.jit`` traces the primal, then JAX traces ``fwd`` while it linearizes
+    that jit; ``fwd`` returns the primal's written state, unchanged (fwd's writes count)."""
+    counter = nnx.Variable(jnp.array(0))
+    inner = jo.jit(_sin_vjp_writing(counter, primal_writes=True, fwd_writes=False))
+    with jaxoverride_nnx.track(counter), jax.checking_leaks():
+        gradient = jo.jit(jo.grad(lambda x: inner(x).sum()))(X)
+        assert int(counter[...]) == 0
+        inner(X)
+        assert int(counter[...]) == 1
+    np.testing.assert_allclose(gradient, jnp.cos(X), rtol=1e-6)
+
+
+def test_a_fwd_writing_what_the_primal_does_not_is_refused_and_nothing_changes():
+    counter = nnx.Variable(jnp.array(0))
+    f = _sin_vjp_writing(counter, primal_writes=False, fwd_writes=True)
+    inner = jo.jit(f)
+    with jaxoverride_nnx.track(counter):
+        with pytest.raises(TypeError, match=r"custom_vjp: the forward rule \(fwd\) wrote"):
+            jo.jit(jo.grad(lambda x: inner(x).sum()))(X)
+        assert int(counter[...]) == 0
+        np.testing.assert_allclose(jo.grad(lambda x: f(x).sum())(X), jnp.cos(X), rtol=1e-6)
+    assert int(counter[...]) == 1, "alone (no primal traced), fwd may write"
+
+
+TRANSFORMS = {
+    "vmap": (lambda f: jo.vmap(f)(X), jnp.sin(X)),
+    "jacfwd": (lambda f: jnp.diag(jo.jacfwd(f)(X)), jnp.cos(X)),
+    "jacrev": (lambda f: jnp.diag(jo.jacrev(f)(X)), jnp.cos(X)),
+    "jit-vmap-grad": (lambda f: jo.jit(jo.vmap(jo.grad(lambda x: f(x))))(X), jnp.cos(X)),
+}
+
+
+@pytest.mark.parametrize("transform", list(TRANSFORMS))
+@pytest.mark.parametrize("kind", ["custom_jvp", "custom_vjp"])
+def test_a_writing_rule_under_each_transform_writes_once(kind, transform):
+    counter = nnx.Variable(jnp.array(0))
+
+    def primal(x):
+        counter[...] += 1
+        return jnp.sin(x)
+
+    if kind == "custom_jvp":
+        f = jo.custom_jvp(primal)
+        f.defjvp(lambda p, t: (primal(p[0]), jnp.cos(p[0]) * t[0]))
+    else:
+        f = jo.custom_vjp(primal)
+        f.defvjp(lambda x: (primal(x), x), lambda x, g: (jnp.cos(x) * g,))
+    run, expected = TRANSFORMS[transform]
+    with jaxoverride_nnx.track(counter), jax.checking_leaks():
+        if kind == "custom_vjp" and transform == "jacfwd":  # JAX's own refusal, unchanged
+            with pytest.raises(TypeError, match="forward-mode autodiff"):
+                run(f)
+            assert int(counter[...]) == 0
+            return
+        np.testing.assert_allclose(run(f), expected, rtol=1e-6, atol=1e-7)
+    assert int(counter[...]) == 1
+
+
+def test_a_jitted_custom_root_gradient_traces_once_and_serves_new_weights():
+    """Wrapping the functions afresh per call costs nothing on a ``jo.jit`` cache hit."""
+    cell = Cell()
+    traces = 0
+
+    def f(z):
+        nonlocal traces
+        traces += 1
+        return jnp.tanh(cell.layer(z) + X) - z
+
+    solve = lambda g, z0: jlax.fori_loop(0, 100, lambda _, z: z + g(z), z0)
+    tangent_solve = lambda g, y: jnp.linalg.solve(jax.jacobian(g)(y), y)
+    loss = lambda m: jnp.sum(jlax.custom_root(f, jnp.zeros(4), solve, tangent_solve) ** 2)
+    with jaxoverride_nnx.track(cell), jax.checking_leaks():
+        grad = jo.jit(lambda: jo.grad(loss)(cell))
+        first = grad()
+        once = traces
+        cell.layer.kernel[...] *= 0.5
+        second = grad()
+        assert traces == once, "a cache hit: nothing traced again"
+        bias = cell.layer.bias
+        assert bias is not None
+        _, (kernel, _) = _root_reference(cell.layer.kernel[...], bias[...])
+    np.testing.assert_allclose(second["layer"]["kernel"][...], kernel, rtol=1e-4, atol=1e-6)
+    assert not np.allclose(first["layer"]["kernel"][...], second["layer"]["kernel"][...])

@@ -15,16 +15,20 @@ from hypothesis import given, settings, strategies as st
 
 import jaxoverride as jo
 from _parity import (
+    ALL_MODES,
     JAX,
     Case,
     active,
+    adapter_parity_tests,
     assert_same,
+    assert_same_errors,
     check_jaxprs_in_mode,
     check_raw_jax_ignores_overrides,
     error_messages,
     f32,
     fresh_jax_caches_per_module,  # noqa: F401 - an autouse fixture
     jaxpr_text,
+    known_error_tests,
     parity_tests as _parity_tests,
 )
 
@@ -386,6 +390,30 @@ CASES = [
 ]
 
 test_parity = _parity_tests(CASES)
+# Engineer dag is making eager control flow under jaxoverride_dag.context() hit JAX's
+# cache on a second call; until then each such call compiles again (issue 13 item 5).
+DAG_RECOMPILES = {
+    "jit(scan)": ["scan", "scan-xs-none-length", "scan-xs-none-explicit-keywords",
+                  "scan-reverse", "scan-unroll-2", "scan-unroll-true",
+                  "scan-unroll-beyond-length", "scan-all-positional", "scan-length-with-xs",
+                  "scan-zero-length", "scan-pytree", "fori_loop-static-bounds",
+                  "fori_loop-unroll", "fori_loop-keywords", "fori_loop-empty-range"],
+    "jit(while)": ["while_loop", "while_loop-keywords", "while_loop-zero-trips"],
+    "jit(cond)": ["cond-one-operand", "cond-false-branch", "cond-several-operands",
+                  "cond-operand-keyword", "cond-python-bool-predicate",
+                  "cond-integer-predicate", "switch-in-range", "switch-index-above-range",
+                  "switch-negative-index", "switch-traced-out-of-range",
+                  "switch-several-operands", "switch-operand-keyword"],
+}  # fmt: skip
+test_parity_under_adapter = adapter_parity_tests(
+    CASES,
+    known={
+        ("dag", case_id): f"issue 13 item 5: eager control flow under the DAG context compiles "
+        f"{compiled} again on every call, where JAX's second call hits its cache"
+        for compiled, case_ids in DAG_RECOMPILES.items()
+        for case_id in case_ids
+    },
+)
 
 
 def test_raw_jax_ignores_overrides():
@@ -415,30 +443,45 @@ def test_switch_out_of_range_clamps_like_jax():
         assert float(out) == expected == float(jax.lax.switch(index, branches, x))
 
 
-@pytest.mark.parametrize("mode", ["idle", "context"])
+def bad_body(c, x):
+    return (c, c), x  # carry changes structure
+
+
+def control_flow_errors(api):
+    """What each misuse of the control flow raises (the last one JAX accepts)."""
+    return error_messages(
+        [
+            lambda: api.lax.scan(bad_body, 0.0, jnp.arange(3.0)),
+            lambda: api.lax.scan(count_body, 0.0),  # neither xs nor length
+            lambda: api.lax.cond(jnp.zeros(2) > 0, one_a, one_b, 1.0),  # non-scalar predicate
+            lambda: api.lax.switch(0, [], 1.0),  # no branches
+            lambda: api.lax.while_loop(lambda x: x, lambda x: x + 1, 1.0),  # float predicate
+            lambda: api.lax.map(map_f, jnp.ones((4, 2)), batch_size=0),
+        ]
+    )
+
+
+KNOWN_ERRORS = {
+    ("dag", 0): "issue 13 item 5: the DAG scan raises SharingError, not JAX's TypeError, for a "
+    "carry whose structure changes",
+    ("nnx_track", 0): "NNX under track: JAX's carry message names the carry 'args[0]' of the "
+    "adapter's lifted body instead of the user's 'c'",
+    ("nnx_track", 5): "NNX under track: lax.map with batch_size=0 raises ZeroDivisionError; "
+    "JAX maps without batching",
+}
+
+
+@pytest.mark.parametrize("mode", ALL_MODES)
 def test_errors_are_jax_errors(mode):
     """Bad control-flow arguments raise JAX's own error type and message."""
-
-    def bad_body(c, x):
-        return (c, c), x  # carry changes structure
-
-    def messages(api):
-        return error_messages(
-            [
-                lambda: api.lax.scan(bad_body, 0.0, jnp.arange(3.0)),
-                lambda: api.lax.scan(count_body, 0.0),  # neither xs nor length
-                lambda: api.lax.cond(jnp.zeros(2) > 0, one_a, one_b, 1.0),  # non-scalar predicate
-                lambda: api.lax.switch(0, [], 1.0),  # no branches
-                lambda: api.lax.while_loop(lambda x: x, lambda x: x + 1, 1.0),  # float predicate
-                lambda: api.lax.map(map_f, jnp.ones((4, 2)), batch_size=0),
-            ]
-        )
-
-    expected = messages(JAX)
+    expected = control_flow_errors(JAX)
     with active(mode):
-        actual = messages(jo)
-    assert actual == expected
+        actual = control_flow_errors(jo)
+    assert_same_errors(actual, expected, mode, KNOWN_ERRORS)
     assert all(item is not None for item in expected[:5])
+
+
+test_known_error_difference = known_error_tests(control_flow_errors, KNOWN_ERRORS)
 
 
 # --- hypothesis: random scan configurations -------------------------------------------

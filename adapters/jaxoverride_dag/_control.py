@@ -8,14 +8,14 @@ of nodes or in static data would lose an object's identity: that is a ``SharingE
 naming the first position that differs. Bad input gets JAX's own error: the call is
 replayed, abstractly, on raw JAX to obtain it.
 
-The functions handed to JAX are cached per user function and plan, so that JAX's own
-caches (one trace per body function, one compile per eager loop) keep working.
+The functions handed to JAX are cached per user function and plan (see ``_handoff``), so
+that JAX's own caches (one trace per body function, one compile per eager loop) keep
+working.
 """
 
 from __future__ import annotations
 
 import inspect
-import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -24,6 +24,15 @@ import jax.numpy as jnp
 
 import jaxoverride as jo
 from jaxoverride_dag._errors import SharingError, pattern_mismatch
+from jaxoverride_dag._handoff import (
+    MAX_PER_FUNCTION,
+    MismatchError,
+    RetryError,
+    cached,
+    call_user,
+    from_user,
+    raise_as_jax,
+)
 from jaxoverride_dag._out import Packed, unforward, unforward_tree
 from jaxoverride_dag._plan import Plan, encode
 from jaxoverride_dag._reshare import meet, rebase, refines, same_form
@@ -40,87 +49,11 @@ _BRANCH_FIX = (
     "Fix: make every branch return the same nodes shared at the same positions, with the "
     "same static (non-array) values."
 )
-_NOT_JAX = "is not a valid JAX type"  # raw JAX cannot express the call: our error is the one
-
-
-class _RetryError(Exception):
-    """Internal: trace again with ``plan``, which shares fewer arrays."""
-
-    def __init__(self, plan: Plan):
-        super().__init__("internal: retry with fewer shared arrays")
-        self.plan = plan
-
-
-class _MismatchError(Exception):
-    """Internal: a sharing difference that loses identity; JAX's error wins if it has one."""
-
-    def __init__(self, error: SharingError):
-        super().__init__(str(error))
-        self.error = error
-
-
-def _call_user(fun: Callable[..., Any], *args: Any) -> Any:
-    # Every call of user code goes through this frame: an error whose traceback holds it
-    # was raised by user code, not by JAX's checks of what the user code returned.
-    return fun(*args)
-
-
-def _from_user(error: BaseException) -> bool:
-    tb = error.__traceback__
-    while tb is not None:
-        if tb.tb_frame.f_code is _call_user.__code__:
-            return True
-        tb = tb.tb_next
-    return False
-
-
-def _raise_as_jax(raw: Callable[[], Any], error: BaseException) -> None:
-    """Raises JAX's own error for the call that ``raw`` makes, or ``error`` if it has none.
-
-    ``raw`` runs under ``jax.eval_shape``: JAX's checks happen while tracing, so nothing
-    is computed.
-    """
-    try:
-        jax.eval_shape(lambda: (raw(), None)[1])
-    except (TypeError, ValueError) as jax_error:
-        if _NOT_JAX not in str(jax_error):
-            raise jax_error from None
-    except Exception:  # anything else says nothing about the input: ours is clearer
-        pass
-    raise error
 
 
 def _markers(plan: Plan) -> Any:
     """A tree of ``plan``'s pattern, for error messages: one marker per distinct array."""
     return plan.decode([jax.ShapeDtypeStruct((), jnp.float32) for _ in range(plan.n_dyn)])
-
-
-_WRAPPERS: weakref.WeakKeyDictionary[Any, dict[Any, Callable[..., Any]]] = (
-    weakref.WeakKeyDictionary()
-)
-_MAX_PER_FUNCTION = 64
-
-
-def _cached(
-    fun: Any, key: Any, make: Callable[[Callable[[], Any]], Callable[..., Any]]
-) -> Callable[..., Any]:
-    """The wrapper ``make(get_fun)`` for ``(fun, key)``, one object per pair while ``fun`` lives.
-
-    JAX caches a body's trace per function object, so the same wrapper must reach it for
-    the same body. The wrapper holds ``fun`` weakly, so that the cache never keeps it alive.
-    """
-    try:
-        table = _WRAPPERS.get(fun)
-        if table is None:
-            table = _WRAPPERS[fun] = {}
-        wrapper = table.get(key)
-    except TypeError:  # not weakly referenceable, or an unhashable plan: no cache
-        return make(lambda: fun)
-    if wrapper is None:
-        if len(table) >= _MAX_PER_FUNCTION:
-            table.clear()
-        wrapper = table[key] = make(weakref.ref(fun))  # type: ignore[arg-type]
-    return wrapper
 
 
 def _pack_carry(api: str, plan: Plan, new_carry: Any) -> tuple[Any, ...]:
@@ -131,8 +64,8 @@ def _pack_carry(api: str, plan: Plan, new_carry: Any) -> tuple[Any, ...]:
     if same_form(out_plan, plan):
         if refines(plan, out_plan):  # the body shares more: pass the array once per slot
             return tuple(rebase(out_dyn, out_plan, plan))
-        raise _RetryError(meet(plan, out_plan))
-    raise _MismatchError(
+        raise RetryError(meet(plan, out_plan))
+    raise MismatchError(
         pattern_mismatch(
             api,
             "carry",
@@ -154,16 +87,16 @@ def _drive(run: Callable[[Plan], Any], plan: Plan, raw: Callable[[], Any]) -> tu
     while True:
         try:
             return run(plan), plan
-        except _RetryError as retry:
+        except RetryError as retry:
             if retry.plan == plan:  # pragma: no cover - meet always splits a group
                 raise RuntimeError("jaxoverride_dag: carry layout did not converge") from None
             plan = retry.plan
-        except _MismatchError as mismatch:
-            _raise_as_jax(raw, mismatch.error)
+        except MismatchError as mismatch:
+            raise_as_jax(raw, mismatch.error)
         except (TypeError, ValueError) as error:
-            if _from_user(error):
+            if from_user(error):
                 raise
-            _raise_as_jax(raw, error)
+            raise_as_jax(raw, error)
 
 
 def dag_scan(
@@ -183,7 +116,7 @@ def dag_scan(
     xs_plan, xs_dyn = encode(xs, "scan xs")
 
     def run(plan: Plan) -> Any:
-        body = _cached(f, ("lax.scan", plan, xs_plan), lambda get: _scan_body(get, plan, xs_plan))
+        body = cached(f, ("lax.scan", plan, xs_plan), lambda get: _scan_body(get, plan, xs_plan))
         carry = tuple(rebase(init_dyn, init_plan, plan))
         return lower(body, carry, tuple(xs_dyn), length, reverse, unroll, _split_transpose)
 
@@ -197,9 +130,9 @@ def dag_scan(
 
 def _scan_body(get: Callable[[], Any], plan: Plan, xs_plan: Plan) -> Callable[..., Any]:
     def body(carry: tuple[Any, ...], x: tuple[Any, ...]) -> tuple[tuple[Any, ...], Packed]:
-        out = _call_user(get(), plan.decode_inside(carry), xs_plan.decode_inside(x))
+        out = call_user(get(), plan.decode_inside(carry), xs_plan.decode_inside(x))
         if not isinstance(out, tuple) or len(out) != 2:
-            raise _MismatchError(  # raw JAX says "scan body output must be a pair"
+            raise MismatchError(  # raw JAX says "scan body output must be a pair"
                 SharingError(
                     "jaxoverride_dag.lax.scan: the body must return a pair (carry, y), got "
                     f"{type(out).__name__}."
@@ -222,8 +155,8 @@ def dag_while_loop(
     init_plan, init_dyn = encode(init_val, "while_loop carry")
 
     def run(plan: Plan) -> Any:
-        cond = _cached(cond_fun, ("lax.while_loop cond", plan), lambda get: _while_cond(get, plan))
-        body = _cached(body_fun, ("lax.while_loop", plan), lambda get: _while_body(get, plan))
+        cond = cached(cond_fun, ("lax.while_loop cond", plan), lambda get: _while_cond(get, plan))
+        body = cached(body_fun, ("lax.while_loop", plan), lambda get: _while_body(get, plan))
         return lower(cond, body, tuple(rebase(init_dyn, init_plan, plan)))
 
     out, plan = _drive(run, init_plan, lambda: lower(cond_fun, body_fun, init_val))
@@ -232,14 +165,14 @@ def dag_while_loop(
 
 def _while_cond(get: Callable[[], Any], plan: Plan) -> Callable[..., Any]:
     def cond(carry: tuple[Any, ...]) -> Any:
-        return _call_user(get(), plan.decode_inside(carry))
+        return call_user(get(), plan.decode_inside(carry))
 
     return cond
 
 
 def _while_body(get: Callable[[], Any], plan: Plan) -> Callable[..., Any]:
     def body(carry: tuple[Any, ...]) -> tuple[Any, ...]:
-        return _pack_carry("lax.while_loop", plan, _call_user(get(), plan.decode_inside(carry)))
+        return _pack_carry("lax.while_loop", plan, call_user(get(), plan.decode_inside(carry)))
 
     return body
 
@@ -259,7 +192,7 @@ def dag_fori_loop(
     init_plan, init_dyn = encode(init_val, "fori_loop carry")
 
     def run(plan: Plan) -> Any:
-        body = _cached(body_fun, ("lax.fori_loop", plan), lambda get: _fori_body(get, plan))
+        body = cached(body_fun, ("lax.fori_loop", plan), lambda get: _fori_body(get, plan))
         carry = tuple(rebase(init_dyn, init_plan, plan))
         return below(lower, upper, body, carry, unroll=unroll)
 
@@ -272,7 +205,7 @@ def dag_fori_loop(
 
 def _fori_body(get: Callable[[], Any], plan: Plan) -> Callable[..., Any]:
     def body(i: Any, carry: tuple[Any, ...]) -> tuple[Any, ...]:
-        return _pack_carry("lax.fori_loop", plan, _call_user(get(), i, plan.decode_inside(carry)))
+        return _pack_carry("lax.fori_loop", plan, call_user(get(), i, plan.decode_inside(carry)))
 
     return body
 
@@ -288,9 +221,9 @@ def _branch(
     seen: dict[Any, Plan] = {}
 
     def branch(*operands: Any) -> Packed:
-        out = _call_user(get(), *plan.decode_inside(operands))
+        out = call_user(get(), *plan.decode_inside(operands))
         out_plan, out_dyn = encode(out, f"{api} outputs")
-        if len(seen) >= _MAX_PER_FUNCTION:
+        if len(seen) >= MAX_PER_FUNCTION:
             seen.clear()
         seen[_types(operands)] = out_plan
         if target is None or out_plan == target:
@@ -298,8 +231,8 @@ def _branch(
         if same_form(out_plan, target):
             if refines(target, out_plan):
                 return Packed(tuple(rebase(out_dyn, out_plan, target)), target)
-            raise _RetryError(meet(target, out_plan))
-        raise _MismatchError(_branch_error(api, target, out_plan))
+            raise RetryError(meet(target, out_plan))
+        raise MismatchError(_branch_error(api, target, out_plan))
 
     branch.seen = seen  # type: ignore[attr-defined]
     return branch
@@ -335,21 +268,21 @@ def _run_branches(
     target: Plan | None = None
     while True:
         wrapped = [
-            _cached(b, (api, plan, target), lambda get, t=target: _branch(get, api, plan, t))
+            cached(b, (api, plan, target), lambda get, t=target: _branch(get, api, plan, t))
             for b in branches
         ]
         try:
             return unforward_tree(call(wrapped), dyn).unpack()
-        except _RetryError as retry:
+        except RetryError as retry:
             target = retry.plan
-        except _MismatchError as mismatch:
-            _raise_as_jax(raw, mismatch.error)
+        except MismatchError as mismatch:
+            raise_as_jax(raw, mismatch.error)
         except (TypeError, ValueError) as error:
-            if _from_user(error):
+            if from_user(error):
                 raise
             found = None if target is not None else _common_plan(api, wrapped, dyn)
             if not isinstance(found, Plan):
-                _raise_as_jax(raw, error if found is None else found)
+                raise_as_jax(raw, error if found is None else found)
                 raise  # pragma: no cover - _raise_as_jax always raises
             target = found
 
@@ -435,20 +368,20 @@ def dag_map(f: Callable[[Any], Any], xs: Any, *, batch_size: int | None = None) 
     if not callable(f):  # JAX's own error
         return lower(f, xs, batch_size=batch_size)
     plan, dyn = encode(xs, "map xs")
-    body = _cached(f, ("lax.map", plan), lambda get: _map_body(get, plan))
+    body = cached(f, ("lax.map", plan), lambda get: _map_body(get, plan))
     try:
         out = lower(body, tuple(dyn), batch_size=batch_size)
     except (TypeError, ValueError) as error:
-        if _from_user(error):
+        if from_user(error):
             raise
-        _raise_as_jax(lambda: lower(f, xs, batch_size=batch_size), error)
+        raise_as_jax(lambda: lower(f, xs, batch_size=batch_size), error)
         raise  # pragma: no cover - _raise_as_jax always raises
     return unforward_tree(out, dyn).unpack()
 
 
 def _map_body(get: Callable[[], Any], plan: Plan) -> Callable[..., Packed]:
     def body(x: tuple[Any, ...]) -> Packed:
-        out_plan, out_dyn = encode(_call_user(get(), plan.decode_inside(x)), "map outputs")
+        out_plan, out_dyn = encode(call_user(get(), plan.decode_inside(x)), "map outputs")
         return Packed(tuple(out_dyn), out_plan)
 
     return body

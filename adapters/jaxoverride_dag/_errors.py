@@ -15,9 +15,11 @@ if TYPE_CHECKING:
 class SharingError(ValueError):
     """A sharing pattern that a transform cannot honour.
 
-    Raised when a loop body changes which objects its carry shares, when branches of
-    ``cond``/``switch`` return different sharing patterns, and when one shared array is
-    given two different mapped axes. The message names the path and says how to fix it.
+    Raised when a loop body changes which pytree nodes its carry shares (or its static
+    data), when branches of ``cond``/``switch`` share nodes differently, and when one
+    shared array is given two different mapped axes. Arrays whose sharing differs between
+    a carry and the body's result, or between branches, are de-shared as JAX would run
+    them, with no error. The message names the path and says how to fix it.
 
     Example:
       >>> import jax.numpy as jnp, jaxoverride as jo, jaxoverride_dag as dag

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import jaxoverride as jo
-from jaxoverride_nnx import _control, _jit, _mapped, _rules, _transforms
+from jaxoverride_nnx import _control, _convert, _jit, _mapped, _rules, _transforms
 
 _CONTEXT = jo.override_context(
     {
@@ -35,6 +35,7 @@ _CONTEXT = jo.override_context(
         "closure_convert": _rules.closure_convert,
         "lax.custom_root": _rules.custom_root,
         "lax.custom_linear_solve": _rules.custom_linear_solve,
+        "make_jaxpr": _convert.make_jaxpr,
     },
     name="jaxoverride_nnx",
 )

@@ -16,15 +16,12 @@ the same with its primal function and JVP rule (the written values get zero tang
 from __future__ import annotations
 
 import contextlib
-import inspect
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 from flax.errors import TraceContextError
 from jax._src.custom_derivatives import (
-    CustomVJPPrimal,
     SymbolicZero,
     _sum_tangents,
     _zeros_like_pytree,
@@ -34,42 +31,20 @@ import jaxoverride as jo
 from jaxoverride_nnx._errors import LevelError
 from jaxoverride_nnx._lift import changed, run_lifted, write_back
 from jaxoverride_nnx._scope import current
+from jaxoverride_plain import (
+    instantiate_zeros,
+    perturbed_leaves,
+    positional_arguments,
+    unwrap_primals,
+)
 
 WHERE = "jaxoverride.custom_vjp"
-
-
-def _positional(fun: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple:
-    """The arguments as JAX binds them: every keyword resolved to its position."""
-    if not kwargs:
-        return args
-    bound = inspect.signature(fun).bind(*args, **kwargs)
-    bound.apply_defaults()
-    return bound.args
 
 
 def _written(before: Sequence[Any], after: Sequence[Any]) -> list[Any]:
     """The values after the call, ``None`` where a Variable was not written (static)."""
     updates = changed(before, after)
     return [updates.get(index) for index in range(len(after))]
-
-
-def _is_primal(x: Any) -> bool:
-    return isinstance(x, CustomVJPPrimal)
-
-
-def _unwrap(tree: Any) -> Any:
-    return jax.tree.map(lambda x: x.value if _is_primal(x) else x, tree, is_leaf=_is_primal)
-
-
-def _is_zero(x: Any) -> bool:
-    return isinstance(x, SymbolicZero)
-
-
-def _instantiate(x: Any) -> Any:
-    if not isinstance(x, SymbolicZero):
-        return x
-    aval: Any = x.aval  # the cotangent's type: float0 for integer outputs
-    return jnp.zeros(aval.shape, aval.dtype)
 
 
 class ClosedOverDifferentiationError(ValueError):
@@ -168,12 +143,37 @@ def _refusing_reads(tracked: Any, perturbed: list[int], where: str = WHERE) -> I
                 metadata["on_get_value"] = old
 
 
-def _argnums(fun: Callable[..., Any], argnums: Sequence[int], argnames: Sequence[str]) -> set[int]:
-    found = set(argnums)
-    if argnames:
-        names = list(inspect.signature(fun).parameters)
-        found |= {names.index(name) for name in argnames}
-    return found
+class _SameWrites:
+    """Makes a rule's primal function and its forward rule return one structure.
+
+    JAX needs the primal function and ``fwd`` (or the JVP rule) to return the same outputs,
+    and the written Variables are outputs here. Each may be traced alone (under ``jo.grad``
+    only the rule is), or both, in either order: whichever is traced second returns the
+    Variables that the first wrote, an unchanged one as its value (a write of the same
+    value). Writing a Variable that the first did not is refused, with the fix.
+    """
+
+    def __init__(self, tracked: Any, where: str, rule: str):
+        self._tracked = tracked
+        self._where = where
+        self._rule = rule
+        self._first: tuple[str, frozenset[int]] | None = None
+
+    def conform(self, role: str, values: Sequence[Any], written: list[Any]) -> list[Any]:
+        mine = frozenset(index for index, value in enumerate(written) if value is not None)
+        if self._first is None or self._first[0] == role:
+            self._first = (role, mine)
+            return written
+        other_role, other = self._first
+        if extra := mine - other:
+            paths = ", ".join(f"`{self._tracked.path(index)}`" for index in sorted(extra))
+            raise TypeError(
+                f"{self._where}: the {role} wrote the tracked Variable(s) {paths}, which the "
+                f"{other_role} does not write. JAX needs both to return the same outputs, the "
+                f"written state included. Make the {self._rule} compute its primal output by "
+                "calling the decorated function, or write the same state in both."
+            )
+        return [values[i] if i in other and w is None else w for i, w in enumerate(written)]
 
 
 class LiftedVJP:
@@ -187,7 +187,8 @@ class LiftedVJP:
         self._plain = below(fun, nondiff_argnums=nondiff_argnums, nondiff_argnames=nondiff_argnames)
         self._below = below
         self._fun = fun
-        self._nondiff = _argnums(fun, nondiff_argnums, nondiff_argnames)
+        # JAX's own resolution of the names (it ignores a name that is no parameter).
+        self._nondiff = set(self._plain.nondiff_argnums)
         self._rules: tuple[Any, ...] | None = None
 
     def defvjp(
@@ -209,31 +210,32 @@ class LiftedVJP:
         tracked = current()
         if tracked is None or self._rules is None:
             return self._plain(*args, **kwargs)
-        args = _positional(self._fun, args, kwargs)
+        args = positional_arguments(self._fun, args, kwargs)
         fun, (fwd, bwd, symbolic_zeros, optimize_remat) = self._fun, self._rules
         nondiff = sorted(self._nondiff)
 
+        same = _SameWrites(tracked, WHERE, "forward rule (fwd)")
+
         def lifted(values: list[Any], *inner: Any) -> Any:
             out, after = run_lifted(tracked, values, fun, inner, {}, WHERE)
-            return out, _written(values, after)
+            return out, same.conform("primal function", values, _written(values, after))
 
         def lifted_fwd(values: Any, *inner: Any) -> Any:
             perturbed = [
-                index
-                for index, value in enumerate(values)
-                if any(leaf.perturbed for leaf in jax.tree.leaves(value, is_leaf=_is_primal))
+                index for index, value in enumerate(values) if any(perturbed_leaves(value))
             ]
-            values = _unwrap(values)
+            values = unwrap_primals(values)
             if not symbolic_zeros:
-                inner = _unwrap(inner)
+                inner = unwrap_primals(inner)
             with _refusing_reads(tracked, [i for i in perturbed if i < len(tracked.variables)]):
                 (out, residuals), after = run_lifted(tracked, values, fwd, inner, {}, WHERE)
-            return (out, _written(values, after)), (values, residuals)
+            written = same.conform("forward rule (fwd)", values, _written(values, after))
+            return (out, written), (values, residuals)
 
         def lifted_bwd(*rest: Any) -> Any:
             *static, (values, residuals), (out_cotangent, _) = rest
             if not symbolic_zeros:
-                out_cotangent = jax.tree.map(_instantiate, out_cotangent, is_leaf=_is_zero)
+                out_cotangent = instantiate_zeros(out_cotangent)
             # JAX traces bwd later, while it transposes (possibly inside a jit's transpose
             # trace): the Variables then hold whatever the caller's level left in them, and
             # a neutral loop in bwd would carry those as foreign constants ("No constant
@@ -256,7 +258,7 @@ class LiftedVJP:
 
         rule = self._below(lifted, nondiff_argnums=tuple(n + 1 for n in nondiff))
         # Symbolic zeros tell which Variables are being differentiated (see
-        # _refuse_differentiated_reads); the user's rules see them only if they asked.
+        # _refusing_reads); the user's rules see them only if they asked.
         rule.defvjp(lifted_fwd, lifted_bwd, symbolic_zeros=True, optimize_remat=optimize_remat)
         out, written = rule(tracked.read(), *args)
         updates = {index: value for index, value in enumerate(written) if value is not None}
@@ -279,6 +281,13 @@ def _tangent_zero(value: Any) -> Any:
     return SymbolicZero(jax.typeof(value).to_tangent_aval())
 
 
+def _interleave(static: Sequence[Any], primals: Sequence[Any], nondiff: Sequence[int]) -> list:
+    """The arguments in the function's order, from JAX's (nondiff first) split."""
+    static_it, primal_it = iter(static), iter(primals)
+    total = len(static) + len(primals)
+    return [next(static_it) if i in nondiff else next(primal_it) for i in range(total)]
+
+
 class LiftedJVP:
     """What the NNX override of ``custom_jvp`` builds: JAX's rule, Variables lifted.
 
@@ -296,7 +305,8 @@ class LiftedJVP:
         self._plain = below(fun, nondiff_argnums=nondiff_argnums, nondiff_argnames=nondiff_argnames)
         self._below = below
         self._fun = fun
-        self._nondiff = _argnums(fun, nondiff_argnums, nondiff_argnames)
+        # JAX's own resolution of the names (it ignores a name that is no parameter).
+        self._nondiff = set(self._plain.nondiff_argnums)
         self._rule: tuple[Callable[..., Any], bool] | None = None
 
     def defjvp(self, jvp: Callable[..., Any], symbolic_zeros: bool = False) -> Callable[..., Any]:
@@ -330,29 +340,44 @@ class LiftedJVP:
         tracked = current()
         if tracked is None or self._rule is None:
             return self._plain(*args, **kwargs)
-        args = _positional(self._fun, args, kwargs)
+        args = positional_arguments(self._fun, args, kwargs)
         fun, (jvp, symbolic_zeros) = self._fun, self._rule
         nondiff = sorted(self._nondiff)
         count = len(tracked.variables)
 
+        same = _SameWrites(tracked, WHERE_JVP, "JVP rule")
+
         def lifted(values: list[Any], *inner: Any) -> Any:
             out, after = run_lifted(tracked, values, fun, inner, {}, WHERE_JVP)
-            return out, _written(values, after)
+            return out, same.conform("primal function", values, _written(values, after))
 
         def lifted_jvp(*rest: Any) -> Any:
             *static, (values, *primals), (values_dot, *tangents) = rest
             perturbed = [
                 index
                 for index, tangent in enumerate(values_dot[:count])
-                if any(not _is_zero(leaf) for leaf in jax.tree.leaves(tangent, is_leaf=_is_zero))
+                if any(perturbed_leaves(tangent))
             ]
+            if not any(perturbed_leaves(tangents)):
+                # Only the Variables are perturbed: raw JAX would not call the rule here
+                # (it gives derivatives for its arguments only), and a rule may refuse to
+                # be called (equinox's ``nondifferentiable``). The output tangent is zero,
+                # which is right unless the function reads a perturbed Variable: refused.
+                ordered = _interleave(static, primals, nondiff)
+                with _refusing_reads(tracked, perturbed, WHERE_JVP):
+                    out, after = run_lifted(tracked, values, fun, ordered, {}, WHERE_JVP)
+                written = _written(values, after)
+                return (out, written), (
+                    jax.tree.map(_tangent_zero, out),
+                    [None if w is None else _tangent_zero(w) for w in written],
+                )
             if not symbolic_zeros:
-                tangents = jax.tree.map(_instantiate, tangents, is_leaf=_is_zero)
+                tangents = instantiate_zeros(tangents)
             with _refusing_reads(tracked, perturbed, WHERE_JVP):
                 (out, out_dot), after = run_lifted(
                     tracked, values, jvp, (*static, tuple(primals), tuple(tangents)), {}, WHERE_JVP
                 )
-            written = _written(values, after)
+            written = same.conform("JVP rule", values, _written(values, after))
             return (out, written), (
                 out_dot,
                 [None if w is None else _tangent_zero(w) for w in written],
@@ -399,7 +424,15 @@ def closure_convert(fun: Callable[..., Any], *example_args: Any) -> Any:
 # -- lax.custom_root and lax.custom_linear_solve ---------------------------------------
 
 
-def _pure(tracked: Any, fn: Callable[..., Any] | None, role: str, where: str) -> Any:
+def _pure(
+    tracked: Any,
+    fn: Callable[..., Any] | None,
+    role: str,
+    where: str,
+    why: str = "JAX traces it into a pure jaxpr of its inputs",
+    fix: str = "Move the write out of the solve (before or after the call), or use the "
+    "library's non-implicit mode (jaxopt's implicit_diff=False).",
+) -> Any:
     """``fn`` run with the tracked Variables readable and any write refused.
 
     JAX traces each function it is given into a jaxpr and hoists what it closes over into
@@ -419,18 +452,10 @@ def _pure(tracked: Any, fn: Callable[..., Any] | None, role: str, where: str) ->
             f"function itself, as in {where}(..., my_{role.split()[0]}, ...)."
         )
 
-    def pure(*args: Any) -> Any:
-        out, after = run_lifted(tracked, None, fn, args, {}, where)
+    def pure(*args: Any, **kwargs: Any) -> Any:
+        out, after = run_lifted(tracked, None, fn, args, kwargs, where)
         if written := changed(tracked.read(), after):
-            raise _write_refused(
-                tracked,
-                written,
-                role,
-                "JAX traces it into a pure jaxpr of its inputs",
-                "Move the write out of the solve (before or after the call), or use the "
-                "library's non-implicit mode (jaxopt's implicit_diff=False).",
-                where,
-            )
+            raise _write_refused(tracked, written, role, why, fix, where)
         return out
 
     return pure

@@ -44,6 +44,7 @@ from jaxoverride._import_hook import (
 )
 from jaxoverride._interpose import Interposition as Interposition, interpose as interpose
 from jaxoverride._introspect import Stack as Stack, current_stack as current_stack
+from jaxoverride._jitapi import jit_api as jit_api, reuse_jit as reuse_jit
 from jaxoverride._names import OVERRIDEABLE as OVERRIDEABLE
 from jaxoverride._neutral import NeutralRule as NeutralRule, Transformed as Transformed
 
@@ -73,6 +74,7 @@ __all__ = [
     "jacfwd",
     "jacrev",
     "jit",
+    "jit_api",
     "jvp",
     "lax",
     "linearize",
@@ -82,6 +84,7 @@ __all__ = [
     "pmap",
     "remat",
     "resolve",
+    "reuse_jit",
     "shard_map",
     "uninstall",
     "value_and_grad",
