@@ -26,6 +26,7 @@ SUITES = [
     "bench_dag",
     "bench_debug",
     "bench_implicit",
+    "bench_equinox",
     "bench_equinox_nnx",
 ]
 HERE = Path(__file__).resolve().parent

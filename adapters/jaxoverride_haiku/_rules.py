@@ -381,6 +381,16 @@ class HaikuRule:
 
         return primal
 
+    def _in_order(self, count: int, static: list[Any], primals: list[Any]) -> list[Any]:
+        """The user's arguments from a JVP rule's nondiff and primal ones, in call order."""
+        lifted = count + 1  # Haiku's values come first
+        positions = [n % lifted - 1 for n in self._lifted_nondiff]
+        ordered: list[Any] = [None] * count
+        for position, value in zip(positions, static, strict=True):
+            ordered[position] = value
+        rest = iter(primals)
+        return [ordered[i] if i in positions else next(rest) for i in range(count)]
+
     def _lifted_vjp(self, args: tuple[Any, ...]) -> Any:
         call = _Call(self._where)
         assert self._rule is not None
@@ -416,10 +426,20 @@ class HaikuRule:
         call = _Call(self._where)
         assert self._rule is not None
         jvp, symbolic_zeros = self._rule
+        count = len(args)  # only the count: the rule must not close over the arguments
 
         def lifted_jvp(*rest: Any) -> Any:
             *static, (values, *primals), (value_tangents, *tangents) = rest
             refused = _differentiated(value_tangents, perturbed_leaves)
+            if not any(perturbed_leaves(tangents)):
+                # Only Haiku's values are differentiated, and the rule gives no tangent
+                # for them (a read of one is refused): as JAX, which calls no rule when
+                # none of the function's own arguments is perturbed (equinox's
+                # ``nondifferentiable`` raises in its rule), run the primal instead.
+                with call.frame(values, refused) as frame:
+                    out = self._fun(*self._in_order(count, static, primals))
+                    after = _after(frame)
+                return (out, after), (zero_tangents(out), zero_tangents(after))
             if not symbolic_zeros:
                 tangents = instantiate_zeros(tangents)
             with call.frame(values, refused) as frame:
