@@ -376,3 +376,27 @@ def test_haiku_jit_built_again_inside_a_transform_compiles_once():
 
     expected = hk.transform(reference).apply(params, None, X)
     np.testing.assert_allclose(out, expected, rtol=1e-6)
+
+
+def test_adapters_stacked_on_one_function_never_share_a_build():
+    """Each adapter's ``jit`` keeps its own state per function: a build made by one adapter
+    (Haiku's, inside a transform) is never handed to another (the DAG's) for that function."""
+    import jaxoverride_dag
+
+    def relax(x):
+        return jnp.tanh(x) * 2.0
+
+    x = jnp.ones(3)
+    with joh.context():
+        model = hk.transform(lambda x: jo.jit(relax)(x))
+        params = model.init(jax.random.PRNGKey(0), x)
+        haiku_out = model.apply(params, None, x)
+    with jaxoverride_nnx.track(Counter()):
+        nnx_out = jo.jit(relax)(x)
+    with jaxoverride_dag.context():
+        dag_out = jo.jit(relax)(x)
+        lowered = jo.jit(relax).lower(x).as_text()
+    expected = jax.jit(relax)(x)
+    for out in (haiku_out, nnx_out, dag_out):
+        np.testing.assert_allclose(out, expected)
+    assert "tanh" in lowered

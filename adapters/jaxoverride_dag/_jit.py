@@ -301,7 +301,7 @@ def dag_jit(fun: Callable[..., Any], /, **options: Any) -> Callable[..., Any]:
     # One state per function and options, shared by every wrapper of them (as jax.jit
     # shares its cache): ``jo.jit(f)(x)`` built again compiles nothing again.
     options_key = tuple(sorted(options.items()))
-    state = jo.reuse_jit(fun, (options_key, below), lambda: JitState(fun, options, below))
+    state = jo.reuse_jit(fun, (JitState, options_key, below), lambda: JitState(fun, options, below))
     jitted = _hot_path(state) if not state.static else _hot_path_static(state)
 
     def stage(method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:

@@ -233,5 +233,5 @@ def jit(fun: Callable[..., Any], **options: Any) -> StatefulJit:
     Its keys are naming situations, so sharing never merges two modules' names.
     """
     below = jo.next_impl("jit")
-    key = (tuple(sorted(options.items())), below)
+    key = (StatefulJit, tuple(sorted(options.items())), below)
     return jo.reuse_jit(fun, key, lambda: StatefulJit(fun, below, options))

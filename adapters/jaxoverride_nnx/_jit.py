@@ -403,5 +403,5 @@ def jit(fun: Callable[..., Any], *args: Any, **kwargs: Any) -> Callable[..., Any
     ``jax.jit`` shares its cache): ``jo.jit(f)(x)`` built again compiles nothing again.
     """
     below = jo.next_impl("jit")
-    key = (args, tuple(sorted(kwargs.items())), below)
+    key = (TrackedJit, args, tuple(sorted(kwargs.items())), below)
     return jo.reuse_jit(fun, key, lambda: TrackedJit(fun, args, kwargs, below)).call

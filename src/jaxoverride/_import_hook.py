@@ -275,12 +275,13 @@ def unreachable_transforms(packages: Sequence[str]) -> list[str]:
     raw JAX at import time (a ``jax.jit`` function, an ``eqx.filter_jit`` wrapper, a
     ``jax.custom_vjp``), which rebinding globals cannot reach."""
     found = []
-    for name, module in list(sys.modules.items()):
+    # Copies, not iteration, of dicts another thread may change (see _interpose._submodules).
+    for name, module in sys.modules.copy().items():
         if not isinstance(module, types.ModuleType) or not any(
             name == p or name.startswith(p + ".") for p in packages
         ):
             continue
-        for attribute, value in list(vars(module).items()):
+        for attribute, value in vars(module).copy().items():
             if _holds_raw_transform(value) and _defined_in(value, packages):
                 found.append(f"{name}.{attribute}")
     return sorted(set(found))
@@ -363,7 +364,7 @@ def interpose_on_import(*packages: str) -> ImportInterposition:
             _handles.append(handle)
             _set_watched(names, +1)
             _hooks_on(True)
-            for name, module in list(sys.modules.items()):
+            for name, module in sys.modules.copy().items():
                 if isinstance(module, types.ModuleType) and handle._watches(name):
                     bind_module(module, handle._interposition)
         except BaseException:

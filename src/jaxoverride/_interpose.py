@@ -120,7 +120,9 @@ def is_refused(module_name: str) -> bool:
 
 def _submodules(module: types.ModuleType) -> Iterable[types.ModuleType]:
     prefix = module.__name__ + "."
-    for name, candidate in list(sys.modules.items()):
+    # dict.copy() runs no Python code; list(d.items()) may (a garbage collection can run
+    # finalizers mid-way), letting another thread import and change the dict under it.
+    for name, candidate in sys.modules.copy().items():
         if name.startswith(prefix) and isinstance(candidate, types.ModuleType):
             yield candidate
 
@@ -139,7 +141,7 @@ def bind_module(
     that restoring puts jax's objects back. Call it with ``_lock`` held.
     """
     relevant = False
-    for attribute, value in list(vars(target).items()):
+    for attribute, value in vars(target).copy().items():
         binding = _bindings.get((id(target), attribute))
         if binding is not None and value is binding.replacement:
             pass

@@ -153,8 +153,9 @@ def reuse_jit(fun: Callable[..., Any], key: Hashable, make: Callable[[], T]) -> 
 
     Args:
       fun: the user's function, as passed to ``jax.jit``.
-      key: every other input of ``make`` that changes what it builds: the options and the
-        implementation below (``jaxoverride.next_impl("jit")``).
+      key: every other input of ``make`` that changes what it builds: the type of the state
+        (so that two adapters stacked on one function never share a build), the options
+        and the implementation below (``jaxoverride.next_impl("jit")``).
       make: builds the state (an object that accepts weak references).
 
     Returns:
