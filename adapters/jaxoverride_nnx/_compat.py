@@ -8,10 +8,14 @@ The adapter reads Flax NNX internals (``graphlib``, ``variablelib``, ``pytreelib
 - ``graphlib.DataElem`` / ``StaticElem`` (0.12.5+) wrap a node's items to mark them as
   data or static. Earlier releases never wrap an item, so here they stand for classes that
   nothing is an instance of, and the ``isinstance`` checks are simply false.
+- A Variable's ``on_get_value`` metadata may be a tuple of hooks in recent releases, but
+  only a single callable in Flax 0.12.1; ``chain_on_get_value`` builds one callable that
+  every release accepts.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 try:
@@ -29,4 +33,33 @@ class _NeverWrapped:
 DataElem: type = getattr(graphlib, "DataElem", _NeverWrapped)
 StaticElem: type = getattr(graphlib, "StaticElem", _NeverWrapped)
 
-__all__ = ["DataElem", "StaticElem", "graphlib"]
+
+def chain_on_get_value(first: Callable[[Any, Any], Any], old: Any) -> Callable[[Any, Any], Any]:
+    """One ``on_get_value`` hook that runs ``first``, then the hooks that were there.
+
+    Args:
+      first: a hook ``(variable, value) -> value`` to run before the others.
+      old: the Variable's previous ``on_get_value`` metadata: None, a hook, or a tuple
+        of hooks.
+
+    Returns:
+      A single hook, which every supported Flax release accepts.
+
+    Example:
+      >>> from jaxoverride_nnx._compat import chain_on_get_value
+      >>> hook = chain_on_get_value(lambda v, x: x + 1, (lambda v, x: x * 10,))
+      >>> hook(None, 1)
+      20
+    """
+    hooks = () if old is None else old if isinstance(old, tuple) else (old,)
+
+    def chained(variable: Any, value: Any) -> Any:
+        value = first(variable, value)
+        for hook in hooks:
+            value = hook(variable, value)
+        return value
+
+    return chained
+
+
+__all__ = ["DataElem", "StaticElem", "chain_on_get_value", "graphlib"]
