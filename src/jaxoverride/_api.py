@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from typing import Any
 
@@ -41,7 +42,10 @@ class custom_vjp(NeutralRule[ReturnValue]):  # noqa: N801  (JAX's name)
     _default = jax.custom_vjp
     _kind = "VJP"
 
-    # Unannotated, as JAX's: ``inspect.signature`` of the class must equal JAX's.
+    # ``inspect.signature`` of the class must equal JAX's, which is annotated in some
+    # releases (0.8) and not in others (0.10).
+    __signature__ = inspect.signature(jax.custom_vjp)
+
     def __init__(self, fun, nondiff_argnums=(), nondiff_argnames=()):
         super().__init__(fun, nondiff_argnums, nondiff_argnames)
 
