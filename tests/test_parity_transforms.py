@@ -489,6 +489,16 @@ def test_shard_map_output_sharding_matches(mode):
 def test_transform_errors_are_jax_errors(mode):
     """Misuse of a neutral transform raises what JAX raises, with JAX's message."""
 
+    def too_many_devices(api):
+        return lambda: api.pmap(g)(jnp.ones((9, 2)))
+
+    # JAX 0.8.1 raises a ValueError for this the first time and `StoreException: Store
+    # empty` on every later call (its pmap caches a failed trace): where raw JAX does not
+    # repeat its own error, there is nothing to compare against.
+    fresh = functools.partial(g)  # a function that JAX has not seen yet
+    probe = lambda: JAX.pmap(fresh)(jnp.ones((9, 2)))
+    repeatable = len(set(error_messages([probe, probe]))) == 1
+
     def messages(api):
         return error_messages(
             [
@@ -497,7 +507,7 @@ def test_transform_errors_are_jax_errors(mode):
                 lambda: api.vmap(g2)(jnp.ones(3), jnp.ones(4)),  # inconsistent sizes
                 lambda: api.vmap(in_axes=0),  # missing function
                 lambda: api.jit(3),  # not callable
-                lambda: api.pmap(g)(jnp.ones((9, 2))),  # more than 8 devices
+                *([too_many_devices(api)] if repeatable else []),  # more than 8 devices
                 lambda: api.jvp(g, (jnp.ones(2),), (jnp.ones(3),)),
             ]
         )
