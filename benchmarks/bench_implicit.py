@@ -7,6 +7,8 @@
   found by ``examples/fpsolve.py`` (forward iteration, implicit gradient) inside
   ``hk.transform`` under ``jaxoverride_haiku``, against the same DEQ on raw JAX with the
   weights passed explicitly (target <= 1.05x, compiled cache-hit calls).
+* Information: init against apply of the Haiku DEQ, eager and trace only: the cost of
+  the creation passes that init runs before the implicit solver traces the map.
 * NNX: ``jo.jit(jo.grad(loss))`` of the same DEQ as an ``nnx.Module`` under
   ``jaxoverride_nnx.track``, against the explicit version (target <= 1.3x).
 * Information: time and peak temporary memory (XLA's memory analysis of the compiled
@@ -103,10 +105,9 @@ def _timed_pair(
     return ratio_rows(SUITE, case, samples, "explicit weights, raw JAX", {ours: at_most(limit)})
 
 
-def _haiku(quick: bool) -> list[Row]:
+def _haiku_deq() -> Any:
+    """The DEQ in ``hk.transform``, its parameters (the problem's weights) and its input."""
     import haiku as hk
-
-    import jaxoverride_haiku as joh
 
     weights, x = _problem()
 
@@ -116,11 +117,17 @@ def _haiku(quick: bool) -> list[Row]:
         f = lambda z, x: jnp.tanh(recurrent(z) + injection(x))
         return jnp.sum(fixed_point(f, jnp.zeros_like(x), x, method="forward").value ** 2)
 
-    model = hk.transform(forward)
     params = {
         "recurrent": {"w": weights["w"], "b": weights["b"]},
         "injection": {"w": weights["u"]},
     }
+    return hk.transform(forward), params, weights, x
+
+
+def _haiku(quick: bool) -> list[Row]:
+    import jaxoverride_haiku as joh
+
+    model, params, weights, x = _haiku_deq()
     with joh.context():
         grad = jax.jit(jax.grad(lambda p, x: model.apply(p, None, x)))
         block_ours = lambda: grad(params, x)
@@ -130,6 +137,42 @@ def _haiku(quick: bool) -> list[Row]:
             "DEQ jax.jit(jax.grad) in hk.transform", "haiku + fpsolve (implicit)",
             block_ours, lambda: explicit(weights, x), 1.05, quick,
         )  # fmt: skip
+
+
+def _haiku_init(quick: bool) -> list[Row]:
+    """Information: what init's creation passes cost. Eager calls (each traces the solver
+    again: its map is a new function per call) and the trace alone (``jax.jit(...).lower``,
+    no compilation), init against apply of the same DEQ."""
+    import jaxoverride_haiku as joh
+
+    model, params, _, x = _haiku_deq()
+    key = jax.random.PRNGKey(0)
+    rows = []
+    with joh.context():
+        eager = interleaved(
+            {"init": lambda: model.init(key, x), "apply": lambda: model.apply(params, None, x)},
+            number=1 if quick else 3,
+            rounds=3 if quick else 9,
+            warmup=1,
+        )
+        rows += ratio_rows(
+            SUITE, "Haiku DEQ init vs apply, eager", eager, "apply",
+            note="creation pass of the implicit fpsolve (closure_convert + custom_vjp) at init",
+        )  # fmt: skip
+        # A new function per call: jax.jit caches the trace of a function it has seen.
+        init = lambda: jax.jit(lambda k, x: model.init(k, x)).lower(key, x)
+        apply = lambda: jax.jit(lambda p, x: model.apply(p, None, x)).lower(params, x)
+        traced = interleaved(
+            {"init": init, "apply": apply},
+            number=1 if quick else 3,
+            rounds=3 if quick else 9,
+            warmup=1,
+        )
+        rows += ratio_rows(
+            SUITE, "Haiku DEQ init vs apply, trace only", traced, "apply",
+            note="jax.jit(...).lower: tracing with the creation pass, no compilation",
+        )  # fmt: skip
+    return rows
 
 
 def _nnx(quick: bool) -> list[Row]:
@@ -148,7 +191,7 @@ def _nnx(quick: bool) -> list[Row]:
 
         def __call__(self, x: jax.Array) -> jax.Array:
             f = lambda z, x: jnp.tanh(self.recurrent(z) + self.injection(x))
-            solution = fixed_point(f, jnp.zeros_like(x), x, method="forward", jit=False)
+            solution = fixed_point(f, jnp.zeros_like(x), x, method="forward")
             return jnp.sum(solution.value**2)
 
     model = DEQ()
@@ -206,6 +249,7 @@ def run(quick: bool) -> list[Row]:
     """Every measurement of the implicit-differentiation suite."""
     rows = _rules(quick)
     rows += _guarded("DEQ jax.jit(jax.grad) in hk.transform", _haiku, quick)
+    rows += _guarded("Haiku DEQ init vs apply", _haiku_init, quick)
     rows += _guarded("DEQ jo.jit(jo.grad) under nnx track", _nnx, quick)
     rows += _implicit_against_unrolled(quick)
     return rows

@@ -20,7 +20,16 @@ from pathlib import Path
 
 from benchmarks._report import bar_chart, markdown
 
-SUITES = ["bench_core", "bench_haiku", "bench_nnx", "bench_dag", "bench_debug", "bench_implicit"]
+SUITES = [
+    "bench_core",
+    "bench_haiku",
+    "bench_nnx",
+    "bench_dag",
+    "bench_debug",
+    "bench_implicit",
+    "bench_equinox",
+    "bench_equinox_nnx",
+]
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
 DOCS = HERE.parent / "docs"

@@ -56,8 +56,7 @@ class DEQ(nnx.Module):
         z0 = jnp.zeros((x.shape[0], HIDDEN))
         if self.gradient == "unrolled":
             return fixed_point(self.cell, z0, x, method="unrolled", max_iter=30).value
-        # The training step is compiled as a whole, so the solver need not jit again.
-        return fixed_point(self.cell, z0, x, method="anderson", jit=False).value
+        return fixed_point(self.cell, z0, x, method="anderson").value
 
     def __call__(self, x: jax.Array) -> jax.Array:
         return self.readout(self.equilibrium(x))[:, 0]

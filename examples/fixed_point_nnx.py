@@ -88,9 +88,8 @@ def gradient_gap(problem: Problem) -> float:
 
     def loss(module: DenseMap, **options: Any) -> jax.Array:
         del module  # the map reads the tracked model, which jo.grad differentiates
-        # jit=False: the gradient below is compiled as a whole. (A second jo.jit inside,
-        # around the implicitly differentiated solve, fails under track: a known defect.)
-        return jnp.sum(fixed_point(f, z0, problem.x, jit=False, **options).value ** 2)
+        # The solver's own jo.jit runs inside the jo.jit of the gradient below.
+        return jnp.sum(fixed_point(f, z0, problem.x, **options).value ** 2)
 
     with jaxoverride_nnx.track(model):
         implicit = jo.jit(lambda: jo.grad(lambda m: loss(m, method="anderson"))(model))()

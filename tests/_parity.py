@@ -18,6 +18,9 @@ tree structure), the same ``jax.make_jaxpr`` text, and the same gradients, in fo
 In the pass-through modes each case also asserts that the overrides it exercises were
 really reached (``Case.uses``), so a neutral function that silently bypasses the stack
 fails here.
+
+``ADAPTER_MODES`` run the same cases under each adapter where it has nothing to do
+(``adapter_parity_tests``); ``ALL_MODES`` are the modes of the error and API tests.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ import functools
 import gc
 import re
 import types
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,6 +41,9 @@ import pytest
 
 import jaxoverride as jo
 from jaxoverride import _stack
+
+BACKEND_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
+"""The event of ``jax.monitoring`` that JAX records once per XLA compilation."""
 
 TOP_LEVEL = sorted(name for name in jo.OVERRIDEABLE if not name.startswith("lax."))
 LAX = sorted(name[4:] for name in jo.OVERRIDEABLE if name.startswith("lax."))
@@ -95,8 +101,75 @@ def active(mode: str) -> Iterator[None]:
         with jo.install(PASSTHROUGH, when=when, name=f"passthrough-{mode}"):
             assert not _stack.idle
             yield
+    elif mode in ADAPTER_MODES:
+        with adapter_context(mode):
+            yield
     else:  # pragma: no cover
         raise ValueError(mode)
+
+
+ADAPTER_MODES = ("plain", "haiku_installed", "nnx_track", "dag")
+"""Each adapter active where it has nothing to do, so it must behave exactly as JAX:
+
+- ``plain``: ``jaxoverride_plain.context()`` outside ``init_context()``;
+- ``haiku_installed``: ``jaxoverride_haiku.install()``, outside any ``hk.transform``;
+- ``nnx_track``: ``jaxoverride_nnx.track(m)`` of a module ``m`` that the code never uses;
+- ``dag``: ``jaxoverride_dag.context()`` (functional: without sharing or non-array leaves
+  in the arguments, it must give what JAX gives).
+"""
+
+
+LIFTING_MODES = ("nnx_track",)
+"""Adapter modes whose control flow takes state it cannot prove unused: under ``track``
+every loop and branch receives the tracked module's Variables as operands (a read the
+body may make), so its jaxpr has them as inputs even where the body never reads them.
+The results are JAX's, and NNX's caches compile no more than JAX (an eager ``lax.map``,
+which JAX compiles again on every call, compiles once)."""
+
+ALL_MODES = (*MODES, *ADAPTER_MODES)
+"""The modes of the error and API tests: the pass-through stacks and every adapter."""
+
+
+@contextlib.contextmanager
+def adapter_context(mode: str) -> Iterator[None]:
+    """Runs the block in one of ``ADAPTER_MODES``; imports the adapter on first use."""
+    if mode == "plain":
+        import jaxoverride_plain
+
+        with jaxoverride_plain.context():
+            yield
+    elif mode == "haiku_installed":
+        import jaxoverride_haiku
+
+        jaxoverride_haiku.install()
+        try:
+            yield
+        finally:
+            jaxoverride_haiku.uninstall()
+    elif mode == "nnx_track":
+        import jaxoverride_nnx
+
+        with jaxoverride_nnx.track(_unrelated_module()):
+            yield
+    elif mode == "dag":
+        import jaxoverride_dag
+
+        with jaxoverride_dag.context():
+            yield
+    else:  # pragma: no cover
+        raise ValueError(mode)
+
+
+@functools.cache
+def _unrelated_module() -> Any:
+    from flax import nnx
+
+    class Unrelated(nnx.Module):
+        def __init__(self) -> None:
+            self.w = nnx.Param(jnp.ones(2))
+            self.calls = nnx.Variable(jnp.array(0))
+
+    return Unrelated()
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -163,6 +236,84 @@ def error_messages(thunks: Sequence[Callable[[], Any]]) -> list[tuple[type, str]
         else:
             found.append(None)
     return found
+
+
+def assert_same_errors(
+    actual: Sequence[tuple[type, str] | None],
+    expected: Sequence[tuple[type, str] | None],
+    mode: str,
+    known: Mapping[tuple[str, int], str] | None = None,
+) -> None:
+    """The errors of ``error_messages`` in ``mode`` are JAX's.
+
+    With a pass-through stack they are identical; under an adapter each has JAX's type and
+    JAX's message in its own (an adapter may add where the error happened, never replace).
+    Calls listed in ``known`` as ``(mode, index)`` are left to ``known_error_tests``.
+    """
+    assert len(actual) == len(expected)
+    wrong = [
+        f"call {index}: {difference}"
+        for index, (got, want) in enumerate(zip(actual, expected, strict=True))
+        if (mode, index) not in (known or {})
+        and (difference := _error_difference(got, want, mode)) is not None
+    ]
+    assert not wrong, f"[mode {mode}] errors differ from JAX's:\n" + "\n".join(wrong)
+
+
+def _error_difference(
+    got: tuple[type, str] | None, want: tuple[type, str] | None, mode: str
+) -> str | None:
+    if want is None or got is None or mode not in ADAPTER_MODES:
+        return None if got == want else f"{got} != {want}"
+    if got[0] is not want[0]:
+        return f"{got[0].__name__} is not JAX's {want[0].__name__}: {got[1]!r}"
+    if want[1] not in got[1]:
+        return f"JAX's message {want[1]!r} is not in {got[1]!r}"
+    return None
+
+
+def known_error_tests(
+    messages: Callable[[Any], list[tuple[type, str] | None]],
+    known: Mapping[tuple[str, int], str],
+) -> Callable[..., None]:
+    """``test_known_error_difference(mode, index)``: one strict ``xfail`` per ``known`` entry,
+    ``{(mode, index of the call in messages(api)): reason}``; it passes once the adapter
+    raises JAX's error there."""
+
+    @pytest.mark.parametrize(
+        ("mode", "index"),
+        [
+            pytest.param(mode, index, marks=pytest.mark.xfail(strict=True, reason=reason))
+            for (mode, index), reason in known.items()
+        ],
+    )
+    def test_known_error_difference(mode: str, index: int) -> None:
+        expected = messages(JAX)[index]
+        with active(mode):
+            actual = messages(jo)[index]
+        difference = _error_difference(actual, expected, mode)
+        assert difference is None, f"[mode {mode}] call {index}: {difference}"
+
+    return test_known_error_difference
+
+
+@contextlib.contextmanager
+def counting_compiles() -> Iterator[list[str]]:
+    """Yields the list of XLA compilations (the compiled function's name) in the block.
+
+    JAX reports each backend compilation as a duration event; a cache hit reports none.
+    """
+    compiled: list[str] = []
+
+    def listener(event: str, duration: float, **kwargs: Any) -> None:
+        if event == BACKEND_COMPILE_EVENT:
+            compiled.append(str(kwargs.get("fun_name", "?")))
+
+    jax.monitoring.register_event_duration_secs_listener(listener)
+    try:
+        yield compiled
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listener)
 
 
 def jaxpr_text(fn: Callable[..., Any], *args: Any) -> str:
@@ -322,6 +473,79 @@ def parity_tests(cases: Sequence[Case]) -> Callable[..., None]:
                 assert_same(actual_grad, expected_grad, f"{where} derivative")
 
     return test_parity
+
+
+def adapter_parity_tests(
+    cases: Sequence[Case], known: Mapping[tuple[str, str], str] | None = None
+) -> Callable[..., None]:
+    """``test_parity_under_adapter(mode, case)``: every case under every adapter.
+
+    In each of ``ADAPTER_MODES`` the adapter is active but has nothing to do, so the
+    neutral call must be JAX's: the same outputs (run eagerly, as a user would), the same
+    ``jax.make_jaxpr`` text, the same derivative values (under ``jax.jit``), and a second
+    call compiles exactly what JAX's second call compiles (nothing, but for an eager
+    ``lax.map``, which JAX compiles on every call). In ``LIFTING_MODES`` the jaxprs are
+    not compared and the second call may compile less than JAX's. Differences that another
+    piece of work removes are listed in ``known``: ``{(mode, case id): reason}``, each a
+    strict ``xfail``.
+    """
+    known = dict(known or {})
+    ids = {case.id for case in cases}
+    unknown = [key for key in known if key[0] not in ADAPTER_MODES or key[1] not in ids]
+    assert not unknown, f"known differences of no case: {unknown}"
+    params = [
+        pytest.param(
+            mode,
+            case,
+            id=f"{mode}-{case.id}",
+            marks=[pytest.mark.xfail(strict=True, reason=known[mode, case.id])]
+            if (mode, case.id) in known
+            else [],
+        )
+        for mode in ADAPTER_MODES
+        for case in cases
+    ]
+
+    references: dict[str, tuple[Any, ...]] = {}
+
+    def reference(case: Case) -> tuple[Any, ...]:
+        """JAX's results for ``case``, computed once for the four adapter modes."""
+        if case.id not in references:
+            args = case.args()
+            expected = case.call(JAX, *args)
+            with counting_compiles() as recompiles:
+                case.call(JAX, *args)
+            jaxpr = jaxpr_text(functools.partial(case.call, JAX), *args) if case.jaxpr else ""
+            grad = jax.jit(derivative(case, JAX))(*args) if case.diff else None
+            references[case.id] = (expected, recompiles, jaxpr, grad)
+        return references[case.id]
+
+    @pytest.mark.parametrize(("mode", "case"), params)
+    def test_parity_under_adapter(mode: str, case: Case) -> None:
+        args = case.args()
+        expected, expected_recompiles, expected_jaxpr, expected_grad = reference(case)
+        with active(mode):
+            actual = case.call(jo, *args)
+            with counting_compiles() as recompiles:
+                again = case.call(jo, *args)
+            actual_jaxpr = jaxpr_text(functools.partial(case.call, jo), *args) if case.jaxpr else ""
+            actual_grad = jax.jit(derivative(case, jo))(*args) if case.diff else None
+        where = f"[mode {mode}]"
+        assert_same(actual, expected, f"{where} outputs")
+        assert_same(again, expected, f"{where} outputs of the second call")
+        if mode not in LIFTING_MODES:
+            assert actual_jaxpr == expected_jaxpr, f"{where} jaxprs differ"
+        assert_same(actual_grad, expected_grad, f"{where} derivative")
+        if mode in LIFTING_MODES:
+            assert len(recompiles) <= len(expected_recompiles), (
+                f"{where} the second call compiled {recompiles}, JAX's {expected_recompiles}"
+            )
+        else:
+            assert recompiles == expected_recompiles, (
+                f"{where} the second call compiled {recompiles}, JAX's {expected_recompiles}"
+            )
+
+    return test_parity_under_adapter
 
 
 def check_raw_jax_ignores_overrides(cases: Sequence[Case]) -> None:

@@ -28,26 +28,41 @@ def test_unhashable_static_leaf_names_its_path():
     assert "Unhashable" in message and "hashable" in message and "Fix" in message
 
 
-def test_scan_body_that_breaks_sharing_names_the_path():
-    w = jnp.ones(2)
+@jax.tree_util.register_pytree_node_class
+class Box:
+    """A pytree node with identity: losing a tie between two boxes is an error."""
+
+    def __init__(self, x):
+        self.x = x
+
+    def tree_flatten(self):
+        return (self.x,), None
+
+    @classmethod
+    def tree_unflatten(cls, aux, children):
+        return cls(*children)
+
+
+def test_scan_body_that_breaks_a_node_tie_names_the_path():
+    box = Box(jnp.ones(2))
 
     def body(c, _):
-        return {"a": c["a"] + 1, "b": c["b"] + 1}, None  # two new arrays: the tie is gone
+        return {"a": Box(c["a"].x + 1), "b": Box(c["b"].x + 1)}, None  # two new boxes
 
     with dag.context(), pytest.raises(dag.SharingError) as info:
-        jlax.scan(body, {"a": w, "b": w}, length=2)
+        jlax.scan(body, {"a": box, "b": box}, length=2)
     message = str(info.value)
     assert "lax.scan" in message and "carry['b']" in message and "carry['a']" in message
 
 
-def test_while_and_fori_body_that_adds_sharing_names_the_path():
+def test_while_and_fori_body_that_ties_two_nodes_names_the_path():
     def body(c):
-        return [c[0] + 1] * 2  # one object at both positions
+        return [Box(c[0].x + 1)] * 2  # one node at both positions
 
-    init = [jnp.zeros(2), jnp.zeros(2)]
+    init = [Box(jnp.zeros(2)), Box(jnp.zeros(2))]
     with dag.context():
         with pytest.raises(dag.SharingError, match=r"carry\[1\]"):
-            jlax.while_loop(lambda c: c[0][0] < 2, body, init)
+            jlax.while_loop(lambda c: c[0].x[0] < 2, body, init)
         with pytest.raises(dag.SharingError, match=r"lax\.fori_loop"):
             jlax.fori_loop(0, 2, lambda i, c: body(c), init)
 
@@ -59,10 +74,15 @@ def test_loop_body_that_changes_static_data_is_an_error():
         )
 
 
-def test_branches_with_different_patterns_are_an_error():
+def test_branches_that_tie_nodes_differently_are_an_error():
     w = jnp.ones(2)
+
+    def tied(x):
+        box = Box(x)
+        return box, box
+
     with dag.context(), pytest.raises(dag.SharingError, match=r"output\[1\]"):
-        jlax.cond(True, lambda x: (x, x), lambda x: (x, x + 1), w)
+        jlax.cond(True, tied, lambda x: (Box(x), Box(x + 1)), w)
 
 
 def test_conflicting_vmap_in_axes_on_a_shared_leaf_names_both_paths():

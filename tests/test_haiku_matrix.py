@@ -402,10 +402,9 @@ def test_matrix_covers_every_overridable_function() -> None:
     covered = {name if name in transforms else f"lax.{name}" for name in OPS}
     # linearize is covered in test_haiku_transforms; pmap and shard_map need 8 devices and
     # are covered in test_multidevice_haiku.
-    # The implicit-differentiation names are covered in test_haiku_implicit.
+    # The implicit-differentiation names are covered in test_haiku_implicit, and
+    # custom_vjp/custom_jvp (stateful rule functions) in test_haiku_rules.
     implicit = {"custom_vjp", "custom_jvp", "closure_convert", "make_jaxpr"}
     implicit |= {"lax.custom_root", "lax.custom_linear_solve"}
     assert covered | {"linearize", "pmap", "shard_map"} | implicit == set(jo.OVERRIDEABLE)
-    # custom_vjp/custom_jvp are JAX's own inside a transform: rules over closure-converted
-    # (pure) functions need nothing more; stateful rule functions are not supported yet.
-    assert set(joh.context()) == set(jo.OVERRIDEABLE) - {"custom_vjp", "custom_jvp"}
+    assert set(joh.context()) == set(jo.OVERRIDEABLE)

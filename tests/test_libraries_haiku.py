@@ -99,20 +99,94 @@ def test_jaxopt_works_inside_haiku(solver):
         assert int(after["~"]["calls"]) == calls
 
 
-@pytest.mark.parametrize("solver", ["fixed_point"])
-def test_jaxopt_implicit_diff_works_eagerly_only(solver):
-    """With the default ``implicit_diff=True`` jaxopt wraps ``run`` in ``jax.custom_vjp``.
-    Eagerly that runs ``run`` directly, and everything works. Under an outer ``jax.jit``
-    the custom_vjp traces ``run`` at a trace level of its own, where Haiku state is not
-    usable: the adapter steps aside and the state written in the loop leaks."""
+@pytest.mark.parametrize("solver", list(SOLVERS))
+def test_jaxopt_implicit_diff_works_inside_haiku(solver):
+    """The default ``implicit_diff=True``: jaxopt wraps ``run`` in ``jax.custom_vjp``, which
+    interposition makes ``jo.custom_vjp``: ``run`` runs in the rule's primal function with
+    Haiku's values as an argument, so the state written in its loop comes out once, eager
+    and under ``jax.jit``, as with ``implicit_diff=False``."""
     model = jaxopt_model(solver, implicit_diff=True)
+    unrolled = jaxopt_model(solver, implicit_diff=False)
     with interposed("jaxopt"), joh.context():
         with jax.checking_leaks():
             params, state = model.init(RNG, X)
-            out, _ = model.apply(params, state, None, X)
-        np.testing.assert_allclose(out, explicit_solve(params, solver), rtol=1e-6, atol=1e-6)
-        with pytest.raises(Exception, match="Leaked trace"), jax.checking_leaks():
-            jax.jit(model.apply)(params, state, None, X)
+            out, after = model.apply(params, state, None, X)
+        jitted, after_jit = jax.jit(model.apply)(params, state, None, X)
+        _, after_unrolled = unrolled.apply(params, state, None, X)
+    assert jax.tree.map(jnp.shape, params) == {"cell": {"b": (N,), "w": (N, N)}}
+    assert int(state["~"]["calls"]) == 0
+    expected = explicit_solve(params, solver)
+    np.testing.assert_allclose(out, expected, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(jitted, expected, rtol=1e-6, atol=1e-6)
+    assert int(after["~"]["calls"]) == int(after_jit["~"]["calls"]) > 2
+    assert int(after["~"]["calls"]) == int(after_unrolled["~"]["calls"])
+
+
+def passed_to_run_model(write_state: bool = False) -> hk.TransformedWithState:
+    """jaxopt's documented way to differentiate: what the function needs goes to ``run``."""
+
+    def forward(x: jax.Array) -> jax.Array:
+        w = hk.get_parameter("w", [N, N], init=hk.initializers.RandomNormal(0.2))
+        b = hk.get_parameter("b", [N], init=jnp.zeros)
+
+        def fun(z, w, b, x):
+            if write_state:
+                hk.set_state("calls", hk.get_state("calls", [], jnp.int32, init=jnp.zeros) + 1)
+            return jnp.tanh(z @ w + b + x)
+
+        fixed_point = jaxopt.FixedPointIteration(fixed_point_fun=fun, maxiter=100, tol=1e-6)
+        return fixed_point.run(jnp.zeros(N), w, b, x).params
+
+    return hk.transform_with_state(forward)
+
+
+def unrolled_loss(params: hk.Params) -> jax.Array:
+    z = jnp.zeros(N)
+    for _ in range(100):
+        z = jnp.tanh(z @ params["~"]["w"] + params["~"]["b"] + X)
+    return jnp.sum(z**2)
+
+
+@pytest.mark.parametrize("mode", ["grad", "jit-grad", "grad-jit"])
+def test_jaxopt_implicit_gradient_wrt_params_passed_to_run_equals_unrolled(mode):
+    """Parameters passed to ``run`` are explicit arguments of jaxopt's rule: its implicit
+    gradient equals backpropagation through the unrolled iteration. (An input closed over
+    by the fixed-point function fails under ``jax.grad(jax.jit(...))`` in raw JAX too:
+    jaxopt's ``bwd``, traced after the jit trace ended, closes over its tracer.)"""
+    model = passed_to_run_model()
+    with interposed("jaxopt"), joh.context():
+        params, state = model.init(RNG, X)
+        apply = jax.jit(model.apply) if mode == "grad-jit" else model.apply
+        grad = jax.grad(lambda p: jnp.sum(apply(p, state, None, X)[0] ** 2))
+        with jax.checking_leaks():
+            got = (jax.jit(grad) if mode == "jit-grad" else grad)(params)
+    expected = jax.grad(unrolled_loss)(params)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6), got, expected)
+    assert float(jnp.abs(got["~"]["w"]).sum()) > 0
+
+
+@pytest.mark.parametrize("jit", [False, True], ids=["grad", "jit-grad"])
+def test_jaxopt_implicit_gradient_wrt_closed_over_params_is_refused(jit):
+    """A parameter the fixed-point function closes over is not an argument of jaxopt's
+    rule, which would give it a silently zero gradient: refused, naming the fix."""
+    model = jaxopt_model("fixed_point", implicit_diff=True)
+    with interposed("jaxopt"), joh.context():
+        params, state = model.init(RNG, X)
+        grad = jax.grad(lambda p: jnp.sum(model.apply(p, state, None, X)[0] ** 2))
+        with pytest.raises(joh.ClosedOverDifferentiationError, match=r"'cell/w'.*closure_convert"):
+            (jax.jit(grad) if jit else grad)(params)
+
+
+def test_jaxopt_implicit_gradient_with_a_state_writing_function_is_refused():
+    """jaxopt's ``bwd`` calls the fixed-point function again; a state write there could
+    never come out of a backward pass: refused at the write, naming the unrolled mode."""
+    model = passed_to_run_model(write_state=True)
+    with interposed("jaxopt"), joh.context():
+        params, state = model.init(RNG, X)
+        _, after = model.apply(params, state, None, X)
+        assert int(after["~"]["calls"]) > 2  # the forward pass writes its count
+        with pytest.raises(joh.PureFunctionWriteError, match=r"backward rule.*implicit_diff=False"):
+            jax.grad(lambda p: jnp.sum(model.apply(p, state, None, X)[0] ** 2))(params)
 
 
 def test_jaxopt_unrolled_gradient_wrt_haiku_params():
@@ -125,17 +199,6 @@ def test_jaxopt_unrolled_gradient_wrt_haiku_params():
     jax.tree.map(
         lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6), grads, expected
     )
-
-
-def test_jaxopt_implicit_gradient_wrt_closed_over_params_is_jaxopts_limit():
-    """jaxopt's implicit diff is a ``jax.custom_vjp`` over ``run``: it differentiates only
-    explicit arguments, so parameters closed over by the callback cannot get a gradient
-    (raw JAX refuses the same closure outside Haiku)."""
-    model = jaxopt_model("fixed_point", implicit_diff=True)
-    with interposed("jaxopt"), joh.context():
-        params, state = model.init(RNG, X)
-        with pytest.raises(jax.errors.UnexpectedTracerError):
-            jax.grad(lambda p: jnp.sum(model.apply(p, state, None, X)[0] ** 2))(params)
 
 
 class CountingOperator(hk.Module):

@@ -13,18 +13,22 @@ import pytest
 
 import jaxoverride as jo
 from _parity import (
+    ADAPTER_MODES,
     JAX,
     LAX,
     LOG,
     TOP_LEVEL,
     active,
     assert_same,
+    counting_compiles,
     f32,
     fresh_jax_caches_per_module,  # noqa: F401 - an autouse fixture
 )
 from jaxoverride import _lax, lax as jlax
 
 MODES = ["idle", "context"]
+EVERY_MODE = [*MODES, *ADAPTER_MODES]
+"""The wrapper's API must be JAX's under every adapter that has nothing to do, too."""
 NEUTRAL_LAX = ("scan", "while_loop", "fori_loop", "cond", "switch", "map", "custom_root",
                "custom_linear_solve")  # fmt: skip
 
@@ -160,7 +164,7 @@ def jit_variants(api):
     return plain, by_name, by_number
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", EVERY_MODE)
 def test_decorator_forms(mode):
     x = f32(3)
     reference = [
@@ -178,7 +182,8 @@ def test_decorator_forms(mode):
     assert [fn.__name__ for fn in variants] == ["plain", "by_name", "by_number"]
 
 
-@pytest.mark.parametrize("mode", MODES)
+# Under track, lowering takes the tracked Variables: see test_jit_api.
+@pytest.mark.parametrize("mode", [m for m in EVERY_MODE if m != "nnx_track"])
 def test_lower_trace_eval_shape(mode):
     x = f32(4)
     reference = jax.jit(scaled, static_argnums=1)
@@ -194,7 +199,7 @@ def test_lower_trace_eval_shape(mode):
     assert_same(compiled_out, reference(x, 3))
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", EVERY_MODE)
 def test_attributes_follow_jax_jit(mode):
     with active(mode):
         jitted = jo.jit(scaled)
@@ -249,7 +254,7 @@ class Scaler:
     jo_method = jo.jit(jo_method, static_argnums=0)
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", EVERY_MODE)
 def test_method_binding(mode):
     obj = Scaler(3.0)
     x = f32(3)
@@ -266,7 +271,7 @@ def test_method_binding(mode):
     assert_same(explicit, Scaler.jax_method(obj, x))
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", EVERY_MODE)
 def test_donation_consumes_the_buffer_like_jax(mode):
     def donated(api):
         x = jnp.arange(4.0)
@@ -302,6 +307,55 @@ def test_retraces_exactly_when_jax_does():
         for value in inputs:
             jitted_ours(value)
     assert ours.traces == theirs.traces + 4  # each distinct signature once, per snapshot
+
+
+@pytest.mark.parametrize("mode", ADAPTER_MODES)
+def test_retraces_and_compiles_exactly_when_jax_does_under_an_adapter(mode):
+    """Under an adapter with nothing to do, ``jo.jit`` traces and compiles when JAX does."""
+    ours, theirs = TraceCounter(), TraceCounter()
+    jitted_theirs = jax.jit(theirs)
+    inputs = [f32(3), f32(3), f32(4), jnp.arange(3), f32(3), 1.0, 2.0]
+    with active(mode):
+        jitted_ours = jo.jit(ours)
+        for value in inputs:
+            with counting_compiles() as compiled_theirs:
+                jitted_theirs(value)
+            with counting_compiles() as compiled_ours:
+                jitted_ours(value)
+            assert ours.traces == theirs.traces
+            assert compiled_ours == compiled_theirs, value
+    assert ours.traces == 4
+
+
+def compiled_programs(api, x):
+    """Six jitted programs, each built fresh (nothing cached yet) and called twice."""
+    programs = [
+        lambda: api.jit(lambda u: jnp.sin(u) * 2),
+        lambda: api.jit(lambda u: api.lax.scan(lambda c, y: (c + y, c), 0.0, u)),
+        lambda: api.jit(lambda u: api.lax.cond(u[0] > 0, jnp.sin, jnp.cos, u)),
+        lambda: api.jit(lambda u: api.lax.fori_loop(0, 3, lambda i, w: w * 2, u)),
+        lambda: api.jit(api.vmap(lambda u: u * 3)),
+        lambda: api.jit(api.grad(lambda u: jnp.sum(jnp.sin(u)))),
+    ]
+    outputs, compiles = [], []
+    for program in programs:
+        jitted = program()
+        with counting_compiles() as compiled:
+            outputs.append((jitted(x), jitted(x)))
+        compiles.append(compiled)
+    return outputs, compiles
+
+
+@pytest.mark.parametrize("mode", EVERY_MODE)
+def test_jitted_programs_compile_what_jax_compiles(mode):
+    """The same XLA compilations, by name, as JAX: once per program, not on the repeat."""
+    x = f32(3)
+    expected, expected_compiles = compiled_programs(JAX, x)
+    with active(mode):
+        actual, actual_compiles = compiled_programs(jo, x)
+    assert_same(actual, expected)
+    assert actual_compiles == expected_compiles
+    assert all(len(compiled) == 1 for compiled in expected_compiles)
 
 
 def test_callable_objects_partials_and_bound_methods():
@@ -373,13 +427,7 @@ def bad_branch(x):
     return -x
 
 
-@pytest.mark.parametrize(
-    "mode",
-    [
-        "idle",
-        "context",
-    ],
-)
+@pytest.mark.parametrize("mode", EVERY_MODE)
 def test_tracing_error_names_the_user_function(mode):
     with active(mode):
         with pytest.raises(jax.errors.ConcretizationTypeError) as info:

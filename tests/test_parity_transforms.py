@@ -17,15 +17,19 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 import jaxoverride as jo
 from _parity import (
+    ALL_MODES,
     JAX,
     Case,
     active,
+    adapter_parity_tests,
     assert_same,
+    assert_same_errors,
     check_jaxprs_in_mode,
     check_raw_jax_ignores_overrides,
     error_messages,
     f32,
     fresh_jax_caches_per_module,  # noqa: F401 - an autouse fixture
+    known_error_tests,
     mesh8,
     parity_tests as _parity_tests,
 )
@@ -445,6 +449,27 @@ CASES = [
 ]
 
 test_parity = _parity_tests(CASES)
+# Each eager ``jo.pmap(f)(x)`` (and, under track, ``jo.shard_map``) builds its adapter's
+# transform afresh, which compiles again where JAX's cache hits; ``jo.jit`` shares its
+# builds through ``jo.reuse_jit``, the mapped transforms do not yet.
+_PMAP_RECOMPILES = (
+    "the {} adapter's pmap compiles again when an equal jo.pmap(f) is built again "
+    "(JAX's second call hits its cache); its build is not shared through jo.reuse_jit"
+)
+test_parity_under_adapter = adapter_parity_tests(
+    CASES,
+    known={
+        ("dag", "pmap-axis-name"): _PMAP_RECOMPILES.format("DAG"),
+        ("dag", "pmap-out-axes"): _PMAP_RECOMPILES.format("DAG"),
+        ("nnx_track", "pmap-axis-name"): _PMAP_RECOMPILES.format("NNX"),
+        ("nnx_track", "pmap-out-axes"): _PMAP_RECOMPILES.format("NNX"),
+        **{
+            ("nnx_track", case_id): "the NNX adapter's eager shard_map compiles more on a "
+            "second call than JAX's (6 or 7 compilations against JAX's 4)"
+            for case_id in ("shard_map", "shard_map-decorator-form", "shard_map-check-vma-false")
+        },
+    },
+)
 
 
 def test_raw_jax_ignores_overrides():
@@ -485,38 +510,53 @@ def test_shard_map_output_sharding_matches(mode):
     assert_same(out, expected)
 
 
-@pytest.mark.parametrize("mode", ["idle", "context"])
-def test_transform_errors_are_jax_errors(mode):
-    """Misuse of a neutral transform raises what JAX raises, with JAX's message."""
-
-    def too_many_devices(api):
-        return lambda: api.pmap(g)(jnp.ones((9, 2)))
-
-    # JAX 0.8.1 raises a ValueError for this the first time and `StoreException: Store
-    # empty` on every later call (its pmap caches a failed trace): where raw JAX does not
-    # repeat its own error, there is nothing to compare against.
+@functools.cache
+def _raw_pmap_error_repeats() -> bool:
+    """JAX 0.8.1 raises a ValueError for a 9-row pmap on 8 devices the first time and
+    ``StoreException: Store empty`` on every later call (its pmap caches a failed trace):
+    where raw JAX does not repeat its own error, there is nothing to compare against."""
     fresh = functools.partial(g)  # a function that JAX has not seen yet
     probe = lambda: JAX.pmap(fresh)(jnp.ones((9, 2)))
-    repeatable = len(set(error_messages([probe, probe]))) == 1
+    return len(set(error_messages([probe, probe]))) == 1
 
-    def messages(api):
-        return error_messages(
-            [
-                lambda: api.grad(g)(jnp.ones(3)),  # non-scalar output
-                lambda: api.jit(power, static_argnums=1)(jnp.ones(2), jnp.ones(2)),  # unhashable
-                lambda: api.vmap(g2)(jnp.ones(3), jnp.ones(4)),  # inconsistent sizes
-                lambda: api.vmap(in_axes=0),  # missing function
-                lambda: api.jit(3),  # not callable
-                *([too_many_devices(api)] if repeatable else []),  # more than 8 devices
-                lambda: api.jvp(g, (jnp.ones(2),), (jnp.ones(3),)),
-            ]
-        )
 
-    expected = messages(JAX)
+def transform_errors(api):
+    """What each misuse of a transform raises."""
+    too_many_devices = [lambda: api.pmap(g)(jnp.ones((9, 2)))]  # more than 8 devices
+    return error_messages(
+        [
+            lambda: api.grad(g)(jnp.ones(3)),  # non-scalar output
+            lambda: api.jit(power, static_argnums=1)(jnp.ones(2), jnp.ones(2)),  # unhashable
+            lambda: api.vmap(g2)(jnp.ones(3), jnp.ones(4)),  # inconsistent sizes
+            lambda: api.vmap(in_axes=0),  # missing function
+            lambda: api.jit(3),  # not callable
+            lambda: api.jvp(g, (jnp.ones(2),), (jnp.ones(3),)),
+            *(too_many_devices if _raw_pmap_error_repeats() else []),
+        ]
+    )
+
+
+KNOWN_ERRORS = {
+    ("dag", 1): "issue 13 item 5: error wording: the DAG jit's message on an unhashable static "
+    "argument shows the tuple of static arguments, not the argument",
+    ("dag", 2): "issue 13 item 5: error wording: the DAG vmap's message on inconsistent sizes "
+    "names the adapter's arguments ('inputs', 'args[1]'), not the user's",
+    ("nnx_track", 2): "NNX under track: the vmap message on inconsistent sizes names the "
+    "adapter's arguments ('inner_args', 'inner_kwargs'), not the user's",
+}
+
+
+@pytest.mark.parametrize("mode", ALL_MODES)
+def test_transform_errors_are_jax_errors(mode):
+    """Misuse of a neutral transform raises what JAX raises, with JAX's message."""
+    expected = transform_errors(JAX)
     with active(mode):
-        actual = messages(jo)
-    assert actual == expected
+        actual = transform_errors(jo)
+    assert_same_errors(actual, expected, mode, KNOWN_ERRORS)
     assert None not in expected
+
+
+test_known_error_difference = known_error_tests(transform_errors, KNOWN_ERRORS)
 
 
 # --- hypothesis: random shapes and axes ------------------------------------------------

@@ -64,6 +64,8 @@ def dag_remat(
 def dag_eval_shape(fun: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     """The ``"eval_shape"`` override: shapes of traced outputs, static outputs as they are."""
     lower = jo.next_impl("eval_shape")
+    if not callable(fun):  # JAX's own error
+        return lower(fun, *args, **kwargs)
     plan, dyn = encode((args, kwargs), "eval_shape arguments", "call")
 
     def traced(*inputs: Any) -> Packed:

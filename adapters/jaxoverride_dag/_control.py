@@ -1,9 +1,16 @@
 """``lax.scan``, ``while_loop``, ``fori_loop``, ``cond``, ``switch`` and ``map``.
 
 Carries, operands and per-iteration inputs are encoded, and the body sees fresh objects
-with the same sharing. A carry's sharing pattern (and its static data) must be the same
-after the body as before it, and every branch must return the same pattern: otherwise a
-``SharingError`` names the first position that differs.
+with the same sharing. Where the sharing of *array* leaves differs between a carry and
+what the body returns, or between branches, the arrays are de-shared and the call traced
+again, as JAX (which never sees that sharing) would run it. A difference in the sharing
+of nodes or in static data would lose an object's identity: that is a ``SharingError``
+naming the first position that differs. Bad input gets JAX's own error: the call is
+replayed, abstractly, on raw JAX to obtain it.
+
+The functions handed to JAX are cached per user function and plan (see ``_handoff``), so
+that JAX's own caches (one trace per body function, one compile per eager loop) keep
+working.
 """
 
 from __future__ import annotations
@@ -13,38 +20,83 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 
 import jaxoverride as jo
 from jaxoverride_dag._errors import SharingError, pattern_mismatch
+from jaxoverride_dag._handoff import (
+    MAX_PER_FUNCTION,
+    MismatchError,
+    RetryError,
+    cached,
+    call_user,
+    from_user,
+    raise_as_jax,
+)
 from jaxoverride_dag._out import Packed, unforward, unforward_tree
 from jaxoverride_dag._plan import Plan, encode
+from jaxoverride_dag._reshare import meet, rebase, refines, same_form
 
 _NO_OPERAND: Any = inspect.signature(jax.lax.cond).parameters["operand"].default
 
 _CARRY_FIX = (
-    "Fix: return a carry whose objects are shared exactly as in the initial value, for "
+    "Fix: return a carry whose nodes are shared exactly as in the initial value, for "
     "example by updating the shared node in place or by building it once and placing it at "
-    "every position; to change sharing, do it before or after the loop."
+    "every position, with the same static (non-array) values; to change sharing, do it "
+    "before or after the loop."
 )
 _BRANCH_FIX = (
-    "Fix: make every branch return the same objects shared at the same positions, with the "
+    "Fix: make every branch return the same nodes shared at the same positions, with the "
     "same static (non-array) values."
 )
 
 
-def _carry_out(api: str, plan: Plan, before: Any, after: Any) -> tuple[Any, ...]:
-    after_plan, after_dyn = encode(after, f"{api} carry")
-    if after_plan != plan:
-        raise pattern_mismatch(
+def _markers(plan: Plan) -> Any:
+    """A tree of ``plan``'s pattern, for error messages: one marker per distinct array."""
+    return plan.decode([jax.ShapeDtypeStruct((), jnp.float32) for _ in range(plan.n_dyn)])
+
+
+def _pack_carry(api: str, plan: Plan, new_carry: Any) -> tuple[Any, ...]:
+    """The traced leaves of the carry a body returned, laid out as ``plan``."""
+    out_plan, out_dyn = encode(new_carry, f"{api} carry")
+    if out_plan == plan:
+        return tuple(out_dyn)
+    if same_form(out_plan, plan):
+        if refines(plan, out_plan):  # the body shares more: pass the array once per slot
+            return tuple(rebase(out_dyn, out_plan, plan))
+        raise RetryError(meet(plan, out_plan))
+    raise MismatchError(
+        pattern_mismatch(
             api,
             "carry",
-            before,
-            after,
+            _markers(plan),
+            new_carry,
             before_name="the initial carry",
             after_name="the carry the body returns",
             fix=_CARRY_FIX,
+            arrays=False,
         )
-    return tuple(after_dyn)
+    )
+
+
+def _drive(run: Callable[[Plan], Any], plan: Plan, raw: Callable[[], Any]) -> tuple[Any, Plan]:
+    """``run(plan)``, again with fewer shared arrays while the body asks for it.
+
+    Each retry splits at least one group of shared arrays, so there are at most ``n_dyn``.
+    """
+    while True:
+        try:
+            return run(plan), plan
+        except RetryError as retry:
+            if retry.plan == plan:  # pragma: no cover - meet always splits a group
+                raise RuntimeError("jaxoverride_dag: carry layout did not converge") from None
+            plan = retry.plan
+        except MismatchError as mismatch:
+            raise_as_jax(raw, mismatch.error)
+        except (TypeError, ValueError) as error:
+            if from_user(error):
+                raise
+            raise_as_jax(raw, error)
 
 
 def dag_scan(
@@ -58,25 +110,39 @@ def dag_scan(
 ) -> tuple[Any, Any]:
     """The ``"lax.scan"`` override: ``jax.lax.scan``'s signature."""
     lower = jo.next_impl("lax.scan")
-    carry_plan, carry_dyn = encode(init, "scan carry")
+    if not callable(f):  # JAX's own error
+        return lower(f, init, xs, length, reverse, unroll, _split_transpose)
+    init_plan, init_dyn = encode(init, "scan carry")
     xs_plan, xs_dyn = encode(xs, "scan xs")
 
+    def run(plan: Plan) -> Any:
+        body = cached(f, ("lax.scan", plan, xs_plan), lambda get: _scan_body(get, plan, xs_plan))
+        carry = tuple(rebase(init_dyn, init_plan, plan))
+        return lower(body, carry, tuple(xs_dyn), length, reverse, unroll, _split_transpose)
+
+    def raw() -> Any:
+        return lower(f, init, xs, length, reverse, unroll, _split_transpose)
+
+    (carry, ys), plan = _drive(run, init_plan, raw)
+    inputs = [*init_dyn, *xs_dyn]
+    return plan.decode(unforward(carry, inputs)), unforward_tree(ys, inputs).unpack()
+
+
+def _scan_body(get: Callable[[], Any], plan: Plan, xs_plan: Plan) -> Callable[..., Any]:
     def body(carry: tuple[Any, ...], x: tuple[Any, ...]) -> tuple[tuple[Any, ...], Packed]:
-        out = f(carry_plan.decode_inside(carry), xs_plan.decode_inside(x))
+        out = call_user(get(), plan.decode_inside(carry), xs_plan.decode_inside(x))
         if not isinstance(out, tuple) or len(out) != 2:
-            raise TypeError(
-                "jaxoverride_dag.lax.scan: the body must return a pair (carry, y), got "
-                f"{type(out).__name__}."
+            raise MismatchError(  # raw JAX says "scan body output must be a pair"
+                SharingError(
+                    "jaxoverride_dag.lax.scan: the body must return a pair (carry, y), got "
+                    f"{type(out).__name__}."
+                )
             )
         new_carry, y = out
         y_plan, y_dyn = encode(y, "scan outputs")
-        return _carry_out("lax.scan", carry_plan, init, new_carry), Packed(tuple(y_dyn), y_plan)
+        return _pack_carry("lax.scan", plan, new_carry), Packed(tuple(y_dyn), y_plan)
 
-    carry, ys = lower(
-        body, tuple(carry_dyn), tuple(xs_dyn), length, reverse, unroll, _split_transpose
-    )
-    inputs = [*carry_dyn, *xs_dyn]
-    return carry_plan.decode(unforward(carry, inputs)), unforward_tree(ys, inputs).unpack()
+    return body
 
 
 def dag_while_loop(
@@ -84,15 +150,31 @@ def dag_while_loop(
 ) -> Any:
     """The ``"lax.while_loop"`` override: ``jax.lax.while_loop``'s signature."""
     lower = jo.next_impl("lax.while_loop")
-    plan, dyn = encode(init_val, "while_loop carry")
+    if not (callable(cond_fun) and callable(body_fun)):  # JAX's own error
+        return lower(cond_fun, body_fun, init_val)
+    init_plan, init_dyn = encode(init_val, "while_loop carry")
 
+    def run(plan: Plan) -> Any:
+        cond = cached(cond_fun, ("lax.while_loop cond", plan), lambda get: _while_cond(get, plan))
+        body = cached(body_fun, ("lax.while_loop", plan), lambda get: _while_body(get, plan))
+        return lower(cond, body, tuple(rebase(init_dyn, init_plan, plan)))
+
+    out, plan = _drive(run, init_plan, lambda: lower(cond_fun, body_fun, init_val))
+    return plan.decode(unforward(out, init_dyn))
+
+
+def _while_cond(get: Callable[[], Any], plan: Plan) -> Callable[..., Any]:
     def cond(carry: tuple[Any, ...]) -> Any:
-        return cond_fun(plan.decode_inside(carry))
+        return call_user(get(), plan.decode_inside(carry))
 
+    return cond
+
+
+def _while_body(get: Callable[[], Any], plan: Plan) -> Callable[..., Any]:
     def body(carry: tuple[Any, ...]) -> tuple[Any, ...]:
-        return _carry_out("lax.while_loop", plan, init_val, body_fun(plan.decode_inside(carry)))
+        return _pack_carry("lax.while_loop", plan, call_user(get(), plan.decode_inside(carry)))
 
-    return plan.decode(unforward(lower(cond, body, tuple(dyn)), dyn))
+    return body
 
 
 def dag_fori_loop(
@@ -105,54 +187,125 @@ def dag_fori_loop(
 ) -> Any:
     """The ``"lax.fori_loop"`` override: ``jax.lax.fori_loop``'s signature."""
     below = jo.next_impl("lax.fori_loop")
-    plan, dyn = encode(init_val, "fori_loop carry")
+    if not callable(body_fun):  # JAX's own error
+        return below(lower, upper, body_fun, init_val, unroll=unroll)
+    init_plan, init_dyn = encode(init_val, "fori_loop carry")
 
+    def run(plan: Plan) -> Any:
+        body = cached(body_fun, ("lax.fori_loop", plan), lambda get: _fori_body(get, plan))
+        carry = tuple(rebase(init_dyn, init_plan, plan))
+        return below(lower, upper, body, carry, unroll=unroll)
+
+    def raw() -> Any:
+        return below(lower, upper, body_fun, init_val, unroll=unroll)
+
+    out, plan = _drive(run, init_plan, raw)
+    return plan.decode(unforward(out, init_dyn))
+
+
+def _fori_body(get: Callable[[], Any], plan: Plan) -> Callable[..., Any]:
     def body(i: Any, carry: tuple[Any, ...]) -> tuple[Any, ...]:
-        return _carry_out("lax.fori_loop", plan, init_val, body_fun(i, plan.decode_inside(carry)))
+        return _pack_carry("lax.fori_loop", plan, call_user(get(), i, plan.decode_inside(carry)))
 
-    return plan.decode(unforward(below(lower, upper, body, tuple(dyn), unroll=unroll), dyn))
+    return body
 
 
-class _Branches:
-    """Wraps branches so that each decodes the operands and all return one pattern."""
+def _branch(
+    get: Callable[[], Any], api: str, plan: Plan, target: Plan | None
+) -> Callable[..., Packed]:
+    """A branch that decodes the operands and packs its output (as ``target`` if given).
 
-    __slots__ = ("api", "first", "plan")
+    It records its output plan per operand types, so that the caller can find the common
+    plan of all branches when JAX finds that their outputs differ.
+    """
+    seen: dict[Any, Plan] = {}
 
-    def __init__(self, api: str, plan: Plan):
-        self.api = api
-        self.plan = plan
-        self.first: tuple[Plan, Any] | None = None
-
-    def wrap(self, branch: Callable[..., Any]) -> Callable[..., Packed]:
-        def wrapped(*operands: Any) -> Packed:
-            out = branch(*self.plan.decode_inside(operands))
-            out_plan, out_dyn = encode(out, f"{self.api} outputs")
-            if self.first is None:
-                self.first = (out_plan, out)
-            elif out_plan != self.first[0]:
-                raise pattern_mismatch(
-                    self.api,
-                    "output",
-                    self.first[1],
-                    out,
-                    before_name="one branch",
-                    after_name="another",
-                    fix=_BRANCH_FIX,
-                )
+    def branch(*operands: Any) -> Packed:
+        out = call_user(get(), *plan.decode_inside(operands))
+        out_plan, out_dyn = encode(out, f"{api} outputs")
+        if len(seen) >= MAX_PER_FUNCTION:
+            seen.clear()
+        seen[_types(operands)] = out_plan
+        if target is None or out_plan == target:
             return Packed(tuple(out_dyn), out_plan)
+        if same_form(out_plan, target):
+            if refines(target, out_plan):
+                return Packed(tuple(rebase(out_dyn, out_plan, target)), target)
+            raise RetryError(meet(target, out_plan))
+        raise MismatchError(_branch_error(api, target, out_plan))
 
-        return wrapped
+    branch.seen = seen  # type: ignore[attr-defined]
+    return branch
 
 
-def _operands(api: str, operands: tuple[Any, ...], operand: Any) -> tuple[Any, ...]:
-    if operand is _NO_OPERAND:
-        return operands
-    if operands:
-        raise TypeError(
-            f"jaxoverride_dag.{api}: pass operands positionally or with the "
-            "operand= keyword, not both."
-        )
-    return (operand,)
+def _types(values: Sequence[Any]) -> tuple[Any, ...]:
+    return tuple(jax.typeof(value) for value in values)
+
+
+def _branch_error(api: str, one: Plan, other: Plan) -> SharingError:
+    return pattern_mismatch(
+        api,
+        "output",
+        _markers(one),
+        _markers(other),
+        before_name="one branch",
+        after_name="another",
+        fix=_BRANCH_FIX,
+        arrays=False,
+    )
+
+
+def _run_branches(
+    api: str,
+    branches: Sequence[Callable[..., Any]],
+    plan: Plan,
+    dyn: Sequence[Any],
+    call: Callable[[list[Callable[..., Packed]]], Any],
+    raw: Callable[[], Any],
+) -> Any:
+    """``call(wrapped branches)``; if their outputs share arrays differently, again with
+    every branch laid out as the plan they have in common."""
+    target: Plan | None = None
+    while True:
+        wrapped = [
+            cached(b, (api, plan, target), lambda get, t=target: _branch(get, api, plan, t))
+            for b in branches
+        ]
+        try:
+            return unforward_tree(call(wrapped), dyn).unpack()
+        except RetryError as retry:
+            target = retry.plan
+        except MismatchError as mismatch:
+            raise_as_jax(raw, mismatch.error)
+        except (TypeError, ValueError) as error:
+            if from_user(error):
+                raise
+            found = None if target is not None else _common_plan(api, wrapped, dyn)
+            if not isinstance(found, Plan):
+                raise_as_jax(raw, error if found is None else found)
+                raise  # pragma: no cover - _raise_as_jax always raises
+            target = found
+
+
+def _common_plan(
+    api: str, wrapped: Sequence[Callable[..., Packed]], dyn: Sequence[Any]
+) -> Plan | SharingError | None:
+    """The plan that every branch's output refines, if they differ only in array sharing;
+    the error if they differ in more; ``None`` if that is not why JAX refused them."""
+    try:
+        key = _types(dyn)
+    except Exception:
+        return None
+    found = [getattr(w, "seen", {}).get(key) for w in wrapped]
+    plans: list[Plan] = [p for p in found if isinstance(p, Plan)]
+    if not plans or len(plans) != len(found):
+        return None
+    common = plans[0]
+    for other in plans[1:]:
+        if not same_form(common, other):
+            return _branch_error(api, common, other)
+        common = meet(common, other)
+    return None if all(p == common for p in plans) else common
 
 
 def dag_cond(
@@ -164,10 +317,23 @@ def dag_cond(
 ) -> Any:
     """The ``"lax.cond"`` override: ``jax.lax.cond``'s signature."""
     lower = jo.next_impl("lax.cond")
-    plan, dyn = encode(_operands("lax.cond", operands, operand), "cond operands")
-    branches = _Branches("lax.cond", plan)
-    out = lower(pred, branches.wrap(true_fun), branches.wrap(false_fun), *dyn)
-    return unforward_tree(out, dyn).unpack()
+    given = operands if operand is _NO_OPERAND else (*operands, operand)
+    both = bool(operands) and operand is not _NO_OPERAND
+    if not (callable(true_fun) and callable(false_fun)) or both:
+        # Non-callable branches (or JAX's deprecated form), or both kinds of operands:
+        # JAX's own behaviour and errors.
+        if operand is _NO_OPERAND:
+            return lower(pred, true_fun, false_fun, *operands)
+        return lower(pred, true_fun, false_fun, *operands, operand=operand)
+    plan, dyn = encode(given, "cond operands")
+    return _run_branches(
+        "lax.cond",
+        (true_fun, false_fun),
+        plan,
+        dyn,
+        lambda wrapped: lower(pred, *wrapped, *dyn),
+        lambda: lower(pred, true_fun, false_fun, *given),
+    )
 
 
 def dag_switch(
@@ -175,22 +341,50 @@ def dag_switch(
 ) -> Any:
     """The ``"lax.switch"`` override: ``jax.lax.switch``'s signature."""
     lower = jo.next_impl("lax.switch")
-    plan, dyn = encode(_operands("lax.switch", operands, operand), "switch operands")
-    wrapper = _Branches("lax.switch", plan)
-    out = lower(index, [wrapper.wrap(branch) for branch in branches], *dyn)
-    return unforward_tree(out, dyn).unpack()
+    given = operands if operand is _NO_OPERAND else (*operands, operand)
+    both = bool(operands) and operand is not _NO_OPERAND
+    if (
+        not isinstance(branches, Sequence)
+        or not all(callable(branch) for branch in branches)
+        or both
+    ):  # JAX's own behaviour and errors
+        if operand is _NO_OPERAND:
+            return lower(index, branches, *operands)
+        return lower(index, branches, *operands, operand=operand)
+    plan, dyn = encode(given, "switch operands")
+    return _run_branches(
+        "lax.switch",
+        branches,
+        plan,
+        dyn,
+        lambda wrapped: lower(index, wrapped, *dyn),
+        lambda: lower(index, branches, *given),
+    )
 
 
 def dag_map(f: Callable[[Any], Any], xs: Any, *, batch_size: int | None = None) -> Any:
     """The ``"lax.map"`` override: ``jax.lax.map``'s signature."""
     lower = jo.next_impl("lax.map")
+    if not callable(f):  # JAX's own error
+        return lower(f, xs, batch_size=batch_size)
     plan, dyn = encode(xs, "map xs")
+    body = cached(f, ("lax.map", plan), lambda get: _map_body(get, plan))
+    try:
+        out = lower(body, tuple(dyn), batch_size=batch_size)
+    except (TypeError, ValueError) as error:
+        if from_user(error):
+            raise
+        raise_as_jax(lambda: lower(f, xs, batch_size=batch_size), error)
+        raise  # pragma: no cover - _raise_as_jax always raises
+    return unforward_tree(out, dyn).unpack()
 
+
+def _map_body(get: Callable[[], Any], plan: Plan) -> Callable[..., Packed]:
     def body(x: tuple[Any, ...]) -> Packed:
-        out_plan, out_dyn = encode(f(plan.decode_inside(x)), "map outputs")
+        out_plan, out_dyn = encode(call_user(get(), plan.decode_inside(x)), "map outputs")
         return Packed(tuple(out_dyn), out_plan)
 
-    return unforward_tree(lower(body, tuple(dyn), batch_size=batch_size), dyn).unpack()
+    return body
 
 
 __all__ = [

@@ -15,9 +15,11 @@ if TYPE_CHECKING:
 class SharingError(ValueError):
     """A sharing pattern that a transform cannot honour.
 
-    Raised when a loop body changes which objects its carry shares, when branches of
-    ``cond``/``switch`` return different sharing patterns, and when one shared array is
-    given two different mapped axes. The message names the path and says how to fix it.
+    Raised when a loop body changes which pytree nodes its carry shares (or its static
+    data), when branches of ``cond``/``switch`` share nodes differently, and when one
+    shared array is given two different mapped axes. Arrays whose sharing differs between
+    a carry and the body's result, or between branches, are de-shared as JAX would run
+    them, with no error. The message names the path and says how to fix it.
 
     Example:
       >>> import jax.numpy as jnp, jaxoverride as jo, jaxoverride_dag as dag
@@ -88,14 +90,17 @@ def unhashable_static(plan: Plan, error: TypeError) -> TypeError:
     )
 
 
-def _signature(tree: Any) -> list[tuple[tuple[Any, ...], tuple[str, Any]]]:
-    """The expanded tree in preorder: for each position, what is there and what it shares."""
+def _signature(tree: Any, arrays: bool = True) -> list[tuple[tuple[Any, ...], tuple[str, Any]]]:
+    """The expanded tree in preorder: for each position, what is there and what it shares.
+
+    With ``arrays=False`` the sharing of array leaves is left out (where it may differ).
+    """
     out: list[tuple[tuple[Any, ...], tuple[str, Any]]] = []
     first: dict[int, tuple[Any, ...]] = {}
 
     def walk(x: Any, path: tuple[Any, ...]) -> None:
         k = kind_of_node(x)
-        if k >= TRACKED:
+        if k > TRACKED or (k == TRACKED and arrays):
             earlier = first.get(id(x))
             if earlier is not None:
                 out.append((path, ("shared", earlier)))
@@ -151,10 +156,15 @@ def pattern_mismatch(
     before_name: str,
     after_name: str,
     fix: str,
+    arrays: bool = True,
 ) -> SharingError:
-    """The error for two trees that should have the same sharing pattern and do not."""
+    """The error for two trees that should have the same sharing pattern and do not.
+
+    With ``arrays=False`` only nodes and static leaves are compared: the sharing of array
+    leaves may differ.
+    """
     label = label or what
-    a, b = _signature(before), _signature(after)
+    a, b = _signature(before, arrays), _signature(after, arrays)
     for index in range(max(len(a), len(b))):
         left = a[index] if index < len(a) else None
         right = b[index] if index < len(b) else None

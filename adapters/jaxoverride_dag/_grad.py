@@ -102,6 +102,11 @@ class _Split:
         return tree[0] if self.single else tree
 
 
+def _is_pair(out: Any) -> bool:
+    """What JAX accepts as ``(output, aux)`` from a function with ``has_aux=True``."""
+    return isinstance(out, list | tuple) and len(out) == 2
+
+
 def _differentiate(
     api: str,
     lower: Callable[..., Any],
@@ -119,6 +124,8 @@ def _differentiate(
 
         def inner(dvals: tuple[Any, ...], dyn: list[Any], rest_dyn: list[Any]) -> Any:
             out = split.call(fun, dvals, dyn, rest_dyn)
+            if has_aux and not _is_pair(out):
+                return out  # JAX's own error names what was returned
             if has_aux:
                 value, aux = out
                 return value, pack(aux, f"{api} aux")
@@ -197,6 +204,8 @@ def _jacobian(
 
         def inner(dvals: tuple[Any, ...], dyn: list[Any], rest_dyn: list[Any]) -> Any:
             out = split.call(fun, dvals, dyn, rest_dyn)
+            if has_aux and not _is_pair(out):
+                return out  # JAX's own error names what was returned
             if has_aux:
                 out, aux = out
                 return pack(out, f"{api} outputs"), pack(aux, f"{api} aux")

@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 from jax import tree_util as jtu
+from jax._src.util import fun_name
 
 import jaxoverride as jo
 from jaxoverride_dag._axes import spread
@@ -102,6 +103,7 @@ class JitState:
     """Everything a jitted function keeps: options, one entry per plan, the last entry."""
 
     __slots__ = (
+        "__weakref__",  # shared through jaxoverride.reuse_jit
         "_entries",
         "_hot",
         "donate",
@@ -160,6 +162,12 @@ class JitState:
                 self._entries.clear()
             self._entries[key] = entry
         return entry, (() if layout is None else (static_values,)), dyn
+
+    def compiled(self) -> list[Any]:
+        """The ``jax.jit`` of every plan that a call may still run."""
+        hot = [*list(self._hot.values()), *([self.last] if self.last is not None else [])]
+        functions = [entry.fn for entry in list(self._entries.values())] + [h.fn for h in hot]
+        return list({id(fn): fn for fn in functions}.values())
 
     def call_slow(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """A call the hot path could not take: another structure, sharing, a new entry."""
@@ -228,7 +236,8 @@ class JitState:
         donated = self._donated(plan, layout, args, kwargs)
         if donated:
             options["donate_argnums"] = tuple(offset + i for i in donated)
-        traced.__name__ = getattr(fun, "__name__", "traced")
+        # Named as JAX names ``fun`` (a partial by its function), so lowerings match.
+        traced.__name__ = fun_name(fun)
         traced.__qualname__ = getattr(fun, "__qualname__", traced.__name__)
         if self.in_tree is not None:
             options["in_shardings"] = self._in_shardings(plan, args, kwargs)
@@ -285,30 +294,22 @@ class JitState:
 def dag_jit(fun: Callable[..., Any], /, **options: Any) -> Callable[..., Any]:
     """The ``"jit"`` override: ``jax.jit``'s signature, identity-preserving result.
 
-    The returned function also has ``lower``, ``trace`` and ``eval_shape``.
+    The returned function has JAX's jitted-function API (``lower``, ``trace``,
+    ``eval_shape``, ``clear_cache``), over the ``jax.jit`` of the arguments' plan.
     """
-    state = JitState(fun, options, jo.next_impl("jit"))
+    below = jo.next_impl("jit")
+    # One state per function and options, shared by every wrapper of them (as jax.jit
+    # shares its cache): ``jo.jit(f)(x)`` built again compiles nothing again.
+    options_key = tuple(sorted(options.items()))
+    state = jo.reuse_jit(fun, (options_key, below), lambda: JitState(fun, options, below))
     jitted = _hot_path(state) if not state.static else _hot_path_static(state)
 
-    def lower(*args: Any, **kwargs: Any) -> Any:
+    def stage(method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         entry, prefix, dyn = state.resolve(args, kwargs)
-        return entry.fn.lower(*prefix, *dyn)
+        staged = getattr(entry.fn, method)(*prefix, *dyn)
+        return unpack_output(staged) if method == "eval_shape" else staged
 
-    def trace(*args: Any, **kwargs: Any) -> Any:
-        entry, prefix, dyn = state.resolve(args, kwargs)
-        return entry.fn.trace(*prefix, *dyn)
-
-    def eval_shape(*args: Any, **kwargs: Any) -> Any:
-        entry, prefix, dyn = state.resolve(args, kwargs)
-        return unpack_output(entry.fn.eval_shape(*prefix, *dyn))
-
-    lower.__doc__ = "Lowers for these arguments, as ``jax.jit(f).lower`` does."
-    trace.__doc__ = "Traces for these arguments, as ``jax.jit(f).trace`` does."
-    eval_shape.__doc__ = "Output shapes and static outputs, as ``jax.jit(f).eval_shape``."
-    jitted.lower = lower  # type: ignore[attr-defined]
-    jitted.trace = trace  # type: ignore[attr-defined]
-    jitted.eval_shape = eval_shape  # type: ignore[attr-defined]
-    jitted.__wrapped__ = fun  # type: ignore[attr-defined]
+    jo.jit_api(jitted, fun, stage=stage, jitted=state.compiled)
     jitted._jaxoverride_dag_state = state  # type: ignore[attr-defined]
     return jitted
 

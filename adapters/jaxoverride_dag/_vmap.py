@@ -25,9 +25,9 @@ def check_in_axes(api: str, in_axes: Any) -> Any:
         in_axes = tuple(in_axes)
     if not (in_axes is None or isinstance(in_axes, int | tuple)):
         raise TypeError(
-            f"jaxoverride_dag.{api}: in_axes must be an int, None, or a tuple of entries "
+            f"jaxoverride_dag.{api}: {api} in_axes must be an int, None, or a tuple of entries "
             f"corresponding to the positional arguments passed to the function, but got "
-            f"{in_axes!r}."
+            f"{in_axes}."
         )
     return in_axes
 
@@ -36,9 +36,9 @@ def call_prefix(api: str, in_axes: Any, args: tuple[Any, ...]) -> Any:
     """The prefix of the ``(args, kwargs)`` pair: keyword arguments are mapped on axis 0."""
     if isinstance(in_axes, tuple) and len(in_axes) != len(args):
         raise ValueError(
-            f"jaxoverride_dag.{api}: in_axes must be an int, None, or a tuple of entries "
+            f"jaxoverride_dag.{api}: {api} in_axes must be an int, None, or a tuple of entries "
             "corresponding to the positional arguments passed to the function, but got "
-            f"len(in_axes)={len(in_axes)}, len(args)={len(args)}."
+            f"len(in_axes)={len(in_axes)}, len(args)={len(args)}"
         )
     return (in_axes, 0)
 

@@ -26,8 +26,14 @@ from jaxoverride_haiku._context import (
 )
 from jaxoverride_haiku._convert import PureFunctionWriteError as PureFunctionWriteError
 from jaxoverride_haiku._frames import in_transform as in_transform, state_usable as state_usable
+from jaxoverride_haiku._rules import (
+    ClosedOverDifferentiationError as ClosedOverDifferentiationError,
+    DifferentiatedStateError as DifferentiatedStateError,
+)
 
 __all__ = [
+    "ClosedOverDifferentiationError",
+    "DifferentiatedStateError",
     "PureFunctionWriteError",
     "context",
     "in_transform",

@@ -8,7 +8,7 @@ from typing import Any
 from haiku._src import base
 
 import jaxoverride as jo
-from jaxoverride_haiku import _control, _convert, _jit, _mapped, _transforms
+from jaxoverride_haiku import _control, _convert, _jit, _mapped, _rules, _transforms
 
 _OVERRIDES = {
     "jit": _jit.jit,
@@ -36,6 +36,8 @@ _OVERRIDES = {
     "make_jaxpr": _convert.make_jaxpr,
     "lax.custom_root": _convert.custom_root,
     "lax.custom_linear_solve": _convert.custom_linear_solve,
+    "custom_vjp": _rules.custom_vjp,
+    "custom_jvp": _rules.custom_jvp,
 }
 
 # One layer for the whole process: re-entering it finds the builds made for it before.

@@ -49,41 +49,60 @@ class PureFunctionWriteError(RuntimeError):
     """
 
 
-def _refusal(where: str, what: str) -> PureFunctionWriteError:
-    return PureFunctionWriteError(
-        f"{where}: {what} inside the function being converted. {where} turns the function "
-        "into a pure jaxpr of its inputs, so nothing it writes or draws could come out, and "
-        "the value would be silently lost or stale. Move the write or the draw out of the "
-        "function that is converted (do it before or after the solver call), or pass the "
-        "value in as an argument; a solver with a non-implicit mode (fpsolve's "
-        "implicit=False, jaxopt's implicit_diff=False) does not convert the function."
-    )
+_CONVERTED = (
+    "{where} turns the function into a pure jaxpr of its inputs, so nothing it writes or "
+    "draws could come out, and the value would be silently lost or stale. Move the write or "
+    "the draw out of the function that is converted (do it before or after the solver "
+    "call), or pass the value in as an argument (optimistix's and diffrax's args, with the "
+    "key drawn before the call); a solver with a non-implicit mode (fpsolve's "
+    "implicit=False, jaxopt's implicit_diff=False) does not convert the function, but "
+    "optimistix, lineax and diffrax (with its default adjoint) convert their callbacks, so "
+    "there this is the only way."
+)
+
+
+def _refusal(where: str, what: str, why: tuple[str, str]) -> PureFunctionWriteError:
+    inside, reason = why
+    return PureFunctionWriteError(f"{where}: {what} inside {inside}. " + reason.format(where=where))
 
 
 class _RefusingSequence(base.PRNGSequence):
     """An rng sequence that refuses every draw; loops may still carry its state."""
 
-    def __init__(self, state: Any, where: str):
+    def __init__(self, state: Any, where: str, why: tuple[str, str]):
         super().__init__(state)
         self._where = where
+        self._why = why
 
     def _refuse(self, *_: Any) -> Any:
-        raise _refusal(self._where, "an rng key was drawn (hk.next_rng_key)")
+        raise _refusal(self._where, "an rng key was drawn (hk.next_rng_key)", self._why)
 
     __next__ = next = take = reserve = _refuse  # type: ignore[assignment]
 
 
 @contextlib.contextmanager
-def pure_frame(where: str) -> Iterator[None]:
-    """Refuses state writes and rng draws in the current Haiku frame."""
+def pure_frame(
+    where: str, inside: str = "the function being converted", reason: str = _CONVERTED
+) -> Iterator[None]:
+    """Refuses state writes and rng draws in the current Haiku frame.
+
+    ``inside`` names the function for the error, and ``reason`` says why nothing written
+    there could come out and what to do instead (``{where}`` is filled in).
+    """
 
     def refuse_write(next_setter: Any, value: Any, context: base.SetterContext) -> Any:
         del next_setter, value
-        raise _refusal(where, f"the Haiku state {context.full_name!r} was written")
+        raise _refusal(
+            where, f"the Haiku state {context.full_name!r} was written", (inside, reason)
+        )
 
     frame = base.current_frame()
     sequence = frame.rng_stack.peek()
-    guard = None if sequence is None else _RefusingSequence(sequence.internal_state, where)
+    guard = (
+        None
+        if sequence is None
+        else _RefusingSequence(sequence.internal_state, where, (inside, reason))
+    )
     with base.custom_setter(refuse_write), frame.rng_stack(guard):
         yield
 

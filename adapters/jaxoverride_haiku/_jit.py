@@ -142,6 +142,7 @@ class StatefulJit:
             # Built now for the usual count, while the implementation below is resolvable.
             self._inner_for(_positional_count(fun))
         functools.update_wrapper(self, fun, updated=())
+        jo.jit_api(self, fun, stage=self._stage, jitted=self._jitted)
 
     def _inner_for(self, count: int) -> Callable[..., Any]:
         """The jitted pure function for ``count`` positional arguments (single in_sharding)."""
@@ -205,15 +206,31 @@ class StatefulJit:
         key.replay(frame)
         return out
 
-    def __getattr__(self, name: str) -> Any:
-        # lower/trace/eval_shape and the rest come from the stateless jitted function.
-        if name.startswith("__"):
-            raise AttributeError(name)
-        return getattr(self.__dict__["_plain"], name)
+    def _stage(self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """``lower``/``trace``/``eval_shape`` of what a call runs: inside a transform, the
+        pure function with the Haiku state as its second argument (the state stays as it
+        was: nothing runs); outside, the stateless jitted function."""
+        if not state_usable():
+            return getattr(self._plain, method)(*args, **kwargs)
+        key = self._key(current_frame())
+        inner = self._inner if self._single_in_sharding is None else self._inner_for(len(args))
+        staged = getattr(inner, method)(key, stateful.internal_state(), *args, **kwargs)
+        return staged[0] if method == "eval_shape" else staged
+
+    def _jitted(self) -> list[Callable[..., Any]]:
+        return [self._plain, self._inner, *self._per_count.values()]
 
     def __repr__(self) -> str:
         return f"<jaxoverride_haiku jit of {self._fun!r}>"
 
 
 def jit(fun: Callable[..., Any], **options: Any) -> StatefulJit:
-    return StatefulJit(fun, jo.next_impl("jit"), options)
+    """The ``"jit"`` override: ``jax.jit``'s signature; returns a ``StatefulJit``.
+
+    One per function and options, shared by every wrapper of them (as ``jax.jit`` shares
+    its cache): ``jo.jit(f)(x)`` built again inside a transform compiles nothing again.
+    Its keys are naming situations, so sharing never merges two modules' names.
+    """
+    below = jo.next_impl("jit")
+    key = (tuple(sorted(options.items())), below)
+    return jo.reuse_jit(fun, key, lambda: StatefulJit(fun, below, options))

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import jaxoverride as jo
-from jaxoverride_nnx import _control, _jit, _mapped, _rules, _transforms
+from jaxoverride_nnx import _control, _convert, _jit, _mapped, _rules, _transforms
 
 _CONTEXT = jo.override_context(
     {
@@ -31,7 +31,11 @@ _CONTEXT = jo.override_context(
         "lax.switch": _control.switch,
         "lax.map": _control.lax_map,
         "custom_vjp": _rules.custom_vjp,
+        "custom_jvp": _rules.custom_jvp,
         "closure_convert": _rules.closure_convert,
+        "lax.custom_root": _rules.custom_root,
+        "lax.custom_linear_solve": _rules.custom_linear_solve,
+        "make_jaxpr": _convert.make_jaxpr,
     },
     name="jaxoverride_nnx",
 )
@@ -50,7 +54,7 @@ def context() -> jo.OverrideContext:
     Example:
       >>> import jaxoverride as jo, jaxoverride_nnx
       >>> sorted(jaxoverride_nnx.context())[:3]
-      ['checkpoint', 'closure_convert', 'custom_vjp']
+      ['checkpoint', 'closure_convert', 'custom_jvp']
       >>> with jaxoverride_nnx.context():
       ...     jo.resolve("jit").__module__
       'jaxoverride_nnx._jit'

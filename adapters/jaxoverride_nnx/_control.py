@@ -449,7 +449,8 @@ def lax_map(f: Callable[[Any], Any], xs: Any, *, batch_size: int | None = None) 
     vmap_below = jo.next_impl("vmap")
     leaves = jax.tree_util.tree_leaves(xs)
     total = leaves[0].shape[0] if leaves else 0
-    batches, remainder = divmod(total, batch_size)
+    # JAX reads batch_size=0 as "no scan, vmap everything".
+    batches, remainder = divmod(total, batch_size) if batch_size else (0, total)
     split = batches * batch_size
     ys = None
     if batches:

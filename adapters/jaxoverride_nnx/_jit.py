@@ -12,6 +12,7 @@ gets its own trace and a dead module's entries are pruned.
 
 from __future__ import annotations
 
+import contextvars
 import functools
 import inspect
 from collections.abc import Callable, Iterable
@@ -20,6 +21,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax._src.util import fun_name
 from jax.core import Tracer
 
 import jaxoverride as jo
@@ -147,7 +149,7 @@ class TrackedJit:
 
     def _make_call(self) -> Callable[..., Any]:
         """The callable that ``jaxoverride.jit`` runs: the hot path as a plain closure
-        (cheaper to call than an object), with ``lower``, ``trace``, ``eval_shape``."""
+        (cheaper to call than an object), with JAX's jitted-function API."""
         plain, cache, compile_, clean, with_nodes = (
             self._plain,
             self._cache,
@@ -182,7 +184,10 @@ class TrackedJit:
                 last[0], last[1] = key, jitted
             variables = tracked.variables
             values = tracked.read() if tracked.attrs else list(map(_GET, variables))
-            result = jitted(values, *args, **kwargs)
+            if tracked.owner is None:  # inside a neutral transform: see _call_hidden
+                result = _call_hidden(jitted, tracked, values, args, kwargs)
+            else:
+                result = jitted(values, *args, **kwargs)
             out, updates = result[0], result[1]
             if updates:
                 # One jitted call's outputs are all concrete or all tracers of one trace.
@@ -195,12 +200,9 @@ class TrackedJit:
                 out = from_refs(out, tracked)
             return out
 
-        call.lower = self.lower  # type: ignore[attr-defined]
-        call.trace = self.trace  # type: ignore[attr-defined]
-        call.eval_shape = self.eval_shape  # type: ignore[attr-defined]
         call.tracked_jit = self  # type: ignore[attr-defined]
         functools.update_wrapper(call, self._fun, updated=())
-        return call
+        return jo.jit_api(call, self._fun, stage=self._stage, jitted=self._jitted)
 
     def _call_with_nodes(
         self, tracked: Tracked | None, args: tuple[Any, ...], kwargs: dict[str, Any]
@@ -284,7 +286,7 @@ class TrackedJit:
         sharded_out = self._sharded_out
 
         def lifted(values: list[Any], *args: Any, **kwargs: Any) -> Any:
-            tracked = ACTIVE.get()
+            tracked = ACTIVE.get() or _HIDDEN.get()
             assert tracked is not None
             args, kwargs = from_refs((args, kwargs), tracked)
             out, after = run_lifted(tracked, values, fun, args, kwargs, _WHERE)
@@ -296,7 +298,10 @@ class TrackedJit:
                 return out, changed(values, after), None
             return out, changed(values, after)
 
-        for attribute in ("__name__", "__qualname__", "__module__", "__doc__"):
+        # Named as JAX names ``fun`` (a partial by its function, an object as unnamed), so
+        # compilations and lowerings carry the user's name.
+        lifted.__name__ = lifted.__qualname__ = fun_name(fun)
+        for attribute in ("__qualname__", "__module__", "__doc__"):
             value = getattr(fun, attribute, None)
             if isinstance(value, str):
                 setattr(lifted, attribute, value)
@@ -336,6 +341,14 @@ class TrackedJit:
         """Traces the lifted function: its first argument is the list of Variable values."""
         return self._staged("trace", args, kwargs)
 
+    def _stage(self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        if method == "eval_shape":
+            return self.eval_shape(*args, **kwargs)
+        return self._staged(method, args, kwargs)
+
+    def _jitted(self) -> list[Any]:
+        return [self._plain, *self._cache.values()]
+
     def _staged(self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         jitted, view, args, kwargs = self._entry(args, kwargs)
         if view is None:
@@ -350,10 +363,45 @@ class TrackedJit:
         return f"<jaxoverride_nnx jit of {self._fun!r}>"
 
 
+# The tracked set of a jitted call made inside a neutral transform, for ``lifted`` to find
+# while ``ACTIVE`` is cleared (see ``_call_hidden``).
+_HIDDEN: contextvars.ContextVar[Tracked | None] = contextvars.ContextVar(
+    "jaxoverride_nnx_jit_hidden", default=None
+)
+
+
+def _call_hidden(
+    jitted: Any, tracked: Tracked, values: list[Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> Any:
+    """Calls ``jitted`` with the tracked set visible to ``lifted`` only.
+
+    Inside a neutral transform (``jo.grad``: JAX's linearize) the Variables hold that
+    transform's tracers. JAX may lower the jitted function during the call, and lowering
+    runs the Python implementation of primitives such as Equinox's (``lineax``'s linear
+    solve): neutral loops in it would carry the Variables' values into the lowering as
+    constants ("No constant handler for type: LinearizeTracer"). A primitive's
+    implementation is pure, so it runs with nothing tracked; ``lifted``, traced by the
+    same call, still finds the tracked set.
+    """
+    hidden = _HIDDEN.set(tracked)
+    token = ACTIVE.set(None)
+    try:
+        return jitted(values, *args, **kwargs)
+    finally:
+        ACTIVE.reset(token)
+        _HIDDEN.reset(hidden)
+
+
 def _alive(key: Any) -> bool:
     return (key[0] if type(key) is tuple else key).alive()
 
 
 def jit(fun: Callable[..., Any], *args: Any, **kwargs: Any) -> Callable[..., Any]:
-    """The ``"jit"`` override: ``jax.jit``'s signature; returns ``TrackedJit(...).call``."""
-    return TrackedJit(fun, args, kwargs, jo.next_impl("jit")).call
+    """The ``"jit"`` override: ``jax.jit``'s signature; returns ``TrackedJit(...).call``.
+
+    One ``TrackedJit`` per function and options, shared by every wrapper of them (as
+    ``jax.jit`` shares its cache): ``jo.jit(f)(x)`` built again compiles nothing again.
+    """
+    below = jo.next_impl("jit")
+    key = (args, tuple(sorted(kwargs.items())), below)
+    return jo.reuse_jit(fun, key, lambda: TrackedJit(fun, args, kwargs, below)).call

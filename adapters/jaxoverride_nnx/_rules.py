@@ -1,4 +1,5 @@
-"""``custom_vjp`` under ``track``: the tracked Variables' values as an explicit argument.
+"""``custom_vjp`` and ``custom_jvp`` under ``track``: the tracked Variables' values as an
+explicit argument.
 
 JAX traces a custom rule's primal function at a level of its own and its ``fwd`` one
 level up. A neutral loop inside the rule carries every tracked Variable, Params included,
@@ -8,62 +9,43 @@ closed-over value"). Here the values go in as a leading argument, the primal and
 run with the Variables pointing at them (``run_lifted``, so they may also be written),
 and the values after the call come back as an extra output that is written back once.
 The leading argument gets a zero cotangent: gradients reach the parameters through the
-arguments of the rule, which ``jaxoverride.closure_convert`` provides.
+arguments of the rule, which ``jaxoverride.closure_convert`` provides. ``custom_jvp`` does
+the same with its primal function and JVP rule (the written values get zero tangents).
 """
 
 from __future__ import annotations
 
 import contextlib
-import inspect
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 from flax.errors import TraceContextError
-from jax._src.custom_derivatives import CustomVJPPrimal, SymbolicZero
+from jax._src.custom_derivatives import (
+    SymbolicZero,
+    _sum_tangents,
+    _zeros_like_pytree,
+)
 
 import jaxoverride as jo
 from jaxoverride_nnx._compat import chain_on_get_value
 from jaxoverride_nnx._errors import LevelError
 from jaxoverride_nnx._lift import changed, run_lifted, write_back
 from jaxoverride_nnx._scope import current
+from jaxoverride_plain import (
+    instantiate_zeros,
+    perturbed_leaves,
+    positional_arguments,
+    unwrap_primals,
+)
 
 WHERE = "jaxoverride.custom_vjp"
-
-
-def _positional(fun: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple:
-    """The arguments as JAX binds them: every keyword resolved to its position."""
-    if not kwargs:
-        return args
-    bound = inspect.signature(fun).bind(*args, **kwargs)
-    bound.apply_defaults()
-    return bound.args
 
 
 def _written(before: Sequence[Any], after: Sequence[Any]) -> list[Any]:
     """The values after the call, ``None`` where a Variable was not written (static)."""
     updates = changed(before, after)
     return [updates.get(index) for index in range(len(after))]
-
-
-def _is_primal(x: Any) -> bool:
-    return isinstance(x, CustomVJPPrimal)
-
-
-def _unwrap(tree: Any) -> Any:
-    return jax.tree.map(lambda x: x.value if _is_primal(x) else x, tree, is_leaf=_is_primal)
-
-
-def _is_zero(x: Any) -> bool:
-    return isinstance(x, SymbolicZero)
-
-
-def _instantiate(x: Any) -> Any:
-    if not isinstance(x, SymbolicZero):
-        return x
-    aval: Any = x.aval  # the cotangent's type: float0 for integer outputs
-    return jnp.zeros(aval.shape, aval.dtype)
 
 
 class ClosedOverDifferentiationError(ValueError):
@@ -87,8 +69,42 @@ class ClosedOverDifferentiationError(ValueError):
     """
 
 
+class PureFunctionWriteError(RuntimeError):
+    """A tracked Variable written where the write could never come out.
+
+    Raised for a write inside a function that ``closure_convert``, ``lax.custom_root`` or
+    ``lax.custom_linear_solve`` turn into a pure jaxpr of its inputs, and inside a custom
+    rule's backward pass (``bwd``), which JAX traces while it transposes: its only outputs
+    are cotangents.
+
+    Example:
+      >>> import jax.numpy as jnp
+      >>> from flax import nnx
+      >>> import jaxoverride as jo, jaxoverride_nnx
+      >>> counter = nnx.Variable(jnp.array(0))
+      >>> def g(v):
+      ...     counter[...] += 1
+      ...     return v
+      >>> with jaxoverride_nnx.track(counter):
+      ...     jo.closure_convert(g, jnp.ones(2))
+      Traceback (most recent call last):
+      ...
+      jaxoverride_nnx._rules.PureFunctionWriteError: jaxoverride.closure_convert: ...
+    """
+
+
+def _write_refused(
+    tracked: Any, written: dict[int, Any], what: str, why: str, fix: str, where: str = WHERE
+) -> Exception:
+    paths = ", ".join(f"`{tracked.path(index)}`" for index in sorted(written))
+    return PureFunctionWriteError(
+        f"{where}: {what} wrote the tracked Variable(s) {paths}. {why}, so the write could "
+        f"never come out. {fix} Every Variable was left as it was."
+    )
+
+
 @contextlib.contextmanager
-def _refusing_reads(tracked: Any, perturbed: list[int]) -> Iterator[None]:
+def _refusing_reads(tracked: Any, perturbed: list[int], where: str = WHERE) -> Iterator[None]:
     """Refuses reads of the Variables being differentiated, at the read itself.
 
     A custom rule gives gradients for its explicit arguments only: a Variable that it
@@ -104,7 +120,7 @@ def _refusing_reads(tracked: Any, perturbed: list[int]) -> Iterator[None]:
     def refuse(variable: Any, value: Any) -> Any:
         path = tracked.path(tracked.var_index(variable))
         raise ClosedOverDifferentiationError(
-            f"{WHERE}: the rule reads the tracked Variable `{path}`, which is being "
+            f"{where}: the rule reads the tracked Variable `{path}`, which is being "
             "differentiated, without having it as an argument. A custom rule gives gradients "
             "for its explicit arguments only, so it would get a silently zero gradient. Pass "
             "it in: jaxoverride.closure_convert(f, *example_args) hoists what f reads into "
@@ -127,12 +143,37 @@ def _refusing_reads(tracked: Any, perturbed: list[int]) -> Iterator[None]:
                 metadata["on_get_value"] = old
 
 
-def _argnums(fun: Callable[..., Any], argnums: Sequence[int], argnames: Sequence[str]) -> set[int]:
-    found = set(argnums)
-    if argnames:
-        names = list(inspect.signature(fun).parameters)
-        found |= {names.index(name) for name in argnames}
-    return found
+class _SameWrites:
+    """Makes a rule's primal function and its forward rule return one structure.
+
+    JAX needs the primal function and ``fwd`` (or the JVP rule) to return the same outputs,
+    and the written Variables are outputs here. Each may be traced alone (under ``jo.grad``
+    only the rule is), or both, in either order: whichever is traced second returns the
+    Variables that the first wrote, an unchanged one as its value (a write of the same
+    value). Writing a Variable that the first did not is refused, with the fix.
+    """
+
+    def __init__(self, tracked: Any, where: str, rule: str):
+        self._tracked = tracked
+        self._where = where
+        self._rule = rule
+        self._first: tuple[str, frozenset[int]] | None = None
+
+    def conform(self, role: str, values: Sequence[Any], written: list[Any]) -> list[Any]:
+        mine = frozenset(index for index, value in enumerate(written) if value is not None)
+        if self._first is None or self._first[0] == role:
+            self._first = (role, mine)
+            return written
+        other_role, other = self._first
+        if extra := mine - other:
+            paths = ", ".join(f"`{self._tracked.path(index)}`" for index in sorted(extra))
+            raise TypeError(
+                f"{self._where}: the {role} wrote the tracked Variable(s) {paths}, which the "
+                f"{other_role} does not write. JAX needs both to return the same outputs, the "
+                f"written state included. Make the {self._rule} compute its primal output by "
+                "calling the decorated function, or write the same state in both."
+            )
+        return [values[i] if i in other and w is None else w for i, w in enumerate(written)]
 
 
 class LiftedVJP:
@@ -146,7 +187,8 @@ class LiftedVJP:
         self._plain = below(fun, nondiff_argnums=nondiff_argnums, nondiff_argnames=nondiff_argnames)
         self._below = below
         self._fun = fun
-        self._nondiff = _argnums(fun, nondiff_argnums, nondiff_argnames)
+        # JAX's own resolution of the names (it ignores a name that is no parameter).
+        self._nondiff = set(self._plain.nondiff_argnums)
         self._rules: tuple[Any, ...] | None = None
 
     def defvjp(
@@ -168,36 +210,55 @@ class LiftedVJP:
         tracked = current()
         if tracked is None or self._rules is None:
             return self._plain(*args, **kwargs)
-        args = _positional(self._fun, args, kwargs)
+        args = positional_arguments(self._fun, args, kwargs)
         fun, (fwd, bwd, symbolic_zeros, optimize_remat) = self._fun, self._rules
         nondiff = sorted(self._nondiff)
 
+        same = _SameWrites(tracked, WHERE, "forward rule (fwd)")
+
         def lifted(values: list[Any], *inner: Any) -> Any:
             out, after = run_lifted(tracked, values, fun, inner, {}, WHERE)
-            return out, _written(values, after)
+            return out, same.conform("primal function", values, _written(values, after))
 
         def lifted_fwd(values: Any, *inner: Any) -> Any:
             perturbed = [
-                index
-                for index, value in enumerate(values)
-                if any(leaf.perturbed for leaf in jax.tree.leaves(value, is_leaf=_is_primal))
+                index for index, value in enumerate(values) if any(perturbed_leaves(value))
             ]
-            values = _unwrap(values)
+            values = unwrap_primals(values)
             if not symbolic_zeros:
-                inner = _unwrap(inner)
+                inner = unwrap_primals(inner)
             with _refusing_reads(tracked, [i for i in perturbed if i < len(tracked.variables)]):
                 (out, residuals), after = run_lifted(tracked, values, fwd, inner, {}, WHERE)
-            return (out, _written(values, after)), residuals
+            written = same.conform("forward rule (fwd)", values, _written(values, after))
+            return (out, written), (values, residuals)
 
         def lifted_bwd(*rest: Any) -> Any:
-            *static, residuals, (out_cotangent, _) = rest
+            *static, (values, residuals), (out_cotangent, _) = rest
             if not symbolic_zeros:
-                out_cotangent = jax.tree.map(_instantiate, out_cotangent, is_leaf=_is_zero)
-            return (None, *bwd(*static, residuals, out_cotangent))
+                out_cotangent = instantiate_zeros(out_cotangent)
+            # JAX traces bwd later, while it transposes (possibly inside a jit's transpose
+            # trace): the Variables then hold whatever the caller's level left in them, and
+            # a neutral loop in bwd would carry those as foreign constants ("No constant
+            # handler for DynamicJaxprTracer"). bwd sees the values of the call instead.
+            cotangents, after = run_lifted(
+                tracked, values, bwd, (*static, residuals, out_cotangent), {}, WHERE
+            )
+            if written := changed(values, after):
+                raise _write_refused(
+                    tracked,
+                    written,
+                    "the custom_vjp's backward rule (bwd)",
+                    "JAX traces it while it transposes, and its only outputs are cotangents",
+                    "Keep state writes out of what bwd calls (a library's implicit "
+                    "differentiation calls your function again in its backward pass: "
+                    "jaxopt's implicit_diff=True does), or use the library's "
+                    "non-implicit mode (jaxopt's implicit_diff=False).",
+                )
+            return (None, *cotangents)
 
         rule = self._below(lifted, nondiff_argnums=tuple(n + 1 for n in nondiff))
         # Symbolic zeros tell which Variables are being differentiated (see
-        # _refuse_differentiated_reads); the user's rules see them only if they asked.
+        # _refusing_reads); the user's rules see them only if they asked.
         rule.defvjp(lifted_fwd, lifted_bwd, symbolic_zeros=True, optimize_remat=optimize_remat)
         out, written = rule(tracked.read(), *args)
         updates = {index: value for index, value in enumerate(written) if value is not None}
@@ -212,23 +273,130 @@ def custom_vjp(
     return LiftedVJP(fun, nondiff_argnums, nondiff_argnames)
 
 
-class PureFunctionWriteError(RuntimeError):
-    """A tracked Variable written inside a function that ``closure_convert`` makes pure.
+WHERE_JVP = "jaxoverride.custom_jvp"
 
-    Example:
-      >>> import jax.numpy as jnp
-      >>> from flax import nnx
-      >>> import jaxoverride as jo, jaxoverride_nnx
-      >>> counter = nnx.Variable(jnp.array(0))
-      >>> def g(v):
-      ...     counter[...] += 1
-      ...     return v
-      >>> with jaxoverride_nnx.track(counter):
-      ...     jo.closure_convert(g, jnp.ones(2))
-      Traceback (most recent call last):
-      ...
-      jaxoverride_nnx._rules.PureFunctionWriteError: jaxoverride.closure_convert: ...
+
+def _tangent_zero(value: Any) -> Any:
+    """A symbolic zero tangent for a written Variable's value (state, not differentiated)."""
+    return SymbolicZero(jax.typeof(value).to_tangent_aval())
+
+
+def _interleave(static: Sequence[Any], primals: Sequence[Any], nondiff: Sequence[int]) -> list:
+    """The arguments in the function's order, from JAX's (nondiff first) split."""
+    static_it, primal_it = iter(static), iter(primals)
+    total = len(static) + len(primals)
+    return [next(static_it) if i in nondiff else next(primal_it) for i in range(total)]
+
+
+class LiftedJVP:
+    """What the NNX override of ``custom_jvp`` builds: JAX's rule, Variables lifted.
+
+    The contract is ``LiftedVJP``'s: the tracked values enter as a leading argument, the
+    primal function (when JAX calls it) or the JVP rule (when JAX differentiates) runs with
+    the Variables pointing at them and may write them, and the values after the call come
+    back as an extra output with a zero tangent, written back once.
     """
+
+    def __init__(
+        self, fun: Callable[..., Any], nondiff_argnums: Sequence[int] = (),
+        nondiff_argnames: Sequence[str] = (),
+    ):  # fmt: skip
+        below = jo.next_impl("custom_jvp")
+        self._plain = below(fun, nondiff_argnums=nondiff_argnums, nondiff_argnames=nondiff_argnames)
+        self._below = below
+        self._fun = fun
+        # JAX's own resolution of the names (it ignores a name that is no parameter).
+        self._nondiff = set(self._plain.nondiff_argnums)
+        self._rule: tuple[Callable[..., Any], bool] | None = None
+
+    def defjvp(self, jvp: Callable[..., Any], symbolic_zeros: bool = False) -> Callable[..., Any]:
+        self._plain.defjvp(jvp, symbolic_zeros=symbolic_zeros)
+        self._rule = (jvp, symbolic_zeros)
+        return jvp
+
+    def defjvps(self, *jvps: Callable[..., Any] | None) -> None:
+        self._plain.defjvps(*jvps)  # JAX's checks (no nondiff_argnums)
+        fun = self._fun
+
+        # JAX's own composition calls the decorated object for the primal output; inside
+        # the lifted rule the Variables already hold this call's values, so call ``fun``.
+        def jvp(primals: Sequence[Any], tangents: Sequence[Any]) -> Any:
+            primal_out = fun(*primals)
+            zeros = _zeros_like_pytree(primal_out)
+            each = [
+                rule(t, primal_out, *primals) if rule else zeros
+                for t, rule in zip(tangents, jvps, strict=False)
+            ]
+            return primal_out, jax.tree.map(_sum_tangents, primal_out, *each)
+
+        self._rule = (jvp, False)
+
+    def __getattr__(self, attribute: str) -> Any:
+        if attribute.startswith("_"):
+            raise AttributeError(attribute)
+        return getattr(self._plain, attribute)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        tracked = current()
+        if tracked is None or self._rule is None:
+            return self._plain(*args, **kwargs)
+        args = positional_arguments(self._fun, args, kwargs)
+        fun, (jvp, symbolic_zeros) = self._fun, self._rule
+        nondiff = sorted(self._nondiff)
+        count = len(tracked.variables)
+
+        same = _SameWrites(tracked, WHERE_JVP, "JVP rule")
+
+        def lifted(values: list[Any], *inner: Any) -> Any:
+            out, after = run_lifted(tracked, values, fun, inner, {}, WHERE_JVP)
+            return out, same.conform("primal function", values, _written(values, after))
+
+        def lifted_jvp(*rest: Any) -> Any:
+            *static, (values, *primals), (values_dot, *tangents) = rest
+            perturbed = [
+                index
+                for index, tangent in enumerate(values_dot[:count])
+                if any(perturbed_leaves(tangent))
+            ]
+            if not any(perturbed_leaves(tangents)):
+                # Only the Variables are perturbed: raw JAX would not call the rule here
+                # (it gives derivatives for its arguments only), and a rule may refuse to
+                # be called (equinox's ``nondifferentiable``). The output tangent is zero,
+                # which is right unless the function reads a perturbed Variable: refused.
+                ordered = _interleave(static, primals, nondiff)
+                with _refusing_reads(tracked, perturbed, WHERE_JVP):
+                    out, after = run_lifted(tracked, values, fun, ordered, {}, WHERE_JVP)
+                written = _written(values, after)
+                return (out, written), (
+                    jax.tree.map(_tangent_zero, out),
+                    [None if w is None else _tangent_zero(w) for w in written],
+                )
+            if not symbolic_zeros:
+                tangents = instantiate_zeros(tangents)
+            with _refusing_reads(tracked, perturbed, WHERE_JVP):
+                (out, out_dot), after = run_lifted(
+                    tracked, values, jvp, (*static, tuple(primals), tuple(tangents)), {}, WHERE_JVP
+                )
+            written = same.conform("JVP rule", values, _written(values, after))
+            return (out, written), (
+                out_dot,
+                [None if w is None else _tangent_zero(w) for w in written],
+            )
+
+        rule = self._below(lifted, nondiff_argnums=tuple(n + 1 for n in nondiff))
+        # Symbolic zeros tell which Variables are being differentiated.
+        rule.defjvp(lifted_jvp, symbolic_zeros=True)
+        out, written = rule(tracked.read(), *args)
+        updates = {index: value for index, value in enumerate(written) if value is not None}
+        write_back(tracked, updates, WHERE_JVP)
+        return out
+
+
+def custom_jvp(
+    fun: Callable[..., Any], nondiff_argnums: Sequence[int] = (),
+    nondiff_argnames: Sequence[str] = (),
+) -> LiftedJVP:  # fmt: skip
+    return LiftedJVP(fun, nondiff_argnums, nondiff_argnames)
 
 
 def closure_convert(fun: Callable[..., Any], *example_args: Any) -> Any:
@@ -251,3 +419,82 @@ def closure_convert(fun: Callable[..., Any], *example_args: Any) -> Any:
             "mode (fpsolve's implicit=False, jaxopt's implicit_diff=False). "
             f"NNX said: {error}"
         ) from error
+
+
+# -- lax.custom_root and lax.custom_linear_solve ---------------------------------------
+
+
+def _pure(
+    tracked: Any,
+    fn: Callable[..., Any] | None,
+    role: str,
+    where: str,
+    why: str = "JAX traces it into a pure jaxpr of its inputs",
+    fix: str = "Move the write out of the solve (before or after the call), or use the "
+    "library's non-implicit mode (jaxopt's implicit_diff=False).",
+) -> Any:
+    """``fn`` run with the tracked Variables readable and any write refused.
+
+    JAX traces each function it is given into a jaxpr and hoists what it closes over into
+    explicit, differentiated inputs, so reads of a tracked module come out right. Two things
+    need the adapter. JAX caches those traces by the function's identity, closed-over values
+    included: a function defined once and called again after the weights changed (or under
+    ``jo.grad``, whose values are other tracers) would get the old values, a silently wrong
+    gradient or a leaked tracer. A fresh wrapper per call never hits that cache. And a write
+    inside could never come out of the jaxpr: it is refused with the fix, every Variable left
+    as it was.
+    """
+    if fn is None or not callable(fn):
+        return fn  # JAX's own error for JAX's misuse, as with nothing active
+
+    def pure(*args: Any, **kwargs: Any) -> Any:
+        out, after = run_lifted(tracked, None, fn, args, kwargs, where)
+        if written := changed(tracked.read(), after):
+            raise _write_refused(tracked, written, role, why, fix, where)
+        return out
+
+    return pure
+
+
+def custom_root(
+    f: Callable[..., Any],
+    initial_guess: Any,
+    solve: Callable[..., Any],
+    tangent_solve: Callable[..., Any],
+    has_aux: bool = False,
+) -> Any:
+    below = jo.next_impl("lax.custom_root")
+    tracked = current()
+    if tracked is None:
+        return below(f, initial_guess, solve, tangent_solve, has_aux=has_aux)
+    where = "jaxoverride.lax.custom_root"
+    return below(
+        _pure(tracked, f, "f (the function whose root is found)", where),
+        initial_guess,
+        _pure(tracked, solve, "solve", where),
+        _pure(tracked, tangent_solve, "tangent_solve", where),
+        has_aux=has_aux,
+    )
+
+
+def custom_linear_solve(
+    matvec: Callable[..., Any],
+    b: Any,
+    solve: Callable[..., Any],
+    transpose_solve: Callable[..., Any] | None = None,
+    symmetric: bool = False,
+    has_aux: bool = False,
+) -> Any:
+    below = jo.next_impl("lax.custom_linear_solve")
+    tracked = current()
+    if tracked is None:
+        return below(matvec, b, solve, transpose_solve, symmetric=symmetric, has_aux=has_aux)
+    where = "jaxoverride.lax.custom_linear_solve"
+    return below(
+        _pure(tracked, matvec, "matvec", where),
+        b,
+        _pure(tracked, solve, "solve", where),
+        _pure(tracked, transpose_solve, "transpose_solve", where),
+        symmetric=symmetric,
+        has_aux=has_aux,
+    )

@@ -34,6 +34,14 @@ from jaxoverride_plain._phase import (
     is_applying as is_applying,
     is_initializing as is_initializing,
 )
+from jaxoverride_plain._rule_args import (
+    instantiate_zeros as instantiate_zeros,
+    nondiff_positions as nondiff_positions,
+    perturbed_leaves as perturbed_leaves,
+    positional_arguments as positional_arguments,
+    unwrap_primals as unwrap_primals,
+    zero_tangents as zero_tangents,
+)
 from jaxoverride_plain._transforms import (
     init_safe_transform as init_safe_transform,
     unbatched_arguments as unbatched_arguments,
@@ -56,11 +64,17 @@ __all__ = [
     "init_safe_switch",
     "init_safe_transform",
     "init_safe_while_loop",
+    "instantiate_zeros",
     "is_applying",
     "is_initializing",
     "mesh_axis_sizes",
+    "nondiff_positions",
+    "perturbed_leaves",
+    "positional_arguments",
     "shard_block_arguments",
     "unbatched_arguments",
+    "unwrap_primals",
     "varying_axes",
+    "zero_tangents",
     "zeros_for",
 ]

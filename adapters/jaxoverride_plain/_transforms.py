@@ -13,8 +13,12 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+import jaxoverride as jo
 from jaxoverride_plain._combinators import Thunk, create_by_calling, init_safe_call
 from jaxoverride_plain._phase import is_initializing
+
+# What ``transformed`` must have to be treated as a jitted function.
+_JITTED = ("lower", "trace", "eval_shape", "clear_cache", "_cache_size")
 
 
 def init_safe_transform(
@@ -33,7 +37,10 @@ def init_safe_transform(
       initializing, create: the hooks of ``init_safe_scan``.
 
     Returns:
-      A function with the signature of ``transformed``.
+      A function with the signature of ``transformed``. If ``transformed`` is a jitted
+      function, the result has its API too (``lower``, ``trace``, ``eval_shape``,
+      ``clear_cache``; see ``jaxoverride.jit_api``): at init, staging it runs the
+      creation pass first, as a call does.
 
     Example:
       >>> import jax, jax.numpy as jnp
@@ -58,7 +65,25 @@ def init_safe_transform(
             create=create,
         )
 
-    return call
+    if not all(hasattr(transformed, name) for name in _JITTED):
+        return call
+
+    # A jitted function keeps JAX's API; staging it at init creates the parameters first,
+    # as a call does, so that the trace reads them instead of creating them.
+    def stage(method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        return init_safe_call(
+            lambda: creation(*args, **kwargs),
+            lambda: getattr(transformed, method)(*args, **kwargs),
+            initializing=initializing,
+            create=create,
+        )
+
+    return jo.jit_api(
+        call,
+        getattr(transformed, "__wrapped__", creation),
+        stage=stage,
+        jitted=lambda: (transformed,),
+    )
 
 
 def _take_first(tree: Any, axis: int | None) -> Any:

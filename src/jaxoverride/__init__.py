@@ -37,8 +37,14 @@ from jaxoverride._context import (
     uninstall as uninstall,
 )
 from jaxoverride._dispatch import next_impl as next_impl, resolve as resolve
+from jaxoverride._import_hook import (
+    ImportInterposition as ImportInterposition,
+    ImportOrderError as ImportOrderError,
+    interpose_on_import as interpose_on_import,
+)
 from jaxoverride._interpose import Interposition as Interposition, interpose as interpose
 from jaxoverride._introspect import Stack as Stack, current_stack as current_stack
+from jaxoverride._jitapi import jit_api as jit_api, reuse_jit as reuse_jit
 from jaxoverride._names import OVERRIDEABLE as OVERRIDEABLE
 from jaxoverride._neutral import NeutralRule as NeutralRule, Transformed as Transformed
 
@@ -46,6 +52,8 @@ __version__ = "0.1.0"
 
 __all__ = [
     "OVERRIDEABLE",
+    "ImportInterposition",
+    "ImportOrderError",
     "Installation",
     "Interposition",
     "NeutralRule",
@@ -62,9 +70,11 @@ __all__ = [
     "hessian",
     "install",
     "interpose",
+    "interpose_on_import",
     "jacfwd",
     "jacrev",
     "jit",
+    "jit_api",
     "jvp",
     "lax",
     "linearize",
@@ -74,6 +84,7 @@ __all__ = [
     "pmap",
     "remat",
     "resolve",
+    "reuse_jit",
     "shard_map",
     "uninstall",
     "value_and_grad",

@@ -44,6 +44,8 @@ _REPLACEMENTS: dict[int, tuple[Any, Any]] = {
     id(jax.lax): (jax.lax, neutral_lax),
     **{id(impl): (impl, _neutral_object(name)) for name, impl in JAX_IMPLS.items()},
 }
+# identity of a neutral replacement -> the raw jax object it stands for
+ORIGINALS: dict[int, Any] = {id(new): raw for raw, new in _REPLACEMENTS.values()}
 _REFUSED_PREFIXES = ("jax", "jaxlib", "jaxoverride")
 
 
@@ -56,7 +58,8 @@ class _Binding:
     holders: int = 0
 
 
-_lock = threading.Lock()
+# Reentrant: a module imported while interpose_on_import holds it registers its bindings.
+_lock = threading.RLock()
 _bindings: dict[tuple[int, str], _Binding] = {}
 
 
@@ -88,7 +91,7 @@ class Interposition:
     def restore(self) -> None:
         """Rebinds the original jax objects, unless another interposition still holds them."""
         with _lock:
-            _release(self)
+            release(self)
 
     def __enter__(self) -> Interposition:
         return self
@@ -97,7 +100,7 @@ class Interposition:
         self.restore()
 
 
-def _release(handle: Interposition) -> None:
+def release(handle: Interposition) -> None:
     held, handle._held = handle._held, []
     for binding in reversed(held):
         binding.holders -= 1
@@ -108,7 +111,7 @@ def _release(handle: Interposition) -> None:
             setattr(binding.module, binding.attribute, binding.original)
 
 
-def _is_refused(module_name: str) -> bool:
+def is_refused(module_name: str) -> bool:
     return any(
         module_name == prefix or module_name.startswith((prefix + ".", prefix + "_"))
         for prefix in _REFUSED_PREFIXES
@@ -124,6 +127,38 @@ def _submodules(module: types.ModuleType) -> Iterable[types.ModuleType]:
 
 def _is_precompiled(value: Any) -> bool:
     return type(value).__name__ == "PjitFunction"
+
+
+def bind_module(
+    target: types.ModuleType, handle: Interposition, adopt: frozenset[int] = frozenset()
+) -> bool:
+    """Rebinds ``target``'s references to jax for ``handle``; True if it has any.
+
+    ``adopt`` holds the ids of neutral objects that ``target`` received in place of jax's
+    own while it was imported (``interpose_on_import``): they are recorded as bindings, so
+    that restoring puts jax's objects back. Call it with ``_lock`` held.
+    """
+    relevant = False
+    for attribute, value in list(vars(target).items()):
+        binding = _bindings.get((id(target), attribute))
+        if binding is not None and value is binding.replacement:
+            pass
+        elif (entry := _REPLACEMENTS.get(id(value))) and entry[0] is value:
+            binding = _Binding(target, attribute, value, entry[1])
+            setattr(target, attribute, entry[1])
+            _bindings[(id(target), attribute)] = binding
+        elif id(value) in adopt and (original := ORIGINALS.get(id(value))) is not None:
+            binding = _Binding(target, attribute, original, value)
+            _bindings[(id(target), attribute)] = binding
+        else:
+            if _is_precompiled(value):
+                handle.precompiled.append(f"{target.__name__}.{attribute}")
+            continue
+        relevant = True
+        binding.holders += 1
+        handle._held.append(binding)
+        handle.rebound.setdefault(target.__name__, []).append(attribute)
+    return relevant
 
 
 def interpose(module: types.ModuleType, *, recursive: bool = False) -> Interposition:
@@ -171,38 +206,23 @@ def interpose(module: types.ModuleType, *, recursive: bool = False) -> Interposi
         raise TypeError(
             f"jaxoverride.interpose expects a module, got {type(module).__name__} {module!r}.{hint}"
         )
-    if _is_refused(module.__name__):
+    if is_refused(module.__name__):
         raise ValueError(
             f"jaxoverride.interpose refuses {module.__name__!r}: jax, jaxlib and jaxoverride "
             "must keep calling JAX directly. Interpose the library that calls jax instead."
         )
     modules = [module]
     if recursive:
-        modules += [m for m in _submodules(module) if not _is_refused(m.__name__)]
+        modules += [m for m in _submodules(module) if not is_refused(m.__name__)]
 
     handle = Interposition()
     relevant = False
     with _lock:
         try:
             for target in modules:
-                for attribute, value in list(vars(target).items()):
-                    binding = _bindings.get((id(target), attribute))
-                    if binding is not None and value is binding.replacement:
-                        relevant = True
-                    elif (entry := _REPLACEMENTS.get(id(value))) and entry[0] is value:
-                        relevant = True
-                        binding = _Binding(target, attribute, value, entry[1])
-                        setattr(target, attribute, entry[1])
-                        _bindings[(id(target), attribute)] = binding
-                    else:
-                        if _is_precompiled(value):
-                            handle.precompiled.append(f"{target.__name__}.{attribute}")
-                        continue
-                    binding.holders += 1
-                    handle._held.append(binding)
-                    handle.rebound.setdefault(target.__name__, []).append(attribute)
+                relevant = bind_module(target, handle) or relevant
         except BaseException:
-            _release(handle)
+            release(handle)
             raise
     if not relevant:
         where = "it or its submodules" if recursive else "it"

@@ -119,7 +119,8 @@ class Transformed(functools.partial):  # type: ignore[type-arg]
     Calling it runs the transform that the active stack selects for ``f``: JAX's own
     while nothing is active, an override's otherwise, built once per distinct stack.
     Attributes of the selected function, such as ``lower``, ``trace`` and
-    ``eval_shape`` of a jitted function, are forwarded, and ``__wrapped__`` is ``f``.
+    ``eval_shape`` of a jitted function, are forwarded, ``clear_cache()`` clears the
+    builds of every stack, and ``__wrapped__`` is ``f``.
 
     Example:
       >>> import jax.numpy as jnp, jaxoverride as jo
@@ -180,6 +181,16 @@ class Transformed(functools.partial):  # type: ignore[type-arg]
     def eval_shape(self, *args: Any, **kwargs: Any) -> Any:
         """Output shapes of the function selected by the active stack, as ``jax.eval_shape``."""
         return self._selected_attribute("eval_shape")(*args, **kwargs)
+
+    def clear_cache(self) -> None:
+        """Clears the compiled code of this function under every stack, as
+        ``jax.jit(f).clear_cache()`` does for ``f``; the next call compiles again."""
+        state: _TransformState = self.__dict__["_jaxoverride_state"]
+        self._selected_attribute("clear_cache")  # refused if the selected one lacks it
+        for built in {id(b): b for b in (state.plain, *list(state.builds.values()))}.values():
+            clear = getattr(built, "clear_cache", None)
+            if clear is not None:
+                clear()
 
     def _selected_attribute(self, attribute: str) -> Any:
         state: _TransformState = self.__dict__["_jaxoverride_state"]

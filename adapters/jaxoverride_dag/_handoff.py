@@ -1,0 +1,108 @@
+"""Handing user functions to JAX: cached wrappers, the user-call frame, JAX's errors.
+
+JAX caches a body's trace per function object (and an eager loop's executable per
+jaxpr), so the wrapper around a user function must be the same object for the same
+function and plan: ``cached`` keeps one per pair while the function lives. Every call
+of user code goes through ``call_user``, so that an error raised by user code can be
+told from one raised by JAX's checks of what it returned. Bad input is replayed on raw
+JAX, abstractly, to raise JAX's own exception and message (``raise_as_jax``).
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+import jax
+
+from jaxoverride_dag._errors import SharingError
+from jaxoverride_dag._plan import Plan
+
+_NOT_JAX = "is not a valid JAX type"  # raw JAX cannot express the call: our error is the one
+
+
+class RetryError(Exception):
+    """Internal: trace again with ``plan``, which shares fewer arrays."""
+
+    def __init__(self, plan: Plan):
+        super().__init__("internal: retry with fewer shared arrays")
+        self.plan = plan
+
+
+class MismatchError(Exception):
+    """Internal: a sharing difference that loses identity; JAX's error wins if it has one."""
+
+    def __init__(self, error: SharingError):
+        super().__init__(str(error))
+        self.error = error
+
+
+def call_user(fun: Callable[..., Any], *args: Any) -> Any:
+    # Every call of user code goes through this frame: an error whose traceback holds it
+    # was raised by user code, not by JAX's checks of what the user code returned.
+    return fun(*args)
+
+
+def from_user(error: BaseException) -> bool:
+    tb = error.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_code is call_user.__code__:
+            return True
+        tb = tb.tb_next
+    return False
+
+
+def raise_as_jax(raw: Callable[[], Any], error: BaseException) -> None:
+    """Raises JAX's own error for the call that ``raw`` makes, or ``error`` if it has none.
+
+    ``raw`` runs under ``jax.eval_shape``: JAX's checks happen while tracing, so nothing
+    is computed.
+    """
+    try:
+        jax.eval_shape(lambda: (raw(), None)[1])
+    except (TypeError, ValueError) as jax_error:
+        if _NOT_JAX not in str(jax_error):
+            raise jax_error from None
+    except Exception:  # anything else says nothing about the input: ours is clearer
+        pass
+    raise error
+
+
+_WRAPPERS: weakref.WeakKeyDictionary[Any, dict[Any, Callable[..., Any]]] = (
+    weakref.WeakKeyDictionary()
+)
+MAX_PER_FUNCTION = 64
+
+
+def cached(
+    fun: Any, key: Any, make: Callable[[Callable[[], Any]], Callable[..., Any]]
+) -> Callable[..., Any]:
+    """The wrapper ``make(get_fun)`` for ``(fun, key)``, one object per pair while ``fun`` lives.
+
+    JAX caches a body's trace per function object, so the same wrapper must reach it for
+    the same body. The wrapper holds ``fun`` weakly, so that the cache never keeps it alive.
+    """
+    try:
+        table = _WRAPPERS.get(fun)
+        if table is None:
+            table = _WRAPPERS[fun] = {}
+        wrapper = table.get(key)
+    except TypeError:  # not weakly referenceable, or an unhashable plan: no cache
+        return make(lambda: fun)
+    if wrapper is None:
+        if len(table) >= MAX_PER_FUNCTION:
+            table.clear()
+        wrapper = table[key] = make(weakref.ref(fun))  # type: ignore[arg-type]
+    return wrapper
+
+
+__all__ = [
+    "MAX_PER_FUNCTION",
+    "MismatchError",
+    "RetryError",
+    "cached",
+    "call_user",
+    "from_user",
+    "raise_as_jax",
+]

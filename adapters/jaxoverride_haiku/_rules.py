@@ -1,0 +1,468 @@
+"""``custom_vjp`` and ``custom_jvp`` inside ``hk.transform``: Haiku's state as an argument.
+
+JAX traces a rule's functions at levels of its own, and may trace ``fwd`` (or the JVP
+rule) lazily: under ``jax.grad(jax.jit(apply))`` it does so after the transform has
+returned, when no Haiku frame exists. So nothing of Haiku may be closed over. Here each
+call builds JAX's rule over a function that takes Haiku's values ``(params, state, rng)``
+as a leading argument and returns ``(state, rng)`` after it as an extra output:
+
+* every function of the rule runs in a fresh frame made from that argument and from a
+  copy of the caller's module stack and naming counters (taken at the call), so modules
+  are named, and parameters found, as in the caller;
+* state written and keys drawn by the primal or ``fwd``/JVP rule come out once per call,
+  whichever JAX ran. Only the entries that the run replaced reach the caller's frame (a
+  superset of the writes: a neutral loop or jit inside the rule stores what it carries
+  again), so state the rule did not touch keeps its derivatives, and no write is lost;
+  differentiating, after the call, state that came out of a ``custom_vjp`` is refused;
+* ``bwd`` runs in a fresh frame holding the values as ``fwd`` left them, and a state
+  write or rng draw there is refused at the write itself (``pure_frame``'s setter and rng
+  guard), never by comparing afterwards, which a neutral loop inside ``bwd`` would
+  trip: a backward pass returns cotangents only;
+* the rule is registered with ``symbolic_zeros=True`` to learn which of Haiku's values are
+  being differentiated. A rule gives gradients for its explicit arguments only, so a read
+  of such a value (``hk.get_parameter``/``hk.get_state``, seen by a custom getter) is
+  refused at the read, naming ``closure_convert``, instead of a silently zero gradient;
+* at init, a creation pass first runs the primal function once (``init_safe_call``):
+  parameters are created once, under the names apply uses.
+
+JAX binds a rule's arguments with ``inspect.signature``: keywords are resolved to
+positions on the user's function before the call, and the lifted functions keep a plain
+``(values, *args)`` signature of their own.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import contextvars
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+from haiku._src import base, data_structures, stateful
+
+import jaxoverride as jo
+from jaxoverride_haiku._convert import pure_frame
+from jaxoverride_haiku._creation import init_safe_call
+from jaxoverride_haiku._frames import (
+    InternalState,
+    Names,
+    current_frame,
+    new_parameters_error,
+    state_usable,
+)
+from jaxoverride_plain import (
+    instantiate_zeros,
+    nondiff_positions,
+    perturbed_leaves,
+    positional_arguments,
+    unwrap_primals,
+    zero_tangents,
+)
+
+
+class ClosedOverDifferentiationError(ValueError):
+    """A custom rule reads a Haiku parameter (or state) that is being differentiated.
+
+    The rule gives gradients for its explicit arguments only, so the value would get a
+    silently zero gradient. ``jaxoverride.closure_convert`` makes what a function reads
+    explicit arguments.
+
+    Example:
+      >>> import jax, jax.numpy as jnp, haiku as hk
+      >>> import jaxoverride as jo, jaxoverride_haiku as joh
+      >>> def f(x):
+      ...     scale = jo.custom_vjp(lambda x: x * hk.get_parameter("w", [], init=jnp.ones))
+      ...     scale.defvjp(lambda x: (scale(x), None), lambda _, g: (g,))
+      ...     return scale(x)
+      >>> model = hk.transform(f)
+      >>> with joh.context():
+      ...     params = model.init(None, 1.0)
+      ...     jax.grad(lambda p: model.apply(p, None, 1.0))(params)
+      Traceback (most recent call last):
+      ...
+      jaxoverride_haiku._rules.ClosedOverDifferentiationError: jaxoverride.custom_vjp: ...
+    """
+
+
+class DifferentiatedStateError(ValueError):
+    """State that came out of a custom rule is differentiated after it.
+
+    The rule's ``bwd`` gives cotangents from that of the rule's output only, so the state
+    would get a silently zero gradient.
+
+    Example:
+      >>> import jax, jax.numpy as jnp, haiku as hk
+      >>> import jaxoverride as jo, jaxoverride_haiku as joh
+      >>> def f(x):
+      ...     def primal(x):
+      ...         hk.set_state("y", 3.0 * x)
+      ...         return x
+      ...     g = jo.custom_vjp(primal)
+      ...     g.defvjp(lambda x: (primal(x), None), lambda _, ct: (ct,))
+      ...     return g(x) + hk.get_state("y", [], init=jnp.zeros)
+      >>> model = hk.transform_with_state(f)
+      >>> with joh.context():
+      ...     params, state = model.init(None, 1.0)
+      ...     jax.grad(lambda x: model.apply(params, state, None, x)[0])(1.0)
+      Traceback (most recent call last):
+      ...
+      jaxoverride_haiku._rules.DifferentiatedStateError: jaxoverride.custom_vjp: ...
+    """
+
+
+_BACKWARD = (
+    "the backward rule (bwd)",
+    "A backward rule returns cotangents only, so nothing it writes or draws could come out, "
+    "and the value would be silently lost. Write the state (or draw the key) in the primal "
+    "function or in fwd, where {where} threads it out once per call, and pass what bwd "
+    "needs as a residual; bwd reads the state as fwd left it. A solver whose backward pass "
+    "calls your function again (jaxopt's implicit_diff=True) needs a function that writes "
+    "no state; or use its unrolled mode (implicit_diff=False).",
+)
+
+# (where, names) of the values that the running rule must not read; one getter function
+# for every call, so that a jo.jit inside a rule keeps one cache key.
+_REFUSED: contextvars.ContextVar[tuple[str, frozenset[tuple[str, str]]]] = contextvars.ContextVar(
+    "jaxoverride_haiku_refused_reads", default=("", frozenset())
+)
+
+
+def _refuse_differentiated(next_getter: Any, value: Any, context: base.GetterContext) -> Any:
+    where, names = _REFUSED.get()
+    if (context.module_name, context.name) in names:
+        raise ClosedOverDifferentiationError(
+            f"{where}: the rule reads the Haiku value {context.full_name!r}, which is being "
+            "differentiated, without having it as an argument. A custom rule gives gradients "
+            "for its explicit arguments only, so it would get a silently zero gradient (JAX "
+            "refuses the same for a closed-over value). Pass it in: "
+            "jaxoverride.closure_convert(f, *example_args) hoists what f reads into explicit "
+            "arguments; or pass the parameters to the solver's solve/run call as arguments."
+        )
+    return next_getter(value)
+
+
+def _differentiated(internal: Any, perturbed: Callable[[Any], list[bool]]) -> frozenset:
+    """Names ``(module, name)`` of the params and state entries with a perturbed leaf."""
+    names = set()
+    for group in (internal.params, internal.state):
+        for module, bundle in (group or {}).items():
+            for name, value in bundle.items():
+                if any(perturbed(value)):
+                    names.add((module, name))
+    return frozenset(names)
+
+
+def _refuse_differentiated_state(call: _Call, cotangents: dict[str, Any]) -> None:
+    """Refuses a derivative that would silently be zero: of state that the rule replaced.
+
+    The user's ``bwd`` gives cotangents for the rule's arguments from that of its output
+    only; a state value that came out of the rule and is differentiated afterwards (its
+    cotangent is not a symbolic zero) would get none.
+    """
+    names = sorted(
+        f"{module}/{name}"
+        for module, name in call.changed
+        if any(perturbed_leaves(cotangents[module][name].current))
+    )
+    if names:
+        raise DifferentiatedStateError(
+            f"{call.where}: the Haiku state {', '.join(names)} came out of the rule (written "
+            "in it, or carried through a neutral loop or jit inside it) and is differentiated "
+            "afterwards. The rule's bwd gives cotangents from its output only, so the state "
+            "would get a silently zero gradient. Write the state outside the rule (before or "
+            "after the call), or return the value from the rule as part of its output."
+        )
+
+
+def _late_write_error(where: str, names: set[tuple[str, str]]) -> ValueError:
+    listed = ", ".join(f"{module}/{name}" for module, name in sorted(names))
+    return ValueError(
+        f"{where}: fwd (or the JVP rule), traced by JAX after the call returned (as under "
+        f"jax.grad(jax.jit(apply))), writes the Haiku state {listed}, which the primal "
+        "function does not write; the call has already handed its state to the caller, so "
+        "the write could not come out. Write the same state in the primal function and in "
+        "fwd (the primal usually calls the same code)."
+    )
+
+
+def _state_identities(frame: base.Frame) -> dict[tuple[str, str], int]:
+    """The identity of each state entry's ``StatePair`` (every write makes a new one).
+
+    Identities are not kept beyond the run, whose frame holds the objects meanwhile.
+    """
+    state: Any = frame.state
+    return {(module, name): id(pair) for module, b in state.items() for name, pair in b.items()}
+
+
+def _mutable(bundles: Any) -> collections.defaultdict[str, dict[str, Any]]:
+    return collections.defaultdict(dict, {module: dict(b) for module, b in bundles.items()})
+
+
+def _after(frame: base.Frame) -> tuple[Any, Any]:
+    """What a rule hands back: state and rng, the rng with a full block (a fixed structure)."""
+    sequence = frame.rng_stack.peek()
+    if sequence is not None:
+        sequence.reserve_up_to_full()
+    rng = None if sequence is None else sequence.internal_state
+    state: Any = frame.state  # a mapping inside a transform
+    return stateful.copy_structure(dict(state)), rng
+
+
+class _Call:
+    """One call of a lifted rule: the caller's Python frame state and where it ends.
+
+    JAX keeps the rule's functions (which close over this) in the jaxpr, so it holds no
+    JAX value: the caller's values are the rule's leading argument.
+    """
+
+    __slots__ = ("changed", "end", "finished", "template", "where")
+
+    def __init__(self, where: str):
+        frame = current_frame()
+        # A decoupled copy of the module stack and naming counters: every function of the
+        # rule starts from it, also one that JAX traces after the transform returned.
+        # The template holds no rng sequence: the caller's may hold JAX values.
+        template = frame.evolve(params={}, state={}, rng=None)
+        self.template = template._replace(rng_stack=data_structures.Stack())
+        self.where = where
+        self.end: Names | None = None
+        # Names of the state entries that a forward run replaced (written, or stored by a
+        # neutral loop or jit inside it): only these reach the caller's frame, so a value
+        # the rule did not touch keeps its own derivatives.
+        self.changed: set[tuple[str, str]] = set()
+        self.finished = False
+
+    @contextlib.contextmanager
+    def frame(
+        self, values: InternalState, refused: frozenset = frozenset(), *, forward: bool = True
+    ) -> Iterator[base.Frame]:
+        """A fresh frame holding ``values``, at the current trace level.
+
+        ``refused``: names of differentiated values whose reads are refused. ``forward``:
+        whether this run's naming state is the one the caller continues from.
+        """
+        rng = None if values.rng is None else base.PRNGSequence(values.rng)
+        frame = self.template.evolve(
+            params=_mutable(values.params), state=_mutable(values.state), rng=rng
+        )
+        _, outer = _REFUSED.get()
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(_haiku_layer())
+            stack.enter_context(base.frame_stack(frame))
+            stack.enter_context(base.push_jax_trace_level())
+            if refused - outer:
+                token = _REFUSED.set((self.where, outer | refused))
+                stack.callback(_REFUSED.reset, token)
+                if not outer:
+                    stack.enter_context(
+                        base.custom_getter(_refuse_differentiated, params=True, state=True)
+                    )
+            before = base.param_names()
+            entry = _state_identities(frame)
+            yield frame
+            created = base.param_names() - before
+            if created:
+                raise new_parameters_error(self.where, created)
+            if forward:
+                self.end = Names.capture(frame)
+                leaving = _state_identities(frame)
+                changed = {n for n, pair in leaving.items() if entry.get(n) != pair}
+                if self.finished and changed - self.changed:
+                    raise _late_write_error(self.where, changed - self.changed)
+                self.changed |= changed
+
+    def finish(self, after: tuple[Any, Any]) -> None:
+        state, rng = after
+        changed: dict[str, dict[str, Any]] = {}
+        for module, name in self.changed:
+            changed.setdefault(module, {})[name] = state[module][name]
+        stateful.update_internal_state(InternalState(params=None, state=changed, rng=rng))
+        self.finished = True
+        if self.end is not None:
+            self.end.restore_into(current_frame())
+
+
+def _haiku_layer() -> contextlib.AbstractContextManager[Any]:
+    """The Haiku overrides, entered if only ``install()`` provided them: a rule traced after
+    the transform returned runs outside the installation's scope."""
+    from jaxoverride_haiku import _context
+
+    if _context.is_installed() and jo.resolve("custom_vjp") is not custom_vjp:
+        return _context.context()
+    return contextlib.nullcontext()
+
+
+def _run(rule: Any, call: _Call, args: tuple[Any, ...]) -> Any:
+    """Calls JAX's rule on the caller's values and hands back what it wrote.
+
+    A full block of rng keys is reserved first (the same rng structure in and out); a
+    failure puts the caller's sequence back as it was.
+    """
+    sequence = current_frame().rng_stack.peek()
+    saved = None if sequence is None else (sequence, sequence.internal_state)
+    try:
+        stateful.reserve_up_to_full_rng_block()
+        out, after = rule(stateful.internal_state(), *args)
+    except BaseException:
+        if saved is not None:
+            saved[0].replace_internal_state(saved[1])
+        raise
+    call.finish(after)
+    return out
+
+
+class HaikuRule:
+    """What the Haiku override of ``custom_vjp``/``custom_jvp`` builds for one stack.
+
+    Outside a transform (or where Haiku state is unusable) a call is a call of the rule
+    below; inside, Haiku's values are lifted into an explicit argument (module docstring).
+    """
+
+    def __init__(
+        self,
+        name: str,
+        fun: Callable[..., Any],
+        nondiff_argnums: Sequence[int] = (),
+        nondiff_argnames: Sequence[str] = (),
+    ):
+        below = jo.next_impl(name)
+        self._name = name
+        self._where = f"jaxoverride.{name}"
+        self._below = below
+        self._plain = below(fun, nondiff_argnums=nondiff_argnums, nondiff_argnames=nondiff_argnames)
+        self._fun = fun
+        # Past the leading values argument; a negative position counts from the end, as
+        # before (JAX then treats the argument as JAX does for the user's function).
+        self._lifted_nondiff = tuple(
+            n + 1 if n >= 0 else n
+            for n in nondiff_positions(fun, nondiff_argnums, nondiff_argnames)
+        )
+        self._rule: tuple[Any, ...] | None = None
+
+    def defvjp(
+        self,
+        fwd: Callable[..., Any],
+        bwd: Callable[..., Any],
+        symbolic_zeros: bool = False,
+        optimize_remat: bool = False,
+    ) -> None:
+        self._plain.defvjp(fwd, bwd, symbolic_zeros=symbolic_zeros, optimize_remat=optimize_remat)
+        self._rule = (fwd, bwd, symbolic_zeros, optimize_remat)
+
+    def defjvp(self, jvp: Callable[..., Any], symbolic_zeros: bool = False) -> Callable[..., Any]:
+        self._plain.defjvp(jvp, symbolic_zeros=symbolic_zeros)
+        self._rule = (jvp, symbolic_zeros)
+        return jvp
+
+    def defjvps(self, *jvps: Callable[..., Any] | None) -> None:
+        # JAX combines per-argument JVPs into one rule, which it keeps as ``.jvp``.
+        self._plain.defjvps(*jvps)
+        self._rule = (self._plain.jvp, False)
+
+    def __getattr__(self, attribute: str) -> Any:
+        if attribute.startswith("_"):
+            raise AttributeError(attribute)
+        return getattr(self._plain, attribute)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if self._rule is None or not state_usable():
+            return self._plain(*args, **kwargs)
+        args = positional_arguments(self._fun, args, kwargs)
+        lifted = self._lifted_vjp if self._name == "custom_vjp" else self._lifted_jvp
+        return init_safe_call(lambda: self._fun(*args), lambda: lifted(args))
+
+    def _primal(self, call: _Call) -> Callable[..., Any]:
+        fun = self._fun
+
+        def primal(values: Any, *args: Any) -> Any:
+            with call.frame(values) as frame:
+                out = fun(*args)
+                return out, _after(frame)
+
+        return primal
+
+    def _in_order(self, count: int, static: list[Any], primals: list[Any]) -> list[Any]:
+        """The user's arguments from a JVP rule's nondiff and primal ones, in call order."""
+        lifted = count + 1  # Haiku's values come first
+        positions = [n % lifted - 1 for n in self._lifted_nondiff]
+        ordered: list[Any] = [None] * count
+        for position, value in zip(positions, static, strict=True):
+            ordered[position] = value
+        rest = iter(primals)
+        return [ordered[i] if i in positions else next(rest) for i in range(count)]
+
+    def _lifted_vjp(self, args: tuple[Any, ...]) -> Any:
+        call = _Call(self._where)
+        assert self._rule is not None
+        fwd, bwd, symbolic_zeros, optimize_remat = self._rule
+
+        def lifted_fwd(values: Any, *args: Any) -> Any:
+            refused = _differentiated(values, perturbed_leaves)
+            values = unwrap_primals(values)
+            if not symbolic_zeros:
+                args = unwrap_primals(args)
+            with call.frame(values, refused) as frame:
+                out, residuals = fwd(*args)
+                after = _after(frame)
+                forward_values = stateful.internal_state()
+            return (out, after), (residuals, forward_values)
+
+        def lifted_bwd(*rest: Any) -> Any:
+            *static, (residuals, forward_values), (out_cotangent, (state_cotangent, _)) = rest
+            _refuse_differentiated_state(call, state_cotangent)
+            if not symbolic_zeros:
+                out_cotangent = instantiate_zeros(out_cotangent)
+            with call.frame(forward_values, forward=False), pure_frame(call.where, *_BACKWARD):
+                cotangents = bwd(*static, residuals, out_cotangent)
+            return (None, *cotangents)
+
+        rule = self._below(self._primal(call), nondiff_argnums=self._lifted_nondiff)
+        # Symbolic zeros tell which of Haiku's values are being differentiated; the user's
+        # rules see them only if they asked.
+        rule.defvjp(lifted_fwd, lifted_bwd, symbolic_zeros=True, optimize_remat=optimize_remat)
+        return _run(rule, call, args)
+
+    def _lifted_jvp(self, args: tuple[Any, ...]) -> Any:
+        call = _Call(self._where)
+        assert self._rule is not None
+        jvp, symbolic_zeros = self._rule
+        count = len(args)  # only the count: the rule must not close over the arguments
+
+        def lifted_jvp(*rest: Any) -> Any:
+            *static, (values, *primals), (value_tangents, *tangents) = rest
+            refused = _differentiated(value_tangents, perturbed_leaves)
+            if not any(perturbed_leaves(tangents)):
+                # Only Haiku's values are differentiated, and the rule gives no tangent
+                # for them (a read of one is refused): as JAX, which calls no rule when
+                # none of the function's own arguments is perturbed (equinox's
+                # ``nondifferentiable`` raises in its rule), run the primal instead.
+                with call.frame(values, refused) as frame:
+                    out = self._fun(*self._in_order(count, static, primals))
+                    after = _after(frame)
+                return (out, after), (zero_tangents(out), zero_tangents(after))
+            if not symbolic_zeros:
+                tangents = instantiate_zeros(tangents)
+            with call.frame(values, refused) as frame:
+                out, out_tangent = jvp(*static, tuple(primals), tuple(tangents))
+                after = _after(frame)
+            return (out, after), (out_tangent, zero_tangents(after))
+
+        rule = self._below(self._primal(call), nondiff_argnums=self._lifted_nondiff)
+        rule.defjvp(lifted_jvp, symbolic_zeros=True)
+        return _run(rule, call, args)
+
+
+def custom_vjp(
+    fun: Callable[..., Any], nondiff_argnums: Sequence[int] = (),
+    nondiff_argnames: Sequence[str] = (),
+) -> HaikuRule:  # fmt: skip
+    """The Haiku override of ``custom_vjp``: JAX's constructor arguments, a ``HaikuRule``."""
+    return HaikuRule("custom_vjp", fun, nondiff_argnums, nondiff_argnames)
+
+
+def custom_jvp(
+    fun: Callable[..., Any], nondiff_argnums: Sequence[int] = (),
+    nondiff_argnames: Sequence[str] = (),
+) -> HaikuRule:  # fmt: skip
+    """The Haiku override of ``custom_jvp``: JAX's constructor arguments, a ``HaikuRule``."""
+    return HaikuRule("custom_jvp", fun, nondiff_argnums, nondiff_argnames)

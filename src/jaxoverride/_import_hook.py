@@ -1,0 +1,372 @@
+"""``interpose_on_import``: packages whose modules are neutral from their first line on.
+
+``interpose`` rebinds a module's globals after the fact, which is too late for transforms
+that a library builds while it is imported: ``eqx.filter_jit`` calls ``jax.jit`` when
+optimistix's module body runs, and ``diffrax._misc`` calls ``jax.jit`` at module level.
+Two hooks make those neutral too, for the packages named here only:
+
+- ``builtins.__import__`` hands the importing module the neutral ``jax`` / ``jax.lax`` (and
+  the neutral functions of ``from jax import jit``) while its body runs;
+- a meta path finder wraps each such module's loader, and once the body has run records
+  its references as bindings, exactly as ``interpose`` does, so restoring puts jax's own
+  objects back.
+"""
+
+from __future__ import annotations
+
+import builtins
+import importlib.abc
+import importlib.machinery
+import importlib.util
+import sys
+import types
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import jax
+
+from jaxoverride import _interpose, lax as neutral_lax
+from jaxoverride._interpose import ORIGINALS, Interposition, bind_module, neutral_jax
+
+_original_import = builtins.__import__
+_watched: Counter[str] = Counter()  # package name -> handles that watch it
+# What the import hook reads on every import: rebuilt under the lock, read without it.
+_prefixes: tuple[tuple[str, str], ...] = ()
+_served: set[str] = set()  # modules that were handed a neutral object while importing
+_handles: list[ImportInterposition] = []
+
+
+class ImportOrderError(RuntimeError):
+    r"""A package was imported before ``interpose_on_import`` could reach its import-time
+    transforms, which therefore keep calling raw JAX.
+
+    The message names each package, how many such transforms it holds, and where.
+
+    Example:
+      >>> import pathlib, sys, tempfile
+      >>> import jaxoverride as jo
+      >>> folder = tempfile.mkdtemp()
+      >>> _ = pathlib.Path(folder, "early_solver.py").write_text(
+      ...     "import jax\nstep = jax.jit(lambda x: x + 1)\n"
+      ... )
+      >>> sys.path.insert(0, folder)
+      >>> import early_solver  # builds a raw jax.jit while importing
+      >>> try:
+      ...     jo.interpose_on_import("early_solver")
+      ... except jo.ImportOrderError as error:
+      ...     print("'early_solver' 1 (early_solver.step)" in str(error))
+      True
+      >>> _ = sys.path.remove(folder)
+    """
+
+
+def _package_of(module_name: str) -> str | None:
+    for package, dotted in _prefixes:
+        if module_name == package or module_name.startswith(dotted):
+            return package
+    return None
+
+
+def _set_watched(packages: Iterable[str], delta: int) -> None:
+    global _prefixes
+    for package in packages:
+        _watched[package] += delta
+        if _watched[package] <= 0:
+            del _watched[package]
+    _prefixes = tuple((package, package + ".") for package in _watched)
+
+
+def _neutral_import(
+    name: str,
+    globals: dict[str, Any] | None = None,
+    locals: Any = None,
+    fromlist: Sequence[str] | None = (),
+    level: int = 0,
+) -> Any:
+    imported = _original_import(name, globals, locals, fromlist, level)
+    if level or not (name == "jax" or name.startswith("jax.")) or not globals:
+        return imported
+    importer = globals.get("__name__")
+    if not isinstance(importer, str) or _package_of(importer) is None:
+        return imported
+    # `import jax`, `import jax.lax [as x]`, `from jax import jit`: all start from jax.
+    if imported is jax:
+        replacement: Any = neutral_jax
+    elif imported is jax.lax:  # `from jax.lax import scan`
+        replacement = neutral_lax
+    else:
+        return imported
+    _served.add(importer)
+    return replacement
+
+
+class _RecordingLoader(importlib.abc.Loader):
+    """Runs the real loader, then records the module's references to jax as bindings."""
+
+    def __init__(self, loader: Any) -> None:
+        self._loader = loader
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._loader, name)
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType | None:
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module: types.ModuleType) -> None:
+        self._loader.exec_module(module)
+        with _interpose._lock:
+            for handle in _handles:
+                if handle._watches(module.__name__):
+                    adopt = frozenset(ORIGINALS) if module.__name__ in _served else frozenset()
+                    bind_module(module, handle._interposition, adopt)
+
+
+class _Finder(importlib.abc.MetaPathFinder):
+    def find_spec(
+        self, fullname: str, path: Sequence[str] | None, target: types.ModuleType | None = None
+    ) -> importlib.machinery.ModuleSpec | None:
+        if _package_of(fullname) is None:
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(fullname, path, target)
+            if spec is not None:
+                break
+        else:
+            return None
+        if spec.loader is not None and hasattr(spec.loader, "exec_module"):
+            spec.loader = _RecordingLoader(spec.loader)
+        return spec
+
+
+_finder = _Finder()
+
+
+def _hooks_on(on: bool) -> None:
+    if on:
+        if _finder not in sys.meta_path:
+            sys.meta_path.insert(0, _finder)
+        builtins.__import__ = _neutral_import
+        return
+    if _finder in sys.meta_path:
+        sys.meta_path.remove(_finder)
+    # Leave a hook that someone installed on top of ours alone; ours passes through.
+    if builtins.__import__ is _neutral_import:
+        builtins.__import__ = _original_import
+
+
+@dataclass
+class ImportInterposition:
+    r"""What ``interpose_on_import`` watches; ``restore()`` (or the ``with`` block) undoes it.
+
+    Attributes:
+      packages: the package names whose modules are interposed as they are imported.
+      rebound: ``{module name: [attribute, ...]}`` now referring to the neutral API; it
+        grows as more modules of the packages are imported.
+
+    Example:
+      >>> import pathlib, sys, tempfile
+      >>> import jaxoverride as jo
+      >>> folder = tempfile.mkdtemp()
+      >>> _ = pathlib.Path(folder, "solver_lib.py").write_text(
+      ...     "import jax\nstep = jax.jit(lambda x: x + 1)\n"
+      ... )
+      >>> sys.path.insert(0, folder)
+      >>> with jo.interpose_on_import("solver_lib") as handle:
+      ...     import solver_lib  # its module-level jax.jit is jaxoverride.jit
+      >>> handle.packages, handle.rebound
+      (('solver_lib',), {'solver_lib': ['jax']})
+      >>> type(solver_lib.step).__name__
+      'Transformed'
+      >>> _ = sys.path.remove(folder)
+    """
+
+    packages: tuple[str, ...]
+    _interposition: Interposition = field(default_factory=Interposition, repr=False)
+    _active: bool = field(default=True, repr=False)
+
+    @property
+    def rebound(self) -> dict[str, list[str]]:
+        return self._interposition.rebound
+
+    def _watches(self, module_name: str) -> bool:
+        return self._active and any(
+            module_name == p or module_name.startswith(p + ".") for p in self.packages
+        )
+
+    def restore(self) -> None:
+        """Stops watching the packages and rebinds jax's own objects in their modules.
+
+        Transforms that the packages built while watched (an ``eqx.filter_jit``'s cached
+        jit) stay neutral objects: with nothing active they are JAX, so that is harmless.
+        Restoring twice does nothing.
+        """
+        with _interpose._lock:
+            if not self._active:
+                return
+            self._active = False
+            _handles.remove(self)
+            _set_watched(self.packages, -1)
+            if not _watched:
+                _hooks_on(False)
+                _served.clear()
+            _interpose.release(self._interposition)
+
+    def __enter__(self) -> ImportInterposition:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.restore()
+
+
+def _check_name(name: object) -> str:
+    if not isinstance(name, str):
+        raise TypeError(
+            f"jaxoverride.interpose_on_import expects package names as strings, got "
+            f"{type(name).__name__} {name!r}. Pass the name: interpose_on_import('optimistix')."
+        )
+    if not name or name.startswith(".") or not all(part.isidentifier() for part in name.split(".")):
+        raise ValueError(
+            f"jaxoverride.interpose_on_import: {name!r} is not an absolute module name. "
+            "Pass a package's import name, such as 'optimistix' or 'equinox'."
+        )
+    if _interpose.is_refused(name):
+        raise ValueError(
+            f"jaxoverride.interpose_on_import refuses {name!r}: jax, jaxlib and jaxoverride "
+            "must keep calling JAX directly. Name the library that calls jax instead."
+        )
+    try:
+        spec = importlib.util.find_spec(name)
+    except (ImportError, ValueError):
+        spec = None
+    if spec is None:
+        raise ModuleNotFoundError(
+            f"jaxoverride.interpose_on_import: no package named {name!r} can be imported "
+            "here. Check the spelling (the import name, not the distribution name: 'haiku', "
+            "not 'dm-haiku') and that it is installed in this environment.",
+            name=name,
+        )
+    return name
+
+
+def _holds_raw_transform(value: Any) -> bool:
+    if type(value).__name__ == "PjitFunction" or isinstance(
+        value, (jax.custom_vjp, jax.custom_jvp)
+    ):
+        return True
+    state = getattr(value, "__dict__", None)
+    if isinstance(value, (type, types.ModuleType)) or not isinstance(state, dict):
+        return False
+    return any(type(inner).__name__ == "PjitFunction" for inner in state.values())
+
+
+def _defined_in(value: Any, packages: Iterable[str]) -> bool:
+    module = getattr(getattr(value, "__wrapped__", value), "__module__", None)
+    return isinstance(module, str) and any(
+        module == p or module.startswith(p + ".") for p in packages
+    )
+
+
+def unreachable_transforms(packages: Sequence[str]) -> list[str]:
+    """``module.attribute`` of every transform the already-imported ``packages`` built with
+    raw JAX at import time (a ``jax.jit`` function, an ``eqx.filter_jit`` wrapper, a
+    ``jax.custom_vjp``), which rebinding globals cannot reach."""
+    found = []
+    for name, module in list(sys.modules.items()):
+        if not isinstance(module, types.ModuleType) or not any(
+            name == p or name.startswith(p + ".") for p in packages
+        ):
+            continue
+        for attribute, value in list(vars(module).items()):
+            if _holds_raw_transform(value) and _defined_in(value, packages):
+                found.append(f"{name}.{attribute}")
+    return sorted(set(found))
+
+
+def _by_package(found: list[str], packages: Sequence[str]) -> str:
+    groups = []
+    for package in packages:
+        mine = [f for f in found if f.startswith(package + ".")]
+        if mine:
+            shown = ", ".join(mine[:3]) + (", ..." if len(mine) > 3 else "")
+            groups.append(f"{package!r} {len(mine)} ({shown})")
+    return "; ".join(groups)
+
+
+def interpose_on_import(*packages: str) -> ImportInterposition:
+    """Interposes every module of ``packages`` as it is imported, from its first line on.
+
+    ``interpose`` rebinds a module after it was imported, which cannot reach transforms the
+    module built while importing: ``eqx.filter_jit`` calls ``jax.jit`` when optimistix is
+    imported. This instead hands each module of the named packages (submodules included)
+    the neutral ``jax`` and ``jax.lax`` while it is imported, so ``jax.jit`` at import time
+    is ``jaxoverride.jit``, and records the module's references so that ``restore()``
+    rebinds jax's own. Modules of the packages that are already imported are interposed at
+    once. With nothing active the neutral API is JAX, so this is safe to leave in place.
+    It is idempotent, nests (each handle holds its packages until it is restored), and is
+    thread-safe.
+
+    Call it before the packages are imported, and name the packages whose import-time
+    transforms matter: for the Equinox family, ``"equinox"`` itself (its ``filter_jit``
+    builds the jits) as well as ``"optimistix"``, ``"lineax"``, ``"diffrax"``.
+
+    Args:
+      *packages: import names of packages (or single modules), such as ``"optimistix"``.
+
+    Returns:
+      An ``ImportInterposition`` handle: a context manager, or call ``restore()``.
+
+    Raises:
+      TypeError: a name is not a string.
+      ValueError: a name is not an absolute import name, or names jax, jaxlib or
+        jaxoverride.
+      ModuleNotFoundError: no package of that name can be imported.
+      ImportOrderError: a named package is already imported and holds transforms it built
+        with raw JAX at import time, which no rebinding can reach. Nothing is changed;
+        call ``interpose_on_import`` before the package is first imported (or use
+        ``jo.interpose(module, recursive=True)`` to rebind only what can be reached).
+
+    Example:
+      >>> import sys
+      >>> import jaxoverride as jo
+      >>> try:  # the top of a program, before the first ``import optimistix``
+      ...     handle = jo.interpose_on_import("equinox", "optimistix")
+      ... except jo.ImportOrderError:  # imported earlier: rebind what can still be reached
+      ...     handle = jo.interpose(sys.modules["optimistix"], recursive=True)
+      >>> import optimistix as optx  # its eqx.filter_jit wrappers hold jo.jit (first branch)
+      >>> handle.restore()
+    """
+    names = tuple(dict.fromkeys(_check_name(name) for name in packages))
+    if not names:
+        raise TypeError(
+            "jaxoverride.interpose_on_import needs at least one package name, such as "
+            "interpose_on_import('equinox', 'optimistix')."
+        )
+    with _interpose._lock:
+        unwatched = [p for p in names if p not in _watched]
+        unreachable = unreachable_transforms(unwatched)
+        if unreachable:
+            raise ImportOrderError(
+                "jaxoverride.interpose_on_import: these packages were already imported and "
+                "built transforms with raw JAX while importing: "
+                f"{_by_package(unreachable, names)}. "
+                "Rebinding their globals cannot reach those, so they would keep calling raw "
+                f"JAX. Call interpose_on_import({', '.join(map(repr, names))}) before the first "
+                "import of these packages (for example at the top of your program). Nothing "
+                "was changed."
+            )
+        handle = ImportInterposition(names)
+        try:
+            _handles.append(handle)
+            _set_watched(names, +1)
+            _hooks_on(True)
+            for name, module in list(sys.modules.items()):
+                if isinstance(module, types.ModuleType) and handle._watches(name):
+                    bind_module(module, handle._interposition)
+        except BaseException:
+            handle.restore()
+            raise
+    return handle

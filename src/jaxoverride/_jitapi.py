@@ -1,0 +1,203 @@
+"""``jit_api``: the attributes of ``jax.jit(f)`` on what an adapter's ``"jit"`` override returns.
+
+Users call more of a jitted function than ``__call__``: ahead-of-time lowering
+(``.lower(x).compile()``, cost analysis), ``.trace``, ``.eval_shape`` and
+``.clear_cache()``. An override of ``"jit"`` usually runs one or more ``jax.jit`` objects
+of its own (over a function that threads state, or over a plan of the arguments), so
+those attributes must describe *that* computation, not a stateless ``jax.jit(f)`` beside
+it. Every adapter states the two adapter-specific facts here, and this module turns them
+into JAX's API, once. ``reuse_jit`` shares an override's per-function state between
+``jaxoverride.jit`` objects of one function, as ``jax.jit`` objects share their cache.
+"""
+
+from __future__ import annotations
+
+import threading
+import types
+import weakref
+from collections.abc import Callable, Hashable, Iterable
+from typing import Any, Protocol, TypeVar
+
+F = TypeVar("F")
+T = TypeVar("T")
+
+STAGES = ("lower", "trace", "eval_shape")
+"""The methods of a jitted function that stage it for given arguments."""
+
+
+class Stage(Protocol):
+    """``stage(method, args, kwargs)``: see ``jit_api``."""
+
+    def __call__(self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any: ...
+
+
+def _staging(stage: Stage, method: str, fun: Callable[..., Any]) -> Callable[..., Any]:
+    def staged(*args: Any, **kwargs: Any) -> Any:
+        return stage(method, args, kwargs)
+
+    staged.__name__ = staged.__qualname__ = method
+    staged.__doc__ = (
+        f"``jax.jit(f).{method}`` of the computation that a call with these arguments runs "
+        f"(for {getattr(fun, '__name__', 'f')!r})."
+    )
+    return staged
+
+
+def jit_api(
+    call: F,
+    fun: Callable[..., Any],
+    *,
+    stage: Stage,
+    jitted: Callable[[], Iterable[Any]],
+    clear: Callable[[], None] | None = None,
+) -> F:
+    """Gives what an override of ``"jit"`` returns the API of a ``jax.jit(fun)`` object.
+
+    Sets ``lower``, ``trace`` and ``eval_shape`` (each calls ``stage``), ``clear_cache``
+    and ``_cache_size`` (over the ``jax.jit`` objects that ``jitted`` lists) and
+    ``__wrapped__`` (``fun``) on ``call``, and returns it. ``call`` stays what the caller
+    gave (a plain function keeps its fast call); it must accept attributes.
+
+    Args:
+      call: the function (or object with a ``__dict__``) that the override returns.
+      fun: the user's function, as passed to ``jax.jit``.
+      stage: ``stage(method, args, kwargs)`` with ``method`` one of ``"lower"``,
+        ``"trace"``, ``"eval_shape"``: calls that method of the ``jax.jit`` object that
+        ``call(*args, **kwargs)`` would run, with the arguments it would pass it (the
+        threaded state included), and returns the result. For ``"eval_shape"`` it returns
+        the output as the caller of ``call`` would see it.
+      jitted: returns every ``jax.jit`` object built so far (those ``call`` may run).
+        ``clear_cache()`` clears each; ``_cache_size()`` sums theirs.
+      clear: called by ``clear_cache()`` after that, for caches of the adapter's own that
+        a fresh compilation must not skip.
+
+    Returns:
+      ``call``, with the attributes set.
+
+    Example:
+      >>> import jax, jax.numpy as jnp, jaxoverride as jo
+      >>> def logging_jit(fun, **options):
+      ...     inner = jo.next_impl("jit")(fun, **options)
+      ...     def call(*args, **kwargs):
+      ...         return inner(*args, **kwargs)
+      ...     stage = lambda method, args, kwargs: getattr(inner, method)(*args, **kwargs)
+      ...     return jo.jit_api(call, fun, stage=stage, jitted=lambda: [inner])
+      >>> with jo.override_context({"jit": logging_jit}):
+      ...     double = jo.jit(lambda x: 2 * x)
+      ...     text = double.lower(jnp.ones(2)).as_text()
+      ...     double(jnp.ones(2)).tolist(), double._cache_size()
+      ([2.0, 2.0], 1)
+      >>> text.startswith("module")
+      True
+    """
+
+    def clear_cache() -> None:
+        for function in list(jitted()):
+            function.clear_cache()
+        if clear is not None:
+            clear()
+
+    def cache_size() -> int:
+        return sum(function._cache_size() for function in list(jitted()))
+
+    clear_cache.__doc__ = "Clears the compiled code of every ``jax.jit`` this function runs."
+    cache_size.__doc__ = "The number of compiled entries, summed over those ``jax.jit``s."
+    attributes = {name: _staging(stage, name, fun) for name in STAGES}
+    attributes.update(clear_cache=clear_cache, _cache_size=cache_size, __wrapped__=fun)
+    for name, value in attributes.items():
+        setattr(call, name, value)
+    return call
+
+
+_HOLDER = "__jaxoverride_jit_builds__"
+"""The attribute of a Python function that holds its shared builds (see ``reuse_jit``)."""
+
+
+class _Builds(dict):  # type: ignore[type-arg]
+    """A function's shared builds, keyed by ``reuse_jit``'s ``key``; ``owner`` is a weak
+    reference to the function. Never copied or pickled with the function (cloudpickle
+    copies a function's ``__dict__``): a copy starts empty, owned by no function."""
+
+    __slots__ = ("owner",)
+
+    def __init__(self, owner: weakref.ref[Any] | None = None):
+        super().__init__()
+        self.owner = owner
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_Builds, ())
+
+    def __copy__(self) -> _Builds:
+        return _Builds()
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> _Builds:
+        return _Builds()
+
+
+_shared: weakref.WeakValueDictionary[Hashable, Any] = weakref.WeakValueDictionary()
+_shared_lock = threading.Lock()
+
+
+def reuse_jit(fun: Callable[..., Any], key: Hashable, make: Callable[[], T]) -> T:
+    """What ``make()`` returned for an equal ``fun`` and ``key`` before, else ``make()``.
+
+    ``jax.jit(f)`` built twice, say ``jax.jit(f)(x)`` inside a loop, compiles once: every
+    ``jax.jit`` object of the same function and options shares one cache, which lives as
+    long as ``f``. An override of ``"jit"`` that keeps its own compiled functions (one per
+    argument plan, per tracked set) must share them the same way, or each
+    ``jaxoverride.jit(f)`` compiles ``f`` again. Build that per-function state through
+    this function. For a Python function the builds live as long as the function (they
+    are kept in an attribute of it, so that they and what it closes over are freed with
+    it, as JAX frees its cache); for another callable they are shared while anything
+    holds them. An unhashable ``fun`` or ``key`` is built afresh each time.
+
+    Args:
+      fun: the user's function, as passed to ``jax.jit``.
+      key: every other input of ``make`` that changes what it builds: the options and the
+        implementation below (``jaxoverride.next_impl("jit")``).
+      make: builds the state (an object that accepts weak references).
+
+    Returns:
+      The shared state.
+
+    Example:
+      >>> import jaxoverride as jo
+      >>> class State: pass
+      >>> built = []
+      >>> make = lambda: built.append(1) or State()
+      >>> double = lambda x: 2 * x
+      >>> jo.reuse_jit(double, ("options",), make) is jo.reuse_jit(double, ("options",), make)
+      True
+      >>> len(built)
+      1
+    """
+    try:
+        hash(key)
+    except TypeError:
+        return make()
+    if isinstance(fun, types.FunctionType):
+        with _shared_lock:
+            builds = fun.__dict__.get(_HOLDER)
+            # functools.wraps copies a function's __dict__: a holder copied onto a wrapper
+            # is the wrapped function's, never the wrapper's.
+            if type(builds) is not _Builds or builds.owner is None or builds.owner() is not fun:
+                builds = _Builds(weakref.ref(fun))
+                setattr(fun, _HOLDER, builds)
+            state = builds.get(key)
+        if state is None:
+            made = make()  # outside the lock: it runs the adapter's and the user's code
+            with _shared_lock:
+                state = builds.setdefault(key, made)
+        return state
+    try:
+        full_key = (fun, key)
+        hash(full_key)
+    except TypeError:
+        return make()
+    with _shared_lock:
+        state = _shared.get(full_key)
+    if state is None:
+        made = make()
+        with _shared_lock:
+            state = _shared.setdefault(full_key, made)
+    return state
