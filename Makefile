@@ -1,14 +1,17 @@
 # Every target bootstraps .venv with nothing but python3 and pip, and installs only what
 # it needs: `make demo` the library with the Haiku and NNX extras; `make test` the test
 # dependencies; `make lint`, `make docs` and `make bench` the development tools. One stamp
-# per install set, so any order of targets works.
+# per install set, so any order of targets works. `make test-oldest` runs the suite in a
+# second environment, .venv-oldest, on the oldest supported versions (ci/oldest.txt).
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip install --quiet --disable-pip-version-check
 PYTEST_ARGS ?=
 
-.PHONY: demo test lint bench docs serve clean
+OLDEST := .venv-oldest
+
+.PHONY: demo test test-oldest lint bench docs serve clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -31,6 +34,17 @@ demo: $(VENV)/.installed-demo
 test: $(VENV)/.installed-test
 	$(PY) -m pytest -n 2 $(PYTEST_ARGS)
 
+# The constraints pin jax, Flax, Haiku and the test libraries at the lower bounds of
+# pyproject.toml; everything else resolves as usual.
+$(OLDEST)/.installed-test: pyproject.toml ci/oldest.txt
+	$(PYTHON) -m venv $(OLDEST)
+	$(OLDEST)/bin/python -m pip install --quiet --disable-pip-version-check \
+		-c ci/oldest.txt -e ".[test]"
+	@touch $@
+
+test-oldest: $(OLDEST)/.installed-test
+	$(OLDEST)/bin/python -m pytest -n 2 $(PYTEST_ARGS)
+
 lint: $(VENV)/.installed-dev
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
@@ -47,4 +61,4 @@ bench: $(VENV)/.installed-test
 	$(PY) -m benchmarks.run
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis site
+	rm -rf $(VENV) $(OLDEST) .pytest_cache .ruff_cache .hypothesis site

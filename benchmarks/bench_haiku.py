@@ -32,11 +32,11 @@ from typing import Any
 import haiku as hk
 import jax
 import jax.numpy as jnp
-from jax.extend.core import jaxprs_in_params
 
 import jaxoverride as jo
 import jaxoverride_haiku as joh
 from benchmarks._harness import Row, at_most, interleaved, main, ratio_rows
+from jaxoverride._compat import jaxprs_in_params
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
 

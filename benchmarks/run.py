@@ -1,8 +1,9 @@
 """``make bench``: run every suite in its own process and write the report.
 
 Writes ``benchmarks/results/results.json`` (every row), ``docs/benchmark-report.md`` (the
-summary, the chart and one table per suite: times, ratios, targets and whether each is
-met) and ``docs/assets/benchmark-report.png`` (every ratio as a bar, with its target).
+summary, the chart and two tables per suite: ratios, targets and whether each is met;
+then the times and notes) and ``docs/assets/benchmark-report.png`` (every ratio as a bar,
+with its target).
 ``python -m benchmarks.run --report-only`` redraws the report from the saved rows.
 """
 

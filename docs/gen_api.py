@@ -73,13 +73,15 @@ def render() -> str:
         module = importlib.import_module(package)
         page = reference_page(package).relative_to(DOCS).as_posix()
         lines += [f"## [`{package}`]({page})", "", _first_paragraph(module.__doc__ or ""), ""]
+        # The api-index class keeps each name on one line (docs/stylesheets/extra.css).
+        lines += ['<div class="api-index" markdown>', ""]
         lines += ["| name | what it is |", "|---|---|"]
         for name in public_names(package):
             obj = getattr(module, name)
             call = "()" if callable(obj) and not inspect.isclass(obj) else ""
             link = f"[`{name}{call}`][{package}.{name}]"
             lines.append(f"| {link} | {_describe(package, name, obj)} |")
-        lines.append("")
+        lines += ["", "</div>", ""]
     return "\n".join(lines)
 
 

@@ -7,7 +7,14 @@ import json
 from pathlib import Path
 
 import pytest
-from benchmarks._report import bar_chart, markdown, summary, target_ratio
+from benchmarks._report import (
+    CONTENT_PIXELS,
+    bar_chart,
+    chart_figure,
+    markdown,
+    summary,
+    target_ratio,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 ROWS = json.loads((ROOT / "benchmarks" / "results" / "results.json").read_text())
@@ -64,3 +71,48 @@ def test_chart_is_a_png(tmp_path):
     path = tmp_path / "chart.png"
     bar_chart([row("<= 1.05x", 1.02, True), row("", 3.0)], path, "title")
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_chart_text_is_legible_at_page_width():
+    """Every label, tick and annotation shows at 10 px or more on a 1280 px page, and inside
+    the image."""
+    import matplotlib.pyplot as plt
+    from matplotlib.text import Text
+
+    figure = chart_figure(ROWS, "title")
+    try:
+        pixels_per_point = CONTENT_PIXELS / figure.get_figwidth() / 72
+        renderer = figure.canvas.get_renderer()
+        (axes,) = figure.axes
+        low, high = axes.get_xlim()
+        # Tick labels of ticks outside the axis' range exist but are not drawn.
+        hidden = {
+            id(label)
+            for label in axes.get_xticklabels(which="both")
+            if not low <= label.get_position()[0] <= high
+        }
+        texts = [
+            t
+            for t in figure.findobj(Text)
+            if t.get_text() and t.get_visible() and id(t) not in hidden
+        ]
+        assert len(texts) > 2 * len(ROWS)  # a label and a value per row, at least
+        smallest = min(t.get_fontsize() for t in texts)
+        assert smallest * pixels_per_point >= 10, (
+            f"{smallest} pt is {smallest * pixels_per_point:.1f} px"
+        )
+        for text in texts:
+            box = text.get_window_extent(renderer)
+            assert figure.bbox.x0 <= box.x0 and box.x1 <= figure.bbox.x1 + 1, text.get_text()
+    finally:
+        plt.close(figure)
+
+
+def test_tables_keep_the_verdict_columns_narrow():
+    """No table row is wider than a page: times and notes are a table of their own."""
+    page = markdown(ROWS, "HEADER", "chart.png")
+    headers = [line for line in page.splitlines() if line.startswith("| case |")]
+    assert headers.count("| case | ours / baseline | ratio | target | met |") == len(
+        {r["suite"] for r in ROWS}
+    )
+    assert all(len(h.split("|")) - 2 <= 6 for h in headers), headers

@@ -17,7 +17,6 @@ import numpy as np
 import pytest
 from flax import nnx
 from hypothesis import given, settings, strategies as st
-from jax.extend.core import jaxprs_in_params
 
 import jaxoverride as jo
 import jaxoverride_debug as jd
@@ -25,6 +24,7 @@ import jaxoverride_haiku as joh
 import jaxoverride_nnx
 from _parity import JAX, assert_same
 from jaxoverride import _stack, lax as jlax
+from jaxoverride._compat import jaxprs_in_params
 from jaxoverride_debug._describe import describe_leaf
 from jaxoverride_debug._layer import _SESSION
 from test_parity_lax import CASES as LAX_CASES

@@ -6,6 +6,7 @@ environment into a temporary directory.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import subprocess
@@ -14,6 +15,15 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 ENTRY = re.compile(r"^::: ([\w.]+)\s*$|\[\]\(\)\{#([\w.]+)\}", re.MULTILINE)
+
+
+def _generator_packages() -> list[str]:
+    """The packages that docs/gen_api.py indexes, one table each."""
+    spec = importlib.util.spec_from_file_location("gen_api", ROOT / "docs" / "gen_api.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.PACKAGES
 
 
 def _build(config: Path, site: Path) -> subprocess.CompletedProcess[str]:
@@ -42,6 +52,13 @@ def test_strict_build_passes(tmp_path: Path):
     assert "<blockquote>" not in core
     index = (site / "api.html").read_text()
     assert 'href="reference/jaxoverride.html#jaxoverride.override_context"' in index
+    # Each package's table sits in the api-index block whose names never wrap mid-word
+    # (docs/stylesheets/extra.css; the theme alone splits OVERRIDEABLE over two lines).
+    blocks = re.findall(r'<div class="api-index">\s*<table>', index)
+    assert len(blocks) == index.count("<table>") == len(_generator_packages()), len(blocks)
+    css = (site / "stylesheets" / "extra.css").read_text()
+    assert re.search(r"\.api-index td:first-child code \{[^}]*white-space: nowrap", css)
+    assert 'href="stylesheets/extra.css"' in index
     # Every entry of every reference page made it into the site (none dropped for lack
     # of a docstring, none unresolved).
     for page in sorted((ROOT / "docs" / "reference").glob("*.md")):

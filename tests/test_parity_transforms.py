@@ -510,8 +510,19 @@ def test_shard_map_output_sharding_matches(mode):
     assert_same(out, expected)
 
 
+@functools.cache
+def _raw_pmap_error_repeats() -> bool:
+    """JAX 0.8.1 raises a ValueError for a 9-row pmap on 8 devices the first time and
+    ``StoreException: Store empty`` on every later call (its pmap caches a failed trace):
+    where raw JAX does not repeat its own error, there is nothing to compare against."""
+    fresh = functools.partial(g)  # a function that JAX has not seen yet
+    probe = lambda: JAX.pmap(fresh)(jnp.ones((9, 2)))
+    return len(set(error_messages([probe, probe]))) == 1
+
+
 def transform_errors(api):
     """What each misuse of a transform raises."""
+    too_many_devices = [lambda: api.pmap(g)(jnp.ones((9, 2)))]  # more than 8 devices
     return error_messages(
         [
             lambda: api.grad(g)(jnp.ones(3)),  # non-scalar output
@@ -519,8 +530,8 @@ def transform_errors(api):
             lambda: api.vmap(g2)(jnp.ones(3), jnp.ones(4)),  # inconsistent sizes
             lambda: api.vmap(in_axes=0),  # missing function
             lambda: api.jit(3),  # not callable
-            lambda: api.pmap(g)(jnp.ones((9, 2))),  # more than 8 devices
             lambda: api.jvp(g, (jnp.ones(2),), (jnp.ones(3),)),
+            *(too_many_devices if _raw_pmap_error_repeats() else []),
         ]
     )
 

@@ -19,8 +19,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 from jax.core import Tracer
-from jax.extend.core import get_opaque_trace_state
 
+from jaxoverride._compat import get_opaque_trace_state
 from jaxoverride_debug._describe import function_name
 
 _NEEDS_TQDM = (

@@ -24,9 +24,9 @@ from collections.abc import Callable
 from typing import Any
 
 from haiku._src import base, module as hk_module, stateful
-from jax._src import api_util
 
 import jaxoverride as jo
+from jaxoverride_haiku._compat import resolve_argnums
 from jaxoverride_haiku._frames import (
     Names,
     current_frame,
@@ -109,9 +109,8 @@ class StatefulJit:
         inner_options = dict(options)
         # Resolve names to positions on the user's signature (JAX infers them only when
         # one of the two is missing), then make room for the key and the state.
-        donate_argnums, donate_argnames, static_argnums, static_argnames = api_util.resolve_argnums(
+        donate_argnums, donate_argnames, static_argnums, static_argnames = resolve_argnums(
             fun,
-            api_util.fun_signature(fun),
             options.get("donate_argnums"),
             options.get("donate_argnames"),
             options.get("static_argnums"),

@@ -15,9 +15,11 @@ from typing import Any
 
 import jax
 import numpy as np
-from flax.nnx import graphlib, variablelib
+from flax.nnx import variablelib
 from flax.nnx.pytreelib import Pytree, PytreeState
 from flax.nnx.variablelib import HijaxVariable, Variable
+
+from jaxoverride_nnx._compat import DataElem, StaticElem, graphlib
 
 RAW = Variable.__dict__["_raw_value"]
 """The slot descriptor of ``Variable._raw_value``: reads and writes that skip NNX's checks."""
@@ -159,9 +161,9 @@ class _Walker:
 
     def _visit_item(self, node: Any, key: Any, item: Any, path: str, is_graph_node: bool) -> Any:
         is_data: bool | None = None
-        if isinstance(item, graphlib.DataElem):
+        if isinstance(item, DataElem):
             item, is_data = item.value, True
-        elif isinstance(item, graphlib.StaticElem):
+        elif isinstance(item, StaticElem):
             item, is_data = item.value, False
         if is_data is False:
             return ("S", _static(item))
@@ -227,7 +229,7 @@ def node_path(root: Any, target: Any, limit: int = 100_000) -> str | None:
         for key, item in impl.flatten(value)[0]:
             if key in _SKIPPED_KEYS:
                 continue
-            if isinstance(item, (graphlib.DataElem, graphlib.StaticElem)):
+            if isinstance(item, (DataElem, StaticElem)):
                 item = item.value
             stack.append((item, path + _key_text(key)))
     return None

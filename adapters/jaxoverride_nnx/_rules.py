@@ -28,6 +28,7 @@ from jax._src.custom_derivatives import (
 )
 
 import jaxoverride as jo
+from jaxoverride_nnx._compat import chain_on_get_value
 from jaxoverride_nnx._errors import LevelError
 from jaxoverride_nnx._lift import changed, run_lifted, write_back
 from jaxoverride_nnx._scope import current
@@ -130,8 +131,7 @@ def _refusing_reads(tracked: Any, perturbed: list[int], where: str = WHERE) -> I
     for index in perturbed:
         metadata = tracked.variables[index]._var_metadata
         old = metadata.get("on_get_value")
-        hooks = () if old is None else old if isinstance(old, tuple) else (old,)
-        metadata["on_get_value"] = (refuse, *hooks)
+        metadata["on_get_value"] = chain_on_get_value(refuse, old)
         saved.append((metadata, old))
     try:
         yield

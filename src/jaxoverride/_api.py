@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from typing import Any
 
@@ -41,9 +42,18 @@ class custom_vjp(NeutralRule[ReturnValue]):  # noqa: N801  (JAX's name)
     _default = jax.custom_vjp
     _kind = "VJP"
 
-    # Unannotated, as JAX's: ``inspect.signature`` of the class must equal JAX's.
     def __init__(self, fun, nondiff_argnums=(), nondiff_argnames=()):
         super().__init__(fun, nondiff_argnums, nondiff_argnames)
+
+    # ``inspect.signature`` of the class must equal JAX's, which is annotated in some
+    # releases (0.8) and not in others (0.10). Set on ``__init__``, not the class, so that
+    # an instance's signature is still that of the function it wraps.
+    __init__.__signature__ = inspect.signature(jax.custom_vjp).replace(  # type: ignore[attr-defined]
+        parameters=[
+            inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD),
+            *inspect.signature(jax.custom_vjp).parameters.values(),
+        ]
+    )
 
     def defvjp(
         self,

@@ -26,6 +26,8 @@ from typing import Any, Protocol
 
 import jax
 
+from jaxoverride._compat import set_user_context_global
+
 _lock = threading.RLock()
 _serials = itertools.count(1)
 
@@ -266,7 +268,7 @@ _guards: tuple[tuple[Callable[[], bool], Layer], ...] = ()
 def _installed_changed_locked() -> None:
     global _guards
     _guards = tuple((entry.when, entry.layer) for entry in installed if not entry.scoped)
-    _installed_key.set_global(tuple(entry.layer.serial for entry in installed))
+    set_user_context_global(_installed_key, tuple(entry.layer.serial for entry in installed))
     _recompute_idle_locked()
 
 

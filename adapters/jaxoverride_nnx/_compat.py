@@ -1,0 +1,65 @@
+"""Every Flax difference across the supported range (``flax>=0.12.1,<0.13``), in one place.
+
+The adapter reads Flax NNX internals (``graphlib``, ``variablelib``, ``pytreelib``,
+``tracers``), which is why ``pyproject.toml`` bounds Flax above. Within the range:
+
+- ``flax.nnx.graphlib`` is named ``flax.nnx.graph`` before Flax 0.12.5 (0.12.5 renamed
+  it and kept ``graph`` as a re-export).
+- ``graphlib.DataElem`` / ``StaticElem`` (0.12.5+) wrap a node's items to mark them as
+  data or static. Earlier releases never wrap an item, so here they stand for classes that
+  nothing is an instance of, and the ``isinstance`` checks are simply false.
+- A Variable's ``on_get_value`` metadata may be a tuple of hooks in recent releases, but
+  only a single callable in Flax 0.12.1; ``chain_on_get_value`` builds one callable that
+  every release accepts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+try:
+    from flax.nnx import graphlib as graphlib
+except ImportError:  # Flax < 0.12.5: the same module under its old name.
+    from flax.nnx import graph as graphlib  # type: ignore[no-redef]
+
+
+class _NeverWrapped:
+    """Stands for an item wrapper that this Flax release does not have."""
+
+    value: Any
+
+
+DataElem: type = getattr(graphlib, "DataElem", _NeverWrapped)
+StaticElem: type = getattr(graphlib, "StaticElem", _NeverWrapped)
+
+
+def chain_on_get_value(first: Callable[[Any, Any], Any], old: Any) -> Callable[[Any, Any], Any]:
+    """One ``on_get_value`` hook that runs ``first``, then the hooks that were there.
+
+    Args:
+      first: a hook ``(variable, value) -> value`` to run before the others.
+      old: the Variable's previous ``on_get_value`` metadata: None, a hook, or a tuple
+        of hooks.
+
+    Returns:
+      A single hook, which every supported Flax release accepts.
+
+    Example:
+      >>> from jaxoverride_nnx._compat import chain_on_get_value
+      >>> hook = chain_on_get_value(lambda v, x: x + 1, (lambda v, x: x * 10,))
+      >>> hook(None, 1)
+      20
+    """
+    hooks = () if old is None else old if isinstance(old, tuple) else (old,)
+
+    def chained(variable: Any, value: Any) -> Any:
+        value = first(variable, value)
+        for hook in hooks:
+            value = hook(variable, value)
+        return value
+
+    return chained
+
+
+__all__ = ["DataElem", "StaticElem", "chain_on_get_value", "graphlib"]
