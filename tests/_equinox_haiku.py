@@ -25,12 +25,12 @@ from typing import Any
 
 import haiku as hk
 import jax
-import jax.extend.core
 import jax.numpy as jnp
 import numpy as np
 
 import jaxoverride as jo
 import jaxoverride_haiku as joh
+from jaxoverride._compat import jaxprs_in_params
 
 
 def _import_neutral() -> tuple[Any, Any, Any]:
@@ -140,7 +140,7 @@ def _primitives(jaxpr: jax.extend.core.Jaxpr) -> list[str]:
     for eqn in jaxpr.eqns:
         if eqn.primitive.name != "custom_jvp_call":
             names.append(eqn.primitive.name)
-        for sub in jax.extend.core.jaxprs_in_params(eqn.params):
+        for sub in jaxprs_in_params(eqn.params):
             names += _primitives(sub)
     return names
 

@@ -16,9 +16,9 @@ from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 from jax import tree_util as jtu
-from jax._src.util import fun_name
 
 import jaxoverride as jo
+from jaxoverride._compat import jit_name
 from jaxoverride_dag._axes import spread
 from jaxoverride_dag._kinds import ARRAY, DYNAMIC_TYPES, KINDS, SCALAR, kind
 from jaxoverride_dag._out import Packed
@@ -237,7 +237,7 @@ class JitState:
         if donated:
             options["donate_argnums"] = tuple(offset + i for i in donated)
         # Named as JAX names ``fun`` (a partial by its function), so lowerings match.
-        traced.__name__ = fun_name(fun)
+        traced.__name__ = jit_name(fun)
         traced.__qualname__ = getattr(fun, "__qualname__", traced.__name__)
         if self.in_tree is not None:
             options["in_shardings"] = self._in_shardings(plan, args, kwargs)

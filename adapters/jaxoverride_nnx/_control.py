@@ -27,6 +27,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+from jax._src.lax.control_flow.loops import _batch_and_remainder
 
 import jaxoverride as jo
 from jaxoverride_nnx._lift import (
@@ -447,16 +448,11 @@ def lax_map(f: Callable[[Any], Any], xs: Any, *, batch_size: int | None = None) 
         _store(tracked, [body], state, _MAP)
         return from_refs(ys, tracked)
     vmap_below = jo.next_impl("vmap")
-    leaves = jax.tree_util.tree_leaves(xs)
-    total = leaves[0].shape[0] if leaves else 0
-    # JAX reads batch_size=0 as "no scan, vmap everything".
-    batches, remainder = divmod(total, batch_size) if batch_size else (0, total)
-    split = batches * batch_size
+    # JAX's own split, so that every batch size (0 included, which JAX versions read
+    # differently) gives what jax.lax.map gives.
+    blocks, rest = _batch_and_remainder(xs, batch_size)
     ys = None
-    if batches:
-        blocks = jax.tree_util.tree_map(
-            lambda x: x[:split].reshape(batches, batch_size, *x.shape[1:]), xs
-        )
+    if blocks is not None:
         body = _lifted((f,), ("map-blocks", tracked.key), _block_body)
         token, below_token = _enter(tracked), _VMAP_BELOW.set(vmap_below)
         try:
@@ -466,8 +462,7 @@ def lax_map(f: Callable[[Any], Any], xs: Any, *, batch_size: int | None = None) 
             _RUNNING.reset(token)
         _store(tracked, [body], state, _MAP)
         ys = jax.tree_util.tree_map(lambda y: y.reshape(-1, *y.shape[2:]), ys)
-    if remainder:
-        rest = jax.tree_util.tree_map(lambda x: x[split:], xs)
+    if rest is not None:
         rest_ys = _vmapped(tracked, f, vmap_below, rest, _MAP)
         ys = (
             rest_ys

@@ -21,10 +21,10 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax._src.util import fun_name
 from jax.core import Tracer
 
 import jaxoverride as jo
+from jaxoverride._compat import jit_name
 from jaxoverride_nnx import _scope
 from jaxoverride_nnx._graph import RAW, is_graph_object
 from jaxoverride_nnx._lift import (
@@ -300,7 +300,7 @@ class TrackedJit:
 
         # Named as JAX names ``fun`` (a partial by its function, an object as unnamed), so
         # compilations and lowerings carry the user's name.
-        lifted.__name__ = lifted.__qualname__ = fun_name(fun)
+        lifted.__name__ = lifted.__qualname__ = jit_name(fun)
         for attribute in ("__qualname__", "__module__", "__doc__"):
             value = getattr(fun, attribute, None)
             if isinstance(value, str):

@@ -8,11 +8,18 @@ than from JAX, so a JAX release that moves one is handled by this file alone:
 - ``set_user_context_global``: the context made by ``jax.make_user_context`` (new in JAX
   0.7.2, the oldest thing the core needs) has ``set_global`` only from JAX 0.9; in 0.8
   the same setter exists on the config object that the context wraps.
+- ``jit_name``: ``jax.jit`` names the program of a callable without ``__name__``
+  ``<unnamed wrapped function>`` before JAX 0.10 and ``<unnamed function>`` after.
 """
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from typing import Any
+
+import jax
+from jax._src.util import fun_name
 
 try:
     from jax.extend.core import (
@@ -50,4 +57,35 @@ def set_user_context_global(context: Any, value: Any) -> None:
     setter(value)
 
 
-__all__ = ["get_opaque_trace_state", "jaxprs_in_params", "set_user_context_global"]
+@functools.cache
+def _unnamed() -> str:
+    class Nameless:
+        def __call__(self, x: Any) -> Any:
+            return x
+
+    # What this JAX calls it, read off a trace (no compilation): the default moved.
+    return jax.make_jaxpr(jax.jit(Nameless()))(0.0).eqns[0].params["name"]
+
+
+def jit_name(fun: Callable[..., Any]) -> str:
+    """The name ``jax.jit`` gives ``fun``'s program (a partial by its function).
+
+    An adapter whose ``jit`` traces a wrapper of ``fun`` names the wrapper this, so that
+    its lowering and jaxprs read as ``jax.jit(fun)``'s do.
+
+    Args:
+      fun: the function passed to ``jit``.
+
+    Returns:
+      Its ``__name__``, its partial's function's, or JAX's name for an unnamed callable.
+
+    Example:
+      >>> import functools
+      >>> from jaxoverride._compat import jit_name
+      >>> jit_name(functools.partial(max, 1))
+      'max'
+    """
+    return fun_name(fun, _unnamed())
+
+
+__all__ = ["get_opaque_trace_state", "jaxprs_in_params", "jit_name", "set_user_context_global"]
