@@ -122,15 +122,44 @@ def test_unshared_tree_gives_the_same_jaxpr_as_jax_jit():
     assert str(ours.jaxpr) == str(plain.jaxpr)
 
 
-def test_large_shared_numpy_array_is_right_and_private():
-    big = np.arange(512 * 1024, dtype=np.float32).reshape(512, 1024)  # 2 MiB
+def _float32_array_at(misalignment: int, shape: tuple[int, int]) -> np.ndarray:
+    """An ``np.arange`` of ``shape`` whose data starts ``misalignment`` bytes past 64."""
+    nbytes = 4 * shape[0] * shape[1]
+    buffer = np.empty(nbytes + 128, np.uint8)
+    start = (-buffer.ctypes.data) % 64 + misalignment
+    out = buffer[start : start + nbytes].view(np.float32).reshape(shape)
+    out[...] = np.arange(out.size, dtype=np.float32).reshape(shape)
+    return out
+
+
+def test_large_unaligned_shared_numpy_array_is_copied_privately():
+    # The adapter makes its own (synchronous) copy of a large unaligned array, so the
+    # caller may change the array straight after the call.
+    big = _float32_array_at(16, (512, 1024))  # 2 MiB, numpy's usual 16-byte alignment
     with dag.context():
         f = jo.jit(lambda xs: xs[0] + xs[1])
         out = f([big, big])
-        big[0, 0] = -1.0  # the copy handed to JAX is private
+        big[0, 0] = -1.0
         np.testing.assert_array_equal(out, 2 * np.arange(512 * 1024).reshape(512, 1024))
         again = f([big, big])
     assert float(again[0, 0]) == -2.0
+
+
+def test_large_aligned_shared_numpy_array_is_handed_to_jax_as_is():
+    # An aligned array is JAX's to adopt, as under jax.jit: JAX reads it asynchronously
+    # (zero-copy on CPU), so as with jax.jit the caller waits for the result before
+    # changing it. What the adapter adds is that the shared array is one argument.
+    big = _float32_array_at(0, (512, 1024))
+    body = lambda xs: xs[0] + xs[1]
+    with dag.context():
+        f = jo.jit(body)
+        out = f([big, big]).block_until_ready()
+        n_args = len(jax.tree_util.tree_leaves(f.lower([big, big]).compile().args_info))
+    np.testing.assert_array_equal(out, jax.jit(body)([big, big]))
+    big[0, 0] = -1.0
+    with dag.context():
+        assert float(f([big, big])[0, 0]) == -2.0
+    assert n_args == 1
 
 
 def test_leaking_no_tracers():

@@ -4,9 +4,11 @@ A shared numpy array is one traced leaf, so it is transferred once however many 
 it is referenced. On the CPU backend JAX adopts a 64-byte aligned host buffer without
 copying it, but copies an unaligned one on a path that costs about twice a ``memcpy``
 (and numpy's large arrays are usually only 16-byte aligned). For large arrays the
-adapter therefore makes the one copy itself, into an aligned buffer that nobody else
-holds, and lets JAX adopt it: the array JAX computes on is private, as with JAX's own
-copy, and the caller's array may be changed afterwards without effect.
+adapter therefore makes the one copy itself, synchronously, into an aligned buffer that
+nobody else holds, and lets JAX adopt it: the caller's array may then be changed straight
+after the call without effect. An aligned array is handed to JAX as it is, and JAX's rule
+holds for it as under ``jax.jit``: JAX may adopt it without a copy and reads it
+asynchronously, so the caller must not change it before the result is ready.
 """
 
 from __future__ import annotations
