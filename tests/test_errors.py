@@ -22,6 +22,7 @@ def state():
         "context": _stack.context_snapshot(),
         "effective": _stack.effective_snapshot(),
         "installed": _stack.installed,
+        "jit_key": _stack._installed_key.value,
         "guards": _stack._guards,
         "idle": _stack.idle,
         "layers": len(_stack._layers),
@@ -207,6 +208,27 @@ def test_raising_predicate_propagates_and_leaves_the_installation_usable(unchang
         assert installation.installed
         assert int(count(3)) == 3  # the next call works, through the installation
     assert not installation.installed
+
+
+def test_install_and_uninstall_that_jax_refuses_change_nothing(unchanged, monkeypatch):
+    # Setting jax.jit's cache key is the one step of install/uninstall that can fail;
+    # a failure must leave the installed list, the guards and the key as they were.
+    def refuse(context, value):
+        raise RuntimeError("JAX refused the key")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(_stack, "set_user_context_global", refuse)
+        with pytest.raises(RuntimeError, match="JAX refused the key"):
+            jo.install({"lax.scan": passthrough_scan}, name="refused")
+    assert not any(entry.layer.label == "refused" for entry in _stack.installed)
+
+    installation = jo.install({"lax.scan": passthrough_scan}, name="kept")
+    with monkeypatch.context() as patch:
+        patch.setattr(_stack, "set_user_context_global", refuse)
+        with pytest.raises(RuntimeError, match="JAX refused the key"):
+            installation.uninstall()
+        assert installation.installed and int(count(3)) == 3
+    assert installation.uninstall()
 
 
 def test_uninstall_wrong_type(unchanged):

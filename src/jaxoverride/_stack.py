@@ -265,15 +265,18 @@ installed: tuple[Installed, ...] = ()
 _guards: tuple[tuple[Callable[[], bool], Layer], ...] = ()
 
 
-def _installed_changed_locked() -> None:
-    global _guards
-    _guards = tuple((entry.when, entry.layer) for entry in installed if not entry.scoped)
-    set_user_context_global(_installed_key, tuple(entry.layer.serial for entry in installed))
+def _set_installed_locked(entries: tuple[Installed, ...]) -> None:
+    """Makes ``entries`` the installed adapters; if JAX refuses the new key, nothing changes."""
+    global installed, _guards
+    # The jit key is the one step that can fail, so it goes first: a failure then leaves
+    # the list, the guards and the key as they were.
+    set_user_context_global(_installed_key, tuple(entry.layer.serial for entry in entries))
+    installed = entries
+    _guards = tuple((entry.when, entry.layer) for entry in entries if not entry.scoped)
     _recompute_idle_locked()
 
 
 def add_installed(entry: Installed) -> Installed:
-    global installed
     with _lock:
         for existing in installed:
             if (existing.layer, existing.when, existing.scoped) == (
@@ -282,18 +285,15 @@ def add_installed(entry: Installed) -> Installed:
                 entry.scoped,
             ):
                 return existing
-        installed = (*installed, entry)
-        _installed_changed_locked()
+        _set_installed_locked((*installed, entry))
         return entry
 
 
 def remove_installed(entry: Installed) -> bool:
-    global installed
     with _lock:
         if entry not in installed:
             return False
-        installed = tuple(other for other in installed if other is not entry)
-        _installed_changed_locked()
+        _set_installed_locked(tuple(other for other in installed if other is not entry))
         return True
 
 
