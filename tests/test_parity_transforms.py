@@ -449,25 +449,20 @@ CASES = [
 ]
 
 test_parity = _parity_tests(CASES)
-# Each eager ``jo.pmap(f)(x)`` (and, under track, ``jo.shard_map``) builds its adapter's
-# transform afresh, which compiles again where JAX's cache hits; ``jo.jit`` shares its
-# builds through ``jo.reuse_jit``, the mapped transforms do not yet.
-_PMAP_RECOMPILES = (
-    "the {} adapter's pmap compiles again when an equal jo.pmap(f) is built again "
-    "(JAX's second call hits its cache); its build is not shared through jo.reuse_jit"
+# Under ``track`` the tracked Variables enter ``shard_map`` as extra inputs with spec P().
+# An eager ``jax.shard_map`` converts every input to the mesh with a compilation of its
+# own on every call (JAX's second call compiles 4 times here), so each Variable adds one
+# per call. Closing over the values instead fails for a Variable whose array lives on
+# another mesh (say after a pmap wrote it), so the inputs stay.
+_SHARD_MAP_INPUTS = (
+    "the NNX adapter's eager shard_map passes the tracked Variables as inputs, and eager "
+    "shard_map compiles each input's conversion on every call (6 or 7 against JAX's 4)"
 )
 test_parity_under_adapter = adapter_parity_tests(
     CASES,
     known={
-        ("dag", "pmap-axis-name"): _PMAP_RECOMPILES.format("DAG"),
-        ("dag", "pmap-out-axes"): _PMAP_RECOMPILES.format("DAG"),
-        ("nnx_track", "pmap-axis-name"): _PMAP_RECOMPILES.format("NNX"),
-        ("nnx_track", "pmap-out-axes"): _PMAP_RECOMPILES.format("NNX"),
-        **{
-            ("nnx_track", case_id): "the NNX adapter's eager shard_map compiles more on a "
-            "second call than JAX's (6 or 7 compilations against JAX's 4)"
-            for case_id in ("shard_map", "shard_map-decorator-form", "shard_map-check-vma-false")
-        },
+        ("nnx_track", case_id): _SHARD_MAP_INPUTS
+        for case_id in ("shard_map", "shard_map-decorator-form", "shard_map-check-vma-false")
     },
 )
 

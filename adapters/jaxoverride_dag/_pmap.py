@@ -158,15 +158,19 @@ def dag_pmap(
     """The ``"pmap"`` override: ``jax.pmap``'s signature, identity-preserving result."""
     if not callable(fun):
         raise TypeError(f"jaxoverride.pmap: expected a callable value, got {fun!r}.")
-    state = _PmapState(
+    checked_in_axes = check_in_axes("pmap", in_axes)
+    static = _index_tuple(static_broadcasted_argnums)
+    donate = _index_tuple(donate_argnums)
+    below = jo.next_impl("pmap")
+    # One state per function and options, shared by every wrapper of them (as jax.pmap
+    # shares its cache): an eager ``jo.pmap(f)(x)`` built again compiles nothing again.
+    key = (_PmapState, below, axis_name, in_axes, out_axes, static, donate)
+    state = jo.reuse_jit(
         fun,
-        axis_name,
-        check_in_axes("pmap", in_axes),
-        out_axes,
-        _index_tuple(static_broadcasted_argnums),
-        _index_tuple(donate_argnums),
-        options,
-        jo.next_impl("pmap"),
+        (*key, tuple(sorted(options.items()))),
+        lambda: _PmapState(
+            fun, axis_name, checked_in_axes, out_axes, static, donate, options, below
+        ),
     )
 
     def mapped(*args: Any, **kwargs: Any) -> Any:

@@ -145,9 +145,38 @@ def _run(view: Tracked, mapped: Callable[..., Any], args: Any, kwargs: Any, wher
 # -- pmap -----------------------------------------------------------------------------
 
 
+def _shared_build(
+    name: str,
+    default: Callable[..., Any],
+    build: Callable[..., Callable[..., Any]],
+    fun: Callable[..., Any],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+) -> Callable[..., Any]:
+    """``build(fun, below, args, kwargs)``, shared by every equal ``jaxoverride.<name>(fun,
+    ...)`` through ``jo.reuse_jit``: an eager ``jo.pmap(f)(x)`` built again reuses the
+    mapped functions (and JAX's compilations) of the first, as ``jax.pmap`` does."""
+    below = jo.next_impl(name)
+    key = (name, below, tuple(sorted(_bind(default, fun, args, kwargs).items())))
+    shared = jo.reuse_jit(fun, key, lambda: build(fun, below, args, kwargs))
+
+    def call(*call_args: Any, **call_kwargs: Any) -> Any:
+        return shared(*call_args, **call_kwargs)
+
+    return _named(call, fun)
+
+
 def pmap(fun: Callable[..., Any], *args: Any, **kwargs: Any) -> Callable[..., Any]:
     """The ``"pmap"`` override: tracked state is broadcast in and must come out replicated."""
-    below = jo.next_impl("pmap")
+    return _shared_build("pmap", jax.pmap, _build_pmap, fun, args, kwargs)
+
+
+def _build_pmap(
+    fun: Callable[..., Any],
+    below: Callable[..., Any],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+) -> Callable[..., Any]:
     plain = below(fun, *args, **kwargs)
     options = _bind(jax.pmap, fun, args, kwargs)
     axis_name = options.pop("axis_name", None)
@@ -200,7 +229,7 @@ def pmap(fun: Callable[..., Any], *args: Any, **kwargs: Any) -> Callable[..., An
             probed.add(probe_key)
         return _run(view, cache.get(view.key, count), args_, kwargs_, where)
 
-    return _named(call, fun)
+    return call
 
 
 def _probe(
@@ -262,7 +291,15 @@ def _probe(
 def shard_map(fun: Callable[..., Any], *args: Any, **kwargs: Any) -> Callable[..., Any]:
     """The ``"shard_map"`` override: tracked state enters with spec ``P()`` and must leave
     replicated (``out_specs`` ``P()``), which ``check_vma`` proves."""
-    below = jo.next_impl("shard_map")
+    return _shared_build("shard_map", jax.shard_map, _build_shard_map, fun, args, kwargs)
+
+
+def _build_shard_map(
+    fun: Callable[..., Any],
+    below: Callable[..., Any],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+) -> Callable[..., Any]:
     plain = below(fun, *args, **kwargs)
     options = _bind(jax.shard_map, fun, args, kwargs)
     in_specs = options.pop("in_specs", _INFER)
@@ -300,7 +337,7 @@ def shard_map(fun: Callable[..., Any], *args: Any, **kwargs: Any) -> Callable[..
         _check_specs(in_specs, call_args)
         return _run(view, cache.get(view.key), args_, kwargs_, where)
 
-    return _named(call, fun)
+    return call
 
 
 def _check_specs(in_specs: Any, args: tuple[Any, ...]) -> None:
