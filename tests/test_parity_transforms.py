@@ -532,8 +532,6 @@ def transform_errors(api):
 
 
 KNOWN_ERRORS = {
-    ("dag", 1): "issue 13 item 5: error wording: the DAG jit's message on an unhashable static "
-    "argument shows the tuple of static arguments, not the argument",
     ("dag", 2): "issue 13 item 5: error wording: the DAG vmap's message on inconsistent sizes "
     "names the adapter's arguments ('inputs', 'args[1]'), not the user's",
     ("nnx_track", 2): "NNX under track: the vmap message on inconsistent sizes names the "

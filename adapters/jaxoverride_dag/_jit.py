@@ -156,12 +156,11 @@ class JitState:
         key = plan if layout is None else (layout, plan)
         entry = self._entries.get(key)
         if entry is None:
-            prefix = () if layout is None else (static_values,)
-            entry = self._make_entry(plan, layout, args, kwargs, (*prefix, *dyn))
+            entry = self._make_entry(plan, layout, args, kwargs, (*static_values, *dyn))
             if len(self._entries) >= _ENTRY_LIMIT:
                 self._entries.clear()
             self._entries[key] = entry
-        return entry, (() if layout is None else (static_values,)), dyn
+        return entry, static_values, dyn
 
     def compiled(self) -> list[Any]:
         """The ``jax.jit`` of every plan that a call may still run."""
@@ -196,7 +195,7 @@ class JitState:
         prefix: tuple[Any, ...] = ()
         if self.static:
             layout, values, args, kwargs = self.static.split(args, kwargs)
-            prefix = (values,)
+            prefix = values
         leaves, treedef = jtu.tree_flatten((args, kwargs))
         hot = self._hot.get((layout, treedef))
         if hot is None:
@@ -219,7 +218,9 @@ class JitState:
         inputs: tuple[Any, ...],
     ) -> _Entry:
         fun, n = self.fun, plan.n_dyn
-        offset = 0 if layout is None else 1
+        # Each static value is a static argument of its own, so that JAX hashes (and
+        # names, when it cannot) each one as it would under jax.jit.
+        offset = 0 if layout is None else len(layout[1]) + len(layout[2])
 
         def traced(*inputs: Any) -> Any:
             dyn = inputs[offset:]
@@ -227,12 +228,12 @@ class JitState:
                 raise StructureChangedError
             rest, rest_kwargs = plan.decode_inside(dyn)
             if layout is not None:
-                rest, rest_kwargs = StaticArgs.merge(layout, inputs[0], rest, rest_kwargs)
+                rest, rest_kwargs = StaticArgs.merge(layout, inputs[:offset], rest, rest_kwargs)
             return pack_output(fun(*rest, **rest_kwargs), "jit outputs")
 
         options = dict(self.jit_kwargs)
-        if layout is not None:
-            options["static_argnums"] = 0
+        if offset:
+            options["static_argnums"] = tuple(range(offset))
         donated = self._donated(plan, layout, args, kwargs)
         if donated:
             options["donate_argnums"] = tuple(offset + i for i in donated)
@@ -405,7 +406,7 @@ def _hot_path_static(state: JitState) -> Callable[..., Any]:
         if len(dyn) > 1 and max(map(refs, dyn)) > most and len(set(map(id, dyn))) != len(dyn):
             return call_slow(args, kwargs)
         try:
-            out = fn(values, *dyn)
+            out = fn(*values, *dyn)
         except StructureChangedError:
             return call_slow(args, kwargs)
         except TypeError:
