@@ -10,6 +10,7 @@ gradient), as is a write or a draw in ``bwd``; every refusal leaves Haiku as it 
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import haiku as hk
@@ -357,7 +358,37 @@ def _closed_over(x):
     return f(x)
 
 
+def _sin_times(x, y):
+    return jnp.sin(x) * y
+
+
+def _bwd_of_wrong_structure(x):
+    f = jo.custom_vjp(_sin_times)
+    f.defvjp(lambda x, y: (_sin_times(x, y), (x, y)), lambda _, g: (g,))  # one of two
+    return jo.grad(lambda v: jnp.sum(f(v, 2.0)))(x)
+
+
+def _fwd_without_a_pair(x):
+    f = jo.custom_vjp(_sin_times)
+    f.defvjp(lambda x, y: _sin_times(x, y), lambda res, g: (g, g))
+    return jo.grad(lambda v: jnp.sum(f(v, 2.0)))(x)
+
+
 BAD = {
+    "bwd-structure": (
+        _bwd_of_wrong_structure,
+        TypeError,
+        # JAX's message, about the user's two arguments (not the adapter's three)
+        re.escape(
+            "but got bwd output structure PyTreeDef((*,)) for primal input structure "
+            "PyTreeDef((*, *))."
+        ),
+    ),
+    "fwd-not-a-pair": (
+        _fwd_without_a_pair,
+        TypeError,
+        "Custom VJP fwd rule <lambda> for function _sin_times must produce a pair",
+    ),
     "undefined": (_undefined, AttributeError, "No VJP defined for custom_vjp function.*defvjp"),
     "nondiff_argnums": (
         _wrong_nondiff_argnums,

@@ -29,7 +29,6 @@ from _parity import (
     error_messages,
     f32,
     fresh_jax_caches_per_module,  # noqa: F401 - an autouse fixture
-    known_error_tests,
     parity_tests as _parity_tests,
 )
 from jaxoverride import _stack
@@ -408,24 +407,13 @@ def rule_errors(api):
     )
 
 
-KNOWN_ERRORS = {
-    ("nnx_track", 0): "NNX under track: JAX's message on a bwd rule of the wrong structure "
-    "shows the adapter's input structure (with the Variables' slot), not the user's",
-    ("nnx_track", 1): "NNX under track: a fwd rule that returns no pair raises 'iteration over "
-    "a 0-d array' from the adapter instead of JAX's message",
-}
-
-
 @pytest.mark.parametrize("mode", ALL_MODES)
 def test_errors_inside_the_rules_are_jaxs(mode):
     expected = rule_errors(JAX)
     with active(mode):
         actual = rule_errors(jo)
-    assert_same_errors(actual, expected, mode, KNOWN_ERRORS)
+    assert_same_errors(actual, expected, mode, {})
     assert None not in expected
-
-
-test_known_error_difference = known_error_tests(rule_errors, KNOWN_ERRORS)
 
 
 def test_nondiff_argnames_and_keyword_binding_match_jax():

@@ -38,6 +38,7 @@ import contextvars
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
+import jax
 from haiku._src import base, data_structures, stateful
 
 import jaxoverride as jo
@@ -51,6 +52,8 @@ from jaxoverride_haiku._frames import (
     state_usable,
 )
 from jaxoverride_plain import (
+    bwd_cotangents,
+    fwd_output_pair,
     instantiate_zeros,
     nondiff_positions,
     perturbed_leaves,
@@ -395,6 +398,10 @@ class HaikuRule:
         call = _Call(self._where)
         assert self._rule is not None
         fwd, bwd, symbolic_zeros, optimize_remat = self._rule
+        static = {n % (len(args) + 1) - 1 for n in self._lifted_nondiff}
+        primal_tree = jax.tree.structure(
+            tuple(arg for index, arg in enumerate(args) if index not in static)
+        )
 
         def lifted_fwd(values: Any, *args: Any) -> Any:
             refused = _differentiated(values, perturbed_leaves)
@@ -402,7 +409,7 @@ class HaikuRule:
             if not symbolic_zeros:
                 args = unwrap_primals(args)
             with call.frame(values, refused) as frame:
-                out, residuals = fwd(*args)
+                out, residuals = fwd_output_pair(fwd(*args), fwd, self._fun)
                 after = _after(frame)
                 forward_values = stateful.internal_state()
             return (out, after), (residuals, forward_values)
@@ -414,7 +421,7 @@ class HaikuRule:
                 out_cotangent = instantiate_zeros(out_cotangent)
             with call.frame(forward_values, forward=False), pure_frame(call.where, *_BACKWARD):
                 cotangents = bwd(*static, residuals, out_cotangent)
-            return (None, *cotangents)
+            return (None, *bwd_cotangents(cotangents, primal_tree))
 
         rule = self._below(self._primal(call), nondiff_argnums=self._lifted_nondiff)
         # Symbolic zeros tell which of Haiku's values are being differentiated; the user's

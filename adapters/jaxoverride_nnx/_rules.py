@@ -33,6 +33,8 @@ from jaxoverride_nnx._errors import LevelError
 from jaxoverride_nnx._lift import changed, run_lifted, write_back
 from jaxoverride_nnx._scope import current
 from jaxoverride_plain import (
+    bwd_cotangents,
+    fwd_output_pair,
     instantiate_zeros,
     perturbed_leaves,
     positional_arguments,
@@ -213,6 +215,9 @@ class LiftedVJP:
         args = positional_arguments(self._fun, args, kwargs)
         fun, (fwd, bwd, symbolic_zeros, optimize_remat) = self._fun, self._rules
         nondiff = sorted(self._nondiff)
+        primal_tree = jax.tree.structure(
+            tuple(arg for index, arg in enumerate(args) if index not in self._nondiff)
+        )
 
         same = _SameWrites(tracked, WHERE, "forward rule (fwd)")
 
@@ -228,7 +233,8 @@ class LiftedVJP:
             if not symbolic_zeros:
                 inner = unwrap_primals(inner)
             with _refusing_reads(tracked, [i for i in perturbed if i < len(tracked.variables)]):
-                (out, residuals), after = run_lifted(tracked, values, fwd, inner, {}, WHERE)
+                pair, after = run_lifted(tracked, values, fwd, inner, {}, WHERE)
+            out, residuals = fwd_output_pair(pair, fwd, fun)
             written = same.conform("forward rule (fwd)", values, _written(values, after))
             return (out, written), (values, residuals)
 
@@ -254,7 +260,7 @@ class LiftedVJP:
                     "jaxopt's implicit_diff=True does), or use the library's "
                     "non-implicit mode (jaxopt's implicit_diff=False).",
                 )
-            return (None, *cotangents)
+            return (None, *bwd_cotangents(cotangents, primal_tree))
 
         rule = self._below(lifted, nondiff_argnums=tuple(n + 1 for n in nondiff))
         # Symbolic zeros tell which Variables are being differentiated (see

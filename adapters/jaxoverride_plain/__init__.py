@@ -35,6 +35,8 @@ from jaxoverride_plain._phase import (
     is_initializing as is_initializing,
 )
 from jaxoverride_plain._rule_args import (
+    bwd_cotangents as bwd_cotangents,
+    fwd_output_pair as fwd_output_pair,
     instantiate_zeros as instantiate_zeros,
     nondiff_positions as nondiff_positions,
     perturbed_leaves as perturbed_leaves,
@@ -51,10 +53,12 @@ from jaxoverride_plain._transforms import (
 __all__ = [
     "applying",
     "as_jax_operands",
+    "bwd_cotangents",
     "context",
     "create_binding_axes",
     "create_by_calling",
     "distinct_functions",
+    "fwd_output_pair",
     "init_context",
     "init_safe_call",
     "init_safe_cond",

@@ -18,6 +18,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax._src.custom_derivatives import CustomVJPPrimal, SymbolicZero
 
+from jaxoverride._compat import jit_name
+
 
 def positional_arguments(
     fun: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
@@ -174,3 +176,90 @@ def zero_tangents(tree: Any) -> Any:
         return np.zeros(np.shape(x), jax.dtypes.float0)
 
     return jax.tree.map(zero, tree)
+
+
+def fwd_output_pair(result: Any, fwd: Callable[..., Any], fun: Callable[..., Any]) -> Any:
+    """``result`` of a user's ``fwd`` rule, checked as JAX checks it: a pair.
+
+    An adapter unpacks ``fwd``'s output before JAX sees it, so it must refuse a non-pair
+    with JAX's own error, not Python's unpacking one.
+
+    Args:
+      result: what the user's ``fwd`` returned.
+      fwd: the user's ``fwd`` rule.
+      fun: the user's primal function.
+
+    Returns:
+      ``result``, a list or tuple of length two.
+
+    Raises:
+      TypeError: JAX's message for a ``fwd`` rule that produced no pair.
+
+    Example:
+      >>> import jax.numpy as jnp
+      >>> from jaxoverride_plain import fwd_output_pair
+      >>> def f(x): return x
+      >>> def f_fwd(x): return x
+      >>> fwd_output_pair(jnp.float32(1.0), f_fwd, f)
+      Traceback (most recent call last):
+      TypeError: Custom VJP fwd rule f_fwd for function f must produce a pair ...
+    """
+    if isinstance(result, (list, tuple)) and len(result) == 2:
+        return result
+    fwd_name, primal_name = jit_name(fwd), jit_name(fun)
+    raise TypeError(
+        f"Custom VJP fwd rule {fwd_name} for function {primal_name} "
+        "must produce a pair (list or tuple of length two) where the first "
+        "element represents the primal output (equal to those of the "
+        f"custom_vjp-decorated function {primal_name}) and the "
+        "second element represents residuals (i.e. values stored from the "
+        "forward pass for use on the backward pass), but "
+        f"instead of a pair the fwd rule {fwd_name} produced {result}."
+    )
+
+
+def bwd_cotangents(cotangents: Any, primal_tree: Any) -> tuple[Any, ...]:
+    """A user's ``bwd`` output, checked as JAX checks it against the primal's arguments.
+
+    An adapter passes its state ahead of the user's arguments, so JAX's own check would
+    describe the adapter's structure; this one describes the user's.
+
+    Args:
+      cotangents: what the user's ``bwd`` returned.
+      primal_tree: the tree structure of the tuple of the primal function's
+        differentiable arguments (``nondiff_argnums`` left out). Only the structure: the
+        arguments themselves may be tracers that ``bwd``, traced later, must not hold.
+
+    Returns:
+      ``cotangents`` as a tuple (JAX accepts a list of the right length).
+
+    Raises:
+      TypeError: JAX's message for a ``bwd`` output of the wrong container structure.
+
+    Example:
+      >>> import jax, jax.numpy as jnp
+      >>> from jaxoverride_plain import bwd_cotangents
+      >>> two_arrays = jax.tree.structure((jnp.ones(2), jnp.ones(3)))
+      >>> bwd_cotangents([jnp.ones(2), None], two_arrays)[1] is None
+      True
+      >>> bwd_cotangents((jnp.ones(2),), two_arrays)
+      Traceback (most recent call last):
+      TypeError: Custom VJP bwd rule must produce an output with the same container ...
+    """
+    if isinstance(cotangents, list) and len(cotangents) == len(primal_tree.children()):
+        cotangents = tuple(cotangents)
+    dummy = jax.tree.unflatten(primal_tree, [object()] * primal_tree.num_leaves)
+    try:
+        if not isinstance(cotangents, tuple):
+            raise ValueError
+        jax.tree.map(lambda ct, _: ct, cotangents, dummy, is_leaf=lambda x: x is None)
+    except ValueError:
+        raise TypeError(
+            "Custom VJP bwd rule must produce an output with the same container "
+            "(pytree) structure as the args tuple of the primal function, "
+            "and in particular must produce a tuple of length equal to the "
+            "number of arguments to the primal function, but got bwd output "
+            f"structure {jax.tree.structure(cotangents)} for primal input structure "
+            f"{primal_tree}."
+        ) from None
+    return cotangents
