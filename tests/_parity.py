@@ -242,20 +242,17 @@ def assert_same_errors(
     actual: Sequence[tuple[type, str] | None],
     expected: Sequence[tuple[type, str] | None],
     mode: str,
-    known: Mapping[tuple[str, int], str] | None = None,
 ) -> None:
     """The errors of ``error_messages`` in ``mode`` are JAX's.
 
     With a pass-through stack they are identical; under an adapter each has JAX's type and
     JAX's message in its own (an adapter may add where the error happened, never replace).
-    Calls listed in ``known`` as ``(mode, index)`` are left to ``known_error_tests``.
     """
     assert len(actual) == len(expected)
     wrong = [
         f"call {index}: {difference}"
         for index, (got, want) in enumerate(zip(actual, expected, strict=True))
-        if (mode, index) not in (known or {})
-        and (difference := _error_difference(got, want, mode)) is not None
+        if (difference := _error_difference(got, want, mode)) is not None
     ]
     assert not wrong, f"[mode {mode}] errors differ from JAX's:\n" + "\n".join(wrong)
 
@@ -270,31 +267,6 @@ def _error_difference(
     if want[1] not in got[1]:
         return f"JAX's message {want[1]!r} is not in {got[1]!r}"
     return None
-
-
-def known_error_tests(
-    messages: Callable[[Any], list[tuple[type, str] | None]],
-    known: Mapping[tuple[str, int], str],
-) -> Callable[..., None]:
-    """``test_known_error_difference(mode, index)``: one strict ``xfail`` per ``known`` entry,
-    ``{(mode, index of the call in messages(api)): reason}``; it passes once the adapter
-    raises JAX's error there."""
-
-    @pytest.mark.parametrize(
-        ("mode", "index"),
-        [
-            pytest.param(mode, index, marks=pytest.mark.xfail(strict=True, reason=reason))
-            for (mode, index), reason in known.items()
-        ],
-    )
-    def test_known_error_difference(mode: str, index: int) -> None:
-        expected = messages(JAX)[index]
-        with active(mode):
-            actual = messages(jo)[index]
-        difference = _error_difference(actual, expected, mode)
-        assert difference is None, f"[mode {mode}] call {index}: {difference}"
-
-    return test_known_error_difference
 
 
 @contextlib.contextmanager

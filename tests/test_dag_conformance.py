@@ -281,7 +281,13 @@ def bad_transform_calls():
         )(z0),
         "grad-aux-three": lambda api: api.grad(lambda x: (x.sum(), 1, 2), has_aux=True)(z0),
         "jacrev-aux-three": lambda api: api.jacrev(lambda x: [x, x, x], has_aux=True)(z0),
+        # JAX names the user's arguments (x, y['b']), not the adapter's flat leaves
+        "vmap-sizes-nested": lambda api: api.vmap(named_arguments)(jnp.ones(3), {"b": jnp.ones(4)}),
     }
+
+
+def named_arguments(x, y):
+    return x + y["b"]
 
 
 @pytest.mark.parametrize("name", sorted(bad_transform_calls()))
@@ -293,6 +299,15 @@ def test_bad_input_to_transforms_raises_jax_exception_and_message(name):
         call(jo)
     assert type(ours.value) is type(raw.value)
     assert str(raw.value) in str(ours.value)
+
+
+def test_size_errors_with_leaves_raw_vmap_cannot_map_keep_the_adapters_message():
+    # A function among the arguments: the DAG carries it as static data, raw jax.vmap
+    # cannot take it, so the adapter's own (still JAX's) message stands.
+    with dag.context(), pytest.raises(ValueError, match="inconsistent sizes"):
+        jo.vmap(lambda x, fn, y: fn(x) + y[:3])(jnp.ones(3), jnp.sin, jnp.ones(4))
+    with dag.context(), pytest.raises(ValueError, match="user bug"):
+        jo.vmap(lambda x: (_ for _ in ()).throw(ValueError("user bug")))(jnp.ones(3))
 
 
 def test_errors_raised_by_user_code_are_not_replayed():

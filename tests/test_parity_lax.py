@@ -28,7 +28,6 @@ from _parity import (
     f32,
     fresh_jax_caches_per_module,  # noqa: F401 - an autouse fixture
     jaxpr_text,
-    known_error_tests,
     parity_tests as _parity_tests,
 )
 
@@ -438,23 +437,14 @@ def control_flow_errors(api):
     )
 
 
-KNOWN_ERRORS = {
-    ("nnx_track", 0): "NNX under track: JAX's carry message names the carry 'args[0]' of the "
-    "adapter's lifted body instead of the user's 'c'",
-}
-
-
 @pytest.mark.parametrize("mode", ALL_MODES)
 def test_errors_are_jax_errors(mode):
     """Bad control-flow arguments raise JAX's own error type and message."""
     expected = control_flow_errors(JAX)
     with active(mode):
         actual = control_flow_errors(jo)
-    assert_same_errors(actual, expected, mode, KNOWN_ERRORS)
+    assert_same_errors(actual, expected, mode)
     assert all(item is not None for item in expected[:5])
-
-
-test_known_error_difference = known_error_tests(control_flow_errors, KNOWN_ERRORS)
 
 
 # --- hypothesis: random scan configurations -------------------------------------------

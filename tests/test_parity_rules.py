@@ -412,7 +412,7 @@ def test_errors_inside_the_rules_are_jaxs(mode):
     expected = rule_errors(JAX)
     with active(mode):
         actual = rule_errors(jo)
-    assert_same_errors(actual, expected, mode, {})
+    assert_same_errors(actual, expected, mode)
     assert None not in expected
 
 

@@ -29,7 +29,6 @@ from _parity import (
     error_messages,
     f32,
     fresh_jax_caches_per_module,  # noqa: F401 - an autouse fixture
-    known_error_tests,
     mesh8,
     parity_tests as _parity_tests,
 )
@@ -531,25 +530,14 @@ def transform_errors(api):
     )
 
 
-KNOWN_ERRORS = {
-    ("dag", 2): "issue 13 item 5: error wording: the DAG vmap's message on inconsistent sizes "
-    "names the adapter's arguments ('inputs', 'args[1]'), not the user's",
-    ("nnx_track", 2): "NNX under track: the vmap message on inconsistent sizes names the "
-    "adapter's arguments ('inner_args', 'inner_kwargs'), not the user's",
-}
-
-
 @pytest.mark.parametrize("mode", ALL_MODES)
 def test_transform_errors_are_jax_errors(mode):
     """Misuse of a neutral transform raises what JAX raises, with JAX's message."""
     expected = transform_errors(JAX)
     with active(mode):
         actual = transform_errors(jo)
-    assert_same_errors(actual, expected, mode, KNOWN_ERRORS)
+    assert_same_errors(actual, expected, mode)
     assert None not in expected
-
-
-test_known_error_difference = known_error_tests(transform_errors, KNOWN_ERRORS)
 
 
 # --- hypothesis: random shapes and axes ------------------------------------------------

@@ -8,8 +8,11 @@ in: ``jax.vmap`` reads ``out_axes`` after tracing.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
+
+import jax
 
 import jaxoverride as jo
 from jaxoverride_dag._axes import spread
@@ -71,6 +74,35 @@ class _AxesCache:
         return axes
 
 
+def _sizes_error(
+    error: ValueError,
+    fun: Callable[..., Any],
+    in_axes: Any,
+    axis_size: int | None,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+) -> ValueError:
+    """JAX's own error for inconsistent mapped sizes, naming the user's arguments.
+
+    The adapter maps the flat leaves of a plan, so JAX's message would name those
+    (``inputs``, ``args[1]``). JAX checks the sizes before it traces anything, so a raw
+    ``jax.vmap`` of a stand-in with ``fun``'s name and signature, over the user's own
+    arguments, gets JAX's message for ``fun`` without running it. Any other error (or
+    arguments that raw ``jax.vmap`` cannot take) keeps the adapter's.
+    """
+    if "inconsistent sizes" not in str(error):
+        return error
+    stand_in = functools.wraps(fun)(lambda *_, **__: None)
+    try:
+        jax.eval_shape(jax.vmap(stand_in, in_axes=in_axes, axis_size=axis_size), *args, **kwargs)
+    except ValueError as jax_error:
+        if "inconsistent sizes" in str(jax_error):
+            return jax_error
+    except Exception:  # arguments raw jax.vmap cannot map: keep the adapter's message
+        pass
+    return error
+
+
 def dag_vmap(
     fun: Callable[..., Any],
     in_axes: Any = 0,
@@ -100,15 +132,21 @@ def dag_vmap(
             carrier.plan = out_plan
             return Packed(tuple(out_dyn), out_plan)
 
-        result = lower_vmap(
-            traced,
-            in_axes=axes,
-            out_axes=carrier,
-            axis_name=axis_name,
-            axis_size=axis_size,
-            spmd_axis_name=spmd_axis_name,
-            **options,
-        )(*dyn)
+        try:
+            result = lower_vmap(
+                traced,
+                in_axes=axes,
+                out_axes=carrier,
+                axis_name=axis_name,
+                axis_size=axis_size,
+                spmd_axis_name=spmd_axis_name,
+                **options,
+            )(*dyn)
+        except ValueError as error:
+            clearer = _sizes_error(error, fun, in_axes, axis_size, args, kwargs)
+            if clearer is error:
+                raise
+            raise clearer from None
         return unforward_tree(result, dyn).unpack()
 
     mapped.__wrapped__ = fun  # type: ignore[attr-defined]

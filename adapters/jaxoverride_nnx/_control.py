@@ -20,6 +20,7 @@ so exactly as often as in ``while cond(x): x = body(x)``.
 from __future__ import annotations
 
 import contextvars
+import functools
 import inspect
 import weakref
 from collections.abc import Callable, Hashable, Sequence
@@ -152,9 +153,28 @@ def _scan_body(self: _Lifted, fns: list[Any], carry: Any, x: Any) -> Any:
     user_carry, state, constants = carry
     out, after = self.run(tracked, state, constants, f, (from_refs(user_carry, tracked), x), _SCAN)
     new_carry, y = _pair(out, _SCAN)
-    new_carry = to_refs(new_carry, tracked)[0]
-    check_same_refs(user_carry, new_carry, "carry", _SCAN)
+    new_refs = to_refs(new_carry, tracked)[0]
+    check_same_refs(user_carry, new_refs, "carry", _SCAN)
+    if jax.tree.structure(new_refs) != jax.tree.structure(user_carry):
+        _raise_jax_carry_error(f, user_carry, new_refs)
+    new_carry = new_refs
     return (new_carry, after, constants), to_refs(y, tracked)[0]
+
+
+def _raise_jax_carry_error(f: Callable[..., Any], carry: Any, new_carry: Any) -> None:
+    """Raises JAX's error for a body whose carry changed structure, about the user's carry.
+
+    The lifted carry holds the Variables' values too, so JAX's own message would name the
+    adapter's carry (``args[0]``). A raw ``jax.lax.scan`` of a stand-in with ``f``'s name
+    and signature, returning the same carry, gets JAX's message as it is for ``f``.
+    """
+
+    def leaf(value: Any) -> Any:
+        return value if hasattr(value, "dtype") or isinstance(value, (bool, int, float)) else 0
+
+    carry, new_carry = jax.tree.map(leaf, (carry, new_carry))
+    stand_in = functools.wraps(f)(lambda c, x: (new_carry, None))
+    jax.eval_shape(lambda: jax.lax.scan(stand_in, carry, None, length=1))
 
 
 def scan(

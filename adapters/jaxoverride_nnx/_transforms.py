@@ -155,7 +155,9 @@ def vmap(fun: Callable[..., Any], *args: Any, **kwargs: Any) -> Callable[..., An
             out, updates = run_closure(view, fun, inner_args, inner_kwargs, where)
             return to_refs(out, view)[0], updates
 
-        mapped = below(pure, **{**options, "out_axes": (out_axes, None)})
+        # ``pure`` takes the user's arguments: under the user's name and signature, JAX's
+        # messages (inconsistent sizes, say) name them as jax.vmap(fun) would.
+        mapped = below(_named(pure, fun), **{**options, "out_axes": (out_axes, None)})
         try:
             out, updates = mapped(*args_, **kwargs_)
         except ValueError as error:
