@@ -148,3 +148,18 @@ def test_vmap_in_axes_over_shared_leaf_and_kwargs():
             jo.vmap(lambda a, b: a + b, in_axes=(0, 1))(xs, xs)
     assert seen == [True]
     np.testing.assert_array_equal(out, xs * jnp.arange(3.0)[:, None])
+
+
+def test_pmap_of_a_partial_built_twice_runs_and_is_shared():
+    # jax's lax_control_flow_test testIssue804: pmap of partial(lax.scan, body, 0.0).
+    # A partial is shared through jo.reuse_jit by a weak reference to the state.
+    import functools
+
+    f = functools.partial(jax.lax.scan, lambda c, x: (c + jax.lax.psum(x, "i"), c), 0.0)
+    xs = jnp.ones((jax.device_count(), 4))
+    with dag.context():
+        first = jo.pmap(f, axis_name="i")(xs)
+        second = jo.pmap(f, axis_name="i")(xs)
+    expected = jax.pmap(f, axis_name="i")(xs)
+    jax.tree.map(np.testing.assert_array_equal, first, expected)
+    jax.tree.map(np.testing.assert_array_equal, second, expected)

@@ -260,6 +260,45 @@ def test_eager_control_flow_reuses_traces_like_jax(kind):
     assert traces["jax"] == (3 if kind == "map" else 1)
 
 
+def test_an_identical_eager_while_loop_runs_no_python_again():
+    """JAX's testCaching under ``track``: neither cond_fun (its first test included) nor
+    body_fun runs again on an identical second call, and what both write still comes out
+    as a Python ``while`` loop's would."""
+    python_runs = []
+
+    def loop_of(model):
+        def cond(x):
+            python_runs.append("cond")
+            model.count[...] += 1  # the first test writes too
+            return x.sum() < 6.0
+
+        def body(x):
+            python_runs.append("body")
+            return model(x) + 1.0
+
+        return cond, body
+
+    model = Counter()
+    cond, body = loop_of(model)
+    with jaxoverride_nnx.track(model):
+        first = jo.lax.while_loop(cond, body, X)
+        runs = len(python_runs)
+        second = jo.lax.while_loop(cond, body, X)
+    assert runs > 0 and len(python_runs) == runs
+
+    reference = Counter()
+    cond, body = loop_of(reference)
+    expected = []
+    for _ in range(2):
+        x = X
+        while cond(x):
+            x = body(x)
+        expected.append(x)
+    np.testing.assert_allclose(first, expected[0], rtol=1e-6)
+    np.testing.assert_allclose(second, expected[1], rtol=1e-6)
+    assert int(model.count[...]) == int(reference.count[...])
+
+
 def test_cached_loop_bodies_do_not_keep_modules_alive():
     holder = [Counter()]
     ref = weakref.ref(holder[0])

@@ -34,6 +34,7 @@ def _avals(dyn: list[Any]) -> tuple[Any, ...]:
 
 class _PmapState:
     __slots__ = (
+        "__weakref__",  # jo.reuse_jit holds the state of a non-function weakly
         "_entries",
         "axis_name",
         "donate",

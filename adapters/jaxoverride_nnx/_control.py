@@ -20,7 +20,6 @@ so exactly as often as in ``while cond(x): x = body(x)``.
 from __future__ import annotations
 
 import contextvars
-import functools
 import inspect
 import weakref
 from collections.abc import Callable, Hashable, Sequence
@@ -31,6 +30,12 @@ import jax.numpy as jnp
 from jax._src.lax.control_flow.loops import _batch_and_remainder
 
 import jaxoverride as jo
+from jaxoverride_nnx._jax_errors import (
+    branch_error,
+    check_loop_carry,
+    check_scan_output,
+    output_shapes,
+)
 from jaxoverride_nnx._lift import (
     call_plain,
     changed,
@@ -60,12 +65,14 @@ class _Lifted:
     wrapper, because a cached trace is not run again.
     """
 
-    __slots__ = ("__weakref__", "body", "refs", "written")
+    __slots__ = ("__weakref__", "body", "outputs", "refs", "traces", "written")
 
     def __init__(self, body: Callable[..., Any], refs: tuple[Callable[[], Any], ...]):
         self.body = body
         self.refs = refs
         self.written: list[bool] = []
+        self.outputs: Any = None  # a branch's output shapes, for branch_error
+        self.traces: dict[Any, Any] = {}  # a first test's jaxprs, by argument types
 
     def __call__(self, *args: Any) -> Any:
         return self.body(self, [ref() for ref in self.refs], *args)
@@ -152,29 +159,12 @@ def _scan_body(self: _Lifted, fns: list[Any], carry: Any, x: Any) -> Any:
     tracked = _RUNNING.get()
     user_carry, state, constants = carry
     out, after = self.run(tracked, state, constants, f, (from_refs(user_carry, tracked), x), _SCAN)
+    out = to_refs(out, tracked)[0]
+    if isinstance(out, (tuple, list)) and len(out) == 2:
+        check_same_refs(user_carry, out[0], "carry", _SCAN)
+    check_scan_output(f, user_carry, out)
     new_carry, y = _pair(out, _SCAN)
-    new_refs = to_refs(new_carry, tracked)[0]
-    check_same_refs(user_carry, new_refs, "carry", _SCAN)
-    if jax.tree.structure(new_refs) != jax.tree.structure(user_carry):
-        _raise_jax_carry_error(f, user_carry, new_refs)
-    new_carry = new_refs
-    return (new_carry, after, constants), to_refs(y, tracked)[0]
-
-
-def _raise_jax_carry_error(f: Callable[..., Any], carry: Any, new_carry: Any) -> None:
-    """Raises JAX's error for a body whose carry changed structure, about the user's carry.
-
-    The lifted carry holds the Variables' values too, so JAX's own message would name the
-    adapter's carry (``args[0]``). A raw ``jax.lax.scan`` of a stand-in with ``f``'s name
-    and signature, returning the same carry, gets JAX's message as it is for ``f``.
-    """
-
-    def leaf(value: Any) -> Any:
-        return value if hasattr(value, "dtype") or isinstance(value, (bool, int, float)) else 0
-
-    carry, new_carry = jax.tree.map(leaf, (carry, new_carry))
-    stand_in = functools.wraps(f)(lambda c, x: (new_carry, None))
-    jax.eval_shape(lambda: jax.lax.scan(stand_in, carry, None, length=1))
+    return (new_carry, after, constants), y
 
 
 def scan(
@@ -190,7 +180,7 @@ def scan(
     below = jo.next_impl("lax.scan")
     _no_modules_in(xs, _SCAN)
     tracked = with_arguments(current(), init)
-    if tracked is None:
+    if tracked is None or not callable(f):  # not callable: JAX's own error
         return call_plain(
             below, (f, init, xs, length, reverse, unroll, _split_transpose), {}, _SCAN
         )
@@ -232,6 +222,7 @@ def _while_body(self: _Lifted, fns: list[Any], carry: Any) -> Any:
     )
     new_value = to_refs(new_value, tracked)[0]
     check_same_refs(value, new_value, "carry", _WHILE)
+    check_loop_carry(body_fun, value, new_value, cond_fun)
     return new_value, after, constants, going
 
 
@@ -245,26 +236,54 @@ def while_loop(
     """The ``"lax.while_loop"`` override."""
     below = jo.next_impl("lax.while_loop")
     tracked = with_arguments(current(), init_val)
-    if tracked is None:
+    if tracked is None or not (callable(cond_fun) and callable(body_fun)):
         return call_plain(below, (cond_fun, body_fun, init_val), {}, _WHILE)
     state, constants = _start(tracked)
-    # The first test runs before the loop, at this level, as eager Python would run it.
-    first = _Lifted(_no_body, ())
-    going, state = first.run(tracked, state, constants, cond_fun, (init_val,), _WHILE)
+    first = _lifted((cond_fun,), ("while-first", tracked.key), _first_test)
     body = _lifted((body_fun, cond_fun), ("while", tracked.key), _while_body)
     token = _enter(tracked)
     try:
-        final, state, _, _ = below(
-            _going, body, (to_refs(init_val, tracked)[0], state, constants, going)
-        )
+        init = to_refs(init_val, tracked)[0]
+        going, state = _run_first_test(first, (state, constants, init))
+        final, state, _, _ = below(_going, body, (init, state, constants, going))
     finally:
         _RUNNING.reset(token)
     _store(tracked, [first, body], state, _WHILE)
     return from_refs(final, tracked)
 
 
-def _no_body(self: _Lifted, fns: list[Any]) -> None:
-    return None
+def _run_first_test(first: _Lifted, operands: tuple[Any, ...]) -> Any:
+    """The first test of a ``while_loop``, before the loop, as in ``while cond(x): ...``.
+
+    Under a trace it is traced inline (the enclosing trace is what JAX caches). Called
+    eagerly, it is traced once per argument types and its jaxpr evaluated op by op, as
+    JAX traces ``cond_fun`` rather than running it: an identical second call runs no
+    Python, as ``jax.lax.while_loop``'s does, and a fresh ``cond_fun`` (a solver's
+    closure) costs no compilation of its own.
+    """
+    leaves, tree = jax.tree.flatten(operands)
+    if any(isinstance(leaf, jax.core.Tracer) for leaf in leaves):
+        return first(*operands)
+    try:
+        key = (tree, tuple(map(jax.typeof, leaves)))
+    except TypeError:  # a leaf JAX cannot type: JAX will say so in the loop itself
+        return first(*operands)
+    traced = first.traces.get(key)
+    if traced is None:
+        closed, shapes = jax.make_jaxpr(first, return_shape=True)(*operands)
+        if len(first.traces) >= 16:
+            first.traces.clear()
+        traced = first.traces[key] = (closed, jax.tree.structure(shapes))
+    closed, out_tree = traced
+    return jax.tree.unflatten(out_tree, jax.core.eval_jaxpr(closed.jaxpr, closed.consts, *leaves))
+
+
+def _first_test(
+    self: _Lifted, fns: list[Any], state: list[Any], constants: list[Any], value: Any
+) -> Any:
+    (cond_fun,) = fns
+    tracked = _RUNNING.get()
+    return self.run(tracked, state, constants, cond_fun, (from_refs(value, tracked),), _WHILE)
 
 
 # -- fori_loop ------------------------------------------------------------------------
@@ -281,6 +300,7 @@ def _fori_body(self: _Lifted, fns: list[Any], i: Any, carry: Any) -> Any:
     )
     new_value = to_refs(new_value, tracked)[0]
     check_same_refs(value, new_value, "carry", _FORI)
+    check_loop_carry(body_fun, value, new_value, None)
     return new_value, after, constants
 
 
@@ -295,7 +315,7 @@ def fori_loop(
     """The ``"lax.fori_loop"`` override."""
     below = jo.next_impl("lax.fori_loop")
     tracked = with_arguments(current(), init_val)
-    if tracked is None:
+    if tracked is None or not callable(body_fun):
         return call_plain(below, (lower, upper, body_fun, init_val), {"unroll": unroll}, _FORI)
     state, constants = _start(tracked)
     body = _lifted((body_fun,), ("fori", tracked.key), _fori_body)
@@ -324,7 +344,9 @@ def _branch(
     (fn,) = fns
     tracked = _RUNNING.get()
     out, after = self.run(tracked, state, constants, fn, tuple(from_refs(operands, tracked)), where)
-    return to_refs(out, tracked)[0], after
+    out = to_refs(out, tracked)[0]
+    self.outputs = output_shapes(out)
+    return out, after
 
 
 def _cond_branch(self: _Lifted, fns: list[Any], *args: Any) -> Any:
@@ -339,6 +361,22 @@ def _branches(
     fns: Sequence[Callable[..., Any]], tracked: Tracked, body: Callable[..., Any]
 ) -> list[_Lifted]:
     return [_lifted((fn,), (body, tracked.key), body) for fn in fns]
+
+
+def _outputs(wrapped: Sequence[_Lifted]) -> list[Any]:
+    """Each branch's output shapes from its trace, ``None`` for one JAX never traced;
+    then forgotten, so that they hold nothing past the call."""
+    outputs = [w.outputs for w in wrapped]
+    for w in wrapped:
+        w.outputs = None
+    return outputs
+
+
+def _all_callable(branches: Any) -> bool:
+    try:
+        return len(branches) > 0 and all(map(callable, branches))
+    except TypeError:  # not a sequence
+        return False
 
 
 def _operands(operands: tuple[Any, ...], operand: Any) -> tuple[tuple[Any, ...], bool]:
@@ -361,13 +399,18 @@ def cond(
     if not valid:  # JAX's own error for passing both
         return below(pred, true_fun, false_fun, *operands, operand=operand)
     tracked = with_arguments(current(), args)
-    if tracked is None:
+    if tracked is None or not (callable(true_fun) and callable(false_fun)):
         return call_plain(below, (pred, true_fun, false_fun, *args), {}, where)
     state, constants = _start(tracked)
     wrapped = _branches([true_fun, false_fun], tracked, _cond_branch)
     token = _enter(tracked)
     try:
         out, state = below(pred, *wrapped, state, constants, *to_refs(args, tracked)[0])
+    except TypeError as error:
+        jax_error = branch_error(error, [true_fun, false_fun], _outputs(wrapped), switch=False)
+        if jax_error is error:
+            raise
+        raise jax_error from None
     finally:
         _RUNNING.reset(token)
     _store(tracked, wrapped, state, where)
@@ -384,13 +427,18 @@ def switch(
     if not valid:
         return below(index, branches, *operands, operand=operand)
     tracked = with_arguments(current(), args)
-    if tracked is None:
+    if tracked is None or not _all_callable(branches):
         return call_plain(below, (index, branches, *args), {}, where)
     state, constants = _start(tracked)
     wrapped = _branches(list(branches), tracked, _switch_branch)
     token = _enter(tracked)
     try:
         out, state = below(index, wrapped, state, constants, *to_refs(args, tracked)[0])
+    except TypeError as error:
+        jax_error = branch_error(error, list(branches), _outputs(wrapped), switch=True)
+        if jax_error is error:
+            raise
+        raise jax_error from None
     finally:
         _RUNNING.reset(token)
     _store(tracked, wrapped, state, where)
@@ -454,7 +502,7 @@ def lax_map(f: Callable[[Any], Any], xs: Any, *, batch_size: int | None = None) 
     below = jo.next_impl("lax.map")
     _no_modules_in(xs, _MAP)
     tracked = current()
-    if tracked is None:
+    if tracked is None or not callable(f):
         return call_plain(below, (f, xs), {"batch_size": batch_size}, _MAP)
     scan_below = jo.next_impl("lax.scan")
     state, constants = _start(tracked)

@@ -63,8 +63,10 @@ def _unnamed() -> str:
         def __call__(self, x: Any) -> Any:
             return x
 
-    # What this JAX calls it, read off a trace (no compilation): the default moved.
-    return jax.make_jaxpr(jax.jit(Nameless()))(0.0).eqns[0].params["name"]
+    # What this JAX calls it, read off a trace (no compilation): the default moved. The
+    # first caller may run under jax.disable_jit(), where jit would leave no equation.
+    with jax.disable_jit(False):
+        return jax.make_jaxpr(jax.jit(Nameless()))(0.0).eqns[0].params["name"]
 
 
 def jit_name(fun: Callable[..., Any]) -> str:
