@@ -28,6 +28,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 from jax._src.lax.control_flow.loops import _batch_and_remainder
+from jax.core import Tracer, eval_jaxpr
 
 import jaxoverride as jo
 from jaxoverride_nnx._jax_errors import (
@@ -262,7 +263,7 @@ def _run_first_test(first: _Lifted, operands: tuple[Any, ...]) -> Any:
     closure) costs no compilation of its own.
     """
     leaves, tree = jax.tree.flatten(operands)
-    if any(isinstance(leaf, jax.core.Tracer) for leaf in leaves):
+    if any(isinstance(leaf, Tracer) for leaf in leaves):
         return first(*operands)
     try:
         key = (tree, tuple(map(jax.typeof, leaves)))
@@ -275,7 +276,7 @@ def _run_first_test(first: _Lifted, operands: tuple[Any, ...]) -> Any:
             first.traces.clear()
         traced = first.traces[key] = (closed, jax.tree.structure(shapes))
     closed, out_tree = traced
-    return jax.tree.unflatten(out_tree, jax.core.eval_jaxpr(closed.jaxpr, closed.consts, *leaves))
+    return jax.tree.unflatten(out_tree, eval_jaxpr(closed.jaxpr, closed.consts, *leaves))
 
 
 def _first_test(
