@@ -133,6 +133,16 @@ def _enter(tracked: Tracked) -> contextvars.Token[Tracked]:
     return _RUNNING.set(tracked)
 
 
+# The carry the user's loop started from (modules as references), for the replays of
+# ``_jax_errors``: JAX's messages describe the initial carry as the user passed it.
+_INITIAL: contextvars.ContextVar[Any] = contextvars.ContextVar("jaxoverride_nnx_initial")
+
+
+def _initial_or(traced: Any) -> Any:
+    initial = _INITIAL.get(traced)
+    return initial if jax.tree.structure(initial) == jax.tree.structure(traced) else traced
+
+
 def _no_modules_in(xs: Any, where: str) -> None:
     if graph_objects(xs):
         raise TypeError(
@@ -163,7 +173,7 @@ def _scan_body(self: _Lifted, fns: list[Any], carry: Any, x: Any) -> Any:
     out = to_refs(out, tracked)[0]
     if isinstance(out, (tuple, list)) and len(out) == 2:
         check_same_refs(user_carry, out[0], "carry", _SCAN)
-    check_scan_output(f, user_carry, out)
+    check_scan_output(f, _initial_or(user_carry), out)
     new_carry, y = _pair(out, _SCAN)
     return (new_carry, after, constants), y
 
@@ -187,11 +197,13 @@ def scan(
         )
     state, constants = _start(tracked)
     body = _lifted((f,), ("scan", tracked.key), _scan_body)
+    start = to_refs(init, tracked)[0]
+    initial = _INITIAL.set(start)
     token = _enter(tracked)
     try:
         (final, state, _), ys = below(
             body,
-            (to_refs(init, tracked)[0], state, constants),
+            (start, state, constants),
             xs,
             length,
             reverse,
@@ -199,6 +211,7 @@ def scan(
             _split_transpose,
         )
     finally:
+        _INITIAL.reset(initial)
         _RUNNING.reset(token)
     _store(tracked, [body], state, _SCAN)
     return from_refs(final, tracked), from_refs(ys, tracked)
@@ -223,7 +236,7 @@ def _while_body(self: _Lifted, fns: list[Any], carry: Any) -> Any:
     )
     new_value = to_refs(new_value, tracked)[0]
     check_same_refs(value, new_value, "carry", _WHILE)
-    check_loop_carry(body_fun, value, new_value, cond_fun)
+    check_loop_carry(body_fun, _initial_or(value), new_value, cond_fun)
     return new_value, after, constants, going
 
 
@@ -242,12 +255,14 @@ def while_loop(
     state, constants = _start(tracked)
     first = _lifted((cond_fun,), ("while-first", tracked.key), _first_test)
     body = _lifted((body_fun, cond_fun), ("while", tracked.key), _while_body)
+    init = to_refs(init_val, tracked)[0]
+    initial = _INITIAL.set(init)
     token = _enter(tracked)
     try:
-        init = to_refs(init_val, tracked)[0]
         going, state = _run_first_test(first, (state, constants, init))
         final, state, _, _ = below(_going, body, (init, state, constants, going))
     finally:
+        _INITIAL.reset(initial)
         _RUNNING.reset(token)
     _store(tracked, [first, body], state, _WHILE)
     return from_refs(final, tracked)
@@ -301,7 +316,7 @@ def _fori_body(self: _Lifted, fns: list[Any], i: Any, carry: Any) -> Any:
     )
     new_value = to_refs(new_value, tracked)[0]
     check_same_refs(value, new_value, "carry", _FORI)
-    check_loop_carry(body_fun, value, new_value, None)
+    check_loop_carry(body_fun, _initial_or(value), new_value, None)
     return new_value, after, constants
 
 
@@ -320,12 +335,13 @@ def fori_loop(
         return call_plain(below, (lower, upper, body_fun, init_val), {"unroll": unroll}, _FORI)
     state, constants = _start(tracked)
     body = _lifted((body_fun,), ("fori", tracked.key), _fori_body)
+    start = to_refs(init_val, tracked)[0]
+    initial = _INITIAL.set(start)
     token = _enter(tracked)
     try:
-        final, state, _ = below(
-            lower, upper, body, (to_refs(init_val, tracked)[0], state, constants), unroll=unroll
-        )
+        final, state, _ = below(lower, upper, body, (start, state, constants), unroll=unroll)
     finally:
+        _INITIAL.reset(initial)
         _RUNNING.reset(token)
     _store(tracked, [body], state, _FORI)
     return from_refs(final, tracked)
