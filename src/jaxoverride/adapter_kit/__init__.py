@@ -1,0 +1,6 @@
+"""The adapter kit: what every jaxoverride adapter is written on.
+
+For adapter authors, not for library or model authors. An adapter imports the public
+core (``jaxoverride``), this kit and its own framework, and nothing from
+``jaxoverride._*``.
+"""
