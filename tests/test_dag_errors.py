@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
 import jaxoverride as jo
@@ -85,12 +86,41 @@ def test_branches_that_tie_nodes_differently_are_an_error():
         jlax.cond(True, tied, lambda x: (Box(x), Box(x + 1)), w)
 
 
-def test_conflicting_vmap_in_axes_on_a_shared_leaf_names_both_paths():
-    w = jnp.ones((2, 2))
+def test_conflicting_vmap_in_axes_on_a_shared_node_names_both_paths():
+    # A shared node under two mapped axes would lose its identity: an error.
+    node = {"w": jnp.ones((2, 2))}
     with dag.context(), pytest.raises(dag.SharingError) as info:
-        jo.vmap(lambda p: p["a"] + p["b"], in_axes=({"a": 0, "b": 1},))({"a": w, "b": w})
+        jo.vmap(lambda a, b: a["w"] + b["w"], in_axes=(0, 1))(node, node)
     message = str(info.value)
-    assert "args[0]['a']" in message and "args[0]['b']" in message and "(0 and 1)" in message
+    assert "args[0]['w']" in message and "args[1]['w']" in message and "(0 and 1)" in message
+
+
+def test_a_shared_array_under_two_in_axes_is_mapped_once_per_axis_as_jax():
+    # The pairwise pattern of issue 21: JAX never sees array sharing, so a shared array
+    # given two in_axes is one array per axis, not an error.
+    R = jnp.arange(6.0).reshape(3, 2)
+
+    def d(a, b):
+        return jnp.sum((a - b) ** 2)
+
+    want = jax.vmap(jax.vmap(d, (None, 0)), (0, None))(R, R)
+    seen = []
+
+    def tied(p):
+        seen.append(p["a"] is p["b"])
+        return p["a"] + p["b"].T
+
+    w = jnp.arange(4.0).reshape(2, 2)
+    with dag.context():
+        got = jo.vmap(jo.vmap(d, (None, 0)), (0, None))(R, R)
+        again = jo.vmap(jo.vmap(d, (None, 0)), (0, None))(R, R)
+        split = jo.vmap(tied, in_axes=({"a": 0, "b": 1},))({"a": w, "b": w})
+        kept = jo.vmap(tied, in_axes=({"a": 0, "b": 0},))({"a": w, "b": w})
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(again, want)
+    np.testing.assert_array_equal(split, jax.vmap(lambda a, b: a + b.T, in_axes=(0, 1))(w, w))
+    np.testing.assert_array_equal(kept, w + w)
+    assert seen == [False, True]  # split where the axes differ, kept where they agree
 
 
 def test_bad_in_axes_are_reported_like_jax():

@@ -11,6 +11,7 @@ import pytest
 
 import jaxoverride as jo
 import jaxoverride_dag as dag
+from jaxoverride import lax as jlax
 
 VOCAB, DIM, BATCH = 7, 4, 5
 
@@ -160,3 +161,52 @@ def test_jacobians_and_hessian_match_jax_on_the_unshared_problem():
 def test_argnums_out_of_range_is_a_clear_error():
     with dag.context(), pytest.raises(TypeError, match="argnums=2"):
         jo.grad(lambda a: a, argnums=2)(1.0)
+
+
+def _int_carry_through_rule(api, lax, custom_vjp):
+    @custom_vjp
+    def scale(x, n):
+        return x * n, n
+
+    def fwd(x, n):
+        return (x * n, n), n
+
+    def bwd(n, g):
+        return (g[0] * n, np.zeros((), dtype=jax.dtypes.float0))
+
+    scale.defvjp(fwd, bwd)
+
+    def loss(x, n):
+        (y, _), _ = lax.scan(lambda c, _: (scale(*c), None), (x, n), None, length=3)
+        return y
+
+    return api.grad(loss, argnums=(0, 1), allow_int=True)(1.0, 2)
+
+
+def test_integer_carry_through_a_custom_vjp_in_scan_under_grad_allow_int():
+    # grad(allow_int=True) hands an integer argument in as JAX's typed scalar (an int
+    # subclass): a traced scalar, as in JAX, not static data.
+    want = _int_carry_through_rule(jax, jax.lax, jax.custom_vjp)
+    with dag.context():
+        got = _int_carry_through_rule(jo, jlax, jo.custom_vjp)
+    assert float(got[0]) == float(want[0]) == 8.0
+    assert got[1].dtype == want[1].dtype == jax.dtypes.float0
+
+
+def test_int_subclasses_are_traced_scalars_as_in_jax():
+    import enum
+
+    class Level(enum.IntEnum):
+        LOW = 1
+        HIGH = 2
+
+    traces = []
+
+    def f(x):
+        traces.append(type(x))
+        return x * 2
+
+    with dag.context():
+        jitted = jo.jit(f)
+        assert int(jitted(Level.LOW)) == 2 and int(jitted(Level.HIGH)) == 4
+    assert len(traces) == 1  # one trace for both values, as jax.jit

@@ -2,7 +2,11 @@
 
 The prefix is laid over the *expanded* tree, where a shared object appears at each of
 its positions; each traced leaf then takes the value above it. A shared array that
-ends up under two different values is an error, unless the caller merges them.
+ends up under two different values is an error, unless the caller merges them or, with
+``spread_splitting``, gives the array once per value: JAX never sees array sharing, so
+``vmap(vmap(d, (None, 0)), (0, None))(R, R)`` is a valid program, and an array is
+immutable, so splitting it loses nothing. A shared *node* under two values stays an
+error: splitting it would silently lose its identity.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from jax import tree_util as jtu
 
 from jaxoverride_dag._errors import SharingError, format_path
 from jaxoverride_dag._plan import Plan
+from jaxoverride_dag._reshare import split_by
 
 _UNSET: Any = object()
 
@@ -79,6 +84,33 @@ def spread(
                     raise _conflict(plan, prefix, tree, i, source[i], j, api, what, noun)
                 values[i] = merge(values[i], value)
     return tuple(values)
+
+
+def spread_splitting(
+    plan: Plan, prefix: Any, *, api: str, what: str, noun: str
+) -> tuple[Plan, tuple[Any, ...]]:
+    """``spread``, giving a shared array once per value it is found under.
+
+    Returns:
+      ``(plan, values)``: ``plan`` itself when no array is under two values, else the
+      plan of the same form that shares an array only between positions of one value
+      (pass the call's traced leaves through ``rebase(dyn, plan, returned_plan)``).
+
+    Raises:
+      SharingError: a shared node (not an array) is under two different values.
+    """
+    try:
+        return plan, spread(plan, prefix, api=api, what=what, noun=noun)
+    except SharingError:
+        pass
+    finest, _ = split_by(plan, None)
+    # The finest plan still walks a shared node once, so a node's conflict raises here.
+    values = spread(finest, prefix, api=api, what=what, noun=noun)
+    split, numbers = split_by(plan, values)
+    by_slot: list[Any] = [None] * split.n_dyn
+    for value, slot in zip(values, numbers, strict=True):
+        by_slot[slot] = value
+    return split, tuple(by_slot)
 
 
 def _conflict(

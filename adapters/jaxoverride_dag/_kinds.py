@@ -51,6 +51,11 @@ def _classify(x: Any) -> int:
         return NOID if t is type(None) else NODE
     if issubclass(t, _ARRAY_TYPES) or hasattr(t, "__jax_array__"):
         return ARRAY
+    # JAX traces subclasses of the Python scalars as scalars too: an IntEnum, and the
+    # typed scalars (``TypedInt``...) that ``grad(allow_int=True)`` hands an integer
+    # argument as.
+    if issubclass(t, (bool, int, float, complex)):
+        return SCALAR
     return STATIC
 
 

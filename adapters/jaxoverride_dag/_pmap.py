@@ -15,9 +15,10 @@ from typing import Any
 import jax
 
 import jaxoverride as jo
-from jaxoverride_dag._axes import spread
+from jaxoverride_dag._axes import spread, spread_splitting
 from jaxoverride_dag._out import Packed
 from jaxoverride_dag._plan import Plan, encode
+from jaxoverride_dag._reshare import rebase
 from jaxoverride_dag._static_args import Layout, StaticArgs
 from jaxoverride_dag._vmap import call_prefix, check_in_axes, output_axes
 
@@ -72,12 +73,15 @@ class _PmapState:
         plan, dyn = encode((rest, rest_kwargs), _LABEL, "call")
         tree_out = not (self.out_axes is None or isinstance(self.out_axes, int))
         key = (layout, plan, _avals(dyn) if tree_out else None)
-        fn = self._entries.get(key)
-        if fn is None:
-            fn = self._make(plan, layout, values, dyn, rest_kwargs, tree_out)
+        entry = self._entries.get(key)
+        if entry is None:
+            entry = self._make(plan, layout, values, dyn, rest_kwargs, tree_out)
             if len(self._entries) >= 256:
                 self._entries.clear()
-            self._entries[key] = fn
+            self._entries[key] = entry
+        fn, split = entry
+        if split is not plan:
+            dyn = rebase(dyn, plan, split)
         return fn(*values, *dyn).unpack()
 
     def _make(
@@ -88,7 +92,8 @@ class _PmapState:
         dyn: list[Any],
         kwargs: dict[str, Any],
         tree_out: bool,
-    ) -> Any:
+    ) -> tuple[Callable[..., Any], Plan]:
+        """The mapped function, and the plan it takes (``plan``, or it split per axis)."""
         count, positions, _ = layout
         in_axes = self.in_axes
         if isinstance(in_axes, tuple):
@@ -96,13 +101,15 @@ class _PmapState:
                 call_prefix("pmap", in_axes, (None,) * count)  # raises JAX's complaint
             in_axes = tuple(a for i, a in enumerate(in_axes) if i not in positions)
         rest_count = count - len(positions)
-        axes = spread(
+        call_plan = plan
+        plan, axes = spread_splitting(
             plan,
             call_prefix("pmap", in_axes, (None,) * rest_count),
             api="pmap",
             what="in_axes",
             noun="mapped axis",
         )
+        dyn = rebase(dyn, call_plan, plan)
         k = len(values)
         fun = self.fun
 
@@ -135,7 +142,7 @@ class _PmapState:
                 plan, flags, api="pmap", what="donate_argnums", noun="donation", merge=operator.or_
             )
             donated = tuple(k + i for i, flag in enumerate(marks) if flag)
-        return self.lower_pmap(
+        mapped = self.lower_pmap(
             traced,
             axis_name=self.axis_name,
             in_axes=(None,) * k + axes,
@@ -144,6 +151,7 @@ class _PmapState:
             donate_argnums=donated,
             **options,
         )
+        return mapped, plan
 
 
 def dag_pmap(

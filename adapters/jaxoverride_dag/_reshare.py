@@ -99,6 +99,28 @@ def meet(a: Plan, b: Plan) -> Plan:
     return _build(a, form, dyn)
 
 
+def split_by(plan: Plan, labels: Sequence[Any] | None) -> tuple[Plan, list[int]]:
+    """The plan of ``plan``'s form that shares an array only where ``labels`` agree too.
+
+    Args:
+      plan: the plan to split.
+      labels: one hashable label per array position, in the order ``_walk`` meets them
+        (a position inside a shared node counts once); ``None`` gives every position an
+        array of its own.
+
+    Returns:
+      ``(split, numbers)``: the split plan and the traced leaf of ``split`` at each
+      position.
+    """
+    form, dyn = _walk(plan)
+    if labels is None:
+        numbers = list(range(len(dyn)))
+    else:
+        seen: dict[tuple[int, Any], int] = {}
+        numbers = [seen.setdefault(pair, len(seen)) for pair in zip(dyn, labels, strict=True)]
+    return _build(plan, form, numbers), numbers
+
+
 def refines(fine: Plan, coarse: Plan) -> bool:
     """Whether every array that ``fine`` shares is shared by ``coarse`` too (same form)."""
     _, dyn_fine = _walk(fine)

@@ -15,9 +15,10 @@ from typing import Any
 import jax
 
 import jaxoverride as jo
-from jaxoverride_dag._axes import spread
+from jaxoverride_dag._axes import spread, spread_splitting
 from jaxoverride_dag._out import Packed, unforward_tree
 from jaxoverride_dag._plan import Plan, encode
+from jaxoverride_dag._reshare import rebase
 
 _LABEL = "vmap arguments"
 
@@ -61,17 +62,18 @@ class _AxesCache:
     def __init__(self) -> None:
         self._by_plan: dict[Any, tuple[Any, ...]] = {}
 
-    def get(self, plan: Plan, key: Any, prefix: Any, api: str) -> tuple[Any, ...]:
-        axes = self._by_plan.get((plan, key))
-        if axes is None:
+    def get(self, plan: Plan, key: Any, prefix: Any, api: str) -> tuple[Plan, tuple[Any, ...]]:
+        """``(plan to trace with, its axes)``: ``plan`` split where its axes disagree."""
+        found = self._by_plan.get((plan, key))
+        if found is None:
             if prefix == (0, 0):  # the default: every traced leaf on axis 0
-                axes = (0,) * plan.n_dyn
+                found = (plan, (0,) * plan.n_dyn)
             else:
-                axes = spread(plan, prefix, api=api, what="in_axes", noun="mapped axis")
+                found = spread_splitting(plan, prefix, api=api, what="in_axes", noun="mapped axis")
             if len(self._by_plan) >= 256:
                 self._by_plan.clear()
-            self._by_plan[(plan, key)] = axes
-        return axes
+            self._by_plan[(plan, key)] = found
+        return found
 
 
 def _sizes_error(
@@ -121,8 +123,10 @@ def dag_vmap(
 
     def mapped(*args: Any, **kwargs: Any) -> Any:
         prefix = call_prefix("vmap", in_axes, args)
-        plan, dyn = encode((args, kwargs), _LABEL, "call")
-        axes = cache.get(plan, len(args), prefix, "vmap")
+        call_plan, dyn = encode((args, kwargs), _LABEL, "call")
+        plan, axes = cache.get(call_plan, len(args), prefix, "vmap")
+        if plan is not call_plan:
+            dyn = rebase(dyn, call_plan, plan)
         carrier = Packed((), None)
 
         def traced(*inputs: Any) -> Packed:
