@@ -220,6 +220,9 @@ def bad_programs():
         "cond-not-callable": lambda lax: lax.cond(0, not_callable, not_callable),
         "scan-not-callable": lambda lax: lax.scan(not_callable, 0, 1),
         "map-not-callable": lambda lax: lax.map(not_callable, jnp.ones(2)),
+        # Only static data to scan over: JAX's invalid-type error, not "no values"
+        "scan-xs-string": lambda lax: lax.scan(lambda c, x: (c, x), 0.0, xs="abc"),
+        "map-xs-string": lambda lax: lax.map(lambda x: x, "abc"),
         "scan-not-a-pair": lambda lax: lax.scan(lambda c, x: np.float32(0.0), 0, jnp.arange(5.0)),
         "scan-carry-structure": lambda lax: lax.scan(
             lambda c, x: ((0, 0, 0), x), (1, (2, 3)), jnp.arange(5.0)
@@ -263,6 +266,19 @@ def test_bad_input_raises_jax_exception_and_message(name):
         program(jlax)
     assert type(ours.value) is type(raw.value)
     assert str(raw.value) in str(ours.value)
+
+
+def test_scan_over_a_generator_raises_jaxs_type_error():
+    def program(lax):
+        return lax.scan(lambda c, x: (c, x), 0.0, xs=(i for i in range(3)))
+
+    with pytest.raises(TypeError) as raw:
+        program(jax.lax)
+    with dag.context(), pytest.raises(TypeError) as ours:
+        program(jlax)
+    assert "is not a valid JAX type" in str(raw.value) and "is not a valid JAX type" in str(
+        ours.value
+    )
 
 
 def bad_transform_calls():

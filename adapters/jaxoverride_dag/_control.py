@@ -99,6 +99,15 @@ def _drive(run: Callable[[Plan], Any], plan: Plan, raw: Callable[[], Any]) -> tu
             raise_as_jax(raw, error)
 
 
+def _nothing_to_map(plan: Plan, dyn: Sequence[Any]) -> bool:
+    """Whether ``xs`` holds only static data (``"abc"``, a generator): JAX refuses those.
+
+    Static leaves ride along beside arrays in the adapter, but with no array to give the
+    length, JAX's own error about the invalid type is the one to raise.
+    """
+    return not dyn and bool(plan.statics)
+
+
 def dag_scan(
     f: Callable[[Any, Any], tuple[Any, Any]],
     init: Any,
@@ -114,6 +123,8 @@ def dag_scan(
         return lower(f, init, xs, length, reverse, unroll, _split_transpose)
     init_plan, init_dyn = encode(init, "scan carry")
     xs_plan, xs_dyn = encode(xs, "scan xs")
+    if _nothing_to_map(xs_plan, xs_dyn) and length is None:  # JAX's error about xs
+        return lower(f, init, xs, length, reverse, unroll, _split_transpose)
 
     def run(plan: Plan) -> Any:
         body = cached(f, ("lax.scan", plan, xs_plan), lambda get: _scan_body(get, plan, xs_plan))
@@ -368,6 +379,8 @@ def dag_map(f: Callable[[Any], Any], xs: Any, *, batch_size: int | None = None) 
     if not callable(f):  # JAX's own error
         return lower(f, xs, batch_size=batch_size)
     plan, dyn = encode(xs, "map xs")
+    if _nothing_to_map(plan, dyn):  # JAX's error about xs
+        return lower(f, xs, batch_size=batch_size)
     body = cached(f, ("lax.map", plan), lambda get: _map_body(get, plan))
     try:
         out = lower(body, tuple(dyn), batch_size=batch_size)
