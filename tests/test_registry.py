@@ -464,3 +464,9 @@ def test_scoped_install_is_idle_outside_its_scopes():
             guarded.scope()
     finally:
         guarded.uninstall()
+
+
+def test_version_is_the_installed_distributions():
+    from importlib.metadata import version
+
+    assert jo.__version__ == version("jaxoverride")

@@ -48,7 +48,18 @@ from jaxoverride._jitapi import jit_api as jit_api, reuse_jit as reuse_jit
 from jaxoverride._names import OVERRIDEABLE as OVERRIDEABLE
 from jaxoverride._neutral import NeutralRule as NeutralRule, Transformed as Transformed
 
-__version__ = "0.1.0"
+
+def _installed_version() -> str:
+    # One source of truth: the version pyproject.toml gives the installed distribution.
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("jaxoverride")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        return "0+unknown"
+
+
+__version__ = _installed_version()
 
 __all__ = [
     "OVERRIDEABLE",
