@@ -202,3 +202,17 @@ def test_messages_name_documentation_pages_by_title():
         if re.search(r"\bdocs/[\w./-]+", line)
     ]
     assert not offenders, offenders
+
+
+def test_the_home_page_lists_exactly_the_neutral_names():
+    import jaxoverride as jo
+
+    page = (DOCS / "index.md").read_text()
+    section = page.split("## The neutral API", 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in section.splitlines() if line.startswith("| ") and "`" in line]
+    listed = [name for line in rows for name in re.findall(r"`([\w.]+)`", line.split("|")[2])]
+    assert len(listed) == len(set(listed)), f"listed twice: {listed}"
+    assert set(listed) == set(jo.OVERRIDEABLE), (
+        f"missing: {sorted(set(jo.OVERRIDEABLE) - set(listed))}, "
+        f"not overridable: {sorted(set(listed) - set(jo.OVERRIDEABLE))}"
+    )
