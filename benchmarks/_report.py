@@ -99,10 +99,11 @@ LEGEND = (
 
 
 CONTENT_PIXELS = 688
-"""The docs theme's content column, and so each chart, is this wide on a 1280 px page
-(Chromium; ``make screenshots`` shows it)."""
-# Drawn 6.88 inches wide, an inch is then 100 px on screen and the smallest text (8 pt)
-# about 11 px. Labels go on their own lines above each bar, across the full width, instead
+"""The narrowest the docs theme's content column, and so each chart, is on a 1280 px page:
+938 px with the table of contents in the left sidebar (``make screenshots`` prints it),
+688 px with it on the right. The charts are checked legible at this width."""
+# Drawn 6.88 inches wide, an inch is then at least 100 px on screen and the smallest text
+# (8 pt) at least 11 px. Labels go on their own lines above each bar, across the full width, instead
 # of taking half the width as tick labels.
 _WIDTH_INCHES = 6.88
 _SMALLEST_POINTS = 8
