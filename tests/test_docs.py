@@ -80,6 +80,7 @@ def test_code_blocks_run(page: Path):
 FRESH = [(page, name) for page in PAGES for name in fresh_programs(page)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("page", "name"), FRESH, ids=[f"{_label(page)}:{name}" for page, name in FRESH]
 )
