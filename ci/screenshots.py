@@ -18,13 +18,16 @@ problem and exits 1 if there is one. Usage::
 from __future__ import annotations
 
 import base64
+import functools
 import json
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -206,6 +209,44 @@ class Browser:
         shutil.rmtree(self._profile, ignore_errors=True)
 
 
+SEARCH = r"""
+(() => {
+  const input = document.querySelector('.md-search__input');
+  if (!input) return false;
+  input.focus();
+  input.value = 'interpose_on_import';
+  input.dispatchEvent(new Event('input', {bubbles: true}));
+  input.dispatchEvent(new KeyboardEvent('keyup', {bubbles: true, key: 't'}));
+  return true;
+})()
+"""
+
+
+def search_results(browser: Browser, url: str) -> int:
+    """How many pages the site's search finds for a word, typed on the page at ``url``."""
+    browser.open(url)
+    if not browser.evaluate(SEARCH):
+        return 0
+    for _ in range(50):
+        time.sleep(0.2)
+        found = browser.evaluate("document.querySelectorAll('.md-search-result__item').length")
+        if found:
+            return found
+    return 0
+
+
+def _serve(site: Path) -> ThreadingHTTPServer:
+    handler = functools.partial(_QuietHandler, directory=str(site))
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+class _QuietHandler(SimpleHTTPRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
 def _chromium() -> str:
     for name in (os.environ.get("CHROMIUM"), "chromium", "chromium-browser", "google-chrome"):
         if name and (found := shutil.which(name)):
@@ -257,6 +298,22 @@ def main() -> int:
                 path = out / f"{Path(page).stem}-{name}.png"
                 browser.screenshot(path)
                 print(f"wrote {path}")
+        # Search: served over HTTP it must work; from disk it also needs the theme's
+        # iframe-worker shim, which the offline plugin loads from unpkg.com.
+        server = _serve(site)
+        try:
+            port = server.server_address[1]
+            served = search_results(browser, f"http://127.0.0.1:{port}/index.html")
+            browser.screenshot(out / "search-served.png")
+        finally:
+            server.shutdown()
+        if not served:
+            problems.append("search finds nothing on the site served over HTTP")
+        from_disk = search_results(browser, (site / "index.html").as_uri())
+        print(
+            f"search for interpose_on_import: {served} pages served over HTTP, "
+            f"{from_disk} from disk (0 from disk means no network for the shim)"
+        )
     finally:
         browser.close()
     print(f"content column: {column} px wide at {WIDTH} px")
