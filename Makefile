@@ -11,7 +11,7 @@ PYTEST_ARGS ?=
 
 OLDEST := .venv-oldest
 
-.PHONY: demo test test-oldest lint bench docs serve clean
+.PHONY: demo test test-oldest lint bench docs serve screenshots clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -57,8 +57,15 @@ docs: $(VENV)/.installed-test
 serve: $(VENV)/.installed-test
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs serve
 
+# The built site at 1280 px in headless Chromium (not part of `make test`): screenshots
+# into site-screenshots/ and a layout check of every page (clipped code blocks, inline
+# code broken mid-identifier in tables, the sidebar title over its first entry, images
+# wider than the column). Needs Chromium: `apt-get install chromium`, or CHROMIUM=/path.
+screenshots: docs
+	$(PY) ci/screenshots.py site site-screenshots
+
 bench: $(VENV)/.installed-test
 	$(PY) -m benchmarks.run
 
 clean:
-	rm -rf $(VENV) $(OLDEST) .pytest_cache .ruff_cache .hypothesis site
+	rm -rf $(VENV) $(OLDEST) .pytest_cache .ruff_cache .hypothesis site site-screenshots

@@ -1,8 +1,8 @@
-"""The benchmark report: Markdown tables and a PNG bar chart of every ratio.
+"""The benchmark report: Markdown tables and a PNG bar chart per suite.
 
 ``benchmarks.run`` writes both into ``docs/`` so that the report is a page of the docs
 site and reads the same on GitHub: ``docs/benchmark-report.md`` and
-``docs/assets/benchmark-report.png``.
+``docs/assets/benchmark-report-<suite>.png``, each chart above its suite's tables.
 """
 
 from __future__ import annotations
@@ -43,17 +43,30 @@ def summary(rows: list[dict[str, Any]]) -> str:
     return line
 
 
-def markdown(rows: list[dict[str, Any]], header: str, chart: str) -> str:
-    """The report page: a header, the summary, the chart and two tables per suite.
+def chart_path(directory: str, suite: str) -> str:
+    """Where the chart of one suite goes, relative to the report page."""
+    return f"{directory}/benchmark-report-{suite}.png"
 
-    The verdicts (ratio, target, met) and the raw times with their notes are separate
-    tables, so that neither is wider than the page and the verdicts stay in view.
+
+def suites(rows: list[dict[str, Any]]) -> list[str]:
+    """The suites, in the order their rows come."""
+    return list(dict.fromkeys(row["suite"] for row in rows))
+
+
+def markdown(rows: list[dict[str, Any]], header: str, charts: str) -> str:
+    """The report page: a header, the summary, and per suite its chart and two tables.
+
+    Each suite's chart sits above its tables (``chart_path(charts, suite)``). The verdicts
+    (ratio, target, met) and the raw times with their notes are separate tables, so that
+    neither is wider than the page and the verdicts stay in view.
     """
-    lines = [header, "", summary(rows), "", f"![Every ratio against its target]({chart})", ""]
-    for suite in dict.fromkeys(row["suite"] for row in rows):
+    lines = [header, "", summary(rows), "", LEGEND, ""]
+    for suite in suites(rows):
         chosen = [row for row in rows if row["suite"] == suite]
         lines += [
             f"## {suite}",
+            "",
+            f"![{suite}: each ratio against its target]({chart_path(charts, suite)})",
             "",
             "| case | ours / baseline | ratio | target | met |",
             "|---|---|---:|---|---|",
@@ -77,10 +90,20 @@ def markdown(rows: list[dict[str, Any]], header: str, chart: str) -> str:
     return "\n".join(lines)
 
 
+LEGEND = (
+    "Each suite's chart has a bar per row: green where its target is met, red where it is "
+    "missed, grey for information without a target; the black tick is the target. Ratios "
+    "(ours / baseline, log scale, the dashed line at 1) and absolute budgets (milliseconds) "
+    "are drawn on separate axes."
+)
+
+
 CONTENT_PIXELS = 688
-"""The docs theme's content column, and so the chart, is this wide on a 1280 px page (Chromium)."""
-# Drawn 6.88 inches wide, an inch is then 100 px on screen and the smallest text (8 pt)
-# about 11 px. Labels go on their own lines above each bar, across the full width, instead
+"""The narrowest the docs theme's content column, and so each chart, is on a 1280 px page:
+938 px with the table of contents in the left sidebar (``make screenshots`` prints it),
+688 px with it on the right. The charts are checked legible at this width."""
+# Drawn 6.88 inches wide, an inch is then at least 100 px on screen and the smallest text
+# (8 pt) at least 11 px. Labels go on their own lines above each bar, across the full width, instead
 # of taking half the width as tick labels.
 _WIDTH_INCHES = 6.88
 _SMALLEST_POINTS = 8
@@ -89,50 +112,56 @@ _ROW_INCHES = 0.42
 _LINE_ROWS = 0.45  # the height of one more label line, in rows
 
 
-def bar_chart(rows: list[dict[str, Any]], path: Path, title: str) -> None:
-    """Draws ``chart_figure(rows, title)`` into the PNG file ``path``."""
+def bar_charts(rows: list[dict[str, Any]], directory: Path, title: str) -> list[Path]:
+    """Draws one PNG per suite, ``chart_figure(suite_rows, ...)``, into ``directory``;
+    returns their paths (named by ``chart_path``)."""
     import matplotlib.pyplot as plt
 
-    figure = chart_figure(rows, title)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    # 2x the on-screen size, so that the text stays sharp on high-density screens.
-    figure.savefig(path, dpi=200)
-    plt.close(figure)
+    directory.mkdir(parents=True, exist_ok=True)
+    written = []
+    for suite in suites(rows):
+        figure = chart_figure([row for row in rows if row["suite"] == suite], f"{suite}: {title}")
+        path = directory / Path(chart_path(".", suite)).name
+        # 2x the on-screen size, so that the text stays sharp on high-density screens.
+        figure.savefig(path, dpi=200)
+        plt.close(figure)
+        written.append(path)
+    return written
 
 
-def chart_figure(rows: list[dict[str, Any]], title: str) -> Any:
-    """A horizontal bar per row on a log scale, coloured by whether its target is met,
-    with the target drawn as a black tick and parity (1.0) as a dashed line."""
-    import matplotlib
+def is_time_budget(row: dict[str, Any]) -> bool:
+    """Whether the row's target is an absolute time (``<= 30 ms``), not a ratio."""
+    return bool(_MILLISECONDS.match(row["target"]))
 
-    matplotlib.use("Agg")  # files only; no display on CI machines
-    import matplotlib.pyplot as plt
-    from matplotlib.transforms import blended_transform_factory
 
-    small = _SMALLEST_POINTS
-    colours = {True: "#2e7d32", False: "#c62828", None: "#9e9e9e"}
-    labels = [
-        textwrap.fill(
-            f"{row['suite']}: {row['case']} ({row['ours']} / {row['baseline']})",
-            _LABEL_CHARACTERS,
-        )
-        for row in rows
-    ]
-    # Bottom to top, each row as tall as its label needs.
+def _label(row: dict[str, Any]) -> str:
+    compared = row["ours"] if is_time_budget(row) else f"{row['ours']} / {row['baseline']}"
+    return textwrap.fill(f"{row['case']} ({compared})", _LABEL_CHARACTERS)
+
+
+def _positions(labels: list[str]) -> tuple[list[float], float]:
+    """Bottom to top, each row as tall as its label needs; and the total height in rows."""
     positions, top = [], 0.0
     for label in reversed(labels):
         positions.append(top)
         top += 1.0 + _LINE_ROWS * label.count("\n")
     positions.reverse()
-    figure, axes = plt.subplots(figsize=(_WIDTH_INCHES, _ROW_INCHES * top + 1.9))
-    axes.barh(
-        positions,
-        [row["ratio"] for row in rows],
-        height=0.45,
-        color=[colours[r["met"]] for r in rows],
-    )
+    return positions, top
+
+
+def _panel(axes: Any, rows: list[dict[str, Any]], *, time: bool) -> None:
+    """Bars with their labels, values and target ticks: ratios on a log axis with parity
+    dashed, or (``time``) our time in milliseconds against its absolute budget."""
+    from matplotlib.ticker import FuncFormatter, NullFormatter
+    from matplotlib.transforms import blended_transform_factory
+
+    small = _SMALLEST_POINTS
+    labels = [_label(row) for row in rows]
+    positions, top = _positions(labels)
+    values = [row["ours_us"] / 1e3 if time else row["ratio"] for row in rows]
+    axes.barh(positions, values, height=0.45, color=[_COLOURS[r["met"]] for r in rows])
     label_at = blended_transform_factory(axes.transAxes, axes.transData)
-    for position, row, label in zip(positions, rows, labels, strict=True):
+    for position, row, label, value in zip(positions, rows, labels, values, strict=True):
         axes.text(
             0.005,
             position + 0.3,
@@ -143,39 +172,78 @@ def chart_figure(rows: list[dict[str, Any]], title: str) -> Any:
             # The label stays legible where it crosses the parity line or a target tick.
             bbox={"facecolor": "white", "edgecolor": "none", "pad": 0.5, "alpha": 0.85},
         )
-        limit = target_ratio(row)
-        if limit is not None:
-            axes.plot([limit], [position], marker="|", markersize=11, color="black", mew=2)
-        axes.annotate(
-            f"  {row['ratio']:.3g}",
-            (max(row["ratio"], limit or 0.0), position),
-            va="center",
-            fontsize=small,
-        )
-    axes.axvline(1.0, color="black", linestyle="--", linewidth=0.8)
-    axes.set_xscale("log")
+        target = (_budget(row) or None) if time else target_ratio(row)
+        if target is not None:
+            axes.plot([target], [position], marker="|", markersize=11, color="black", mew=2)
+        shown = f"  {value:.3g} ms" if time else f"  {value:.3g}"
+        axes.annotate(shown, (max(value, target or 0.0), position), va="center", fontsize=small)
     axes.set_yticks([])
     axes.set_ylim(-0.6, top - 0.1)
     axes.tick_params(axis="x", labelsize=small)
-    axes.xaxis.set_tick_params(labeltop=True, top=True)
-    axes.set_xlabel(
-        "time ratio, ours / baseline (log scale; left of 1 is faster)", fontsize=small + 1
-    )
-    handles = [
-        plt.Rectangle((0, 0), 1, 1, color=colours[True], label="target met"),
-        plt.Rectangle((0, 0), 1, 1, color=colours[False], label="target missed"),
-        plt.Rectangle((0, 0), 1, 1, color=colours[None], label="information, no target"),
-        plt.Line2D([], [], marker="|", color="black", linestyle="", markersize=10, label="target"),
+    if time:
+        axes.set_xlim(0, 1.25 * max([*values, *(_budget(r) for r in rows)]))
+        axes.set_xlabel("milliseconds (ours; the tick is the budget)", fontsize=small + 1)
+    else:
+        axes.axvline(1.0, color="black", linestyle="--", linewidth=0.8)
+        axes.set_xscale("log")
+        low = min([*values, *(t for r in rows if (t := target_ratio(r)) is not None)])
+        high = max([*values, *(t for r in rows if (t := target_ratio(r)) is not None)])
+        # Room on the right for the value written after the longest bar.
+        low, high = min(low, 1.0) / 1.3, max(high, 1.0) * 1.8
+        axes.set_xlim(low, high)
+        axes.set_xticks(_log_ticks(low, high))
+        axes.xaxis.set_major_formatter(FuncFormatter(lambda x, _: f"{x:g}"))
+        axes.xaxis.set_minor_formatter(NullFormatter())
+        axes.set_xlabel(
+            "time ratio, ours / baseline (log scale; left of 1 is faster)", fontsize=small + 1
+        )
+
+
+def _log_ticks(low: float, high: float) -> list[float]:
+    """Round numbers between ``low`` and ``high``, written plainly (0.5, 1, 2, 100), not as
+    powers of ten: 1-1.2-1.5-2-3-5-7 steps, or 1-2-5 where those would crowd."""
+    for steps in ((1, 1.2, 1.5, 2, 3, 5, 7), (1, 2, 5), (1,)):
+        ticks = [m * 10.0**e for e in range(-4, 5) for m in steps if low <= m * 10.0**e <= high]
+        if len(ticks) <= 8:
+            return ticks
+    return ticks
+
+
+def _budget(row: dict[str, Any]) -> float:
+    match = _MILLISECONDS.match(row["target"])
+    return float(match[1]) if match else 0.0
+
+
+_COLOURS = {True: "#2e7d32", False: "#c62828", None: "#9e9e9e"}
+
+
+def chart_figure(rows: list[dict[str, Any]], title: str) -> Any:
+    """One suite's rows as horizontal bars coloured by whether their target is met, with
+    each target as a black tick: ratios on a log axis with parity (1.0) dashed, and rows
+    whose target is an absolute time in a panel of their own, in milliseconds. Every panel
+    has its own labelled axis."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only; no display on CI machines
+    import matplotlib.pyplot as plt
+
+    groups = [
+        (time, chosen)
+        for time in (False, True)
+        if (chosen := [row for row in rows if is_time_budget(row) == time])
     ]
-    axes.set_title(title, fontsize=small + 2, pad=46)
-    axes.legend(
-        handles=handles,
-        loc="lower center",
-        bbox_to_anchor=(0.5, 1.0),
-        ncols=4,
-        fontsize=small,
-        frameon=False,
-        borderaxespad=2.4,
+    heights = [_positions([_label(row) for row in chosen])[1] for _, chosen in groups]
+    # Each panel: its rows, plus room for its axis and label.
+    inches = [_ROW_INCHES * height + 0.6 for height in heights]
+    figure, panels = plt.subplots(
+        len(groups),
+        1,
+        figsize=(_WIDTH_INCHES, sum(inches) + 0.5),
+        gridspec_kw={"height_ratios": inches},
+        squeeze=False,
     )
+    for axes, (time, chosen) in zip(panels[:, 0], groups, strict=True):
+        _panel(axes, chosen, time=time)
+    panels[0, 0].set_title(title, fontsize=_SMALLEST_POINTS + 2)
     figure.tight_layout()
     return figure

@@ -1,10 +1,11 @@
 """``make bench``: run every suite in its own process and write the report.
 
 Writes ``benchmarks/results/results.json`` (every row), ``docs/benchmark-report.md`` (the
-summary, the chart and two tables per suite: ratios, targets and whether each is met;
-then the times and notes) and ``docs/assets/benchmark-report.png`` (every ratio as a bar,
-with its target).
-``python -m benchmarks.run --report-only`` redraws the report from the saved rows.
+summary, and per suite a chart and two tables: ratios, targets and whether each is met;
+then the times and notes) and ``docs/assets/benchmark-report-<suite>.png`` (each row as a
+bar, with its target).
+``python -m benchmarks.run --report-only`` redraws the report and the charts from the
+saved rows, keeping the header (date, versions, machine) of the run that measured them.
 """
 
 from __future__ import annotations
@@ -12,13 +13,14 @@ from __future__ import annotations
 import json
 import os
 import platform
+import re
 import subprocess
 import sys
 import tempfile
 from datetime import datetime, timezone
 from pathlib import Path
 
-from benchmarks._report import bar_chart, markdown
+from benchmarks._report import bar_charts, markdown
 
 SUITES = [
     "bench_core",
@@ -33,7 +35,10 @@ SUITES = [
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
 DOCS = HERE.parent / "docs"
-CHART = "assets/benchmark-report.png"
+CHARTS = "assets"  # relative to the report page
+REPORT = DOCS / "benchmark-report.md"
+_MEASURED = re.compile(r"\A# Benchmark report\n\n(.*?)\n\n", re.DOTALL)
+_MACHINE = re.compile(r"; Python [\w.+]+; (.*?)\. Written by")
 
 
 def _run_suite(suite: str, quick: bool) -> list[dict]:
@@ -62,18 +67,26 @@ def main() -> None:
         (RESULTS / "results.json").write_text(json.dumps(rows, indent=1))
     import jax
 
-    stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     machine = f"{platform.machine()}, {os.cpu_count()} cores; CPU backend"
-    header = (
-        f"# Benchmark report\n\n{stamp}; jax {jax.__version__}; "
-        f"Python {platform.python_version()}; {machine}. Written by `make bench` "
-        "(`benchmarks/run.py`); what each suite measures is in [Benchmarks](benchmarks.md). "
-        "Ratios are medians of per-round ratios over interleaved rounds "
-        "(lower is faster for ours)."
-    )
-    (DOCS / "benchmark-report.md").write_text(markdown(rows, header, CHART))
-    bar_chart(rows, DOCS / CHART, f"jaxoverride against raw JAX and its peers ({machine})")
-    print(f"wrote {DOCS / 'benchmark-report.md'} and {DOCS / CHART}")
+    measured = _MEASURED.match(REPORT.read_text()) if REPORT.exists() else None
+    if "--report-only" in sys.argv and measured and (found := _MACHINE.search(measured[1])):
+        # The rows were measured then and there, not now and here.
+        header = f"# Benchmark report\n\n{measured[1]}"
+        machine = found[1]
+    else:
+        stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+        header = (
+            f"# Benchmark report\n\n{stamp}; jax {jax.__version__}; "
+            f"Python {platform.python_version()}; {machine}. Written by `make bench` "
+            "(`benchmarks/run.py`); what each suite measures is in [Benchmarks](benchmarks.md). "
+            "Ratios are medians of per-round ratios over interleaved rounds "
+            "(lower is faster for ours)."
+        )
+    REPORT.write_text(markdown(rows, header, CHARTS))
+    for stale in (DOCS / CHARTS).glob("benchmark-report*.png"):
+        stale.unlink()  # a suite that is gone leaves no chart behind
+    charts = bar_charts(rows, DOCS / CHARTS, f"ours against raw JAX and its peers ({machine})")
+    print(f"wrote {REPORT} and {len(charts)} charts in {DOCS / CHARTS}")
 
 
 if __name__ == "__main__":

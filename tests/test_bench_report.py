@@ -9,9 +9,12 @@ from pathlib import Path
 import pytest
 from benchmarks._report import (
     CONTENT_PIXELS,
-    bar_chart,
+    bar_charts,
     chart_figure,
+    chart_path,
+    is_time_budget,
     markdown,
+    suites,
     summary,
     target_ratio,
 )
@@ -62,41 +65,54 @@ def test_summary_names_what_is_missed():
 
 def test_committed_report_is_drawn_from_committed_rows():
     page = (ROOT / "docs" / "benchmark-report.md").read_text()
-    body = markdown(ROWS, "HEADER", "assets/benchmark-report.png").split("\n", 1)[1]
+    body = markdown(ROWS, "HEADER", "assets").split("\n", 1)[1]
     assert page.endswith(body), "regenerate with `python -m benchmarks.run --report-only`"
-    assert (ROOT / "docs" / "assets" / "benchmark-report.png").stat().st_size > 10_000
+    assets = ROOT / "docs" / "assets"
+    committed = sorted(p.name for p in assets.glob("benchmark-report*.png"))
+    assert committed == sorted(Path(chart_path("assets", s)).name for s in suites(ROWS))
+    assert all((assets / name).stat().st_size > 10_000 for name in committed)
 
 
-def test_chart_is_a_png(tmp_path):
-    path = tmp_path / "chart.png"
-    bar_chart([row("<= 1.05x", 1.02, True), row("", 3.0)], path, "title")
-    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+def test_charts_are_pngs_one_per_suite(tmp_path):
+    rows = [row("<= 1.05x", 1.02, True), row("", 3.0), row("<= 1x", 0.5, True, suite="t")]
+    paths = bar_charts(rows, tmp_path, "title")
+    assert [p.name for p in paths] == ["benchmark-report-s.png", "benchmark-report-t.png"]
+    for path in paths:
+        assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_chart_text_is_legible_at_page_width():
+@pytest.mark.parametrize("suite", suites(ROWS))
+def test_chart_text_is_legible_at_page_width(suite):
     """Every label, tick and annotation shows at 10 px or more on a 1280 px page, and inside
-    the image."""
+    the image; every panel has its own labelled axis, and the chart is no taller than a
+    screen."""
     import matplotlib.pyplot as plt
     from matplotlib.text import Text
 
-    figure = chart_figure(ROWS, "title")
+    rows = [r for r in ROWS if r["suite"] == suite]
+    figure = chart_figure(rows, "title")
     try:
         pixels_per_point = CONTENT_PIXELS / figure.get_figwidth() / 72
+        assert figure.get_figheight() * pixels_per_point * 72 <= 800
         renderer = figure.canvas.get_renderer()
-        (axes,) = figure.axes
-        low, high = axes.get_xlim()
-        # Tick labels of ticks outside the axis' range exist but are not drawn.
-        hidden = {
-            id(label)
-            for label in axes.get_xticklabels(which="both")
-            if not low <= label.get_position()[0] <= high
-        }
+        hidden = set()
+        for axes in figure.axes:
+            assert axes.get_xlabel(), "every panel labels its axis"
+            low, high = axes.get_xlim()
+            # Tick labels of ticks outside the axis' range exist but are not drawn.
+            hidden |= {
+                id(label)
+                for label in axes.get_xticklabels(which="both")
+                if not low <= label.get_position()[0] <= high
+            }
+            shown = [t for t in axes.get_xticklabels() if t.get_text() and id(t) not in hidden]
+            assert len(shown) >= 2, f"{suite}: a panel with fewer than two tick labels"
         texts = [
             t
             for t in figure.findobj(Text)
             if t.get_text() and t.get_visible() and id(t) not in hidden
         ]
-        assert len(texts) > 2 * len(ROWS)  # a label and a value per row, at least
+        assert len(texts) > 2 * len(rows)  # a label and a value per row, at least
         smallest = min(t.get_fontsize() for t in texts)
         assert smallest * pixels_per_point >= 10, (
             f"{smallest} pt is {smallest * pixels_per_point:.1f} px"
@@ -104,6 +120,28 @@ def test_chart_text_is_legible_at_page_width():
         for text in texts:
             box = text.get_window_extent(renderer)
             assert figure.bbox.x0 <= box.x0 and box.x1 <= figure.bbox.x1 + 1, text.get_text()
+    finally:
+        plt.close(figure)
+
+
+def test_times_and_ratios_are_on_separate_axes():
+    """The import-time row's budget (<= 30 ms) is drawn in milliseconds, not as a ratio."""
+    import matplotlib.pyplot as plt
+
+    rows = [r for r in ROWS if r["suite"] == "core"]
+    timed = [r for r in rows if is_time_budget(r)]
+    assert [r["target"] for r in timed] == ["<= 30 ms"]
+    figure = chart_figure(rows, "title")
+    try:
+        ratios, times = figure.axes
+        assert ratios.get_xscale() == "log" and "ratio" in ratios.get_xlabel()
+        assert times.get_xscale() == "linear" and "milliseconds" in times.get_xlabel()
+        labels = lambda axes: " ".join(t.get_text() for t in axes.texts)
+        assert timed[0]["case"] in labels(times)
+        assert timed[0]["case"] not in labels(ratios)
+        (bar,) = times.patches
+        assert bar.get_width() == pytest.approx(timed[0]["ours_us"] / 1e3)
+        assert len(ratios.patches) == len(rows) - 1
     finally:
         plt.close(figure)
 

@@ -1,9 +1,12 @@
 """The docs run and the reference is complete.
 
 Every ``python`` code block of README.md and of every page under docs/ (subdirectories
-included) runs, page by page, blocks in order, in one namespace per page. Every public
-name of every package has an entry in the API reference, and docs/api.md, the index
-generated from the packages, is current.
+included) runs, page by page, blocks in order, in one namespace per page. A block right
+after a ``<!-- docs-test: fresh interpreter, NAME -->`` line runs instead in a fresh
+interpreter, with the other blocks of its page marked with the same NAME, in order: code
+that must start a program (``jo.interpose_on_import`` before equinox is first imported).
+Every public name of every package has an entry in the API reference, and docs/api.md,
+the index generated from the packages, is current.
 """
 
 from __future__ import annotations
@@ -21,6 +24,10 @@ ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
 PAGES = [ROOT / "README.md", *sorted(DOCS.rglob("*.md"))]
 BLOCK = re.compile(r"^```python\n(.*?)^```", re.DOTALL | re.MULTILINE)
+MARKED_BLOCK = re.compile(
+    r"^(?:<!-- docs-test: fresh interpreter, ([\w-]+) -->\n)?```python\n(.*?)^```",
+    re.DOTALL | re.MULTILINE,
+)
 # ``::: package.name`` blocks, and ``[](){#package.name}`` anchors for the neutral names
 # (their docstrings are JAX's, so the reference points to JAX's documentation instead).
 ENTRY = re.compile(r"^::: ([\w.]+)\s*$|\[\]\(\)\{#([\w.]+)\}", re.MULTILINE)
@@ -28,6 +35,20 @@ ENTRY = re.compile(r"^::: ([\w.]+)\s*$|\[\]\(\)\{#([\w.]+)\}", re.MULTILINE)
 
 def blocks(page: Path) -> list[str]:
     return BLOCK.findall(page.read_text())
+
+
+def shared_blocks(page: Path) -> list[str]:
+    """The blocks that run in the page's one namespace, in the test process."""
+    return [source for fresh, source in MARKED_BLOCK.findall(page.read_text()) if not fresh]
+
+
+def fresh_programs(page: Path) -> dict[str, str]:
+    """Each fresh-interpreter program of the page: its marked blocks, joined in order."""
+    programs: dict[str, list[str]] = {}
+    for fresh, source in MARKED_BLOCK.findall(page.read_text()):
+        if fresh:
+            programs.setdefault(fresh, []).append(source)
+    return {name: "\n".join(sources) for name, sources in programs.items()}
 
 
 def _label(page: Path) -> str:
@@ -48,12 +69,40 @@ def test_the_docs_have_code_to_run():
         assert blocks(DOCS / name), f"docs/{name} should show runnable code"
 
 
-@pytest.mark.parametrize("page", [p for p in PAGES if blocks(p)], ids=_label)
+@pytest.mark.parametrize("page", [p for p in PAGES if shared_blocks(p)], ids=_label)
 def test_code_blocks_run(page: Path):
     namespace: dict[str, object] = {"__name__": f"docs_{page.stem}"}
-    for index, source in enumerate(blocks(page)):
+    for index, source in enumerate(shared_blocks(page)):
         code = compile(source, f"{_label(page)}[block {index}]", "exec")
         exec(code, namespace)
+
+
+FRESH = [(page, name) for page in PAGES for name in fresh_programs(page)]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("page", "name"), FRESH, ids=[f"{_label(page)}:{name}" for page, name in FRESH]
+)
+def test_fresh_interpreter_blocks_run(page: Path, name: str):
+    source = fresh_programs(page)[name]
+    result = subprocess.run(
+        [sys.executable, "-c", source], cwd=ROOT, capture_output=True, text=True, timeout=600
+    )
+    assert result.returncode == 0, f"{_label(page)} ({name}):\n{result.stderr[-3000:]}"
+
+
+def test_the_recipes_run_in_fresh_interpreters():
+    """Every framework's recipe is a complete program that trains through both libraries."""
+    programs = fresh_programs(DOCS / "recipes.md")
+    assert {"haiku", "nnx", "plain"} <= set(programs), sorted(programs)
+    for name, source in programs.items():
+        for needed in ("optx.fixed_point", "diffrax.diffeqsolve", "optax.", "unrolled_loss"):
+            assert needed in source, f"the {name} recipe does not use {needed}"
+        if name != "plain":  # interposed before anything imports equinox
+            first_import = re.search(r"^import (?!jaxoverride\b).*$", source, re.MULTILINE)
+            assert first_import is not None
+            assert source.index("jo.interpose_on_import(") < first_import.start(), name
 
 
 @pytest.mark.parametrize("index", range(len(blocks(ROOT / "README.md"))))
@@ -107,4 +156,64 @@ def test_api_index_is_current():
     """docs/api.md is generated from the packages; regenerate it after changing the API."""
     assert (DOCS / "api.md").read_text() == _generator().render(), (
         "docs/api.md is out of date: run `.venv/bin/python docs/gen_api.py`"
+    )
+
+
+def _site_url() -> str:
+    match = re.search(r"^site_url: (\S+)$", (ROOT / "mkdocs.yml").read_text(), re.MULTILINE)
+    assert match is not None, "mkdocs.yml has no site_url"
+    return match[1]
+
+
+def test_the_package_metadata_points_to_the_documentation():
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+    urls = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["urls"]
+    assert urls["Documentation"] == _site_url()
+    assert {"Documentation", "Repository"} <= set(urls)
+
+
+def test_readme_links_work_on_a_package_index():
+    """The README is the package's long description: no link may be relative, and every
+    link into the documentation names a page or file of the site."""
+    readme = (ROOT / "README.md").read_text()
+    inline = re.findall(r"\]\(([^)\s]+)\)", readme)
+    defined = re.findall(r"^\[[^\]]+\]: (\S+)$", readme, re.MULTILINE)
+    autolinks = re.findall(r"<(https?://[^>]+)>", readme)
+    links = inline + defined + autolinks
+    assert len(defined) >= 15, defined
+    relative = [link for link in links if not link.startswith(("https://", "http://"))]
+    assert not relative, f"relative links break on a package index: {relative}"
+    base = _site_url()
+    for link in links:
+        if not link.startswith(base):
+            continue
+        path = link[len(base) :].split("#")[0] or "index.html"
+        source = DOCS / (path.removesuffix(".html") + ".md" if path.endswith(".html") else path)
+        assert source.is_file(), f"{link}: no {source.relative_to(ROOT)}"
+
+
+def test_messages_name_documentation_pages_by_title():
+    """A repository path (docs/troubleshooting.md) means nothing to someone who installed
+    the wheel: messages and docstrings name the page's title instead."""
+    offenders = [
+        f"{path.relative_to(ROOT)}:{number}"
+        for folder in ("src", "adapters")
+        for path in sorted((ROOT / folder).rglob("*.py"))
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if re.search(r"\bdocs/[\w./-]+", line)
+    ]
+    assert not offenders, offenders
+
+
+def test_the_home_page_lists_exactly_the_neutral_names():
+    import jaxoverride as jo
+
+    page = (DOCS / "index.md").read_text()
+    section = page.split("## The neutral API", 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in section.splitlines() if line.startswith("| ") and "`" in line]
+    listed = [name for line in rows for name in re.findall(r"`([\w.]+)`", line.split("|")[2])]
+    assert len(listed) == len(set(listed)), f"listed twice: {listed}"
+    assert set(listed) == set(jo.OVERRIDEABLE), (
+        f"missing: {sorted(set(jo.OVERRIDEABLE) - set(listed))}, "
+        f"not overridable: {sorted(set(listed) - set(jo.OVERRIDEABLE))}"
     )

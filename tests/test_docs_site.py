@@ -86,6 +86,10 @@ def test_the_site_opens_from_disk(tmp_path: Path):
             assert not resolved.is_dir(), f"{html.relative_to(site)} links to a folder: {target}"
             checked += 1
     assert checked > 500
+    # The offline plugin: on a file:// page the theme loads the search index as a script,
+    # not with a fetch that such a page may not make, through the iframe-worker shim.
+    assert (site / "search" / "search_index.js").is_file()
+    assert "iframe-worker/shim" in (site / "index.html").read_text()
 
 
 def test_broken_links_anchors_and_references_fail_the_build(tmp_path: Path):

@@ -6,7 +6,7 @@
 implementation it goes to. ``trace(progress=True)`` also shows a tqdm progress bar for
 long ``scan``/``fori_loop``/``map`` loops, updated from inside compiled code. It is a
 plain override layer: results are unchanged, and it costs nothing when not entered.
-See ``docs/debug.md``.
+See the "Debugging" page of the documentation.
 """
 
 from jaxoverride_debug._record import Call as Call

@@ -183,7 +183,8 @@ def new_parameters_error(where: str, created: Any) -> ValueError:
         "parameters when it is traced (for example one that checks hk.running_init() or "
         "builds modules depending on a Python counter) defeats that. Create these "
         "parameters unconditionally, or before the loop. At apply, pass the params that "
-        "init returned. Raw errors and their fixes: docs/troubleshooting.md."
+        'init returned. Raw errors and their fixes: the "Troubleshooting" page of the '
+        "jaxoverride documentation."
     )
 
 

@@ -4,7 +4,7 @@
 ``jaxoverride.jit``, ``jaxoverride.lax.scan``, ``jaxoverride.jacfwd`` and the rest run
 functions that read and write ``model`` through closures. The modules are left exactly
 as eager Python execution would leave them, shared references stay shared, and
-``jaxoverride.jit`` never serves stale weights. See ``docs/nnx.md``.
+``jaxoverride.jit`` never serves stale weights. See the "Flax NNX" page of the documentation.
 """
 
 try:

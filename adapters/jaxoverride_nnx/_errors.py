@@ -236,7 +236,9 @@ def explain(error: TraceContextError, tracked: Tracked, where: str) -> BaseExcep
     )
 
 
-TROUBLESHOOTING = "Raw errors and their fixes: docs/troubleshooting.md."
+TROUBLESHOOTING = (
+    'Raw errors and their fixes: the "Troubleshooting" page of the jaxoverride documentation.'
+)
 
 
 def structure_changed(path: str, before: Any, after: Any, where: str) -> StructureChangeError:

@@ -422,7 +422,7 @@ def closure_convert(fun: Callable[..., Any], *example_args: Any) -> Any:
             "function being converted. Closure conversion turns it into a pure jaxpr of its "
             "inputs, so the write could never come out. Move the write out of the converted "
             "function (before or after the solver call), or use the solver's non-implicit "
-            "mode (fpsolve's implicit=False, jaxopt's implicit_diff=False). "
+            "mode, if it has one (jaxopt's implicit_diff=False). "
             f"NNX said: {error}"
         ) from error
 
