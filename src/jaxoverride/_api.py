@@ -61,8 +61,11 @@ class custom_vjp(NeutralRule[ReturnValue]):  # noqa: N801  (JAX's name)
         bwd: Callable[..., tuple[Any, ...]],
         symbolic_zeros: bool = False,
         optimize_remat: bool = False,
-    ) -> None:
-        """Defines the forward and backward rules, as ``jax.custom_vjp.defvjp``."""
+    ) -> Any:
+        """Defines the forward and backward rules, as ``jax.custom_vjp.defvjp``.
+
+        Returns what JAX's returns: ``None``, or under ``jax_custom_vjp3`` the rule itself.
+        """
         _check_rule_function(
             fwd, role="fwd (the forward rule)", where="jaxoverride.custom_vjp.defvjp"
         )
@@ -70,7 +73,7 @@ class custom_vjp(NeutralRule[ReturnValue]):  # noqa: N801  (JAX's name)
             bwd, role="bwd (the backward rule)", where="jaxoverride.custom_vjp.defvjp"
         )
         options = {"symbolic_zeros": symbolic_zeros, "optimize_remat": optimize_remat}
-        self._define("defvjp", (fwd, bwd), options)
+        return self._define("defvjp", (fwd, bwd), options)
 
 
 class custom_jvp(NeutralRule[ReturnValue]):  # noqa: N801  (JAX's name)

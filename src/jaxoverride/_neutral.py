@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, Generic, TypeVar, cast
 
 from jaxoverride import _stack
+from jaxoverride._compat import rule_nondiff_argnums
 from jaxoverride._dispatch import dispatch
 from jaxoverride._stack import ROOT, effective_snapshot
 
@@ -303,16 +304,19 @@ class NeutralRule(Generic[ReturnValue]):
         functools.update_wrapper(self, fun)
         self.__dict__.pop("_jaxoverride_state", None)  # fun may itself be neutral
         self.fun = fun
-        self.nondiff_argnums = plain.nondiff_argnums
+        self.nondiff_argnums = rule_nondiff_argnums(plain)
         self._plain = plain
         self._options = {"nondiff_argnums": nondiff_argnums, "nondiff_argnames": nondiff_argnames}
         self._rules: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = []
         self._builds: dict[_stack.Snapshot, Any] = {}
 
-    def _define(self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        getattr(self._plain, method)(*args, **kwargs)
+    def _define(self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """Defines the rule on JAX's object; returns what JAX's method returned, with JAX's
+        object replaced by this one (``custom_vjp3.defvjp`` returns its rule, for chaining)."""
+        returned = getattr(self._plain, method)(*args, **kwargs)
         self._rules = [(method, args, kwargs)]  # a new definition replaces the old one
         self._builds.clear()
+        return self if returned is self._plain else returned
 
     def __call__(self, *args: Any, **kwargs: Any) -> ReturnValue:
         if not self._rules:
