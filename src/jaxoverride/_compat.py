@@ -116,9 +116,25 @@ def jit_name(fun: Callable[..., Any]) -> str:
     return fun_name(fun, _unnamed())
 
 
+PRIVATE_SYMBOLS: dict[str, str] = {
+    "jax._src.util.fun_name": (
+        "the name jax.jit gives a callable's program (jit_name); JAX has no public helper"
+    ),
+}
+"""Every private upstream name the core uses, with why no public name serves.
+
+Each was read, with the same signature, in JAX 0.8.1 and 0.10.2 (tested), 0.11.0 and main
+at 0.11.1.dev (read on 2026-08-08); ``ci/private_symbols.py`` re-checks them against JAX,
+Haiku and Flax git checkouts. See "Private symbols and supported versions" in
+``docs/design.md``. ``tests/test_private_symbols.py`` fails when the
+core uses a private name not listed here, or one that has a public name.
+"""
+
+
 __all__ = [
     "get_opaque_trace_state",
     "jaxprs_in_params",
+    "PRIVATE_SYMBOLS",
     "jit_name",
     "rule_nondiff_argnums",
     "set_user_context_global",
