@@ -48,7 +48,7 @@ SUITES = ("custom_api_test", "custom_root_test", "custom_linear_solve_test")
 MODES = ("idle", "plain", "haiku", "nnx", "dag", "debug")
 _MODE_VARIABLE = "JAXOVERRIDE_SUITE_MODE"
 _REBIND_LINE = "import jax_suites as _jaxoverride_suites; _jaxoverride_suites.rebind(globals())\n"
-_CONFTEST = '''"""Written by jaxoverride's ci/jax_suites.py: activates the mode around every test."""
+_CONFTEST = '''"""Written by jaxoverride's ci/jax_suites.py: activates the mode per test."""
 from jax_suites import adapter_mode, haiku_installed  # noqa: F401  (autouse fixtures)
 '''
 
