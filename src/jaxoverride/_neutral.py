@@ -9,6 +9,7 @@ itself, so a cache hit of ``jo.jit(f)`` costs what ``jax.jit(f)`` costs.
 
 from __future__ import annotations
 
+import copy
 import functools
 import inspect
 import types
@@ -55,17 +56,19 @@ def neutral_call(name: str, default: F) -> F:
 class _TransformState:
     """Everything a ``Transformed`` needs off its fast path; it never refers back strongly."""
 
-    __slots__ = ("args", "builds", "fun", "kwargs", "name", "owner", "plain")
+    __slots__ = ("args", "builds", "default", "fun", "kwargs", "name", "owner", "plain")
 
     def __init__(
         self,
         name: str,
+        default: Callable[..., Any],
         fun: Callable[..., Any],
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
         plain: Callable[..., Any],
     ):
         self.name = name
+        self.default = default
         self.fun = fun
         self.args = args
         self.kwargs = kwargs
@@ -146,7 +149,7 @@ class Transformed(functools.partial):  # type: ignore[type-arg]
     ) -> Transformed:
         plain = default(fun, *args, **kwargs)
         self = super().__new__(cls, plain)
-        state = _TransformState(name, fun, args, kwargs, plain)
+        state = _TransformState(name, default, fun, args, kwargs, plain)
         state.owner = weakref.ref(self)
         attributes = self.__dict__
         for attribute in ("__module__", "__name__", "__qualname__", "__doc__"):
@@ -215,6 +218,20 @@ class Transformed(functools.partial):  # type: ignore[type-arg]
         state: _TransformState = self.__dict__["_jaxoverride_state"]
         return f"<jaxoverride.{state.name} of {state.fun!r}>"
 
+    def __copy__(self) -> Transformed:
+        """A new neutral transform of the same function and options, as ``copy.copy`` of
+        ``jax.jit(f)`` is a new jitted ``f``; it builds and caches on its own."""
+        state: _TransformState = self.__dict__["_jaxoverride_state"]
+        return Transformed(state.name, state.default, state.fun, state.args, dict(state.kwargs))
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> Transformed:
+        """As ``__copy__``, over deep copies of the function and options (``jax.jit``'s
+        object copies the same way): a jitted bound method in a deep-copied object is
+        bound to the copy."""
+        state: _TransformState = self.__dict__["_jaxoverride_state"]
+        fun, args, kwargs = copy.deepcopy((state.fun, state.args, state.kwargs), memo)
+        return Transformed(state.name, state.default, fun, args, kwargs)
+
     def __reduce__(self) -> Any:
         raise TypeError(
             "jaxoverride transformed functions cannot be pickled; pickle the "
@@ -255,11 +272,11 @@ def neutral_transform(name: str, default: F) -> F:
     return cast(F, transform)
 
 
-def _check_rule_function(value: object, *, role: str, where: str) -> None:
+def _check_rule_function(value: object, *, role: str, where: str, example: str) -> None:
     if not callable(value):
         raise TypeError(
             f"{where}: {role} must be a function, got {type(value).__name__} {value!r}. "
-            f"Pass the function itself, as in {where}(my_{role.split()[0]}, ...)."
+            f"Pass the function itself, as in {example}."
         )
 
 
@@ -296,7 +313,9 @@ class NeutralRule(Generic[ReturnValue]):
         nondiff_argnames: Sequence[str] = (),
     ):
         where = f"jaxoverride.{self._name}"
-        _check_rule_function(fun, role="the decorated function", where=where)
+        _check_rule_function(
+            fun, role="the decorated function", where=where, example=f"{where}(my_function)"
+        )
         _check_nondiff_argnums(fun, nondiff_argnums, where=where)
         plain = self._default(
             fun, nondiff_argnums=nondiff_argnums, nondiff_argnames=nondiff_argnames
