@@ -189,9 +189,10 @@ def test_idempotent_and_nested_handles(make_package):
     first.restore()  # twice: nothing more
     assert sub.jax is _interpose.neutral_jax, "the second handle still holds the package"
     assert builtins.__import__ is _import_hook._neutral_import
+    before = _import_hook._below_import
     second.restore()
     assert sub.jax is jax
-    assert builtins.__import__ is _import_hook._original_import
+    assert builtins.__import__ is before
 
 
 def test_interpose_and_interpose_on_import_share_bindings(make_package):
@@ -291,3 +292,54 @@ def test_optimistix_in_haiku_needs_the_import_order():
     assert not late["ok"], "raw optimistix inside hk.transform was expected to fail at init"
     assert late["error"] == "UnexpectedTracerError"
     assert re.search(r"'optimistix' \d+ \(optimistix\._fixed_point\.fixed_point", late["late"])
+
+
+def test_an_import_hook_installed_after_jaxoverride_keeps_running_and_is_put_back(
+    make_package,
+):
+    """A hook installed after ``import jaxoverride`` (a profiler, a lazy importer) stays in
+    the chain while the packages are watched, and is exactly what ``restore()`` leaves."""
+    name = make_package("ioi_chained")
+    seen: list[str] = []
+    original = builtins.__import__
+
+    def profiler_import(module_name, *args, **kwargs):
+        seen.append(module_name)
+        return original(module_name, *args, **kwargs)
+
+    builtins.__import__ = profiler_import
+    try:
+        with jo.interpose_on_import(name):
+            sub = importlib.import_module(f"{name}.sub")
+            assert sub.jit is jo.jit, "the module body was still handed the neutral names"
+            seen.clear()
+            import json as _  # noqa: F401  (any import goes through the whole chain)
+
+            assert "json" in seen, "the hook installed before interpose_on_import was skipped"
+        assert builtins.__import__ is profiler_import, "restore() did not put back the hook"
+    finally:
+        builtins.__import__ = original
+
+
+def test_a_hook_installed_over_ours_is_left_and_ours_is_reused(make_package):
+    """A hook installed while interposing stays where it is on ``restore()``; ours, still
+    below it, passes through, and a later ``interpose_on_import`` reuses it (no cycle)."""
+    first, second = make_package("ioi_over_a"), make_package("ioi_over_b")
+    original = builtins.__import__
+    try:
+        with jo.interpose_on_import(first):
+            below = builtins.__import__
+
+            def later_hook(module_name, *args, **kwargs):
+                return below(module_name, *args, **kwargs)
+
+            builtins.__import__ = later_hook
+        assert builtins.__import__ is later_hook
+        with jo.interpose_on_import(second):
+            assert builtins.__import__ is later_hook
+            sub = importlib.import_module(f"{second}.sub")
+            assert sub.jit is jo.jit
+        assert importlib.import_module("json") is json
+    finally:
+        builtins.__import__ = original
+        _import_hook._in_chain = False

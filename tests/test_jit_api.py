@@ -400,3 +400,38 @@ def test_adapters_stacked_on_one_function_never_share_a_build():
     for out in (haiku_out, nnx_out, dag_out):
         np.testing.assert_allclose(out, expected)
     assert "tanh" in lowered
+
+
+class _Solver:
+    """A solver that jits its own method at construction, as jaxopt's solvers do."""
+
+    def __init__(self, scale: float):
+        self.scale = scale
+        self.step = jo.jit(self.update)
+
+    def update(self, x):
+        return x * self.scale
+
+
+@pytest.mark.parametrize("make", [lambda f: jo.jit(f), lambda f: jo.jit(f, static_argnums=1)])
+def test_copies_of_a_jitted_function_are_new_jitted_functions_as_in_jax(make):
+    def scaled(x, power=2):
+        return x**power
+
+    original = make(scaled)
+    for duplicate in (copy.copy(original), copy.deepcopy(original)):
+        assert type(duplicate) is type(original) and duplicate is not original
+        assert duplicate.__wrapped__ is scaled  # a function deep-copies to itself
+        assert float(duplicate(jnp.float32(3.0), 2)) == float(original(jnp.float32(3.0), 2))
+    raw = jax.jit(scaled)
+    assert copy.copy(raw) is not raw and copy.deepcopy(raw) is not raw  # what JAX does
+
+
+def test_deepcopy_of_an_object_holding_a_jitted_method_binds_the_copy():
+    solver = _Solver(2.0)
+    twin = copy.deepcopy(solver)
+    twin.scale = 5.0
+    assert float(solver.step(1.0)) == 2.0
+    assert float(twin.step(1.0)) == 5.0, "the copy's jitted method still calls the original"
+    with pytest.raises(TypeError, match="cannot be pickled"):
+        pickle.dumps(jo.jit(jnp.sin))

@@ -435,3 +435,21 @@ def test_nondiff_argnames_and_keyword_binding_match_jax():
     with active("context"):
         actual = gradient(jo)
     assert_same(actual, expected)
+
+
+def test_the_fix_in_a_refusal_names_a_real_example():
+    cases = [
+        (lambda: jo.custom_vjp(None), "jaxoverride.custom_vjp(my_function)"),
+        (lambda: jo.custom_jvp(None), "jaxoverride.custom_jvp(my_function)"),
+        (
+            lambda: jo.custom_vjp(_sin_times).defvjp(None, _sin_times_bwd),
+            "f.defvjp(my_fwd, my_bwd)",
+        ),
+        (lambda: jo.custom_jvp(jnp.sin).defjvp(1), "f.defjvp(my_jvp)"),
+        (lambda: jo.custom_jvp(_sin_times).defjvps(2, None), "f.defjvps(my_jvp_of_x, None)"),
+    ]
+    for make, example in cases:
+        with pytest.raises(TypeError) as refused:
+            make()
+        assert f"as in {example}." in str(refused.value)
+        assert "my_the" not in str(refused.value) and "my_each" not in str(refused.value)

@@ -26,6 +26,7 @@ import pytest
 import jaxoverride as jo
 import jaxoverride_plain as plain
 from _parity import (
+    JAX,
     assert_same,
     fresh_jax_caches_per_module,  # noqa: F401 - an autouse fixture
 )
@@ -523,3 +524,62 @@ def test_threads_initialising_different_stores_at_once():
     for got_params, out in outputs.values():
         assert_same(got_params, params)
         assert_same(out, reference)
+
+
+# --- bad input at init: JAX's own errors ------------------------------------------------
+
+
+def _generator():
+    return (i for i in range(3))
+
+
+BAD_LOOP_INPUTS = {
+    "scan over a string": lambda api, xs: api.lax.scan(lambda c, x: (c, x), 0.0, xs=xs),
+    "map over a string": lambda api, xs: api.lax.map(lambda x: x, xs),
+}
+
+
+def _error(thunk: Callable[[], Any]) -> tuple[type, str]:
+    with pytest.raises(Exception) as raised:
+        thunk()
+    return type(raised.value), str(raised.value)
+
+
+@contextlib.contextmanager
+def _haiku_init() -> Iterator[Callable[[Callable[[], Any]], Any]]:
+    import haiku as hk
+
+    import jaxoverride_haiku
+
+    with jaxoverride_haiku.context():
+        yield lambda thunk: hk.transform(lambda: thunk()).init(jax.random.PRNGKey(0))
+
+
+@contextlib.contextmanager
+def _plain_init() -> Iterator[Callable[[Callable[[], Any]], Any]]:
+    with plain.context(), plain.init_context():
+        yield lambda thunk: thunk()
+
+
+@pytest.mark.parametrize("where", [_plain_init, _haiku_init], ids=["plain", "haiku"])
+@pytest.mark.parametrize("make_xs", [lambda: "abc", _generator], ids=["str", "generator"])
+@pytest.mark.parametrize("call", list(BAD_LOOP_INPUTS), ids=list(BAD_LOOP_INPUTS))
+def test_loops_over_what_jax_refuses_raise_jaxs_error_at_init(where, make_xs, call):
+    """JAX refuses ``xs`` that are no arrays with ``TypeError: ... is not a valid JAX type``;
+    the creation pass at init used to fail first, with an ``AttributeError``."""
+    xs = make_xs()
+    expected = _error(lambda: BAD_LOOP_INPUTS[call](JAX, xs))
+    with where() as run:
+        actual = _error(lambda: run(lambda: BAD_LOOP_INPUTS[call](jo, xs)))
+    assert actual == expected
+
+
+@pytest.mark.parametrize("where", [_plain_init, _haiku_init], ids=["plain", "haiku"])
+def test_vmap_of_a_scalar_raises_jaxs_rank_error_at_init(where):
+    expected = _error(lambda: jax.vmap(lambda x: x)(1.0))
+    assert expected[0] is ValueError and "rank" in expected[1]
+    with where() as run:
+        assert _error(lambda: run(lambda: jo.vmap(lambda x: x)(1.0))) == expected
+        assert _error(
+            lambda: run(lambda: jo.vmap(lambda x, y: x, in_axes=(0, 1))(jnp.ones(3), jnp.ones(2)))
+        ) == _error(lambda: jax.vmap(lambda x, y: x, in_axes=(0, 1))(jnp.ones(3), jnp.ones(2)))

@@ -16,10 +16,7 @@ from typing import Any
 import jax
 import numpy as np
 
-try:  # the zero-copy constructor is private; fall back to a real copy without it
-    from jax._src.array import ArrayImpl as _ArrayImpl
-except ImportError:  # pragma: no cover - other jax versions
-    _ArrayImpl = None
+from jaxoverride_dag._compat import ArrayImpl as _ArrayImpl  # None: copy instead
 
 
 def fresh_alias(leaf: Any) -> Any:

@@ -82,4 +82,44 @@ def resolve_argnums(
     return tuple(donated), tuple(donated_names), tuple(static), tuple(static_names)
 
 
-__all__ = ["resolve_argnums"]
+_STATE = "Haiku's state threading (what hk.transform does inside), which has no public API"
+_STACK = "a stack that a jitted call must replay (hk.custom_creator/getter/setter push onto it)"
+
+PRIVATE_SYMBOLS: dict[str, str] = {
+    "haiku._src.base.Frame": "the type of the frame holding a transform's params, state, rng",
+    "haiku._src.base.HaikuContext": "the object hk.transform enters; install() hooks its entry",
+    "haiku._src.base.StatePair": "the (initial, current) record of a state entry, put back",
+    "haiku._src.base.current_frame": "the frame of the innermost transform",
+    "haiku._src.base.custom_creator_unsafe": "salts the rng of creators it must run again",
+    "haiku._src.base.frame_stack": "whether a transform is active (cheaper than running_init)",
+    "haiku._src.base.param_names": "the parameters a loop body created, to refuse new ones",
+    "haiku._src.base.push_jax_trace_level": "lets Haiku modules run under the adapter's trace",
+    "haiku._src.base.param_creator_stack": _STACK,
+    "haiku._src.base.param_getter_stack": _STACK,
+    "haiku._src.base.state_creator_stack": _STACK,
+    "haiku._src.base.state_getter_stack": _STACK,
+    "haiku._src.base.state_setter_stack": _STACK,
+    "haiku._src.module.interceptor_stack": _STACK,
+    "haiku._src.data_structures.Stack": "the type of those stacks, pushed onto in a rule",
+    "haiku._src.stateful.InternalState": _STATE,
+    "haiku._src.stateful.copy_structure": _STATE,
+    "haiku._src.stateful.difference": _STATE,
+    "haiku._src.stateful.internal_state": _STATE,
+    "haiku._src.stateful.reserve_up_to_full_rng_block": _STATE,
+    "haiku._src.stateful.temporary_internal_state": _STATE,
+    "haiku._src.stateful.update_internal_state": _STATE,
+    "jax._src.api_util.fun_signature": "jit's own reading of a signature (resolve_argnums)",
+    "jax._src.api_util.resolve_argnums": "jit's own resolution of static and donated arguments",
+    "jax._src.lax.control_flow.loops._batch_and_remainder": "lax.map's batch_size split, as JAX",
+}
+"""Every private upstream name the Haiku adapter uses, with why no public name serves.
+
+Read, with the same signatures, in Haiku 0.0.13, 0.0.15, 0.0.16, 0.0.17 (tested) and main at
+0.0.17.dev (2026-07-09), and for the JAX names in JAX 0.8.1 and 0.10.2 (tested), 0.11.0 and
+main at 0.11.1.dev (2026-08-08). ``ci/private_symbols.py`` re-checks them against git
+checkouts; ``tests/test_private_symbols.py`` fails when the adapter uses a private name not
+listed here, or one that has a public name.
+"""
+
+
+__all__ = ["PRIVATE_SYMBOLS", "resolve_argnums"]

@@ -18,6 +18,7 @@ import contextlib
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import haiku as hk
 from haiku._src import base, stateful
 
 import jaxoverride as jo
@@ -66,7 +67,7 @@ def _refusal(where: str, what: str, why: tuple[str, str]) -> PureFunctionWriteEr
     return PureFunctionWriteError(f"{where}: {what} inside {inside}. " + reason.format(where=where))
 
 
-class _RefusingSequence(base.PRNGSequence):
+class _RefusingSequence(hk.PRNGSequence):
     """An rng sequence that refuses every draw; loops may still carry its state."""
 
     def __init__(self, state: Any, where: str, why: tuple[str, str]):
@@ -90,7 +91,7 @@ def pure_frame(
     there could come out and what to do instead (``{where}`` is filled in).
     """
 
-    def refuse_write(next_setter: Any, value: Any, context: base.SetterContext) -> Any:
+    def refuse_write(next_setter: Any, value: Any, context: hk.SetterContext) -> Any:
         del next_setter, value
         raise _refusal(
             where, f"the Haiku state {context.full_name!r} was written", (inside, reason)
@@ -103,7 +104,7 @@ def pure_frame(
         if sequence is None
         else _RefusingSequence(sequence.internal_state, where, (inside, reason))
     )
-    with base.custom_setter(refuse_write), frame.rng_stack(guard):
+    with hk.custom_setter(refuse_write), frame.rng_stack(guard):
         yield
 
 

@@ -20,6 +20,7 @@ import zlib
 from collections.abc import Callable
 from typing import Any
 
+import haiku as hk
 import jax
 from haiku._src import base
 
@@ -27,7 +28,7 @@ from jaxoverride_haiku._frames import Names, current_frame, initializing
 from jaxoverride_plain import init_safe_call as plain_init_safe_call
 
 
-class _SaltedSequence(base.PRNGSequence):
+class _SaltedSequence(hk.PRNGSequence):
     """A ``PRNGSequence`` whose key, ``fold_in(next(parent), salt)``, is made on first use.
 
     Initializers that draw no key (``jnp.zeros``, constants) then cost nothing.
@@ -35,8 +36,8 @@ class _SaltedSequence(base.PRNGSequence):
 
     __slots__ = ("_parent", "_salt")
 
-    def __init__(self, parent: base.PRNGSequence, salt: int):
-        self._parent: base.PRNGSequence | None = parent
+    def __init__(self, parent: hk.PRNGSequence, salt: int):
+        self._parent: hk.PRNGSequence | None = parent
         self._salt = salt
         self._key = None
         self._subkeys = collections.deque()
@@ -136,7 +137,7 @@ def create(thunk: Callable[[], Any]) -> None:
     state_before = _copy_bundles(frame.state)
     params_before = _copy_bundles(frame.params)
     sequence = frame.rng_stack.peek()
-    sandbox = None if sequence is None else base.PRNGSequence(sequence.internal_state)
+    sandbox = None if sequence is None else hk.PRNGSequence(sequence.internal_state)
     try:
         with (
             frame.rng_stack(sandbox),

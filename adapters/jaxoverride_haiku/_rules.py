@@ -38,6 +38,7 @@ import contextvars
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
+import haiku as hk
 import jax
 from haiku._src import base, data_structures, stateful
 
@@ -130,7 +131,7 @@ _REFUSED: contextvars.ContextVar[tuple[str, frozenset[tuple[str, str]]]] = conte
 )
 
 
-def _refuse_differentiated(next_getter: Any, value: Any, context: base.GetterContext) -> Any:
+def _refuse_differentiated(next_getter: Any, value: Any, context: hk.GetterContext) -> Any:
     where, names = _REFUSED.get()
     if (context.module_name, context.name) in names:
         raise ClosedOverDifferentiationError(
@@ -244,7 +245,7 @@ class _Call:
         ``refused``: names of differentiated values whose reads are refused. ``forward``:
         whether this run's naming state is the one the caller continues from.
         """
-        rng = None if values.rng is None else base.PRNGSequence(values.rng)
+        rng = None if values.rng is None else hk.PRNGSequence(values.rng)
         frame = self.template.evolve(
             params=_mutable(values.params), state=_mutable(values.state), rng=rng
         )
@@ -258,7 +259,7 @@ class _Call:
                 stack.callback(_REFUSED.reset, token)
                 if not outer:
                     stack.enter_context(
-                        base.custom_getter(_refuse_differentiated, params=True, state=True)
+                        hk.custom_getter(_refuse_differentiated, params=True, state=True)
                     )
             before = base.param_names()
             entry = _state_identities(frame)

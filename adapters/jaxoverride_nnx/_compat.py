@@ -62,4 +62,34 @@ def chain_on_get_value(first: Callable[[Any, Any], Any], old: Any) -> Callable[[
     return chained
 
 
-__all__ = ["DataElem", "StaticElem", "chain_on_get_value", "graphlib"]
+_FLAX_GRAPH = (
+    "the walk of a module graph as nnx.split does it, without its cost "
+    "(module flax.nnx.graph before Flax 0.12.5)"
+)
+
+PRIVATE_SYMBOLS: dict[str, str] = {
+    "flax.nnx.graphlib.GRAPH_REGISTRY": _FLAX_GRAPH,
+    "flax.nnx.graphlib.GraphNodeImpl": _FLAX_GRAPH,
+    "flax.nnx.graphlib.get_node_impl": _FLAX_GRAPH,
+    "flax.nnx.graphlib.DataElem": _FLAX_GRAPH,
+    "flax.nnx.graphlib.StaticElem": _FLAX_GRAPH,
+    "flax.nnx.variablelib.HijaxVariable": "Variables of nnx.var_defaults(hijax=True)",
+    "flax.nnx.variablelib.is_array_ref": "a Variable's value that is an array reference",
+    "flax.nnx.pytreelib.PytreeState": "a module's trace state, re-pointed at the adapter's trace",
+    "flax.nnx.tracers.TraceState": "the trace a Variable records, re-pointed likewise",
+    "flax.nnx.tracers.current_jax_trace": "the trace that a Variable write compares against",
+    "jax._src.custom_derivatives._sum_tangents": "custom_jvp.defjvps's own sum, as JAX",
+    "jax._src.custom_derivatives._zeros_like_pytree": "custom_jvp.defjvps's own zeros, as JAX",
+    "jax._src.lax.control_flow.loops._batch_and_remainder": "lax.map's batch_size split, as JAX",
+}
+"""Every private upstream name the NNX adapter uses, with why no public name serves.
+
+Read in Flax 0.12.0 (``graph``), 0.12.7, 0.12.8 (tested) and main at 0.12.8 (2026-07-02),
+and for the JAX names in JAX 0.8.1 and 0.10.2 (tested), 0.11.0 and main at 0.11.1.dev
+(2026-08-08). ``ci/private_symbols.py`` re-checks them against git checkouts;
+``tests/test_private_symbols.py`` fails when the adapter uses a private name not listed
+here, or one that has a public name.
+"""
+
+
+__all__ = ["PRIVATE_SYMBOLS", "DataElem", "StaticElem", "chain_on_get_value", "graphlib"]

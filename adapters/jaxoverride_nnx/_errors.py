@@ -19,8 +19,7 @@ from typing import TYPE_CHECKING, Any
 import flax
 import jax
 from flax.errors import TraceContextError
-from flax.nnx.pytreelib import Pytree
-from flax.nnx.variablelib import Variable
+from flax.nnx import Pytree, Variable
 
 import jaxoverride
 from jaxoverride_nnx._graph import node_path

@@ -15,9 +15,9 @@ from typing import Any
 
 import jax
 import numpy as np
-from flax.nnx import variablelib
-from flax.nnx.pytreelib import Pytree, PytreeState
-from flax.nnx.variablelib import HijaxVariable, Variable
+from flax.nnx import Pytree, Variable, variablelib
+from flax.nnx.pytreelib import PytreeState
+from flax.nnx.variablelib import HijaxVariable
 
 from jaxoverride_nnx._compat import DataElem, StaticElem, graphlib
 

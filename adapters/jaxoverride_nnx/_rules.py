@@ -21,11 +21,8 @@ from typing import Any
 
 import jax
 from flax.errors import TraceContextError
-from jax._src.custom_derivatives import (
-    SymbolicZero,
-    _sum_tangents,
-    _zeros_like_pytree,
-)
+from jax._src.custom_derivatives import _sum_tangents, _zeros_like_pytree
+from jax.custom_derivatives import SymbolicZero
 
 import jaxoverride as jo
 from jaxoverride_nnx._compat import chain_on_get_value

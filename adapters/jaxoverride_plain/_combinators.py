@@ -76,8 +76,13 @@ def init_safe_call(
         return apply()
 
 
-def _first_slice(xs: Any, reverse: bool = False) -> Any:
-    """The slice a loop over ``xs`` sees first; zeros of the slice shape if ``xs`` is empty."""
+def _first_slice(xs: Any, reverse: bool = False, *, replay: Callable[[], Any]) -> Any:
+    """The slice a loop over ``xs`` sees first; zeros of the slice shape if ``xs`` is empty.
+
+    ``xs`` that JAX refuses (a string, a generator, a scalar) raise JAX's own error: on
+    failure ``replay`` (JAX's loop over the same ``xs`` with a body that does nothing) runs
+    under ``jax.eval_shape``, so that no user code runs.
+    """
 
     def first(leaf: Any) -> Any:
         leaf = as_jax_operands(leaf)
@@ -85,7 +90,12 @@ def _first_slice(xs: Any, reverse: bool = False) -> Any:
             return jnp.zeros(leaf.shape[1:], leaf.dtype)
         return leaf[-1 if reverse else 0]
 
-    return jax.tree_util.tree_map(first, xs)
+    try:
+        return jax.tree_util.tree_map(first, xs)
+    except (AttributeError, IndexError, TypeError, ValueError) as error:
+        failure = error
+    jax.eval_shape(replay)  # raises JAX's error for these xs
+    raise failure
 
 
 def _operands(operands: tuple[Any, ...], operand: Any) -> tuple[Any, ...]:
@@ -132,7 +142,14 @@ def init_safe_scan(
       (1.0, (0,), ['w'])
     """
     return init_safe_call(
-        lambda: f(as_jax_operands(init), _first_slice(xs, reverse)),
+        lambda: f(
+            as_jax_operands(init),
+            _first_slice(
+                xs,
+                reverse,
+                replay=lambda: jax.lax.scan(lambda c, _: (c, None), init, xs, length, reverse),
+            ),
+        ),
         lambda: default_scan(f, init, xs, length, reverse, unroll, _split_transpose),
         initializing=initializing,
         create=create,
@@ -316,7 +333,7 @@ def init_safe_map(
       [0, 2, 4]
     """
     return init_safe_call(
-        lambda: f(_first_slice(xs)),
+        lambda: f(_first_slice(xs, replay=lambda: jax.lax.map(lambda _: None, xs))),
         lambda: default_map(f, xs, batch_size=batch_size),
         initializing=initializing,
         create=create,

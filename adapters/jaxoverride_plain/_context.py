@@ -7,10 +7,9 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
-from jax._src import api_util
 
 import jaxoverride as jo
-from jaxoverride_plain import _combinators as c, _rules
+from jaxoverride_plain import _combinators as c, _compat as api_util, _rules
 from jaxoverride_plain._combinators import create_by_calling, init_safe_call
 from jaxoverride_plain._mapped import INFER, create_binding_axes, shard_block_arguments
 from jaxoverride_plain._operands import as_jax_operands

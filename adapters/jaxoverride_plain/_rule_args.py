@@ -16,7 +16,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax._src.custom_derivatives import CustomVJPPrimal, SymbolicZero
+from jax.custom_derivatives import CustomVJPPrimal, SymbolicZero
 
 from jaxoverride._compat import jit_name
 
@@ -94,7 +94,7 @@ def perturbed_leaves(tree: Any) -> list[bool]:
 
     Example:
       >>> import jax, jax.numpy as jnp
-      >>> from jax._src.custom_derivatives import CustomVJPPrimal, SymbolicZero
+      >>> from jax.custom_derivatives import CustomVJPPrimal, SymbolicZero
       >>> from jaxoverride_plain import perturbed_leaves
       >>> zero = SymbolicZero(jax.core.ShapedArray((), jnp.float32))
       >>> perturbed_leaves({"a": CustomVJPPrimal(1.0, True), "b": zero, "c": jnp.ones(())})
@@ -120,7 +120,7 @@ def unwrap_primals(tree: Any) -> Any:
       The same tree holding the plain values.
 
     Example:
-      >>> from jax._src.custom_derivatives import CustomVJPPrimal
+      >>> from jax.custom_derivatives import CustomVJPPrimal
       >>> from jaxoverride_plain import unwrap_primals
       >>> unwrap_primals((CustomVJPPrimal(1.0, False), 2.0))
       (1.0, 2.0)
@@ -146,7 +146,7 @@ def instantiate_zeros(tree: Any) -> Any:
 
     Example:
       >>> import jax, jax.numpy as jnp
-      >>> from jax._src.custom_derivatives import SymbolicZero
+      >>> from jax.custom_derivatives import SymbolicZero
       >>> from jaxoverride_plain import instantiate_zeros
       >>> instantiate_zeros(SymbolicZero(jax.core.ShapedArray((2,), jnp.float32)))
       Array([0., 0.], dtype=float32)

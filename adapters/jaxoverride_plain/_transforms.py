@@ -120,16 +120,23 @@ def unbatched_arguments(args: tuple[Any, ...], in_axes: Any) -> tuple[Any, ...]:
       >>> a.shape, b.shape
       ((4,), (2,))
     """
-    if in_axes is None or isinstance(in_axes, int):
-        return tuple(_take_first(arg, in_axes) for arg in args)
-    return tuple(
-        jax.tree_util.tree_map(
-            lambda axis, subtree: _take_first(subtree, axis),
-            tuple(in_axes),
-            tuple(args),
-            is_leaf=lambda node: node is None,
+    try:
+        if in_axes is None or isinstance(in_axes, int):
+            return tuple(_take_first(arg, in_axes) for arg in args)
+        return tuple(
+            jax.tree_util.tree_map(
+                lambda axis, subtree: _take_first(subtree, axis),
+                tuple(in_axes),
+                tuple(args),
+                is_leaf=lambda node: node is None,
+            )
         )
-    )
+    except (ArithmeticError, IndexError, TypeError, ValueError) as error:
+        failure = error
+    # JAX's own error for these arguments (an axis beyond a leaf's rank, a leaf that is not
+    # an array), from ``jax.vmap`` of a function that does nothing: no user code runs.
+    jax.eval_shape(jax.vmap(lambda *_: None, in_axes=in_axes), *args)
+    raise failure
 
 
 def zeros_for(tree: Any) -> Any:

@@ -61,16 +61,25 @@ class custom_vjp(NeutralRule[ReturnValue]):  # noqa: N801  (JAX's name)
         bwd: Callable[..., tuple[Any, ...]],
         symbolic_zeros: bool = False,
         optimize_remat: bool = False,
-    ) -> None:
-        """Defines the forward and backward rules, as ``jax.custom_vjp.defvjp``."""
+    ) -> Any:
+        """Defines the forward and backward rules, as ``jax.custom_vjp.defvjp``.
+
+        Returns what JAX's returns: ``None``, or under ``jax_custom_vjp3`` the rule itself.
+        """
         _check_rule_function(
-            fwd, role="fwd (the forward rule)", where="jaxoverride.custom_vjp.defvjp"
+            fwd,
+            role="fwd (the forward rule)",
+            where="jaxoverride.custom_vjp.defvjp",
+            example="f.defvjp(my_fwd, my_bwd)",
         )
         _check_rule_function(
-            bwd, role="bwd (the backward rule)", where="jaxoverride.custom_vjp.defvjp"
+            bwd,
+            role="bwd (the backward rule)",
+            where="jaxoverride.custom_vjp.defvjp",
+            example="f.defvjp(my_fwd, my_bwd)",
         )
         options = {"symbolic_zeros": symbolic_zeros, "optimize_remat": optimize_remat}
-        self._define("defvjp", (fwd, bwd), options)
+        return self._define("defvjp", (fwd, bwd), options)
 
 
 class custom_jvp(NeutralRule[ReturnValue]):  # noqa: N801  (JAX's name)
@@ -84,7 +93,12 @@ class custom_jvp(NeutralRule[ReturnValue]):  # noqa: N801  (JAX's name)
         symbolic_zeros: bool = False,
     ) -> Callable[..., tuple[ReturnValue, ReturnValue]]:
         """Defines the JVP rule, as ``jax.custom_jvp.defjvp``; usable as a decorator."""
-        _check_rule_function(jvp, role="jvp (the JVP rule)", where="jaxoverride.custom_jvp.defjvp")
+        _check_rule_function(
+            jvp,
+            role="jvp (the JVP rule)",
+            where="jaxoverride.custom_jvp.defjvp",
+            example="f.defjvp(my_jvp)",
+        )
         self._define("defjvp", (jvp,), {"symbolic_zeros": symbolic_zeros})
         return jvp
 
@@ -93,7 +107,10 @@ class custom_jvp(NeutralRule[ReturnValue]):  # noqa: N801  (JAX's name)
         for jvp in jvps:
             if jvp is not None:
                 _check_rule_function(
-                    jvp, role="each jvp (or None)", where="jaxoverride.custom_jvp.defjvps"
+                    jvp,
+                    role="each jvp (or None)",
+                    where="jaxoverride.custom_jvp.defjvps",
+                    example="f.defjvps(my_jvp_of_x, None)",
                 )
         self._define("defjvps", jvps, {})
 

@@ -8,6 +8,10 @@ than from JAX, so a JAX release that moves one is handled by this file alone:
 - ``set_user_context_global``: the context made by ``jax.make_user_context`` (new in JAX
   0.7.2, the oldest thing the core needs) has ``set_global`` only from JAX 0.9; in 0.8
   the same setter exists on the config object that the context wraps.
+- ``rule_nondiff_argnums``: ``jax.custom_vjp(f)`` is a ``custom_vjp3`` object when the flag
+  ``jax_custom_vjp3`` is on (JAX 0.8.1 onwards; its planned default), and that object keeps
+  the positions as a frozenset ``static_argnums`` instead of the sorted tuple
+  ``nondiff_argnums``.
 - ``jit_name``: ``jax.jit`` names the program of a callable without ``__name__``
   ``<unnamed wrapped function>`` before JAX 0.10 and ``<unnamed function>`` after.
 """
@@ -57,6 +61,28 @@ def set_user_context_global(context: Any, value: Any) -> None:
     setter(value)
 
 
+def rule_nondiff_argnums(rule: Any) -> tuple[int, ...]:
+    """The non-differentiable positions of a JAX ``custom_vjp``/``custom_jvp`` object.
+
+    Args:
+      rule: what ``jax.custom_vjp(f, ...)`` or ``jax.custom_jvp(f, ...)`` returned; a
+        ``custom_vjp3`` object under ``jax_custom_vjp3``.
+
+    Returns:
+      The positions from ``nondiff_argnums`` and ``nondiff_argnames``, sorted.
+
+    Example:
+      >>> import jax
+      >>> from jaxoverride._compat import rule_nondiff_argnums
+      >>> rule_nondiff_argnums(jax.custom_vjp(lambda f, x: f(x), nondiff_argnums=(0,)))
+      (0,)
+    """
+    argnums = getattr(rule, "nondiff_argnums", None)
+    if argnums is None:  # custom_vjp3: a frozenset, under another name
+        argnums = sorted(rule.static_argnums)
+    return tuple(argnums)
+
+
 @functools.cache
 def _unnamed() -> str:
     class Nameless:
@@ -90,4 +116,26 @@ def jit_name(fun: Callable[..., Any]) -> str:
     return fun_name(fun, _unnamed())
 
 
-__all__ = ["get_opaque_trace_state", "jaxprs_in_params", "jit_name", "set_user_context_global"]
+PRIVATE_SYMBOLS: dict[str, str] = {
+    "jax._src.util.fun_name": (
+        "the name jax.jit gives a callable's program (jit_name); JAX has no public helper"
+    ),
+}
+"""Every private upstream name the core uses, with why no public name serves.
+
+Each was read, with the same signature, in JAX 0.8.1 and 0.10.2 (tested), 0.11.0 and main
+at 0.11.1.dev (read on 2026-08-08); ``ci/private_symbols.py`` re-checks them against JAX,
+Haiku and Flax git checkouts. See "Private symbols and supported versions" in
+``docs/design.md``. ``tests/test_private_symbols.py`` fails when the
+core uses a private name not listed here, or one that has a public name.
+"""
+
+
+__all__ = [
+    "get_opaque_trace_state",
+    "jaxprs_in_params",
+    "PRIVATE_SYMBOLS",
+    "jit_name",
+    "rule_nondiff_argnums",
+    "set_user_context_global",
+]

@@ -30,7 +30,10 @@ import jax
 from jaxoverride import _interpose, lax as neutral_lax
 from jaxoverride._interpose import ORIGINALS, Interposition, bind_module, neutral_jax
 
-_original_import = builtins.__import__
+# The ``__import__`` that ours chains to: whatever was current when ours was installed (a
+# profiler's or a lazy importer's hook, say), so that it keeps running and is put back.
+_below_import: Any = builtins.__import__
+_in_chain = False  # ours is builtins.__import__, or a hook installed over it calls it
 _watched: Counter[str] = Counter()  # package name -> handles that watch it
 # What the import hook reads on every import: rebuilt under the lock, read without it.
 _prefixes: tuple[tuple[str, str], ...] = ()
@@ -85,7 +88,7 @@ def _neutral_import(
     fromlist: Sequence[str] | None = (),
     level: int = 0,
 ) -> Any:
-    imported = _original_import(name, globals, locals, fromlist, level)
+    imported = _below_import(name, globals, locals, fromlist, level)
     if level or not (name == "jax" or name.startswith("jax.")) or not globals:
         return imported
     importer = globals.get("__name__")
@@ -146,16 +149,21 @@ _finder = _Finder()
 
 
 def _hooks_on(on: bool) -> None:
+    global _below_import, _in_chain
     if on:
         if _finder not in sys.meta_path:
             sys.meta_path.insert(0, _finder)
-        builtins.__import__ = _neutral_import
+        if not _in_chain:  # else a hook installed over ours still calls it: reuse that
+            _below_import = builtins.__import__
+            builtins.__import__ = _neutral_import
+            _in_chain = True
         return
     if _finder in sys.meta_path:
         sys.meta_path.remove(_finder)
     # Leave a hook that someone installed on top of ours alone; ours passes through.
     if builtins.__import__ is _neutral_import:
-        builtins.__import__ = _original_import
+        builtins.__import__ = _below_import
+        _in_chain = False
 
 
 @dataclass

@@ -9,6 +9,7 @@ itself, so a cache hit of ``jo.jit(f)`` costs what ``jax.jit(f)`` costs.
 
 from __future__ import annotations
 
+import copy
 import functools
 import inspect
 import types
@@ -17,6 +18,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, Generic, TypeVar, cast
 
 from jaxoverride import _stack
+from jaxoverride._compat import rule_nondiff_argnums
 from jaxoverride._dispatch import dispatch
 from jaxoverride._stack import ROOT, effective_snapshot
 
@@ -54,17 +56,19 @@ def neutral_call(name: str, default: F) -> F:
 class _TransformState:
     """Everything a ``Transformed`` needs off its fast path; it never refers back strongly."""
 
-    __slots__ = ("args", "builds", "fun", "kwargs", "name", "owner", "plain")
+    __slots__ = ("args", "builds", "default", "fun", "kwargs", "name", "owner", "plain")
 
     def __init__(
         self,
         name: str,
+        default: Callable[..., Any],
         fun: Callable[..., Any],
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
         plain: Callable[..., Any],
     ):
         self.name = name
+        self.default = default
         self.fun = fun
         self.args = args
         self.kwargs = kwargs
@@ -145,7 +149,7 @@ class Transformed(functools.partial):  # type: ignore[type-arg]
     ) -> Transformed:
         plain = default(fun, *args, **kwargs)
         self = super().__new__(cls, plain)
-        state = _TransformState(name, fun, args, kwargs, plain)
+        state = _TransformState(name, default, fun, args, kwargs, plain)
         state.owner = weakref.ref(self)
         attributes = self.__dict__
         for attribute in ("__module__", "__name__", "__qualname__", "__doc__"):
@@ -214,6 +218,20 @@ class Transformed(functools.partial):  # type: ignore[type-arg]
         state: _TransformState = self.__dict__["_jaxoverride_state"]
         return f"<jaxoverride.{state.name} of {state.fun!r}>"
 
+    def __copy__(self) -> Transformed:
+        """A new neutral transform of the same function and options, as ``copy.copy`` of
+        ``jax.jit(f)`` is a new jitted ``f``; it builds and caches on its own."""
+        state: _TransformState = self.__dict__["_jaxoverride_state"]
+        return Transformed(state.name, state.default, state.fun, state.args, dict(state.kwargs))
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> Transformed:
+        """As ``__copy__``, over deep copies of the function and options (``jax.jit``'s
+        object copies the same way): a jitted bound method in a deep-copied object is
+        bound to the copy."""
+        state: _TransformState = self.__dict__["_jaxoverride_state"]
+        fun, args, kwargs = copy.deepcopy((state.fun, state.args, state.kwargs), memo)
+        return Transformed(state.name, state.default, fun, args, kwargs)
+
     def __reduce__(self) -> Any:
         raise TypeError(
             "jaxoverride transformed functions cannot be pickled; pickle the "
@@ -254,11 +272,11 @@ def neutral_transform(name: str, default: F) -> F:
     return cast(F, transform)
 
 
-def _check_rule_function(value: object, *, role: str, where: str) -> None:
+def _check_rule_function(value: object, *, role: str, where: str, example: str) -> None:
     if not callable(value):
         raise TypeError(
             f"{where}: {role} must be a function, got {type(value).__name__} {value!r}. "
-            f"Pass the function itself, as in {where}(my_{role.split()[0]}, ...)."
+            f"Pass the function itself, as in {example}."
         )
 
 
@@ -295,7 +313,9 @@ class NeutralRule(Generic[ReturnValue]):
         nondiff_argnames: Sequence[str] = (),
     ):
         where = f"jaxoverride.{self._name}"
-        _check_rule_function(fun, role="the decorated function", where=where)
+        _check_rule_function(
+            fun, role="the decorated function", where=where, example=f"{where}(my_function)"
+        )
         _check_nondiff_argnums(fun, nondiff_argnums, where=where)
         plain = self._default(
             fun, nondiff_argnums=nondiff_argnums, nondiff_argnames=nondiff_argnames
@@ -303,16 +323,19 @@ class NeutralRule(Generic[ReturnValue]):
         functools.update_wrapper(self, fun)
         self.__dict__.pop("_jaxoverride_state", None)  # fun may itself be neutral
         self.fun = fun
-        self.nondiff_argnums = plain.nondiff_argnums
+        self.nondiff_argnums = rule_nondiff_argnums(plain)
         self._plain = plain
         self._options = {"nondiff_argnums": nondiff_argnums, "nondiff_argnames": nondiff_argnames}
         self._rules: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = []
         self._builds: dict[_stack.Snapshot, Any] = {}
 
-    def _define(self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        getattr(self._plain, method)(*args, **kwargs)
+    def _define(self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """Defines the rule on JAX's object; returns what JAX's method returned, with JAX's
+        object replaced by this one (``custom_vjp3.defvjp`` returns its rule, for chaining)."""
+        returned = getattr(self._plain, method)(*args, **kwargs)
         self._rules = [(method, args, kwargs)]  # a new definition replaces the old one
         self._builds.clear()
+        return self if returned is self._plain else returned
 
     def __call__(self, *args: Any, **kwargs: Any) -> ReturnValue:
         if not self._rules:

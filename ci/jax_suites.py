@@ -1,0 +1,280 @@
+"""Runs JAX's own custom-derivative test suites through jaxoverride's neutral names.
+
+Usage::
+
+    python ci/jax_suites.py PATH_TO_JAX_CHECKOUT [--modes idle,plain,...] [--vjp3 both]
+        [--suites custom_api_test,...] [--show-failures] [-- extra pytest arguments]
+
+``PATH_TO_JAX_CHECKOUT`` is a checkout of JAX at the release that is installed (for JAX
+0.10.2: ``git clone -b jax-v0.10.2 https://github.com/jax-ml/jax``); only its ``tests/``
+folder is read. Each suite (``tests/custom_api_test.py``, ``custom_root_test.py`` and
+``custom_linear_solve_test.py`` by default) is copied into a temporary folder, with one
+line added after its imports that rebinds the module's ``jax``, ``lax``, ``grad``, ``jit``,
+``checkpoint``, JAX's private ``api`` and ``custom_derivatives`` modules to the neutral API
+(``jo.custom_vjp``, ``jo.custom_jvp``, ``jo.closure_convert``, ``jaxoverride.lax.custom_root``,
+``jo.jit``, ...; every other attribute stays JAX's). Then pytest runs the copies once per
+mode, each adapter active with nothing to do:
+
+- ``idle``: nothing active;
+- ``plain``: ``jaxoverride_plain.context()``;
+- ``haiku``: ``jaxoverride_haiku.install()`` (outside any ``hk.transform``);
+- ``nnx``: ``jaxoverride_nnx.track(m)`` of a module that no test uses;
+- ``dag``: ``jaxoverride_dag.context()``;
+- ``debug``: ``jaxoverride_debug.trace()``.
+
+``--vjp3 on`` runs with ``JAX_CUSTOM_VJP3=1`` (JAX's next ``custom_vjp``), ``--vjp3 both``
+runs every mode both ways. The table printed at the end counts passed, failed and skipped
+tests per mode; ``--show-failures`` lists the failing test ids with their first error line.
+Nothing from JAX's repository is kept.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import os
+import subprocess
+import sys
+import tempfile
+import types
+import xml.etree.ElementTree as ElementTree
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+SUITES = ("custom_api_test", "custom_root_test", "custom_linear_solve_test")
+MODES = ("idle", "plain", "haiku", "nnx", "dag", "debug")
+_MODE_VARIABLE = "JAXOVERRIDE_SUITE_MODE"
+_REBIND_LINE = "import jax_suites as _jaxoverride_suites; _jaxoverride_suites.rebind(globals())\n"
+_CONFTEST = '''"""Written by jaxoverride's ci/jax_suites.py: activates the mode per test."""
+from jax_suites import adapter_mode, haiku_installed  # noqa: F401  (autouse fixtures)
+'''
+
+
+# ---------------------------------------------------------------------------------------
+# Inside the pytest process: the rebinding and the mode fixtures
+
+
+class _Namespace(types.ModuleType):
+    """A module seen with some attributes replaced; every other attribute is the module's."""
+
+    def __init__(self, base: types.ModuleType, replaced: dict[str, Any]):
+        super().__init__(base.__name__, base.__doc__)
+        self.__dict__.update(replaced)
+        self._base = base
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._base, name)
+
+
+def rebind(namespace: dict[str, Any]) -> None:
+    """Rebinds a JAX test module's global names to jaxoverride's neutral API.
+
+    Args:
+      namespace: the test module's ``globals()``, right after its imports.
+    """
+    import jax
+    import jax.custom_derivatives
+    from jax._src import api, custom_derivatives as private_custom_derivatives
+
+    import jaxoverride as jo
+    from jaxoverride import lax as jlax
+
+    rules = {
+        "custom_vjp": jo.custom_vjp,
+        "custom_jvp": jo.custom_jvp,
+        "closure_convert": jo.closure_convert,
+    }
+    top_level = {name: getattr(jo, name) for name in jo.OVERRIDEABLE if "." not in name}
+    public_rules = _Namespace(jax.custom_derivatives, rules)
+    neutral_jax = _Namespace(jax, {**top_level, "lax": jlax, "custom_derivatives": public_rules})
+    replacements: dict[str, Any] = {
+        "jax": neutral_jax,
+        "lax": jlax,
+        "api": _Namespace(api, {n: v for n, v in top_level.items() if hasattr(api, n)}),
+        "custom_derivatives": _Namespace(private_custom_derivatives, rules),
+    }
+    for name in ("grad", "jit", "checkpoint", "vmap", "jvp", "vjp", "remat"):
+        replacements[name] = top_level[name]
+    for name, value in replacements.items():
+        if name in namespace:
+            namespace[name] = value
+
+
+def _activated(mode: str) -> Any:
+    import contextlib
+
+    if mode in ("idle", "haiku"):  # haiku: installed once per session
+        return contextlib.nullcontext()
+    if mode == "plain":
+        import jaxoverride_plain
+
+        return jaxoverride_plain.context()
+    if mode == "nnx":
+        import jaxoverride_nnx
+
+        return jaxoverride_nnx.track(_unused_nnx_module())
+    if mode == "dag":
+        import jaxoverride_dag
+
+        return jaxoverride_dag.context()
+    if mode == "debug":
+        import jaxoverride_debug
+
+        return jaxoverride_debug.trace()
+    raise ValueError(f"unknown mode {mode!r}; the modes are {', '.join(MODES)}")
+
+
+_UNUSED: list[Any] = []
+
+
+def _unused_nnx_module() -> Any:
+    if not _UNUSED:
+        import jax.numpy as jnp
+        from flax import nnx
+
+        class Unused(nnx.Module):
+            def __init__(self) -> None:
+                self.w = nnx.Param(jnp.ones(2))
+                self.calls = nnx.Variable(jnp.array(0))
+
+        _UNUSED.append(Unused())
+    return _UNUSED[0]
+
+
+def _pytest_fixtures() -> tuple[Any, Any]:
+    import pytest
+
+    @pytest.fixture(autouse=True, scope="session")
+    def haiku_installed() -> Iterator[None]:
+        if os.environ.get(_MODE_VARIABLE) != "haiku":
+            yield
+            return
+        import jaxoverride_haiku
+
+        jaxoverride_haiku.install()
+        try:
+            yield
+        finally:
+            jaxoverride_haiku.uninstall()
+
+    @pytest.fixture(autouse=True)
+    def adapter_mode() -> Iterator[None]:
+        with _activated(os.environ.get(_MODE_VARIABLE, "idle")):
+            yield
+
+    return haiku_installed, adapter_mode
+
+
+if os.environ.get(_MODE_VARIABLE):  # imported by the generated conftest
+    haiku_installed, adapter_mode = _pytest_fixtures()
+
+
+# ---------------------------------------------------------------------------------------
+# The runner
+
+
+def _with_rebinding(source: str) -> str:
+    """The suite's source with ``_REBIND_LINE`` after its last top-level import."""
+    tree = ast.parse(source)
+    last = 0
+    for node in tree.body:
+        if isinstance(node, ast.Import | ast.ImportFrom):
+            last = node.end_lineno or node.lineno
+        elif not isinstance(node, ast.Expr):  # the module docstring is an Expr
+            break
+    lines = source.splitlines(keepends=True)
+    return "".join([*lines[:last], _REBIND_LINE, *lines[last:]])
+
+
+def _prepare(checkout: Path, suites: list[str], folder: Path) -> list[Path]:
+    copies = []
+    for suite in suites:
+        original = checkout / "tests" / f"{suite}.py"
+        if not original.exists():
+            raise SystemExit(f"{original} does not exist: is {checkout} a JAX checkout?")
+        copy = folder / original.name
+        copy.write_text(_with_rebinding(original.read_text()))
+        copies.append(copy)
+    (folder / "conftest.py").write_text(_CONFTEST)
+    return copies
+
+
+def _counts(report: Path) -> tuple[dict[str, int], list[str]]:
+    counts = {"passed": 0, "failed": 0, "skipped": 0}
+    failures = []
+    for case in ElementTree.parse(report).iter("testcase"):
+        outcome = next((child for child in case if child.tag in ("failure", "error")), None)
+        if outcome is not None:
+            counts["failed"] += 1
+            message = (outcome.get("message") or "").strip().splitlines()
+            first = message[0][:200] if message else ""
+            failures.append(f"{case.get('classname')}.{case.get('name')}: {first}")
+        elif any(child.tag == "skipped" for child in case):
+            counts["skipped"] += 1
+        else:
+            counts["passed"] += 1
+    return counts, failures
+
+
+def run(
+    checkout: Path, modes: list[str], vjp3: list[bool], suites: list[str], extra: list[str]
+) -> list[tuple[str, dict[str, int], list[str]]]:
+    """Runs the suites once per mode and flag setting; returns (label, counts, failures)."""
+    results = []
+    with tempfile.TemporaryDirectory(prefix="jax_suites_") as name:
+        folder = Path(name)
+        copies = _prepare(checkout, suites, folder)
+        for flag in vjp3:
+            for mode in modes:
+                label = f"{mode}{' +vjp3' if flag else ''}"
+                report = folder / f"report-{mode}-{int(flag)}.xml"
+                env = dict(os.environ)
+                paths = [str(HERE), str(ROOT / "src"), str(ROOT / "adapters")]
+                env["PYTHONPATH"] = os.pathsep.join([*paths, env.get("PYTHONPATH", "")])
+                env[_MODE_VARIABLE] = mode
+                env["JAX_CUSTOM_VJP3"] = "1" if flag else "0"
+                command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"]
+                command += [f"--junitxml={report}", "--rootdir", str(folder), *extra]
+                command += [str(copy) for copy in copies]
+                subprocess.run(command, env=env, cwd=folder, stdout=subprocess.DEVNULL)
+                if not report.exists():
+                    raise SystemExit(f"pytest wrote no report for {label}: run it by hand")
+                counts, failures = _counts(report)
+                print(f"{label:12} {counts}", flush=True)
+                results.append((label, counts, failures))
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The command line: runs, prints the table, and fails if any test failed."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    extra: list[str] = []
+    if "--" in argv:
+        argv, extra = argv[: argv.index("--")], argv[argv.index("--") + 1 :]
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("checkout", type=Path, help="a JAX checkout at the installed release")
+    parser.add_argument("--modes", default=",".join(MODES), help="comma-separated modes")
+    parser.add_argument("--vjp3", choices=("off", "on", "both"), default="off")
+    parser.add_argument("--suites", default=",".join(SUITES), help="comma-separated suites")
+    parser.add_argument("--show-failures", action="store_true")
+    options = parser.parse_args(argv)
+    modes = options.modes.split(",")
+    if unknown := sorted(set(modes) - set(MODES)):
+        parser.error(f"unknown modes {unknown}; the modes are {', '.join(MODES)}")
+    vjp3 = {"off": [False], "on": [True], "both": [False, True]}[options.vjp3]
+    results = run(options.checkout, modes, vjp3, options.suites.split(","), extra)
+    print(f"\n{'mode':12} {'passed':>7} {'failed':>7} {'skipped':>7}")
+    for label, counts, _ in results:
+        print(f"{label:12} {counts['passed']:7} {counts['failed']:7} {counts['skipped']:7}")
+    if options.show_failures:
+        for label, _, failures in results:
+            for failure in failures:
+                print(f"[{label}] {failure}")
+    return int(any(counts["failed"] for _, counts, _ in results))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

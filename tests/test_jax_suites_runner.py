@@ -1,0 +1,67 @@
+"""``ci/jax_suites.py`` rebinds a JAX test module's names to the neutral API, and only those.
+
+The runner itself needs a JAX checkout and runs for many minutes (see ``docs/design.md``,
+"Running JAX's own custom-derivative suites"); this checks its rebinding on a small module
+written like JAX's suites.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import pathlib
+import sys
+
+import jax
+import jax.numpy as jnp
+
+import jaxoverride as jo
+from jaxoverride import lax as jlax
+
+CI = pathlib.Path(__file__).resolve().parent.parent / "ci"
+
+SUITE = '''"""A suite."""
+import jax
+import jax.numpy as jnp
+from jax import grad, jit
+from jax import lax
+from jax._src import api
+from jax._src import custom_derivatives
+
+@jax.custom_vjp
+def at_import(x):
+    return x
+'''
+
+
+def _runner():
+    sys.path.insert(0, str(CI))
+    try:
+        import jax_suites
+    finally:
+        sys.path.remove(str(CI))
+    return jax_suites
+
+
+def test_the_rebinding_line_follows_the_imports_and_rebinds_the_neutral_names(tmp_path):
+    runner = _runner()
+    source = runner._with_rebinding(SUITE)
+    lines = source.splitlines()
+    assert lines[7].startswith("import jax_suites") and lines[6].startswith("from jax._src")
+    path = tmp_path / "sample_suite_test.py"
+    path.write_text(source)
+    spec = importlib.util.spec_from_file_location("sample_suite_test", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.path.insert(0, str(CI))
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(CI))
+    assert module.jax.custom_vjp is jo.custom_vjp and module.jax.jit is jo.jit
+    assert module.jax.lax is jlax and module.lax is jlax
+    assert module.grad is jo.grad and module.jit is jo.jit
+    assert module.api.vmap is jo.vmap and module.api.device_put is jax.device_put
+    assert module.custom_derivatives.custom_jvp is jo.custom_jvp
+    assert module.custom_derivatives.SymbolicZero is jax.custom_derivatives.SymbolicZero
+    assert module.jax.custom_derivatives.closure_convert is jo.closure_convert
+    assert module.jax.numpy is jnp and module.jnp is jnp
+    assert isinstance(module.at_import, jo.custom_vjp), "module-level rules are neutral too"

@@ -1,0 +1,100 @@
+"""The rule parity cases again, under JAX's next custom-derivative implementation.
+
+JAX is moving ``jax.custom_vjp`` to ``custom_vjp3`` (flag ``jax_custom_vjp3``, with
+``upgrade=True``: it becomes the default one day) and will do the same for ``custom_jvp``
+(``jax_custom_jvp3``). Under the flag ``jax.custom_vjp(f)`` returns a different object, with
+other attributes and a ``defvjp`` that returns the rule. Every case of
+``test_parity_rules`` runs here with each flag this JAX has turned on (and put back after
+the module), idle, under pass-through stacks and under every adapter.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+
+import jax
+import pytest
+
+import jaxoverride as jo
+from _parity import (
+    ALL_MODES,
+    JAX,
+    active,
+    adapter_parity_tests,
+    assert_same_errors,
+    parity_tests,
+)
+from test_parity_rules import CASES, _sin_times, _sin_times_bwd, _sin_times_fwd, rule_errors
+
+NEXT_FLAGS = tuple(
+    flag for flag in ("jax_custom_vjp3", "jax_custom_jvp3") if flag in jax.config.values
+)
+"""The flags of JAX's next custom-rule implementation that this JAX has."""
+
+pytestmark = pytest.mark.skipif(not NEXT_FLAGS, reason="this JAX has no custom_vjp3/custom_jvp3")
+
+
+@pytest.fixture(autouse=True, scope="module")
+def next_custom_rules() -> Iterator[None]:
+    """Turns on every flag of ``NEXT_FLAGS`` for this module; puts back what was there."""
+    before = {flag: jax.config.values[flag] for flag in NEXT_FLAGS}
+    for flag in NEXT_FLAGS:
+        jax.config.update(flag, True)
+    try:
+        yield
+    finally:
+        for flag, value in before.items():
+            jax.config.update(flag, value)
+        jax.clear_caches()
+
+
+# The NNX adapter lifts each rule through ``jax.custom_vjp``'s ``nondiff_argnums``, which
+# ``custom_vjp3`` lacks: that adapter's rule lifting is another piece of work.
+_NNX_READS_NONDIFF_ARGNUMS = (
+    "the NNX adapter reads custom_vjp3's missing nondiff_argnums (AttributeError)"
+)
+KNOWN = {
+    ("nnx_track", case.id): _NNX_READS_NONDIFF_ARGNUMS
+    for case in CASES
+    if "custom_vjp" in case.uses
+}
+
+test_parity_next = parity_tests(CASES)
+test_parity_next_under_adapter = adapter_parity_tests(CASES, KNOWN)
+
+
+def test_the_flag_is_on_and_jax_returns_its_next_object():
+    assert "jax_custom_vjp3" in NEXT_FLAGS
+    assert not isinstance(jax.custom_vjp(_sin_times), jax.custom_vjp)
+
+
+@pytest.mark.parametrize("mode", [mode for mode in ALL_MODES if mode != "nnx_track"])
+def test_construction_and_definition_keep_jaxs_api(mode):
+    with active(mode):
+        ours = jo.custom_vjp(_sin_times, nondiff_argnums=(1,))
+        returned = ours.defvjp(_sin_times_fwd, _sin_times_bwd)
+    theirs = jax.custom_vjp(_sin_times, nondiff_argnums=(1,))
+    assert returned is ours  # custom_vjp3.defvjp returns the rule, for chaining
+    assert theirs.defvjp(_sin_times_fwd, _sin_times_bwd) is theirs
+    assert ours.nondiff_argnums == (1,)
+    assert (ours.fwd, ours.bwd) == (theirs.fwd, theirs.bwd)
+    assert ours.__name__ == theirs.__name__ == "_sin_times"
+
+
+def _without_addresses(errors):
+    """``custom_vjp3`` names a rule by its repr, address included, and ``rule_errors`` makes
+    new lambdas on every call."""
+    return [
+        None if error is None else (error[0], re.sub(r" at 0x[0-9a-f]+", "", error[1]))
+        for error in errors
+    ]
+
+
+@pytest.mark.parametrize("mode", [mode for mode in ALL_MODES if mode != "nnx_track"])
+def test_errors_inside_the_rules_are_jaxs(mode):
+    expected = _without_addresses(rule_errors(JAX))
+    with active(mode):
+        actual = _without_addresses(rule_errors(jo))
+    assert_same_errors(actual, expected, mode)
+    assert None not in expected
