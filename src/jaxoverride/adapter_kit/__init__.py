@@ -4,3 +4,5 @@ For adapter authors, not for library or model authors. An adapter imports the pu
 core (``jaxoverride``), this kit and its own framework, and nothing from
 ``jaxoverride._*``.
 """
+
+from jaxoverride.adapter_kit._frameworks import declare_handler as declare_handler
