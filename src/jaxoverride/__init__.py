@@ -36,6 +36,7 @@ from jaxoverride._context import (
     override_context as override_context,
     uninstall as uninstall,
 )
+from jaxoverride._detect import set_adapter_check as set_adapter_check
 from jaxoverride._dispatch import next_impl as next_impl, resolve as resolve
 from jaxoverride._import_hook import (
     ImportInterposition as ImportInterposition,
@@ -85,6 +86,7 @@ __all__ = [
     "remat",
     "resolve",
     "reuse_jit",
+    "set_adapter_check",
     "shard_map",
     "uninstall",
     "value_and_grad",
