@@ -48,6 +48,7 @@ from jaxoverride._introspect import Stack as Stack, current_stack as current_sta
 from jaxoverride._jitapi import jit_api as jit_api, reuse_jit as reuse_jit
 from jaxoverride._names import OVERRIDEABLE as OVERRIDEABLE
 from jaxoverride._neutral import NeutralRule as NeutralRule, Transformed as Transformed
+from jaxoverride._selfcheck import self_check as self_check
 
 __version__ = "0.1.0"
 
@@ -86,6 +87,7 @@ __all__ = [
     "remat",
     "resolve",
     "reuse_jit",
+    "self_check",
     "set_adapter_check",
     "shard_map",
     "uninstall",

@@ -6,3 +6,8 @@ core (``jaxoverride``), this kit and its own framework, and nothing from
 """
 
 from jaxoverride.adapter_kit._frameworks import declare_handler as declare_handler
+from jaxoverride.adapter_kit._raw import (
+    SOLVER_LIBRARIES as SOLVER_LIBRARIES,
+    interpose_fix as interpose_fix,
+    raw_import_time_transforms as raw_import_time_transforms,
+)

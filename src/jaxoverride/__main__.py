@@ -1,0 +1,7 @@
+"""``python -m jaxoverride``: the self-check; see ``jaxoverride.self_check``."""
+
+import sys
+
+from jaxoverride._selfcheck import main
+
+sys.exit(main())
