@@ -223,6 +223,7 @@ def test_nnx_write_without_track_names_track_not_the_bare_error():
         jlax.scan(bump, 0, length=3)
     assert "jaxoverride_nnx.track(count)" in str(info.value)
     assert isinstance(info.value.__cause__, flax_errors.TraceContextError)
+    assert isinstance(info.value, flax_errors.TraceContextError)  # old handlers still catch it
     assert int(count[...]) == 0
 
 

@@ -115,8 +115,6 @@ class Trace:
         # The core refuses, unchanged, an exit across another entered context.
         self._context.__exit__(*exc_info)
         _SESSION.reset(stack.pop())
-        if not stack and exc_info[0] is None:
-            _warn_unreached()
         if not stack and exc_info[0] is None and not self.calls:
             warnings.warn(
                 NothingTracedWarning(
@@ -127,6 +125,8 @@ class Trace:
                 ),
                 stacklevel=2,
             )
+        if not stack and exc_info[0] is None:
+            _warn_unreached()
 
     def __call__(self, fn: F) -> F:
         """Decorates ``fn`` so that each of its calls runs inside this trace."""

@@ -215,6 +215,13 @@ def _trace_context_error() -> type[BaseException] | None:
     return getattr(errors, "TraceContextError", None) if errors is not None else None
 
 
+@functools.cache
+def _write_error(trace_context_error: type[BaseException]) -> type[MissingAdapterError]:
+    """``MissingAdapterError`` that is also Flax's ``TraceContextError``, so handlers
+    written for the error it replaces still catch it; made only once Flax is imported."""
+    return type("MissingAdapterError", (MissingAdapterError, trace_context_error), {})
+
+
 def _run_checked(
     name: str,
     run: Callable[..., Any],
@@ -238,7 +245,7 @@ def _run_checked(
         out = run(*args, **kwargs)
     except BaseException as error:
         if trace_context_error is not None and isinstance(error, trace_context_error):
-            raise MissingAdapterError(
+            raise _write_error(trace_context_error)(
                 f"jaxoverride.{name} ran a function that writes a Variable of the NNX state "
                 f"it captures ({_describe(captured)}), which raw JAX cannot thread, and no "
                 f"NNX adapter is active. Fix: {_track_fix(captured)}.{_HATCH}"

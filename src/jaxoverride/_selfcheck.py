@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import importlib
-import importlib.metadata
 import importlib.util
-import platform
 import sys
 from collections.abc import Sequence
 
@@ -36,6 +34,8 @@ ADAPTERS = (
 
 
 def _version(distribution: str) -> str:
+    import importlib.metadata  # here, not at import: it costs ``import jaxoverride`` time
+
     try:
         return importlib.metadata.version(distribution)
     except importlib.metadata.PackageNotFoundError:
@@ -52,6 +52,8 @@ def _findable(module: str) -> bool:
 
 
 def _versions() -> list[str]:
+    import platform
+
     lines = [f"  python {platform.python_version()}"]
     for distribution, module in DISTRIBUTIONS:
         imported = " (imported)" if module in sys.modules else ""
