@@ -287,13 +287,17 @@ def run_call(
 
 
 class TransformCheck:
-    """What a neutral transform built where the check applies checks at each call."""
+    """What a neutral transform built where the check applies checks at each call.
 
-    __slots__ = ("captured", "name")
+    It keeps no captured object: what the function captures is looked up again at each
+    call (a module replaced in a closure is seen; a deleted one is not kept alive).
+    """
 
-    def __init__(self, name: str, captured: Captured):
+    __slots__ = ("fun", "name")
+
+    def __init__(self, name: str, fun: Any):
         self.name = name
-        self.captured = captured
+        self.fun = fun  # the transform's state holds it already
 
     def run(
         self,
@@ -304,9 +308,8 @@ class TransformCheck:
     ) -> Any:
         if not enabled:
             return target(*args, **kwargs)
-        return _run_checked(
-            self.name, target, args, kwargs, snapshot, self.captured, (args, kwargs)
-        )
+        captured = captured_state(self.fun)
+        return _run_checked(self.name, target, args, kwargs, snapshot, captured, (args, kwargs))
 
 
 def transform_check(name: str, fun: Any) -> TransformCheck | None:
@@ -315,9 +318,8 @@ def transform_check(name: str, fun: Any) -> TransformCheck | None:
     Called only while ``watching()``; a transform built inside a framework scope or over
     captured NNX state gets one.
     """
-    captured = captured_state(fun)
-    if captured or any(framework.inside() for framework in SCOPED):
-        return TransformCheck(name, captured)
+    if captured_state(fun) or any(framework.inside() for framework in SCOPED):
+        return TransformCheck(name, fun)
     return None
 
 
