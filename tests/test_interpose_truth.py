@@ -122,3 +122,44 @@ def test_debug_trace_warns_about_raw_import_time_transforms():
         """
     )
     assert out.strip() == "ok"
+
+
+def test_never_interposed_solver_under_haiku_install_is_caught_with_the_fix():
+    """optimistix never interposed, jaxoverride_haiku.install() active: its import-time
+    eqx.filter_jit creates the parameters under a raw trace. Init now raises, naming the
+    packages and interpose_on_import, instead of returning tracers as parameters."""
+    out = _run(
+        """
+        import jax, jax.numpy as jnp, haiku as hk
+        import optimistix as optx
+        import jaxoverride as jo, jaxoverride_haiku
+        from jaxoverride import _stack
+
+        def forward(x):
+            layer = hk.Linear(2, w_init=hk.initializers.RandomNormal(0.1), name="cell")
+            solver = optx.FixedPointIteration(rtol=1e-6, atol=1e-6)
+            fun = lambda z, _: jnp.tanh(layer(z) + x)
+            return optx.fixed_point(fun, solver, jnp.zeros(2), max_steps=200, throw=False).value
+
+        model = hk.transform(forward)
+        jaxoverride_haiku.install()
+        try:
+            model.init(jax.random.PRNGKey(0), jnp.ones(2))
+        except jo.errors.MissingAdapterError as error:
+            message = str(error)
+        else:
+            raise AssertionError("tracers leaked out of init silently")
+        assert "interpose_on_import(" in message and "'optimistix'" in message, message
+        assert "'equinox'" in message, message
+        assert _stack.context_snapshot() is _stack.ROOT  # the scope was left
+        # What raw JAX gets right under install() still runs: a plain model, jit of apply.
+        plain = hk.transform(lambda x: hk.Linear(2)(x))
+        params = plain.init(jax.random.PRNGKey(0), jnp.ones(2))
+        jax.jit(lambda p, xs: jax.vmap(lambda x: plain.apply(p, None, x))(xs))(
+            params, jnp.ones((3, 2))
+        )
+        jaxoverride_haiku.uninstall()
+        print("ok")
+        """
+    )
+    assert out.strip() == "ok"

@@ -6,6 +6,10 @@ core (``jaxoverride``), this kit and its own framework, and nothing from
 """
 
 from jaxoverride.adapter_kit._frameworks import declare_handler as declare_handler
+from jaxoverride.adapter_kit._leaks import (
+    escaped_tracers as escaped_tracers,
+    raw_transform_error as raw_transform_error,
+)
 from jaxoverride.adapter_kit._raw import (
     SOLVER_LIBRARIES as SOLVER_LIBRARIES,
     interpose_fix as interpose_fix,
