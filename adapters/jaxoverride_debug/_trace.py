@@ -10,7 +10,9 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypeVar
 
 import jaxoverride as jo
+from jaxoverride import adapter_kit
 from jaxoverride._names import check_name
+from jaxoverride.errors import ImportOrderWarning
 from jaxoverride_debug._layer import _SESSION, Config, Session, context_for
 from jaxoverride_debug._progress import require_tqdm
 from jaxoverride_debug._record import Call
@@ -118,11 +120,13 @@ class Trace:
                 NothingTracedWarning(
                     "jaxoverride_debug.trace() recorded no call: nothing that ran inside it "
                     "called the neutral API. A library that calls jax.jit / jax.lax directly "
-                    "is invisible until it is interposed: jaxoverride.interpose(module), or "
-                    "jaxoverride.interpose(package, recursive=True)."
+                    "is invisible until it is interposed: jaxoverride.interpose_on_import("
+                    "'package') before its first import, or jaxoverride.interpose(module)."
                 ),
                 stacklevel=2,
             )
+        if not stack and exc_info[0] is None:
+            _warn_unreached()
 
     def __call__(self, fn: F) -> F:
         """Decorates ``fn`` so that each of its calls runs inside this trace."""
@@ -140,6 +144,29 @@ class Trace:
 
     def __repr__(self) -> str:
         return f"<jaxoverride_debug.trace {self._context.name}: {len(self.calls)} calls>"
+
+
+_reported: set[tuple[str, ...]] = set()
+
+
+def _warn_unreached() -> None:
+    """Warns, once per set of packages, about imported solver libraries whose import-time
+    transforms are raw JAX: their calls never reach the trace, or any adapter."""
+    held = adapter_kit.raw_import_time_transforms()
+    key = tuple(sorted(held))
+    if not held or key in _reported:
+        return
+    _reported.add(key)
+    counts = ", ".join(f"{package!r} {len(names)}" for package, names in held.items())
+    warnings.warn(
+        ImportOrderWarning(
+            "jaxoverride_debug.trace(): imported libraries hold transforms they built with "
+            f"raw JAX while they were imported ({counts}); calls inside those are invisible "
+            "to the trace and to every adapter. Fix: call "
+            f"{adapter_kit.interpose_fix(list(held))}."
+        ),
+        stacklevel=3,
+    )
 
 
 def _check_names(names: Iterable[str] | None) -> frozenset[str] | None:

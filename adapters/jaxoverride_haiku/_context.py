@@ -8,6 +8,7 @@ from typing import Any
 from haiku._src import base
 
 import jaxoverride as jo
+from jaxoverride import adapter_kit
 from jaxoverride_haiku import _control, _convert, _jit, _mapped, _rules, _transforms
 
 _OVERRIDES = {
@@ -85,11 +86,22 @@ def _enter_transform(context: base.HaikuContext) -> base.HaikuContext:
     return result
 
 
+def _escaped_state() -> int:
+    """How many of the ending transform's parameters and state values a raw JAX transform
+    left as tracers of a trace that has ended (see ``adapter_kit.escaped_tracers``)."""
+    frame = base.current_frame()
+    return len(adapter_kit.escaped_tracers((frame.params, frame.state)))
+
+
 def _exit_transform(context: base.HaikuContext, *exc_info: Any) -> None:
     global _open_scopes
     stack = _thread_scopes()
+    escaped = 0
     try:
         if stack and stack[-1][0] is context:
+            if exc_info[0] is None:
+                # A library never interposed ran Haiku code inside its raw transform.
+                escaped = _escaped_state()
             _, scope = stack.pop()
             with _lock:
                 _open_scopes -= 1
@@ -98,6 +110,8 @@ def _exit_transform(context: base.HaikuContext, *exc_info: Any) -> None:
             scope.__exit__(None, None, None)
     finally:
         _haiku_exit(context, *exc_info)
+    if escaped:
+        raise adapter_kit.raw_transform_error("Haiku", "hk.transform", escaped)
 
 
 def context() -> jo.OverrideContext:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from jaxoverride import adapter_kit
 from jaxoverride_nnx import _context
 from jaxoverride_nnx._graph import is_graph_object
 from jaxoverride_nnx._scope import ACTIVE, Scope, Tracked
@@ -160,3 +161,12 @@ def tracked_variables() -> list[tuple[str, Any]]:
     if tracked is None:
         return []
     return [(tracked.path(i), v) for i, v in enumerate(tracked.variables)]
+
+
+def _is_tracked(obj: Any) -> bool:
+    """Whether the active track scope threads ``obj`` (for the missing-adapter check)."""
+    tracked: Tracked | None = ACTIVE.get()
+    return tracked is not None and tracked.contains(obj)
+
+
+adapter_kit.declare_handler("nnx", "jaxoverride_nnx", covers=_is_tracked)

@@ -36,6 +36,7 @@ from jaxoverride._context import (
     override_context as override_context,
     uninstall as uninstall,
 )
+from jaxoverride._detect import set_adapter_check as set_adapter_check
 from jaxoverride._dispatch import next_impl as next_impl, resolve as resolve
 from jaxoverride._import_hook import (
     ImportInterposition as ImportInterposition,
@@ -47,6 +48,7 @@ from jaxoverride._introspect import Stack as Stack, current_stack as current_sta
 from jaxoverride._jitapi import jit_api as jit_api, reuse_jit as reuse_jit
 from jaxoverride._names import OVERRIDEABLE as OVERRIDEABLE
 from jaxoverride._neutral import NeutralRule as NeutralRule, Transformed as Transformed
+from jaxoverride._selfcheck import self_check as self_check
 
 
 def _installed_version() -> str:
@@ -96,6 +98,8 @@ __all__ = [
     "remat",
     "resolve",
     "reuse_jit",
+    "self_check",
+    "set_adapter_check",
     "shard_map",
     "uninstall",
     "value_and_grad",

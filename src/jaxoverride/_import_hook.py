@@ -29,6 +29,7 @@ import jax
 
 from jaxoverride import _interpose, lax as neutral_lax
 from jaxoverride._interpose import ORIGINALS, Interposition, bind_module, neutral_jax
+from jaxoverride._raw import unreachable_transforms as unreachable_transforms
 
 # The ``__import__`` that ours chains to: whatever was current when ours was installed (a
 # profiler's or a lazy importer's hook, say), so that it keeps running and is put back.
@@ -123,7 +124,14 @@ class _RecordingLoader(importlib.abc.Loader):
             for handle in _handles:
                 if handle._watches(module.__name__):
                     adopt = frozenset(ORIGINALS) if module.__name__ in _served else frozenset()
+                    known = len(handle._interposition.precompiled)
                     bind_module(module, handle._interposition, adopt)
+                    # A package not watched (equinox, for optimistix) built these.
+                    _interpose.warn_unreachable(
+                        handle._interposition.precompiled[known:],
+                        "jaxoverride.interpose_on_import",
+                        stacklevel=2,
+                    )
 
 
 class _Finder(importlib.abc.MetaPathFinder):
@@ -200,6 +208,12 @@ class ImportInterposition:
     def rebound(self) -> dict[str, list[str]]:
         return self._interposition.rebound
 
+    @property
+    def precompiled(self) -> list[str]:
+        """Transforms that modules of the packages hold, built with raw JAX while they were
+        imported (by a package not watched, such as ``equinox`` for ``optimistix``)."""
+        return self._interposition.precompiled
+
     def _watches(self, module_name: str) -> bool:
         return self._active and any(
             module_name == p or module_name.startswith(p + ".") for p in self.packages
@@ -258,41 +272,6 @@ def _check_name(name: object) -> str:
             name=name,
         )
     return name
-
-
-def _holds_raw_transform(value: Any) -> bool:
-    if type(value).__name__ == "PjitFunction" or isinstance(
-        value, (jax.custom_vjp, jax.custom_jvp)
-    ):
-        return True
-    state = getattr(value, "__dict__", None)
-    if isinstance(value, (type, types.ModuleType)) or not isinstance(state, dict):
-        return False
-    return any(type(inner).__name__ == "PjitFunction" for inner in state.values())
-
-
-def _defined_in(value: Any, packages: Iterable[str]) -> bool:
-    module = getattr(getattr(value, "__wrapped__", value), "__module__", None)
-    return isinstance(module, str) and any(
-        module == p or module.startswith(p + ".") for p in packages
-    )
-
-
-def unreachable_transforms(packages: Sequence[str]) -> list[str]:
-    """``module.attribute`` of every transform the already-imported ``packages`` built with
-    raw JAX at import time (a ``jax.jit`` function, an ``eqx.filter_jit`` wrapper, a
-    ``jax.custom_vjp``), which rebinding globals cannot reach."""
-    found = []
-    # Copies, not iteration, of dicts another thread may change (see _interpose._submodules).
-    for name, module in sys.modules.copy().items():
-        if not isinstance(module, types.ModuleType) or not any(
-            name == p or name.startswith(p + ".") for p in packages
-        ):
-            continue
-        for attribute, value in vars(module).copy().items():
-            if _holds_raw_transform(value) and _defined_in(value, packages):
-                found.append(f"{name}.{attribute}")
-    return sorted(set(found))
 
 
 def _by_package(found: list[str], packages: Sequence[str]) -> str:

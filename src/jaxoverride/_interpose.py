@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 import threading
 import types
+import warnings
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -12,8 +13,9 @@ from typing import Any
 import jax
 import jax.lax
 
-from jaxoverride import _api, _lax, lax as neutral_lax
+from jaxoverride import _api, _lax, _raw, lax as neutral_lax
 from jaxoverride._names import JAX_IMPLS
+from jaxoverride.errors import ImportOrderWarning
 
 
 class _NeutralJax(types.ModuleType):
@@ -69,9 +71,12 @@ class Interposition:
 
     Attributes:
       rebound: ``{module name: [attribute, ...]}`` that now refer to the neutral API.
-      precompiled: ``module.attribute`` names holding functions that ``jax.jit`` compiled
-        when the module was imported. Interposition cannot reach inside them: they keep
-        calling raw JAX until the module is re-imported while interposed.
+      precompiled: ``module.attribute`` names holding transforms that the package built
+        with raw JAX when it was imported (``jax.jit`` functions, ``eqx.filter_jit``
+        wrappers, ``jax.custom_vjp`` / ``custom_jvp`` objects): the same list that
+        ``ImportOrderError`` gives for the package. Interposition cannot reach inside
+        them: they keep calling raw JAX until the package is imported under
+        ``interpose_on_import``.
 
     Example:
       >>> import jaxoverride as jo
@@ -127,8 +132,26 @@ def _submodules(module: types.ModuleType) -> Iterable[types.ModuleType]:
             yield candidate
 
 
-def _is_precompiled(value: Any) -> bool:
-    return type(value).__name__ == "PjitFunction"
+def _is_precompiled(value: Any, target: types.ModuleType) -> bool:
+    package = target.__name__.partition(".")[0]
+    return _raw.holds_raw_transform(value) and _raw.defined_in(value, (package,))
+
+
+def warn_unreachable(found: list[str], where: str, stacklevel: int) -> None:
+    """Warns that ``found`` raw import-time transforms stay out of reach."""
+    if not found:
+        return
+    packages = sorted({name.partition(".")[0] for name in found})
+    shown = ", ".join(found[:3]) + (", ..." if len(found) > 3 else "")
+    warnings.warn(
+        ImportOrderWarning(
+            f"{where}: {', '.join(map(repr, packages))} holds {len(found)} transform(s) built "
+            f"with raw JAX while it was imported ({shown}); rebinding cannot reach them, so "
+            "they keep calling raw JAX and adapters do not apply inside them. Fix: call "
+            f"{_raw.fix_for([*packages, *_raw.builders(found)])}."
+        ),
+        stacklevel=stacklevel,
+    )
 
 
 def bind_module(
@@ -153,7 +176,7 @@ def bind_module(
             binding = _Binding(target, attribute, original, value)
             _bindings[(id(target), attribute)] = binding
         else:
-            if _is_precompiled(value):
+            if _is_precompiled(value, target):
                 handle.precompiled.append(f"{target.__name__}.{attribute}")
             continue
         relevant = True
@@ -179,8 +202,9 @@ def interpose(module: types.ModuleType, *, recursive: bool = False) -> Interposi
 
     Returns:
       An ``Interposition`` handle: use it as a context manager to restore the module on
-      exit, or call ``restore()``. ``precompiled`` lists functions that were compiled
-      with ``jax.jit`` at import time and so stay out of reach.
+      exit, or call ``restore()``. ``precompiled`` lists the transforms the package built
+      with raw JAX at import time, which stay out of reach; an ``ImportOrderWarning``
+      names them and the ``interpose_on_import`` call that reaches them.
 
     Raises:
       TypeError: ``module`` is not a module object.
@@ -234,4 +258,5 @@ def interpose(module: types.ModuleType, *, recursive: bool = False) -> Interposi
             f"{where}. Interpose the submodule that calls jax (see the functions' "
             "__module__), or pass recursive=True for a package."
         )
+    warn_unreachable(handle.precompiled, "jaxoverride.interpose", stacklevel=3)
     return handle

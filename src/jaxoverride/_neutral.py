@@ -17,7 +17,7 @@ import weakref
 from collections.abc import Callable, Sequence
 from typing import Any, Generic, TypeVar, cast
 
-from jaxoverride import _stack
+from jaxoverride import _detect, _stack
 from jaxoverride._compat import rule_nondiff_argnums
 from jaxoverride._dispatch import dispatch
 from jaxoverride._stack import ROOT, effective_snapshot
@@ -37,13 +37,24 @@ def _doc(name: str, default: Callable[..., Any], when: str) -> str:
     return _NOTE.format(path=path, name=name, when=when) + inspect.cleandoc(default.__doc__ or "")
 
 
+def _dispatch_to(snapshot: _stack.Snapshot, name: str, *args: Any, **kwargs: Any) -> Any:
+    return dispatch(snapshot, name, args, kwargs)
+
+
 def neutral_call(name: str, default: F) -> F:
     """Builds the neutral version of a JAX function that runs at once (a call)."""
 
     def call(*args: Any, **kwargs: Any) -> Any:
         if _stack.idle:
+            if _detect.watching():
+                return _detect.run_call(name, default, args, kwargs, ROOT)
             return default(*args, **kwargs)
-        return dispatch(effective_snapshot(), name, args, kwargs)
+        snapshot = effective_snapshot()
+        if _detect.watching():
+            return _detect.run_call(
+                name, functools.partial(_dispatch_to, snapshot, name), args, kwargs, snapshot
+            )
+        return dispatch(snapshot, name, args, kwargs)
 
     call.__name__ = default.__name__
     call.__qualname__ = name
@@ -56,7 +67,17 @@ def neutral_call(name: str, default: F) -> F:
 class _TransformState:
     """Everything a ``Transformed`` needs off its fast path; it never refers back strongly."""
 
-    __slots__ = ("args", "builds", "default", "fun", "kwargs", "name", "owner", "plain")
+    __slots__ = (
+        "args",
+        "builds",
+        "check",
+        "default",
+        "fun",
+        "kwargs",
+        "name",
+        "owner",
+        "plain",
+    )
 
     def __init__(
         self,
@@ -75,6 +96,8 @@ class _TransformState:
         self.plain = plain
         self.builds: dict[_stack.Snapshot, Callable[..., Any]] = {}
         self.owner: weakref.ref[Transformed] | None = None
+        # Set where the missing-adapter check applies; such a wrapper never goes fast.
+        self.check: _detect.TransformCheck | None = None
 
     def target(self) -> Callable[..., Any]:
         """The transformed function for the stack active here and now."""
@@ -98,6 +121,16 @@ def _slow_target(state: _TransformState) -> Callable[..., Any]:
     info and errors, and that name must stay the user's function.
     """
     plain, builds, build = state.plain, state.builds, state.build
+    check = state.check
+    if check is not None:
+
+        def checked_call(*args: Any, **kwargs: Any) -> Any:
+            snapshot = effective_snapshot()
+            target = plain if snapshot is ROOT else builds.get(snapshot) or build(snapshot)
+            return check.run(target, snapshot, args, kwargs)
+
+        checked_call.__wrapped__ = plain  # type: ignore[attr-defined]
+        return checked_call
 
     def slow_call(*args: Any, **kwargs: Any) -> Any:
         # Hot while any override is alive anywhere: no extra frame unless guards exist.
@@ -158,7 +191,9 @@ class Transformed(functools.partial):  # type: ignore[type-arg]
                 attributes[attribute] = value
         attributes["__wrapped__"] = getattr(plain, "__wrapped__", fun)
         attributes["_jaxoverride_state"] = state
-        if not _stack.register_fast(self):
+        if _detect.watching():
+            state.check = _detect.transform_check(name, fun)
+        if state.check is not None or not _stack.register_fast(self):
             self._switch_to_slow()
         return self
 
@@ -167,8 +202,8 @@ class Transformed(functools.partial):  # type: ignore[type-arg]
         self.__setstate__((_slow_target(state), (), None, self.__dict__))
 
     def _switch_to_fast(self) -> None:
-        if _stack.register_fast(self):
-            state: _TransformState = self.__dict__["_jaxoverride_state"]
+        state: _TransformState = self.__dict__["_jaxoverride_state"]
+        if state.check is None and _stack.register_fast(self):
             self.__setstate__((state.plain, (), None, self.__dict__))
 
     def __get__(self, instance: object, owner: type | None = None) -> Any:

@@ -17,6 +17,7 @@ from __future__ import annotations
 __all__ = [
     "ClosedOverDifferentiationError",
     "DifferentiatedStateError",
+    "ImportOrderWarning",
     "JaxoverrideError",
     "MissingAdapterError",
     "MissingAdapterWarning",
@@ -62,3 +63,13 @@ class MissingAdapterError(JaxoverrideError, RuntimeError):
 
 class MissingAdapterWarning(UserWarning):
     """Like :class:`MissingAdapterError`, where the program may still be right."""
+
+
+class ImportOrderWarning(UserWarning):
+    """An interposition reached a package that holds transforms it built with raw JAX
+    while it was imported, which no rebinding can reach.
+
+    They keep calling raw JAX, so adapters do not apply inside them. The message names
+    the packages, how many such transforms each holds, and the ``interpose_on_import``
+    call, made before their first import, that makes them neutral.
+    """

@@ -1,0 +1,328 @@
+"""The missing-adapter check: a neutral function met framework state no adapter handles.
+
+What it catches, once a framework is imported and no adapter that handles it is active:
+
+- Haiku and Flax Linen: a neutral function run inside ``hk.transform`` or a bound Linen
+  module that leaves tracers in the framework's parameters, state or RNG (the body
+  created a parameter or wrote state under a raw JAX trace). Reads are harmless, so a
+  neutral call that only reads runs as JAX.
+- Flax NNX: a neutral transform whose function captures NNX modules or Variables and is
+  jitted (weights baked in as constants) or differentiated with respect to NNX state
+  (the captured copy gets a zero gradient); a write to a captured Variable (Flax's bare
+  ``TraceContextError``) is re-raised with the fix; under ``track`` a captured module
+  the tracked set does not contain is refused.
+
+Idle cost: neutral calls (``lax.scan`` and friends, which trace) pay one ``sys.modules``
+look-up per framework. A neutral transform pays only at creation, and is given a checked
+target only if it was created inside a framework scope or captures NNX state; every
+other ``jo.jit`` keeps JAX's own dispatch.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+import types
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from jaxoverride import _frameworks, _stack
+from jaxoverride._frameworks import ALL, MODULES, NNX, SCOPED, Framework
+from jaxoverride.errors import MissingAdapterError
+
+ENV_VAR = "JAXOVERRIDE_ADAPTER_CHECK"
+_OFF = {"0", "false", "off", "no"}
+enabled = os.environ.get(ENV_VAR, "1").strip().lower() not in _OFF
+
+# Names whose silent failure with captured NNX state is a wrong result, not an error.
+_BAKES = frozenset({"jit", "pmap"})
+_DIFFERENTIATES = frozenset(
+    {"grad", "value_and_grad", "jacfwd", "jacrev", "hessian", "jvp", "vjp", "linearize"}
+)
+_SEARCH_DEPTH = 3
+_SEARCH_LIMIT = 512  # objects visited per search: a bound, not a tuning knob
+
+
+def set_adapter_check(on: bool) -> bool:
+    """Turns the missing-adapter check on or off for the whole process.
+
+    The check raises ``jaxoverride.errors.MissingAdapterError`` when a neutral function
+    meets Haiku, Flax Linen or Flax NNX state that no active adapter handles, which would
+    otherwise give a silently wrong result. Turn it off only for a program that means
+    it; the environment variable ``JAXOVERRIDE_ADAPTER_CHECK=0`` does the same at start-up.
+
+    Args:
+      on: whether the check runs.
+
+    Returns:
+      Whether it ran before this call.
+
+    Example:
+      >>> import jaxoverride as jo
+      >>> previous = jo.set_adapter_check(False)
+      >>> jo.set_adapter_check(previous)
+      False
+    """
+    global enabled
+    if not isinstance(on, bool):
+        raise TypeError(f"jaxoverride.set_adapter_check expects True or False, got {on!r}.")
+    previous, enabled = enabled, on
+    return previous
+
+
+def watching() -> bool:
+    """Whether the check has anything to look at: it is on and a framework is imported."""
+    if not enabled:
+        return False
+    modules = sys.modules
+    return any(name in modules for name in MODULES)
+
+
+_HATCH = (
+    " If the program means this, turn the check off with jaxoverride.set_adapter_check(False) "
+    f"or the environment variable {ENV_VAR}=0."
+)
+
+
+def _handled(framework: Framework, snapshot: _stack.Snapshot) -> bool:
+    return any(layer.label in framework.labels for layer in snapshot.layers)
+
+
+def _covered(framework: Framework, value: Any) -> bool:
+    predicates = _frameworks.covers.get(framework.key)
+    return not predicates or any(predicate(value) for predicate in predicates)
+
+
+def _values_of(fun: Any, label: str = "the function") -> Iterator[tuple[str, Any]]:
+    """``(name, value)`` for what ``fun`` reaches without being called: closure cells, the
+    globals its code names, defaults, partial arguments, a bound method's object, items of
+    lists and dicts among them; nested functions too, to a fixed depth."""
+    pending: list[tuple[Any, int, str]] = [(fun, 0, label)]
+    seen: set[int] = set()
+    while pending and len(seen) < _SEARCH_LIMIT:
+        value, depth, name = pending.pop()
+        if id(value) in seen:
+            continue
+        seen.add(id(value))
+        yield name, value
+        if depth >= _SEARCH_DEPTH:
+            continue
+        inner: list[tuple[str, Any]] = []
+        if isinstance(value, functools.partial):
+            inner = [("partial", item) for item in (value.func, *value.args)]
+            inner += list(value.keywords.items())
+        elif isinstance(value, types.MethodType):
+            inner = [("self", value.__self__), (name, value.__func__)]
+        elif isinstance(value, types.FunctionType):
+            cells = value.__closure__ or ()
+            for free, cell in zip(value.__code__.co_freevars, cells, strict=False):
+                try:
+                    inner.append((free, cell.cell_contents))
+                except ValueError:  # an empty cell
+                    pass
+            inner += [("default", item) for item in value.__defaults__ or ()]
+            inner += list((value.__kwdefaults__ or {}).items())
+            names_of = value.__globals__
+            codes = [value.__code__]
+            while codes:
+                code = codes.pop()
+                inner += [(n, names_of[n]) for n in code.co_names if n in names_of]
+                codes += [c for c in code.co_consts if isinstance(c, types.CodeType)]
+            wrapped = getattr(value, "__wrapped__", None)
+            if wrapped is not None:
+                inner.append((name, wrapped))
+        elif isinstance(value, (list, tuple)):
+            inner = [(f"{name}[{i}]", item) for i, item in enumerate(value[:64])]
+        elif isinstance(value, dict):
+            inner = [(f"{name}[{k!r}]", item) for k, item in list(value.items())[:64]]
+        pending += [
+            (item, depth + 1, key) for key, item in inner if not isinstance(item, types.ModuleType)
+        ]
+
+
+Captured = list[tuple[str, Any]]
+
+
+def captured_state(fun: Any) -> Captured:
+    """``(name, object)`` for the NNX modules and Variables that ``fun`` captures (empty
+    while NNX is not imported)."""
+    if NNX.loaded() is None:
+        return []
+    return [(name, value) for name, value in _values_of(fun) if NNX.is_state(value)]
+
+
+def _holds_state(values: Any) -> bool:
+    if NNX.loaded() is None:
+        return False
+    return any(NNX.is_state(value) for _, value in _values_of(values))
+
+
+def _describe(captured: Captured) -> str:
+    shown = [f"`{name}` ({type(value).__name__})" for name, value in captured[:4]]
+    return ", ".join(shown) + (", ..." if len(captured) > 4 else "")
+
+
+def _track_fix(captured: Captured, also: str = "") -> str:
+    roots = dict.fromkeys(name.split("[", 1)[0] for name, _ in captured)
+    names = [n if n.isidentifier() else "model" for n in roots]
+    return f"`with jaxoverride_nnx.track({also}{', '.join(dict.fromkeys(names))}):` around the call"
+
+
+def _raise(framework: Framework, what: str, name: str) -> None:
+    raise MissingAdapterError(
+        f"jaxoverride.{name} met {framework.title}, and no adapter that handles "
+        f"{framework.key} is active: {what} Fix: {framework.fix}.{_HATCH}"
+    )
+
+
+def _untracked(captured: Captured) -> Captured:
+    return [(name, value) for name, value in captured if not _covered(NNX, value)]
+
+
+def _nnx_refusal(
+    name: str, captured: Captured, snapshot: _stack.Snapshot, differentiated: Any
+) -> str | None:
+    """Why running ``name`` over captured NNX state would be silently wrong, if it would."""
+    if not captured:
+        return None
+    if _handled(NNX, snapshot):
+        untracked = _untracked(captured)
+        if untracked:
+            return (
+                f"the function captures {_describe(untracked)}, which the active track scope "
+                "does not hold, so its weights would be baked in or its gradient lost. Fix: "
+                f"track it too, {_track_fix(untracked, 'model, ')}."
+            )
+        return None
+    if name in _BAKES:
+        return (
+            f"the function captures {_describe(captured)}; jax.{name} would bake their "
+            "current weights in as constants and keep returning them after they change. "
+            f"Fix: {_track_fix(captured)}."
+        )
+    if name in _DIFFERENTIATES and _holds_state(differentiated):
+        return (
+            f"the function captures {_describe(captured)} and is differentiated with respect "
+            "to NNX state; the captured copy is not the one being differentiated, so its "
+            f"gradient would be silently zero. Fix: {_track_fix(captured)}."
+        )
+    return None
+
+
+def _trace_context_error() -> type[BaseException] | None:
+    errors = sys.modules.get("flax.errors")
+    return getattr(errors, "TraceContextError", None) if errors is not None else None
+
+
+@functools.cache
+def _write_error(trace_context_error: type[BaseException]) -> type[MissingAdapterError]:
+    """``MissingAdapterError`` that is also Flax's ``TraceContextError``, so handlers
+    written for the error it replaces still catch it; made only once Flax is imported."""
+    return type("MissingAdapterError", (MissingAdapterError, trace_context_error), {})
+
+
+def _run_checked(
+    name: str,
+    run: Callable[..., Any],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    snapshot: _stack.Snapshot,
+    captured: Captured,
+    differentiated: Any,
+) -> Any:
+    nnx_handled = bool(captured) and _handled(NNX, snapshot)
+    # Under an NNX adapter its own, more precise errors (a write to an untracked module)
+    # come first, so the refusal waits until the call has run.
+    if not nnx_handled:
+        refusal = _nnx_refusal(name, captured, snapshot, differentiated)
+        if refusal is not None:
+            raise MissingAdapterError(f"jaxoverride.{name} met {NNX.title}: {refusal}{_HATCH}")
+    scopes = [f for f in SCOPED if f.inside() and not _handled(f, snapshot)]
+    before = {f.key: f.state_leaves() for f in scopes}
+    trace_context_error = _trace_context_error() if captured and not nnx_handled else None
+    try:
+        out = run(*args, **kwargs)
+    except BaseException as error:
+        if trace_context_error is not None and isinstance(error, trace_context_error):
+            raise _write_error(trace_context_error)(
+                f"jaxoverride.{name} ran a function that writes a Variable of the NNX state "
+                f"it captures ({_describe(captured)}), which raw JAX cannot thread, and no "
+                f"NNX adapter is active. Fix: {_track_fix(captured)}.{_HATCH}"
+            ) from error
+        raise
+    if nnx_handled:
+        refusal = _nnx_refusal(name, captured, snapshot, differentiated)
+        if refusal is not None:
+            raise MissingAdapterError(f"jaxoverride.{name} met {NNX.title}: {refusal}{_HATCH}")
+    for framework in scopes:
+        leaked = _frameworks.new_tracers(before[framework.key], framework.state_leaves())
+        if leaked:
+            _raise(
+                framework,
+                "the function created parameters or wrote state under a raw JAX trace, so "
+                f"{len(leaked)} of them would be tracers (the first use then fails far from "
+                "here, or the result is silently wrong).",
+                name,
+            )
+    return out
+
+
+def run_call(
+    name: str,
+    run: Callable[..., Any],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    snapshot: _stack.Snapshot,
+) -> Any:
+    """Runs a neutral call (``lax.scan``, ``jvp``, ...) under the check."""
+    captured: Captured = []
+    # Under an NNX adapter, control flow threads what it reaches itself: no search.
+    if NNX.loaded() is not None and not _handled(NNX, snapshot):
+        for value in (*args, *kwargs.values()):
+            if callable(value) and not isinstance(value, type):
+                captured += captured_state(value)
+    # A call's first argument is the function; what it differentiates comes after.
+    return _run_checked(name, run, args, kwargs, snapshot, captured, (args[1:], kwargs))
+
+
+class TransformCheck:
+    """What a neutral transform built where the check applies checks at each call.
+
+    It keeps no captured object: what the function captures is looked up again at each
+    call (a module replaced in a closure is seen; a deleted one is not kept alive).
+    """
+
+    __slots__ = ("fun", "name")
+
+    def __init__(self, name: str, fun: Any):
+        self.name = name
+        self.fun = fun  # the transform's state holds it already
+
+    def run(
+        self,
+        target: Callable[..., Any],
+        snapshot: _stack.Snapshot,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+    ) -> Any:
+        if not enabled:
+            return target(*args, **kwargs)
+        captured = captured_state(self.fun)
+        return _run_checked(self.name, target, args, kwargs, snapshot, captured, (args, kwargs))
+
+
+def transform_check(name: str, fun: Any) -> TransformCheck | None:
+    """The check a new ``jaxoverride.<name>(fun)`` needs, or None for JAX's own dispatch.
+
+    Called only while ``watching()``; a transform built inside a framework scope or over
+    captured NNX state gets one.
+    """
+    if captured_state(fun) or any(framework.inside() for framework in SCOPED):
+        return TransformCheck(name, fun)
+    return None
+
+
+def frameworks() -> dict[str, Framework]:
+    """The frameworks the check knows, by key."""
+    return dict(ALL)

@@ -1,0 +1,104 @@
+"""Finding the transforms a package built with raw JAX while it was imported.
+
+``jax.jit`` objects, ``eqx.filter_jit`` wrappers (which hold one) and ``jax.custom_vjp`` /
+``custom_jvp`` objects made by a module's body keep calling raw JAX whatever is rebound
+later: ``ImportOrderError``, ``Interposition.precompiled``, the warnings of ``interpose``
+and ``interpose_on_import`` and ``python -m jaxoverride`` all list them with this one test.
+"""
+
+from __future__ import annotations
+
+import sys
+import types
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import jax
+
+# The libraries the self-check and the debug trace look at when asked for no package.
+SOLVER_LIBRARIES = ("equinox", "optimistix", "lineax", "diffrax", "jaxopt", "optax")
+
+
+def _is_jit(value: Any) -> bool:
+    return type(value).__name__ == "PjitFunction"
+
+
+def holds_raw_transform(value: Any) -> bool:
+    """Whether ``value`` is, or directly holds, a transform built with raw JAX."""
+    if _is_jit(value) or isinstance(value, (jax.custom_vjp, jax.custom_jvp)):
+        return True
+    state = getattr(value, "__dict__", None)
+    if isinstance(value, (type, types.ModuleType)) or not isinstance(state, dict):
+        return False
+    return any(_is_jit(inner) for inner in state.values())
+
+
+def within(module_name: str, packages: Iterable[str]) -> bool:
+    return any(module_name == p or module_name.startswith(p + ".") for p in packages)
+
+
+def defined_in(value: Any, packages: Iterable[str]) -> bool:
+    """Whether ``value`` (or what it wraps) was defined in one of ``packages``."""
+    module = getattr(getattr(value, "__wrapped__", value), "__module__", None)
+    return isinstance(module, str) and within(module, packages)
+
+
+def builder(value: Any) -> str | None:
+    """The top-level package whose code built the raw transform ``value`` holds, when that
+    is not the package that defined the function (``eqx.filter_jit`` builds optimistix's)."""
+    if _is_jit(value) or isinstance(value, (jax.custom_vjp, jax.custom_jvp)):
+        return None
+    module = type(value).__module__
+    return module.partition(".")[0] if isinstance(module, str) else None
+
+
+def module_transforms(module: types.ModuleType, packages: Sequence[str]) -> list[str]:
+    """``module.attribute`` of each raw import-time transform of ``module`` defined in
+    ``packages``."""
+    return [
+        f"{module.__name__}.{attribute}"
+        for attribute, value in vars(module).copy().items()
+        if holds_raw_transform(value) and defined_in(value, packages)
+    ]
+
+
+def unreachable_transforms(packages: Sequence[str]) -> list[str]:
+    """``module.attribute`` of every transform the already-imported ``packages`` built with
+    raw JAX at import time, which rebinding globals cannot reach."""
+    found = []
+    # Copies, not iteration, of dicts another thread may change (see _interpose._submodules).
+    for name, module in sys.modules.copy().items():
+        if isinstance(module, types.ModuleType) and within(name, packages):
+            found += module_transforms(module, packages)
+    return sorted(set(found))
+
+
+def builders(found: Iterable[str]) -> list[str]:
+    """The packages whose code built the transforms named in ``found``."""
+    names = set()
+    for dotted in found:
+        module_name, _, attribute = dotted.rpartition(".")
+        module = sys.modules.get(module_name)
+        name = builder(getattr(module, attribute, None)) if module is not None else None
+        if name is not None:
+            names.add(name)
+    return sorted(names)
+
+
+def held_by_imported(packages: Sequence[str] = SOLVER_LIBRARIES) -> dict[str, list[str]]:
+    """``{package: [module.attribute, ...]}`` for each imported package of ``packages``
+    that holds raw import-time transforms."""
+    held = {}
+    for package in packages:
+        if package in sys.modules:
+            found = unreachable_transforms([package])
+            if found:
+                held[package] = found
+    return held
+
+
+def fix_for(packages: Iterable[str]) -> str:
+    """The call that makes ``packages`` (and the packages that build their transforms)
+    neutral from their first import."""
+    names = ", ".join(repr(p) for p in sorted(set(packages)))
+    return f"jaxoverride.interpose_on_import({names}) before their first import"

@@ -1,0 +1,180 @@
+"""``self_check()`` and ``python -m jaxoverride``: what is installed, active and interposed."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import sys
+from collections.abc import Sequence
+
+from jaxoverride import _detect, _import_hook, _interpose, _introspect, _raw
+
+# (distribution, import name) of what the report shows the versions of.
+DISTRIBUTIONS = (
+    ("jaxoverride", "jaxoverride"),
+    ("jax", "jax"),
+    ("jaxlib", "jaxlib"),
+    ("flax", "flax"),
+    ("dm-haiku", "haiku"),
+    ("equinox", "equinox"),
+    ("optimistix", "optimistix"),
+    ("lineax", "lineax"),
+    ("diffrax", "diffrax"),
+    ("jaxopt", "jaxopt"),
+    ("optax", "optax"),
+)
+ADAPTERS = (
+    "jaxoverride_plain",
+    "jaxoverride_haiku",
+    "jaxoverride_nnx",
+    "jaxoverride_linen",
+    "jaxoverride_dag",
+    "jaxoverride_debug",
+)
+
+
+def _version(distribution: str) -> str:
+    import importlib.metadata  # here, not at import: it costs ``import jaxoverride`` time
+
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def _findable(module: str) -> bool:
+    if module in sys.modules:
+        return True
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def _versions() -> list[str]:
+    import platform
+
+    lines = [f"  python {platform.python_version()}"]
+    for distribution, module in DISTRIBUTIONS:
+        imported = " (imported)" if module in sys.modules else ""
+        lines.append(f"  {distribution} {_version(distribution)}{imported}")
+    return lines
+
+
+def _adapters() -> list[str]:
+    stack = _introspect.current_stack()
+    lines = []
+    for adapter in ADAPTERS:
+        if adapter in sys.modules:
+            state = "imported"
+        elif _findable(adapter):
+            state = "available, not imported"
+        else:
+            state = "not found"
+        layers = [layer for layer in stack.layers if layer.label == adapter]
+        if layers:
+            state += "; " + ", ".join(layer.source for layer in layers)
+        lines.append(f"  {adapter}: {state}")
+    others = [layer for layer in stack.layers if layer.label not in ADAPTERS]
+    lines += [f"  {layer.label}: {layer.source}" for layer in others]
+    return lines
+
+
+def _interposed() -> list[str]:
+    with _interpose._lock:
+        modules = sorted({binding.module.__name__ for binding in _interpose._bindings.values()})
+        watched = sorted(_import_hook._watched)
+    lines = [f"  interpose_on_import watches: {', '.join(watched) or 'nothing'}"]
+    packages = sorted({name.partition(".")[0] for name in modules})
+    for package in packages:
+        count = sum(name.partition(".")[0] == package for name in modules)
+        lines.append(f"  {package}: {count} module(s) rebound")
+    if not packages:
+        lines.append("  no module is rebound")
+    return lines
+
+
+def _raw_transforms(packages: Sequence[str]) -> list[str]:
+    held = _raw.held_by_imported(tuple(packages))
+    if not held:
+        imported = [p for p in packages if p in sys.modules]
+        if imported:
+            return [f"  none: {', '.join(imported)} hold no raw import-time transform"]
+        return ["  none of the solver libraries is imported in this process"]
+    lines = []
+    for package, names in held.items():
+        shown = ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
+        lines.append(f"  {package}: {len(names)} ({shown})")
+    builders = _raw.builders([name for names in held.values() for name in names])
+    lines.append(
+        "  These keep calling raw JAX: adapters do not apply inside them. Fix: call "
+        f"{_raw.fix_for([*held, *builders])}, at the top of the program."
+    )
+    return lines
+
+
+def _check() -> list[str]:
+    state = "on" if _detect.enabled else "off"
+    return [
+        f"  {state} (jaxoverride.set_adapter_check(...), or {_detect.ENV_VAR}=0 to turn it off)"
+    ]
+
+
+def self_check(packages: Sequence[str] | None = None) -> str:
+    """A report of this process: versions, adapters, interposition, raw transforms.
+
+    ``python -m jaxoverride`` prints it for a fresh process; call this from a program to
+    see the program's own state at that point. Versions come from package metadata, so
+    nothing is imported to report them.
+
+    Args:
+      packages: the solver libraries to look for raw import-time transforms in (only
+        those already imported are looked at); by default equinox, optimistix, lineax,
+        diffrax, jaxopt and optax.
+
+    Returns:
+      The report, one section per heading.
+
+    Example:
+      >>> import jaxoverride as jo
+      >>> report = jo.self_check()
+      >>> report.splitlines()[0]
+      'jaxoverride self-check'
+      >>> "Adapters" in report and "Missing-adapter check" in report
+      True
+    """
+    names = _raw.SOLVER_LIBRARIES if packages is None else tuple(packages)
+    sections = [
+        ("Versions (from package metadata)", _versions()),
+        ("Adapters", _adapters()),
+        ("Missing-adapter check", _check()),
+        ("Interposed packages", _interposed()),
+        ("Raw import-time transforms in imported solver libraries", _raw_transforms(names)),
+    ]
+    lines = ["jaxoverride self-check"]
+    for title, body in sections:
+        lines += ["", title + ":", *body]
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m jaxoverride [--import PACKAGE ...]``: prints ``self_check()``.
+
+    ``--import`` imports packages first, as a program would, to see what they hold.
+    """
+    arguments = list(sys.argv[1:] if argv is None else argv)
+    to_import: list[str] = []
+    while arguments:
+        argument = arguments.pop(0)
+        if argument in ("-h", "--help"):
+            print(main.__doc__)
+            return 0
+        if argument == "--import" and arguments:
+            to_import.append(arguments.pop(0))
+            continue
+        print(f"python -m jaxoverride: unknown argument {argument!r}; see --help.")
+        return 2
+    for name in to_import:
+        importlib.import_module(name)
+    print(self_check())
+    return 0
