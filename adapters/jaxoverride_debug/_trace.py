@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypeVar
 
 import jaxoverride as jo
-from jaxoverride._names import check_name
+from jaxoverride.adapter_kit import check_name
 from jaxoverride_debug._layer import _SESSION, Config, Session, context_for
 from jaxoverride_debug._progress import require_tqdm
 from jaxoverride_debug._record import Call

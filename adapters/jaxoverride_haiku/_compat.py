@@ -1,6 +1,7 @@
 """Every JAX difference across the supported range that the Haiku adapter meets, in one place.
 
-(JAX differences shared with other packages are in ``jaxoverride._compat``.)
+(JAX differences shared with other packages are in the core's compat module; adapters
+reach them through ``jaxoverride.adapter_kit``.)
 
 - ``resolve_argnums``: JAX's private ``api_util.resolve_argnums`` returns the donated
   positions counted among the *dynamic* arguments in JAX 0.8 (it rebases them past the

@@ -8,40 +8,45 @@ from typing import Any
 from haiku._src import base
 
 import jaxoverride as jo
+from jaxoverride import adapter_kit as kit
 from jaxoverride_haiku import _control, _convert, _jit, _mapped, _rules, _transforms
 
-_OVERRIDES = {
-    "jit": _jit.jit,
-    "vmap": _transforms.vmap,
-    "pmap": _mapped.pmap,
-    "shard_map": _mapped.shard_map,
-    "grad": _transforms.grad,
-    "value_and_grad": _transforms.value_and_grad,
-    "jacfwd": _transforms.jacfwd,
-    "jacrev": _transforms.jacrev,
-    "hessian": _transforms.hessian,
-    "checkpoint": _transforms.checkpoint,
-    "remat": _transforms.remat,
-    "jvp": _transforms.jvp,
-    "vjp": _transforms.vjp,
-    "linearize": _transforms.linearize,
-    "eval_shape": _transforms.eval_shape,
-    "lax.scan": _control.scan,
-    "lax.while_loop": _control.while_loop,
-    "lax.fori_loop": _control.fori_loop,
-    "lax.cond": _control.cond,
-    "lax.switch": _control.switch,
-    "lax.map": _control.map,
-    "closure_convert": _convert.closure_convert,
-    "make_jaxpr": _convert.make_jaxpr,
-    "lax.custom_root": _convert.custom_root,
-    "lax.custom_linear_solve": _convert.custom_linear_solve,
-    "custom_vjp": _rules.custom_vjp,
-    "custom_jvp": _rules.custom_jvp,
-}
+# Every overridable name is Haiku-aware; nothing passes through.
+TABLE = kit.OverrideTable(
+    "jaxoverride_haiku",
+    {
+        "jit": _jit.jit,
+        "vmap": _transforms.vmap,
+        "pmap": _mapped.pmap,
+        "shard_map": _mapped.shard_map,
+        "grad": _transforms.grad,
+        "value_and_grad": _transforms.value_and_grad,
+        "jacfwd": _transforms.jacfwd,
+        "jacrev": _transforms.jacrev,
+        "hessian": _transforms.hessian,
+        "checkpoint": _transforms.checkpoint,
+        "remat": _transforms.remat,
+        "jvp": _transforms.jvp,
+        "vjp": _transforms.vjp,
+        "linearize": _transforms.linearize,
+        "eval_shape": _transforms.eval_shape,
+        "lax.scan": _control.scan,
+        "lax.while_loop": _control.while_loop,
+        "lax.fori_loop": _control.fori_loop,
+        "lax.cond": _control.cond,
+        "lax.switch": _control.switch,
+        "lax.map": _control.map,
+        "closure_convert": _convert.closure_convert,
+        "make_jaxpr": _convert.make_jaxpr,
+        "lax.custom_root": _convert.custom_root,
+        "lax.custom_linear_solve": _convert.custom_linear_solve,
+        "custom_vjp": _rules.custom_vjp,
+        "custom_jvp": _rules.custom_jvp,
+    },
+)
 
 # One layer for the whole process: re-entering it finds the builds made for it before.
-_CONTEXT = jo.override_context(_OVERRIDES, name="jaxoverride_haiku")
+_CONTEXT = TABLE.context()
 
 _lock = threading.Lock()
 _installation: jo.Installation | None = None

@@ -21,9 +21,9 @@ from typing import Any
 from haiku._src import base, stateful
 
 import jaxoverride as jo
+from jaxoverride.adapter_kit import zeros_for
 from jaxoverride_haiku._creation import init_safe_call
 from jaxoverride_haiku._frames import Threaded, state_usable
-from jaxoverride_plain import zeros_for
 
 
 class PureFunctionWriteError(RuntimeError):

@@ -42,6 +42,17 @@ import jax
 from haiku._src import base, data_structures, stateful
 
 import jaxoverride as jo
+from jaxoverride.adapter_kit import (
+    bwd_cotangents,
+    fwd_output_pair,
+    instantiate_zeros,
+    nondiff_positions,
+    perturbed_leaves,
+    positional_arguments,
+    shift_argnums,
+    unwrap_primals,
+    zero_tangents,
+)
 from jaxoverride_haiku._convert import pure_frame
 from jaxoverride_haiku._creation import init_safe_call
 from jaxoverride_haiku._frames import (
@@ -50,16 +61,6 @@ from jaxoverride_haiku._frames import (
     current_frame,
     new_parameters_error,
     state_usable,
-)
-from jaxoverride_plain import (
-    bwd_cotangents,
-    fwd_output_pair,
-    instantiate_zeros,
-    nondiff_positions,
-    perturbed_leaves,
-    positional_arguments,
-    unwrap_primals,
-    zero_tangents,
 )
 
 
@@ -336,9 +337,8 @@ class HaikuRule:
         self._fun = fun
         # Past the leading values argument; a negative position counts from the end, as
         # before (JAX then treats the argument as JAX does for the user's function).
-        self._lifted_nondiff = tuple(
-            n + 1 if n >= 0 else n
-            for n in nondiff_positions(fun, nondiff_argnums, nondiff_argnames)
+        self._lifted_nondiff = shift_argnums(
+            nondiff_positions(fun, nondiff_argnums, nondiff_argnames)
         )
         self._rule: tuple[Any, ...] | None = None
 

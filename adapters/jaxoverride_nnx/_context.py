@@ -5,9 +5,12 @@ from __future__ import annotations
 from typing import Any
 
 import jaxoverride as jo
+from jaxoverride import adapter_kit as kit
 from jaxoverride_nnx import _control, _convert, _jit, _mapped, _rules, _transforms
 
-_CONTEXT = jo.override_context(
+# Every overridable name is NNX-aware; nothing passes through.
+TABLE = kit.OverrideTable(
+    "jaxoverride_nnx",
     {
         "jit": _jit.jit,
         "vmap": _transforms.vmap,
@@ -37,8 +40,8 @@ _CONTEXT = jo.override_context(
         "lax.custom_linear_solve": _rules.custom_linear_solve,
         "make_jaxpr": _convert.make_jaxpr,
     },
-    name="jaxoverride_nnx",
 )
+_CONTEXT = TABLE.context()
 
 
 def context() -> jo.OverrideContext:

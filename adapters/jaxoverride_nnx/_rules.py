@@ -28,11 +28,7 @@ from jax._src.custom_derivatives import (
 )
 
 import jaxoverride as jo
-from jaxoverride_nnx._compat import chain_on_get_value
-from jaxoverride_nnx._errors import LevelError
-from jaxoverride_nnx._lift import changed, run_lifted, write_back
-from jaxoverride_nnx._scope import current
-from jaxoverride_plain import (
+from jaxoverride.adapter_kit import (
     bwd_cotangents,
     fwd_output_pair,
     instantiate_zeros,
@@ -40,6 +36,10 @@ from jaxoverride_plain import (
     positional_arguments,
     unwrap_primals,
 )
+from jaxoverride_nnx._compat import chain_on_get_value
+from jaxoverride_nnx._errors import LevelError
+from jaxoverride_nnx._lift import changed, run_lifted, write_back
+from jaxoverride_nnx._scope import current
 
 WHERE = "jaxoverride.custom_vjp"
 
