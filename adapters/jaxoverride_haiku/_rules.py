@@ -42,6 +42,7 @@ import jax
 from haiku._src import base, data_structures, stateful
 
 import jaxoverride as jo
+from jaxoverride import errors
 from jaxoverride.adapter_kit import (
     bwd_cotangents,
     fwd_output_pair,
@@ -64,8 +65,11 @@ from jaxoverride_haiku._frames import (
 )
 
 
-class ClosedOverDifferentiationError(ValueError):
+class ClosedOverDifferentiationError(errors.ClosedOverDifferentiationError):
     """A custom rule reads a Haiku parameter (or state) that is being differentiated.
+
+    The Haiku case of ``jaxoverride.errors.ClosedOverDifferentiationError``, which
+    catches it too (and its ``ValueError`` base).
 
     The rule gives gradients for its explicit arguments only, so the value would get a
     silently zero gradient. ``jaxoverride.closure_convert`` makes what a function reads
@@ -88,8 +92,10 @@ class ClosedOverDifferentiationError(ValueError):
     """
 
 
-class DifferentiatedStateError(ValueError):
+class DifferentiatedStateError(errors.DifferentiatedStateError):
     """State that came out of a custom rule is differentiated after it.
+
+    The Haiku case of ``jaxoverride.errors.DifferentiatedStateError``.
 
     The rule's ``bwd`` gives cotangents from that of the rule's output only, so the state
     would get a silently zero gradient.
@@ -134,13 +140,8 @@ _REFUSED: contextvars.ContextVar[tuple[str, frozenset[tuple[str, str]]]] = conte
 def _refuse_differentiated(next_getter: Any, value: Any, context: base.GetterContext) -> Any:
     where, names = _REFUSED.get()
     if (context.module_name, context.name) in names:
-        raise ClosedOverDifferentiationError(
-            f"{where}: the rule reads the Haiku value {context.full_name!r}, which is being "
-            "differentiated, without having it as an argument. A custom rule gives gradients "
-            "for its explicit arguments only, so it would get a silently zero gradient (JAX "
-            "refuses the same for a closed-over value). Pass it in: "
-            "jaxoverride.closure_convert(f, *example_args) hoists what f reads into explicit "
-            "arguments; or pass the parameters to the solver's solve/run call as arguments."
+        raise ClosedOverDifferentiationError.reading(
+            where, f"the Haiku value {context.full_name!r}"
         )
     return next_getter(value)
 

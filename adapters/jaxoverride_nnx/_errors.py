@@ -23,6 +23,7 @@ from flax.nnx.pytreelib import Pytree
 from flax.nnx.variablelib import Variable
 
 import jaxoverride
+from jaxoverride import errors
 from jaxoverride_nnx._graph import node_path
 
 if TYPE_CHECKING:
@@ -35,10 +36,11 @@ class _PlainError(TraceContextError):
         Exception.__init__(self, message)
 
 
-class UntrackedModuleError(_PlainError):
+class UntrackedModuleError(_PlainError, errors.UntrackedModuleError):
     """A module that is not tracked was mutated inside a neutral call: track it.
 
-    A subclass of Flax's ``TraceContextError``, so existing handlers still catch it.
+    A subclass of Flax's ``TraceContextError``, so existing handlers still catch it, and
+    of ``jaxoverride.errors.UntrackedModuleError``.
 
     Example:
       >>> import jax.numpy as jnp, jaxoverride as jo, jaxoverride_nnx
@@ -56,7 +58,7 @@ class UntrackedModuleError(_PlainError):
     """
 
 
-class StructureChangeError(ValueError):
+class StructureChangeError(errors.StructureChangeError):
     """Traced code tried to change the structure of a tracked module.
 
     Adding or replacing attributes, or changing the shape or dtype of a Variable, cannot
@@ -78,7 +80,7 @@ class StructureChangeError(ValueError):
     """
 
 
-class LevelError(_PlainError):
+class LevelError(_PlainError, errors.JaxoverrideError):
     """A tracked Variable was mutated inside a transform that this adapter does not manage.
 
     Raw ``jax.*`` and ``nnx.*`` transforms called inside a neutral call start a trace

@@ -7,7 +7,7 @@ functions in results, jaxprs and speed. Adapters (``jaxoverride_haiku``,
 stack and make the same calls stateful, init-safe or identity-preserving.
 """
 
-from jaxoverride import lax as lax
+from jaxoverride import errors as errors, lax as lax
 from jaxoverride._api import (
     checkpoint as checkpoint,
     closure_convert as closure_convert,
@@ -39,7 +39,6 @@ from jaxoverride._context import (
 from jaxoverride._dispatch import next_impl as next_impl, resolve as resolve
 from jaxoverride._import_hook import (
     ImportInterposition as ImportInterposition,
-    ImportOrderError as ImportOrderError,
     interpose_on_import as interpose_on_import,
 )
 from jaxoverride._interpose import Interposition as Interposition, interpose as interpose
@@ -47,6 +46,7 @@ from jaxoverride._introspect import Stack as Stack, current_stack as current_sta
 from jaxoverride._jitapi import jit_api as jit_api, reuse_jit as reuse_jit
 from jaxoverride._names import OVERRIDEABLE as OVERRIDEABLE
 from jaxoverride._neutral import NeutralRule as NeutralRule, Transformed as Transformed
+from jaxoverride.errors import ImportOrderError as ImportOrderError
 
 __version__ = "0.1.0"
 
@@ -65,6 +65,7 @@ __all__ = [
     "current_stack",
     "custom_jvp",
     "custom_vjp",
+    "errors",
     "eval_shape",
     "grad",
     "hessian",

@@ -40,10 +40,7 @@ Example:
   'lax.scan'
 """
 
-from jaxoverride._compat import (
-    get_opaque_trace_state as get_opaque_trace_state,
-    jit_name as jit_name,
-)
+from jaxoverride._compat import jit_name as jit_name
 from jaxoverride._names import (
     CALLS as CALLS,
     JAX_IMPLS as JAX_IMPLS,
@@ -87,6 +84,7 @@ from jaxoverride.adapter_kit._operands import (
 from jaxoverride.adapter_kit._position import (
     OverridePosition as OverridePosition,
     describe_impl as describe_impl,
+    get_opaque_trace_state as get_opaque_trace_state,
     override_position as override_position,
 )
 from jaxoverride.adapter_kit._replay import (

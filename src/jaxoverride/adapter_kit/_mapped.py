@@ -23,8 +23,9 @@ from jax.sharding import PartitionSpec
 
 Thunk = Callable[[], Any]
 
-# The default of ``jax.shard_map``'s ``in_specs`` (read each argument's spec off its sharding).
 INFER_SPECS: Any = inspect.signature(jax.shard_map).parameters["in_specs"].default
+"""The default of ``jax.shard_map``'s ``in_specs``: read each argument's spec off its
+sharding. An override of ``shard_map`` tests ``in_specs is INFER_SPECS``."""
 
 
 def _is_spec(node: Any) -> bool:

@@ -6,7 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from jaxoverride import _dispatch
+from jaxoverride import _compat, _dispatch
 from jaxoverride._introspect import _describe
 from jaxoverride._names import JAX_IMPLS, check_name
 
@@ -89,3 +89,28 @@ def describe_impl(impl: Callable[..., Any], name: str | None = None) -> str:
       'jax.lax.scan'
     """
     return _describe(impl, name)
+
+
+def get_opaque_trace_state(convention: str | None = None) -> Any:
+    """An opaque token of JAX's current trace, equal while the trace is the same.
+
+    A framework that keeps state per trace level (Haiku's frames) compares these to tell
+    whether it runs under the trace it was entered in. JAX's public
+    ``jax.extend.core.get_opaque_trace_state`` (``jax.core``'s before JAX 0.9).
+
+    Args:
+      convention: passed to JAX (Haiku passes ``"haiku"``).
+
+    Returns:
+      The token.
+
+    Example:
+      >>> import jax
+      >>> from jaxoverride.adapter_kit import get_opaque_trace_state
+      >>> outer = get_opaque_trace_state()
+      >>> inner = []
+      >>> _ = jax.jit(lambda x: inner.append(get_opaque_trace_state()) or x)(1.0)
+      >>> outer == get_opaque_trace_state(), outer == inner[0]
+      (True, False)
+    """
+    return _compat.get_opaque_trace_state(convention)
