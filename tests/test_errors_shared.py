@@ -78,16 +78,13 @@ def _nnx_pure_write():
 
 
 def _haiku_differentiated_state():
-    def f(x):
-        def primal(x):
-            hk.set_state("y", 3.0 * x)
-            return x
+    def writes_state(x):  # the primal of the rule, and its fwd
+        hk.set_state("y", 3.0 * x)
+        return x
 
-        g = jo.custom_vjp(primal)
-        g.defvjp(lambda x: (primal(x), None), lambda _, ct: (ct,))
-        return g(x) + hk.get_state("y", [], init=jnp.zeros)
-
-    model = hk.transform_with_state(f)
+    rule = jo.custom_vjp(writes_state)
+    rule.defvjp(lambda x: (writes_state(x), None), lambda _, ct: (ct,))
+    model = hk.transform_with_state(lambda x: rule(x) + hk.get_state("y", [], init=jnp.zeros))
     with joh.context():
         params, state = model.init(None, 1.0)
         jax.grad(lambda x: model.apply(params, state, None, x)[0])(1.0)

@@ -53,6 +53,7 @@ from jaxoverride.adapter_kit._adapter import (
     Adapter as Adapter,
     OverrideTable as OverrideTable,
     declared_adapters as declared_adapters,
+    overrides_in as overrides_in,
     unhandled_names as unhandled_names,
 )
 from jaxoverride.adapter_kit._argnums import (
@@ -140,6 +141,7 @@ __all__ = [
     "nondiff_positions",
     "output_shapes",
     "override_position",
+    "overrides_in",
     "perturbed_leaves",
     "positional_arguments",
     "raise_as_jax",

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Mapping
+from types import ModuleType
 from typing import Any, Protocol, runtime_checkable
 
 import jaxoverride as jo
@@ -137,6 +138,44 @@ class OverrideTable:
             f"OverrideTable({self.name!r}: {len(self.overrides)} overridden, "
             f"{len(self.passes_through)} passed through)"
         )
+
+
+def overrides_in(module: ModuleType, *names: str) -> dict[str, Callable[..., Any]]:
+    """``{name: implementation}`` for overrides named after their names in ``module``.
+
+    An adapter that keeps one module per kind of name (control flow, transforms, rules)
+    writes its table as one line per module: ``"lax.scan"`` is ``module.scan``,
+    ``"jit"`` is ``module.jit``.
+
+    Args:
+      module: the module that defines the implementations.
+      names: overridable names.
+
+    Returns:
+      A new dict, for ``OverrideTable``'s ``overrides``.
+
+    Raises:
+      ValueError: for a name that is not overridable.
+      AttributeError: for a name whose function ``module`` lacks.
+
+    Example:
+      >>> import types
+      >>> from jaxoverride import adapter_kit as kit
+      >>> control = types.ModuleType("control")
+      >>> control.scan = control.cond = print
+      >>> sorted(kit.overrides_in(control, "lax.scan", "lax.cond"))
+      ['lax.cond', 'lax.scan']
+    """
+    table: dict[str, Callable[..., Any]] = {}
+    for name in names:
+        attribute = check_name(name, where="overrides_in").removeprefix("lax.")
+        if not hasattr(module, attribute):
+            raise AttributeError(
+                f"overrides_in: {module.__name__} has no {attribute!r}, the override of "
+                f"{name!r}; define it there, or give the entry {{{name!r}: ...}} explicitly."
+            )
+        table[name] = getattr(module, attribute)
+    return table
 
 
 def unhandled_names(adapter: Adapter) -> frozenset[str]:

@@ -28,11 +28,7 @@ def as_index_tuple(value: int | Iterable[int] | None) -> tuple[int, ...]:
       >>> as_index_tuple(1), as_index_tuple([0, 2]), as_index_tuple(None)
       ((1,), (0, 2), ())
     """
-    if value is None:
-        return ()
-    if isinstance(value, int):
-        return (value,)
-    return tuple(int(i) for i in value)
+    return (value,) if isinstance(value, int) else tuple(int(i) for i in value or ())
 
 
 def as_name_tuple(value: str | Iterable[str] | None) -> tuple[str, ...]:
@@ -49,11 +45,7 @@ def as_name_tuple(value: str | Iterable[str] | None) -> tuple[str, ...]:
       >>> as_name_tuple("x"), as_name_tuple(["x", "y"]), as_name_tuple(None)
       (('x',), ('x', 'y'), ())
     """
-    if value is None:
-        return ()
-    if isinstance(value, str):
-        return (value,)
-    return tuple(value)
+    return (value,) if isinstance(value, str) else tuple(value or ())
 
 
 def infer_argnums_and_argnames(
