@@ -4,11 +4,18 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import jax
 
-from jaxoverride._names import CALLS, TRANSFORMS
+if TYPE_CHECKING:
+    from jaxoverride._signatures import (
+        EvalShape,
+        JitTransform,
+        SameParametersTransform,
+        SameTypeTransform,
+        ValueAndGradTransform,
+    )
 from jaxoverride._neutral import (
     NeutralRule,
     ReturnValue,
@@ -18,24 +25,27 @@ from jaxoverride._neutral import (
     neutral_transform,
 )
 
-jit = neutral_transform("jit", TRANSFORMS["jit"])
-vmap = neutral_transform("vmap", TRANSFORMS["vmap"])
-pmap = neutral_transform("pmap", TRANSFORMS["pmap"])
-grad = neutral_transform("grad", TRANSFORMS["grad"])
-value_and_grad = neutral_transform("value_and_grad", TRANSFORMS["value_and_grad"])
-jacfwd = neutral_transform("jacfwd", TRANSFORMS["jacfwd"])
-jacrev = neutral_transform("jacrev", TRANSFORMS["jacrev"])
-hessian = neutral_transform("hessian", TRANSFORMS["hessian"])
-checkpoint = neutral_transform("checkpoint", TRANSFORMS["checkpoint"])
-remat = neutral_transform("remat", TRANSFORMS["remat"])
-shard_map = neutral_transform("shard_map", TRANSFORMS["shard_map"])
-make_jaxpr = neutral_transform("make_jaxpr", TRANSFORMS["make_jaxpr"])
+# Each keeps the signature of the function it takes, for type checkers (``_signatures``).
+jit = cast("JitTransform", neutral_transform("jit", jax.jit))
+vmap = cast("SameTypeTransform", neutral_transform("vmap", jax.vmap))
+pmap = cast("SameParametersTransform", neutral_transform("pmap", jax.pmap))
+grad = cast("SameParametersTransform", neutral_transform("grad", jax.grad))
+value_and_grad = cast(
+    "ValueAndGradTransform", neutral_transform("value_and_grad", jax.value_and_grad)
+)
+jacfwd = cast("SameParametersTransform", neutral_transform("jacfwd", jax.jacfwd))
+jacrev = cast("SameParametersTransform", neutral_transform("jacrev", jax.jacrev))
+hessian = cast("SameParametersTransform", neutral_transform("hessian", jax.hessian))
+checkpoint = cast("SameTypeTransform", neutral_transform("checkpoint", jax.checkpoint))
+remat = cast("SameTypeTransform", neutral_transform("remat", jax.remat))
+shard_map = neutral_transform("shard_map", jax.shard_map)
+make_jaxpr = cast("SameParametersTransform", neutral_transform("make_jaxpr", jax.make_jaxpr))
 
-jvp = neutral_call("jvp", CALLS["jvp"])
-vjp = neutral_call("vjp", CALLS["vjp"])
-linearize = neutral_call("linearize", CALLS["linearize"])
-eval_shape = neutral_call("eval_shape", CALLS["eval_shape"])
-closure_convert = neutral_call("closure_convert", CALLS["closure_convert"])
+jvp = neutral_call("jvp", jax.jvp)
+vjp = neutral_call("vjp", jax.vjp)
+linearize = neutral_call("linearize", jax.linearize)
+eval_shape = cast("EvalShape", neutral_call("eval_shape", jax.eval_shape))
+closure_convert = neutral_call("closure_convert", jax.closure_convert)
 
 
 class custom_vjp(NeutralRule[ReturnValue]):  # noqa: N801  (JAX's name)

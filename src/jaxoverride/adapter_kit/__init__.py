@@ -58,7 +58,6 @@ from jaxoverride.adapter_kit._adapter import (
 )
 from jaxoverride.adapter_kit._argnums import (
     as_index_tuple as as_index_tuple,
-    as_name_tuple as as_name_tuple,
     infer_argnums_and_argnames as infer_argnums_and_argnames,
     shift_argnums as shift_argnums,
 )
@@ -120,7 +119,6 @@ __all__ = [
     "WrapperCache",
     "as_index_tuple",
     "as_jax_operands",
-    "as_name_tuple",
     "batched_map",
     "branch_error",
     "bwd_cotangents",

@@ -31,20 +31,7 @@ def as_index_tuple(value: int | Iterable[int] | None) -> tuple[int, ...]:
     return (value,) if isinstance(value, int) else tuple(int(i) for i in value or ())
 
 
-def as_name_tuple(value: str | Iterable[str] | None) -> tuple[str, ...]:
-    """``argnames`` as a tuple: a string becomes a one-tuple, ``None`` an empty one.
-
-    Args:
-      value: what the user passed as ``static_argnames``, ``donate_argnames`` ...
-
-    Returns:
-      A tuple of strings.
-
-    Example:
-      >>> from jaxoverride.adapter_kit import as_name_tuple
-      >>> as_name_tuple("x"), as_name_tuple(["x", "y"]), as_name_tuple(None)
-      (('x',), ('x', 'y'), ())
-    """
+def _as_name_tuple(value: str | Iterable[str] | None) -> tuple[str, ...]:
     return (value,) if isinstance(value, str) else tuple(value or ())
 
 
@@ -75,7 +62,7 @@ def infer_argnums_and_argnames(
       >>> infer_argnums_and_argnames(f, None, ("n", "mode"))
       ((1,), ('n', 'mode'))
     """
-    nums, names = as_index_tuple(argnums), as_name_tuple(argnames)
+    nums, names = as_index_tuple(argnums), _as_name_tuple(argnames)
     if (argnums is None) == (argnames is None) or not (nums or names):
         return nums, names
     try:
