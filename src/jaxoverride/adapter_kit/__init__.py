@@ -40,7 +40,7 @@ Example:
   'lax.scan'
 """
 
-from jaxoverride._compat import jit_name as jit_name
+from jaxoverride._compat import jit_name as jit_name, resolve_argnums as resolve_argnums
 from jaxoverride._names import (
     CALLS as CALLS,
     JAX_IMPLS as JAX_IMPLS,
@@ -143,6 +143,7 @@ __all__ = [
     "perturbed_leaves",
     "positional_arguments",
     "raise_as_jax",
+    "resolve_argnums",
     "shard_block_arguments",
     "shift_argnums",
     "split_batches",
