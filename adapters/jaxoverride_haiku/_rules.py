@@ -44,6 +44,7 @@ from haiku._src import base, data_structures, stateful
 import jaxoverride as jo
 from jaxoverride import errors
 from jaxoverride.adapter_kit import (
+    LiftedRule,
     bwd_cotangents,
     fwd_output_pair,
     instantiate_zeros,
@@ -316,7 +317,7 @@ def _run(rule: Any, call: _Call, args: tuple[Any, ...]) -> Any:
     return out
 
 
-class HaikuRule:
+class HaikuRule(LiftedRule):
     """What the Haiku override of ``custom_vjp``/``custom_jvp`` builds for one stack.
 
     Outside a transform (or where Haiku state is unusable) a call is a call of the rule
@@ -330,43 +331,12 @@ class HaikuRule:
         nondiff_argnums: Sequence[int] = (),
         nondiff_argnames: Sequence[str] = (),
     ):
-        below = jo.next_impl(name)
-        self._name = name
-        self._where = f"jaxoverride.{name}"
-        self._below = below
-        self._plain = below(fun, nondiff_argnums=nondiff_argnums, nondiff_argnames=nondiff_argnames)
-        self._fun = fun
+        super().__init__(name, fun, nondiff_argnums, nondiff_argnames)
         # Past the leading values argument; a negative position counts from the end, as
         # before (JAX then treats the argument as JAX does for the user's function).
         self._lifted_nondiff = shift_argnums(
             nondiff_positions(fun, nondiff_argnums, nondiff_argnames)
         )
-        self._rule: tuple[Any, ...] | None = None
-
-    def defvjp(
-        self,
-        fwd: Callable[..., Any],
-        bwd: Callable[..., Any],
-        symbolic_zeros: bool = False,
-        optimize_remat: bool = False,
-    ) -> None:
-        self._plain.defvjp(fwd, bwd, symbolic_zeros=symbolic_zeros, optimize_remat=optimize_remat)
-        self._rule = (fwd, bwd, symbolic_zeros, optimize_remat)
-
-    def defjvp(self, jvp: Callable[..., Any], symbolic_zeros: bool = False) -> Callable[..., Any]:
-        self._plain.defjvp(jvp, symbolic_zeros=symbolic_zeros)
-        self._rule = (jvp, symbolic_zeros)
-        return jvp
-
-    def defjvps(self, *jvps: Callable[..., Any] | None) -> None:
-        # JAX combines per-argument JVPs into one rule, which it keeps as ``.jvp``.
-        self._plain.defjvps(*jvps)
-        self._rule = (self._plain.jvp, False)
-
-    def __getattr__(self, attribute: str) -> Any:
-        if attribute.startswith("_"):
-            raise AttributeError(attribute)
-        return getattr(self._plain, attribute)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if self._rule is None or not state_usable():

@@ -16,7 +16,8 @@ needs lives here, once:
   :func:`check_name`;
 - where the running override sits in the stack (:func:`override_position`), and
   :func:`describe_impl`, :func:`jit_name` and ``get_opaque_trace_state``;
-- the arguments of lifted custom rules (:func:`positional_arguments`,
+- custom-rule lifting (:class:`LiftedRule`) and the arguments of lifted rules
+  (:func:`positional_arguments`,
   :func:`fwd_output_pair`, :func:`bwd_cotangents`, the symbolic-zero helpers);
 - argnum inference (:func:`infer_argnums_and_argnames`, :func:`shift_argnums`), a weak-keyed
   wrapper cache (:class:`WrapperCache`), the replay that raises JAX's own error
@@ -67,6 +68,7 @@ from jaxoverride.adapter_kit._batched_map import (
     split_batches as split_batches,
 )
 from jaxoverride.adapter_kit._cache import WrapperCache as WrapperCache
+from jaxoverride.adapter_kit._lifted_rule import LiftedRule as LiftedRule
 from jaxoverride.adapter_kit._mapped import (
     INFER_SPECS as INFER_SPECS,
     create_binding_axes as create_binding_axes,
@@ -114,6 +116,7 @@ __all__ = [
     "RULES",
     "TRANSFORMS",
     "Adapter",
+    "LiftedRule",
     "OverridePosition",
     "OverrideTable",
     "WrapperCache",
