@@ -35,6 +35,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import contextvars
+import functools
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -48,7 +49,6 @@ from jaxoverride.adapter_kit import (
     bwd_cotangents,
     fwd_output_pair,
     instantiate_zeros,
-    nondiff_positions,
     perturbed_leaves,
     positional_arguments,
     shift_argnums,
@@ -324,19 +324,11 @@ class HaikuRule(LiftedRule):
     below; inside, Haiku's values are lifted into an explicit argument (module docstring).
     """
 
-    def __init__(
-        self,
-        name: str,
-        fun: Callable[..., Any],
-        nondiff_argnums: Sequence[int] = (),
-        nondiff_argnames: Sequence[str] = (),
-    ):
-        super().__init__(name, fun, nondiff_argnums, nondiff_argnames)
+    @functools.cached_property
+    def _lifted_nondiff(self) -> tuple[int, ...]:
         # Past the leading values argument; a negative position counts from the end, as
         # before (JAX then treats the argument as JAX does for the user's function).
-        self._lifted_nondiff = shift_argnums(
-            nondiff_positions(fun, nondiff_argnums, nondiff_argnames)
-        )
+        return shift_argnums(self._nondiff)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if self._rule is None or not state_usable():

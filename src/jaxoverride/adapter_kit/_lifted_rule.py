@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import jaxoverride as jo
+from jaxoverride.adapter_kit._rule_args import nondiff_positions
 
 
 class LiftedRule:
@@ -31,6 +32,7 @@ class LiftedRule:
       _below: the implementation below (``jaxoverride.next_impl(name)`` at build time).
       _plain: the rule below, built on the user's function.
       _fun: the user's function.
+      _nondiff: the positions of its non-differentiable arguments, names resolved.
       _rule: the user's rule functions, or ``None`` before one is defined.
 
     Example:
@@ -64,6 +66,7 @@ class LiftedRule:
             fun, nondiff_argnums=nondiff_argnums, nondiff_argnames=nondiff_argnames
         )
         self._fun = fun
+        self._nondiff = nondiff_positions(fun, nondiff_argnums, nondiff_argnames)
         self._rule: tuple[Any, ...] | None = None
 
     def defvjp(
