@@ -17,18 +17,18 @@ needs lives here, once:
 - where the running override sits in the stack (:func:`override_position`), and
   :func:`describe_impl`, :func:`jit_name` and ``get_opaque_trace_state``;
 - custom-rule lifting (:class:`LiftedRule`) and the arguments of lifted rules
-  (:func:`positional_arguments`,
-  :func:`fwd_output_pair`, :func:`bwd_cotangents`, the symbolic-zero helpers);
-- argnum inference (:func:`infer_argnums_and_argnames`, :func:`shift_argnums`), a weak-keyed
-  wrapper cache (:class:`WrapperCache`), the replay that raises JAX's own error
-  (:func:`raise_as_jax`), batched ``lax.map`` (:func:`batched_map`) and the
-  ``NO_OPERAND`` sentinel;
+  (:func:`positional_arguments`, :func:`fwd_output_pair`, :func:`bwd_cotangents`, the
+  symbolic-zero helpers);
+- argnum inference (:func:`infer_argnums_and_argnames`, :func:`resolve_argnums`,
+  :func:`shift_argnums`), a weak-keyed wrapper cache (:class:`WrapperCache`), the replay
+  that raises JAX's own error (:func:`raise_as_jax`), batched ``lax.map``
+  (:func:`batched_map`) and the ``NO_OPERAND`` sentinel;
 - operands and mapped arguments as JAX hands them to a body (:func:`as_jax_operands`,
   :func:`unbatched_arguments`, :func:`shard_block_arguments`, ...).
 
 **Stability.** Semi-public, in the way ``equinox.internal`` is: every name here is
-documented and tested, and the adapters in this repository use nothing else, but it
-may change in a minor release, with a note in the changelog, when JAX or an adapter
+documented and tested, and the adapters in this repository reach the core's internals
+through nothing else, but it may change in a minor release, when JAX or an adapter
 needs it to. Pin jaxoverride's minor version if you ship an adapter outside this
 repository. Names not exported here (``jaxoverride.adapter_kit._*``) are private.
 
