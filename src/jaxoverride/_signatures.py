@@ -1,6 +1,6 @@
 """Static types of the neutral transforms: each keeps the signature of the function it takes.
 
-Only type checkers read these (``jaxoverride.jit`` is a ``cast`` to :class:`JitTransform`
+Only type checkers read these (``jaxoverride.jit`` is a ``cast`` to ``JitTransform``
 at runtime). ``jo.jit(f)`` is typed as taking ``f``'s parameters and returning ``f``'s
 result, with JAX's jitted API (``lower``, ``trace``, ``eval_shape``, ``clear_cache``);
 ``jo.vmap(f)`` and ``jo.checkpoint(f)`` keep ``f``'s type, as JAX's ``vmap`` does;

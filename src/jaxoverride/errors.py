@@ -1,7 +1,7 @@
 """The errors jaxoverride and its adapters raise, under one base class.
 
 Every error that jaxoverride raises for a misuse it can name is a
-:class:`JaxoverrideError`, so one ``except jaxoverride.errors.JaxoverrideError`` catches
+``JaxoverrideError``, so one ``except jaxoverride.errors.JaxoverrideError`` catches
 them all. Adapters raise these classes or subclass them: ``jaxoverride_haiku`` and
 ``jaxoverride_nnx`` keep their historical names (``jaxoverride_nnx.UntrackedModuleError``
 ...) as subclasses, so handlers written against either keep working.
@@ -96,7 +96,7 @@ class MissingAdapterError(JaxoverrideError, RuntimeError):
 
 
 class MissingAdapterWarning(UserWarning):
-    """Like :class:`MissingAdapterError`, where the program may still be right."""
+    """Like ``MissingAdapterError``, where the program may still be right."""
 
 
 class UntrackedModuleError(JaxoverrideError, RuntimeError):

@@ -9,22 +9,22 @@ An adapter imports the public core (``jaxoverride``), this kit, ``jaxoverride.er
 and its own framework, and nothing from ``jaxoverride._*``. What more than one adapter
 needs lives here, once:
 
-- the contract: :class:`Adapter` (which names an adapter overrides, which it passes
-  through to the layer below), :class:`OverrideTable` that declares it, and
-  :func:`unhandled_names`, which checks it;
+- the contract: ``Adapter`` (which names an adapter overrides, which it passes
+  through to the layer below), ``OverrideTable`` that declares it, and
+  ``unhandled_names``, which checks it;
 - the name tables (``TRANSFORMS``, ``RULES``, ``CALLS``, ``JAX_IMPLS``) and
-  :func:`check_name`;
-- where the running override sits in the stack (:func:`override_position`), and
-  :func:`describe_impl`, :func:`jit_name` and ``get_opaque_trace_state``;
-- custom-rule lifting (:class:`LiftedRule`) and the arguments of lifted rules
-  (:func:`positional_arguments`, :func:`fwd_output_pair`, :func:`bwd_cotangents`, the
+  ``check_name``;
+- where the running override sits in the stack (``override_position``), and
+  ``describe_impl``, ``jit_name`` and ``get_opaque_trace_state``;
+- custom-rule lifting (``LiftedRule``) and the arguments of lifted rules
+  (``positional_arguments``, ``fwd_output_pair``, ``bwd_cotangents``, the
   symbolic-zero helpers);
-- argnum inference (:func:`infer_argnums_and_argnames`, :func:`resolve_argnums`,
-  :func:`shift_argnums`), a weak-keyed wrapper cache (:class:`WrapperCache`), the replay
-  that raises JAX's own error (:func:`raise_as_jax`), batched ``lax.map``
-  (:func:`batched_map`) and the ``NO_OPERAND`` sentinel;
-- operands and mapped arguments as JAX hands them to a body (:func:`as_jax_operands`,
-  :func:`unbatched_arguments`, :func:`shard_block_arguments`, ...).
+- argnum inference (``infer_argnums_and_argnames``, ``resolve_argnums``,
+  ``shift_argnums``), a weak-keyed wrapper cache (``WrapperCache``), the replay
+  that raises JAX's own error (``raise_as_jax``), batched ``lax.map``
+  (``batched_map``) and the ``NO_OPERAND`` sentinel;
+- operands and mapped arguments as JAX hands them to a body (``as_jax_operands``,
+  ``unbatched_arguments``, ``shard_block_arguments``, ...).
 
 **Stability.** Semi-public, in the way ``equinox.internal`` is: every name here is
 documented and tested, and the adapters in this repository reach the core's internals

@@ -2,10 +2,10 @@
 
 An adapter that forgets a name does not fail: the neutral call falls through to the layer
 below (in the end, to JAX), which is a silent wrong result for a stateful framework. So
-each adapter declares its table as an :class:`OverrideTable`: the names it overrides, and
+each adapter declares its table as an ``OverrideTable``: the names it overrides, and
 the names it deliberately leaves to the layer below, each with the reason. The test suite
 checks every declared table against ``jaxoverride.OVERRIDEABLE`` with
-:func:`unhandled_names`, so a name added to the core fails until each adapter decides.
+``unhandled_names``, so a name added to the core fails until each adapter decides.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ class Adapter(Protocol):
     """What an adapter declares: which names it overrides, and which it passes through.
 
     The protocol (as optax's ``GradientTransformation`` is one for optimisers) that
-    :class:`OverrideTable` implements and the contract test checks. Every name of
+    ``OverrideTable`` implements and the contract test checks. Every name of
     ``jaxoverride.OVERRIDEABLE`` is in exactly one of ``overrides`` and
     ``passes_through``.
 
@@ -56,7 +56,7 @@ class OverrideTable:
 
     Building one checks the names and implementations (as ``override_context`` does) and
     that no name is both overridden and passed through, and records the table for
-    :func:`declared_adapters` under ``name`` (a later table of the same name replaces
+    ``declared_adapters`` under ``name`` (a later table of the same name replaces
     it). ``context()`` is the adapter's ``OverrideContext``, made once.
 
     Args:
@@ -182,7 +182,7 @@ def unhandled_names(adapter: Adapter) -> frozenset[str]:
     """The overridable names that ``adapter`` neither overrides nor passes through.
 
     Args:
-      adapter: an :class:`Adapter`, such as an :class:`OverrideTable`.
+      adapter: an ``Adapter``, such as an ``OverrideTable``.
 
     Returns:
       The names the adapter has not decided on; empty when it keeps the contract.

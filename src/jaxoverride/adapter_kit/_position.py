@@ -36,7 +36,7 @@ def override_position(name: str) -> OverridePosition:
       name: an overridable name, such as ``"lax.scan"``.
 
     Returns:
-      An :class:`OverridePosition`.
+      An ``OverridePosition``.
 
     Raises:
       RuntimeError: if no override is running in this thread or task.

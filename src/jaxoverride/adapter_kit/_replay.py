@@ -37,7 +37,8 @@ def raise_as_jax(raw: Callable[[], Any], error: BaseException) -> NoReturn:
       error: what the adapter raises when raw JAX accepts the call.
 
     Raises:
-      JAX's error, or ``error``.
+      TypeError: JAX's own, when raw JAX rejects the call (or ``ValueError``).
+      BaseException: ``error``, when raw JAX accepts the call or says nothing about it.
 
     Example:
       >>> import jax
