@@ -70,6 +70,7 @@ class WrapperCache(Generic[W]):
         try:
             table = self._tables.get(fns[0])
             full_key = (key, tuple(map(id, fns)))
+            hash(full_key)
             entry = None if table is None else table.get(full_key)
         except TypeError:  # not weakly referenceable, or an unhashable key: no cache
             return make(tuple(map(_strong, fns)))
