@@ -11,13 +11,19 @@ Run ``.venv/bin/python docs/gen_api.py`` after changing a public name or its doc
 
 from __future__ import annotations
 
+import ast
 import importlib
 import inspect
+import itertools
+import pkgutil
+from collections.abc import Mapping
 from pathlib import Path
 
 PACKAGES = [
     "jaxoverride",
     "jaxoverride.lax",
+    "jaxoverride.errors",
+    "jaxoverride.adapter_kit",
     "jaxoverride_plain",
     "jaxoverride_haiku",
     "jaxoverride_nnx",
@@ -46,15 +52,43 @@ def _first_paragraph(text: str) -> str:
     return " ".join(text.strip().split("\n\n")[0].split()).replace("``", "`")
 
 
+def _attribute_doc(package: str, name: str) -> str:
+    """The docstring written under ``name = ...`` in a module of ``package``'s distribution
+    (a constant, which has no ``__doc__`` of its own)."""
+    root = importlib.import_module(package.split(".")[0])
+    names = [root.__name__]
+    names += [info.name for info in pkgutil.walk_packages(root.__path__, root.__name__ + ".")]
+    for module_name in names:
+        source = inspect.getsource(importlib.import_module(module_name))
+        body = ast.parse(source).body
+        for statement, following in itertools.pairwise(body):
+            target = getattr(statement, "target", None) or next(
+                iter(getattr(statement, "targets", [])), None
+            )
+            if (
+                isinstance(target, ast.Name)
+                and target.id == name
+                and isinstance(following, ast.Expr)
+                and isinstance(following.value, ast.Constant)
+                and isinstance(following.value.value, str)
+            ):
+                return inspect.cleandoc(following.value.value)
+    return ""
+
+
 def _describe(package: str, name: str, obj: object) -> str:
     if inspect.ismodule(obj):
-        return f"the neutral `{obj.__name__}` module"
+        if obj.__name__.endswith(".lax"):
+            return f"the neutral `{obj.__name__}` module"
+        return f"the `{obj.__name__}` module: " + _first_paragraph(obj.__doc__ or "")
     doc = inspect.getdoc(obj) or ""
     if doc.startswith("Neutral ``"):
         prefix = "lax." if package.endswith(".lax") else ""
         return f"neutral `jax.{prefix}{name}`: JAX's own while nothing is active"
     if isinstance(obj, frozenset):
         return "the overridable names: " + ", ".join(f"`{x}`" for x in sorted(obj))
+    if isinstance(obj, Mapping) or not (callable(obj) or inspect.isclass(obj)):
+        doc = _attribute_doc(package, name)
     return _first_paragraph(doc).replace("|", "\\|")
 
 

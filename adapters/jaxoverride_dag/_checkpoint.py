@@ -6,10 +6,11 @@ from collections.abc import Callable
 from typing import Any
 
 import jaxoverride as jo
+from jaxoverride.adapter_kit import infer_argnums_and_argnames
 from jaxoverride_dag._jit import pack_output, unpack_output
 from jaxoverride_dag._out import Packed, unforward_tree
 from jaxoverride_dag._plan import encode
-from jaxoverride_dag._static_args import StaticArgs, infer_argnums_and_argnames
+from jaxoverride_dag._static_args import StaticArgs
 
 
 def _checkpoint(

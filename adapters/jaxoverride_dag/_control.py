@@ -15,7 +15,6 @@ working.
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -23,6 +22,7 @@ import jax
 import jax.numpy as jnp
 
 import jaxoverride as jo
+from jaxoverride.adapter_kit import NO_OPERAND as _NO_OPERAND
 from jaxoverride_dag._errors import SharingError, pattern_mismatch
 from jaxoverride_dag._handoff import (
     MAX_PER_FUNCTION,
@@ -36,8 +36,6 @@ from jaxoverride_dag._handoff import (
 from jaxoverride_dag._out import Packed, unforward, unforward_tree
 from jaxoverride_dag._plan import Plan, encode
 from jaxoverride_dag._reshare import meet, rebase, refines, same_form
-
-_NO_OPERAND: Any = inspect.signature(jax.lax.cond).parameters["operand"].default
 
 _CARRY_FIX = (
     "Fix: return a carry whose nodes are shared exactly as in the initial value, for "

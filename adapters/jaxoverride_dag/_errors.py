@@ -6,14 +6,17 @@ from typing import TYPE_CHECKING, Any
 
 from jax import tree_util as jtu
 
+from jaxoverride import errors
 from jaxoverride_dag._kinds import NODE, NOID, STATIC, TRACKED, kind_of_node
 
 if TYPE_CHECKING:
     from jaxoverride_dag._plan import Plan
 
 
-class SharingError(ValueError):
+class SharingError(errors.SharingError):
     """A sharing pattern that a transform cannot honour.
+
+    The DAG case of ``jaxoverride.errors.SharingError``.
 
     Raised when a loop body changes which pytree nodes its carry shares (or its static
     data), when branches of ``cond``/``switch`` share nodes differently, and when one

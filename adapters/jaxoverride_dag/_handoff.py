@@ -10,16 +10,12 @@ JAX, abstractly, to raise JAX's own exception and message (``raise_as_jax``).
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Callable
 from typing import Any
 
-import jax
-
+from jaxoverride.adapter_kit import WrapperCache, raise_as_jax
 from jaxoverride_dag._errors import SharingError
 from jaxoverride_dag._plan import Plan
-
-_NOT_JAX = "is not a valid JAX type"  # raw JAX cannot express the call: our error is the one
 
 
 class RetryError(Exception):
@@ -53,26 +49,8 @@ def from_user(error: BaseException) -> bool:
     return False
 
 
-def raise_as_jax(raw: Callable[[], Any], error: BaseException) -> None:
-    """Raises JAX's own error for the call that ``raw`` makes, or ``error`` if it has none.
-
-    ``raw`` runs under ``jax.eval_shape``: JAX's checks happen while tracing, so nothing
-    is computed.
-    """
-    try:
-        jax.eval_shape(lambda: (raw(), None)[1])
-    except (TypeError, ValueError) as jax_error:
-        if _NOT_JAX not in str(jax_error):
-            raise jax_error from None
-    except Exception:  # anything else says nothing about the input: ours is clearer
-        pass
-    raise error
-
-
-_WRAPPERS: weakref.WeakKeyDictionary[Any, dict[Any, Callable[..., Any]]] = (
-    weakref.WeakKeyDictionary()
-)
 MAX_PER_FUNCTION = 64
+_WRAPPERS: WrapperCache[Callable[..., Any]] = WrapperCache(MAX_PER_FUNCTION)
 
 
 def cached(
@@ -83,18 +61,7 @@ def cached(
     JAX caches a body's trace per function object, so the same wrapper must reach it for
     the same body. The wrapper holds ``fun`` weakly, so that the cache never keeps it alive.
     """
-    try:
-        table = _WRAPPERS.get(fun)
-        if table is None:
-            table = _WRAPPERS[fun] = {}
-        wrapper = table.get(key)
-    except TypeError:  # not weakly referenceable, or an unhashable plan: no cache
-        return make(lambda: fun)
-    if wrapper is None:
-        if len(table) >= MAX_PER_FUNCTION:
-            table.clear()
-        wrapper = table[key] = make(weakref.ref(fun))  # type: ignore[arg-type]
-    return wrapper
+    return _WRAPPERS.get((fun,), key, lambda getters: make(getters[0]))
 
 
 __all__ = [

@@ -18,13 +18,13 @@ from typing import Any, NamedTuple
 from jax import tree_util as jtu
 
 import jaxoverride as jo
-from jaxoverride._compat import jit_name
+from jaxoverride.adapter_kit import infer_argnums_and_argnames, jit_name
 from jaxoverride_dag._axes import spread
 from jaxoverride_dag._kinds import ARRAY, DYNAMIC_TYPES, KINDS, SCALAR, kind
 from jaxoverride_dag._out import Packed
 from jaxoverride_dag._plan import Plan, encode
 from jaxoverride_dag._shardings import positional_prefix, spread_shardings
-from jaxoverride_dag._static_args import Layout, StaticArgs, infer_argnums_and_argnames
+from jaxoverride_dag._static_args import Layout, StaticArgs
 from jaxoverride_dag._transfer import transfer_shared
 
 _ENTRY_LIMIT = 256

@@ -15,6 +15,7 @@ from typing import Any
 import jax
 
 import jaxoverride as jo
+from jaxoverride.adapter_kit import as_index_tuple
 from jaxoverride_dag._axes import spread, spread_splitting
 from jaxoverride_dag._out import Packed
 from jaxoverride_dag._plan import Plan, encode
@@ -23,10 +24,6 @@ from jaxoverride_dag._static_args import Layout, StaticArgs
 from jaxoverride_dag._vmap import call_prefix, check_in_axes, output_axes
 
 _LABEL = "pmap arguments"
-
-
-def _index_tuple(value: int | Any) -> tuple[int, ...]:
-    return (value,) if isinstance(value, int) else tuple(value)
 
 
 def _avals(dyn: list[Any]) -> tuple[Any, ...]:
@@ -168,8 +165,8 @@ def dag_pmap(
     if not callable(fun):
         raise TypeError(f"jaxoverride.pmap: expected a callable value, got {fun!r}.")
     checked_in_axes = check_in_axes("pmap", in_axes)
-    static = _index_tuple(static_broadcasted_argnums)
-    donate = _index_tuple(donate_argnums)
+    static = as_index_tuple(static_broadcasted_argnums)
+    donate = as_index_tuple(donate_argnums)
     below = jo.next_impl("pmap")
     # One state per function and options, shared by every wrapper of them (as jax.pmap
     # shares its cache): an eager ``jo.pmap(f)(x)`` built again compiles nothing again.

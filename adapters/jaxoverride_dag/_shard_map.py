@@ -9,20 +9,16 @@ handed to ``jax.shard_map`` as a ``Packed`` that the traced function fills in:
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable, Set
 from typing import Any
 
-import jax
-
 import jaxoverride as jo
+from jaxoverride.adapter_kit import INFER_SPECS as _INFER
 from jaxoverride_dag._out import Packed, unforward_tree
 from jaxoverride_dag._plan import encode
 from jaxoverride_dag._shardings import spread_shardings
 
 _LABEL = "shard_map arguments"
-# ``jax.shard_map``'s default ``in_specs`` (infer from the arguments), a private singleton.
-_INFER = inspect.signature(jax.shard_map).parameters["in_specs"].default
 
 
 def dag_shard_map(

@@ -6,52 +6,9 @@ arguments, exactly as the plain transform would hash them; the rest is encoded.
 
 from __future__ import annotations
 
-import inspect
-from collections.abc import Callable, Iterable
 from typing import Any
 
 Layout = tuple[int, tuple[int, ...], tuple[str, ...]]  # (len(args), static positions, names)
-
-
-def _index_tuple(value: int | Iterable[int] | None) -> tuple[int, ...]:
-    if value is None:
-        return ()
-    if isinstance(value, int):
-        return (value,)
-    return tuple(int(i) for i in value)
-
-
-def _name_tuple(value: str | Iterable[str] | None) -> tuple[str, ...]:
-    if value is None:
-        return ()
-    if isinstance(value, str):
-        return (value,)
-    return tuple(value)
-
-
-def infer_argnums_and_argnames(
-    fun: Callable[..., Any],
-    argnums: int | Iterable[int] | None,
-    argnames: str | Iterable[str] | None,
-) -> tuple[tuple[int, ...], tuple[str, ...]]:
-    """As JAX does: each of ``argnums``/``argnames`` completes the other via the signature."""
-    nums, names = _index_tuple(argnums), _name_tuple(argnames)
-    if (argnums is None) == (argnames is None) or not (nums or names):
-        return nums, names
-    try:
-        parameters = list(inspect.signature(fun).parameters.values())
-    except (TypeError, ValueError):
-        return nums, names
-    positional = [
-        (i, p.name)
-        for i, p in enumerate(parameters)
-        if p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD
-    ]
-    if argnums is None:
-        nums = tuple(i for i, name in positional if name in names)
-    else:
-        names = tuple(name for i, name in positional if i in nums)
-    return nums, names
 
 
 class StaticArgs:

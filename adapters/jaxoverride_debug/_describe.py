@@ -11,8 +11,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from jaxoverride._introspect import _describe as _describe_impl
-from jaxoverride._names import JAX_IMPLS
+from jaxoverride.adapter_kit import JAX_IMPLS, describe_impl as _describe_impl
 
 # Containers longer than this show their first items and a count of the rest: a Haiku
 # params dict of a deep model would otherwise fill the screen on every call.

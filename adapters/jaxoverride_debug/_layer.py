@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import jaxoverride as jo
-from jaxoverride import _dispatch
-from jaxoverride._names import CALLS, JAX_IMPLS, RULES, TRANSFORMS
+from jaxoverride import adapter_kit as kit
+from jaxoverride.adapter_kit import CALLS, RULES, TRANSFORMS, override_position
 from jaxoverride_debug._describe import (
     describe_arguments,
     describe_call,
@@ -83,23 +83,11 @@ class _Where:
 
 
 def _where(name: str) -> _Where:
-    # jo.next_impl gives the implementation below but not the level; the position that
-    # next_impl itself reads has both (see the core patch proposed in the report).
-    position = _dispatch._position.get()
-    assert position is not None, "a trace override runs only through the stack"
-    snapshot, level = position
-    layers = snapshot.layers
-    above_impls = [
-        layers[upper].impls[name]
-        for upper in range(len(layers) - 1, level, -1)
-        if name in layers[upper].impls
-    ]
-    lower = snapshot.below(name, level)
-    below = JAX_IMPLS[name] if lower is None else layers[lower].impls[name]
+    position = override_position(name)
     return _Where(
-        shadowed=any(getattr(impl, "_jaxoverride_debug", False) for impl in above_impls),
-        impl=describe_impl(below, name),
-        above=tuple(describe_impl(impl, name) for impl in above_impls),
+        shadowed=any(getattr(impl, "_jaxoverride_debug", False) for impl in position.above),
+        impl=describe_impl(position.below, name),
+        above=tuple(describe_impl(impl, name) for impl in position.above),
     )
 
 
@@ -252,10 +240,21 @@ def context_for(config: Config) -> jo.OverrideContext:
         if config not in _contexts:
             if len(_contexts) >= _CONTEXT_LIMIT:
                 _contexts.clear()
-            impls = {name: _make_call(name, config) for name in CALLS}
-            # A rule's override builds an object as a transform's builds a function; the
-            # record forwards ``defvjp``/``defjvp`` to it, so the core's replay reaches JAX.
-            built_once = (*TRANSFORMS, *RULES)
-            impls.update({name: _make_transform(name, config) for name in built_once})
-            _contexts[config] = jo.override_context(impls, name=config.label())
+            table = kit.OverrideTable(LABEL, _impls(config), label=config.label())
+            _contexts[config] = table.context()
         return _contexts[config]
+
+
+def _impls(config: Config) -> dict[str, Callable[..., Any]]:
+    """Every overridable name, recorded: a trace passes nothing through."""
+    impls = {name: _make_call(name, config) for name in CALLS}
+    # A rule's override builds an object as a transform's builds a function; the
+    # record forwards ``defvjp``/``defjvp`` to it, so the core's replay reaches JAX.
+    built_once = (*TRANSFORMS, *RULES)
+    impls.update({name: _make_transform(name, config) for name in built_once})
+    return impls
+
+
+# Declared at import, so that the contract test sees it before any trace: every
+# configuration's table overrides the same names.
+kit.OverrideTable(LABEL, _impls(Config(None, False, 0, ())))

@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 from jax.core import Tracer
 
-from jaxoverride._compat import get_opaque_trace_state
+from jaxoverride.adapter_kit import get_opaque_trace_state
 from jaxoverride_debug._describe import function_name
 
 _NEEDS_TQDM = (

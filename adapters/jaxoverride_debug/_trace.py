@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 
 import jaxoverride as jo
 from jaxoverride import adapter_kit
-from jaxoverride._names import check_name
+from jaxoverride.adapter_kit import check_name
 from jaxoverride.errors import ImportOrderWarning
 from jaxoverride_debug._layer import _SESSION, Config, Session, context_for
 from jaxoverride_debug._progress import require_tqdm

@@ -8,41 +8,35 @@ from typing import Any
 from haiku._src import base
 
 import jaxoverride as jo
-from jaxoverride import adapter_kit
+from jaxoverride import adapter_kit as kit
 from jaxoverride_haiku import _control, _convert, _jit, _mapped, _rules, _transforms
 
-_OVERRIDES = {
-    "jit": _jit.jit,
-    "vmap": _transforms.vmap,
-    "pmap": _mapped.pmap,
-    "shard_map": _mapped.shard_map,
-    "grad": _transforms.grad,
-    "value_and_grad": _transforms.value_and_grad,
-    "jacfwd": _transforms.jacfwd,
-    "jacrev": _transforms.jacrev,
-    "hessian": _transforms.hessian,
-    "checkpoint": _transforms.checkpoint,
-    "remat": _transforms.remat,
-    "jvp": _transforms.jvp,
-    "vjp": _transforms.vjp,
-    "linearize": _transforms.linearize,
-    "eval_shape": _transforms.eval_shape,
-    "lax.scan": _control.scan,
-    "lax.while_loop": _control.while_loop,
-    "lax.fori_loop": _control.fori_loop,
-    "lax.cond": _control.cond,
-    "lax.switch": _control.switch,
-    "lax.map": _control.map,
-    "closure_convert": _convert.closure_convert,
-    "make_jaxpr": _convert.make_jaxpr,
-    "lax.custom_root": _convert.custom_root,
-    "lax.custom_linear_solve": _convert.custom_linear_solve,
-    "custom_vjp": _rules.custom_vjp,
-    "custom_jvp": _rules.custom_jvp,
-}
+# Every overridable name is Haiku-aware; nothing passes through.
+TABLE = kit.OverrideTable(
+    "jaxoverride_haiku",
+    {
+        **kit.overrides_in(_jit, "jit"),
+        **kit.overrides_in(_mapped, "pmap", "shard_map"),
+        **kit.overrides_in(
+            _transforms,
+            *("vmap", "grad", "value_and_grad", "jacfwd", "jacrev", "hessian"),
+            *("checkpoint", "remat", "jvp", "vjp", "linearize", "eval_shape"),
+        ),
+        **kit.overrides_in(
+            _control,
+            *("lax.scan", "lax.while_loop", "lax.fori_loop", "lax.cond", "lax.switch"),
+            "lax.map",
+        ),
+        **kit.overrides_in(
+            _convert,
+            *("closure_convert", "make_jaxpr", "lax.custom_root", "lax.custom_linear_solve"),
+        ),
+        **kit.overrides_in(_rules, "custom_vjp", "custom_jvp"),
+    },
+)
 
 # One layer for the whole process: re-entering it finds the builds made for it before.
-_CONTEXT = jo.override_context(_OVERRIDES, name="jaxoverride_haiku")
+_CONTEXT = TABLE.context()
 
 _lock = threading.Lock()
 _installation: jo.Installation | None = None
@@ -90,7 +84,7 @@ def _escaped_state() -> int:
     """How many of the ending transform's parameters and state values a raw JAX transform
     left as tracers of a trace that has ended (see ``adapter_kit.escaped_tracers``)."""
     frame = base.current_frame()
-    return len(adapter_kit.escaped_tracers((frame.params, frame.state)))
+    return len(kit.escaped_tracers((frame.params, frame.state)))
 
 
 def _exit_transform(context: base.HaikuContext, *exc_info: Any) -> None:
@@ -111,7 +105,7 @@ def _exit_transform(context: base.HaikuContext, *exc_info: Any) -> None:
     finally:
         _haiku_exit(context, *exc_info)
     if escaped:
-        raise adapter_kit.raw_transform_error("Haiku", "hk.transform", escaped)
+        raise kit.raw_transform_error("Haiku", "hk.transform", escaped)
 
 
 def context() -> jo.OverrideContext:

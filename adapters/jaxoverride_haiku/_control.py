@@ -11,18 +11,16 @@ implementation below it, untouched.
 from __future__ import annotations
 
 import functools
-import inspect
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import jax
 import jax.numpy as jnp
 from haiku._src import stateful
-from jax._src.lax.control_flow.loops import _batch_and_remainder
 
 import jaxoverride as jo
 import jaxoverride_plain as plain
-from jaxoverride import lax as jlax
+from jaxoverride import adapter_kit as kit, lax as jlax
+from jaxoverride.adapter_kit import NO_OPERAND as _NO_OPERAND
 from jaxoverride_haiku._creation import create
 from jaxoverride_haiku._frames import (
     InternalState,
@@ -34,7 +32,6 @@ from jaxoverride_haiku._frames import (
     state_usable,
 )
 
-_NO_OPERAND: Any = inspect.signature(jax.lax.cond).parameters["operand"].default
 _HOOKS: dict[str, Any] = {"initializing": initializing, "create": create}
 
 
@@ -378,16 +375,5 @@ def map(f: Callable[..., Any], xs: Any, *, batch_size: int | None = None) -> Any
     if batch_size is None:
         _, ys = jlax.scan(lambda _, x: ((), f(x)), (), xs)
         return ys
-    scan_xs, remainder_xs = _batch_and_remainder(xs, batch_size)
-    scan_ys = None
-    if scan_xs is not None:
-        _, scan_ys = jlax.scan(lambda _, x: ((), jo.vmap(f)(x)), (), scan_xs)
-    flatten = lambda y: y.reshape(-1, *y.shape[2:])
-    if scan_ys is None:
-        return jo.vmap(f)(remainder_xs)
-    if remainder_xs is None:
-        return jax.tree.map(flatten, scan_ys)
-    remainder_ys = jo.vmap(f)(remainder_xs)
-    return jax.tree.map(
-        lambda y, r: jax.lax.concatenate([flatten(y), r], dimension=0), scan_ys, remainder_ys
-    )
+    blocks = lambda xs: jlax.scan(lambda _, x: ((), jo.vmap(f)(x)), (), xs)[1]
+    return kit.batched_map(blocks, jo.vmap(f), xs, batch_size)

@@ -22,13 +22,16 @@ import haiku as hk
 from haiku._src import base, stateful
 
 import jaxoverride as jo
+from jaxoverride import errors
+from jaxoverride.adapter_kit import zeros_for
 from jaxoverride_haiku._creation import init_safe_call
 from jaxoverride_haiku._frames import Threaded, state_usable
-from jaxoverride_plain import zeros_for
 
 
-class PureFunctionWriteError(RuntimeError):
+class PureFunctionWriteError(errors.PureFunctionWriteError):
     """A Haiku state write or rng draw inside a function that JAX makes pure.
+
+    The Haiku case of ``jaxoverride.errors.PureFunctionWriteError``.
 
     Raised by ``closure_convert``, ``make_jaxpr``, ``lax.custom_root`` and
     ``lax.custom_linear_solve`` inside ``hk.transform``: nothing written or drawn inside

@@ -20,7 +20,7 @@ from typing import Any
 import jax
 from haiku._src import base, stateful
 
-from jaxoverride._compat import get_opaque_trace_state
+from jaxoverride.adapter_kit import get_opaque_trace_state
 
 InternalState = stateful.InternalState
 

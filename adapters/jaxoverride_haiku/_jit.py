@@ -26,7 +26,7 @@ from typing import Any
 from haiku._src import base, module as hk_module, stateful
 
 import jaxoverride as jo
-from jaxoverride_haiku._compat import resolve_argnums
+from jaxoverride.adapter_kit import resolve_argnums
 from jaxoverride_haiku._frames import (
     Names,
     current_frame,

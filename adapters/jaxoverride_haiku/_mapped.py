@@ -28,13 +28,14 @@ from jax.sharding import PartitionSpec
 
 import jaxoverride as jo
 import jaxoverride_plain as plain
+from jaxoverride import adapter_kit as kit
 from jaxoverride_haiku._creation import create
 from jaxoverride_haiku._frames import Threaded, initializing, state_usable
 from jaxoverride_haiku._transforms import _wraps
 
 _PMAP = inspect.signature(jax.pmap)
 _SHARD_MAP = inspect.signature(jax.shard_map)
-_INFER: Any = _SHARD_MAP.parameters["in_specs"].default
+_INFER: Any = kit.INFER_SPECS
 
 
 def _init_exact(
@@ -44,7 +45,7 @@ def _init_exact(
         creation,
         apply,
         initializing=initializing,
-        create=plain.create_binding_axes(create, axis_names, inside=base.push_jax_trace_level),
+        create=kit.create_binding_axes(create, axis_names, inside=base.push_jax_trace_level),
     )
 
 
@@ -94,9 +95,9 @@ def pmap(fun: Callable[..., Any], *args: Any, **kwargs: Any) -> Callable[..., An
 
         def creation() -> None:
             dynamic = [a for i, a in enumerate(call_args) if i not in static]
-            sliced = iter(plain.unbatched_arguments(tuple(dynamic), _dynamic_axes(in_axes)))
+            sliced = iter(kit.unbatched_arguments(tuple(dynamic), _dynamic_axes(in_axes)))
             one = [a if i in static else next(sliced) for i, a in enumerate(call_args)]
-            keywords = plain.unbatched_arguments(tuple(call_kwargs.values()), 0)
+            keywords = kit.unbatched_arguments(tuple(call_kwargs.values()), 0)
             fun(*one, **dict(zip(call_kwargs, keywords, strict=True)))
 
         def apply() -> Any:
@@ -151,7 +152,7 @@ def _check_replicated(changed: Any) -> None:
     varying: list[str] = []
     axes: set[Any] = set()
     for path, leaf in jax.tree_util.tree_leaves_with_path(changed):
-        vma = plain.varying_axes(leaf)
+        vma = kit.varying_axes(leaf)
         if vma:
             varying.append(_state_name(path))
             axes |= set(vma)
@@ -187,7 +188,7 @@ def shard_map(fun: Callable[..., Any], *args: Any, **kwargs: Any) -> Callable[..
             return plain_mapped(*call_args, **call_kwargs)
 
         def creation() -> None:
-            fun(*plain.shard_block_arguments(call_args, in_specs, mesh), **call_kwargs)
+            fun(*kit.shard_block_arguments(call_args, in_specs, mesh), **call_kwargs)
 
         def apply() -> Any:
             call = _Mapped("jaxoverride.shard_map")

@@ -35,6 +35,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import contextvars
+import functools
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -43,6 +44,18 @@ import jax
 from haiku._src import base, data_structures, stateful
 
 import jaxoverride as jo
+from jaxoverride import errors
+from jaxoverride.adapter_kit import (
+    LiftedRule,
+    bwd_cotangents,
+    fwd_output_pair,
+    instantiate_zeros,
+    perturbed_leaves,
+    positional_arguments,
+    shift_argnums,
+    unwrap_primals,
+    zero_tangents,
+)
 from jaxoverride_haiku._convert import pure_frame
 from jaxoverride_haiku._creation import init_safe_call
 from jaxoverride_haiku._frames import (
@@ -52,20 +65,13 @@ from jaxoverride_haiku._frames import (
     new_parameters_error,
     state_usable,
 )
-from jaxoverride_plain import (
-    bwd_cotangents,
-    fwd_output_pair,
-    instantiate_zeros,
-    nondiff_positions,
-    perturbed_leaves,
-    positional_arguments,
-    unwrap_primals,
-    zero_tangents,
-)
 
 
-class ClosedOverDifferentiationError(ValueError):
+class ClosedOverDifferentiationError(errors.ClosedOverDifferentiationError):
     """A custom rule reads a Haiku parameter (or state) that is being differentiated.
+
+    The Haiku case of ``jaxoverride.errors.ClosedOverDifferentiationError``, which
+    catches it too (and its ``ValueError`` base).
 
     The rule gives gradients for its explicit arguments only, so the value would get a
     silently zero gradient. ``jaxoverride.closure_convert`` makes what a function reads
@@ -88,8 +94,10 @@ class ClosedOverDifferentiationError(ValueError):
     """
 
 
-class DifferentiatedStateError(ValueError):
+class DifferentiatedStateError(errors.DifferentiatedStateError):
     """State that came out of a custom rule is differentiated after it.
+
+    The Haiku case of ``jaxoverride.errors.DifferentiatedStateError``.
 
     The rule's ``bwd`` gives cotangents from that of the rule's output only, so the state
     would get a silently zero gradient.
@@ -134,13 +142,8 @@ _REFUSED: contextvars.ContextVar[tuple[str, frozenset[tuple[str, str]]]] = conte
 def _refuse_differentiated(next_getter: Any, value: Any, context: hk.GetterContext) -> Any:
     where, names = _REFUSED.get()
     if (context.module_name, context.name) in names:
-        raise ClosedOverDifferentiationError(
-            f"{where}: the rule reads the Haiku value {context.full_name!r}, which is being "
-            "differentiated, without having it as an argument. A custom rule gives gradients "
-            "for its explicit arguments only, so it would get a silently zero gradient (JAX "
-            "refuses the same for a closed-over value). Pass it in: "
-            "jaxoverride.closure_convert(f, *example_args) hoists what f reads into explicit "
-            "arguments; or pass the parameters to the solver's solve/run call as arguments."
+        raise ClosedOverDifferentiationError.reading(
+            where, f"the Haiku value {context.full_name!r}"
         )
     return next_getter(value)
 
@@ -315,58 +318,18 @@ def _run(rule: Any, call: _Call, args: tuple[Any, ...]) -> Any:
     return out
 
 
-class HaikuRule:
+class HaikuRule(LiftedRule):
     """What the Haiku override of ``custom_vjp``/``custom_jvp`` builds for one stack.
 
     Outside a transform (or where Haiku state is unusable) a call is a call of the rule
     below; inside, Haiku's values are lifted into an explicit argument (module docstring).
     """
 
-    def __init__(
-        self,
-        name: str,
-        fun: Callable[..., Any],
-        nondiff_argnums: Sequence[int] = (),
-        nondiff_argnames: Sequence[str] = (),
-    ):
-        below = jo.next_impl(name)
-        self._name = name
-        self._where = f"jaxoverride.{name}"
-        self._below = below
-        self._plain = below(fun, nondiff_argnums=nondiff_argnums, nondiff_argnames=nondiff_argnames)
-        self._fun = fun
+    @functools.cached_property
+    def _lifted_nondiff(self) -> tuple[int, ...]:
         # Past the leading values argument; a negative position counts from the end, as
         # before (JAX then treats the argument as JAX does for the user's function).
-        self._lifted_nondiff = tuple(
-            n + 1 if n >= 0 else n
-            for n in nondiff_positions(fun, nondiff_argnums, nondiff_argnames)
-        )
-        self._rule: tuple[Any, ...] | None = None
-
-    def defvjp(
-        self,
-        fwd: Callable[..., Any],
-        bwd: Callable[..., Any],
-        symbolic_zeros: bool = False,
-        optimize_remat: bool = False,
-    ) -> None:
-        self._plain.defvjp(fwd, bwd, symbolic_zeros=symbolic_zeros, optimize_remat=optimize_remat)
-        self._rule = (fwd, bwd, symbolic_zeros, optimize_remat)
-
-    def defjvp(self, jvp: Callable[..., Any], symbolic_zeros: bool = False) -> Callable[..., Any]:
-        self._plain.defjvp(jvp, symbolic_zeros=symbolic_zeros)
-        self._rule = (jvp, symbolic_zeros)
-        return jvp
-
-    def defjvps(self, *jvps: Callable[..., Any] | None) -> None:
-        # JAX combines per-argument JVPs into one rule, which it keeps as ``.jvp``.
-        self._plain.defjvps(*jvps)
-        self._rule = (self._plain.jvp, False)
-
-    def __getattr__(self, attribute: str) -> Any:
-        if attribute.startswith("_"):
-            raise AttributeError(attribute)
-        return getattr(self._plain, attribute)
+        return shift_argnums(self._nondiff)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if self._rule is None or not state_usable():

@@ -21,7 +21,7 @@ import jax
 from haiku._src import stateful
 
 import jaxoverride as jo
-import jaxoverride_plain as plain
+from jaxoverride import adapter_kit as kit
 from jaxoverride_haiku._creation import init_safe_call
 from jaxoverride_haiku._frames import Threaded, state_usable
 
@@ -211,7 +211,7 @@ def _after_state(
     static = bound.arguments.get("static_argnums")
     if static is not None:
         numbers = (static,) if isinstance(static, int) else tuple(static)
-        bound.arguments["static_argnums"] = tuple(n + 1 if n >= 0 else n for n in numbers)
+        bound.arguments["static_argnums"] = kit.shift_argnums(numbers)
     return bound.args[1:], bound.kwargs
 
 
@@ -251,7 +251,7 @@ remat = _rematerializing("remat")
 def _concrete(tree: Any) -> Any:
     """What ``eval_shape`` traces ``fun`` on, made concrete for the creation pass: zeros for
     ``ShapeDtypeStruct`` leaves, and every other leaf as the array JAX would make of it."""
-    return plain.as_jax_operands(plain.zeros_for(tree))
+    return kit.as_jax_operands(kit.zeros_for(tree))
 
 
 def eval_shape(fun: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:

@@ -5,40 +5,27 @@ from __future__ import annotations
 from typing import Any
 
 import jaxoverride as jo
+from jaxoverride import adapter_kit as kit
 from jaxoverride_nnx import _control, _convert, _jit, _mapped, _rules, _transforms
 
-_CONTEXT = jo.override_context(
+# Every overridable name is NNX-aware; nothing passes through.
+_TRANSFORMS = ("vmap", "grad", "value_and_grad", "jacfwd", "jacrev", "hessian", "checkpoint")
+_CALLS = ("remat", "eval_shape", "jvp", "vjp", "linearize")
+_CONTROL = ("lax.scan", "lax.while_loop", "lax.fori_loop", "lax.cond", "lax.switch")
+_RULES = ("custom_vjp", "custom_jvp", "closure_convert", "lax.custom_root")
+TABLE = kit.OverrideTable(
+    "jaxoverride_nnx",
     {
         "jit": _jit.jit,
-        "vmap": _transforms.vmap,
-        "pmap": _mapped.pmap,
-        "shard_map": _mapped.shard_map,
-        "grad": _transforms.grad,
-        "value_and_grad": _transforms.value_and_grad,
-        "jacfwd": _transforms.jacfwd,
-        "jacrev": _transforms.jacrev,
-        "hessian": _transforms.hessian,
-        "checkpoint": _transforms.checkpoint,
-        "remat": _transforms.remat,
-        "eval_shape": _transforms.eval_shape,
-        "jvp": _transforms.jvp,
-        "vjp": _transforms.vjp,
-        "linearize": _transforms.linearize,
-        "lax.scan": _control.scan,
-        "lax.while_loop": _control.while_loop,
-        "lax.fori_loop": _control.fori_loop,
-        "lax.cond": _control.cond,
-        "lax.switch": _control.switch,
-        "lax.map": _control.lax_map,
-        "custom_vjp": _rules.custom_vjp,
-        "custom_jvp": _rules.custom_jvp,
-        "closure_convert": _rules.closure_convert,
-        "lax.custom_root": _rules.custom_root,
-        "lax.custom_linear_solve": _rules.custom_linear_solve,
+        **kit.overrides_in(_mapped, "pmap", "shard_map"),
+        **kit.overrides_in(_transforms, *_TRANSFORMS, *_CALLS),
+        **kit.overrides_in(_control, *_CONTROL),
+        "lax.map": _control.lax_map,  # ``map`` would shadow the builtin there
+        **kit.overrides_in(_rules, *_RULES, "lax.custom_linear_solve"),
         "make_jaxpr": _convert.make_jaxpr,
     },
-    name="jaxoverride_nnx",
 )
+_CONTEXT = TABLE.context()
 
 
 def context() -> jo.OverrideContext:

@@ -20,22 +20,22 @@ so exactly as often as in ``while cond(x): x = body(x)``.
 from __future__ import annotations
 
 import contextvars
-import inspect
-import weakref
 from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
 import jax
-import jax.numpy as jnp
-from jax._src.lax.control_flow.loops import _batch_and_remainder
 from jax.core import Tracer, eval_jaxpr
 
 import jaxoverride as jo
-from jaxoverride_nnx._jax_errors import (
+from jaxoverride.adapter_kit import (
+    NO_OPERAND as _NO_OPERAND,
+    WrapperCache,
     branch_error,
     check_loop_carry,
     check_scan_output,
+    join_batches,
     output_shapes,
+    split_batches,
 )
 from jaxoverride_nnx._lift import (
     call_plain,
@@ -50,8 +50,6 @@ from jaxoverride_nnx._lift import (
 )
 from jaxoverride_nnx._scope import Tracked, current
 from jaxoverride_nnx._transforms import batched_state_error, run_closure
-
-_NO_OPERAND: Any = inspect.signature(jax.lax.cond).parameters["operand"].default
 
 # The tracked set of the control-flow call whose functions JAX is tracing right now.
 _RUNNING: contextvars.ContextVar[Tracked] = contextvars.ContextVar("jaxoverride_nnx_running")
@@ -96,24 +94,13 @@ class _Lifted:
         return out, after
 
 
-_wrappers: weakref.WeakKeyDictionary[Any, dict[Hashable, _Lifted]] = weakref.WeakKeyDictionary()
+_wrappers: WrapperCache[_Lifted] = WrapperCache()
 
 
 def _lifted(fns: Sequence[Any], key: Hashable, body: Callable[..., Any]) -> _Lifted:
     """The cached wrapper of the user's functions ``fns`` for ``key`` (the kind of call
     and the tracked set)."""
-    try:
-        refs = tuple(weakref.ref(fn) for fn in fns)
-        table = _wrappers.setdefault(fns[0], {})
-    except TypeError:  # not weakly referenceable: a fresh wrapper, as JAX would trace anew
-        return _Lifted(body, tuple((lambda fn=fn: fn) for fn in fns))
-    full_key = (key, tuple(id(fn) for fn in fns))
-    wrapper = table.get(full_key)
-    if wrapper is None or any(ref() is not fn for ref, fn in zip(wrapper.refs, fns, strict=True)):
-        if len(table) > 64:  # many tracked sets over time: forget the old ones
-            table.clear()
-        wrapper = table[full_key] = _Lifted(body, refs)
-    return wrapper
+    return _wrappers.get(fns, key, lambda refs: _Lifted(body, refs))
 
 
 def _start(tracked: Tracked) -> tuple[list[Any], list[Any]]:
@@ -134,7 +121,7 @@ def _enter(tracked: Tracked) -> contextvars.Token[Tracked]:
 
 
 # The carry the user's loop started from (modules as references), for the replays of
-# ``_jax_errors``: JAX's messages describe the initial carry as the user passed it.
+# ``adapter_kit``'s replays: JAX's messages describe the initial carry as the user passed it.
 _INITIAL: contextvars.ContextVar[Any] = contextvars.ContextVar("jaxoverride_nnx_initial")
 
 
@@ -535,7 +522,7 @@ def lax_map(f: Callable[[Any], Any], xs: Any, *, batch_size: int | None = None) 
     vmap_below = jo.next_impl("vmap")
     # JAX's own split, so that every batch size (0 included, which JAX versions read
     # differently) gives what jax.lax.map gives.
-    blocks, rest = _batch_and_remainder(xs, batch_size)
+    blocks, rest = split_batches(xs, batch_size)
     ys = None
     if blocks is not None:
         body = _lifted((f,), ("map-blocks", tracked.key), _block_body)
@@ -546,12 +533,5 @@ def lax_map(f: Callable[[Any], Any], xs: Any, *, batch_size: int | None = None) 
             _VMAP_BELOW.reset(below_token)
             _RUNNING.reset(token)
         _store(tracked, [body], state, _MAP)
-        ys = jax.tree_util.tree_map(lambda y: y.reshape(-1, *y.shape[2:]), ys)
-    if rest is not None:
-        rest_ys = _vmapped(tracked, f, vmap_below, rest, _MAP)
-        ys = (
-            rest_ys
-            if ys is None
-            else jax.tree_util.tree_map(lambda a, b: jnp.concatenate([a, b], axis=0), ys, rest_ys)
-        )
-    return from_refs(ys, tracked)
+    rest_ys = None if rest is None else _vmapped(tracked, f, vmap_below, rest, _MAP)
+    return from_refs(join_batches(ys, rest_ys), tracked)

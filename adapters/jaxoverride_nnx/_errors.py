@@ -22,6 +22,7 @@ from flax.errors import TraceContextError
 from flax.nnx import Pytree, Variable
 
 import jaxoverride
+from jaxoverride import errors
 from jaxoverride_nnx._graph import node_path
 
 if TYPE_CHECKING:
@@ -34,10 +35,11 @@ class _PlainError(TraceContextError):
         Exception.__init__(self, message)
 
 
-class UntrackedModuleError(_PlainError):
+class UntrackedModuleError(_PlainError, errors.UntrackedModuleError):
     """A module that is not tracked was mutated inside a neutral call: track it.
 
-    A subclass of Flax's ``TraceContextError``, so existing handlers still catch it.
+    A subclass of Flax's ``TraceContextError``, so existing handlers still catch it, and
+    of ``jaxoverride.errors.UntrackedModuleError``.
 
     Example:
       >>> import jax.numpy as jnp, jaxoverride as jo, jaxoverride_nnx
@@ -55,7 +57,7 @@ class UntrackedModuleError(_PlainError):
     """
 
 
-class StructureChangeError(ValueError):
+class StructureChangeError(errors.StructureChangeError):
     """Traced code tried to change the structure of a tracked module.
 
     Adding or replacing attributes, or changing the shape or dtype of a Variable, cannot
@@ -77,7 +79,7 @@ class StructureChangeError(ValueError):
     """
 
 
-class LevelError(_PlainError):
+class LevelError(_PlainError, errors.JaxoverrideError):
     """A tracked Variable was mutated inside a transform that this adapter does not manage.
 
     Raw ``jax.*`` and ``nnx.*`` transforms called inside a neutral call start a trace

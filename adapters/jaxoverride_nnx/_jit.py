@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextvars
 import functools
 import inspect
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -24,7 +24,7 @@ import numpy as np
 from jax.core import Tracer
 
 import jaxoverride as jo
-from jaxoverride._compat import jit_name
+from jaxoverride.adapter_kit import infer_argnums_and_argnames, jit_name, shift_argnums
 from jaxoverride_nnx import _scope
 from jaxoverride_nnx._graph import RAW, is_graph_object
 from jaxoverride_nnx._lift import (
@@ -48,50 +48,6 @@ _PLAIN_TYPES = frozenset(
 _CLEAN_LIMIT = 256
 
 
-def _as_tuple(value: int | str | Iterable[Any] | None) -> tuple[Any, ...] | None:
-    if value is None:
-        return None
-    if isinstance(value, (int, str)):
-        return (value,)
-    return tuple(value)
-
-
-def _infer(
-    fun: Callable[..., Any], nums: tuple[int, ...] | None, names: tuple[str, ...] | None
-) -> tuple[tuple[int, ...], tuple[str, ...]]:
-    """``jax.jit``'s completion of argnums from argnames and back, via ``fun``'s signature."""
-    if nums is not None and names is not None:
-        return nums, names
-    try:
-        parameters = list(inspect.signature(fun).parameters.values())
-    except (TypeError, ValueError):
-        return nums or (), names or ()
-    positional = [
-        p
-        for p in parameters
-        if p.kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
-    ]
-    if nums is None and names is None:
-        return (), ()
-    if nums is None:
-        assert names is not None
-        nums = tuple(i for i, p in enumerate(positional) if p.name in names)
-        return nums, names
-    count = len(positional)
-    names = tuple(
-        positional[i].name
-        for i in nums
-        if -count <= i < count and positional[i].kind is inspect.Parameter.POSITIONAL_OR_KEYWORD
-    )
-    return nums, names
-
-
-def _shift(nums: tuple[int, ...]) -> tuple[int, ...]:
-    # The lifted function takes the Variables' values first; negative positions count
-    # from the end and stay put.
-    return tuple(n + 1 if n >= 0 else n for n in nums)
-
-
 class TrackedJit:
     """What ``jaxoverride.jit(fun)`` runs while the NNX overrides are active."""
 
@@ -107,21 +63,17 @@ class TrackedJit:
         self._plain = below(fun, *args, **kwargs)
         options = dict(_JIT_SIGNATURE.bind(fun, *args, **kwargs).arguments)
         del options["fun"]
-        static = _infer(
-            fun,
-            _as_tuple(options.pop("static_argnums", None)),
-            _as_tuple(options.pop("static_argnames", None)),
+        static = infer_argnums_and_argnames(
+            fun, options.pop("static_argnums", None), options.pop("static_argnames", None)
         )
-        donate = _infer(
-            fun,
-            _as_tuple(options.pop("donate_argnums", None)),
-            _as_tuple(options.pop("donate_argnames", None)),
+        donate = infer_argnums_and_argnames(
+            fun, options.pop("donate_argnums", None), options.pop("donate_argnames", None)
         )
         self._static_nums, self._static_names = static
-        options["static_argnums"] = _shift(static[0])
+        options["static_argnums"] = shift_argnums(static[0])
         options["static_argnames"] = static[1]
         if donate[0] or donate[1]:
-            options["donate_argnums"] = _shift(donate[0])
+            options["donate_argnums"] = shift_argnums(donate[0])
             options["donate_argnames"] = donate[1]
         # The Variables' values come first and keep their own placement (``None``); the
         # user's shardings apply to the user's arguments and outputs only. A single

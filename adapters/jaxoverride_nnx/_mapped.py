@@ -18,7 +18,6 @@ cache hit of the underlying ``jax.pmap`` never runs with another set's Variables
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable
 from typing import Any
 
@@ -28,6 +27,7 @@ from jax import tree_util as jtu
 from jax.sharding import PartitionSpec
 
 import jaxoverride as jo
+from jaxoverride.adapter_kit import INFER_SPECS as _INFER, as_index_tuple, varying_axes
 from jaxoverride_nnx._errors import StructureChangeError
 from jaxoverride_nnx._lift import (
     HAS_REFS,
@@ -44,15 +44,8 @@ from jaxoverride_nnx._lift import (
 )
 from jaxoverride_nnx._scope import ACTIVE, Tracked, TrackKey, current
 from jaxoverride_nnx._transforms import _bind, _check_broadcast, _named, mapped_module_path
-from jaxoverride_plain import varying_axes
 
 _CACHE_LIMIT = 256
-# ``jax.shard_map``'s default ``in_specs`` (infer from the arguments), a private singleton.
-_INFER = inspect.signature(jax.shard_map).parameters["in_specs"].default
-
-
-def _index_tuple(value: int | Any) -> tuple[int, ...]:
-    return (value,) if isinstance(value, int) else tuple(value)
 
 
 def _avals(tree: Any) -> tuple[Any, ...]:
@@ -182,8 +175,8 @@ def _build_pmap(
     axis_name = options.pop("axis_name", None)
     in_axes = options.pop("in_axes", 0)
     out_axes = options.pop("out_axes", 0)
-    static = _index_tuple(options.pop("static_broadcasted_argnums", ()))
-    donate = _index_tuple(options.pop("donate_argnums", ()))
+    static = as_index_tuple(options.pop("static_broadcasted_argnums", ()))
+    donate = as_index_tuple(options.pop("donate_argnums", ()))
     where = "jaxoverride.pmap"
     lifted = _lifted(fun, where, check_vma=False)
     probed: set[Any] = set()

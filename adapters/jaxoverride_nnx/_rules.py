@@ -25,11 +25,8 @@ from jax._src.custom_derivatives import _sum_tangents, _zeros_like_pytree
 from jax.custom_derivatives import SymbolicZero
 
 import jaxoverride as jo
-from jaxoverride_nnx._compat import chain_on_get_value
-from jaxoverride_nnx._errors import LevelError
-from jaxoverride_nnx._lift import changed, run_lifted, write_back
-from jaxoverride_nnx._scope import current
-from jaxoverride_plain import (
+from jaxoverride import errors
+from jaxoverride.adapter_kit import (
     bwd_cotangents,
     fwd_output_pair,
     instantiate_zeros,
@@ -37,6 +34,10 @@ from jaxoverride_plain import (
     positional_arguments,
     unwrap_primals,
 )
+from jaxoverride_nnx._compat import chain_on_get_value
+from jaxoverride_nnx._errors import LevelError
+from jaxoverride_nnx._lift import changed, run_lifted, write_back
+from jaxoverride_nnx._scope import current
 
 WHERE = "jaxoverride.custom_vjp"
 
@@ -47,8 +48,10 @@ def _written(before: Sequence[Any], after: Sequence[Any]) -> list[Any]:
     return [updates.get(index) for index in range(len(after))]
 
 
-class ClosedOverDifferentiationError(ValueError):
+class ClosedOverDifferentiationError(errors.ClosedOverDifferentiationError):
     """A custom rule reads a tracked Variable that is being differentiated.
+
+    The NNX case of ``jaxoverride.errors.ClosedOverDifferentiationError``.
 
     The rule gives gradients for its explicit arguments only, so the Variable would get a
     silently zero gradient; ``closure_convert`` makes what a function reads explicit.
@@ -68,8 +71,10 @@ class ClosedOverDifferentiationError(ValueError):
     """
 
 
-class PureFunctionWriteError(RuntimeError):
+class PureFunctionWriteError(errors.PureFunctionWriteError):
     """A tracked Variable written where the write could never come out.
+
+    The NNX case of ``jaxoverride.errors.PureFunctionWriteError``.
 
     Raised for a write inside a function that ``closure_convert``, ``lax.custom_root`` or
     ``lax.custom_linear_solve`` turn into a pure jaxpr of its inputs, and inside a custom
@@ -118,13 +123,7 @@ def _refusing_reads(tracked: Any, perturbed: list[int], where: str = WHERE) -> I
 
     def refuse(variable: Any, value: Any) -> Any:
         path = tracked.path(tracked.var_index(variable))
-        raise ClosedOverDifferentiationError(
-            f"{where}: the rule reads the tracked Variable `{path}`, which is being "
-            "differentiated, without having it as an argument. A custom rule gives gradients "
-            "for its explicit arguments only, so it would get a silently zero gradient. Pass "
-            "it in: jaxoverride.closure_convert(f, *example_args) hoists what f reads into "
-            "explicit arguments (or pass the parameters to the library's solve/run call)."
-        )
+        raise ClosedOverDifferentiationError.reading(where, f"the tracked Variable `{path}`")
 
     saved = []
     for index in perturbed:

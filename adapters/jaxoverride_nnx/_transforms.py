@@ -23,6 +23,7 @@ import jax
 from flax import nnx
 
 import jaxoverride as jo
+from jaxoverride.adapter_kit import shift_argnums
 from jaxoverride_nnx._errors import StructureChangeError
 from jaxoverride_nnx._graph import RAW, is_graph_object
 from jaxoverride_nnx._lift import (
@@ -340,7 +341,7 @@ def _checkpointing(name: str, default: Callable[..., Any]) -> Callable[..., Any]
         static = (static,) if isinstance(static, int) else tuple(static)
         prevent_cse = options.get("prevent_cse", True)
         shifted = dict(options)
-        shifted["static_argnums"] = tuple(n + 1 if n >= 0 else n for n in static)
+        shifted["static_argnums"] = shift_argnums(static)
         if isinstance(prevent_cse, (tuple, list)):
             shifted["prevent_cse"] = (True, *prevent_cse)
 

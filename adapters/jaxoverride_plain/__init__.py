@@ -7,6 +7,26 @@ init returns what apply returns. ``init_safe_transform`` does the same around ``
 dependency beyond jaxoverride.
 """
 
+# Helpers this package documented before they moved to ``jaxoverride.adapter_kit``,
+# where new code should import them from; kept here so that existing imports work.
+from jaxoverride.adapter_kit import (
+    as_jax_operands as as_jax_operands,
+    bwd_cotangents as bwd_cotangents,
+    create_binding_axes as create_binding_axes,
+    distinct_functions as distinct_functions,
+    fwd_output_pair as fwd_output_pair,
+    instantiate_zeros as instantiate_zeros,
+    mesh_axis_sizes as mesh_axis_sizes,
+    nondiff_positions as nondiff_positions,
+    perturbed_leaves as perturbed_leaves,
+    positional_arguments as positional_arguments,
+    shard_block_arguments as shard_block_arguments,
+    unbatched_arguments as unbatched_arguments,
+    unwrap_primals as unwrap_primals,
+    varying_axes as varying_axes,
+    zero_tangents as zero_tangents,
+    zeros_for as zeros_for,
+)
 from jaxoverride_plain._combinators import (
     create_by_calling as create_by_calling,
     init_safe_call as init_safe_call,
@@ -18,37 +38,13 @@ from jaxoverride_plain._combinators import (
     init_safe_while_loop as init_safe_while_loop,
 )
 from jaxoverride_plain._context import context as context
-from jaxoverride_plain._mapped import (
-    create_binding_axes as create_binding_axes,
-    mesh_axis_sizes as mesh_axis_sizes,
-    shard_block_arguments as shard_block_arguments,
-    varying_axes as varying_axes,
-)
-from jaxoverride_plain._operands import (
-    as_jax_operands as as_jax_operands,
-    distinct_functions as distinct_functions,
-)
 from jaxoverride_plain._phase import (
     applying as applying,
     init_context as init_context,
     is_applying as is_applying,
     is_initializing as is_initializing,
 )
-from jaxoverride_plain._rule_args import (
-    bwd_cotangents as bwd_cotangents,
-    fwd_output_pair as fwd_output_pair,
-    instantiate_zeros as instantiate_zeros,
-    nondiff_positions as nondiff_positions,
-    perturbed_leaves as perturbed_leaves,
-    positional_arguments as positional_arguments,
-    unwrap_primals as unwrap_primals,
-    zero_tangents as zero_tangents,
-)
-from jaxoverride_plain._transforms import (
-    init_safe_transform as init_safe_transform,
-    unbatched_arguments as unbatched_arguments,
-    zeros_for as zeros_for,
-)
+from jaxoverride_plain._transforms import init_safe_transform as init_safe_transform
 
 __all__ = [
     "applying",

@@ -12,20 +12,17 @@ and ``create`` runs it (Haiku's keeps new parameters but restores rng and state)
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 import jax
 import jax.numpy as jnp
 
-from jaxoverride_plain._operands import as_jax_operands, distinct_functions
+from jaxoverride.adapter_kit import NO_OPERAND as _NO_OPERAND, as_jax_operands, distinct_functions
 from jaxoverride_plain._phase import applying, is_initializing
 
 T = TypeVar("T")
 Thunk = Callable[[], Any]
-
-_NO_OPERAND: Any = inspect.signature(jax.lax.cond).parameters["operand"].default
 
 
 def create_by_calling(thunk: Thunk) -> None:

@@ -9,11 +9,19 @@ from typing import Any
 import jax
 
 import jaxoverride as jo
-from jaxoverride_plain import _combinators as c, _compat as api_util, _rules
+from jaxoverride import adapter_kit as kit
+from jaxoverride.adapter_kit import (
+    INFER_SPECS,
+    as_jax_operands,
+    create_binding_axes,
+    infer_argnums_and_argnames,
+    shard_block_arguments,
+    unbatched_arguments,
+    zeros_for,
+)
+from jaxoverride_plain import _combinators as c, _rules
 from jaxoverride_plain._combinators import create_by_calling, init_safe_call
-from jaxoverride_plain._mapped import INFER, create_binding_axes, shard_block_arguments
-from jaxoverride_plain._operands import as_jax_operands
-from jaxoverride_plain._transforms import init_safe_transform, unbatched_arguments, zeros_for
+from jaxoverride_plain._transforms import init_safe_transform
 
 
 def _scan(
@@ -132,7 +140,7 @@ _SHARD_MAP = inspect.signature(jax.shard_map)
 def _shard_map(fun: Any, *args: Any, **kwargs: Any) -> Any:
     """``shard_map`` whose creation pass calls ``fun`` on the first device's block."""
     arguments = _SHARD_MAP.bind(fun, *args, **kwargs).arguments
-    in_specs = arguments.get("in_specs", INFER)
+    in_specs = arguments.get("in_specs", INFER_SPECS)
     mesh = arguments.get("mesh")
     axis_names = arguments.get("axis_names") or ()
     transformed = jo.next_impl("shard_map")(fun, *args, **kwargs)
@@ -198,12 +206,9 @@ def _jit(fun: Any, *args: Any, **kwargs: Any) -> Any:
     """``jit`` whose creation pass sees the dynamic arguments as the arrays JAX traces, and
     the static ones as given."""
     arguments = inspect.signature(jax.jit).bind(fun, *args, **kwargs).arguments
-    signature = api_util.fun_signature(fun)
-    numbers, names = arguments.get("static_argnums"), arguments.get("static_argnames")
-    if signature is not None:
-        numbers, names = api_util.infer_argnums_and_argnames(signature, numbers, names)
-    static_numbers = (numbers,) if isinstance(numbers, int) else tuple(numbers or ())
-    static_names = (names,) if isinstance(names, str) else tuple(names or ())
+    static_numbers, static_names = infer_argnums_and_argnames(
+        fun, arguments.get("static_argnums"), arguments.get("static_argnames")
+    )
 
     def creation(*call_args: Any, **call_kwargs: Any) -> Any:
         static = _positions(static_numbers, len(call_args))
@@ -219,7 +224,9 @@ def _jit(fun: Any, *args: Any, **kwargs: Any) -> Any:
 _SAME_ARGUMENTS = ("checkpoint", "remat")
 _DIFFERENTIATING = ("grad", "value_and_grad", "jacfwd", "jacrev", "hessian")
 
-_CONTEXT = jo.override_context(
+# Every overridable name is init-safe; nothing passes through.
+TABLE = kit.OverrideTable(
+    "jaxoverride_plain",
     {
         "lax.scan": _scan,
         "lax.while_loop": _while_loop,
@@ -244,8 +251,8 @@ _CONTEXT = jo.override_context(
         "lax.custom_root": _rules.custom_root,
         "lax.custom_linear_solve": _rules.custom_linear_solve,
     },
-    name="jaxoverride_plain",
 )
+_CONTEXT = TABLE.context()
 
 
 def context() -> jo.OverrideContext:

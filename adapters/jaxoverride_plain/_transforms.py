@@ -10,9 +10,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-import jax
-import jax.numpy as jnp
-
 import jaxoverride as jo
 from jaxoverride_plain._combinators import Thunk, create_by_calling, init_safe_call
 from jaxoverride_plain._phase import is_initializing
@@ -84,80 +81,3 @@ def init_safe_transform(
         stage=stage,
         jitted=lambda: (transformed,),
     )
-
-
-def _take_first(tree: Any, axis: int | None) -> Any:
-    if axis is None:
-        return tree
-
-    def first(leaf: Any) -> Any:
-        leaf = jnp.asarray(leaf)
-        position = axis % leaf.ndim
-        if leaf.shape[position] == 0:
-            return jnp.zeros(leaf.shape[:position] + leaf.shape[position + 1 :], leaf.dtype)
-        return jnp.take(leaf, 0, axis=position)
-
-    return jax.tree_util.tree_map(first, tree)
-
-
-def unbatched_arguments(args: tuple[Any, ...], in_axes: Any) -> tuple[Any, ...]:
-    """One slice of ``vmap``/``pmap`` arguments: index 0 along each mapped axis.
-
-    ``in_axes`` is what ``jax.vmap`` takes: an int or ``None`` for every argument, or a
-    tuple/list with one prefix tree per positional argument.
-
-    Args:
-      args: the positional arguments of the mapped call.
-      in_axes: as for ``jax.vmap``.
-
-    Returns:
-      The arguments of one unmapped call (zeros of the slice shape for an empty axis).
-
-    Example:
-      >>> import jax.numpy as jnp
-      >>> from jaxoverride_plain import unbatched_arguments
-      >>> a, b = unbatched_arguments((jnp.ones((4, 3)), jnp.ones(2)), (1, None))
-      >>> a.shape, b.shape
-      ((4,), (2,))
-    """
-    try:
-        if in_axes is None or isinstance(in_axes, int):
-            return tuple(_take_first(arg, in_axes) for arg in args)
-        return tuple(
-            jax.tree_util.tree_map(
-                lambda axis, subtree: _take_first(subtree, axis),
-                tuple(in_axes),
-                tuple(args),
-                is_leaf=lambda node: node is None,
-            )
-        )
-    except (ArithmeticError, IndexError, TypeError, ValueError) as error:
-        failure = error
-    # JAX's own error for these arguments (an axis beyond a leaf's rank, a leaf that is not
-    # an array), from ``jax.vmap`` of a function that does nothing: no user code runs.
-    jax.eval_shape(jax.vmap(lambda *_: None, in_axes=in_axes), *args)
-    raise failure
-
-
-def zeros_for(tree: Any) -> Any:
-    """Concrete zeros for every ``jax.ShapeDtypeStruct`` in ``tree`` (for ``eval_shape``).
-
-    Args:
-      tree: a pytree whose leaves may be ``jax.ShapeDtypeStruct``.
-
-    Returns:
-      The same tree with each ``ShapeDtypeStruct`` replaced by zeros of its shape.
-
-    Example:
-      >>> import jax, jax.numpy as jnp
-      >>> from jaxoverride_plain import zeros_for
-      >>> zeros_for((jax.ShapeDtypeStruct((2,), jnp.float32), 3))
-      (Array([0., 0.], dtype=float32), 3)
-    """
-
-    def concrete(leaf: Any) -> Any:
-        if isinstance(leaf, jax.ShapeDtypeStruct):
-            return jnp.zeros(leaf.shape, leaf.dtype)
-        return leaf
-
-    return jax.tree_util.tree_map(concrete, tree)

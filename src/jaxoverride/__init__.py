@@ -7,7 +7,7 @@ functions in results, jaxprs and speed. Adapters (``jaxoverride_haiku``,
 stack and make the same calls stateful, init-safe or identity-preserving.
 """
 
-from jaxoverride import lax as lax
+from jaxoverride import errors as errors, lax as lax
 from jaxoverride._api import (
     checkpoint as checkpoint,
     closure_convert as closure_convert,
@@ -40,7 +40,6 @@ from jaxoverride._detect import set_adapter_check as set_adapter_check
 from jaxoverride._dispatch import next_impl as next_impl, resolve as resolve
 from jaxoverride._import_hook import (
     ImportInterposition as ImportInterposition,
-    ImportOrderError as ImportOrderError,
     interpose_on_import as interpose_on_import,
 )
 from jaxoverride._interpose import Interposition as Interposition, interpose as interpose
@@ -49,6 +48,7 @@ from jaxoverride._jitapi import jit_api as jit_api, reuse_jit as reuse_jit
 from jaxoverride._names import OVERRIDEABLE as OVERRIDEABLE
 from jaxoverride._neutral import NeutralRule as NeutralRule, Transformed as Transformed
 from jaxoverride._selfcheck import self_check as self_check
+from jaxoverride.errors import ImportOrderError as ImportOrderError
 
 
 def _installed_version() -> str:
@@ -78,6 +78,7 @@ __all__ = [
     "current_stack",
     "custom_jvp",
     "custom_vjp",
+    "errors",
     "eval_shape",
     "grad",
     "hessian",

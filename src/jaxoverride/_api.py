@@ -4,10 +4,18 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import jax
 
+if TYPE_CHECKING:
+    from jaxoverride._signatures import (
+        EvalShape,
+        JitTransform,
+        SameParametersTransform,
+        SameTypeTransform,
+        ValueAndGradTransform,
+    )
 from jaxoverride._neutral import (
     NeutralRule,
     ReturnValue,
@@ -17,23 +25,26 @@ from jaxoverride._neutral import (
     neutral_transform,
 )
 
-jit = neutral_transform("jit", jax.jit)
-vmap = neutral_transform("vmap", jax.vmap)
-pmap = neutral_transform("pmap", jax.pmap)
-grad = neutral_transform("grad", jax.grad)
-value_and_grad = neutral_transform("value_and_grad", jax.value_and_grad)
-jacfwd = neutral_transform("jacfwd", jax.jacfwd)
-jacrev = neutral_transform("jacrev", jax.jacrev)
-hessian = neutral_transform("hessian", jax.hessian)
-checkpoint = neutral_transform("checkpoint", jax.checkpoint)
-remat = neutral_transform("remat", jax.remat)
+# Each keeps the signature of the function it takes, for type checkers (``_signatures``).
+jit = cast("JitTransform", neutral_transform("jit", jax.jit))
+vmap = cast("SameTypeTransform", neutral_transform("vmap", jax.vmap))
+pmap = cast("SameParametersTransform", neutral_transform("pmap", jax.pmap))
+grad = cast("SameParametersTransform", neutral_transform("grad", jax.grad))
+value_and_grad = cast(
+    "ValueAndGradTransform", neutral_transform("value_and_grad", jax.value_and_grad)
+)
+jacfwd = cast("SameParametersTransform", neutral_transform("jacfwd", jax.jacfwd))
+jacrev = cast("SameParametersTransform", neutral_transform("jacrev", jax.jacrev))
+hessian = cast("SameParametersTransform", neutral_transform("hessian", jax.hessian))
+checkpoint = cast("SameTypeTransform", neutral_transform("checkpoint", jax.checkpoint))
+remat = cast("SameTypeTransform", neutral_transform("remat", jax.remat))
 shard_map = neutral_transform("shard_map", jax.shard_map)
-make_jaxpr = neutral_transform("make_jaxpr", jax.make_jaxpr)
+make_jaxpr = cast("SameParametersTransform", neutral_transform("make_jaxpr", jax.make_jaxpr))
 
 jvp = neutral_call("jvp", jax.jvp)
 vjp = neutral_call("vjp", jax.vjp)
 linearize = neutral_call("linearize", jax.linearize)
-eval_shape = neutral_call("eval_shape", jax.eval_shape)
+eval_shape = cast("EvalShape", neutral_call("eval_shape", jax.eval_shape))
 closure_convert = neutral_call("closure_convert", jax.closure_convert)
 
 

@@ -14,15 +14,20 @@ than from JAX, so a JAX release that moves one is handled by this file alone:
   ``nondiff_argnums``.
 - ``jit_name``: ``jax.jit`` names the program of a callable without ``__name__``
   ``<unnamed wrapped function>`` before JAX 0.10 and ``<unnamed function>`` after.
+- ``resolve_argnums``: JAX's private ``api_util.resolve_argnums`` returns the donated
+  positions counted among the *dynamic* arguments in JAX 0.8 (it rebases them past the
+  static ones), and counted among *all* arguments from JAX 0.9 on. Adapters need the
+  latter, so the former is converted back here.
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
+from jax._src import api_util
 from jax._src.util import fun_name
 
 try:
@@ -116,9 +121,81 @@ def jit_name(fun: Callable[..., Any]) -> str:
     return fun_name(fun, _unnamed())
 
 
+def _probe(static: Any, donated: Any) -> None:
+    """A two-argument function for telling the two conventions apart."""
+
+
+@functools.cache
+def _rebases_donations() -> bool:
+    donated = api_util.resolve_argnums(
+        _probe, api_util.fun_signature(_probe), (1,), None, (0,), None
+    )[0]
+    return tuple(donated) == (0,)
+
+
+def _unrebase(donated: Sequence[int], static: Sequence[int]) -> tuple[int, ...]:
+    # The inverse of JAX's rebase_donate_argnums: a dynamic index becomes the position of
+    # that dynamic argument among all the arguments.
+    fixed = sorted(i for i in static if i >= 0)
+    out = []
+    for index in donated:
+        for position in fixed:
+            if position <= index:
+                index += 1
+        out.append(index)
+    return tuple(out)
+
+
+def resolve_argnums(
+    fun: Callable[..., Any],
+    donate_argnums: Any,
+    donate_argnames: Any,
+    static_argnums: Any,
+    static_argnames: Any,
+) -> tuple[tuple[int, ...], tuple[str, ...], tuple[int, ...], tuple[str, ...]]:
+    """``fun``'s donated and static arguments, by position (among all its arguments) and name.
+
+    JAX's own resolution and checks (``jax.jit``'s errors and warnings for names and
+    positions that do not fit ``fun``), as ``jax.jit(fun, ...)`` makes them.
+
+    Args:
+      fun: the function given to ``jit``.
+      donate_argnums: ``jit``'s ``donate_argnums``, or None.
+      donate_argnames: ``jit``'s ``donate_argnames``, or None.
+      static_argnums: ``jit``'s ``static_argnums``, or None.
+      static_argnames: ``jit``'s ``static_argnames``, or None.
+
+    Returns:
+      ``(donate_argnums, donate_argnames, static_argnums, static_argnames)``, each name
+      resolved to its position and each position to its name where the signature allows.
+
+    Example:
+      >>> from jaxoverride.adapter_kit import resolve_argnums
+      >>> def solve(f, x, steps): ...
+      >>> resolve_argnums(solve, (1,), None, None, ("f", "steps"))
+      ((1,), ('x',), (0, 2), ('f', 'steps'))
+    """
+    donated, donated_names, static, static_names = api_util.resolve_argnums(
+        fun,
+        api_util.fun_signature(fun),
+        donate_argnums,
+        donate_argnames,
+        static_argnums,
+        static_argnames,
+    )
+    if _rebases_donations():
+        donated = _unrebase(donated, static)
+    return tuple(donated), tuple(donated_names), tuple(static), tuple(static_names)
+
+
 PRIVATE_SYMBOLS: dict[str, str] = {
     "jax._src.util.fun_name": (
         "the name jax.jit gives a callable's program (jit_name); JAX has no public helper"
+    ),
+    "jax._src.api_util.fun_signature": "jit's own reading of a signature (resolve_argnums)",
+    "jax._src.api_util.resolve_argnums": "jit's own resolution of static and donated arguments",
+    "jax._src.lax.control_flow.loops._batch_and_remainder": (
+        "lax.map's batch_size split, exactly as each JAX version makes it (adapter_kit.batched_map)"
     ),
 }
 """Every private upstream name the core uses, with why no public name serves.
@@ -136,6 +213,7 @@ __all__ = [
     "jaxprs_in_params",
     "PRIVATE_SYMBOLS",
     "jit_name",
+    "resolve_argnums",
     "rule_nondiff_argnums",
     "set_user_context_global",
 ]

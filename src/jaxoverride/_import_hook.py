@@ -30,6 +30,7 @@ import jax
 from jaxoverride import _interpose, lax as neutral_lax
 from jaxoverride._interpose import ORIGINALS, Interposition, bind_module, neutral_jax
 from jaxoverride._raw import unreachable_transforms as unreachable_transforms
+from jaxoverride.errors import ImportOrderError
 
 # The ``__import__`` that ours chains to: whatever was current when ours was installed (a
 # profiler's or a lazy importer's hook, say), so that it keeps running and is put back.
@@ -40,30 +41,6 @@ _watched: Counter[str] = Counter()  # package name -> handles that watch it
 _prefixes: tuple[tuple[str, str], ...] = ()
 _served: set[str] = set()  # modules that were handed a neutral object while importing
 _handles: list[ImportInterposition] = []
-
-
-class ImportOrderError(RuntimeError):
-    r"""A package was imported before ``interpose_on_import`` could reach its import-time
-    transforms, which therefore keep calling raw JAX.
-
-    The message names each package, how many such transforms it holds, and where.
-
-    Example:
-      >>> import pathlib, sys, tempfile
-      >>> import jaxoverride as jo
-      >>> folder = tempfile.mkdtemp()
-      >>> _ = pathlib.Path(folder, "early_solver.py").write_text(
-      ...     "import jax\nstep = jax.jit(lambda x: x + 1)\n"
-      ... )
-      >>> sys.path.insert(0, folder)
-      >>> import early_solver  # builds a raw jax.jit while importing
-      >>> try:
-      ...     jo.interpose_on_import("early_solver")
-      ... except jo.ImportOrderError as error:
-      ...     print("'early_solver' 1 (early_solver.step)" in str(error))
-      True
-      >>> _ = sys.path.remove(folder)
-    """
 
 
 def _package_of(module_name: str) -> str | None:

@@ -8,8 +8,6 @@ from typing import Any
 
 import jax
 
-# A transform takes a function and returns a function; the override of a transform is
-# called once per (wrapper, active stack) to build that function, and the result is cached.
 TRANSFORMS: Mapping[str, Callable[..., Any]] = {
     "jit": jax.jit,
     "vmap": jax.vmap,
@@ -24,17 +22,24 @@ TRANSFORMS: Mapping[str, Callable[..., Any]] = {
     "shard_map": jax.shard_map,
     "make_jaxpr": jax.make_jaxpr,
 }
+"""The transforms, ``{name: JAX function}``: each takes a function and returns one.
 
-# A custom derivative rule is a decorator class: its override is called with JAX's
-# constructor arguments once per (decorated function, active stack), must return an object
-# with JAX's ``defvjp`` / ``defjvp`` / ``defjvps`` and ``__call__``, and the rules defined
-# on the neutral object are replayed onto it.
+The override of a transform is called once per (wrapper, active stack) to build that
+function, and the result is cached.
+"""
+
 RULES: Mapping[str, Callable[..., Any]] = {
     "custom_vjp": jax.custom_vjp,
     "custom_jvp": jax.custom_jvp,
 }
+"""The custom derivative rules, ``{name: JAX class}``: decorator classes.
 
-# A call runs at once; its override is resolved and called on every call.
+A rule's override is called with JAX's constructor arguments once per (decorated
+function, active stack), must return an object with JAX's ``defvjp`` / ``defjvp`` /
+``defjvps`` and ``__call__``, and the rules defined on the neutral object are replayed
+onto it.
+"""
+
 CALLS: Mapping[str, Callable[..., Any]] = {
     "jvp": jax.jvp,
     "vjp": jax.vjp,
@@ -50,8 +55,12 @@ CALLS: Mapping[str, Callable[..., Any]] = {
     "lax.custom_root": jax.lax.custom_root,
     "lax.custom_linear_solve": jax.lax.custom_linear_solve,
 }
+"""The calls, ``{name: JAX function}``: each runs at once; its override is resolved and
+called on every call."""
 
 JAX_IMPLS: Mapping[str, Callable[..., Any]] = {**TRANSFORMS, **RULES, **CALLS}
+"""Every overridable name with the JAX function or class it stands for: the one list of
+the overridable names, from which ``OVERRIDEABLE`` and the neutral modules derive."""
 
 OVERRIDEABLE: frozenset[str] = frozenset(JAX_IMPLS)
 """Every name that ``override_context`` and ``install`` accept, such as ``"jit"`` and

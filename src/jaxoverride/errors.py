@@ -1,7 +1,7 @@
 """The errors jaxoverride and its adapters raise, under one base class.
 
 Every error that jaxoverride raises for a misuse it can name is a
-:class:`JaxoverrideError`, so one ``except jaxoverride.errors.JaxoverrideError`` catches
+``JaxoverrideError``, so one ``except jaxoverride.errors.JaxoverrideError`` catches
 them all. Adapters raise these classes or subclass them: ``jaxoverride_haiku`` and
 ``jaxoverride_nnx`` keep their historical names (``jaxoverride_nnx.UntrackedModuleError``
 ...) as subclasses, so handlers written against either keep working.
@@ -14,14 +14,22 @@ Example:
 
 from __future__ import annotations
 
+from typing import TypeVar
+
+_ClosedOver = TypeVar("_ClosedOver", bound="ClosedOverDifferentiationError")
+
 __all__ = [
     "ClosedOverDifferentiationError",
     "DifferentiatedStateError",
+    "ImportOrderError",
     "ImportOrderWarning",
     "JaxoverrideError",
     "MissingAdapterError",
     "MissingAdapterWarning",
     "PureFunctionWriteError",
+    "SharingError",
+    "StructureChangeError",
+    "UntrackedModuleError",
 ]
 
 
@@ -35,7 +43,34 @@ class ClosedOverDifferentiationError(JaxoverrideError, ValueError):
     A rule gives gradients for its explicit arguments only, so the state would get a
     silently zero gradient. ``jaxoverride.closure_convert`` makes what a function reads
     explicit arguments.
+
+    Example:
+      >>> from jaxoverride.errors import ClosedOverDifferentiationError
+      >>> error = ClosedOverDifferentiationError.reading("jaxoverride.custom_vjp", "`w`")
+      >>> str(error)[:58]
+      'jaxoverride.custom_vjp: the rule reads `w`, which is being'
     """
+
+    @classmethod
+    def reading(cls: type[_ClosedOver], where: str, what: str) -> _ClosedOver:
+        """The error for a rule that reads ``what`` while it is being differentiated.
+
+        Args:
+          where: the neutral function, such as ``"jaxoverride.custom_vjp"``.
+          what: the state read, in the framework's words (``"the Haiku value '~/w'"``).
+
+        Returns:
+          An instance of ``cls`` (an adapter's subclass builds its own) with the message
+          every adapter gives: what was read, why it is refused, and the fix.
+        """
+        return cls(
+            f"{where}: the rule reads {what}, which is being differentiated, without having "
+            "it as an argument. A custom rule gives gradients for its explicit arguments "
+            "only, so it would get a silently zero gradient (JAX refuses the same for a "
+            "closed-over value). Pass it in: jaxoverride.closure_convert(f, *example_args) "
+            "hoists what f reads into explicit arguments; or pass the parameters to the "
+            "library's solve/run call as arguments."
+        )
 
 
 class DifferentiatedStateError(JaxoverrideError, ValueError):
@@ -62,7 +97,44 @@ class MissingAdapterError(JaxoverrideError, RuntimeError):
 
 
 class MissingAdapterWarning(UserWarning):
-    """Like :class:`MissingAdapterError`, where the program may still be right."""
+    """Like ``MissingAdapterError``, where the program may still be right."""
+
+
+class UntrackedModuleError(JaxoverrideError, RuntimeError):
+    """A stateful module was written inside a neutral call that no adapter threads it through.
+
+    The write would be lost or leak a tracer; the message names the module and the call
+    that makes the adapter thread it (``jaxoverride_nnx.track(model)``).
+    """
+
+
+class StructureChangeError(JaxoverrideError, ValueError):
+    """Traced code changed the structure of a module (a new attribute, a new shape).
+
+    A JAX trace has fixed inputs and outputs, so a new attribute or a Variable of a new
+    shape or dtype cannot come out of it; make the change outside the neutral call.
+    """
+
+
+class SharingError(JaxoverrideError, ValueError):
+    """A sharing pattern (one object at several places) that a transform cannot honour.
+
+    The message names the paths and says how to fix it.
+    """
+
+
+class ImportOrderError(JaxoverrideError, RuntimeError):
+    r"""A package was imported before ``interpose_on_import`` could reach its import-time
+    transforms, which therefore keep calling raw JAX.
+
+    The message names each package, how many such transforms it holds, and where. Also
+    ``jaxoverride.ImportOrderError``; ``jaxoverride.interpose_on_import`` shows it raised.
+
+    Example:
+      >>> import jaxoverride as jo
+      >>> jo.ImportOrderError is jo.errors.ImportOrderError
+      True
+    """
 
 
 class ImportOrderWarning(UserWarning):

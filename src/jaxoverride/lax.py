@@ -28,17 +28,10 @@ from jaxoverride._lax import (
     switch as switch,
     while_loop as while_loop,
 )
+from jaxoverride._names import JAX_IMPLS as _JAX_IMPLS
 
-_NEUTRAL = (
-    "scan",
-    "while_loop",
-    "fori_loop",
-    "cond",
-    "switch",
-    "map",
-    "custom_root",
-    "custom_linear_solve",
-)
+# The overridable names are listed once, in ``_names``; this module's are the "lax." ones.
+_NEUTRAL = tuple(name[4:] for name in _JAX_IMPLS if name.startswith("lax."))
 
 
 def __getattr__(name: str) -> _typing.Any:

@@ -1,8 +1,44 @@
 """The adapter kit: what every jaxoverride adapter is written on.
 
-For adapter authors, not for library or model authors. An adapter imports the public
-core (``jaxoverride``), this kit and its own framework, and nothing from
-``jaxoverride._*``.
+**Who it is for.** Authors of adapters: packages that plug a framework (Haiku, Flax,
+a toy of your own) into the override stack, as ``jaxoverride_haiku``, ``jaxoverride_nnx``,
+``jaxoverride_plain``, ``jaxoverride_dag`` and ``jaxoverride_debug`` do. Library and model
+authors never need it: they use ``jaxoverride`` and an adapter's ``context()``.
+
+An adapter imports the public core (``jaxoverride``), this kit, ``jaxoverride.errors``
+and its own framework, and nothing from ``jaxoverride._*``. What more than one adapter
+needs lives here, once:
+
+- the contract: ``Adapter`` (which names an adapter overrides, which it passes
+  through to the layer below), ``OverrideTable`` that declares it, and
+  ``unhandled_names``, which checks it;
+- the name tables (``TRANSFORMS``, ``RULES``, ``CALLS``, ``JAX_IMPLS``) and
+  ``check_name``;
+- where the running override sits in the stack (``override_position``), and
+  ``describe_impl``, ``jit_name`` and ``get_opaque_trace_state``;
+- custom-rule lifting (``LiftedRule``) and the arguments of lifted rules
+  (``positional_arguments``, ``fwd_output_pair``, ``bwd_cotangents``, the
+  symbolic-zero helpers);
+- argnum inference (``infer_argnums_and_argnames``, ``resolve_argnums``,
+  ``shift_argnums``), a weak-keyed wrapper cache (``WrapperCache``), the replay
+  that raises JAX's own error (``raise_as_jax``), batched ``lax.map``
+  (``batched_map``) and the ``NO_OPERAND`` sentinel;
+- operands and mapped arguments as JAX hands them to a body (``as_jax_operands``,
+  ``unbatched_arguments``, ``shard_block_arguments``, ...).
+
+**Stability.** Semi-public, in the way ``equinox.internal`` is: every name here is
+documented and tested, and the adapters in this repository reach the core's internals
+through nothing else, but it may change in a minor release, when JAX or an adapter
+needs it to. Pin jaxoverride's minor version if you ship an adapter outside this
+repository. Names not exported here (``jaxoverride.adapter_kit._*``) are private.
+
+Example:
+  >>> import jaxoverride as jo
+  >>> from jaxoverride import adapter_kit as kit
+  >>> sorted(kit.RULES)
+  ['custom_jvp', 'custom_vjp']
+  >>> kit.check_name("lax.scan", where="example")
+  'lax.scan'
 """
 
 from jaxoverride.adapter_kit._frameworks import declare_handler as declare_handler
@@ -15,3 +51,125 @@ from jaxoverride.adapter_kit._raw import (
     interpose_fix as interpose_fix,
     raw_import_time_transforms as raw_import_time_transforms,
 )
+from jaxoverride._compat import jit_name as jit_name, resolve_argnums as resolve_argnums
+from jaxoverride._names import (
+    CALLS as CALLS,
+    JAX_IMPLS as JAX_IMPLS,
+    OVERRIDEABLE as OVERRIDEABLE,
+    RULES as RULES,
+    TRANSFORMS as TRANSFORMS,
+    check_name as check_name,
+)
+from jaxoverride.adapter_kit._adapter import (
+    Adapter as Adapter,
+    OverrideTable as OverrideTable,
+    declared_adapters as declared_adapters,
+    overrides_in as overrides_in,
+    unhandled_names as unhandled_names,
+)
+from jaxoverride.adapter_kit._argnums import (
+    as_index_tuple as as_index_tuple,
+    infer_argnums_and_argnames as infer_argnums_and_argnames,
+    shift_argnums as shift_argnums,
+)
+from jaxoverride.adapter_kit._batched_map import (
+    batched_map as batched_map,
+    join_batches as join_batches,
+    split_batches as split_batches,
+)
+from jaxoverride.adapter_kit._cache import WrapperCache as WrapperCache
+from jaxoverride.adapter_kit._lifted_rule import LiftedRule as LiftedRule
+from jaxoverride.adapter_kit._mapped import (
+    INFER_SPECS as INFER_SPECS,
+    create_binding_axes as create_binding_axes,
+    mesh_axis_sizes as mesh_axis_sizes,
+    shard_block_arguments as shard_block_arguments,
+    varying_axes as varying_axes,
+)
+from jaxoverride.adapter_kit._operands import (
+    NO_OPERAND as NO_OPERAND,
+    as_jax_operands as as_jax_operands,
+    distinct_functions as distinct_functions,
+    unbatched_arguments as unbatched_arguments,
+    zeros_for as zeros_for,
+)
+from jaxoverride.adapter_kit._position import (
+    OverridePosition as OverridePosition,
+    describe_impl as describe_impl,
+    get_opaque_trace_state as get_opaque_trace_state,
+    override_position as override_position,
+)
+from jaxoverride.adapter_kit._replay import (
+    branch_error as branch_error,
+    check_loop_carry as check_loop_carry,
+    check_scan_output as check_scan_output,
+    output_shapes as output_shapes,
+    raise_as_jax as raise_as_jax,
+)
+from jaxoverride.adapter_kit._rule_args import (
+    bwd_cotangents as bwd_cotangents,
+    fwd_output_pair as fwd_output_pair,
+    instantiate_zeros as instantiate_zeros,
+    nondiff_positions as nondiff_positions,
+    perturbed_leaves as perturbed_leaves,
+    positional_arguments as positional_arguments,
+    unwrap_primals as unwrap_primals,
+    zero_tangents as zero_tangents,
+)
+
+__all__ = [
+    "CALLS",
+    "INFER_SPECS",
+    "JAX_IMPLS",
+    "NO_OPERAND",
+    "OVERRIDEABLE",
+    "RULES",
+    "SOLVER_LIBRARIES",
+    "TRANSFORMS",
+    "Adapter",
+    "LiftedRule",
+    "OverridePosition",
+    "OverrideTable",
+    "WrapperCache",
+    "as_index_tuple",
+    "as_jax_operands",
+    "batched_map",
+    "branch_error",
+    "bwd_cotangents",
+    "check_loop_carry",
+    "check_name",
+    "check_scan_output",
+    "declare_handler",
+    "escaped_tracers",
+    "interpose_fix",
+    "raw_import_time_transforms",
+    "raw_transform_error",
+    "create_binding_axes",
+    "declared_adapters",
+    "describe_impl",
+    "distinct_functions",
+    "fwd_output_pair",
+    "get_opaque_trace_state",
+    "infer_argnums_and_argnames",
+    "instantiate_zeros",
+    "jit_name",
+    "join_batches",
+    "mesh_axis_sizes",
+    "nondiff_positions",
+    "output_shapes",
+    "override_position",
+    "overrides_in",
+    "perturbed_leaves",
+    "positional_arguments",
+    "raise_as_jax",
+    "resolve_argnums",
+    "shard_block_arguments",
+    "shift_argnums",
+    "split_batches",
+    "unbatched_arguments",
+    "unhandled_names",
+    "unwrap_primals",
+    "varying_axes",
+    "zero_tangents",
+    "zeros_for",
+]

@@ -21,9 +21,11 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec
 
-from jaxoverride_plain._combinators import Thunk
+Thunk = Callable[[], Any]
 
-INFER: Any = inspect.signature(jax.shard_map).parameters["in_specs"].default
+INFER_SPECS: Any = inspect.signature(jax.shard_map).parameters["in_specs"].default
+"""The default of ``jax.shard_map``'s ``in_specs``: read each argument's spec off its
+sharding. An override of ``shard_map`` tests ``in_specs is INFER_SPECS``."""
 
 
 def _is_spec(node: Any) -> bool:
@@ -72,12 +74,12 @@ def varying_axes(value: Any) -> frozenset[Any]:
     Example:
       >>> import jax, jax.numpy as jnp, numpy as np
       >>> from jax.sharding import Mesh, PartitionSpec as P
-      >>> import jaxoverride_plain
+      >>> from jaxoverride import adapter_kit
       >>> mesh = Mesh(np.array(jax.devices()[:1]), ("data",))
       >>> seen = []
       >>> def body(block):
       ...     total = jax.lax.psum(block, "data")
-      ...     seen.append([sorted(jaxoverride_plain.varying_axes(v)) for v in (block, total)])
+      ...     seen.append([sorted(adapter_kit.varying_axes(v)) for v in (block, total)])
       ...     return block
       >>> _ = jax.shard_map(body, mesh=mesh, in_specs=P("data"), out_specs=P("data"))(
       ...     jnp.ones(1)
@@ -102,7 +104,7 @@ def mesh_axis_sizes(mesh: Any) -> dict[Any, int]:
 
     Example:
       >>> import jax
-      >>> from jaxoverride_plain import mesh_axis_sizes
+      >>> from jaxoverride.adapter_kit import mesh_axis_sizes
       >>> mesh_axis_sizes(jax.make_mesh((1,), ("data",)))
       {'data': 1}
     """
@@ -128,14 +130,14 @@ def shard_block_arguments(args: tuple[Any, ...], in_specs: Any, mesh: Any) -> tu
     Example:
       >>> import jax, jax.numpy as jnp
       >>> from jax.sharding import PartitionSpec as P
-      >>> from jaxoverride_plain import shard_block_arguments
+      >>> from jaxoverride.adapter_kit import shard_block_arguments
       >>> mesh = jax.make_mesh((1,), ("data",))
       >>> a, b = shard_block_arguments((jnp.ones((4, 3)), jnp.ones(2)), (P("data"), P()), mesh)
       >>> a.shape, b.shape
       ((4, 3), (2,))
     """
     sizes = mesh_axis_sizes(mesh)
-    if in_specs is INFER:
+    if in_specs is INFER_SPECS:
         return tuple(
             jax.tree_util.tree_map(lambda leaf: _block(leaf, _leaf_spec(leaf), sizes), arg)
             for arg in args
@@ -202,9 +204,9 @@ def create_binding_axes(
     Example:
       >>> import jax.numpy as jnp
       >>> from jax import lax
-      >>> from jaxoverride_plain import create_binding_axes, create_by_calling
+      >>> from jaxoverride.adapter_kit import create_binding_axes
       >>> seen = []
-      >>> hook = create_binding_axes(create_by_calling, ["i"])
+      >>> hook = create_binding_axes(lambda thunk: thunk(), ["i"])
       >>> hook(lambda: seen.append(lax.psum(jnp.float32(2.0), "i")))
       >>> [float(x) for x in seen]
       [2.0]

@@ -1,26 +1,63 @@
-"""JAX's own errors about the user's functions, for the control flow that ``track`` lifts.
+"""JAX's own errors about the user's functions: replay the call on raw JAX.
 
-The adapter hands JAX functions of its own, whose carries and outputs hold the tracked
-Variables' values beside the user's. JAX's checks of a carry or of branch outputs would
-then describe the adapter's structure (``args[0]``, a path ``[0]['a']``, a branch named
+An adapter hands JAX functions of its own, whose carries and outputs hold the adapter's
+state beside the user's values. JAX's checks of a carry or of branch outputs would then
+describe the adapter's structure (``args[0]``, a path ``[0]['a']``, a branch named
 ``<unknown>``). Where the user's values break one of those rules, the adapter runs raw
-JAX, under ``jax.eval_shape``, on stand-ins that carry the user's functions' names and
-signatures and return the user's values: JAX's own check then raises JAX's own message,
-about the user's code. The stand-ins return values already computed, so nothing the user
-wrote runs twice.
+JAX, under ``jax.eval_shape`` (nothing is computed), on the user's call or on stand-ins
+that carry the user's functions' names and signatures and return the user's values:
+JAX's own check then raises JAX's own message, about the user's code. The stand-ins
+return values already computed, so nothing the user wrote runs twice.
 """
 
 from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 _SCALARS = (bool, int, float, complex)
+# Raw JAX cannot express the call (a non-array leaf): the adapter's own error is the one.
+_NOT_JAX = "is not a valid JAX type"
+
+
+def raise_as_jax(raw: Callable[[], Any], error: BaseException) -> NoReturn:
+    """Raises JAX's own error for the call that ``raw`` makes, or ``error`` if it has none.
+
+    ``raw`` runs under ``jax.eval_shape``: JAX's checks happen while tracing, so nothing
+    is computed. A ``TypeError`` or ``ValueError`` from JAX wins, unless it only says that
+    raw JAX cannot take a non-array leaf; anything else says nothing about the input.
+
+    Args:
+      raw: makes the user's call on raw JAX (``lambda: jax.lax.scan(f, init, xs)``).
+      error: what the adapter raises when raw JAX accepts the call.
+
+    Raises:
+      TypeError: JAX's own, when raw JAX rejects the call (or ``ValueError``).
+      BaseException: ``error``, when raw JAX accepts the call or says nothing about it.
+
+    Example:
+      >>> import jax
+      >>> from jaxoverride.adapter_kit import raise_as_jax
+      >>> try:
+      ...     raise_as_jax(lambda: jax.lax.scan(lambda c, x: c, 0.0, None, length=1),
+      ...                  RuntimeError("adapter"))
+      ... except TypeError as error:
+      ...     print(str(error).split(",")[0])
+      scan body output must be a pair
+    """
+    try:
+        jax.eval_shape(lambda: (raw(), None)[1])
+    except (TypeError, ValueError) as jax_error:
+        if _NOT_JAX not in str(jax_error):
+            raise jax_error from None
+    except Exception:  # anything else says nothing about the input: ours is clearer
+        pass
+    raise error
 
 
 def _is_value(leaf: Any) -> bool:

@@ -35,7 +35,7 @@ def positional_arguments(
       All arguments as one positional tuple (defaults filled in where keywords were given).
 
     Example:
-      >>> from jaxoverride_plain import positional_arguments
+      >>> from jaxoverride.adapter_kit import positional_arguments
       >>> positional_arguments(lambda x, y=2: x, (1,), {"y": 3})
       (1, 3)
     """
@@ -60,7 +60,7 @@ def nondiff_positions(
       The positions, sorted, without repeats.
 
     Example:
-      >>> from jaxoverride_plain import nondiff_positions
+      >>> from jaxoverride.adapter_kit import nondiff_positions
       >>> nondiff_positions(lambda f, x, n: x, (0,), ("n",))
       (0, 2)
     """
@@ -95,7 +95,7 @@ def perturbed_leaves(tree: Any) -> list[bool]:
     Example:
       >>> import jax, jax.numpy as jnp
       >>> from jax.custom_derivatives import CustomVJPPrimal, SymbolicZero
-      >>> from jaxoverride_plain import perturbed_leaves
+      >>> from jaxoverride.adapter_kit import perturbed_leaves
       >>> zero = SymbolicZero(jax.core.ShapedArray((), jnp.float32))
       >>> perturbed_leaves({"a": CustomVJPPrimal(1.0, True), "b": zero, "c": jnp.ones(())})
       [True, False, True]
@@ -121,7 +121,7 @@ def unwrap_primals(tree: Any) -> Any:
 
     Example:
       >>> from jax.custom_derivatives import CustomVJPPrimal
-      >>> from jaxoverride_plain import unwrap_primals
+      >>> from jaxoverride.adapter_kit import unwrap_primals
       >>> unwrap_primals((CustomVJPPrimal(1.0, False), 2.0))
       (1.0, 2.0)
     """
@@ -147,7 +147,7 @@ def instantiate_zeros(tree: Any) -> Any:
     Example:
       >>> import jax, jax.numpy as jnp
       >>> from jax.custom_derivatives import SymbolicZero
-      >>> from jaxoverride_plain import instantiate_zeros
+      >>> from jaxoverride.adapter_kit import instantiate_zeros
       >>> instantiate_zeros(SymbolicZero(jax.core.ShapedArray((2,), jnp.float32)))
       Array([0., 0.], dtype=float32)
     """
@@ -165,7 +165,7 @@ def zero_tangents(tree: Any) -> Any:
 
     Example:
       >>> import jax.numpy as jnp
-      >>> from jaxoverride_plain import zero_tangents
+      >>> from jaxoverride.adapter_kit import zero_tangents
       >>> zero_tangents((jnp.ones(2), jnp.int32(3)))[1].dtype
       dtype([('float0', 'V')])
     """
@@ -197,7 +197,7 @@ def fwd_output_pair(result: Any, fwd: Callable[..., Any], fun: Callable[..., Any
 
     Example:
       >>> import jax.numpy as jnp
-      >>> from jaxoverride_plain import fwd_output_pair
+      >>> from jaxoverride.adapter_kit import fwd_output_pair
       >>> def f(x): return x
       >>> def f_fwd(x): return x
       >>> fwd_output_pair(jnp.float32(1.0), f_fwd, f)
@@ -238,7 +238,7 @@ def bwd_cotangents(cotangents: Any, primal_tree: Any) -> tuple[Any, ...]:
 
     Example:
       >>> import jax, jax.numpy as jnp
-      >>> from jaxoverride_plain import bwd_cotangents
+      >>> from jaxoverride.adapter_kit import bwd_cotangents
       >>> two_arrays = jax.tree.structure((jnp.ones(2), jnp.ones(3)))
       >>> bwd_cotangents([jnp.ones(2), None], two_arrays)[1] is None
       True

@@ -1,0 +1,97 @@
+"""The common part of an adapter's ``custom_vjp``/``custom_jvp``: JAX's rule, and the user's.
+
+An adapter that threads its state through a custom rule builds, per call, a JAX rule over
+a lifted function whose first argument is the state. What it needs from the user's
+decorated function is always the same: JAX's own rule object built below (for calls
+where the adapter has nothing to do, for JAX's checks of the rule functions, and for the
+attributes users read), and the rule functions the user defined, to lift at call time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jaxoverride as jo
+from jaxoverride.adapter_kit._rule_args import nondiff_positions
+
+
+class LiftedRule:
+    """Base class of an override of ``custom_vjp``/``custom_jvp`` that lifts its state.
+
+    The constructor takes JAX's constructor arguments and builds the rule below
+    (``_plain``); ``defvjp``, ``defjvp`` and ``defjvps`` define the rule there too (so
+    JAX checks the functions as it does) and record them in ``_rule``:
+    ``(fwd, bwd, symbolic_zeros, optimize_remat)`` or ``(jvp, symbolic_zeros)``. Any
+    other public attribute is read from the rule below. A subclass defines ``__call__``:
+    ``self._plain(*args, **kwargs)`` where it has nothing to do, else its lifted rule.
+
+    Attributes:
+      _name: ``"custom_vjp"`` or ``"custom_jvp"``.
+      _where: ``"jaxoverride.custom_vjp"``, for messages.
+      _below: the implementation below (``jaxoverride.next_impl(name)`` at build time).
+      _plain: the rule below, built on the user's function.
+      _fun: the user's function.
+      _nondiff: the positions of its non-differentiable arguments, names resolved.
+      _rule: the user's rule functions, or ``None`` before one is defined.
+
+    Example:
+      >>> import jax, jaxoverride as jo
+      >>> from jaxoverride import adapter_kit as kit
+      >>> class Counted(kit.LiftedRule):
+      ...     calls = 0
+      ...     def __call__(self, *args, **kwargs):
+      ...         Counted.calls += 1
+      ...         return self._plain(*args, **kwargs)
+      >>> override = {"custom_vjp": lambda fun, *a, **k: Counted("custom_vjp", fun, *a, **k)}
+      >>> with jo.override_context(override):
+      ...     f = jo.custom_vjp(lambda x: x * 2.0)
+      ...     f.defvjp(lambda x: (f(x), None), lambda _, g: (g * 2.0,))
+      ...     slope = jax.grad(f)(1.0)
+      >>> float(slope), Counted.calls > 0
+      (2.0, True)
+    """
+
+    def __init__(
+        self,
+        name: str,
+        fun: Callable[..., Any],
+        nondiff_argnums: Sequence[int] = (),
+        nondiff_argnames: Sequence[str] = (),
+    ):
+        self._name = name
+        self._where = f"jaxoverride.{name}"
+        self._below = jo.next_impl(name)
+        self._plain = self._below(
+            fun, nondiff_argnums=nondiff_argnums, nondiff_argnames=nondiff_argnames
+        )
+        self._fun = fun
+        self._nondiff = nondiff_positions(fun, nondiff_argnums, nondiff_argnames)
+        self._rule: tuple[Any, ...] | None = None
+
+    def defvjp(
+        self,
+        fwd: Callable[..., Any],
+        bwd: Callable[..., Any],
+        symbolic_zeros: bool = False,
+        optimize_remat: bool = False,
+    ) -> None:
+        """JAX's ``custom_vjp.defvjp``: defines the rule below and records it."""
+        self._plain.defvjp(fwd, bwd, symbolic_zeros=symbolic_zeros, optimize_remat=optimize_remat)
+        self._rule = (fwd, bwd, symbolic_zeros, optimize_remat)
+
+    def defjvp(self, jvp: Callable[..., Any], symbolic_zeros: bool = False) -> Callable[..., Any]:
+        """JAX's ``custom_jvp.defjvp``: defines the rule below and records it."""
+        self._plain.defjvp(jvp, symbolic_zeros=symbolic_zeros)
+        self._rule = (jvp, symbolic_zeros)
+        return jvp
+
+    def defjvps(self, *jvps: Callable[..., Any] | None) -> None:
+        """JAX's ``custom_jvp.defjvps``: JAX combines them into one rule, recorded."""
+        self._plain.defjvps(*jvps)
+        self._rule = (self._plain.jvp, False)
+
+    def __getattr__(self, attribute: str) -> Any:
+        if attribute.startswith("_"):
+            raise AttributeError(attribute)
+        return getattr(self._plain, attribute)
