@@ -41,16 +41,6 @@ Example:
   'lax.scan'
 """
 
-from jaxoverride.adapter_kit._frameworks import declare_handler as declare_handler
-from jaxoverride.adapter_kit._leaks import (
-    escaped_tracers as escaped_tracers,
-    raw_transform_error as raw_transform_error,
-)
-from jaxoverride.adapter_kit._raw import (
-    SOLVER_LIBRARIES as SOLVER_LIBRARIES,
-    interpose_fix as interpose_fix,
-    raw_import_time_transforms as raw_import_time_transforms,
-)
 from jaxoverride._compat import jit_name as jit_name, resolve_argnums as resolve_argnums
 from jaxoverride._names import (
     CALLS as CALLS,
@@ -78,6 +68,11 @@ from jaxoverride.adapter_kit._batched_map import (
     split_batches as split_batches,
 )
 from jaxoverride.adapter_kit._cache import WrapperCache as WrapperCache
+from jaxoverride.adapter_kit._frameworks import declare_handler as declare_handler
+from jaxoverride.adapter_kit._leaks import (
+    escaped_tracers as escaped_tracers,
+    raw_transform_error as raw_transform_error,
+)
 from jaxoverride.adapter_kit._lifted_rule import LiftedRule as LiftedRule
 from jaxoverride.adapter_kit._mapped import (
     INFER_SPECS as INFER_SPECS,
@@ -98,6 +93,11 @@ from jaxoverride.adapter_kit._position import (
     describe_impl as describe_impl,
     get_opaque_trace_state as get_opaque_trace_state,
     override_position as override_position,
+)
+from jaxoverride.adapter_kit._raw import (
+    SOLVER_LIBRARIES as SOLVER_LIBRARIES,
+    interpose_fix as interpose_fix,
+    raw_import_time_transforms as raw_import_time_transforms,
 )
 from jaxoverride.adapter_kit._replay import (
     branch_error as branch_error,
