@@ -1,7 +1,7 @@
 """The private Haiku names the Haiku adapter uses, each with the reason.
 
 The JAX names it needed (``resolve_argnums``, ``_batch_and_remainder``) are the kit's now
-(``jaxoverride.adapter_kit``), listed in ``jaxoverride._compat.PRIVATE_SYMBOLS``.
+(``jaxoverride.adapter_kit``), listed in the core's ``PRIVATE_SYMBOLS``.
 """
 
 from __future__ import annotations
