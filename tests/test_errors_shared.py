@@ -113,9 +113,9 @@ def _nnx_structure_change():
 
 
 def _dag_sharing():
-    w = jnp.ones(2)
+    node = {"w": jnp.ones(2)}  # a shared node under two mapped axes would lose its identity
     with dag.context():
-        jo.vmap(lambda a, b: a + b, in_axes=(0, None))(w, w)
+        jo.vmap(lambda a, b: a["w"] + b["w"], in_axes=(0, None))(node, node)
 
 
 CASES = [

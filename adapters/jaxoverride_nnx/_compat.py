@@ -80,7 +80,6 @@ PRIVATE_SYMBOLS: dict[str, str] = {
     "flax.nnx.tracers.current_jax_trace": "the trace that a Variable write compares against",
     "jax._src.custom_derivatives._sum_tangents": "custom_jvp.defjvps's own sum, as JAX",
     "jax._src.custom_derivatives._zeros_like_pytree": "custom_jvp.defjvps's own zeros, as JAX",
-    "jax._src.lax.control_flow.loops._batch_and_remainder": "lax.map's batch_size split, as JAX",
 }
 """Every private upstream name the NNX adapter uses, with why no public name serves.
 
