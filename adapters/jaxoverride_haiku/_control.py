@@ -18,6 +18,7 @@ JAX's caches and compiles once.
 
 from __future__ import annotations
 
+import copy
 import functools
 import inspect
 import weakref
@@ -35,6 +36,7 @@ from jaxoverride import lax as jlax
 from jaxoverride_haiku._creation import create
 from jaxoverride_haiku._frames import (
     InternalState,
+    Names,
     Threaded,
     check_same_state,
     current_frame,
@@ -68,11 +70,15 @@ def _check(where: str, before: InternalState, after: InternalState) -> InternalS
     site = current_site()
     if site is not None and state_names(after.state) - state_names(before.state):
         site.state_created = True
-        kept = {
-            m: {n: v for n, v in b.items() if n in before.state.get(m, {})}
-            for m, b in after.state.items()
-            if m in before.state
-        }
+        kept = copy.copy(after.state)  # the mapping types of the carry, kept
+        for module in list(kept):
+            if module not in before.state:
+                del kept[module]
+                continue
+            bundle = kept[module] = copy.copy(kept[module])
+            for name in list(bundle):
+                if name not in before.state[module]:
+                    del bundle[name]
         return after._replace(state=kept)
     check_same_state(where, before, after)
     return after
@@ -97,10 +103,23 @@ def _init_once(one: Callable[[], T], two_pass: Callable[[], T]) -> T:
         return one()
     if jax.config.jax_disable_jit:
         return two_pass()
+    frame = current_frame()
+    owner = not creating_site()
+    if owner:
+        names = Names.capture(frame)
+        state_before = {module: dict(bundle) for module, bundle in frame.state.items()}
+        sequence = frame.rng_stack.peek()
+        rng_before = None if sequence is None else sequence.internal_state
     with create_in_trace() as site:
         out = one()
-    if not site.state_created or site.frame is not current_frame():
+    if not owner or not site.state_created:
         return out  # (a nested call: the owner of the site starts again)
+    # Back to the state before the call (the parameters made stay), then the two passes.
+    frame.state.clear()
+    frame.state.update(state_before)
+    if sequence is not None:
+        sequence.replace_internal_state(rng_before)
+    names.restore_into(frame)
     return two_pass()
 
 
