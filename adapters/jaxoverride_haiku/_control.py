@@ -36,10 +36,8 @@ from jaxoverride import lax as jlax
 from jaxoverride_haiku._creation import create
 from jaxoverride_haiku._frames import (
     InternalState,
-    Names,
     Threaded,
     check_same_state,
-    current_frame,
     initializing,
     leaf_ids,
     loop_state,
@@ -47,7 +45,7 @@ from jaxoverride_haiku._frames import (
     state_usable,
 )
 from jaxoverride_haiku._reuse import Build, Getter, Handed, Wrappers, fresh, reused
-from jaxoverride_haiku._site import create_in_trace, creating_site, current_site
+from jaxoverride_haiku._site import creating_site, current_site, init_once
 
 _NO_OPERAND: Any = inspect.signature(jax.lax.cond).parameters["operand"].default
 _HOOKS: dict[str, Any] = {"initializing": initializing, "create": create}
@@ -90,37 +88,6 @@ def _wrappers(
     if creating_site():  # init: traced once, parameters made at the site
         return fresh(where, functions, build, count, check_params=False)
     return reused(where, functions, build, count)
-
-
-def _init_once(one: Callable[[], T], two_pass: Callable[[], T]) -> T:
-    """``one()`` (the threaded call); at init, with parameters created inside its trace.
-
-    ``two_pass()`` (the creation pass, then the call) is the fallback where a body creates
-    state, and under ``jax.disable_jit()``, where JAX runs bodies in Python (a zero-trip
-    loop would not run its body at all).
-    """
-    if not initializing():
-        return one()
-    if jax.config.jax_disable_jit:
-        return two_pass()
-    frame = current_frame()
-    owner = not creating_site()
-    if owner:
-        names = Names.capture(frame)
-        state_before = {module: dict(bundle) for module, bundle in frame.state.items()}
-        sequence = frame.rng_stack.peek()
-        rng_before = None if sequence is None else sequence.internal_state
-    with create_in_trace() as site:
-        out = one()
-    if not owner or not site.state_created:
-        return out  # (a nested call: the owner of the site starts again)
-    # Back to the state before the call (the parameters made stay), then the two passes.
-    frame.state.clear()
-    frame.state.update(state_before)
-    if sequence is not None:
-        sequence.replace_internal_state(rng_before)
-    names.restore_into(frame)
-    return two_pass()
 
 
 # -- scan ------------------------------------------------------------------------------
@@ -179,7 +146,7 @@ def scan(
     if not state_usable() or not callable(f):
         return lower(f, init, xs, length, reverse, unroll, _split_transpose)
     threaded = functools.partial(_threaded_scan, lower)
-    return _init_once(
+    return init_once(
         lambda: threaded(f, init, xs, length, reverse, unroll, _split_transpose),
         lambda: plain.init_safe_scan(
             f, init, xs, length, reverse, unroll, _split_transpose, default_scan=threaded, **_HOOKS
@@ -274,7 +241,7 @@ def while_loop(cond_fun: Callable[..., Any], body_fun: Callable[..., Any], init_
     if not state_usable() or not (callable(cond_fun) and callable(body_fun)):
         return lower(cond_fun, body_fun, init_val)
     threaded = functools.partial(_threaded_while, lower)
-    return _init_once(
+    return init_once(
         lambda: threaded(cond_fun, body_fun, init_val),
         lambda: plain.init_safe_while_loop(
             cond_fun, body_fun, init_val, default_while_loop=threaded, **_HOOKS
@@ -334,7 +301,7 @@ def fori_loop(
     if not state_usable() or not callable(body_fun):
         return lower(lower_bound, upper_bound, body_fun, init_val, unroll=unroll)
     threaded = functools.partial(_threaded_fori, lower)
-    return _init_once(
+    return init_once(
         lambda: threaded(lower_bound, upper_bound, body_fun, init_val, unroll=unroll),
         lambda: plain.init_safe_fori_loop(
             lower_bound,
@@ -423,7 +390,7 @@ def cond(
     if not state_usable() or (operands and keywords):
         return lower(pred, true_fun, false_fun, *operands, **keywords)
     threaded = functools.partial(_threaded_cond, lower)
-    return _init_once(
+    return init_once(
         lambda: threaded(pred, true_fun, false_fun, *operands, **keywords),
         lambda: plain.init_safe_cond(
             pred, true_fun, false_fun, *operands, **keywords, default_cond=threaded, **_HOOKS
@@ -463,7 +430,7 @@ def switch(
     ):
         return lower(index, branches, *operands, **keywords)
     threaded = functools.partial(_threaded_switch, lower)
-    return _init_once(
+    return init_once(
         lambda: threaded(index, branches, *operands, **keywords),
         lambda: plain.init_safe_switch(
             index, branches, *operands, **keywords, default_switch=threaded, **_HOOKS

@@ -21,27 +21,39 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
 
+import jax
 from haiku._src import base
 from jax.extend.core import set_current_trace, take_current_trace
 
 from jaxoverride_haiku._creation import _salt, _SaltedSequence
-from jaxoverride_haiku._frames import current_frame
+from jaxoverride_haiku._frames import Names, current_frame, initializing
+
+T = TypeVar("T")
 
 
 class Site:
     """The trace and frame where parameters made inside traced bodies are created."""
 
-    __slots__ = ("created", "frame", "sandbox", "state_created", "trace")
+    __slots__ = ("_rng", "_sandbox", "created", "frame", "state_created", "trace")
 
-    def __init__(self, trace: Any, frame: base.Frame, sandbox: base.PRNGSequence | None):
+    def __init__(self, trace: Any, frame: base.Frame, rng: Any):
         self.trace = trace
         self.frame = frame
-        self.sandbox = sandbox
+        self._rng = rng
+        self._sandbox: base.PRNGSequence | None = None
         self.created: list[tuple[str, str]] = []
         self.state_created = False
+
+    def sandbox(self) -> base.PRNGSequence | None:
+        """A copy of the site's rng sequence at the call, made on first use (Haiku checks
+        the key of a new sequence with an ``eval_shape``: a call that creates nothing
+        should not pay for it)."""
+        if self._sandbox is None and self._rng is not None:
+            self._sandbox = base.PRNGSequence(self._rng)
+        return self._sandbox
 
 
 _SITE: contextvars.ContextVar[Site | None] = contextvars.ContextVar(
@@ -65,11 +77,12 @@ def _site_creator(
     if existing is not None:  # made by an earlier trace of this call (a retrace)
         return existing
     frame = current_frame()
-    sandbox = site.sandbox
-    salted = None if sandbox is None else _SaltedSequence(sandbox, _salt(context.full_name))
     # Haiku's check_jax_usage compares the frame's trace level with JAX's: both the site's.
-    with set_current_trace(site.trace), base.push_jax_trace_level(), frame.rng_stack(salted):
-        value = next_creator(shape, dtype, init)
+    with set_current_trace(site.trace), base.push_jax_trace_level():
+        sandbox = site.sandbox()
+        salted = None if sandbox is None else _SaltedSequence(sandbox, _salt(context.full_name))
+        with frame.rng_stack(salted):
+            value = next_creator(shape, dtype, init)
     if value is not base.DO_NOT_STORE and value is not None:
         site.frame.params.setdefault(module, {})[name] = value
         site.created.append((module, name))
@@ -113,10 +126,9 @@ def create_in_trace() -> Iterator[Site]:
         return
     frame = current_frame()
     sequence = frame.rng_stack.peek()
-    sandbox = None if sequence is None else base.PRNGSequence(sequence.internal_state)
     with take_current_trace() as trace:
         pass
-    site = Site(trace, frame, sandbox)
+    site = Site(trace, frame, None if sequence is None else sequence.internal_state)
     token = _SITE.set(site)
     try:
         with _outermost(_site_creator):
@@ -131,3 +143,35 @@ def create_in_trace() -> Iterator[Site]:
         raise
     finally:
         _SITE.reset(token)
+
+
+def init_once(one: Callable[[], T], two_pass: Callable[[], T]) -> T:
+    """``one()`` (the call JAX traces); at init, with parameters created inside its trace.
+
+    ``two_pass()`` (the creation pass, then the call) is the fallback where a traced
+    function creates state (``Site.state_created``; the frame's state, rng and naming are
+    put back first), and under ``jax.disable_jit()``, where JAX runs bodies in Python (a
+    zero-trip loop would not run its body at all).
+    """
+    if not initializing():
+        return one()
+    if jax.config.jax_disable_jit:
+        return two_pass()
+    frame = current_frame()
+    owner = not creating_site()
+    if owner:
+        names = Names.capture(frame)
+        state_before = {module: dict(bundle) for module, bundle in frame.state.items()}
+        sequence = frame.rng_stack.peek()
+        rng_before = None if sequence is None else sequence.internal_state
+    with create_in_trace() as site:
+        out = one()
+    if not owner or not site.state_created:
+        return out  # (a nested call: the owner of the site starts again)
+    # Back to the state before the call (the parameters made stay), then the two passes.
+    frame.state.clear()
+    frame.state.update(state_before)
+    if sequence is not None:
+        sequence.replace_internal_state(rng_before)
+    names.restore_into(frame)
+    return two_pass()
