@@ -44,6 +44,8 @@ def remember_build(builds: dict[Any, Any], snapshot: Any, built: Any) -> None:
             if clear is not None and id(old) not in kept:
                 clear()
     builds[snapshot] = built
+
+
 ReturnValue = TypeVar("ReturnValue")
 
 _NOTE = (
