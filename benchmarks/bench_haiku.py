@@ -17,12 +17,19 @@ apply), with ``hk.running_init()`` to create the parameters at init, because
   compile and run, as a model is initialised once (target <= 1.5x). The adapter's init
   also runs the solver, so that init returns what apply returns; the hand-written one
   skips it. For information: eager ``model.init`` too;
+- init against apply of the adapter's own model, trace only (``jax.make_jaxpr`` of each, a
+  new transformed function every round): init traces each loop body and branch once,
+  as apply does (target <= 1.5x);
+- resident memory growth over a long eager run: ``apply`` of a model whose loop is an
+  eager ``jlax.fori_loop`` with a module-level body, against ``jax.lax.fori_loop`` in the
+  same place (MiB over the steps, and compiles; target: at most 5 MiB);
 - the core's metric for this adapter: ``jo.jit`` dispatch with ``install()`` active but
   outside any transform (its predicate false), against ``jax.jit`` (target <= 1.10x).
 """
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -36,6 +43,7 @@ import jax.numpy as jnp
 import jaxoverride as jo
 import jaxoverride_haiku as joh
 from benchmarks._harness import Row, at_most, interleaved, main, ratio_rows
+from jaxoverride import lax as jlax
 from jaxoverride._compat import jaxprs_in_params
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
@@ -182,6 +190,86 @@ def _init_rows(problem: Any, quick: bool) -> list[Row]:
     return rows
 
 
+def _trace_seconds(trace: Callable[[], Any]) -> float:
+    start = time.perf_counter()
+    trace()
+    return time.perf_counter() - start
+
+
+def _trace_only_rows(problem: Any, quick: bool) -> list[Row]:
+    rounds = 3 if quick else 9
+    params = problem_params(problem)
+    key = jax.random.PRNGKey(0)
+    rows = []
+    for method in METHODS:
+        samples: dict[str, list[float]] = {"apply, traced": [], "init, traced": []}
+        with joh.context():
+            for _ in range(rounds):  # interleaved; a new transformed function every time
+                apply = model(problem.n, method).apply
+                samples["apply, traced"].append(
+                    _trace_seconds(lambda a=apply: jax.make_jaxpr(a)(params, None, problem.x))
+                )
+                init = model(problem.n, method).init
+                samples["init, traced"].append(
+                    _trace_seconds(lambda i=init: jax.make_jaxpr(i)(key, problem.x))
+                )
+        rows += ratio_rows(
+            SUITE,
+            f"DEQ init vs apply, trace only (make_jaxpr), {method}",
+            samples,
+            "apply, traced",
+            {"init, traced": at_most(1.5)},
+            "fpsolve via the adapter; both traced with joh.context()",
+        )
+    return rows
+
+
+def _fori_body(i: Any, y: jax.Array) -> jax.Array:
+    return y * 2.0 + 1.0
+
+
+def _resident_mib() -> float:
+    with open("/proc/self/statm") as handle:
+        return int(handle.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def _growth(loop: Callable[..., Any], steps: int) -> tuple[float, int]:
+    """MiB of resident memory and compiles over ``steps`` eager applies, after a warm-up."""
+    model = hk.transform(lambda x: loop(0, 2, _fori_body, hk.Linear(3)(x)))
+    x = jnp.ones((2, 3))
+    compiles = [0]
+
+    def count(event: str, duration: float, **kwargs: Any) -> None:
+        if event == "/jax/core/compile/backend_compile_duration":
+            compiles[0] += 1
+
+    jax.monitoring.register_event_duration_secs_listener(count)
+    try:
+        with joh.context():
+            params = model.init(jax.random.PRNGKey(0), x)
+            for _ in range(20):
+                model.apply(params, None, x)
+            before, compiles[0] = _resident_mib(), 0
+            for _ in range(steps):
+                jax.block_until_ready(model.apply(params, None, x))
+            return _resident_mib() - before, compiles[0]
+    finally:
+        jax.monitoring.unregister_event_duration_listener(count)
+
+
+def _memory_rows(quick: bool) -> list[Row]:
+    steps = 200 if quick else 1000
+    raw, raw_compiles = _growth(jax.lax.fori_loop, steps)
+    ours, our_compiles = _growth(jlax.fori_loop, steps)
+    return [Row(
+        suite=SUITE, case=f"resident memory growth, {steps} eager applies with a fori_loop",
+        ours="jlax.fori_loop via adapter", baseline="jax.lax.fori_loop", ours_us=ours,
+        baseline_us=raw, ratio=ours / raw if raw > 0 else float(ours <= 0.5),
+        target="<= 5 MiB", met=ours <= 5.0,
+        note=f"MiB, not microseconds; compiles: {our_compiles} ours, {raw_compiles} raw",
+    )]  # fmt: skip
+
+
 def _add_one(x: jax.Array) -> jax.Array:
     return x + 1
 
@@ -215,6 +303,8 @@ def run(quick: bool) -> list[Row]:
     rows = _equation_rows(problem)
     rows += _apply_rows(problem, quick)
     rows += _init_rows(problem, quick)
+    rows += _trace_only_rows(problem, quick)
+    rows += _memory_rows(quick)
     rows += _dispatch_rows(quick)
     return rows
 

@@ -1,18 +1,28 @@
 """Overrides of the neutral control flow: Haiku state threaded through, and init-exact.
 
-Each override builds on ``jaxoverride_plain``'s combinator for the same function: at init
-the combinator makes the creation pass (``_creation.create``) and then the apply pass,
-which here is the *threaded* loop: JAX's loop (or the next override below) with the
-Haiku state and rng in the carry, exactly as ``hk.scan`` & co. carry them, and params
-closed over. Outside a transform, or where Haiku state is unusable, each override is the
-implementation below it, untouched.
+Each override hands JAX (or the next override below) the *threaded* loop: the Haiku
+state and rng in the carry, exactly as ``hk.scan`` & co. carry them. Outside a
+transform, or where Haiku state is unusable, each override is the implementation below
+it, untouched.
+
+At init the loop is traced once, as at apply, and a parameter that a body or branch
+creates is made at the call's site (``_site``): outside the trace, under the name Haiku
+gives it there, so that init returns what apply returns and a loop that runs zero times
+has still created its parameters. Only where a body creates Haiku *state* (which would
+change the carry) does init fall back to ``jaxoverride_plain``'s creation pass first.
+
+At apply the functions handed to JAX are reused across calls (``_reuse``) and params
+ride in the carry instead of being closed over, so that an identical eager call hits
+JAX's caches and compiles once.
 """
 
 from __future__ import annotations
 
+import copy
 import functools
+import weakref
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import jax.numpy as jnp
 from haiku._src import stateful
@@ -29,18 +39,70 @@ from jaxoverride_haiku._frames import (
     initializing,
     leaf_ids,
     loop_state,
+    state_names,
     state_usable,
 )
+from jaxoverride_haiku._reuse import Build, Getter, Handed, Wrappers, fresh, reused
+from jaxoverride_haiku._site import creating_site, current_site, init_once
 
 _HOOKS: dict[str, Any] = {"initializing": initializing, "create": create}
+T = TypeVar("T")
 
 
 def _finish(thread: Threaded, state: InternalState) -> None:
-    stateful.update_internal_state(state)
+    # Params are read-only in a loop: what came out of the carry is not written back.
+    stateful.update_internal_state(state._replace(params=None))
     thread.finish()
 
 
+def _check(where: str, before: InternalState, after: InternalState) -> InternalState:
+    """``after``, checked to hold the state entries of ``before``.
+
+    At init, state created inside the body is left out instead (the carry keeps its
+    structure, and the trace completes: an aborted one would keep tracers alive), and
+    the site records it, so that the outermost call starts again with a creation pass.
+    """
+    site = current_site()
+    if site is not None and state_names(after.state) - state_names(before.state):
+        site.state_created = True
+        kept = copy.copy(after.state)  # the mapping types of the carry, kept
+        for module in list(kept):
+            if module not in before.state:
+                del kept[module]
+                continue
+            bundle = kept[module] = copy.copy(kept[module])
+            for name in list(bundle):
+                if name not in before.state[module]:
+                    del bundle[name]
+        return after._replace(state=kept)
+    check_same_state(where, before, after)
+    return after
+
+
+def _wrappers(
+    where: str, functions: Sequence[Any], build: Build, count: int | None = None
+) -> Wrappers:
+    if creating_site():  # init: traced once, parameters made at the site
+        return fresh(where, functions, build, count, check_params=False)
+    return reused(where, functions, build, count)
+
+
 # -- scan ------------------------------------------------------------------------------
+
+
+def _scan_build(carry_params: bool) -> Build:
+    def build(thread: Threaded, refs: Sequence[Getter]) -> list[Handed]:
+        def run(f: Callable[..., Any], carry: Any, x: Any) -> Any:
+            value, state = carry
+            with thread.frame(0, state):
+                value, y = f(value, x)
+                after = loop_state(carry_params)
+            after = _check(thread.where, state, after)
+            return (value, after), y
+
+        return [Handed(refs[0], run)]
+
+    return build
 
 
 def _threaded_scan(
@@ -53,22 +115,18 @@ def _threaded_scan(
     unroll: Any,
     _split_transpose: bool,
 ) -> Any:
-    where = "jaxoverride.lax.scan"
-    thread = Threaded(1, where)
-
-    @functools.wraps(f)
-    def body(carry: Any, x: Any) -> Any:
-        value, state = carry
-        with thread.frame(0, state):
-            value, y = f(value, x)
-            after = loop_state()
-        check_same_state(where, state, after)
-        return (value, after), y
-
+    carry_params = not creating_site()
+    wrappers = _wrappers("jaxoverride.lax.scan", [f], _scan_build(carry_params))
     (value, state), ys = lower(
-        body, (init, loop_state()), xs, length, reverse, unroll, _split_transpose
+        wrappers.functions[0],
+        (init, loop_state(carry_params)),
+        xs,
+        length,
+        reverse,
+        unroll,
+        _split_transpose,
     )
-    _finish(thread, state)
+    _finish(wrappers.thread, state)
     return value, ys
 
 
@@ -82,18 +140,14 @@ def scan(
     _split_transpose: bool = False,
 ) -> Any:
     lower = jo.next_impl("lax.scan")
-    if not state_usable():
+    if not state_usable() or not callable(f):
         return lower(f, init, xs, length, reverse, unroll, _split_transpose)
-    return plain.init_safe_scan(
-        f,
-        init,
-        xs,
-        length,
-        reverse,
-        unroll,
-        _split_transpose,
-        default_scan=functools.partial(_threaded_scan, lower),
-        **_HOOKS,
+    threaded = functools.partial(_threaded_scan, lower)
+    return init_once(
+        lambda: threaded(f, init, xs, length, reverse, unroll, _split_transpose),
+        lambda: plain.init_safe_scan(
+            f, init, xs, length, reverse, unroll, _split_transpose, default_scan=threaded, **_HOOKS
+        ),
     )
 
 
@@ -104,64 +158,52 @@ class _CondChangesStateError(Exception):
     """Raised while tracing a ``cond_fun`` that sets state or draws rng keys."""
 
 
-def _while_read_only_cond(
-    lower: Callable[..., Any],
-    cond_fun: Callable[..., Any],
-    body_fun: Callable[..., Any],
-    init_val: Any,
-) -> Any:
-    where = "jaxoverride.lax.while_loop"
-    thread = Threaded(2, where)
+def _while_read_only_build(carry_params: bool) -> Build:
+    def build(thread: Threaded, refs: Sequence[Getter]) -> list[Handed]:
+        def cond(cond_fun: Callable[..., Any], carry: Any) -> Any:
+            value, state = carry
+            with thread.frame(0, state) as inner:
+                before = leaf_ids(inner)
+                pred = cond_fun(value)
+                if leaf_ids(inner) != before:
+                    raise _CondChangesStateError
+            return pred
 
-    @functools.wraps(cond_fun)
-    def cond(carry: Any) -> Any:
-        value, state = carry
-        with thread.frame(0, state) as inner:
-            before = leaf_ids(inner)
-            pred = cond_fun(value)
-            if leaf_ids(inner) != before:
-                raise _CondChangesStateError
-        return pred
+        def body(body_fun: Callable[..., Any], carry: Any) -> Any:
+            value, state = carry
+            with thread.frame(1, state):
+                value = body_fun(value)
+                after = loop_state(carry_params)
+            after = _check(thread.where, state, after)
+            return value, after
 
-    @functools.wraps(body_fun)
-    def body(carry: Any) -> Any:
-        value, state = carry
-        with thread.frame(1, state):
-            value = body_fun(value)
-            after = loop_state()
-        check_same_state(where, state, after)
-        return value, after
+        return [Handed(refs[0], cond), Handed(refs[1], body)]
 
-    value, state = lower(cond, body, (init_val, loop_state()))
-    _finish(thread, state)
-    return value
+    return build
 
 
-def _while_stateful_cond(
-    lower: Callable[..., Any],
-    cond_fun: Callable[..., Any],
-    body_fun: Callable[..., Any],
-    init_val: Any,
-) -> Any:
+def _while_stateful_build(carry_params: bool) -> Build:
     # JAX's cond_fun cannot return state, so evaluate the predicate at the end of each
     # body instead, carrying it: cond, body, cond, body, ... exactly as Python would.
-    where = "jaxoverride.lax.while_loop"
-    first = jnp.asarray(cond_fun(init_val), dtype=bool)
-    thread = Threaded(1, where)
+    def build(thread: Threaded, refs: Sequence[Getter]) -> list[Handed]:
+        cond_ref = refs[0]
 
-    @functools.wraps(body_fun)
-    def body(carry: Any) -> Any:
-        value, state, _ = carry
-        with thread.frame(0, state):
-            value = body_fun(value)
-            pred = jnp.asarray(cond_fun(value), dtype=bool)
-            after = loop_state()
-        check_same_state(where, state, after)
-        return value, after, pred
+        def body(body_fun: Callable[..., Any], carry: Any) -> Any:
+            value, state, _ = carry
+            with thread.frame(0, state):
+                value = body_fun(value)
+                pred = jnp.asarray(cond_ref()(value), dtype=bool)
+                after = loop_state(carry_params)
+            after = _check(thread.where, state, after)
+            return value, after, pred
 
-    value, state, _ = lower(lambda carry: carry[2], body, (init_val, loop_state(), first))
-    _finish(thread, state)
-    return value
+        return [Handed(refs[1], body)]
+
+    return build
+
+
+def _carried_predicate(carry: Any) -> Any:
+    return carry[2]
 
 
 def _threaded_while(
@@ -170,26 +212,56 @@ def _threaded_while(
     body_fun: Callable[..., Any],
     init_val: Any,
 ) -> Any:
-    try:
-        return _while_read_only_cond(lower, cond_fun, body_fun, init_val)
-    except _CondChangesStateError:
-        return _while_stateful_cond(lower, cond_fun, body_fun, init_val)
+    where = "jaxoverride.lax.while_loop"
+    carry_params = not creating_site()
+    functions = [cond_fun, body_fun]
+    read_only = _wrappers(where, functions, _while_read_only_build(carry_params))
+    if read_only.variant is None:
+        try:
+            value, state = lower(*read_only.functions, (init_val, loop_state(carry_params)))
+        except _CondChangesStateError:
+            read_only.variant = "stateful"  # reused: the next call goes straight there
+        else:
+            _finish(read_only.thread, state)
+            return value
+    first = jnp.asarray(cond_fun(init_val), dtype=bool)
+    wrappers = _wrappers(where, functions, _while_stateful_build(carry_params), count=1)
+    value, state, _ = lower(
+        _carried_predicate, wrappers.functions[0], (init_val, loop_state(carry_params), first)
+    )
+    _finish(wrappers.thread, state)
+    return value
 
 
 def while_loop(cond_fun: Callable[..., Any], body_fun: Callable[..., Any], init_val: Any) -> Any:
     lower = jo.next_impl("lax.while_loop")
-    if not state_usable():
+    if not state_usable() or not (callable(cond_fun) and callable(body_fun)):
         return lower(cond_fun, body_fun, init_val)
-    return plain.init_safe_while_loop(
-        cond_fun,
-        body_fun,
-        init_val,
-        default_while_loop=functools.partial(_threaded_while, lower),
-        **_HOOKS,
+    threaded = functools.partial(_threaded_while, lower)
+    return init_once(
+        lambda: threaded(cond_fun, body_fun, init_val),
+        lambda: plain.init_safe_while_loop(
+            cond_fun, body_fun, init_val, default_while_loop=threaded, **_HOOKS
+        ),
     )
 
 
 # -- fori_loop -------------------------------------------------------------------------
+
+
+def _fori_build(carry_params: bool) -> Build:
+    def build(thread: Threaded, refs: Sequence[Getter]) -> list[Handed]:
+        def run(body_fun: Callable[..., Any], i: Any, carry: Any) -> Any:
+            value, state = carry
+            with thread.frame(0, state):
+                value = body_fun(i, value)
+                after = loop_state(carry_params)
+            after = _check(thread.where, state, after)
+            return value, after
+
+        return [Handed(refs[0], run)]
+
+    return build
 
 
 def _threaded_fori(
@@ -201,20 +273,16 @@ def _threaded_fori(
     *,
     unroll: Any = None,
 ) -> Any:
-    where = "jaxoverride.lax.fori_loop"
-    thread = Threaded(1, where)
-
-    @functools.wraps(body_fun)
-    def body(i: Any, carry: Any) -> Any:
-        value, state = carry
-        with thread.frame(0, state):
-            value = body_fun(i, value)
-            after = loop_state()
-        check_same_state(where, state, after)
-        return value, after
-
-    value, state = lower(lower_bound, upper_bound, body, (init_val, loop_state()), unroll=unroll)
-    _finish(thread, state)
+    carry_params = not creating_site()
+    wrappers = _wrappers("jaxoverride.lax.fori_loop", [body_fun], _fori_build(carry_params))
+    value, state = lower(
+        lower_bound,
+        upper_bound,
+        wrappers.functions[0],
+        (init_val, loop_state(carry_params)),
+        unroll=unroll,
+    )
+    _finish(wrappers.thread, state)
     return value
 
 
@@ -227,32 +295,42 @@ def fori_loop(
     unroll: Any = None,
 ) -> Any:
     lower = jo.next_impl("lax.fori_loop")
-    if not state_usable():
+    if not state_usable() or not callable(body_fun):
         return lower(lower_bound, upper_bound, body_fun, init_val, unroll=unroll)
-    return plain.init_safe_fori_loop(
-        lower_bound,
-        upper_bound,
-        body_fun,
-        init_val,
-        unroll=unroll,
-        default_fori_loop=functools.partial(_threaded_fori, lower),
-        **_HOOKS,
+    threaded = functools.partial(_threaded_fori, lower)
+    return init_once(
+        lambda: threaded(lower_bound, upper_bound, body_fun, init_val, unroll=unroll),
+        lambda: plain.init_safe_fori_loop(
+            lower_bound,
+            upper_bound,
+            body_fun,
+            init_val,
+            unroll=unroll,
+            default_fori_loop=threaded,
+            **_HOOKS,
+        ),
     )
 
 
 # -- cond and switch -------------------------------------------------------------------
 
 
-def _branch(thread: Threaded, index: int, fun: Callable[..., Any]) -> Callable[[Any], Any]:
-    def run(packed: Any) -> Any:
-        state, operands = packed
-        with thread.frame(index, state):
-            out = fun(*operands)
-            after = loop_state()
-        check_same_state(thread.where, state, after)
-        return out, after
+def _branches_build(carry_params: bool) -> Build:
+    def build(thread: Threaded, refs: Sequence[Getter]) -> list[Handed]:
+        def branch(index: int) -> Handed:
+            def run(fun: Callable[..., Any], packed: Any) -> Any:
+                state, operands = packed
+                with thread.frame(index, state):
+                    out = fun(*operands)
+                    after = loop_state(carry_params)
+                after = _check(thread.where, state, after)
+                return out, after
 
-    return functools.wraps(fun)(run) if callable(fun) else run
+            return Handed(refs[index], run)
+
+        return [branch(index) for index in range(len(refs))]
+
+    return build
 
 
 def _threaded_branches(
@@ -266,11 +344,12 @@ def _threaded_branches(
     # One wrapper per distinct branch object, so JAX traces a repeated branch once, as
     # it does without the adapter.
     distinct = plain.distinct_functions(branches)
-    thread = Threaded(len(distinct), where)
-    by_id = {id(fun): _branch(thread, i, fun) for i, fun in enumerate(distinct)}
+    carry_params = not creating_site()
+    wrappers = _wrappers(where, distinct, _branches_build(carry_params))
+    by_id = {id(fun): handed for fun, handed in zip(distinct, wrappers.functions, strict=True)}
     wrapped = [by_id[id(fun)] for fun in branches]
-    out, state = call(lower, selector, wrapped, (loop_state(), operands))
-    _finish(thread, state)
+    out, state = call(lower, selector, wrapped, (loop_state(carry_params), operands))
+    _finish(wrappers.thread, state)
     return out
 
 
@@ -307,14 +386,12 @@ def cond(
     keywords = {} if operand is _NO_OPERAND else {"operand": operand}
     if not state_usable() or (operands and keywords):
         return lower(pred, true_fun, false_fun, *operands, **keywords)
-    return plain.init_safe_cond(
-        pred,
-        true_fun,
-        false_fun,
-        *operands,
-        **keywords,
-        default_cond=functools.partial(_threaded_cond, lower),
-        **_HOOKS,
+    threaded = functools.partial(_threaded_cond, lower)
+    return init_once(
+        lambda: threaded(pred, true_fun, false_fun, *operands, **keywords),
+        lambda: plain.init_safe_cond(
+            pred, true_fun, false_fun, *operands, **keywords, default_cond=threaded, **_HOOKS
+        ),
     )
 
 
@@ -349,17 +426,42 @@ def switch(
         or not all(callable(b) for b in branches)
     ):
         return lower(index, branches, *operands, **keywords)
-    return plain.init_safe_switch(
-        index,
-        branches,
-        *operands,
-        **keywords,
-        default_switch=functools.partial(_threaded_switch, lower),
-        **_HOOKS,
+    threaded = functools.partial(_threaded_switch, lower)
+    return init_once(
+        lambda: threaded(index, branches, *operands, **keywords),
+        lambda: plain.init_safe_switch(
+            index, branches, *operands, **keywords, default_switch=threaded, **_HOOKS
+        ),
     )
 
 
 # -- map -------------------------------------------------------------------------------
+
+
+_map_steps: weakref.WeakKeyDictionary[Any, dict[bool, Callable[..., Any]]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _map_step(f: Callable[..., Any], batched: bool) -> Callable[..., Any]:
+    """The scan body of ``map(f)``, one per function (held weakly), so scan can reuse it."""
+
+    def step_of(get: Callable[[], Any]) -> Callable[..., Any]:
+        def step(_: Any, x: Any) -> Any:
+            function = get()
+            return (), (jo.vmap(function) if batched else function)(x)
+
+        return step
+
+    try:
+        steps = _map_steps.setdefault(f, {})
+        ref = weakref.ref(f)
+    except TypeError:
+        return step_of(lambda: f)
+    step = steps.get(batched)
+    if step is None:
+        step = steps[batched] = step_of(ref)
+    return step
 
 
 def map(f: Callable[..., Any], xs: Any, *, batch_size: int | None = None) -> Any:
@@ -373,7 +475,7 @@ def map(f: Callable[..., Any], xs: Any, *, batch_size: int | None = None) -> Any
     if not state_usable():
         return lower(f, xs, batch_size=batch_size)
     if batch_size is None:
-        _, ys = jlax.scan(lambda _, x: ((), f(x)), (), xs)
+        _, ys = jlax.scan(_map_step(f, batched=False), (), xs)
         return ys
-    blocks = lambda xs: jlax.scan(lambda _, x: ((), jo.vmap(f)(x)), (), xs)[1]
+    blocks = lambda xs: jlax.scan(_map_step(f, batched=True), (), xs)[1]
     return kit.batched_map(blocks, jo.vmap(f), xs, batch_size)

@@ -2,9 +2,9 @@
 
 Each traces the user's function into a jaxpr whose inputs and outputs are fixed. So:
 
-* at init, a creation pass first runs the function once outside every trace (with
-  ``jaxoverride_haiku``'s ``create``: parameters are created once, under the names apply
-  uses, and nothing else of the pass remains);
+* at init the function is traced once, as at apply: a parameter it creates is made at
+  the call's site (``_site``), outside the trace, under the name apply uses (only where
+  it creates state does init fall back to a creation pass first);
 * the function is then traced in a temporary Haiku frame built from the caller's
   params, state and rng: parameters it reads are values it closes over, which
   ``closure_convert`` hoists when they are being differentiated or traced;
@@ -25,7 +25,8 @@ import jaxoverride as jo
 from jaxoverride import errors
 from jaxoverride.adapter_kit import zeros_for
 from jaxoverride_haiku._creation import init_safe_call
-from jaxoverride_haiku._frames import Threaded, state_usable
+from jaxoverride_haiku._frames import Threaded, state_names, state_usable
+from jaxoverride_haiku._site import current_site, init_once
 
 
 class PureFunctionWriteError(errors.PureFunctionWriteError):
@@ -124,15 +125,21 @@ def _converting(
         state = stateful.internal_state()
         thread = Threaded(1, where, check_params=False)
 
+        site = current_site()
+
         def traced(*args: Any, **kwargs: Any) -> Any:
-            with thread.frame(0, state), pure_frame(where):
-                return fun(*args, **kwargs)
+            with thread.frame(0, state) as inner, pure_frame(where):
+                before = state_names(inner.state)
+                out = fun(*args, **kwargs)
+                if site is not None and state_names(inner.state) - before:
+                    site.state_created = True  # lost in this frame: start again
+                return out
 
         out = trace(traced)
         thread.finish()
         return out
 
-    return init_safe_call(creation, apply)
+    return init_once(apply, lambda: init_safe_call(creation, apply))
 
 
 def closure_convert(fun: Callable[..., Any], *example_args: Any) -> Any:

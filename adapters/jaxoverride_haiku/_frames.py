@@ -136,12 +136,15 @@ class Threaded:
     ``finish()`` then advances the caller's counters once.
     """
 
-    __slots__ = ("_ends", "_starts", "check_params", "where")
+    __slots__ = ("_added", "_ends", "_starts", "check_params", "where")
 
     def __init__(self, count: int, where: str, *, check_params: bool = True):
         entry = Names.capture(current_frame())
         self._starts: list[Names | None] = [entry] + [None] * (count - 1)
         self._ends: list[Names | None] = [None] * count
+        # Names of submodules that each function's last trace registered with the modules
+        # on the stack: a reused trace (a cache hit, nothing runs) registers them again.
+        self._added: list[list[set[str]]] = [[] for _ in range(count)]
         self.where = where
         self.check_params = check_params
 
@@ -161,17 +164,28 @@ class Threaded:
             inner = current_frame()
             start.restore_into(inner)
             before = base.param_names() if self.check_params else None
+            submodules = [None if s is None else set(s) for s in submodule_sets(inner)]
             yield inner
             if before is not None:
                 created = base.param_names() - before
                 if created:
                     raise new_parameters_error(self.where, created)
             self._ends[index] = Names.capture(inner)
+            self._added[index] = [
+                set() if old is None or new is None else new - old
+                for old, new in zip(submodules, submodule_sets(inner), strict=False)
+            ]
 
     def finish(self) -> None:
+        frame = current_frame()
         last = next((e for e in reversed(self._ends) if e is not None), None)
         if last is not None:
-            last.restore_into(current_frame())
+            last.restore_into(frame)
+        for added in self._added:
+            for level, names in enumerate(added):
+                if names and level < len(frame.module_stack._storage):
+                    module = frame.module_stack._storage[level].module
+                    getattr(module, "_submodules", set()).update(names)
 
 
 def new_parameters_error(where: str, created: Any) -> ValueError:
@@ -188,14 +202,20 @@ def new_parameters_error(where: str, created: Any) -> ValueError:
     )
 
 
-def loop_state() -> InternalState:
-    """The state a loop carries: state and rng, params closed over, as Haiku's loops do.
+def loop_state(params: bool = False) -> InternalState:
+    """The state a loop carries: state and rng, and params if ``params`` (else closed over,
+    as Haiku's loops do).
 
     A full block of rng keys is reserved first, so that the carry has the same structure
     on entry to every iteration and on exit (and the same keys as ``hk.scan`` draws).
+    Params are carried where the function handed to JAX is reused across calls: a closed
+    over value would be baked into JAX's cached trace.
     """
     stateful.reserve_up_to_full_rng_block()
-    return stateful.internal_state(params=False)
+    state = stateful.internal_state(params=params)
+    if state.params is not None:  # at init a defaultdict, inside a temporary frame a dict
+        state = state._replace(params={m: dict(b) for m, b in state.params.items() if b})
+    return state
 
 
 def state_names(state: Any) -> set[tuple[str, str]]:

@@ -56,7 +56,7 @@ class _Key:
                 getattr(module, "_submodules", set()).update(added)
 
 
-def _customisations() -> tuple[Any, ...]:
+def customisations() -> tuple[Any, ...]:
     return tuple(
         tuple(stack._storage)
         for stack in (
@@ -185,7 +185,7 @@ class StatefulJit:
         return pure
 
     def _key(self, frame: base.Frame) -> _Key:
-        content = (frame.freeze_params, naming_signature(frame), _customisations())
+        content = (frame.freeze_params, naming_signature(frame), customisations())
         key = self._keys.get(content)
         if key is None:
             with self._lock:

@@ -22,8 +22,8 @@ as a leading argument and returns ``(state, rng)`` after it as an extra output:
   being differentiated. A rule gives gradients for its explicit arguments only, so a read
   of such a value (``hk.get_parameter``/``hk.get_state``, seen by a custom getter) is
   refused at the read, naming ``closure_convert``, instead of a silently zero gradient;
-* at init, a creation pass first runs the primal function once (``init_safe_call``):
-  parameters are created once, under the names apply uses.
+* at init the primal is traced once, as at apply: a parameter it creates is made at
+  the call's site (``_site``), under the name apply uses.
 
 JAX binds a rule's arguments with ``inspect.signature``: keywords are resolved to
 positions on the user's function before the call, and the lifted functions keep a plain
@@ -65,6 +65,7 @@ from jaxoverride_haiku._frames import (
     new_parameters_error,
     state_usable,
 )
+from jaxoverride_haiku._site import current_site, init_once
 
 
 class ClosedOverDifferentiationError(errors.ClosedOverDifferentiationError):
@@ -268,7 +269,7 @@ class _Call:
             entry = _state_identities(frame)
             yield frame
             created = base.param_names() - before
-            if created:
+            if created and current_site() is None:  # at init, made at the site on purpose
                 raise new_parameters_error(self.where, created)
             if forward:
                 self.end = Names.capture(frame)
@@ -336,7 +337,10 @@ class HaikuRule(LiftedRule):
             return self._plain(*args, **kwargs)
         args = positional_arguments(self._fun, args, kwargs)
         lifted = self._lifted_vjp if self._name == "custom_vjp" else self._lifted_jvp
-        return init_safe_call(lambda: self._fun(*args), lambda: lifted(args))
+        return init_once(
+            lambda: lifted(args),
+            lambda: init_safe_call(lambda: self._fun(*args), lambda: lifted(args)),
+        )
 
     def _primal(self, call: _Call) -> Callable[..., Any]:
         fun = self._fun

@@ -23,6 +23,31 @@ from jaxoverride._dispatch import dispatch
 from jaxoverride._stack import ROOT, effective_snapshot
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+# Builds kept per wrapper, as the shared layer and snapshot tables are bounded: a program
+# that enters a fresh stack each step would otherwise keep one build per step for ever.
+# On overflow the oldest half goes: at worst a rebuild (and JAX's retrace), never a stale
+# hit, since snapshots are compared by identity.
+BUILD_LIMIT = 64
+
+
+def remember_build(builds: dict[Any, Any], snapshot: Any, built: Any) -> None:
+    """Stores ``built`` for ``snapshot`` in ``builds``, dropping the oldest past the limit.
+
+    A dropped build's compiled code is cleared too (``clear_cache``, where it has one):
+    ``jax.jit`` objects of one function share their cache, which keys on the stack, so
+    dropping the object alone would keep every stack's executable alive.
+    """
+    if len(builds) >= BUILD_LIMIT:
+        dropped = [builds.pop(old) for old in list(builds)[: BUILD_LIMIT // 2]]
+        kept = {id(b) for b in builds.values()} | {id(built)}
+        for old in dropped:
+            clear = getattr(old, "clear_cache", None)
+            if clear is not None and id(old) not in kept:
+                clear()
+    builds[snapshot] = built
+
+
 ReturnValue = TypeVar("ReturnValue")
 
 _NOTE = (
@@ -109,7 +134,7 @@ class _TransformState:
 
     def build(self, snapshot: _stack.Snapshot) -> Callable[..., Any]:
         built = dispatch(snapshot, self.name, (self.fun, *self.args), dict(self.kwargs))
-        self.builds[snapshot] = built
+        remember_build(self.builds, snapshot, built)
         return built
 
 
@@ -394,7 +419,7 @@ class NeutralRule(Generic[ReturnValue]):
         built = dispatch(snapshot, self._name, (self.fun,), dict(self._options))
         for method, args, kwargs in self._rules:
             getattr(built, method)(*args, **kwargs)
-        self._builds[snapshot] = built
+        remember_build(self._builds, snapshot, built)
         return built
 
     def __getattr__(self, attribute: str) -> Any:

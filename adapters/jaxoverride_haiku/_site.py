@@ -1,0 +1,177 @@
+"""Parameter creation inside the one trace of a loop body or branch at init.
+
+At init, JAX traces a body or branch once, as it would at apply. A parameter that the
+body creates there must not be a value of the body's trace (it would leak out of it):
+it is created at the *site*, the JAX trace and Haiku frame of the outermost neutral
+call that started creating, by running the creator chain and the initializer under
+that trace. The value is stored in the site's frame, under the name Haiku gives it
+there, and the body reads it as a value it closes over, exactly as it reads a
+parameter at apply. A retrace finds the parameter already made.
+
+Keys follow ``_creation``: the initializer draws ``fold_in(k, crc32(full name))``, with
+``k`` from a copy of the site's rng sequence, so the sequence that the loop carries,
+and every key that apply draws, are untouched.
+
+State created inside a traced body would change the loop's carry: that case (rare) is
+recorded in the site (``state_created``), and its owner starts again with the creation
+pass.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
+
+import jax
+from haiku._src import base
+from jax.extend.core import set_current_trace, take_current_trace
+
+from jaxoverride_haiku._creation import _salt, _SaltedSequence
+from jaxoverride_haiku._frames import Names, current_frame, initializing
+
+T = TypeVar("T")
+
+
+class Site:
+    """The trace and frame where parameters made inside traced bodies are created."""
+
+    __slots__ = ("_rng", "_sandbox", "created", "frame", "state_created", "trace")
+
+    def __init__(self, trace: Any, frame: base.Frame, rng: Any):
+        self.trace = trace
+        self.frame = frame
+        self._rng = rng
+        self._sandbox: base.PRNGSequence | None = None
+        self.created: list[tuple[str, str]] = []
+        self.state_created = False
+
+    def sandbox(self) -> base.PRNGSequence | None:
+        """A copy of the site's rng sequence at the call, made on first use (Haiku checks
+        the key of a new sequence with an ``eval_shape``: a call that creates nothing
+        should not pay for it)."""
+        if self._sandbox is None and self._rng is not None:
+            self._sandbox = base.PRNGSequence(self._rng)
+        return self._sandbox
+
+
+_SITE: contextvars.ContextVar[Site | None] = contextvars.ContextVar(
+    "jaxoverride_haiku_site", default=None
+)
+
+
+def _split(full_name: str) -> tuple[str, str]:
+    module, _, name = full_name.rpartition("/")
+    return module, name
+
+
+def _site_creator(
+    next_creator: Any, shape: Any, dtype: Any, init: Any, context: base.GetterContext
+) -> Any:
+    site = _SITE.get()
+    if site is None:  # pragma: no cover - removed from the stack when the site ends
+        return next_creator(shape, dtype, init)
+    module, name = _split(context.full_name)
+    existing = site.frame.params.get(module, {}).get(name)
+    if existing is not None:  # made by an earlier trace of this call (a retrace)
+        return existing
+    frame = current_frame()
+    # Haiku's check_jax_usage compares the frame's trace level with JAX's: both the site's.
+    with set_current_trace(site.trace), base.push_jax_trace_level():
+        sandbox = site.sandbox()
+        salted = None if sandbox is None else _SaltedSequence(sandbox, _salt(context.full_name))
+        with frame.rng_stack(salted):
+            value = next_creator(shape, dtype, init)
+    if value is not base.DO_NOT_STORE and value is not None:
+        site.frame.params.setdefault(module, {})[name] = value
+        site.created.append((module, name))
+    return value
+
+
+@contextlib.contextmanager
+def _outermost(creator: Any) -> Iterator[None]:
+    # First in the chain, so that every other creator runs at the site's trace too.
+    storage = base.param_creator_stack._storage
+    storage.appendleft(creator)
+    try:
+        yield
+    finally:
+        storage.remove(creator)
+
+
+def creating_site() -> bool:
+    """Whether an enclosing neutral call at init already creates parameters at its site."""
+    return _SITE.get() is not None
+
+
+def current_site() -> Site | None:
+    """The site of the enclosing neutral call at init, if any."""
+    return _SITE.get()
+
+
+@contextlib.contextmanager
+def create_in_trace() -> Iterator[Site]:
+    """Makes parameters created by code traced inside the block at this call's site.
+
+    Nested calls reuse the outermost site. On an exception the parameters created by
+    this site are removed again.
+
+    Yields:
+      The site.
+    """
+    outer = _SITE.get()
+    if outer is not None:
+        yield outer
+        return
+    frame = current_frame()
+    sequence = frame.rng_stack.peek()
+    with take_current_trace() as trace:
+        pass
+    site = Site(trace, frame, None if sequence is None else sequence.internal_state)
+    token = _SITE.set(site)
+    try:
+        with _outermost(_site_creator):
+            yield site
+    except BaseException:
+        for module, name in site.created:
+            bundle = frame.params.get(module)
+            if bundle is not None:
+                bundle.pop(name, None)
+                if not bundle:
+                    del frame.params[module]
+        raise
+    finally:
+        _SITE.reset(token)
+
+
+def init_once(one: Callable[[], T], two_pass: Callable[[], T]) -> T:
+    """``one()`` (the call JAX traces); at init, with parameters created inside its trace.
+
+    ``two_pass()`` (the creation pass, then the call) is the fallback where a traced
+    function creates state (``Site.state_created``; the frame's state, rng and naming are
+    put back first), and under ``jax.disable_jit()``, where JAX runs bodies in Python (a
+    zero-trip loop would not run its body at all).
+    """
+    if not initializing():
+        return one()
+    if jax.config.jax_disable_jit:
+        return two_pass()
+    frame = current_frame()
+    owner = not creating_site()
+    if owner:
+        names = Names.capture(frame)
+        state_before = {module: dict(bundle) for module, bundle in frame.state.items()}
+        sequence = frame.rng_stack.peek()
+        rng_before = None if sequence is None else sequence.internal_state
+    with create_in_trace() as site:
+        out = one()
+    if not owner or not site.state_created:
+        return out  # (a nested call: the owner of the site starts again)
+    # Back to the state before the call (the parameters made stay), then the two passes.
+    frame.state.clear()
+    frame.state.update(state_before)
+    if sequence is not None:
+        sequence.replace_internal_state(rng_before)
+    names.restore_into(frame)
+    return two_pass()
