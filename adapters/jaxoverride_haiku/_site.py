@@ -24,6 +24,7 @@ import contextvars
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
+import haiku as hk
 import jax
 from haiku._src import base
 from jax.extend.core import set_current_trace, take_current_trace
@@ -43,16 +44,16 @@ class Site:
         self.trace = trace
         self.frame = frame
         self._rng = rng
-        self._sandbox: base.PRNGSequence | None = None
+        self._sandbox: hk.PRNGSequence | None = None
         self.created: list[tuple[str, str]] = []
         self.state_created = False
 
-    def sandbox(self) -> base.PRNGSequence | None:
+    def sandbox(self) -> hk.PRNGSequence | None:
         """A copy of the site's rng sequence at the call, made on first use (Haiku checks
         the key of a new sequence with an ``eval_shape``: a call that creates nothing
         should not pay for it)."""
         if self._sandbox is None and self._rng is not None:
-            self._sandbox = base.PRNGSequence(self._rng)
+            self._sandbox = hk.PRNGSequence(self._rng)
         return self._sandbox
 
 
@@ -67,7 +68,7 @@ def _split(full_name: str) -> tuple[str, str]:
 
 
 def _site_creator(
-    next_creator: Any, shape: Any, dtype: Any, init: Any, context: base.GetterContext
+    next_creator: Any, shape: Any, dtype: Any, init: Any, context: hk.GetterContext
 ) -> Any:
     site = _SITE.get()
     if site is None:  # pragma: no cover - removed from the stack when the site ends
@@ -83,7 +84,7 @@ def _site_creator(
         salted = None if sandbox is None else _SaltedSequence(sandbox, _salt(context.full_name))
         with frame.rng_stack(salted):
             value = next_creator(shape, dtype, init)
-    if value is not base.DO_NOT_STORE and value is not None:
+    if value is not hk.DO_NOT_STORE and value is not None:
         site.frame.params.setdefault(module, {})[name] = value
         site.created.append((module, name))
     return value
