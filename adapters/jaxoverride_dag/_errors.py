@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 from jax import tree_util as jtu
 
 from jaxoverride import errors
-from jaxoverride_dag._kinds import NODE, NOID, STATIC, TRACKED, kind_of_node
+from jaxoverride_dag._kinds import ARRAY, IDENTITYLESS, NODE, STATIC, kind_of_node
 
 if TYPE_CHECKING:
     from jaxoverride_dag._plan import Plan
@@ -103,13 +103,13 @@ def _signature(tree: Any, arrays: bool = True) -> list[tuple[tuple[Any, ...], tu
 
     def walk(x: Any, path: tuple[Any, ...]) -> None:
         k = kind_of_node(x)
-        if k > TRACKED or (k == TRACKED and arrays):
+        if k > ARRAY or (k == ARRAY and arrays):
             earlier = first.get(id(x))
             if earlier is not None:
                 out.append((path, ("shared", earlier)))
                 return
             first[id(x)] = path
-        if k in (NODE, NOID):
+        if k in (NODE, IDENTITYLESS):
             one_level = jtu.tree_structure(x, is_leaf=lambda y: y is not x)
             out.append((path, ("node", one_level)))
             for key_path, child in jtu.tree_flatten_with_path(x, is_leaf=lambda y: y is not x)[0]:

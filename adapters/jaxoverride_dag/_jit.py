@@ -64,7 +64,7 @@ def _leaf_shorthand(value: Any) -> bool:
     return value is None or jtu.treedef_is_leaf(jtu.tree_structure(value))
 
 
-class Hot(NamedTuple):
+class FastPathEntry(NamedTuple):
     """What the hot path needs from an entry whose plan shares nothing; unpacked per call."""
 
     layout: Layout | None
@@ -86,9 +86,9 @@ class _Entry:
         self.plan = plan
         self.layout = layout
         fast = plan.fast_info(skip=2)
-        self.hot: Hot | None = None
+        self.hot: FastPathEntry | None = None
         if fast is not None:
-            self.hot = Hot(
+            self.hot = FastPathEntry(
                 layout,
                 fast.flat,
                 fast.treedef,
@@ -99,7 +99,7 @@ class _Entry:
             )
 
 
-class JitState:
+class DagJit:
     """Everything a jitted function keeps: options, one entry per plan, the last entry."""
 
     __slots__ = (
@@ -141,8 +141,8 @@ class JitState:
         self.static = StaticArgs(*static)
         self._entries: dict[Any, _Entry] = {}
         # The hot path's view of the last entry that has one, and of one per structure.
-        self.last: Hot | None = None
-        self._hot: dict[Any, Hot] = {}
+        self.last: FastPathEntry | None = None
+        self._hot: dict[Any, FastPathEntry] = {}
 
     def resolve(
         self, args: tuple[Any, ...], kwargs: dict[str, Any]
@@ -187,7 +187,7 @@ class JitState:
 
     def _hot_for_structure(
         self, args: tuple[Any, ...], kwargs: dict[str, Any]
-    ) -> tuple[Hot, tuple[Any, ...], Any] | None:
+    ) -> tuple[FastPathEntry, tuple[Any, ...], Any] | None:
         # A structure seen before, unshared: one flatten and a lookup, instead of encoding.
         if not self._hot:
             return None
@@ -302,7 +302,7 @@ def dag_jit(fun: Callable[..., Any], /, **options: Any) -> Callable[..., Any]:
     # One state per function and options, shared by every wrapper of them (as jax.jit
     # shares its cache): ``jo.jit(f)(x)`` built again compiles nothing again.
     options_key = tuple(sorted(options.items()))
-    state = jo.reuse_jit(fun, (JitState, options_key, below), lambda: JitState(fun, options, below))
+    state = jo.reuse_jit(fun, (DagJit, options_key, below), lambda: DagJit(fun, options, below))
     jitted = _hot_path(state) if not state.static else _hot_path_static(state)
 
     def stage(method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -330,7 +330,7 @@ def dag_jit(fun: Callable[..., Any], /, **options: Any) -> Callable[..., Any]:
 _REFS_IN_LIST = 3
 
 
-def _hot_path(state: JitState) -> Callable[..., Any]:
+def _hot_path(state: DagJit) -> Callable[..., Any]:
     call_slow = state.call_slow
     dynamic_types = DYNAMIC_TYPES
     is_ = operator.is_
@@ -379,7 +379,7 @@ def _hot_path(state: JitState) -> Callable[..., Any]:
     return jitted
 
 
-def _hot_path_static(state: JitState) -> Callable[..., Any]:
+def _hot_path_static(state: DagJit) -> Callable[..., Any]:
     call_slow = state.call_slow
     split = state.static.split
     is_ = operator.is_

@@ -13,11 +13,10 @@ import numpy as np
 from jax import tree_util as jtu
 from jax.core import Tracer
 
-# Kinds, ordered so that ``kind >= TRACKED`` means "has identity worth tracking".
-NOID = 0  # a node without identity: None, an empty tuple
+# Kinds, ordered so that ``kind >= ARRAY`` means "has identity worth tracking".
+IDENTITYLESS = 0  # a node without identity: None, an empty tuple
 SCALAR = 1  # a Python bool/int/float/complex: a traced value, never shared
 STATIC = 2  # anything else that is not a node or an array: static data
-TRACKED = 3
 ARRAY = 3  # an array-like leaf: traced, shared by identity
 NODE = 4  # a pytree node: rebuilt, shared by identity
 
@@ -30,7 +29,7 @@ _ARRAY_TYPES: tuple[type, ...] = (
 )
 
 KINDS: dict[type, int] = {
-    type(None): NOID,
+    type(None): IDENTITYLESS,
     bool: SCALAR,
     int: SCALAR,
     float: SCALAR,
@@ -48,7 +47,7 @@ DYNAMIC_TYPES: set[type] = {bool, int, float, complex}
 def _classify(x: Any) -> int:
     t = type(x)
     if jtu.default_registry.flatten_one_level(x) is not None:
-        return NOID if t is type(None) else NODE
+        return IDENTITYLESS if t is type(None) else NODE
     if issubclass(t, _ARRAY_TYPES) or hasattr(t, "__jax_array__"):
         return ARRAY
     # JAX traces subclasses of the Python scalars as scalars too: an IntEnum, and the
@@ -79,7 +78,7 @@ def kind_of_node(x: Any) -> int:
     if k is None:
         k = _learn(x)
     if k == NODE and isinstance(x, tuple) and not x:
-        return NOID
+        return IDENTITYLESS
     return k
 
 

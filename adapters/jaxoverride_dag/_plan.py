@@ -22,7 +22,7 @@ from jax import tree_util as jtu
 
 from jaxoverride_dag import _errors
 from jaxoverride_dag._alias import fresh_leaves
-from jaxoverride_dag._kinds import ARRAY, KINDS, NODE, SCALAR, TRACKED, kind
+from jaxoverride_dag._kinds import ARRAY, KINDS, NODE, SCALAR, kind
 
 Skeleton = tuple[Any, tuple[int, ...]]  # (PyTreeDef, pool index per leaf)
 
@@ -231,7 +231,7 @@ def encode(tree: Any, label: str, style: str = "tree") -> tuple[Plan, list[Any]]
         k = KINDS.get(type(x))
         if k is None:
             k = kind(x)
-        if k >= TRACKED:
+        if k >= ARRAY:
             if k == NODE and isinstance(x, tuple) and not x:
                 return False
             i = id(x)

@@ -25,8 +25,8 @@ TABLE = kit.OverrideTable(
         **kit.overrides_in(
             _control,
             *("lax.scan", "lax.while_loop", "lax.fori_loop", "lax.cond", "lax.switch"),
-            "lax.map",
         ),
+        "lax.map": _control.lax_map,  # not ``map``: no override shadows a builtin
         **kit.overrides_in(
             _convert,
             *("closure_convert", "make_jaxpr", "lax.custom_root", "lax.custom_linear_solve"),

@@ -464,7 +464,7 @@ def _map_step(f: Callable[..., Any], batched: bool) -> Callable[..., Any]:
     return step
 
 
-def map(f: Callable[..., Any], xs: Any, *, batch_size: int | None = None) -> Any:
+def lax_map(f: Callable[..., Any], xs: Any, *, batch_size: int | None = None) -> Any:
     """``lax.map`` as JAX writes it, in terms of the neutral ``scan`` and ``vmap``.
 
     JAX's map has no carry to thread state through; like ``hk.map``, this one is a scan

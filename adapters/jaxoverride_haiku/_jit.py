@@ -98,7 +98,7 @@ def _positional_count(fun: Callable[..., Any]) -> int:
     return sum(1 for p in parameters if p.kind in kinds)
 
 
-class StatefulJit:
+class HaikuJit:
     """What ``jaxoverride.jit(fun)`` runs inside ``hk.transform`` with the adapter active."""
 
     def __init__(self, fun: Callable[..., Any], lower: Callable[..., Any], options: dict[str, Any]):
@@ -224,13 +224,13 @@ class StatefulJit:
         return f"<jaxoverride_haiku jit of {self._fun!r}>"
 
 
-def jit(fun: Callable[..., Any], **options: Any) -> StatefulJit:
-    """The ``"jit"`` override: ``jax.jit``'s signature; returns a ``StatefulJit``.
+def jit(fun: Callable[..., Any], **options: Any) -> HaikuJit:
+    """The ``"jit"`` override: ``jax.jit``'s signature; returns a ``HaikuJit``.
 
     One per function and options, shared by every wrapper of them (as ``jax.jit`` shares
     its cache): ``jo.jit(f)(x)`` built again inside a transform compiles nothing again.
     Its keys are naming situations, so sharing never merges two modules' names.
     """
     below = jo.next_impl("jit")
-    key = (StatefulJit, tuple(sorted(options.items())), below)
-    return jo.reuse_jit(fun, key, lambda: StatefulJit(fun, below, options))
+    key = (HaikuJit, tuple(sorted(options.items())), below)
+    return jo.reuse_jit(fun, key, lambda: HaikuJit(fun, below, options))

@@ -160,7 +160,7 @@ def _differentiated(internal: Any, perturbed: Callable[[Any], list[bool]]) -> fr
     return frozenset(names)
 
 
-def _refuse_differentiated_state(call: _Call, cotangents: dict[str, Any]) -> None:
+def _refuse_differentiated_state(call: _RuleCall, cotangents: dict[str, Any]) -> None:
     """Refuses a derivative that would silently be zero: of state that the rule replaced.
 
     The user's ``bwd`` gives cotangents for the rule's arguments from that of its output
@@ -216,7 +216,7 @@ def _after(frame: base.Frame) -> tuple[Any, Any]:
     return stateful.copy_structure(dict(state)), rng
 
 
-class _Call:
+class _RuleCall:
     """One call of a lifted rule: the caller's Python frame state and where it ends.
 
     JAX keeps the rule's functions (which close over this) in the jaxpr, so it holds no
@@ -300,7 +300,7 @@ def _haiku_layer() -> contextlib.AbstractContextManager[Any]:
     return contextlib.nullcontext()
 
 
-def _run(rule: Any, call: _Call, args: tuple[Any, ...]) -> Any:
+def _run(rule: Any, call: _RuleCall, args: tuple[Any, ...]) -> Any:
     """Calls JAX's rule on the caller's values and hands back what it wrote.
 
     A full block of rng keys is reserved first (the same rng structure in and out); a
@@ -342,7 +342,7 @@ class HaikuRule(LiftedRule):
             lambda: init_safe_call(lambda: self._fun(*args), lambda: lifted(args)),
         )
 
-    def _primal(self, call: _Call) -> Callable[..., Any]:
+    def _primal(self, call: _RuleCall) -> Callable[..., Any]:
         fun = self._fun
 
         def primal(values: Any, *args: Any) -> Any:
@@ -363,7 +363,7 @@ class HaikuRule(LiftedRule):
         return [ordered[i] if i in positions else next(rest) for i in range(count)]
 
     def _lifted_vjp(self, args: tuple[Any, ...]) -> Any:
-        call = _Call(self._where)
+        call = _RuleCall(self._where)
         assert self._rule is not None
         fwd, bwd, symbolic_zeros, optimize_remat = self._rule
         static = {n % (len(args) + 1) - 1 for n in self._lifted_nondiff}
@@ -398,7 +398,7 @@ class HaikuRule(LiftedRule):
         return _run(rule, call, args)
 
     def _lifted_jvp(self, args: tuple[Any, ...]) -> Any:
-        call = _Call(self._where)
+        call = _RuleCall(self._where)
         assert self._rule is not None
         jvp, symbolic_zeros = self._rule
         count = len(args)  # only the count: the rule must not close over the arguments

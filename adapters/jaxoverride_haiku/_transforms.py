@@ -26,7 +26,7 @@ from jaxoverride_haiku._creation import init_safe_call
 from jaxoverride_haiku._frames import Threaded, state_usable
 
 
-class _Call:
+class _TracedCall:
     """One call of a function that a JAX transform traces once, Haiku state threaded."""
 
     __slots__ = ("state", "thread")
@@ -85,7 +85,7 @@ def vmap(
     def mapped(*call_args: Any, **call_kwargs: Any) -> Any:
         if not state_usable():
             return plain(*call_args, **call_kwargs)
-        call = _Call("jaxoverride.vmap")
+        call = _TracedCall("jaxoverride.vmap")
         pure = _wraps(fun)(lambda *a, **k: call.run(fun, a, k))
         try:
             out, changed = lower(pure, in_axes, (out_axes, None), *args, **kwargs)(
@@ -121,7 +121,7 @@ def _differentiating(name: str, value_first: bool) -> Callable[..., Callable[...
         def differentiated(*call_args: Any, **call_kwargs: Any) -> Any:
             if not state_usable():
                 return plain(*call_args, **call_kwargs)
-            call = _Call(f"jaxoverride.{name}")
+            call = _TracedCall(f"jaxoverride.{name}")
 
             @_wraps(fun)
             def pure(*a: Any, **k: Any) -> Any:
@@ -160,7 +160,7 @@ def _with_aux(name: str) -> Callable[..., Any]:
         lower = jo.next_impl(name)
         if not state_usable():
             return lower(fun, *primals, has_aux=has_aux, **kwargs)
-        call = _Call(f"jaxoverride.{name}")
+        call = _TracedCall(f"jaxoverride.{name}")
 
         @_wraps(fun)
         def pure(*a: Any) -> Any:
@@ -184,7 +184,7 @@ def jvp(fun: Callable[..., Any], primals: Any, tangents: Any, has_aux: bool = Fa
     lower = jo.next_impl("jvp")
     if not state_usable():
         return lower(fun, primals, tangents, has_aux=has_aux)
-    call = _Call("jaxoverride.jvp")
+    call = _TracedCall("jaxoverride.jvp")
 
     @_wraps(fun)
     def pure(*a: Any) -> Any:
@@ -224,7 +224,7 @@ def _rematerializing(name: str) -> Callable[..., Callable[..., Any]]:
         def rematerialized(*call_args: Any, **call_kwargs: Any) -> Any:
             if not state_usable():
                 return plain(*call_args, **call_kwargs)
-            call = _Call(f"jaxoverride.{name}")
+            call = _TracedCall(f"jaxoverride.{name}")
             # The state goes in as an argument, as hk.remat passes it: closed over, JAX's
             # rematerialisation may rebuild a scalar integer param as a Python literal.
             pure = _wraps(fun)(lambda state, *a, **k: call.run(fun, a, k, state))
@@ -265,7 +265,7 @@ def eval_shape(fun: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     def apply() -> Any:
         # As hk.eval_shape: state changes and rng draws are discarded; modules made
         # inside still take their names.
-        call = _Call("jaxoverride.eval_shape")
+        call = _TracedCall("jaxoverride.eval_shape")
         pure = _wraps(fun)(lambda *a, **k: call.run(fun, a, k)[0])
         out = lower(pure, *args, **kwargs)
         call.thread.finish()
