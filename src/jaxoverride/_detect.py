@@ -230,7 +230,11 @@ def _run_checked(
     snapshot: _stack.Snapshot,
     captured: Captured,
     differentiated: Any,
+    search: tuple[Any, ...] = (),
 ) -> Any:
+    """Runs ``run`` under the check. ``search`` holds what to look for captured NNX state
+    in only if the call fails with Flax's ``TraceContextError`` (control flow, where a
+    read is right and a write raises)."""
     nnx_handled = bool(captured) and _handled(NNX, snapshot)
     # Under an NNX adapter its own, more precise errors (a write to an untracked module)
     # come first, so the refusal waits until the call has run.
@@ -240,11 +244,17 @@ def _run_checked(
             raise MissingAdapterError(f"jaxoverride.{name} met {NNX.title}: {refusal}{_HATCH}")
     scopes = [f for f in SCOPED if f.inside() and not _handled(f, snapshot)]
     before = {f.key: f.state_leaves() for f in scopes}
-    trace_context_error = _trace_context_error() if captured and not nnx_handled else None
+    trace_context_error = (
+        _trace_context_error() if (captured or search) and not nnx_handled else None
+    )
     try:
         out = run(*args, **kwargs)
     except BaseException as error:
         if trace_context_error is not None and isinstance(error, trace_context_error):
+            if not captured:
+                captured = [found for value in search for found in captured_state(value)]
+            if not captured:
+                raise
             raise _write_error(trace_context_error)(
                 f"jaxoverride.{name} ran a function that writes a Variable of the NNX state "
                 f"it captures ({_describe(captured)}), which raw JAX cannot thread, and no "
@@ -277,13 +287,20 @@ def run_call(
 ) -> Any:
     """Runs a neutral call (``lax.scan``, ``jvp``, ...) under the check."""
     captured: Captured = []
+    search: tuple[Any, ...] = ()
     # Under an NNX adapter, control flow threads what it reaches itself: no search.
     if NNX.loaded() is not None and not _handled(NNX, snapshot):
-        for value in (*args, *kwargs.values()):
-            if callable(value) and not isinstance(value, type):
-                captured += captured_state(value)
+        functions = tuple(
+            value
+            for value in (*args, *kwargs.values())
+            if callable(value) and not isinstance(value, type)
+        )
+        if name in _DIFFERENTIATES:
+            captured = [found for value in functions for found in captured_state(value)]
+        else:  # searched only if the call fails: an idle eager loop pays nothing for it
+            search = functions
     # A call's first argument is the function; what it differentiates comes after.
-    return _run_checked(name, run, args, kwargs, snapshot, captured, (args[1:], kwargs))
+    return _run_checked(name, run, args, kwargs, snapshot, captured, (args[1:], kwargs), search)
 
 
 class TransformCheck:
