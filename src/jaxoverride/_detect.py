@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from jaxoverride import _frameworks, _stack
-from jaxoverride._frameworks import ALL, MODULES, NNX, SCOPED, Framework
+from jaxoverride._frameworks import ALL, HAIKU, LINEN, MODULES, NNX, SCOPED, Framework
 from jaxoverride.errors import MissingAdapterError
 
 ENV_VAR = "JAXOVERRIDE_ADAPTER_CHECK"
@@ -76,8 +76,11 @@ def watching() -> bool:
     if not enabled:
         return False
     modules = sys.modules
-    return any(name in modules for name in MODULES)
+    # Unrolled: this runs on every neutral call once the check is on.
+    return _HAIKU_MODULE in modules or _LINEN_MODULE in modules or _NNX_MODULE in modules
 
+
+_HAIKU_MODULE, _LINEN_MODULE, _NNX_MODULE = MODULES
 
 _HATCH = (
     " If the program means this, turn the check off with jaxoverride.set_adapter_check(False) "
@@ -278,6 +281,30 @@ def _run_checked(
     return out
 
 
+def _functions(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
+    return tuple(
+        value
+        for value in (*args, *kwargs.values())
+        if callable(value) and not isinstance(value, type)
+    )
+
+
+def _write_refusal(name: str, error: BaseException, search: tuple[Any, ...]) -> Any:
+    """The ``MissingAdapterError`` to raise for Flax's ``TraceContextError`` from a write to
+    NNX state that a function in ``search`` captures; None to let ``error`` through."""
+    trace_context_error = _trace_context_error()
+    if trace_context_error is None or not isinstance(error, trace_context_error):
+        return None
+    captured = [found for value in search for found in captured_state(value)]
+    if not captured:
+        return None
+    return _write_error(trace_context_error)(
+        f"jaxoverride.{name} ran a function that writes a Variable of the NNX state it "
+        f"captures ({_describe(captured)}), which raw JAX cannot thread, and no NNX adapter "
+        f"is active. Fix: {_track_fix(captured)}.{_HATCH}"
+    )
+
+
 def run_call(
     name: str,
     run: Callable[..., Any],
@@ -286,15 +313,23 @@ def run_call(
     snapshot: _stack.Snapshot,
 ) -> Any:
     """Runs a neutral call (``lax.scan``, ``jvp``, ...) under the check."""
+    nnx_unhandled = NNX.loaded() is not None and not _handled(NNX, snapshot)
+    if not (HAIKU.inside() or LINEN.inside()) and name not in _DIFFERENTIATES:
+        # The common case: nothing to compare afterwards, nothing to search beforehand.
+        if not nnx_unhandled:
+            return run(*args, **kwargs)
+        try:
+            return run(*args, **kwargs)
+        except BaseException as error:
+            refusal = _write_refusal(name, error, _functions(args, kwargs))
+            if refusal is None:
+                raise
+            raise refusal from error
     captured: Captured = []
     search: tuple[Any, ...] = ()
     # Under an NNX adapter, control flow threads what it reaches itself: no search.
-    if NNX.loaded() is not None and not _handled(NNX, snapshot):
-        functions = tuple(
-            value
-            for value in (*args, *kwargs.values())
-            if callable(value) and not isinstance(value, type)
-        )
+    if nnx_unhandled:
+        functions = _functions(args, kwargs)
         if name in _DIFFERENTIATES:
             captured = [found for value in functions for found in captured_state(value)]
         else:  # searched only if the call fails: an idle eager loop pays nothing for it
