@@ -89,7 +89,8 @@ def install() -> jo.Installation:
       (3, True)
     """
     global _handle
-    _handle = jo.install(_CONTEXT, scoped=True, name="jaxoverride_nnx")
+    if _handle is None or not _handle.installed:
+        _handle = jo.install(_CONTEXT, scoped=True, name="jaxoverride_nnx")
     return _handle
 
 
