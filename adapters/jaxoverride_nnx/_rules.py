@@ -30,8 +30,9 @@ from jax._src.custom_derivatives import (
 
 import jaxoverride as jo
 from jaxoverride_nnx._compat import chain_on_get_value
-from jaxoverride_nnx._lift import changed, run_lifted, write_back
+from jaxoverride_nnx._lift import run_lifted, write_back
 from jaxoverride_nnx._scope import Tracked, current
+from jaxoverride_nnx._threads import NeedsState, Threads, given_values
 from jaxoverride_plain import (
     bwd_cotangents,
     fwd_output_pair,
@@ -45,10 +46,10 @@ from jaxoverride_plain import (
 WHERE = "jaxoverride.custom_vjp"
 
 
-def _written(before: Sequence[Any], after: Sequence[Any]) -> list[Any]:
-    """The values after the call, ``None`` where a Variable was not written (static)."""
-    updates = changed(before, after)
-    return [updates.get(index) for index in range(len(after))]
+def _written(order: Sequence[int], given: dict[int, Any], after: Sequence[Any]) -> list[Any]:
+    """The given Variables' values after the call, in ``order``; ``None`` where a Variable
+    was not written (static)."""
+    return [None if after[i] is given[i] else after[i] for i in order]
 
 
 class ClosedOverDifferentiationError(ValueError):
@@ -156,14 +157,17 @@ class _SameWrites:
     value). Writing a Variable that the first did not is refused, with the fix.
     """
 
-    def __init__(self, tracked: Any, where: str, rule: str):
+    def __init__(self, tracked: Any, where: str, rule: str, order: Sequence[int]):
         self._tracked = tracked
         self._where = where
         self._rule = rule
+        self._order = order  # the given Variables' indices, in the outputs' order
         self._first: tuple[str, frozenset[int]] | None = None
 
-    def conform(self, role: str, values: Sequence[Any], written: list[Any]) -> list[Any]:
-        mine = frozenset(index for index, value in enumerate(written) if value is not None)
+    def conform(self, role: str, given: dict[int, Any], after: Sequence[Any]) -> list[Any]:
+        written = _written(self._order, given, after)
+        pairs = zip(self._order, written, strict=True)
+        mine = frozenset(i for i, value in pairs if value is not None)
         if self._first is None or self._first[0] == role:
             self._first = (role, mine)
             return written
@@ -176,7 +180,10 @@ class _SameWrites:
                 f"written state included. Make the {self._rule} compute its primal output by "
                 "calling the decorated function, or write the same state in both."
             )
-        return [values[i] if i in other and w is None else w for i, w in enumerate(written)]
+        return [
+            given[i] if i in other and w is None else w
+            for i, w in zip(self._order, written, strict=True)
+        ]
 
 
 class _LiftedRule:
@@ -196,6 +203,7 @@ class _LiftedRule:
         self._fun = fun
         self._nondiff = _nondiff(self._plain, fun, nondiff_argnums, nondiff_argnames)
         self._rule: tuple[Any, ...] | None = None
+        self._threads = Threads()  # the modules that the rule's functions touch
 
     def __getattr__(self, attribute: str) -> Any:
         if attribute.startswith("_"):
@@ -206,30 +214,108 @@ class _LiftedRule:
         tracked = current()
         if tracked is None or self._rule is None:
             return self._plain(*args, **kwargs)
-        return self._lifted_call(tracked, positional_arguments(self._fun, args, kwargs))
+        try:
+            args = positional_arguments(self._fun, args, kwargs)
+        except TypeError:  # JAX's own error, about the user's function
+            return self._plain(*args, **kwargs)
+        count = len(tracked.variables)
 
-    def _lifted_call(self, tracked: Tracked, args: tuple[Any, ...]) -> Any:
-        raise NotImplementedError
+        def attempt(given: frozenset[int], owner: object) -> Any:
+            live = _Live(owner)
+            if not given:  # JAX's rule over the user's functions, run with probes
+                try:
+                    return self._probing_rule(tracked, live)(*args), {}
+                finally:
+                    live.done = True
+            values = given_values(tracked, given)
+            order = [i for i in sorted(given) if i < count]
+            rule = self._lifted_rule(tracked, order, live, args)
+            try:
+                out, written = rule(values, *args)
+            finally:
+                live.done = True
+            pairs = zip(order, written, strict=True)
+            return out, {i: value for i, value in pairs if value is not None}
 
-    def _primal(self, tracked: Tracked, same: _SameWrites) -> Callable[..., Any]:
-        """The primal function over the tracked values, named as JAX names ``fun``."""
-        fun, where = self._fun, self._where
-
-        def lifted(values: list[Any], *inner: Any) -> Any:
-            out, after = run_lifted(tracked, values, fun, inner, {}, where)
-            return out, same.conform("primal function", values, _written(values, after))
-
-        return _named_as(lifted, fun)
-
-    def _run(self, tracked: Tracked, rule: Any, args: tuple[Any, ...]) -> Any:
-        """Calls JAX's ``rule`` on the tracked values and writes back what it wrote."""
-        out, written = rule(tracked.read(), *args)
-        updates = {index: value for index, value in enumerate(written) if value is not None}
+        out, updates = self._threads.run(tracked, attempt, (self._fun, *self._rule[:2]))
         write_back(tracked, updates, self._where)
         return out
 
+    def _lifted_rule(
+        self, tracked: Tracked, order: list[int], live: _Live, args: tuple[Any, ...]
+    ) -> Any:
+        raise NotImplementedError
+
+    def _probing_rule(self, tracked: Tracked, live: _Live) -> Any:
+        """JAX's rule over the user's own functions, each run with every tracked value a
+        probe: as long as they touch no tracked module, the rule is the user's (JAX's
+        jaxprs, and JAX's errors about the user's functions); a touch retraces with it."""
+        where = self._where
+
+        def probing(fn: Callable[..., Any], role: str) -> Callable[..., Any]:
+            def probed(*inner: Any) -> Any:
+                return live.run(tracked, {}, fn, inner, where, role)[0]
+
+            return _named_as(probed, fn)
+
+        rule = self._below(
+            probing(self._fun, "primal function"), nondiff_argnums=tuple(sorted(self._nondiff))
+        )
+        self._define(rule, probing)
+        return rule
+
+    def _define(self, rule: Any, probing: Callable[..., Any]) -> None:
+        raise NotImplementedError
+
+    def _primal(self, tracked: Tracked, same: _SameWrites, live: _Live) -> Callable[..., Any]:
+        """The primal function over the tracked values, named as JAX names ``fun``."""
+        fun, where = self._fun, self._where
+
+        def lifted(values: dict[int, Any], *inner: Any) -> Any:
+            out, after = live.run(tracked, values, fun, inner, where, "primal function")
+            return out, same.conform("primal function", values, after)
+
+        return _named_as(lifted, fun)
+
     def _lifted_nondiff(self) -> tuple[int, ...]:
         return tuple(n + 1 for n in sorted(self._nondiff))
+
+
+class _Live:
+    """One call of a lifted rule: its probes' mark, and whether the call still runs.
+
+    JAX may trace ``fwd`` or the JVP rule after the call returned (under
+    ``jax.grad(jax.jit(f))``) and traces ``bwd`` while it transposes: a module touched
+    there first can no longer be given to the call, and is refused with the fix.
+    """
+
+    __slots__ = ("done", "owner")
+
+    def __init__(self, owner: object):
+        self.owner = owner
+        self.done = False
+
+    def run(
+        self,
+        tracked: Tracked,
+        values: dict[int, Any],
+        fn: Callable[..., Any],
+        args: Sequence[Any],
+        where: str,
+        role: str,
+    ) -> tuple[Any, list[Any]]:
+        try:
+            return run_lifted(tracked, values, fn, args, {}, where, owner=self.owner)
+        except NeedsState as error:
+            if error.owner is not self.owner or not self.done:
+                raise
+            raise RuntimeError(
+                f"{where}: the {role}, traced by JAX after the call returned, uses the "
+                f"tracked Variable `{tracked.path(error.index)}` (or its module), which the "
+                "primal function does not use, so it was not given to the rule. Use the "
+                "same modules in the primal function and in the rules (a rule usually "
+                "calls the primal function), or pass the value as an argument."
+            ) from None
 
 
 def _nondiff(
@@ -289,30 +375,46 @@ class LiftedVJP(_LiftedRule):
         self._plain.defvjp(fwd, bwd, symbolic_zeros=symbolic_zeros, optimize_remat=optimize_remat)
         self._rule = (fwd, bwd, symbolic_zeros, optimize_remat)
 
-    def _lifted_call(self, tracked: Tracked, args: tuple[Any, ...]) -> Any:
+    def _define(self, rule: Any, probing: Callable[..., Any]) -> None:
+        assert self._rule is not None
+        fwd, bwd, symbolic_zeros, optimize_remat = self._rule
+        rule.defvjp(
+            probing(fwd, "forward rule (fwd)"),
+            probing(bwd, "bwd rule"),
+            symbolic_zeros=symbolic_zeros,
+            optimize_remat=optimize_remat,
+        )
+
+    def _lifted_rule(
+        self, tracked: Tracked, order: list[int], live: _Live, args: tuple[Any, ...]
+    ) -> Any:
         assert self._rule is not None
         fun, (fwd, bwd, symbolic_zeros, optimize_remat) = self._fun, self._rule
+        count = len(tracked.variables)
         primal_tree = jax.tree.structure(
             tuple(arg for index, arg in enumerate(args) if index not in self._nondiff)
         )
         # Symbolic zeros tell which Variables are being differentiated (see
         # _refusing_reads); the user's rules see them only if they asked. JAX's remat
         # optimisation takes no symbolic zeros: there, as with JAX's own rule, nothing
-        # tells which closed-over values are differentiated.
-        symbolic = not optimize_remat
-        same = _SameWrites(tracked, WHERE, "forward rule (fwd)")
+        # tells which closed-over values are differentiated. Given no Variable, the rule
+        # is the user's.
+        symbolic = not optimize_remat if order else symbolic_zeros
+        same = _SameWrites(tracked, WHERE, "forward rule (fwd)", order)
 
         def lifted_fwd(values: Any, *inner: Any) -> Any:
             perturbed = [
-                index for index, value in enumerate(values) if any(perturbed_leaves(value))
+                index
+                for index, value in values.items()
+                if symbolic and index < count and any(perturbed_leaves(value))
             ]
             values = unwrap_primals(values)
             if not symbolic_zeros:
                 inner = unwrap_primals(inner)
-            with _refusing_reads(tracked, [i for i in perturbed if i < len(tracked.variables)]):
-                pair, after = run_lifted(tracked, values, fwd, inner, {}, WHERE)
+            with _refusing_reads(tracked, perturbed):
+                pair, after = live.run(tracked, values, fwd, inner, WHERE, "forward rule (fwd)")
             out, residuals = fwd_output_pair(pair, fwd, fun)
-            written = same.conform("forward rule (fwd)", values, _written(values, after))
+            written = same.conform("forward rule (fwd)", values, after)
             return (out, written), (values, residuals)
 
         def lifted_bwd(*rest: Any) -> Any:
@@ -323,10 +425,10 @@ class LiftedVJP(_LiftedRule):
             # trace): the Variables then hold whatever the caller's level left in them, and
             # a neutral loop in bwd would carry those as foreign constants ("No constant
             # handler for DynamicJaxprTracer"). bwd sees the values of the call instead.
-            cotangents, after = run_lifted(
-                tracked, values, bwd, (*static, residuals, out_cotangent), {}, WHERE
+            cotangents, after = live.run(
+                tracked, values, bwd, (*static, residuals, out_cotangent), WHERE, "bwd rule"
             )
-            if written := changed(values, after):
+            if written := {i: after[i] for i in order if after[i] is not values[i]}:
                 raise write_refused(
                     tracked,
                     written,
@@ -339,14 +441,16 @@ class LiftedVJP(_LiftedRule):
                 )
             return (None, *bwd_cotangents(cotangents, primal_tree))
 
-        rule = self._below(self._primal(tracked, same), nondiff_argnums=self._lifted_nondiff())
+        rule = self._below(
+            self._primal(tracked, same, live), nondiff_argnums=self._lifted_nondiff()
+        )
         rule.defvjp(
             _named_as(lifted_fwd, fwd),
             _named_as(lifted_bwd, bwd),
             symbolic_zeros=symbolic,
             optimize_remat=optimize_remat,
         )
-        return self._run(tracked, rule, args)
+        return rule
 
 
 def custom_vjp(
@@ -405,19 +509,26 @@ class LiftedJVP(_LiftedRule):
 
         self._rule = (_named_as(jvp, self._plain.jvp), False)
 
-    def _lifted_call(self, tracked: Tracked, args: tuple[Any, ...]) -> Any:
+    def _define(self, rule: Any, probing: Callable[..., Any]) -> None:
+        assert self._rule is not None
+        jvp, symbolic_zeros = self._rule
+        rule.defjvp(probing(jvp, "JVP rule"), symbolic_zeros=symbolic_zeros)
+
+    def _lifted_rule(
+        self, tracked: Tracked, order: list[int], live: _Live, args: tuple[Any, ...]
+    ) -> Any:
         assert self._rule is not None
         fun, (jvp, symbolic_zeros) = self._fun, self._rule
         nondiff = sorted(self._nondiff)
         count = len(tracked.variables)
-        same = _SameWrites(tracked, WHERE_JVP, "JVP rule")
+        same = _SameWrites(tracked, WHERE_JVP, "JVP rule", order)
 
         def lifted_jvp(*rest: Any) -> Any:
             *static, (values, *primals), (values_dot, *tangents) = rest
             perturbed = [
                 index
-                for index, tangent in enumerate(values_dot[:count])
-                if any(perturbed_leaves(tangent))
+                for index, tangent in values_dot.items()
+                if index < count and any(perturbed_leaves(tangent))
             ]
             if not any(perturbed_leaves(tangents)):
                 # Only the Variables are perturbed: raw JAX would not call the rule here
@@ -426,8 +537,10 @@ class LiftedJVP(_LiftedRule):
                 # which is right unless the function reads a perturbed Variable: refused.
                 ordered = _interleave(static, primals, nondiff)
                 with _refusing_reads(tracked, perturbed, WHERE_JVP):
-                    out, after = run_lifted(tracked, values, fun, ordered, {}, WHERE_JVP)
-                written = _written(values, after)
+                    out, after = live.run(
+                        tracked, values, fun, ordered, WHERE_JVP, "primal function"
+                    )
+                written = _written(order, values, after)
                 return (out, written), (
                     jax.tree.map(_tangent_zero, out),
                     [None if w is None else _tangent_zero(w) for w in written],
@@ -435,19 +548,27 @@ class LiftedJVP(_LiftedRule):
             if not symbolic_zeros:
                 tangents = instantiate_zeros(tangents)
             with _refusing_reads(tracked, perturbed, WHERE_JVP):
-                (out, out_dot), after = run_lifted(
-                    tracked, values, jvp, (*static, tuple(primals), tuple(tangents)), {}, WHERE_JVP
+                (out, out_dot), after = live.run(
+                    tracked,
+                    values,
+                    jvp,
+                    (*static, tuple(primals), tuple(tangents)),
+                    WHERE_JVP,
+                    "JVP rule",
                 )
-            written = same.conform("JVP rule", values, _written(values, after))
+            written = same.conform("JVP rule", values, after)
             return (out, written), (
                 out_dot,
                 [None if w is None else _tangent_zero(w) for w in written],
             )
 
-        rule = self._below(self._primal(tracked, same), nondiff_argnums=self._lifted_nondiff())
-        # Symbolic zeros tell which Variables are being differentiated.
-        rule.defjvp(_named_as(lifted_jvp, jvp), symbolic_zeros=True)
-        return self._run(tracked, rule, args)
+        rule = self._below(
+            self._primal(tracked, same, live), nondiff_argnums=self._lifted_nondiff()
+        )
+        # Symbolic zeros tell which Variables are being differentiated; given no Variable,
+        # the rule is the user's.
+        rule.defjvp(_named_as(lifted_jvp, jvp), symbolic_zeros=True if order else symbolic_zeros)
+        return rule
 
 
 def custom_jvp(
