@@ -142,7 +142,9 @@ def _store(
 _OWNER: contextvars.ContextVar[object] = contextvars.ContextVar("jaxoverride_nnx_owner")
 
 
-def _threaded(tracked: Tracked, wrappers: Sequence[_Lifted], call: Callable[..., T]) -> T:
+def _threaded(
+    tracked: Tracked, wrappers: Sequence[_Lifted], call: Callable[..., T], operands: Any = ()
+) -> T:
     """``call(state, constants)`` given the tracked values that ``wrappers`` touch.
 
     The first wrapper's ``Threads`` keeps what was found, for the call as a whole (a
@@ -158,7 +160,7 @@ def _threaded(tracked: Tracked, wrappers: Sequence[_Lifted], call: Callable[...,
         finally:
             _OWNER.reset(token)
 
-    given = frozenset().union(*(w.threads.get(tracked, _users(w)) for w in wrappers))
+    given = frozenset().union(*(w.threads.get(tracked, [*_users(w), operands]) for w in wrappers))
     wrappers[0].threads.found[tracked.key] = given
     return wrappers[0].threads.run(tracked, attempt)
 
@@ -281,6 +283,7 @@ def scan(
                 unroll,
                 _split_transpose,
             ),
+            init,
         )
     finally:
         _INITIAL.reset(initial)
@@ -365,7 +368,7 @@ def while_loop(
         return below(_going, body, (init, state, constants, going))
 
     try:
-        final, state, _, _ = _threaded(tracked, [body, first], loop)
+        final, state, _, _ = _threaded(tracked, [body, first], loop, init_val)
     finally:
         _INITIAL.reset(initial)
         _RUNNING.reset(token)
@@ -449,6 +452,7 @@ def fori_loop(
             lambda state, constants: below(
                 lower, upper, body, (start, state, constants), unroll=unroll
             ),
+            init_val,
         )
     finally:
         _INITIAL.reset(initial)
@@ -536,6 +540,7 @@ def cond(
             tracked,
             wrapped,
             lambda state, constants: below(pred, *wrapped, state, constants, *operands),
+            args,
         )
     except TypeError as error:
         jax_error = branch_error(error, [true_fun, false_fun], _outputs(wrapped), switch=False)
@@ -568,6 +573,7 @@ def switch(
             tracked,
             wrapped,
             lambda state, constants: below(index, wrapped, state, constants, *operands),
+            args,
         )
     except TypeError as error:
         jax_error = branch_error(error, list(branches), _outputs(wrapped), switch=True)

@@ -224,10 +224,11 @@ class TrackedJit:
     def _call_with_nodes(
         self, tracked: Tracked | None, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> Any:
+        originals = (args, kwargs)
         view, args, kwargs = self._lift_arguments(tracked, args, kwargs)
         key = self._key(view, args)
         while True:
-            build = self._cache.get(key) or self._compile(key, view)
+            build = self._cache.get(key) or self._compile(key, view, originals)
             token = ACTIVE.set(view)
             try:
                 result = build.jitted(build.read(view), *args, **kwargs)
@@ -292,14 +293,14 @@ class TrackedJit:
     def _key(self, tracked: Tracked, args: tuple[Any, ...]) -> Any:
         return tracked.key if self._per_arity is None else (tracked.key, len(args))
 
-    def _compile(self, key: Any, tracked: Tracked | None = None) -> _Build:
+    def _compile(self, key: Any, tracked: Tracked | None = None, arguments: Any = ()) -> _Build:
         if self._deaths != _scope.deaths():
             self._deaths = _scope.deaths()
             for stale in [k for k in self._cache if not _alive(k)]:
                 del self._cache[stale]
         tracked = tracked or ACTIVE.get()
         assert tracked is not None
-        build = self._build(key, tracked, referenced(tracked, [self._fun]))
+        build = self._build(key, tracked, referenced(tracked, [self._fun, arguments]))
         self._cache[key] = build
         return build
 

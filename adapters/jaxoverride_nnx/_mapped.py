@@ -144,6 +144,7 @@ def _threaded(
     call: Callable[[dict[int, Any]], Any],
     where: str,
     fun: Callable[..., Any],
+    arguments: Any = (),
 ) -> Any:
     """``call(values)`` given the tracked values of the modules the function touches."""
 
@@ -155,7 +156,7 @@ def _threaded(
             _OWNER.reset(owner_token)
             ACTIVE.reset(token)
 
-    out, updates, refs = threads.run(view, attempt, (fun,))
+    out, updates, refs = threads.run(view, attempt, (fun, arguments))
     write_back(view, updates, where)
     return from_refs(out, view) if refs.value else out
 
@@ -250,7 +251,7 @@ def _build_pmap(
                 probed.add(probe_key)
             return cache.get(view.key, count)(values, *args_, **kwargs_)
 
-        return _threaded(threads, view, run, where, fun)
+        return _threaded(threads, view, run, where, fun, call_args)
 
     return call
 
@@ -358,7 +359,7 @@ def _build_shard_map(
         _check_specs(in_specs, call_args)
         mapped = cache.get(view.key)
         return _threaded(
-            threads, view, lambda values: mapped(values, *args_, **kwargs_), where, fun
+            threads, view, lambda values: mapped(values, *args_, **kwargs_), where, fun, call_args
         )
 
     return call

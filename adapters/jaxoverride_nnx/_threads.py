@@ -76,11 +76,13 @@ class Probe:
         return f"<tracked value {self._index}, not threaded>"
 
 
+# ``__jax_array__``, ``__array__`` and the like are left to ``__getattr__``: JAX and NumPy
+# look them up with ``hasattr``, which then raises ``NeedsState`` instead of answering.
 _USES = (
-    "__jax_array__ __array__ __getitem__ __setitem__ __delitem__ __len__ __iter__ "
+    "__getitem__ __setitem__ __delitem__ __len__ __iter__ "
     "__contains__ __bool__ __float__ __int__ __index__ __complex__ __call__ __eq__ __ne__ "
     "__lt__ __le__ __gt__ __ge__ __neg__ __pos__ __abs__ __invert__ __round__ __format__ "
-    "__dlpack__ __array_namespace__"
+    "__dlpack__"
 )
 _OPERATORS = "add sub mul matmul truediv floordiv mod divmod pow lshift rshift and xor or"
 for _name in _USES.split() + [
@@ -185,10 +187,23 @@ def referenced(tracked: Tracked, fns: Sequence[Any]) -> frozenset[int]:
 
     for fn in fns:
         visit(fn, 0)
+    passed = _arguments(tracked)
     if not roots:
-        return frozenset()
+        return passed
     names = [_root(path) for path in _paths(tracked)]
-    return frozenset(i for i, name in enumerate(names) if name in roots)
+    return passed | frozenset(i for i, name in enumerate(names) if name in roots)
+
+
+def _arguments(tracked: Tracked) -> frozenset[int]:
+    """The tracked values of the modules passed as arguments: the call uses them."""
+    extra = tracked.extra
+    if extra is None:
+        return frozenset()
+    count, outer = len(tracked.variables), len(tracked.graph.variables)
+    attrs = len(tracked.graph.attrs)
+    return frozenset(range(outer, count)) | frozenset(
+        range(count + attrs, count + len(tracked.attrs))
+    )
 
 
 class Threads:

@@ -374,7 +374,7 @@ def _checkpointing(name: str, default: Callable[..., Any]) -> Callable[..., Any]
                 values = given_values(view, given)
                 return below(pure, **shifted)(values, *args_, **kwargs_)
 
-            out, updates, refs = threads.run(view, attempt, (fun,))
+            out, updates, refs = threads.run(view, attempt, (fun, call_args, call_kwargs))
             write_back(view, updates, where)
             return from_refs(out, view) if refs.value else out
 
