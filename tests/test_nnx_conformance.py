@@ -189,6 +189,24 @@ def _unresolved_kwargs(api):
     return lambda: f(1.0, z=2.0)
 
 
+def _missing_argument(api):
+    @api.custom_vjp
+    def f(x, y, *, z=None):
+        return x + y
+
+    f.defvjp(lambda x, y, z=None: (f(x, y), None), lambda _, g: (g, g))
+    return lambda: f(0.5)
+
+
+def _keyword_only_argument(api):
+    @api.custom_jvp
+    def f(x, y, *, z=None):
+        return x + y
+
+    f.defjvp(lambda primals, tangents: (f(*primals), tangents[0]))
+    return lambda: f(0.5, 1.0, z=1.0)
+
+
 @pytest.mark.parametrize(
     "program",
     [
@@ -198,6 +216,8 @@ def _unresolved_kwargs(api):
         _fwd_primal_type,
         _bwd_shape,
         _unresolved_kwargs,
+        _missing_argument,
+        _keyword_only_argument,
     ],
 )
 def test_errors_about_malformed_rules_are_jaxs_about_the_users_functions(program):

@@ -214,10 +214,9 @@ class _LiftedRule:
         tracked = current()
         if tracked is None or self._rule is None:
             return self._plain(*args, **kwargs)
-        try:
-            args = positional_arguments(self._fun, args, kwargs)
-        except TypeError:  # JAX's own error, about the user's function
+        if not self._resolvable(args, kwargs):  # JAX's own error, about the user's function
             return self._plain(*args, **kwargs)
+        args = positional_arguments(self._fun, args, kwargs)
         count = len(tracked.variables)
 
         def attempt(given: frozenset[int], owner: object) -> Any:
@@ -240,6 +239,18 @@ class _LiftedRule:
         out, updates = self._threads.run(tracked, attempt, (self._fun, *self._rule[:2]))
         write_back(tracked, updates, self._where)
         return out
+
+    def _resolvable(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+        """Whether JAX resolves the call's arguments to positions (else it raises)."""
+        try:
+            signature = inspect.signature(self._fun)
+        except (TypeError, ValueError):
+            return True  # JAX decides
+        try:
+            bound = signature.bind(*args, **kwargs)
+        except TypeError:
+            return False
+        return not bound.kwargs  # keyword-only arguments have no position
 
     def _lifted_rule(
         self, tracked: Tracked, order: list[int], live: _Live, args: tuple[Any, ...]
