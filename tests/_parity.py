@@ -119,13 +119,6 @@ ADAPTER_MODES = ("plain", "haiku_installed", "nnx_track", "dag")
 """
 
 
-LIFTING_MODES = ("nnx_track",)
-"""Adapter modes whose control flow takes state it cannot prove unused: under ``track``
-every loop and branch receives the tracked module's Variables as operands (a read the
-body may make), so its jaxpr has them as inputs even where the body never reads them.
-The results are JAX's, and NNX's caches compile no more than JAX (an eager ``lax.map``,
-which JAX compiles again on every call, compiles once)."""
-
 ALL_MODES = (*MODES, *ADAPTER_MODES)
 """The modes of the error and API tests: the pass-through stacks and every adapter."""
 
@@ -456,8 +449,7 @@ def adapter_parity_tests(
     neutral call must be JAX's: the same outputs (run eagerly, as a user would), the same
     ``jax.make_jaxpr`` text, the same derivative values (under ``jax.jit``), and a second
     call compiles exactly what JAX's second call compiles (nothing, but for an eager
-    ``lax.map``, which JAX compiles on every call). In ``LIFTING_MODES`` the jaxprs are
-    not compared and the second call may compile less than JAX's. Differences that another
+    ``lax.map``, which JAX compiles on every call). Differences that another
     piece of work removes are listed in ``known``: ``{(mode, case id): reason}``, each a
     strict ``xfail``.
     """
@@ -505,17 +497,11 @@ def adapter_parity_tests(
         where = f"[mode {mode}]"
         assert_same(actual, expected, f"{where} outputs")
         assert_same(again, expected, f"{where} outputs of the second call")
-        if mode not in LIFTING_MODES:
-            assert actual_jaxpr == expected_jaxpr, f"{where} jaxprs differ"
+        assert actual_jaxpr == expected_jaxpr, f"{where} jaxprs differ"
         assert_same(actual_grad, expected_grad, f"{where} derivative")
-        if mode in LIFTING_MODES:
-            assert len(recompiles) <= len(expected_recompiles), (
-                f"{where} the second call compiled {recompiles}, JAX's {expected_recompiles}"
-            )
-        else:
-            assert recompiles == expected_recompiles, (
-                f"{where} the second call compiled {recompiles}, JAX's {expected_recompiles}"
-            )
+        assert recompiles == expected_recompiles, (
+            f"{where} the second call compiled {recompiles}, JAX's {expected_recompiles}"
+        )
 
     return test_parity_under_adapter
 

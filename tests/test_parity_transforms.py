@@ -453,17 +453,7 @@ test_parity = _parity_tests(CASES)
 # own on every call (JAX's second call compiles 4 times here), so each Variable adds one
 # per call. Closing over the values instead fails for a Variable whose array lives on
 # another mesh (say after a pmap wrote it), so the inputs stay.
-_SHARD_MAP_INPUTS = (
-    "the NNX adapter's eager shard_map passes the tracked Variables as inputs, and eager "
-    "shard_map compiles each input's conversion on every call (6 or 7 against JAX's 4)"
-)
-test_parity_under_adapter = adapter_parity_tests(
-    CASES,
-    known={
-        ("nnx_track", case_id): _SHARD_MAP_INPUTS
-        for case_id in ("shard_map", "shard_map-decorator-form", "shard_map-check-vma-false")
-    },
-)
+test_parity_under_adapter = adapter_parity_tests(CASES)
 
 
 def test_raw_jax_ignores_overrides():

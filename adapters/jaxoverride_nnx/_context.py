@@ -12,7 +12,6 @@ from jaxoverride_nnx import _control, _convert, _jit, _mapped, _rules, _transfor
 _TRANSFORMS = ("vmap", "grad", "value_and_grad", "jacfwd", "jacrev", "hessian", "checkpoint")
 _CALLS = ("remat", "eval_shape", "jvp", "vjp", "linearize")
 _CONTROL = ("lax.scan", "lax.while_loop", "lax.fori_loop", "lax.cond", "lax.switch")
-_RULES = ("custom_vjp", "custom_jvp", "closure_convert", "lax.custom_root")
 TABLE = kit.OverrideTable(
     "jaxoverride_nnx",
     {
@@ -21,7 +20,10 @@ TABLE = kit.OverrideTable(
         **kit.overrides_in(_transforms, *_TRANSFORMS, *_CALLS),
         **kit.overrides_in(_control, *_CONTROL),
         "lax.map": _control.lax_map,  # ``map`` would shadow the builtin there
-        **kit.overrides_in(_rules, *_RULES, "lax.custom_linear_solve"),
+        **kit.overrides_in(_rules, "custom_vjp", "custom_jvp"),
+        **kit.overrides_in(
+            _convert, "closure_convert", "lax.custom_root", "lax.custom_linear_solve"
+        ),
         "make_jaxpr": _convert.make_jaxpr,
     },
 )
@@ -76,7 +78,8 @@ def install() -> jo.Installation:
       (3, True)
     """
     global _handle
-    _handle = jo.install(_CONTEXT, scoped=True, name="jaxoverride_nnx")
+    if _handle is None or not _handle.installed:
+        _handle = jo.install(_CONTEXT, scoped=True, name="jaxoverride_nnx")
     return _handle
 
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import contextvars
 from collections.abc import Callable, Hashable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import jax
 from jax.core import Tracer, eval_jaxpr
@@ -39,7 +39,6 @@ from jaxoverride.adapter_kit import (
 )
 from jaxoverride_nnx._lift import (
     call_plain,
-    changed,
     check_same_refs,
     from_refs,
     graph_objects,
@@ -49,7 +48,10 @@ from jaxoverride_nnx._lift import (
     write_back,
 )
 from jaxoverride_nnx._scope import Tracked, current
+from jaxoverride_nnx._threads import NeedsState, Threads, given_values, module_of
 from jaxoverride_nnx._transforms import batched_state_error, run_closure
+
+T = TypeVar("T")
 
 # The tracked set of the control-flow call whose functions JAX is tracing right now.
 _RUNNING: contextvars.ContextVar[Tracked] = contextvars.ContextVar("jaxoverride_nnx_running")
@@ -64,14 +66,15 @@ class _Lifted:
     wrapper, because a cached trace is not run again.
     """
 
-    __slots__ = ("__weakref__", "body", "outputs", "refs", "traces", "written")
+    __slots__ = ("__weakref__", "body", "outputs", "refs", "threads", "traces", "written")
 
     def __init__(self, body: Callable[..., Any], refs: tuple[Callable[[], Any], ...]):
         self.body = body
         self.refs = refs
-        self.written: list[bool] = []
+        self.written: set[int] = set()
         self.outputs: Any = None  # a branch's output shapes, for branch_error
         self.traces: dict[Any, Any] = {}  # a first test's jaxprs, by argument types
+        self.threads = Threads()  # which tracked values the function touches
 
     def __call__(self, *args: Any) -> Any:
         return self.body(self, [ref() for ref in self.refs], *args)
@@ -79,19 +82,20 @@ class _Lifted:
     def run(
         self,
         tracked: Tracked,
-        state: Sequence[Any],
-        constants: Sequence[Any],
+        state: dict[int, Any],
+        constants: dict[int, Any],
         fn: Callable[..., Any],
         args: Sequence[Any],
         where: str,
-    ) -> tuple[Any, list[Any]]:
-        """Inside the trace: run ``fn`` with the Variables holding ``state``."""
-        out, after = run_lifted(tracked, [*state, *constants], fn, args, {}, where)
-        if len(self.written) != len(after):
-            self.written = [False] * len(after)
-        for index in changed(state, after):
-            self.written[index] = True
-        return out, after
+    ) -> tuple[Any, dict[int, Any]]:
+        """Inside the trace: run ``fn`` with the Variables holding ``state`` (the values
+        given; the others hold probes of the running call, see ``_threads``)."""
+        out, after = run_lifted(
+            tracked, {**state, **constants}, fn, args, {}, where, owner=_OWNER.get()
+        )
+        new_state = {index: after[index] for index in state}
+        self.written.update(index for index, value in state.items() if after[index] is not value)
+        return out, new_state
 
 
 _wrappers: WrapperCache[_Lifted] = WrapperCache()
@@ -103,17 +107,84 @@ def _lifted(fns: Sequence[Any], key: Hashable, body: Callable[..., Any]) -> _Lif
     return _wrappers.get(fns, key, lambda refs: _Lifted(body, refs))
 
 
-def _start(tracked: Tracked) -> tuple[list[Any], list[Any]]:
-    """The Variables' values to carry and the array attributes to pass along."""
-    values = tracked.read()
+def _start(tracked: Tracked, given: frozenset[int]) -> tuple[dict[int, Any], dict[int, Any]]:
+    """The given Variables' values to carry and the given array attributes to pass along."""
+    values = given_values(tracked, given)
     count = len(tracked.variables)
-    return values[:count], values[count:]
+    return (
+        {i: v for i, v in values.items() if i < count},
+        {i: v for i, v in values.items() if i >= count},
+    )
 
 
-def _store(tracked: Tracked, wrappers: Sequence[_Lifted], final: Sequence[Any], where: str) -> None:
+def _store(
+    tracked: Tracked, wrappers: Sequence[_Lifted], final: dict[int, Any], where: str
+) -> None:
     """After the call: write back the Variables that some traced function wrote."""
-    written = [any(w.written[i] for w in wrappers if w.written) for i in range(len(final))]
-    write_back(tracked, {i: final[i] for i, yes in enumerate(written) if yes}, where)
+    written = set().union(*(w.written for w in wrappers))
+    write_back(tracked, {i: value for i, value in final.items() if i in written}, where)
+
+
+# The mark of the probes of the control-flow call whose functions JAX is tracing.
+_OWNER: contextvars.ContextVar[object] = contextvars.ContextVar("jaxoverride_nnx_owner")
+
+
+def _threaded(
+    tracked: Tracked, wrappers: Sequence[_Lifted], call: Callable[..., T], operands: Any = ()
+) -> T:
+    """``call(state, constants)`` given the tracked values that ``wrappers`` touch.
+
+    The first wrapper's ``Threads`` keeps what was found, for the call as a whole (a
+    ``while_loop``'s test and body, a ``cond``'s branches share one carry)."""
+
+    def attempt(given: frozenset[int], owner: object) -> T:
+        for wrapper in wrappers:
+            wrapper.threads.found[tracked.key] = given
+        state, constants = _start(tracked, given)
+        token = _OWNER.set(owner)
+        try:
+            return call(state, constants)
+        finally:
+            _OWNER.reset(token)
+
+    given = frozenset().union(*(w.threads.get(tracked, [*_users(w), operands]) for w in wrappers))
+    wrappers[0].threads.found[tracked.key] = given
+    return wrappers[0].threads.run(tracked, attempt)
+
+
+def _users(wrapper: _Lifted) -> list[Any]:
+    """The user's functions that ``wrapper`` runs (those still alive)."""
+    return [fn for ref in wrapper.refs if (fn := ref()) is not None]
+
+
+_STATEFUL: Any = object()
+
+
+def _stateless(
+    tracked: Tracked, wrappers: Sequence[_Lifted], call: Callable[[], T], then: Sequence[_Lifted]
+) -> T | Any:
+    """``call()`` (JAX's own loop over ``wrappers``) with no tracked value given, unless
+    the functions are known to touch one; ``_STATEFUL`` if they do.
+
+    For the calls whose stateful form differs in structure from JAX's (a ``while_loop``'s
+    first test, ``lax.map`` as a ``scan``): with nothing to do they are JAX's. What a
+    probe showed is handed to the stateful wrappers ``then``.
+    """
+    if any(w.threads.get(tracked, _users(w)) for w in (*wrappers, *then)):
+        return _STATEFUL
+    owner = object()
+    token = _OWNER.set(owner)
+    try:
+        return call()
+    except NeedsState as error:
+        if error.owner is not owner:
+            raise
+        touched = module_of(tracked, error.index)
+        for wrapper in (*wrappers, *then):
+            wrapper.threads.found[tracked.key] = touched
+        return _STATEFUL
+    finally:
+        _OWNER.reset(token)
 
 
 def _enter(tracked: Tracked) -> contextvars.Token[Tracked]:
@@ -182,20 +253,24 @@ def scan(
         return call_plain(
             below, (f, init, xs, length, reverse, unroll, _split_transpose), {}, _SCAN
         )
-    state, constants = _start(tracked)
     body = _lifted((f,), ("scan", tracked.key), _scan_body)
     start = to_refs(init, tracked)[0]
     initial = _INITIAL.set(start)
     token = _enter(tracked)
     try:
-        (final, state, _), ys = below(
-            body,
-            (start, state, constants),
-            xs,
-            length,
-            reverse,
-            unroll,
-            _split_transpose,
+        (final, state, _), ys = _threaded(
+            tracked,
+            [body],
+            lambda state, constants: below(
+                body,
+                (start, state, constants),
+                xs,
+                length,
+                reverse,
+                unroll,
+                _split_transpose,
+            ),
+            init,
         )
     finally:
         _INITIAL.reset(initial)
@@ -227,6 +302,22 @@ def _while_body(self: _Lifted, fns: list[Any], carry: Any) -> Any:
     return new_value, after, constants, going
 
 
+def _plain_test(self: _Lifted, fns: list[Any], value: Any) -> Any:
+    (cond_fun,) = fns
+    tracked = _RUNNING.get()
+    return self.run(tracked, {}, {}, cond_fun, (from_refs(value, tracked),), _WHILE)[0]
+
+
+def _plain_step(self: _Lifted, fns: list[Any], value: Any) -> Any:
+    body_fun, cond_fun = fns
+    tracked = _RUNNING.get()
+    new_value, _ = self.run(tracked, {}, {}, body_fun, (from_refs(value, tracked),), _WHILE)
+    new_value = to_refs(new_value, tracked)[0]
+    check_same_refs(value, new_value, "carry", _WHILE)
+    check_loop_carry(body_fun, _initial_or(value), new_value, cond_fun)
+    return new_value
+
+
 def _going(carry: Any) -> Any:
     return carry[3]
 
@@ -239,15 +330,32 @@ def while_loop(
     tracked = with_arguments(current(), init_val)
     if tracked is None or not (callable(cond_fun) and callable(body_fun)):
         return call_plain(below, (cond_fun, body_fun, init_val), {}, _WHILE)
-    state, constants = _start(tracked)
     first = _lifted((cond_fun,), ("while-first", tracked.key), _first_test)
     body = _lifted((body_fun, cond_fun), ("while", tracked.key), _while_body)
     init = to_refs(init_val, tracked)[0]
     initial = _INITIAL.set(init)
     token = _enter(tracked)
     try:
+        test = _lifted((cond_fun,), ("while-test", tracked.key), _plain_test)
+        step = _lifted((body_fun, cond_fun), ("while-step", tracked.key), _plain_step)
+        final = _stateless(
+            tracked, [test, step], lambda: below(test, step, init), then=[first, body]
+        )
+    except BaseException:
+        _INITIAL.reset(initial)
+        _RUNNING.reset(token)
+        raise
+    if final is not _STATEFUL:
+        _INITIAL.reset(initial)
+        _RUNNING.reset(token)
+        return from_refs(final, tracked)
+
+    def loop(state: dict[int, Any], constants: dict[int, Any]) -> Any:
         going, state = _run_first_test(first, (state, constants, init))
-        final, state, _, _ = below(_going, body, (init, state, constants, going))
+        return below(_going, body, (init, state, constants, going))
+
+    try:
+        final, state, _, _ = _threaded(tracked, [body, first], loop, init_val)
     finally:
         _INITIAL.reset(initial)
         _RUNNING.reset(token)
@@ -320,13 +428,19 @@ def fori_loop(
     tracked = with_arguments(current(), init_val)
     if tracked is None or not callable(body_fun):
         return call_plain(below, (lower, upper, body_fun, init_val), {"unroll": unroll}, _FORI)
-    state, constants = _start(tracked)
     body = _lifted((body_fun,), ("fori", tracked.key), _fori_body)
     start = to_refs(init_val, tracked)[0]
     initial = _INITIAL.set(start)
     token = _enter(tracked)
     try:
-        final, state, _ = below(lower, upper, body, (start, state, constants), unroll=unroll)
+        final, state, _ = _threaded(
+            tracked,
+            [body],
+            lambda state, constants: below(
+                lower, upper, body, (start, state, constants), unroll=unroll
+            ),
+            init_val,
+        )
     finally:
         _INITIAL.reset(initial)
         _RUNNING.reset(token)
@@ -405,11 +519,16 @@ def cond(
     tracked = with_arguments(current(), args)
     if tracked is None or not (callable(true_fun) and callable(false_fun)):
         return call_plain(below, (pred, true_fun, false_fun, *args), {}, where)
-    state, constants = _start(tracked)
     wrapped = _branches([true_fun, false_fun], tracked, _cond_branch)
+    operands = to_refs(args, tracked)[0]
     token = _enter(tracked)
     try:
-        out, state = below(pred, *wrapped, state, constants, *to_refs(args, tracked)[0])
+        out, state = _threaded(
+            tracked,
+            wrapped,
+            lambda state, constants: below(pred, *wrapped, state, constants, *operands),
+            args,
+        )
     except TypeError as error:
         jax_error = branch_error(error, [true_fun, false_fun], _outputs(wrapped), switch=False)
         if jax_error is error:
@@ -433,11 +552,16 @@ def switch(
     tracked = with_arguments(current(), args)
     if tracked is None or not _all_callable(branches):
         return call_plain(below, (index, branches, *args), {}, where)
-    state, constants = _start(tracked)
     wrapped = _branches(list(branches), tracked, _switch_branch)
+    operands = to_refs(args, tracked)[0]
     token = _enter(tracked)
     try:
-        out, state = below(index, wrapped, state, constants, *to_refs(args, tracked)[0])
+        out, state = _threaded(
+            tracked,
+            wrapped,
+            lambda state, constants: below(index, wrapped, state, constants, *operands),
+            args,
+        )
     except TypeError as error:
         jax_error = branch_error(error, list(branches), _outputs(wrapped), switch=True)
         if jax_error is error:
@@ -460,6 +584,12 @@ def _map_body(self: _Lifted, fns: list[Any], carry: Any, x: Any) -> Any:
     state, constants = carry
     y, after = self.run(tracked, state, constants, f, (x,), _MAP)
     return (after, constants), to_refs(y, tracked)[0]
+
+
+def _plain_map(self: _Lifted, fns: list[Any], x: Any) -> Any:
+    (f,) = fns
+    y, _ = self.run(_RUNNING.get(), {}, {}, f, (x,), _MAP)
+    return to_refs(y, _RUNNING.get())[0]
 
 
 def _vmapped(
@@ -509,12 +639,27 @@ def lax_map(f: Callable[[Any], Any], xs: Any, *, batch_size: int | None = None) 
     if tracked is None or not callable(f):
         return call_plain(below, (f, xs), {"batch_size": batch_size}, _MAP)
     scan_below = jo.next_impl("lax.scan")
-    state, constants = _start(tracked)
+    each = _lifted((f,), ("map-each", tracked.key), _plain_map)
+    then = [
+        _lifted((f,), ("map", tracked.key), _map_body),
+        _lifted((f,), ("map-blocks", tracked.key), _block_body),
+    ]
+    token = _enter(tracked)
+    try:
+        ys = _stateless(tracked, [each], lambda: below(each, xs, batch_size=batch_size), then=then)
+    finally:
+        _RUNNING.reset(token)
+    if ys is not _STATEFUL:
+        return from_refs(ys, tracked)
     if batch_size is None:
         body = _lifted((f,), ("map", tracked.key), _map_body)
         token = _enter(tracked)
         try:
-            (state, _), ys = scan_below(body, (state, constants), xs)
+            (state, _), ys = _threaded(
+                tracked,
+                [body],
+                lambda state, constants: scan_below(body, (state, constants), xs),
+            )
         finally:
             _RUNNING.reset(token)
         _store(tracked, [body], state, _MAP)
@@ -528,7 +673,11 @@ def lax_map(f: Callable[[Any], Any], xs: Any, *, batch_size: int | None = None) 
         body = _lifted((f,), ("map-blocks", tracked.key), _block_body)
         token, below_token = _enter(tracked), _VMAP_BELOW.set(vmap_below)
         try:
-            (state, _), ys = scan_below(body, (state, constants), blocks)
+            (state, _), ys = _threaded(
+                tracked,
+                [body],
+                lambda state, constants: scan_below(body, (state, constants), blocks),
+            )
         finally:
             _VMAP_BELOW.reset(below_token)
             _RUNNING.reset(token)

@@ -1,16 +1,17 @@
-"""``make_jaxpr`` under ``track``: tracked Variables read at the traced level, writes refused.
+"""Conversion to pure functions under ``track``: ``closure_convert``, ``make_jaxpr``,
+``lax.custom_root`` and ``lax.custom_linear_solve``.
 
-Equinox closure-converts a user's callback with ``jax.make_jaxpr`` (``filter_closure_convert``
-in optimistix, lineax and diffrax): the tracked Variables that the callback reads become
-constants of the jaxpr, which Equinox then passes as explicit operands, so gradients with
-respect to the module flow through them. Reads therefore need nothing but a fresh
-function per call: JAX caches a trace by the function's identity, and a cached trace
-would serve the weights it was first traced with.
+Each turns the user's function into a jaxpr of its inputs, so tracked Variables are
+*read* at the traced level (JAX hoists what the function closes over into explicit,
+differentiated inputs) and a *write* could never come out: it is refused with
+``PureFunctionWriteError`` and every Variable is left as it was. JAX caches such traces by
+the function's identity, closed-over values included, so each call converts a fresh
+function: a cached trace would serve the weights it was first traced with.
 
-A write cannot come out: the jaxpr has fixed outputs, and the libraries evaluate it inside
-their own primitives and custom derivative rules. The override lets the callback write at
-the traced level, sees the write when the trace ends and refuses it with
-``PureFunctionWriteError``, instead of NNX's bare ``TraceContextError``.
+Equinox closure-converts a user's callback with ``jax.make_jaxpr``
+(``filter_closure_convert`` in optimistix, lineax and diffrax): the tracked Variables
+that the callback reads become constants of the jaxpr, which Equinox then passes as
+explicit operands, so gradients with respect to the module flow through them.
 """
 
 from __future__ import annotations
@@ -22,7 +23,9 @@ from typing import Any
 from flax.errors import TraceContextError
 
 import jaxoverride as jo
-from jaxoverride_nnx._rules import PureFunctionWriteError, _pure
+from jaxoverride_nnx._errors import LevelError
+from jaxoverride_nnx._lift import changed, run_lifted
+from jaxoverride_nnx._rules import PureFunctionWriteError, write_refused
 from jaxoverride_nnx._scope import current
 
 WHERE = "jaxoverride.make_jaxpr"
@@ -75,3 +78,104 @@ def make_jaxpr(fun: Callable[..., Any], *args: Any, **kwargs: Any) -> Callable[.
         return below(fresh, *args, **kwargs)(*call_args, **call_kwargs)
 
     return call
+
+
+def closure_convert(fun: Callable[..., Any], *example_args: Any) -> Any:
+    below = jo.next_impl("closure_convert")
+    if current() is None:
+        return below(fun, *example_args)
+    # JAX caches a conversion by the function's identity and argument types, constants
+    # included: a tracked module's weights, changed since, would come back stale (and,
+    # under jo.grad, unperturbed: a silently zero gradient). A new function per call
+    # never hits that cache.
+    fresh = lambda *args: fun(*args)
+    try:
+        return below(fresh, *example_args)
+    except (LevelError, TraceContextError) as error:
+        raise PureFunctionWriteError(
+            "jaxoverride.closure_convert: a tracked NNX Variable was written inside the "
+            "function being converted. Closure conversion turns it into a pure jaxpr of its "
+            "inputs, so the write could never come out. Move the write out of the converted "
+            "function (before or after the solver call), or use the solver's non-implicit "
+            "mode, if it has one (jaxopt's implicit_diff=False). "
+            f"NNX said: {error}"
+        ) from error
+
+
+# -- lax.custom_root and lax.custom_linear_solve ---------------------------------------
+
+
+def _pure(
+    tracked: Any,
+    fn: Callable[..., Any] | None,
+    role: str,
+    where: str,
+    why: str = "JAX traces it into a pure jaxpr of its inputs",
+    fix: str = "Move the write out of the solve (before or after the call), or use the "
+    "library's non-implicit mode (jaxopt's implicit_diff=False).",
+) -> Any:
+    """``fn`` run with the tracked Variables readable and any write refused.
+
+    JAX traces each function it is given into a jaxpr and hoists what it closes over into
+    explicit, differentiated inputs, so reads of a tracked module come out right. Two things
+    need the adapter. JAX caches those traces by the function's identity, closed-over values
+    included: a function defined once and called again after the weights changed (or under
+    ``jo.grad``, whose values are other tracers) would get the old values, a silently wrong
+    gradient or a leaked tracer. A fresh wrapper per call never hits that cache. And a write
+    inside could never come out of the jaxpr: it is refused with the fix, every Variable left
+    as it was.
+    """
+    if fn is None or not callable(fn):
+        return fn  # JAX's own error for JAX's misuse, as with nothing active
+
+    def pure(*args: Any, **kwargs: Any) -> Any:
+        out, after = run_lifted(tracked, None, fn, args, kwargs, where)
+        if written := changed(tracked.read(), after):
+            raise write_refused(tracked, written, role, why, fix, where)
+        return out
+
+    return pure
+
+
+def custom_root(
+    f: Callable[..., Any],
+    initial_guess: Any,
+    solve: Callable[..., Any],
+    tangent_solve: Callable[..., Any],
+    has_aux: bool = False,
+) -> Any:
+    below = jo.next_impl("lax.custom_root")
+    tracked = current()
+    if tracked is None:
+        return below(f, initial_guess, solve, tangent_solve, has_aux=has_aux)
+    where = "jaxoverride.lax.custom_root"
+    return below(
+        _pure(tracked, f, "f (the function whose root is found)", where),
+        initial_guess,
+        _pure(tracked, solve, "solve", where),
+        _pure(tracked, tangent_solve, "tangent_solve", where),
+        has_aux=has_aux,
+    )
+
+
+def custom_linear_solve(
+    matvec: Callable[..., Any],
+    b: Any,
+    solve: Callable[..., Any],
+    transpose_solve: Callable[..., Any] | None = None,
+    symmetric: bool = False,
+    has_aux: bool = False,
+) -> Any:
+    below = jo.next_impl("lax.custom_linear_solve")
+    tracked = current()
+    if tracked is None:
+        return below(matvec, b, solve, transpose_solve, symmetric=symmetric, has_aux=has_aux)
+    where = "jaxoverride.lax.custom_linear_solve"
+    return below(
+        _pure(tracked, matvec, "matvec", where),
+        b,
+        _pure(tracked, solve, "solve", where),
+        _pure(tracked, transpose_solve, "transpose_solve", where),
+        symmetric=symmetric,
+        has_aux=has_aux,
+    )

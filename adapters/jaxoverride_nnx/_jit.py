@@ -29,7 +29,6 @@ from jaxoverride_nnx import _scope
 from jaxoverride_nnx._graph import RAW, is_graph_object
 from jaxoverride_nnx._lift import (
     call_plain,
-    changed,
     from_refs,
     run_lifted,
     to_refs,
@@ -37,6 +36,7 @@ from jaxoverride_nnx._lift import (
     write_back,
 )
 from jaxoverride_nnx._scope import ACTIVE, Tracked
+from jaxoverride_nnx._threads import NeedsState, check_given, module_of, referenced
 
 _WHERE = "jaxoverride.jit"
 _GET = RAW.__get__
@@ -102,12 +102,13 @@ class TrackedJit:
     def _make_call(self) -> Callable[..., Any]:
         """The callable that ``jaxoverride.jit`` runs: the hot path as a plain closure
         (cheaper to call than an object), with JAX's jitted-function API."""
-        plain, cache, compile_, clean, with_nodes = (
+        plain, cache, compile_, clean, with_nodes, retry = (
             self._plain,
             self._cache,
             self._compile,
             self._clean_arguments,
             self._call_with_nodes,
+            self._retry,
         )
         last: list[Any] = [None, None]  # the last key and its jitted function
         per_arity = self._per_arity
@@ -130,16 +131,27 @@ class TrackedJit:
                 return call_plain(plain, args, kwargs, _WHERE)
             key = tracked.key if per_arity is None else (tracked.key, len(args))
             if key is last[0]:
-                jitted = last[1]
+                build = last[1]
             else:
-                jitted = cache.get(key) or compile_(key)
-                last[0], last[1] = key, jitted
+                build = cache.get(key) or compile_(key)
+                last[0], last[1] = key, build
             variables = tracked.variables
-            values = tracked.read() if tracked.attrs else list(map(_GET, variables))
-            if tracked.owner is None:  # inside a neutral transform: see _call_hidden
-                result = _call_hidden(jitted, tracked, values, args, kwargs)
-            else:
-                result = jitted(values, *args, **kwargs)
+            try:
+                if tracked.owner is None:  # inside a neutral transform: see _call_hidden
+                    values = build.read(tracked)
+                    result = _call_hidden(build.jitted, tracked, values, args, kwargs)
+                else:
+                    if build.attrs:
+                        values = build.read(tracked)
+                    else:
+                        values = list(map(_GET, build.variables))
+                    result = build.jitted(values, *args, **kwargs)
+            except NeedsState as error:
+                if error.owner is not build:
+                    raise
+                retry(key, tracked, error)
+                last[0] = None
+                return call(*args, **kwargs)
             out, updates = result[0], result[1]
             if updates:
                 # One jitted call's outputs are all concrete or all tracers of one trace.
@@ -156,17 +168,31 @@ class TrackedJit:
         functools.update_wrapper(call, self._fun, updated=())
         return jo.jit_api(call, self._fun, stage=self._stage, jitted=self._jitted)
 
+    def _retry(self, key: Any, tracked: Tracked, error: NeedsState) -> None:
+        """The function touched a module it was not given: give it that one too."""
+        build = self._cache[key]
+        self._cache[key] = self._build(key, tracked, build.given | module_of(tracked, error.index))
+
     def _call_with_nodes(
         self, tracked: Tracked | None, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> Any:
+        originals = (args, kwargs)
         view, args, kwargs = self._lift_arguments(tracked, args, kwargs)
         key = self._key(view, args)
-        jitted = self._cache.get(key) or self._compile(key)
-        token = ACTIVE.set(view)
-        try:
-            result = jitted(view.read(), *args, **kwargs)
-        finally:
-            ACTIVE.reset(token)
+        while True:
+            build = self._cache.get(key) or self._compile(key, view, originals)
+            token = ACTIVE.set(view)
+            try:
+                result = build.jitted(build.read(view), *args, **kwargs)
+                break
+            except NeedsState as error:
+                if error.owner is not build:
+                    raise
+                self._cache[key] = self._build(
+                    key, view, build.given | module_of(view, error.index)
+                )
+            finally:
+                ACTIVE.reset(token)
         out, updates = result[0], result[1]
         if updates:
             write_back(view, updates, _WHERE)
@@ -219,36 +245,49 @@ class TrackedJit:
     def _key(self, tracked: Tracked, args: tuple[Any, ...]) -> Any:
         return tracked.key if self._per_arity is None else (tracked.key, len(args))
 
-    def _compile(self, key: Any) -> Any:
+    def _compile(self, key: Any, tracked: Tracked | None = None, arguments: Any = ()) -> _Build:
         if self._deaths != _scope.deaths():
             self._deaths = _scope.deaths()
             for stale in [k for k in self._cache if not _alive(k)]:
                 del self._cache[stale]
+        tracked = tracked or ACTIVE.get()
+        assert tracked is not None
+        build = self._build(key, tracked, referenced(tracked, [self._fun, arguments]))
+        self._cache[key] = build
+        return build
+
+    def _build(self, key: Any, tracked: Tracked | None, given: frozenset[int]) -> _Build:
+        """A ``jax.jit`` of the function given the tracked values ``given`` (see
+        ``_threads``: at first none; a module it touches is added when found)."""
         options = self._options
         if self._per_arity is not None:
             count = key[1]
             dynamic = count - len(self._static_positions(count))
             options = {**options, "in_shardings": (None, *[self._per_arity] * dynamic)}
-        jitted = self._below(self._lifted(), **options)
-        self._cache[key] = jitted
-        return jitted
+        assert tracked is not None
+        build = _Build(tracked, given)
+        build.jitted = self._below(self._lifted(build), **options)
+        return build
 
-    def _lifted(self) -> Callable[..., Any]:
+    def _lifted(self, build: _Build) -> Callable[..., Any]:
         fun = self._fun
         sharded_out = self._sharded_out
+        order = build.order
 
         def lifted(values: list[Any], *args: Any, **kwargs: Any) -> Any:
             tracked = ACTIVE.get() or _HIDDEN.get()
             assert tracked is not None
             args, kwargs = from_refs((args, kwargs), tracked)
-            out, after = run_lifted(tracked, values, fun, args, kwargs, _WHERE)
+            given = dict(zip(order, values, strict=True))
+            out, after = run_lifted(tracked, given, fun, args, kwargs, _WHERE, owner=build)
             out, has_refs = to_refs(out, tracked)
+            updates = {i: after[i] for i in build.var_order if after[i] is not given[i]}
             # The arity says whether the output holds NodeRefs: a static fact of the trace
             # that costs nothing to read on a cache hit. With ``out_shardings`` the arity
             # is fixed (the shardings are a prefix of the output), and ``from_refs`` runs.
             if has_refs or sharded_out:
-                return out, changed(values, after), None
-            return out, changed(values, after)
+                return out, updates, None
+            return out, updates
 
         # Named as JAX names ``fun`` (a partial by its function, an object as unnamed), so
         # compilations and lowerings carry the user's name.
@@ -267,22 +306,32 @@ class TrackedJit:
         if self._clean_arguments(args, kwargs):
             if tracked is None:
                 return None, None, args, kwargs
-            key = self._key(tracked, args)
-            return self._cache.get(key) or self._compile(key), tracked, args, kwargs
+            return self._key(tracked, args), tracked, args, kwargs
         view, args, kwargs = self._lift_arguments(tracked, args, kwargs)
-        key = self._key(view, args)
-        return self._cache.get(key) or self._compile(key), view, args, kwargs
+        return self._key(view, args), view, args, kwargs
+
+    def _on_build(self, key: Any, view: Tracked, method: str, *args: Any, **kwargs: Any) -> Any:
+        """``build.jitted.<method>(values, ...)``, adding each module the function touches."""
+        while True:
+            build = self._cache.get(key) or self._compile(key, view)
+            token = ACTIVE.set(view)
+            try:
+                return getattr(build.jitted, method)(build.read(view), *args, **kwargs)
+            except NeedsState as error:
+                if error.owner is not build:
+                    raise
+                self._cache[key] = self._build(
+                    key, view, build.given | module_of(view, error.index)
+                )
+            finally:
+                ACTIVE.reset(token)
 
     def eval_shape(self, *args: Any, **kwargs: Any) -> Any:
         """Output shapes, as ``jax.jit(fun).eval_shape``; tracked modules are not changed."""
-        jitted, view, args, kwargs = self._entry(args, kwargs)
+        key, view, args, kwargs = self._entry(args, kwargs)
         if view is None:
             return self._plain.eval_shape(*args, **kwargs)
-        token = ACTIVE.set(view)
-        try:
-            result = jitted.eval_shape(view.read(), *args, **kwargs)
-        finally:
-            ACTIVE.reset(token)
+        result = self._on_build(key, view, "eval_shape", *args, **kwargs)
         return from_refs(result[0], view) if len(result) == 3 else result[0]
 
     def lower(self, *args: Any, **kwargs: Any) -> Any:
@@ -299,20 +348,46 @@ class TrackedJit:
         return self._staged(method, args, kwargs)
 
     def _jitted(self) -> list[Any]:
-        return [self._plain, *self._cache.values()]
+        return [self._plain, *(build.jitted for build in self._cache.values())]
 
     def _staged(self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        jitted, view, args, kwargs = self._entry(args, kwargs)
+        key, view, args, kwargs = self._entry(args, kwargs)
         if view is None:
             return getattr(self._plain, method)(*args, **kwargs)
-        token = ACTIVE.set(view)
-        try:
-            return getattr(jitted, method)(view.read(), *args, **kwargs)
-        finally:
-            ACTIVE.reset(token)
+        return self._on_build(key, view, method, *args, **kwargs)
 
     def __repr__(self) -> str:
         return f"<jaxoverride_nnx jit of {self._fun!r}>"
+
+
+class _Build:
+    """One ``jax.jit`` of the lifted function, for one tracked set and the tracked values
+    it is given (``given``: indices, Variables first, then array attributes), which it
+    takes as a list in ``order``. It marks the probes of its traces (``_threads``)."""
+
+    __slots__ = ("attrs", "given", "jitted", "order", "var_order", "variables")
+
+    def __init__(self, tracked: Tracked, given: frozenset[int]):
+        count = len(tracked.variables)
+        self.given = given
+        self.order = tuple(sorted(given))
+        self.var_order = tuple(i for i in self.order if i < count)
+        self.variables = [tracked.variables[i] for i in self.var_order]
+        self.attrs = len(self.var_order) != len(self.order)
+        self.jitted: Any = None
+
+    def read(self, tracked: Tracked) -> list[Any]:
+        """The given values, now (probes of an enclosing call refused)."""
+        if not self.order:
+            return []
+        if self.attrs:
+            everything = tracked.read()
+            values = [everything[i] for i in self.order]
+        else:
+            values = [_GET(tracked.variables[i]) for i in self.order]
+        if tracked.owner is None:
+            check_given(values)
+        return values
 
 
 # The tracked set of a jitted call made inside a neutral transform, for ``lifted`` to find

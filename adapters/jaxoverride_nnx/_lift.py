@@ -30,6 +30,7 @@ from jax.core import Tracer
 from jaxoverride_nnx._errors import StructureChangeError, explain, structure_changed
 from jaxoverride_nnx._graph import RAW, TRACE, is_graph_object
 from jaxoverride_nnx._scope import ACTIVE, Tracked, current, empty
+from jaxoverride_nnx._threads import NeedsState, probe_for
 
 
 @jax.tree_util.register_static
@@ -114,12 +115,17 @@ def run_lifted(
     args: Sequence[Any],
     kwargs: dict[str, Any],
     where: str,
+    owner: object = None,
 ) -> tuple[Any, list[Any]]:
     """Calls ``fn`` with the lifted Variables holding ``values`` (or their current values).
 
     Must be called inside the trace of the transform that ``where`` names. The Variables
     may be read and written by ``fn`` at this trace level; nested neutral calls inside
     ``fn`` see ``tracked`` (frozen) as the tracked set.
+
+    With ``owner`` (a ``Threads`` call's mark), ``values`` is a dict ``{index: value}``
+    of the values given, and every other tracked value holds a ``Probe`` of ``owner``
+    meanwhile; a write of one of those raises ``NeedsState`` too (it must be threaded).
 
     Returns:
       ``(fn's output, the Variables' values after the call)``; every Variable is restored
@@ -131,6 +137,14 @@ def run_lifted(
     saved_traces = list(map(TRACE.__get__, variables))
     attrs = tracked.attrs
     saved_attrs = [getattr(ref(), name) for ref, name in attrs] if attrs else None
+    if owner is not None:
+        assert isinstance(values, dict)
+        given = values
+        current = saved_values + (saved_attrs or [])
+        values = [
+            given[i] if i in given else probe_for(owner, i, value)
+            for i, value in enumerate(current)
+        ]
     state = tracers.TraceState()
     token = ACTIVE.set(tracked.frozen)
     try:
@@ -157,6 +171,10 @@ def run_lifted(
         if saved_attrs is not None:
             for (ref, name), value in zip(attrs, saved_attrs, strict=True):
                 object.__setattr__(ref(), name, value)
+    if owner is not None:
+        for index, (old, new) in enumerate(zip(values, after, strict=False)):
+            if index not in given and new is not old:
+                raise NeedsState(owner, index)  # a write: it must be threaded
     check_unchanged_structure(tracked, saved_values if values is None else values, after, where)
     return out, after
 

@@ -18,6 +18,7 @@ cache hit of the underlying ``jax.pmap`` never runs with another set's Variables
 
 from __future__ import annotations
 
+import contextvars
 from collections.abc import Callable
 from typing import Any
 
@@ -33,7 +34,6 @@ from jaxoverride_nnx._lift import (
     HAS_REFS,
     NO_REFS,
     call_plain,
-    changed,
     from_refs,
     graph_objects,
     refs_of,
@@ -43,6 +43,7 @@ from jaxoverride_nnx._lift import (
     write_back,
 )
 from jaxoverride_nnx._scope import ACTIVE, Tracked, TrackKey, current
+from jaxoverride_nnx._threads import Threads, given_values
 from jaxoverride_nnx._transforms import _bind, _check_broadcast, _named, mapped_module_path
 
 _CACHE_LIMIT = 256
@@ -56,12 +57,13 @@ def _avals(tree: Any) -> tuple[Any, ...]:
 def _lifted(fun: Callable[..., Any], where: str, check_vma: bool) -> Callable[..., Any]:
     """``fun`` as a function of ``(values, *args)`` run with the Variables of ``ACTIVE``."""
 
-    def lifted(values: list[Any], *args: Any, **kwargs: Any) -> Any:
+    def lifted(values: dict[int, Any], *args: Any, **kwargs: Any) -> Any:
         view = ACTIVE.get()
         assert view is not None
         args, kwargs = from_refs((args, kwargs), view)
-        out, after = run_lifted(view, values, fun, args, kwargs, where)
-        updates = changed(values, after)
+        out, after = run_lifted(view, values, fun, args, kwargs, where, owner=_OWNER.get())
+        count = len(view.variables)
+        updates = {i: after[i] for i in values if i < count and after[i] is not values[i]}
         if check_vma:
             _check_replicated(view, updates, where)
         out, has_refs = to_refs(out, view)
@@ -125,12 +127,29 @@ def _lift_call(
     return view, new_args, to_refs(kwargs, view)[0]
 
 
-def _run(view: Tracked, mapped: Callable[..., Any], args: Any, kwargs: Any, where: str) -> Any:
-    token = ACTIVE.set(view)
-    try:
-        out, updates, refs = mapped(view.read(), *args, **kwargs)
-    finally:
-        ACTIVE.reset(token)
+# The mark of the probes of the mapped call being traced (see ``_threads``).
+_OWNER: contextvars.ContextVar[object] = contextvars.ContextVar("jaxoverride_nnx_mapped_owner")
+
+
+def _threaded(
+    threads: Threads,
+    view: Tracked,
+    call: Callable[[dict[int, Any]], Any],
+    where: str,
+    fun: Callable[..., Any],
+    arguments: Any = (),
+) -> Any:
+    """``call(values)`` given the tracked values of the modules the function touches."""
+
+    def attempt(given: frozenset[int], owner: object) -> Any:
+        token, owner_token = ACTIVE.set(view), _OWNER.set(owner)
+        try:
+            return call(given_values(view, given))
+        finally:
+            _OWNER.reset(owner_token)
+            ACTIVE.reset(token)
+
+    out, updates, refs = threads.run(view, attempt, (fun, arguments))
     write_back(view, updates, where)
     return from_refs(out, view) if refs.value else out
 
@@ -180,6 +199,7 @@ def _build_pmap(
     where = "jaxoverride.pmap"
     lifted = _lifted(fun, where, check_vma=False)
     probed: set[Any] = set()
+    threads = Threads()  # the modules that ``fun`` touches
 
     def build(count: int) -> Any:
         fixed = {n % count if n < 0 else n for n in static if -count <= n < count}
@@ -214,19 +234,24 @@ def _build_pmap(
                 "jaxoverride_nnx: jaxoverride.pmap maps keyword arguments over axis 0, so NNX "
                 "modules cannot be passed by keyword; pass them positionally with in_axes=None."
             )
-        probe_key = (view.key, count, _avals((view.read(), args_, kwargs_)))
-        if probe_key not in probed:
-            _probe(view, lifted, axis_name, axes, out_axes, fixed, args_, kwargs_, where)
-            if len(probed) >= _CACHE_LIMIT:
-                probed.clear()
-            probed.add(probe_key)
-        return _run(view, cache.get(view.key, count), args_, kwargs_, where)
+
+        def run(values: dict[int, Any]) -> Any:
+            probe_key = (view.key, count, _avals((values, args_, kwargs_)))
+            if probe_key not in probed:
+                _probe(view, values, lifted, axis_name, axes, out_axes, fixed, args_, kwargs_)
+                if len(probed) >= _CACHE_LIMIT:
+                    probed.clear()
+                probed.add(probe_key)
+            return cache.get(view.key, count)(values, *args_, **kwargs_)
+
+        return _threaded(threads, view, run, where, fun, call_args)
 
     return call
 
 
 def _probe(
     view: Tracked,
+    values: dict[int, Any],
     lifted: Callable[..., Any],
     axis_name: Any,
     axes: tuple[Any, ...],
@@ -234,7 +259,7 @@ def _probe(
     fixed: set[int],
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
-    where: str,
+    where: str = "jaxoverride.pmap",
 ) -> None:
     """Traces under ``vmap``: a batched state update is one that differs per device.
 
@@ -247,7 +272,7 @@ def _probe(
     dynamic_axes = tuple(a for i, a in enumerate(axes) if i not in fixed)
     keys: list[int] = []
 
-    def probe(values: list[Any], *inner: Any, **inner_kwargs: Any) -> Any:
+    def probe(values: dict[int, Any], *inner: Any, **inner_kwargs: Any) -> Any:
         it = iter(inner)
         full = [static_values[i] if i in fixed else next(it) for i in range(len(args))]
         _, updates, _ = lifted(values, *full, **inner_kwargs)
@@ -259,23 +284,19 @@ def _probe(
             probe, in_axes=(None, *dynamic_axes), out_axes=unmapped, axis_name=axis_name
         )
         try:
-            jax.eval_shape(mapped, view.read(), *dynamic, **kwargs)
+            jax.eval_shape(mapped, values, *dynamic, **kwargs)
         except ValueError as error:
             if "out_axes" not in str(error):
                 raise
             return False
         return True
 
-    token = ACTIVE.set(view)
-    try:
-        if attempt(None):
-            return
-        for position, index in enumerate(list(keys)):
-            count = len(keys)
-            if not attempt(tuple(None if j == position else 0 for j in range(count))):
-                raise _varying(view, index, where, (axis_name,))
-    finally:
-        ACTIVE.reset(token)
+    if attempt(None):
+        return
+    for position, index in enumerate(list(keys)):
+        count = len(keys)
+        if not attempt(tuple(None if j == position else 0 for j in range(count))):
+            raise _varying(view, index, where, (axis_name,))
 
 
 # -- shard_map ------------------------------------------------------------------------
@@ -301,8 +322,9 @@ def _build_shard_map(
     where = "jaxoverride.shard_map"
     lifted = _lifted(fun, where, check_vma=check_vma)
     raise_infer = in_specs is _INFER
+    threads = Threads()  # the modules that ``fun`` touches
 
-    def pack(values: list[Any], args: tuple[Any, ...]) -> Any:
+    def pack(values: dict[int, Any], args: tuple[Any, ...]) -> Any:
         return lifted(values, *args)
 
     def build(_: Any) -> Any:
@@ -328,7 +350,10 @@ def _build_shard_map(
                 "in_specs=... for your arguments."
             )
         _check_specs(in_specs, call_args)
-        return _run(view, cache.get(view.key), args_, kwargs_, where)
+        mapped = cache.get(view.key)
+        return _threaded(
+            threads, view, lambda values: mapped(values, *args_, **kwargs_), where, fun, call_args
+        )
 
     return call
 

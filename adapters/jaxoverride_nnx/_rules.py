@@ -16,11 +16,12 @@ the same with its primal function and JVP rule (the written values get zero tang
 from __future__ import annotations
 
 import contextlib
+import functools
+import inspect
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import jax
-from flax.errors import TraceContextError
 from jax._src.custom_derivatives import _sum_tangents, _zeros_like_pytree
 from jax.custom_derivatives import SymbolicZero
 
@@ -30,22 +31,23 @@ from jaxoverride.adapter_kit import (
     bwd_cotangents,
     fwd_output_pair,
     instantiate_zeros,
+    nondiff_positions,
     perturbed_leaves,
     positional_arguments,
     unwrap_primals,
 )
 from jaxoverride_nnx._compat import chain_on_get_value
-from jaxoverride_nnx._errors import LevelError
-from jaxoverride_nnx._lift import changed, run_lifted, write_back
-from jaxoverride_nnx._scope import current
+from jaxoverride_nnx._lift import run_lifted, write_back
+from jaxoverride_nnx._scope import Tracked, current
+from jaxoverride_nnx._threads import NeedsState, Threads, given_values
 
 WHERE = "jaxoverride.custom_vjp"
 
 
-def _written(before: Sequence[Any], after: Sequence[Any]) -> list[Any]:
-    """The values after the call, ``None`` where a Variable was not written (static)."""
-    updates = changed(before, after)
-    return [updates.get(index) for index in range(len(after))]
+def _written(order: Sequence[int], given: dict[int, Any], after: Sequence[Any]) -> list[Any]:
+    """The given Variables' values after the call, in ``order``; ``None`` where a Variable
+    was not written (static)."""
+    return [None if after[i] is given[i] else after[i] for i in order]
 
 
 class ClosedOverDifferentiationError(errors.ClosedOverDifferentiationError):
@@ -97,7 +99,7 @@ class PureFunctionWriteError(errors.PureFunctionWriteError):
     """
 
 
-def _write_refused(
+def write_refused(
     tracked: Any, written: dict[int, Any], what: str, why: str, fix: str, where: str = WHERE
 ) -> Exception:
     paths = ", ".join(f"`{tracked.path(index)}`" for index in sorted(written))
@@ -151,14 +153,17 @@ class _SameWrites:
     value). Writing a Variable that the first did not is refused, with the fix.
     """
 
-    def __init__(self, tracked: Any, where: str, rule: str):
+    def __init__(self, tracked: Any, where: str, rule: str, order: Sequence[int]):
         self._tracked = tracked
         self._where = where
         self._rule = rule
+        self._order = order  # the given Variables' indices, in the outputs' order
         self._first: tuple[str, frozenset[int]] | None = None
 
-    def conform(self, role: str, values: Sequence[Any], written: list[Any]) -> list[Any]:
-        mine = frozenset(index for index, value in enumerate(written) if value is not None)
+    def conform(self, role: str, given: dict[int, Any], after: Sequence[Any]) -> list[Any]:
+        written = _written(self._order, given, after)
+        pairs = zip(self._order, written, strict=True)
+        mine = frozenset(i for i, value in pairs if value is not None)
         if self._first is None or self._first[0] == role:
             self._first = (role, mine)
             return written
@@ -171,23 +176,201 @@ class _SameWrites:
                 f"written state included. Make the {self._rule} compute its primal output by "
                 "calling the decorated function, or write the same state in both."
             )
-        return [values[i] if i in other and w is None else w for i, w in enumerate(written)]
+        return [
+            given[i] if i in other and w is None else w
+            for i, w in zip(self._order, written, strict=True)
+        ]
 
 
-class LiftedVJP:
-    """What the NNX override of ``custom_vjp`` builds: JAX's rule, Variables lifted."""
+class _LiftedRule:
+    """What ``LiftedVJP`` and ``LiftedJVP`` share: JAX's rule below for the untracked
+    path, and one call of a rule over the lifted function on the tracked path."""
+
+    _kind = ""
+    _where = ""
 
     def __init__(
         self, fun: Callable[..., Any], nondiff_argnums: Sequence[int] = (),
         nondiff_argnames: Sequence[str] = (),
     ):  # fmt: skip
-        below = jo.next_impl("custom_vjp")
+        below = jo.next_impl(self._kind)
         self._plain = below(fun, nondiff_argnums=nondiff_argnums, nondiff_argnames=nondiff_argnames)
         self._below = below
         self._fun = fun
-        # JAX's own resolution of the names (it ignores a name that is no parameter).
-        self._nondiff = set(self._plain.nondiff_argnums)
-        self._rules: tuple[Any, ...] | None = None
+        self._nondiff = _nondiff(self._plain, fun, nondiff_argnums, nondiff_argnames)
+        self._rule: tuple[Any, ...] | None = None
+        self._threads = Threads()  # the modules that the rule's functions touch
+
+    def __getattr__(self, attribute: str) -> Any:
+        if attribute.startswith("_"):
+            raise AttributeError(attribute)
+        return getattr(self._plain, attribute)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        tracked = current()
+        if tracked is None or self._rule is None:
+            return self._plain(*args, **kwargs)
+        if not self._resolvable(args, kwargs):  # JAX's own error, about the user's function
+            return self._plain(*args, **kwargs)
+        args = positional_arguments(self._fun, args, kwargs)
+        count = len(tracked.variables)
+
+        def attempt(given: frozenset[int], owner: object) -> Any:
+            live = _Live(owner)
+            if not given:  # JAX's rule over the user's functions, run with probes
+                try:
+                    return self._probing_rule(tracked, live)(*args), {}
+                finally:
+                    live.done = True
+            values = given_values(tracked, given)
+            order = [i for i in sorted(given) if i < count]
+            rule = self._lifted_rule(tracked, order, live, args)
+            try:
+                out, written = rule(values, *args)
+            finally:
+                live.done = True
+            pairs = zip(order, written, strict=True)
+            return out, {i: value for i, value in pairs if value is not None}
+
+        out, updates = self._threads.run(tracked, attempt, (self._fun, *self._rule[:2]))
+        write_back(tracked, updates, self._where)
+        return out
+
+    def _resolvable(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+        """Whether JAX resolves the call's arguments to positions (else it raises)."""
+        try:
+            signature = inspect.signature(self._fun)
+        except (TypeError, ValueError):
+            return True  # JAX decides
+        try:
+            bound = signature.bind(*args, **kwargs)
+        except TypeError:
+            return False
+        return not bound.kwargs  # keyword-only arguments have no position
+
+    def _lifted_rule(
+        self, tracked: Tracked, order: list[int], live: _Live, args: tuple[Any, ...]
+    ) -> Any:
+        raise NotImplementedError
+
+    def _probing_rule(self, tracked: Tracked, live: _Live) -> Any:
+        """JAX's rule over the user's own functions, each run with every tracked value a
+        probe: as long as they touch no tracked module, the rule is the user's (JAX's
+        jaxprs, and JAX's errors about the user's functions); a touch retraces with it."""
+        where = self._where
+
+        def probing(fn: Callable[..., Any], role: str) -> Callable[..., Any]:
+            def probed(*inner: Any) -> Any:
+                return live.run(tracked, {}, fn, inner, where, role)[0]
+
+            return _named_as(probed, fn)
+
+        rule = self._below(
+            probing(self._fun, "primal function"), nondiff_argnums=tuple(sorted(self._nondiff))
+        )
+        self._define(rule, probing)
+        return rule
+
+    def _define(self, rule: Any, probing: Callable[..., Any]) -> None:
+        raise NotImplementedError
+
+    def _primal(self, tracked: Tracked, same: _SameWrites, live: _Live) -> Callable[..., Any]:
+        """The primal function over the tracked values, named as JAX names ``fun``."""
+        fun, where = self._fun, self._where
+
+        def lifted(values: dict[int, Any], *inner: Any) -> Any:
+            out, after = live.run(tracked, values, fun, inner, where, "primal function")
+            return out, same.conform("primal function", values, after)
+
+        return _named_as(lifted, fun)
+
+    def _lifted_nondiff(self) -> tuple[int, ...]:
+        return tuple(n + 1 for n in sorted(self._nondiff))
+
+
+class _Live:
+    """One call of a lifted rule: its probes' mark, and whether the call still runs.
+
+    JAX may trace ``fwd`` or the JVP rule after the call returned (under
+    ``jax.grad(jax.jit(f))``) and traces ``bwd`` while it transposes: a module touched
+    there first can no longer be given to the call, and is refused with the fix.
+    """
+
+    __slots__ = ("done", "owner")
+
+    def __init__(self, owner: object):
+        self.owner = owner
+        self.done = False
+
+    def run(
+        self,
+        tracked: Tracked,
+        values: dict[int, Any],
+        fn: Callable[..., Any],
+        args: Sequence[Any],
+        where: str,
+        role: str,
+    ) -> tuple[Any, list[Any]]:
+        try:
+            return run_lifted(tracked, values, fn, args, {}, where, owner=self.owner)
+        except NeedsState as error:
+            if error.owner is not self.owner or not self.done:
+                raise
+            raise RuntimeError(
+                f"{where}: the {role}, traced by JAX after the call returned, uses the "
+                f"tracked Variable `{tracked.path(error.index)}` (or its module), which the "
+                "primal function does not use, so it was not given to the rule. Use the "
+                "same modules in the primal function and in the rules (a rule usually "
+                "calls the primal function), or pass the value as an argument."
+            ) from None
+
+
+def _nondiff(
+    plain: Any, fun: Callable[..., Any], argnums: Sequence[int], argnames: Sequence[str]
+) -> set[int]:
+    """JAX's own resolution of the non-differentiable positions, as the rule below made it
+    (a name that is no parameter is ignored); JAX's next ``custom_vjp`` keeps none."""
+    resolved = getattr(plain, "nondiff_argnums", None)
+    if resolved is not None:
+        return set(resolved)
+    try:
+        names = set(inspect.signature(fun).parameters)
+    except (TypeError, ValueError):
+        names = set()
+    return set(nondiff_positions(fun, argnums, [n for n in argnames if n in names]))
+
+
+def _named_as(lifted: Callable[..., Any], user: Callable[..., Any]) -> Callable[..., Any]:
+    """``lifted`` under the user's function's name and source location, so that JAX's
+    errors and jaxprs name the user's function, not the adapter's. Its own signature
+    stays: JAX binds arguments with ``inspect.signature``."""
+    signature = inspect.signature(lifted)
+    name = _name(user)
+    lifted.__name__ = name
+    lifted.__qualname__ = getattr(user, "__qualname__", name)
+    module = getattr(user, "__module__", None)
+    if isinstance(module, str):
+        lifted.__module__ = module
+    lifted.__signature__ = signature  # type: ignore[attr-defined]
+    lifted.__wrapped__ = user  # type: ignore[attr-defined]  # JAX's source info
+    return lifted
+
+
+def _name(fun: Any) -> str:
+    """JAX's name for a function (``jax._src.util.fun_name``)."""
+    name = getattr(fun, "__name__", None)
+    if isinstance(name, str):
+        return name
+    if isinstance(fun, functools.partial):
+        return _name(fun.func)
+    return "<unnamed function>"
+
+
+class LiftedVJP(_LiftedRule):
+    """What the NNX override of ``custom_vjp`` builds: JAX's rule, Variables lifted."""
+
+    _kind = "custom_vjp"
+    _where = WHERE
 
     def defvjp(
         self,
@@ -197,41 +380,48 @@ class LiftedVJP:
         optimize_remat: bool = False,
     ) -> None:
         self._plain.defvjp(fwd, bwd, symbolic_zeros=symbolic_zeros, optimize_remat=optimize_remat)
-        self._rules = (fwd, bwd, symbolic_zeros, optimize_remat)
+        self._rule = (fwd, bwd, symbolic_zeros, optimize_remat)
 
-    def __getattr__(self, attribute: str) -> Any:
-        if attribute.startswith("_"):
-            raise AttributeError(attribute)
-        return getattr(self._plain, attribute)
+    def _define(self, rule: Any, probing: Callable[..., Any]) -> None:
+        assert self._rule is not None
+        fwd, bwd, symbolic_zeros, optimize_remat = self._rule
+        rule.defvjp(
+            probing(fwd, "forward rule (fwd)"),
+            probing(bwd, "bwd rule"),
+            symbolic_zeros=symbolic_zeros,
+            optimize_remat=optimize_remat,
+        )
 
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        tracked = current()
-        if tracked is None or self._rules is None:
-            return self._plain(*args, **kwargs)
-        args = positional_arguments(self._fun, args, kwargs)
-        fun, (fwd, bwd, symbolic_zeros, optimize_remat) = self._fun, self._rules
-        nondiff = sorted(self._nondiff)
+    def _lifted_rule(
+        self, tracked: Tracked, order: list[int], live: _Live, args: tuple[Any, ...]
+    ) -> Any:
+        assert self._rule is not None
+        fun, (fwd, bwd, symbolic_zeros, optimize_remat) = self._fun, self._rule
+        count = len(tracked.variables)
         primal_tree = jax.tree.structure(
             tuple(arg for index, arg in enumerate(args) if index not in self._nondiff)
         )
-
-        same = _SameWrites(tracked, WHERE, "forward rule (fwd)")
-
-        def lifted(values: list[Any], *inner: Any) -> Any:
-            out, after = run_lifted(tracked, values, fun, inner, {}, WHERE)
-            return out, same.conform("primal function", values, _written(values, after))
+        # Symbolic zeros tell which Variables are being differentiated (see
+        # _refusing_reads); the user's rules see them only if they asked. JAX's remat
+        # optimisation takes no symbolic zeros: there, as with JAX's own rule, nothing
+        # tells which closed-over values are differentiated. Given no Variable, the rule
+        # is the user's.
+        symbolic = not optimize_remat if order else symbolic_zeros
+        same = _SameWrites(tracked, WHERE, "forward rule (fwd)", order)
 
         def lifted_fwd(values: Any, *inner: Any) -> Any:
             perturbed = [
-                index for index, value in enumerate(values) if any(perturbed_leaves(value))
+                index
+                for index, value in values.items()
+                if symbolic and index < count and any(perturbed_leaves(value))
             ]
             values = unwrap_primals(values)
             if not symbolic_zeros:
                 inner = unwrap_primals(inner)
-            with _refusing_reads(tracked, [i for i in perturbed if i < len(tracked.variables)]):
-                pair, after = run_lifted(tracked, values, fwd, inner, {}, WHERE)
+            with _refusing_reads(tracked, perturbed):
+                pair, after = live.run(tracked, values, fwd, inner, WHERE, "forward rule (fwd)")
             out, residuals = fwd_output_pair(pair, fwd, fun)
-            written = same.conform("forward rule (fwd)", values, _written(values, after))
+            written = same.conform("forward rule (fwd)", values, after)
             return (out, written), (values, residuals)
 
         def lifted_bwd(*rest: Any) -> Any:
@@ -242,11 +432,11 @@ class LiftedVJP:
             # trace): the Variables then hold whatever the caller's level left in them, and
             # a neutral loop in bwd would carry those as foreign constants ("No constant
             # handler for DynamicJaxprTracer"). bwd sees the values of the call instead.
-            cotangents, after = run_lifted(
-                tracked, values, bwd, (*static, residuals, out_cotangent), {}, WHERE
+            cotangents, after = live.run(
+                tracked, values, bwd, (*static, residuals, out_cotangent), WHERE, "bwd rule"
             )
-            if written := changed(values, after):
-                raise _write_refused(
+            if written := {i: after[i] for i in order if after[i] is not values[i]}:
+                raise write_refused(
                     tracked,
                     written,
                     "the custom_vjp's backward rule (bwd)",
@@ -258,14 +448,16 @@ class LiftedVJP:
                 )
             return (None, *bwd_cotangents(cotangents, primal_tree))
 
-        rule = self._below(lifted, nondiff_argnums=tuple(n + 1 for n in nondiff))
-        # Symbolic zeros tell which Variables are being differentiated (see
-        # _refusing_reads); the user's rules see them only if they asked.
-        rule.defvjp(lifted_fwd, lifted_bwd, symbolic_zeros=True, optimize_remat=optimize_remat)
-        out, written = rule(tracked.read(), *args)
-        updates = {index: value for index, value in enumerate(written) if value is not None}
-        write_back(tracked, updates, WHERE)
-        return out
+        rule = self._below(
+            self._primal(tracked, same, live), nondiff_argnums=self._lifted_nondiff()
+        )
+        rule.defvjp(
+            _named_as(lifted_fwd, fwd),
+            _named_as(lifted_bwd, bwd),
+            symbolic_zeros=symbolic,
+            optimize_remat=optimize_remat,
+        )
+        return rule
 
 
 def custom_vjp(
@@ -290,7 +482,7 @@ def _interleave(static: Sequence[Any], primals: Sequence[Any], nondiff: Sequence
     return [next(static_it) if i in nondiff else next(primal_it) for i in range(total)]
 
 
-class LiftedJVP:
+class LiftedJVP(_LiftedRule):
     """What the NNX override of ``custom_jvp`` builds: JAX's rule, Variables lifted.
 
     The contract is ``LiftedVJP``'s: the tracked values enter as a leading argument, the
@@ -299,17 +491,8 @@ class LiftedJVP:
     back as an extra output with a zero tangent, written back once.
     """
 
-    def __init__(
-        self, fun: Callable[..., Any], nondiff_argnums: Sequence[int] = (),
-        nondiff_argnames: Sequence[str] = (),
-    ):  # fmt: skip
-        below = jo.next_impl("custom_jvp")
-        self._plain = below(fun, nondiff_argnums=nondiff_argnums, nondiff_argnames=nondiff_argnames)
-        self._below = below
-        self._fun = fun
-        # JAX's own resolution of the names (it ignores a name that is no parameter).
-        self._nondiff = set(self._plain.nondiff_argnums)
-        self._rule: tuple[Callable[..., Any], bool] | None = None
+    _kind = "custom_jvp"
+    _where = WHERE_JVP
 
     def defjvp(self, jvp: Callable[..., Any], symbolic_zeros: bool = False) -> Callable[..., Any]:
         self._plain.defjvp(jvp, symbolic_zeros=symbolic_zeros)
@@ -331,34 +514,28 @@ class LiftedJVP:
             ]
             return primal_out, jax.tree.map(_sum_tangents, primal_out, *each)
 
-        self._rule = (jvp, False)
+        self._rule = (_named_as(jvp, self._plain.jvp), False)
 
-    def __getattr__(self, attribute: str) -> Any:
-        if attribute.startswith("_"):
-            raise AttributeError(attribute)
-        return getattr(self._plain, attribute)
+    def _define(self, rule: Any, probing: Callable[..., Any]) -> None:
+        assert self._rule is not None
+        jvp, symbolic_zeros = self._rule
+        rule.defjvp(probing(jvp, "JVP rule"), symbolic_zeros=symbolic_zeros)
 
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        tracked = current()
-        if tracked is None or self._rule is None:
-            return self._plain(*args, **kwargs)
-        args = positional_arguments(self._fun, args, kwargs)
+    def _lifted_rule(
+        self, tracked: Tracked, order: list[int], live: _Live, args: tuple[Any, ...]
+    ) -> Any:
+        assert self._rule is not None
         fun, (jvp, symbolic_zeros) = self._fun, self._rule
         nondiff = sorted(self._nondiff)
         count = len(tracked.variables)
-
-        same = _SameWrites(tracked, WHERE_JVP, "JVP rule")
-
-        def lifted(values: list[Any], *inner: Any) -> Any:
-            out, after = run_lifted(tracked, values, fun, inner, {}, WHERE_JVP)
-            return out, same.conform("primal function", values, _written(values, after))
+        same = _SameWrites(tracked, WHERE_JVP, "JVP rule", order)
 
         def lifted_jvp(*rest: Any) -> Any:
             *static, (values, *primals), (values_dot, *tangents) = rest
             perturbed = [
                 index
-                for index, tangent in enumerate(values_dot[:count])
-                if any(perturbed_leaves(tangent))
+                for index, tangent in values_dot.items()
+                if index < count and any(perturbed_leaves(tangent))
             ]
             if not any(perturbed_leaves(tangents)):
                 # Only the Variables are perturbed: raw JAX would not call the rule here
@@ -367,8 +544,10 @@ class LiftedJVP:
                 # which is right unless the function reads a perturbed Variable: refused.
                 ordered = _interleave(static, primals, nondiff)
                 with _refusing_reads(tracked, perturbed, WHERE_JVP):
-                    out, after = run_lifted(tracked, values, fun, ordered, {}, WHERE_JVP)
-                written = _written(values, after)
+                    out, after = live.run(
+                        tracked, values, fun, ordered, WHERE_JVP, "primal function"
+                    )
+                written = _written(order, values, after)
                 return (out, written), (
                     jax.tree.map(_tangent_zero, out),
                     [None if w is None else _tangent_zero(w) for w in written],
@@ -376,22 +555,27 @@ class LiftedJVP:
             if not symbolic_zeros:
                 tangents = instantiate_zeros(tangents)
             with _refusing_reads(tracked, perturbed, WHERE_JVP):
-                (out, out_dot), after = run_lifted(
-                    tracked, values, jvp, (*static, tuple(primals), tuple(tangents)), {}, WHERE_JVP
+                (out, out_dot), after = live.run(
+                    tracked,
+                    values,
+                    jvp,
+                    (*static, tuple(primals), tuple(tangents)),
+                    WHERE_JVP,
+                    "JVP rule",
                 )
-            written = same.conform("JVP rule", values, _written(values, after))
+            written = same.conform("JVP rule", values, after)
             return (out, written), (
                 out_dot,
                 [None if w is None else _tangent_zero(w) for w in written],
             )
 
-        rule = self._below(lifted, nondiff_argnums=tuple(n + 1 for n in nondiff))
-        # Symbolic zeros tell which Variables are being differentiated.
-        rule.defjvp(lifted_jvp, symbolic_zeros=True)
-        out, written = rule(tracked.read(), *args)
-        updates = {index: value for index, value in enumerate(written) if value is not None}
-        write_back(tracked, updates, WHERE_JVP)
-        return out
+        rule = self._below(
+            self._primal(tracked, same, live), nondiff_argnums=self._lifted_nondiff()
+        )
+        # Symbolic zeros tell which Variables are being differentiated; given no Variable,
+        # the rule is the user's.
+        rule.defjvp(_named_as(lifted_jvp, jvp), symbolic_zeros=True if order else symbolic_zeros)
+        return rule
 
 
 def custom_jvp(
@@ -399,104 +583,3 @@ def custom_jvp(
     nondiff_argnames: Sequence[str] = (),
 ) -> LiftedJVP:  # fmt: skip
     return LiftedJVP(fun, nondiff_argnums, nondiff_argnames)
-
-
-def closure_convert(fun: Callable[..., Any], *example_args: Any) -> Any:
-    below = jo.next_impl("closure_convert")
-    if current() is None:
-        return below(fun, *example_args)
-    # JAX caches a conversion by the function's identity and argument types, constants
-    # included: a tracked module's weights, changed since, would come back stale (and,
-    # under jo.grad, unperturbed: a silently zero gradient). A new function per call
-    # never hits that cache.
-    fresh = lambda *args: fun(*args)
-    try:
-        return below(fresh, *example_args)
-    except (LevelError, TraceContextError) as error:
-        raise PureFunctionWriteError(
-            "jaxoverride.closure_convert: a tracked NNX Variable was written inside the "
-            "function being converted. Closure conversion turns it into a pure jaxpr of its "
-            "inputs, so the write could never come out. Move the write out of the converted "
-            "function (before or after the solver call), or use the solver's non-implicit "
-            "mode, if it has one (jaxopt's implicit_diff=False). "
-            f"NNX said: {error}"
-        ) from error
-
-
-# -- lax.custom_root and lax.custom_linear_solve ---------------------------------------
-
-
-def _pure(
-    tracked: Any,
-    fn: Callable[..., Any] | None,
-    role: str,
-    where: str,
-    why: str = "JAX traces it into a pure jaxpr of its inputs",
-    fix: str = "Move the write out of the solve (before or after the call), or use the "
-    "library's non-implicit mode (jaxopt's implicit_diff=False).",
-) -> Any:
-    """``fn`` run with the tracked Variables readable and any write refused.
-
-    JAX traces each function it is given into a jaxpr and hoists what it closes over into
-    explicit, differentiated inputs, so reads of a tracked module come out right. Two things
-    need the adapter. JAX caches those traces by the function's identity, closed-over values
-    included: a function defined once and called again after the weights changed (or under
-    ``jo.grad``, whose values are other tracers) would get the old values, a silently wrong
-    gradient or a leaked tracer. A fresh wrapper per call never hits that cache. And a write
-    inside could never come out of the jaxpr: it is refused with the fix, every Variable left
-    as it was.
-    """
-    if fn is None or not callable(fn):
-        return fn  # JAX's own error for JAX's misuse, as with nothing active
-
-    def pure(*args: Any, **kwargs: Any) -> Any:
-        out, after = run_lifted(tracked, None, fn, args, kwargs, where)
-        if written := changed(tracked.read(), after):
-            raise _write_refused(tracked, written, role, why, fix, where)
-        return out
-
-    return pure
-
-
-def custom_root(
-    f: Callable[..., Any],
-    initial_guess: Any,
-    solve: Callable[..., Any],
-    tangent_solve: Callable[..., Any],
-    has_aux: bool = False,
-) -> Any:
-    below = jo.next_impl("lax.custom_root")
-    tracked = current()
-    if tracked is None:
-        return below(f, initial_guess, solve, tangent_solve, has_aux=has_aux)
-    where = "jaxoverride.lax.custom_root"
-    return below(
-        _pure(tracked, f, "f (the function whose root is found)", where),
-        initial_guess,
-        _pure(tracked, solve, "solve", where),
-        _pure(tracked, tangent_solve, "tangent_solve", where),
-        has_aux=has_aux,
-    )
-
-
-def custom_linear_solve(
-    matvec: Callable[..., Any],
-    b: Any,
-    solve: Callable[..., Any],
-    transpose_solve: Callable[..., Any] | None = None,
-    symmetric: bool = False,
-    has_aux: bool = False,
-) -> Any:
-    below = jo.next_impl("lax.custom_linear_solve")
-    tracked = current()
-    if tracked is None:
-        return below(matvec, b, solve, transpose_solve, symmetric=symmetric, has_aux=has_aux)
-    where = "jaxoverride.lax.custom_linear_solve"
-    return below(
-        _pure(tracked, matvec, "matvec", where),
-        b,
-        _pure(tracked, solve, "solve", where),
-        _pure(tracked, transpose_solve, "transpose_solve", where),
-        symmetric=symmetric,
-        has_aux=has_aux,
-    )

@@ -38,7 +38,7 @@ class Track:
     def __init__(self, modules: tuple[Any, ...]):
         # A Scope builds the weak references; keep just enough to rebuild it.
         self._refs = Scope(modules).refs
-        self._entries: list[tuple[Scope, Any, Any]] = []
+        self._entries: list[tuple[Scope, Any, Any, Tracked]] = []
 
     @property
     def modules(self) -> tuple[Any, ...]:
@@ -70,11 +70,24 @@ class Track:
         except BaseException:
             scope.close()
             raise
-        self._entries.append((scope, token, activation))
+        self._entries.append((scope, token, activation, tracked))
         return self
 
     def __exit__(self, *exc_info: object) -> None:
-        scope, token, activation = self._entries.pop()
+        if not self._entries:
+            raise RuntimeError(f"jaxoverride_nnx: exiting {self!r}, which is not entered.")
+        innermost = ACTIVE.get()
+        if innermost is not self._entries[-1][3]:
+            # Resetting the contextvar out of order would bring back a stale tracked set
+            # (a later track() would also track this scope's modules): refuse, as
+            # jaxoverride.override_context does.
+            raise RuntimeError(
+                f"jaxoverride_nnx: exiting {self!r}, but the innermost track scope in this "
+                f"thread or task is {_describe_active(innermost)}. track scopes must exit in "
+                "the reverse order of entry, in the thread or task that entered them; "
+                "nothing was changed."
+            )
+        scope, token, activation, _ = self._entries.pop()
         try:
             if activation is not None:
                 activation.__exit__(*exc_info)
@@ -85,6 +98,15 @@ class Track:
     def __repr__(self) -> str:
         names = ", ".join(type(m).__name__ for m in self.modules)
         return f"<jaxoverride_nnx.track({names})>"
+
+
+def _describe_active(tracked: Tracked | None) -> str:
+    if tracked is None:
+        return "none"
+    if tracked.owner is None:
+        return "a traced call's (track was exited inside traced code)"
+    names = ", ".join(type(root).__name__ for root in tracked.owner.roots())
+    return f"track({names})"
 
 
 def track(*modules: Any) -> Track:

@@ -41,6 +41,7 @@ from jaxoverride_nnx._lift import (
     write_back,
 )
 from jaxoverride_nnx._scope import Tracked, current
+from jaxoverride_nnx._threads import Threads, given_values
 
 
 def run_closure(
@@ -344,6 +345,7 @@ def _checkpointing(name: str, default: Callable[..., Any]) -> Callable[..., Any]
         shifted["static_argnums"] = shift_argnums(static)
         if isinstance(prevent_cse, (tuple, list)):
             shifted["prevent_cse"] = (True, *prevent_cse)
+        threads = Threads()  # the modules that ``fun`` touches
 
         def call(*call_args: Any, **call_kwargs: Any) -> Any:
             count = len(call_args)
@@ -356,13 +358,24 @@ def _checkpointing(name: str, default: Callable[..., Any]) -> Callable[..., Any]
             args_ = [a if i in fixed else to_refs(a, view)[0] for i, a in enumerate(call_args)]
             kwargs_ = to_refs(call_kwargs, view)[0]
 
-            def pure(values: list[Any], *inner_args: Any, **inner_kwargs: Any) -> Any:
-                inner_args, inner_kwargs = from_refs((inner_args, inner_kwargs), view)
-                out, after = run_lifted(view, values, fun, inner_args, inner_kwargs, where)
-                out, has_refs = to_refs(out, view)
-                return out, changed(values, after), HAS_REFS if has_refs else NO_REFS
+            count = len(view.variables)
 
-            out, updates, refs = below(pure, **shifted)(view.read(), *args_, **kwargs_)
+            def attempt(given: frozenset[int], owner: object) -> Any:
+                def pure(values: dict[int, Any], *inner_args: Any, **inner_kwargs: Any) -> Any:
+                    inner_args, inner_kwargs = from_refs((inner_args, inner_kwargs), view)
+                    out, after = run_lifted(
+                        view, values, fun, inner_args, inner_kwargs, where, owner=owner
+                    )
+                    out, has_refs = to_refs(out, view)
+                    updates = {
+                        i: after[i] for i in values if i < count and after[i] is not values[i]
+                    }
+                    return out, updates, HAS_REFS if has_refs else NO_REFS
+
+                values = given_values(view, given)
+                return below(pure, **shifted)(values, *args_, **kwargs_)
+
+            out, updates, refs = threads.run(view, attempt, (fun, call_args, call_kwargs))
             write_back(view, updates, where)
             return from_refs(out, view) if refs.value else out
 
