@@ -49,19 +49,8 @@ def next_custom_rules() -> Iterator[None]:
         jax.clear_caches()
 
 
-# The NNX adapter lifts each rule through ``jax.custom_vjp``'s ``nondiff_argnums``, which
-# ``custom_vjp3`` lacks: that adapter's rule lifting is another piece of work.
-_NNX_READS_NONDIFF_ARGNUMS = (
-    "the NNX adapter reads custom_vjp3's missing nondiff_argnums (AttributeError)"
-)
-KNOWN = {
-    ("nnx_track", case.id): _NNX_READS_NONDIFF_ARGNUMS
-    for case in CASES
-    if "custom_vjp" in case.uses
-}
-
 test_parity_next = parity_tests(CASES)
-test_parity_next_under_adapter = adapter_parity_tests(CASES, KNOWN)
+test_parity_next_under_adapter = adapter_parity_tests(CASES)
 
 
 def test_the_flag_is_on_and_jax_returns_its_next_object():
@@ -69,7 +58,7 @@ def test_the_flag_is_on_and_jax_returns_its_next_object():
     assert not isinstance(jax.custom_vjp(_sin_times), jax.custom_vjp)
 
 
-@pytest.mark.parametrize("mode", [mode for mode in ALL_MODES if mode != "nnx_track"])
+@pytest.mark.parametrize("mode", ALL_MODES)
 def test_construction_and_definition_keep_jaxs_api(mode):
     with active(mode):
         ours = jo.custom_vjp(_sin_times, nondiff_argnums=(1,))
@@ -91,7 +80,7 @@ def _without_addresses(errors):
     ]
 
 
-@pytest.mark.parametrize("mode", [mode for mode in ALL_MODES if mode != "nnx_track"])
+@pytest.mark.parametrize("mode", ALL_MODES)
 def test_errors_inside_the_rules_are_jaxs(mode):
     expected = _without_addresses(rule_errors(JAX))
     with active(mode):
