@@ -2,15 +2,25 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Sequence
+from typing import Any, Protocol
 
 from jax import tree_util as jtu
 
 from jaxoverride import errors
 from jaxoverride_dag._kinds import ARRAY, IDENTITYLESS, NODE, STATIC, kind_of_node
 
-if TYPE_CHECKING:
-    from jaxoverride_dag._plan import Plan
+
+class _Described(Protocol):
+    """What these messages read of a plan (``_plan.Plan`` has it; ``_plan`` imports this
+    module, so naming the class here would make an import cycle)."""
+
+    n_dyn: int
+    statics: tuple[Any, ...]
+    label: str
+    style: str
+
+    def decode(self, dyn: Sequence[Any], statics: Sequence[Any] | None = None) -> Any: ...
 
 
 class SharingError(errors.SharingError):
@@ -51,13 +61,13 @@ class _Probe:
         return "<probe>"
 
 
-def paths_of_slots(plan: Plan, dyn_marks: list[Any], static_marks: list[Any]) -> list[tuple]:
+def paths_of_slots(plan: _Described, dyn_marks: list[Any], static_marks: list[Any]) -> list[tuple]:
     """``(path, leaf)`` for every position of ``plan`` decoded with the given leaves."""
     tree = plan.decode(dyn_marks, static_marks)
     return jtu.tree_flatten_with_path(tree)[0]
 
 
-def unhashable_static(plan: Plan, error: TypeError) -> TypeError:
+def unhashable_static(plan: _Described, error: TypeError) -> TypeError:
     """The error for a plan that cannot key the cache; it names the culprit's path."""
     bad = None
     for index, value in enumerate(plan.statics):

@@ -9,7 +9,7 @@ from haiku._src import base
 
 import jaxoverride as jo
 from jaxoverride import adapter_kit as kit
-from jaxoverride_haiku import _control, _convert, _jit, _mapped, _rules, _transforms
+from jaxoverride_haiku import _control, _convert, _jit, _layer, _mapped, _rules, _transforms
 
 # Every overridable name is Haiku-aware; nothing passes through.
 TABLE = kit.OverrideTable(
@@ -208,3 +208,6 @@ def is_installed() -> bool:
     """
     installation = _installation
     return installation is not None and installation.installed
+
+
+_layer.record(_CONTEXT, is_installed)

@@ -56,6 +56,7 @@ from jaxoverride.adapter_kit import (
     unwrap_primals,
     zero_tangents,
 )
+from jaxoverride_haiku import _layer
 from jaxoverride_haiku._convert import pure_frame
 from jaxoverride_haiku._creation import init_safe_call
 from jaxoverride_haiku._frames import (
@@ -293,10 +294,9 @@ class _RuleCall:
 def _haiku_layer() -> contextlib.AbstractContextManager[Any]:
     """The Haiku overrides, entered if only ``install()`` provided them: a rule traced after
     the transform returned runs outside the installation's scope."""
-    from jaxoverride_haiku import _context
-
-    if _context.is_installed() and jo.resolve("custom_vjp") is not custom_vjp:
-        return _context.context()
+    layer = _layer.installed_layer()
+    if layer is not None and jo.resolve("custom_vjp") is not custom_vjp:
+        return layer
     return contextlib.nullcontext()
 
 

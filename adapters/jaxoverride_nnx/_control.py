@@ -318,7 +318,7 @@ def _plain_step(self: _Lifted, fns: list[Any], value: Any) -> Any:
     return new_value
 
 
-def _going(carry: Any) -> Any:
+def _still_looping(carry: Any) -> Any:
     return carry[3]
 
 
@@ -352,7 +352,7 @@ def while_loop(
 
     def loop(state: dict[int, Any], constants: dict[int, Any]) -> Any:
         going, state = _run_first_test(first, (state, constants, init))
-        return below(_going, body, (init, state, constants, going))
+        return below(_still_looping, body, (init, state, constants, going))
 
     try:
         final, state, _, _ = _threaded(tracked, [body, first], loop, init_val)

@@ -48,7 +48,7 @@ _PLAIN_TYPES = frozenset(
 _CLEAN_LIMIT = 256
 
 
-class TrackedJit:
+class NnxJit:
     """What ``jaxoverride.jit(fun)`` runs while the NNX overrides are active."""
 
     def __init__(
@@ -424,11 +424,11 @@ def _alive(key: Any) -> bool:
 
 
 def jit(fun: Callable[..., Any], *args: Any, **kwargs: Any) -> Callable[..., Any]:
-    """The ``"jit"`` override: ``jax.jit``'s signature; returns ``TrackedJit(...).call``.
+    """The ``"jit"`` override: ``jax.jit``'s signature; returns ``NnxJit(...).call``.
 
-    One ``TrackedJit`` per function and options, shared by every wrapper of them (as
+    One ``NnxJit`` per function and options, shared by every wrapper of them (as
     ``jax.jit`` shares its cache): ``jo.jit(f)(x)`` built again compiles nothing again.
     """
     below = jo.next_impl("jit")
-    key = (TrackedJit, args, tuple(sorted(kwargs.items())), below)
-    return jo.reuse_jit(fun, key, lambda: TrackedJit(fun, args, kwargs, below)).call
+    key = (NnxJit, args, tuple(sorted(kwargs.items())), below)
+    return jo.reuse_jit(fun, key, lambda: NnxJit(fun, args, kwargs, below)).call

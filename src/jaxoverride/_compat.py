@@ -28,6 +28,7 @@ from typing import Any
 
 import jax
 from jax._src import api_util
+from jax._src.core import ShardingTypeError as ShardingTypeError
 from jax._src.util import fun_name
 
 try:
@@ -188,7 +189,14 @@ def resolve_argnums(
     return tuple(donated), tuple(donated_names), tuple(static), tuple(static_names)
 
 
+JIT_WRAPPER_TYPE: type = type(jax.jit(lambda x: x))
+"""The type of what ``jax.jit`` returns (``PjitFunction``, from jaxlib's C++): found from the
+object itself, since its module path moves between jaxlib releases."""
+
 PRIVATE_SYMBOLS: dict[str, str] = {
+    "jax._src.core.ShardingTypeError": (
+        "the error of indexing an array sharded over an Explicit mesh axis; not exported"
+    ),
     "jax._src.util.fun_name": (
         "the name jax.jit gives a callable's program (jit_name); JAX has no public helper"
     ),
@@ -209,6 +217,8 @@ core uses a private name not listed here, or one that has a public name.
 
 
 __all__ = [
+    "JIT_WRAPPER_TYPE",
+    "ShardingTypeError",
     "get_opaque_trace_state",
     "jaxprs_in_params",
     "PRIVATE_SYMBOLS",

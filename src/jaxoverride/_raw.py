@@ -15,12 +15,14 @@ from typing import Any
 
 import jax
 
+from jaxoverride._compat import JIT_WRAPPER_TYPE
+
 # The libraries the self-check and the debug trace look at when asked for no package.
 SOLVER_LIBRARIES = ("equinox", "optimistix", "lineax", "diffrax", "jaxopt", "optax")
 
 
 def _is_jit(value: Any) -> bool:
-    return type(value).__name__ == "PjitFunction"
+    return type(value) is JIT_WRAPPER_TYPE
 
 
 def holds_raw_transform(value: Any) -> bool:

@@ -21,6 +21,8 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec
 
+from jaxoverride._compat import ShardingTypeError
+
 Thunk = Callable[[], Any]
 
 INFER_SPECS: Any = inspect.signature(jax.shard_map).parameters["in_specs"].default
@@ -49,10 +51,8 @@ def _block(leaf: Any, spec: PartitionSpec | None, sizes: dict[Any, int]) -> Any:
         index.append(slice(0, leaf.shape[dim] // parts))
     try:
         return leaf[tuple(index)]
-    except Exception as error:
+    except ShardingTypeError:
         # An array sharded over an Explicit mesh axis: say the block is replicated.
-        if type(error).__name__ != "ShardingTypeError":
-            raise
         sharding = jax.typeof(leaf).sharding
         return leaf.at[tuple(index)].get(out_sharding=sharding.update(spec=PartitionSpec()))
 

@@ -1,0 +1,27 @@
+"""The Haiku layer, for the override modules that it is built from.
+
+``_context`` builds the layer from ``_control``, ``_rules`` and the rest, and records it
+here. A rule that JAX traces after its transform returned (outside ``install()``'s scope)
+re-enters the layer through this module: importing ``_context`` from ``_rules`` would be
+an import cycle.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import jaxoverride as jo
+
+_layer: jo.OverrideContext | None = None
+_is_installed: Callable[[], bool] = lambda: False
+
+
+def record(layer: jo.OverrideContext, is_installed: Callable[[], bool]) -> None:
+    """Called once by ``_context``: the layer, and whether ``install()`` is in effect."""
+    global _layer, _is_installed
+    _layer, _is_installed = layer, is_installed
+
+
+def installed_layer() -> jo.OverrideContext | None:
+    """The layer if ``install()`` is in effect, else None."""
+    return _layer if _is_installed() else None
