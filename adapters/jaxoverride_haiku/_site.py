@@ -156,8 +156,29 @@ def init_once(one: Callable[[], T], two_pass: Callable[[], T]) -> T:
     """
     if not initializing():
         return one()
-    if jax.config.jax_disable_jit:
+    if jax.config.jax_disable_jit:  # type: ignore[attr-defined]
         return two_pass()
+    frame = current_frame()
+    if creating_site():
+        # A nested call: the owner of the site starts again if state is created.
+        with create_in_trace():
+            return one()
+    state: Any = frame.state  # a mapping inside a transform
+    names = Names.capture(frame)
+    state_before = {module: dict(bundle) for module, bundle in state.items()}
+    sequence = frame.rng_stack.peek()
+    rng_before = None if sequence is None else sequence.internal_state
+    with create_in_trace() as site:
+        out = one()
+    if not site.state_created:
+        return out
+    # Back to the state before the call (the parameters made stay), then the two passes.
+    state.clear()
+    state.update(state_before)
+    if sequence is not None and rng_before is not None:
+        sequence.replace_internal_state(rng_before)
+    names.restore_into(frame)
+    return two_pass()
     frame = current_frame()
     owner = not creating_site()
     if owner:

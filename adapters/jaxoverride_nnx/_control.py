@@ -390,7 +390,7 @@ def _run_first_test(first: _Lifted, operands: tuple[Any, ...]) -> Any:
 
 
 def _first_test(
-    self: _Lifted, fns: list[Any], state: list[Any], constants: list[Any], value: Any
+    self: _Lifted, fns: list[Any], state: dict[int, Any], constants: dict[int, Any], value: Any
 ) -> Any:
     (cond_fun,) = fns
     tracked = _RUNNING.get()
@@ -455,8 +455,8 @@ def _branch(
     self: _Lifted,
     fns: list[Any],
     where: str,
-    state: list[Any],
-    constants: list[Any],
+    state: dict[int, Any],
+    constants: dict[int, Any],
     *operands: Any,
 ) -> Any:
     (fn,) = fns

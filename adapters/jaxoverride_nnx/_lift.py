@@ -17,7 +17,7 @@ module comes back as that object.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -110,7 +110,7 @@ def check_unchanged_structure(
 
 def run_lifted(
     tracked: Tracked,
-    values: Sequence[Any] | None,
+    values: Sequence[Any] | Mapping[int, Any] | None,
     fn: Callable[..., Any],
     args: Sequence[Any],
     kwargs: dict[str, Any],
@@ -137,21 +137,25 @@ def run_lifted(
     saved_traces = list(map(TRACE.__get__, variables))
     attrs = tracked.attrs
     saved_attrs = [getattr(ref(), name) for ref, name in attrs] if attrs else None
+    given: Mapping[int, Any] = {}
     if owner is not None:
-        assert isinstance(values, dict)
+        assert isinstance(values, Mapping)
         given = values
         current = saved_values + (saved_attrs or [])
-        values = [
+        listed: Sequence[Any] | None = [
             given[i] if i in given else probe_for(owner, i, value)
             for i, value in enumerate(current)
         ]
+    else:
+        assert not isinstance(values, Mapping)
+        listed = values
     state = tracers.TraceState()
     token = ACTIVE.set(tracked.frozen)
     try:
-        if values is not None:
-            for variable, value in zip(variables, values[:count], strict=True):
+        if listed is not None:
+            for variable, value in zip(variables, listed[:count], strict=True):
                 RAW.__set__(variable, value)
-            for (ref, name), value in zip(attrs, values[count:], strict=True):
+            for (ref, name), value in zip(attrs, listed[count:], strict=True):
                 object.__setattr__(ref(), name, value)
         for variable in variables:
             TRACE.__set__(variable, state)
@@ -172,10 +176,11 @@ def run_lifted(
             for (ref, name), value in zip(attrs, saved_attrs, strict=True):
                 object.__setattr__(ref(), name, value)
     if owner is not None:
-        for index, (old, new) in enumerate(zip(values, after, strict=False)):
+        assert listed is not None
+        for index, (old, new) in enumerate(zip(listed, after, strict=False)):
             if index not in given and new is not old:
                 raise NeedsState(owner, index)  # a write: it must be threaded
-    check_unchanged_structure(tracked, saved_values if values is None else values, after, where)
+    check_unchanged_structure(tracked, saved_values if listed is None else listed, after, where)
     return out, after
 
 
