@@ -20,13 +20,21 @@ from jaxoverride_linen._context import (
     is_installed as is_installed,
     uninstall as uninstall,
 )
+from jaxoverride_linen._errors import (
+    ClosedOverDifferentiationError as ClosedOverDifferentiationError,
+    DifferentiatedStateError as DifferentiatedStateError,
+    PureFunctionWriteError as PureFunctionWriteError,
+)
 from jaxoverride_linen._scope import (
     LinenStateError as LinenStateError,
     in_bound_module as in_bound_module,
 )
 
 __all__ = [
+    "ClosedOverDifferentiationError",
+    "DifferentiatedStateError",
     "LinenStateError",
+    "PureFunctionWriteError",
     "context",
     "in_bound_module",
     "install",
