@@ -11,6 +11,7 @@ from jaxoverride.adapter_kit._state_threading import (
     StateStructureError as StateStructureError,
     Threaded as Threaded,
     applying as applying,
+    init_safe as init_safe,
     is_applying as is_applying,
     threaded_call as threaded_call,
     threaded_cond as threaded_cond,

@@ -58,6 +58,7 @@ __all__ = [
     "StateStructureError",
     "Threaded",
     "applying",
+    "init_safe",
     "is_applying",
     "threaded_call",
     "threaded_cond",
@@ -213,7 +214,23 @@ class Threaded:
             self.source.restore_names(last)
 
 
-def _init_safe(source: StateSource, creation: Callable[[], Any], call: Callable[[], Any]) -> Any:
+def init_safe(source: StateSource, creation: Callable[[], Any], call: Callable[[], Any]) -> Any:
+    """At init, the creation pass ``creation`` in ``source.create``, then ``call()``.
+
+    Args:
+      source: the ``StateSource``.
+      creation: runs the functions once, outside JAX transformations.
+      call: the threaded JAX call; its result is returned.
+
+    Returns:
+      What ``call()`` returns (under ``applying()`` after a creation pass).
+
+    Example:
+      >>> import jax.numpy as jnp
+      >>> from jaxoverride.adapter_kit import DictStateSource, init_safe
+      >>> init_safe(DictStateSource({}), lambda: None, lambda: "applied")
+      'applied'
+    """
     if is_applying() or not source.initializing():
         return call()
     source.create(creation)
@@ -290,7 +307,7 @@ def threaded_scan(
         thread.finish(state)
         return value, ys
 
-    return _init_safe(source, lambda: f(_as_operands(init), _first_slice(xs, reverse)), call)
+    return init_safe(source, lambda: f(_as_operands(init), _first_slice(xs, reverse)), call)
 
 
 def threaded_while_loop(
@@ -356,7 +373,7 @@ def threaded_while_loop(
         value = _as_operands(init_val)
         return cond_fun(value), body_fun(value)
 
-    return _init_safe(source, creation, call)
+    return init_safe(source, creation, call)
 
 
 def threaded_fori_loop(
@@ -406,7 +423,7 @@ def threaded_fori_loop(
         return value
 
     creation = lambda: body_fun(_as_operands(lower_bound), _as_operands(init_val))
-    return _init_safe(source, creation, call)
+    return init_safe(source, creation, call)
 
 
 def _distinct(functions: Sequence[Callable[..., Any]]) -> list[Callable[..., Any]]:
@@ -442,7 +459,7 @@ def _threaded_branches(
         return out
 
     arguments = _as_operands(operands)
-    return _init_safe(source, lambda: [b(*arguments) for b in _distinct(branches)], run)
+    return init_safe(source, lambda: [b(*arguments) for b in _distinct(branches)], run)
 
 
 def threaded_cond(
