@@ -29,7 +29,7 @@ import jaxoverride_linen
 from jaxoverride import lax as jlax
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
-from fpsolve import fixed_point  # noqa: E402
+from fpsolve import fixed_point
 
 N = 4
 X = jnp.linspace(-1.0, 1.0, N)
@@ -256,7 +256,7 @@ def test_custom_jvp_with_parameters_as_arguments_equals_raw_jax():
         assert float(jnp.abs(got[1]).sum()) > 0
         _close(got[0]["Dense_0"]["kernel"], expected[0]["Dense_0"]["kernel"])
         _close(got[1], expected[1])
-    primal, tangent = jax.jvp(lambda x: model.apply(variables, x), (X,), (jnp.ones(N),))
+    _, tangent = jax.jvp(lambda x: model.apply(variables, x), (X,), (jnp.ones(N),))
     _close(tangent, 2.0 * jax.nn.sigmoid(X @ kernel) * (jnp.ones(N) @ kernel))
 
 
@@ -458,7 +458,7 @@ def test_make_jaxpr_creates_once_and_refuses_writes():
     model = Traced()
     variables = model.init(KEY, X)
     assert list(variables["params"]) == ["Dense_0"]  # one Dense, created once
-    jaxpr, out = model.apply(variables, X)
+    jaxpr, _ = model.apply(variables, X)
     assert "dot_general" in str(jaxpr)
     with pytest.raises(jaxoverride_linen.PureFunctionWriteError, match="make_jaxpr"):
         Traced(write=True).apply(variables, X, mutable=["intermediates"])
@@ -502,6 +502,8 @@ def test_deq_implicit_gradient_equals_the_unrolled_gradient(method):
 
 
 def test_error_classes_subclass_the_shared_ones():
-    assert issubclass(jaxoverride_linen.ClosedOverDifferentiationError, joe.ClosedOverDifferentiationError)
+    assert issubclass(
+        jaxoverride_linen.ClosedOverDifferentiationError, joe.ClosedOverDifferentiationError
+    )
     assert issubclass(jaxoverride_linen.DifferentiatedStateError, joe.DifferentiatedStateError)
     assert issubclass(jaxoverride_linen.PureFunctionWriteError, joe.PureFunctionWriteError)

@@ -138,8 +138,7 @@ class _Pure:
 
     def error(self, what: str) -> PureFunctionWriteError:
         return PureFunctionWriteError(
-            f"{self.where}: {what} inside {self.inside}. "
-            + self.reason.format(where=self.where)
+            f"{self.where}: {what} inside {self.inside}. " + self.reason.format(where=self.where)
         )
 
 

@@ -96,9 +96,7 @@ def _differentiated(values: Any) -> list[frozenset[tuple[str, ...]]]:
     params, state = values
     refused = []
     for tree, (collections, _keys) in zip(params, state, strict=True):
-        paths = {
-            ("params", *path) for path, value in _paths(tree) if any(perturbed_leaves(value))
-        }
+        paths = {("params", *path) for path, value in _paths(tree) if any(perturbed_leaves(value))}
         paths |= {
             (col, *path)
             for col, col_tree in collections.items()
