@@ -128,6 +128,19 @@ def test_custom_vjp_uses_the_rule_for_inputs_and_counts_once_under_grad():
     assert int(state["counters"]["calls"]) == int(jitted_state["counters"]["calls"]) == 2
 
 
+def test_custom_vjp_traced_after_apply_returned():
+    """Under ``jax.grad(jax.jit(apply))`` JAX traces ``fwd`` while it linearizes the jitted
+    call, after ``apply`` returned and Linen invalidated the scope: it still runs on the
+    values the rule received, and its write comes out of the jitted call."""
+    model = Counted()
+    variables = model.init(KEY, X)
+    apply = jax.jit(lambda x: model.apply(variables, x, mutable=["counters"]))
+    grads, state = jax.grad(lambda x: (jnp.sum(apply(x)[0]), apply(x)[1]), has_aux=True)(X)
+    _close(grads, jnp.full(N, 0.2))
+    assert int(state["counters"]["calls"]) == 2
+    assert _tracers((grads, state)) == 0
+
+
 def test_custom_vjp_reading_a_differentiated_parameter_is_refused():
     """The rule gives gradients for its arguments only: the Dense's kernel, read inside it
     while differentiated, would get a silently zero gradient. Refused, naming the path and

@@ -26,7 +26,7 @@ from typing import Any
 import jaxoverride as jo
 from jaxoverride.adapter_kit import applying, is_applying
 from jaxoverride_linen import _scope
-from jaxoverride_linen._guards import pure
+from jaxoverride_linen._guards import discarding, pure
 from jaxoverride_plain import zeros_for
 
 CONVERTED = (
@@ -133,3 +133,26 @@ def custom_linear_solve(
         lambda traced: below(traced, b, solve, transpose_solve, **options),
         lambda: matvec(b),
     )
+
+
+def eval_shape(fun: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """``jax.eval_shape`` against the caller's scopes, threading nothing.
+
+    Shapes need no state threaded: reads see the caller's variables (closed over), and
+    writes, creations and draws inside are dropped, as ``jax.eval_shape`` drops side
+    effects. Threading would draw a key from every rng stream, which a call inside a
+    loop's condition (equinox checks its callbacks' shapes there) must not do. At init a
+    creation pass first creates the variables the function uses.
+    """
+    lower = jo.next_impl("eval_shape")
+    if not _scope.in_bound_module():
+        return lower(fun, *args, **kwargs)
+    where = "jaxoverride.eval_shape"
+    source = _scope.source(where)
+
+    def call() -> Any:
+        with discarding(source.roots):
+            return lower(lambda *a, **k: fun(*a, **k), *args, **kwargs)
+
+    creation = lambda: fun(*zeros_for(args), **zeros_for(kwargs))
+    return init_safe(source, creation, call)

@@ -128,13 +128,14 @@ def lifted_params(variables: Any) -> Any:
 
 
 class _Pure:
-    __slots__ = ("inside", "reason", "roots", "where")
+    __slots__ = ("inside", "reason", "roots", "where", "writes")
 
-    def __init__(self, roots: frozenset[int], where: str, inside: str, reason: str):
+    def __init__(self, roots: frozenset[int], where: str, inside: str, reason: str, writes: bool):
         self.roots = roots
         self.where = where
         self.inside = inside
         self.reason = reason
+        self.writes = writes  # whether writes are refused too, not only draws
 
     def error(self, what: str) -> PureFunctionWriteError:
         return PureFunctionWriteError(
@@ -142,19 +143,23 @@ class _Pure:
         )
 
 
-def _pure_guard(scope: Scope) -> _Pure | None:
+def _pure_guard(scope: Scope, writing: bool = False) -> _Pure | None:
+    """The innermost guard over ``scope``'s root (that refuses writes, if ``writing``)."""
     guards = getattr(_local, "pure", None)
     if not guards:
         return None
-    guard = guards[-1]
-    return guard if id(scope.root._variables) in guard.roots else None
+    root = id(scope.root._variables)
+    for guard in reversed(guards):
+        if root in guard.roots and (guard.writes or not writing):
+            return guard
+    return None
 
 
 _original_put_variable = Scope.put_variable
 
 
 def _put_variable(self: Scope, col: str, name: str, value: Any) -> None:
-    guard = _pure_guard(self)
+    guard = _pure_guard(self, writing=True)
     if guard is not None and self.is_mutable_collection(col):
         where = "/".join((col, *self.path, name))
         raise guard.error(f"the Linen variable {where!r} was written")
@@ -181,8 +186,23 @@ def _leaves(tree: Any, prefix: tuple[Any, ...] = ()) -> Iterator[tuple[Any, Any]
 
 
 @contextlib.contextmanager
-def pure(roots: Sequence[Any], where: str, inside: str, reason: str) -> Iterator[None]:
-    """Refuses variable writes and rng draws through the root scopes ``roots``.
+def hidden_rngs(roots: Sequence[Any]) -> Iterator[None]:
+    """The roots' rng streams hidden: the state threading reads no key (draws none)."""
+    saved = [(root, dict(root.rngs)) for root in roots]
+    for root in roots:
+        root.rngs.clear()
+    try:
+        yield
+    finally:
+        for root, rngs in saved:
+            root.rngs.update(rngs)
+
+
+@contextlib.contextmanager
+def pure(
+    roots: Sequence[Any], where: str, inside: str, reason: str, writes: bool = True
+) -> Iterator[None]:
+    """Refuses rng draws (and, if ``writes``, variable writes) through the roots ``roots``.
 
     Args:
       roots: the adapter's roots (each with ``variables`` and ``rngs``).
@@ -190,13 +210,14 @@ def pure(roots: Sequence[Any], where: str, inside: str, reason: str) -> Iterator
       inside: the function, for the error (``"the function being converted"``).
       reason: why nothing written there could come out, and the fix (``{where}`` is
         filled in).
+      writes: refuse writes too; what loops inside leave is then put back on exit.
     """
     saved = []
     for root in roots:
         leaves = [
             (parent, key, parent[key])
             for col, tree in root.variables.items()
-            if col != "params" and isinstance(tree, dict)
+            if writes and col != "params" and isinstance(tree, dict)
             for parent, key in _leaves(tree)
         ]
         saved.append((root, dict(root.rngs), leaves))
@@ -204,7 +225,8 @@ def pure(roots: Sequence[Any], where: str, inside: str, reason: str) -> Iterator
     guards = getattr(_local, "pure", None)
     if guards is None:
         guards = _local.pure = []
-    guards.append(_Pure(frozenset(id(root.variables) for root in roots), where, inside, reason))
+    ids = frozenset(id(root.variables) for root in roots)
+    guards.append(_Pure(ids, where, inside, reason, writes))
     try:
         yield
     finally:
@@ -213,6 +235,55 @@ def pure(roots: Sequence[Any], where: str, inside: str, reason: str) -> Iterator
             root.rngs.update(rngs)
             for parent, key, value in leaves:
                 parent[key] = value
+
+
+def _restore_tree(live: dict[Any, Any], saved: dict[Any, Any]) -> None:
+    """Makes the live nested dict equal to ``saved`` again, in place (scopes reference it)."""
+    for key in [k for k in live if k not in saved]:
+        del live[key]
+    for key, value in saved.items():
+        if isinstance(value, dict):
+            if not isinstance(live.get(key), dict):
+                live[key] = {}
+            _restore_tree(live[key], value)
+        else:
+            live[key] = value
+
+
+def _copy_tree(tree: dict[Any, Any]) -> dict[Any, Any]:
+    return {k: _copy_tree(v) if isinstance(v, dict) else v for k, v in tree.items()}
+
+
+@contextlib.contextmanager
+def discarding(roots: Sequence[Any]) -> Iterator[None]:
+    """Whatever runs inside leaves the roots' variables and rng counters as they were.
+
+    For ``eval_shape``: JAX's computes shapes only, so writes, creations and draws inside
+    are dropped (as ``jax.eval_shape`` drops side effects), and nothing is threaded, so a
+    call inside a loop's condition draws no key of the loop's stream.
+    """
+    saved = [
+        (
+            root,
+            {
+                col: _copy_tree(tree)
+                for col, tree in root.variables.items()
+                if isinstance(tree, dict) and root.scope.is_mutable_collection(col)
+            },
+            _copy_tree(root.counters),
+        )
+        for root in roots
+    ]
+    try:
+        yield
+    finally:
+        for root, collections, counters in saved:
+            for col in [c for c in root.variables if c not in collections]:
+                if root.scope.is_mutable_collection(col):
+                    del root.variables[col]
+            for col, tree in collections.items():
+                _restore_tree(root.variables[col], tree)
+            _restore_tree(root.counters, counters)
 
 
 # Linen's own methods unless a rule of this adapter runs in this thread.

@@ -45,7 +45,7 @@ from jaxoverride.adapter_kit import Threaded
 from jaxoverride_linen import _convert, _scope
 from jaxoverride_linen._convert import init_safe, pure_scope
 from jaxoverride_linen._errors import DifferentiatedStateError
-from jaxoverride_linen._guards import lifted_params, lifted_reads
+from jaxoverride_linen._guards import hidden_rngs, lifted_params, lifted_reads, pure
 from jaxoverride_plain import (
     bwd_cotangents,
     fwd_output_pair,
@@ -65,6 +65,15 @@ _BACKWARD = (
     "bwd needs as a residual; bwd reads the variables as fwd left them. A solver whose "
     "backward pass calls your function again (jaxopt's implicit_diff=True) needs a function "
     "that writes nothing; or use its unrolled mode (implicit_diff=False).",
+)
+
+
+_DRAW = (
+    "a custom rule's function",
+    "{where} threads the rule's Linen variables through JAX, but no rng key: threading one "
+    "would draw a key from the caller's stream on every call, even where nothing is drawn "
+    "(a rule called inside a loop's condition could not run). Draw the key before the call "
+    "and pass it in as an argument.",
 )
 
 
@@ -107,6 +116,24 @@ def _differentiated(values: Any) -> list[frozenset[tuple[str, ...]]]:
     return refused
 
 
+@contextlib.contextmanager
+def _valid(source: Any) -> Iterator[None]:
+    """The root scopes valid again while a rule's function runs after the call returned.
+
+    JAX may trace ``fwd`` or the JVP rule after ``apply`` returned (under
+    ``jax.grad(jax.jit(model.apply))``), when Linen has invalidated the root scope. The
+    function runs on the values the rule received; the scope only routes them.
+    """
+    invalid = [root.scope for root in source.roots if root.scope._invalid]
+    for scope in invalid:
+        scope._invalid = False
+    try:
+        yield
+    finally:
+        for scope in invalid:
+            scope._invalid = True
+
+
 class _Call:
     """One call of a lifted rule: the caller's source and the threading of its state.
 
@@ -130,10 +157,19 @@ class _Call:
             yield
 
     def run(self, values: Any, fun: Callable[..., Any], *args: Any, refused: Any = None) -> Any:
-        """``fun(*args)`` with the scopes showing ``values``; returns ``(out, state)``."""
+        """``fun(*args)`` with the scopes showing ``values``; returns ``(out, state)``.
+
+        An rng draw inside is refused: the rule threads no key (see ``_DRAW``).
+        """
         params, state = values
-        with self.reading(params, refused):
-            return self.forward.run(0, state, fun, *args)
+        source, where = self.source, self.where
+
+        def drawing_refused() -> Any:
+            with pure(source.roots, where, *_DRAW, writes=False):
+                return fun(*args)
+
+        with self.reading(params, refused), hidden_rngs(source.roots), _valid(source):
+            return self.forward.run(0, state, drawing_refused)
 
     def run_pure(self, values: Any, fun: Callable[..., Any], *args: Any) -> Any:
         """``fun(*args)`` as ``run``, every write and draw refused; returns ``out``."""
@@ -144,7 +180,7 @@ class _Call:
             with pure_scope(source, where, *_BACKWARD):
                 return fun(*args)
 
-        with self.reading(params):
+        with self.reading(params), hidden_rngs(source.roots), _valid(source):
             out, _ = self.backward.run(0, state, refusing)
         return out
 
@@ -247,7 +283,9 @@ class LinenRule:
         return [ordered[i] if i in positions else next(rest) for i in range(count)]
 
     def _call(self, rule: Any, call: _Call, source: Any, args: tuple[Any, ...]) -> Any:
-        out, after = rule((_params(source), source.read()), *args)
+        with hidden_rngs(source.roots):  # the state without keys (see _DRAW)
+            state = source.read()
+        out, after = rule((_params(source), state), *args)
         call.forward.finish(after)
         return out
 
@@ -338,5 +376,8 @@ IMPLICIT_OVERRIDES: dict[str, Callable[..., Any]] = {
     "make_jaxpr": _convert.make_jaxpr,
     "lax.custom_root": _convert.custom_root,
     "lax.custom_linear_solve": _convert.custom_linear_solve,
+    # Replaces the transforms' eval_shape, which threads (and so draws a key): equinox
+    # calls eval_shape inside its loops' conditions, where no key may be drawn.
+    "eval_shape": _convert.eval_shape,
 }
 """Neutral name -> Linen override, for the implicit-differentiation names."""
