@@ -110,7 +110,9 @@ def test_jaxopt_unrolled_gradient_wrt_linen_params():
     with interposed("jaxopt"), jaxoverride_linen.context():
         with jax.checking_leaks():
             variables = model.init(RNG, X)
-        loss = lambda p: jnp.sum(model.apply({**variables, "params": p}, X) ** 2)
+        loss = lambda p: jnp.sum(
+            model.apply({**variables, "params": p}, X, mutable=["counters"])[0] ** 2
+        )
         grads = jax.grad(loss)(variables["params"])
         jitted = jax.jit(jax.grad(loss))(variables["params"])
     expected = jax.grad(lambda p: jnp.sum(explicit_solve(p, "fixed_point") ** 2))(
@@ -130,10 +132,10 @@ class PassedToRun(nn.Module):
     def __call__(self, x: jax.Array) -> jax.Array:
         kernel = self.param("kernel", nn.initializers.normal(0.2), (N, N))
         bias = self.param("bias", nn.initializers.zeros, (N,))
+        calls = self.variable("counters", "calls", lambda: jnp.zeros((), jnp.int32))
 
         def fun(z: jax.Array, kernel: jax.Array, bias: jax.Array, x: jax.Array) -> jax.Array:
             if self.write:
-                calls = self.variable("counters", "calls", lambda: jnp.zeros((), jnp.int32))
                 calls.value += 1
             return jnp.tanh(z @ kernel + bias + x)
 
@@ -156,7 +158,7 @@ def test_jaxopt_implicit_gradient_wrt_params_passed_to_run_equals_unrolled(mode)
     with interposed("jaxopt"), jaxoverride_linen.context():
         variables = model.init(RNG, X)
         apply = jax.jit(model.apply) if mode == "grad-jit" else model.apply
-        grad = jax.grad(lambda p: jnp.sum(apply({"params": p}, X) ** 2))
+        grad = jax.grad(lambda p: jnp.sum(apply({**variables, "params": p}, X) ** 2))
         got = (jax.jit(grad) if mode == "jit-grad" else grad)(variables["params"])
     _close(got, jax.grad(_unrolled_loss)(variables["params"]))
     assert float(jnp.abs(got["kernel"]).sum()) > 0
@@ -169,7 +171,10 @@ def test_jaxopt_implicit_gradient_wrt_closed_over_params_is_refused(jit):
     model = JaxoptModel("fixed_point", True)
     with interposed("jaxopt"), jaxoverride_linen.context():
         variables = model.init(RNG, X)
-        grad = jax.grad(lambda p: jnp.sum(model.apply({**variables, "params": p}, X) ** 2))
+        loss = lambda p: jnp.sum(
+            model.apply({**variables, "params": p}, X, mutable=["counters"])[0] ** 2
+        )
+        grad = jax.grad(loss)
         with pytest.raises(joe.ClosedOverDifferentiationError, match=r"cell.*closure_convert"):
             (jax.jit(grad) if jit else grad)(variables["params"])
 

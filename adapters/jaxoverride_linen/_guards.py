@@ -108,7 +108,13 @@ def lifted_reads(
     frames = _lifted_frames()
     frame = dict(frames[-1]) if frames else {}
     for variables, tree, paths in zip(roots, params, refused, strict=True):
-        frame[id(variables)] = _Lifted(tree, paths, where)
+        outer = frame.get(id(variables))
+        if outer is not None and outer.refused - paths:
+            # A rule inside a rule: its values come from the outer one's, so what the
+            # outer one refuses stays refused (with the outer one's name).
+            frame[id(variables)] = _Lifted(tree, paths | outer.refused, outer.where)
+        else:
+            frame[id(variables)] = _Lifted(tree, paths, where)
     frames.append(frame)
     try:
         yield
