@@ -216,8 +216,8 @@ def _libraries(quick: bool) -> list[Row]:
             f"{library} in Linen, jax.jit(jax.grad)",
             interleaved(
                 {
-                    "Linen module": lambda g=grad_linen: g(params),
-                    "explicit params, raw JAX": lambda g=grad_explicit: g(params),
+                    "Linen module": lambda g=grad_linen, p=params: g(p),
+                    "explicit params, raw JAX": lambda g=grad_explicit, p=params: g(p),
                 },
                 number=number,
                 rounds=rounds,
