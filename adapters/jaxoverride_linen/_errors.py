@@ -41,6 +41,26 @@ class DifferentiatedStateError(joe.DifferentiatedStateError):
 
     The rule's ``bwd`` gives cotangents from that of the rule's output only, so the
     variable would get a silently zero gradient.
+
+    Example:
+      >>> import jax, jax.numpy as jnp, flax.linen as nn
+      >>> import jaxoverride as jo, jaxoverride_linen
+      >>> class Cached(nn.Module):
+      ...     @nn.compact
+      ...     def __call__(self, x):
+      ...         last = self.variable("cache", "last", lambda: 0.0)
+      ...         def primal(x):
+      ...             last.value = 3.0 * x
+      ...             return x
+      ...         f = jo.custom_vjp(primal)
+      ...         f.defvjp(lambda x: (primal(x), None), lambda _, g: (g,))
+      ...         return f(x) + last.value
+      >>> with jaxoverride_linen.context():
+      ...     v = Cached().init(jax.random.key(0), 1.0)
+      ...     jax.grad(lambda x: Cached().apply(v, x, mutable=["cache"])[0])(1.0)
+      Traceback (most recent call last):
+      ...
+      jaxoverride_linen._errors.DifferentiatedStateError: jaxoverride.custom_vjp: ...
     """
 
 
