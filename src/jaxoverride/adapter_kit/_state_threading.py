@@ -54,6 +54,7 @@ import jax.numpy as jnp
 
 __all__ = [
     "DictStateSource",
+    "RetraceWithStateError",
     "StateSource",
     "StateStructureError",
     "Threaded",
@@ -153,6 +154,18 @@ class StateStructureError(ValueError):
     """A traced body left state whose structure differs from the state it received."""
 
 
+class RetraceWithStateError(Exception):
+    """Raised by a source's ``leave`` to ask for one more trace with a larger state.
+
+    A body may write state that did not exist when the loop started (Linen's ``sow``).
+    The source records its shape, restores everything, and raises this; the combinator
+    then calls ``read()`` again, which now includes a slot for it, and retraces.
+    """
+
+
+_RETRACES = 4
+
+
 class Threaded:
     """Runs ``count`` functions traced by one JAX call, the source's state threaded.
 
@@ -193,7 +206,11 @@ class Threaded:
             source.abandon(token)
             source.restore_names(self._starts[0])
             raise
-        after = source.leave(token)
+        try:
+            after = source.leave(token)
+        except BaseException:
+            source.restore_names(self._starts[0])
+            raise
         self._ends[index] = source.names()
         source.restore_names(self._starts[0])
         before_tree = jax.tree.structure(state)
@@ -232,10 +249,19 @@ def init_safe(source: StateSource, creation: Callable[[], Any], call: Callable[[
       'applied'
     """
     if is_applying() or not source.initializing():
-        return call()
+        return _retrying(call)
     source.create(creation)
     with applying():
-        return call()
+        return _retrying(call)
+
+
+def _retrying(call: Callable[[], Any]) -> Any:
+    for _ in range(_RETRACES - 1):
+        try:
+            return call()
+        except RetraceWithStateError:
+            continue
+    return call()
 
 
 def _as_operands(tree: Any) -> Any:
