@@ -7,7 +7,6 @@ core (``jaxoverride``), this kit and its own framework, and nothing from
 
 from jaxoverride.adapter_kit._state_threading import (
     DictStateSource as DictStateSource,
-    RetraceWithStateError as RetraceWithStateError,
     StateSource as StateSource,
     StateStructureError as StateStructureError,
     Threaded as Threaded,

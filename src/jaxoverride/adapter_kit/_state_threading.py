@@ -54,7 +54,6 @@ import jax.numpy as jnp
 
 __all__ = [
     "DictStateSource",
-    "RetraceWithStateError",
     "StateSource",
     "StateStructureError",
     "Threaded",
@@ -154,18 +153,6 @@ class StateStructureError(ValueError):
     """A traced body left state whose structure differs from the state it received."""
 
 
-class RetraceWithStateError(Exception):
-    """Raised by a source's ``leave`` to ask for one more trace with a larger state.
-
-    A body may write state that did not exist when the loop started (Linen's ``sow``).
-    The source records its shape, restores everything, and raises this; the combinator
-    then calls ``read()`` again, which now includes a slot for it, and retraces.
-    """
-
-
-_RETRACES = 4
-
-
 class Threaded:
     """Runs ``count`` functions traced by one JAX call, the source's state threaded.
 
@@ -249,19 +236,10 @@ def init_safe(source: StateSource, creation: Callable[[], Any], call: Callable[[
       'applied'
     """
     if is_applying() or not source.initializing():
-        return _retrying(call)
+        return call()
     source.create(creation)
     with applying():
-        return _retrying(call)
-
-
-def _retrying(call: Callable[[], Any]) -> Any:
-    for _ in range(_RETRACES - 1):
-        try:
-            return call()
-        except RetraceWithStateError:
-            continue
-    return call()
+        return call()
 
 
 def _as_operands(tree: Any) -> Any:
