@@ -27,10 +27,11 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-from flax.core import scope as core_scope
+from flax.core import scope as core_scope, tracers as core_tracers
 from flax.linen import module as linen_module
 
 from jaxoverride.adapter_kit import StateSource
+from jaxoverride.errors import JaxoverrideError
 
 Scope = core_scope.Scope
 LazyRng = core_scope.LazyRng
@@ -68,6 +69,7 @@ class _Step:
 _local = threading.local()
 _original_make_rng = Scope.make_rng
 _original_variable = Scope.variable
+_original_put_variable = Scope.put_variable
 
 
 def _substitutions() -> list[dict[int, _Step]]:
@@ -104,10 +106,37 @@ def _variable(self: Scope, col: str, name: str, *args: Any, **kwargs: Any) -> An
     return result
 
 
-# Both wrappers behave exactly as Linen's own methods unless a threaded body or a
+def _put_variable(self: Scope, col: str, name: str, value: Any) -> Any:
+    threaded = getattr(_local, "roots", None)
+    if threaded:
+        root = self.root
+        if id(root._variables) not in threaded[-1] and root.trace_level != (
+            core_tracers.current_trace()
+        ):
+            raise LinenStateError(
+                f"Linen variable {col}/{'/'.join((*self.path, name))} was written inside a "
+                "traced body, but its module is bound to a scope that does not run here "
+                "(for example a module from .bind() or a module of another model): its "
+                "variables are not threaded, so the write would leak a tracer. Call the "
+                "module from a method of the model that runs the loop (a submodule "
+                "attribute or an nn.compact submodule), or make the collection immutable."
+            )
+    return _original_put_variable(self, col, name, value)
+
+
+# The wrappers behave exactly as Linen's own methods unless a threaded body or a
 # creation pass of this adapter is running in this thread (one thread-local read).
 Scope.make_rng = _make_rng  # type: ignore[method-assign]
 Scope.variable = _variable  # type: ignore[method-assign]
+Scope.put_variable = _put_variable  # type: ignore[method-assign]
+
+
+def _threaded_roots() -> list[set[int]]:
+    try:
+        return _local.roots
+    except AttributeError:
+        _local.roots = []
+        return _local.roots
 
 
 # -- variable trees --------------------------------------------------------------------
@@ -200,8 +229,12 @@ class _Token:
         self.steps: dict[int, _Step] = {}
 
 
-class LinenStateError(ValueError):
-    """A traced body created or wrote Linen variables it cannot hand back."""
+class LinenStateError(JaxoverrideError, ValueError):
+    """A traced body created or wrote Linen variables it cannot hand back.
+
+    Also raised for a write, inside a traced body, to a module bound to a scope that is
+    not running here (``module.bind(...)`` elsewhere): its variables are not threaded.
+    """
 
 
 def _mutable_trees(root: _Root) -> dict[str, Any]:
@@ -307,10 +340,13 @@ class LinenSource:
                 lazy = root.rngs[name]
                 steps[id(lazy.rng)] = token.steps[id(lazy.rng)] = _Step(lazy.rng, key)
         outer.append(steps)
+        roots = _threaded_roots()
+        roots.append((roots[-1] if roots else set()) | {id(r.variables) for r in self.roots})
         return token
 
     def _undo(self, token: _Token) -> None:
         _substitutions().pop()
+        _threaded_roots().pop()
         for root, saved, counters in zip(token.roots, token.saved, token.counters, strict=True):
             for col in list(root.variables):
                 if col not in saved and root.scope.is_mutable_collection(col):
