@@ -137,3 +137,31 @@ def test_neutral_calls_outside_modules_are_jax():
     out = jlax.fori_loop(0, 3, lambda i, h: h + 1, 0)
     assert int(out) == 3
     assert not jol.in_bound_module()
+
+
+def test_a_bound_module_runs_its_neutral_loops_outside_init_and_apply():
+    model, x = WhileDense(), jnp.ones((1, 3))
+    variables = model.init(jax.random.key(0), x)
+    bound = model.bind(variables)
+    with jax.checking_leaks():
+        out = bound(x)
+    assert jnp.allclose(out, model.apply(variables, x))
+
+
+def test_a_sow_in_a_while_loop_body_comes_out_once():
+    class SowWhile(nn.Module):
+        @nn.compact
+        def __call__(self, x: jax.Array) -> jax.Array:
+            def body(c: Any) -> Any:
+                i, h = c
+                h = nn.Dense(3)(h)
+                self.sow("intermediates", "h", h)
+                return i + 1, h
+
+            return jlax.while_loop(lambda c: c[0] < 2, body, (0, x))[1]
+
+    x = jnp.ones((1, 3))
+    variables = SowWhile().init(jax.random.key(0), x)
+    with jax.checking_leaks():
+        out, state = SowWhile().apply(variables, x, mutable=["intermediates"])
+    assert jnp.allclose(state["intermediates"]["h"][0], out)

@@ -107,20 +107,46 @@ def test_writing_an_immutable_collection_raises_linens_error_and_restores_everyt
     Stateful().apply(variables, x, train=False)
 
 
-def test_a_sow_inside_a_body_at_apply_is_a_clear_error_that_restores_the_variables():
-    class Sow(nn.Module):
+class Sow(nn.Module):
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        def body(h: jax.Array, _: Any) -> Any:
+            h = nn.Dense(3)(h)
+            self.sow("intermediates", "h", h)
+            return h, None
+
+        return jlax.scan(body, x, length=3)[0]
+
+
+def test_a_sow_inside_a_body_comes_out_once_per_call_eager_and_jitted():
+    x = jnp.arange(3.0).reshape(1, 3)
+    apply = lambda v, x: Sow().apply(v, x, mutable=["intermediates"])
+    with jax.checking_leaks():
+        variables = Sow().init(jax.random.key(0), x)
+        out, state = apply(variables, x)
+        out_jit, state_jit = jax.jit(apply)(variables, x)
+    assert sorted(variables) == ["params"]  # init leaves intermediates out, as Linen does
+    assert leaves_are_arrays(state)
+    # One sown value per call (the last iteration's), not one per trace or iteration.
+    assert shapes(state) == {"intermediates": {"h": ((1, 3),)}}
+    np.testing.assert_allclose(state["intermediates"]["h"][0], out, rtol=1e-6)
+    assert_trees_close((out, state), (out_jit, state_jit))
+
+
+def test_a_sow_inside_a_transformed_function_is_a_clear_error():
+    import jaxoverride as jo
+
+    class SowGrad(nn.Module):
         @nn.compact
         def __call__(self, x: jax.Array) -> jax.Array:
-            def body(h: jax.Array, _: Any) -> Any:
-                h = nn.Dense(3)(h)
+            def loss(h: jax.Array) -> jax.Array:
                 self.sow("intermediates", "h", h)
-                return h, None
+                return nn.Dense(1)(h).sum()
 
-            return jlax.scan(body, x, length=2)[0]
+            return jo.grad(loss)(x)
 
     x = jnp.ones((1, 3))
-    variables = Sow().init(jax.random.key(0), x)
-    with pytest.raises(jol.LinenStateError, match="intermediates/h"):
-        Sow().apply(variables, x, mutable=["intermediates"])
+    variables = SowGrad().init(jax.random.key(0), x)
+    with jax.checking_leaks(), pytest.raises(jol.LinenStateError, match="intermediates/h"):
+        SowGrad().apply(variables, x, mutable=["intermediates"])
     assert leaves_are_arrays(variables)
-    assert sorted(variables) == ["params"]

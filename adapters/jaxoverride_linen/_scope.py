@@ -288,14 +288,27 @@ def _aval(value: Any) -> Any:
 class LinenSource:
     """The ``StateSource`` of the modules on Linen's module stack now.
 
-    ``fresh`` holds slots for variables first written inside a body (none are made yet:
-    such a write raises ``LinenStateError``).
+    Variables first written inside a loop body or branch at apply (a ``sow``) are
+    *fresh*: the first trace records their shapes and asks the kit to run the call again
+    (``retrace()``) with a slot for them, which each iteration refills from an absent
+    entry; what comes out is the last iteration's value, written once per call. In a
+    transform (``allow_fresh=False``) such a write is a ``LinenStateError``.
     """
 
-    __slots__ = ("_counters_at_read", "fresh", "modules", "roots", "where")
+    __slots__ = (
+        "_counters_at_read",
+        "_retrace",
+        "allow_fresh",
+        "fresh",
+        "modules",
+        "roots",
+        "where",
+    )
 
-    def __init__(self, where: str):
+    def __init__(self, where: str, *, allow_fresh: bool = False):
         self.where = where
+        self.allow_fresh = allow_fresh
+        self._retrace = False
         self.modules = stack_modules()
         roots: dict[int, _Root] = {}
         for module in self.modules:
@@ -382,14 +395,26 @@ class LinenSource:
         }
         self._undo(token)
         if created:
-            # TODO(fresh variables): a sow inside a body at apply needs a slot in the
-            # carry; retracing on discovery leaked the aborted trace under jax.jit.
-            del values
-            raise _created_error(self.where, [p for _, p in created])
+            if not self.allow_fresh or any(path[0] == "params" for _, path in created):
+                raise _created_error(self.where, [p for _, p in created])
+            # The trace runs to its end (aborting a JAX trace that closes over outer
+            # tracers leaks it); the kit then discards the call and runs it again.
+            for index, path in created:
+                self.fresh[index][path] = _aval(values[(index, path)])
+            self._retrace = True
         for (_, cols, keys, slots), entered in zip(state, token.slots, strict=True):
             slots = {p: entered[p] if v is _MISSING else v for p, v in slots.items()}
             after.append((cols, keys, slots))
         return after
+
+    def retrace(self) -> bool:
+        """True once after a trace met fresh variables; restores the draws of ``read()``."""
+        if not self._retrace:
+            return False
+        self._retrace = False
+        for root, counters in zip(self.roots, self._counters_at_read, strict=True):
+            _restore_counters(root.counters, counters)
+        return True
 
     def abandon(self, token: _Token) -> None:
         self._undo(token)
@@ -501,6 +526,6 @@ def _created_error(where: str, created: list[tuple[str, ...]]) -> LinenStateErro
     )
 
 
-def source(where: str) -> StateSource:
+def source(where: str, *, allow_fresh: bool = False) -> StateSource:
     """The state source of the Linen modules running now."""
-    return LinenSource(where)
+    return LinenSource(where, allow_fresh=allow_fresh)

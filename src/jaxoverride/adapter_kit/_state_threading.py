@@ -21,7 +21,10 @@ What a framework must provide is a small *state source* (``StateSource``):
 * ``initializing()`` and ``create(thunk)``: the creation pass. At init the combinator first
   runs each body or branch once, outside JAX control flow, inside ``create``; the source
   keeps the parameters that pass created and undoes everything else. Then the threaded
-  call runs as at apply, under ``applying()``, so init returns what apply returns.
+  call runs as at apply, under ``applying()``, so init returns what apply returns;
+* optionally ``retrace()``: True when a traced function met state that ``read()`` did not
+  include (Linen's ``sow`` in a loop body). The combinator then discards that JAX call,
+  before writing anything, and runs it again with ``read()`` including the new state.
 
 Stability: semi-public, for adapters in this repository and their authors. The protocol
 and the combinators' signatures change only with a note in the changelog.
@@ -153,6 +156,13 @@ class StateStructureError(ValueError):
     """A traced body left state whose structure differs from the state it received."""
 
 
+class _RetraceRequestedError(Exception):
+    """Raised by ``Threaded.finish``, outside every trace, to run the JAX call again."""
+
+
+_RETRACES = 3
+
+
 class Threaded:
     """Runs ``count`` functions traced by one JAX call, the source's state threaded.
 
@@ -211,7 +221,15 @@ class Threaded:
         return out, after
 
     def finish(self, state: Any) -> None:
-        """Writes the JAX call's final ``state`` and advances the caller's names."""
+        """Writes the JAX call's final ``state`` and advances the caller's names.
+
+        If the source has a ``retrace()`` method and it returns True (a traced function
+        met state that ``read()`` did not include), nothing is written: the combinator
+        discards the JAX call's result and runs it again, ``read()`` now including it.
+        """
+        retrace = getattr(self.source, "retrace", None)
+        if retrace is not None and retrace():
+            raise _RetraceRequestedError
         self.source.write(state)
         last = next((e for e in reversed(self._ends) if e is not None), None)
         if last is not None:
@@ -236,10 +254,22 @@ def init_safe(source: StateSource, creation: Callable[[], Any], call: Callable[[
       'applied'
     """
     if is_applying() or not source.initializing():
-        return call()
+        return _retrying(call)
     source.create(creation)
     with applying():
-        return call()
+        return _retrying(call)
+
+
+def _retrying(call: Callable[[], Any]) -> Any:
+    for _ in range(_RETRACES):
+        try:
+            return call()
+        except _RetraceRequestedError:
+            continue
+    raise RuntimeError(
+        f"jaxoverride: the state a traced function writes kept growing over {_RETRACES} "
+        "traces; make the variables it writes the same on every call."
+    )
 
 
 def _as_operands(tree: Any) -> Any:
