@@ -119,7 +119,8 @@ def test_an_exception_in_a_body_leaves_the_variables_and_names_as_they_were():
         variables = Failing().init(jax.random.key(0), jnp.ones((2, 3)))
     assert all(jax.tree.leaves(seen["same"]))
     assert leaves_are_arrays(variables)
-    assert sorted(variables["params"]) == ["BatchNorm_0", "Dense_0"]
+    # The Dense of the failed loop, made by init's creation pass, was removed again.
+    assert sorted(variables["params"]) == ["BatchNorm_0"]
 
 
 def test_a_cond_fun_that_writes_state_is_a_clear_error():

@@ -297,6 +297,7 @@ class LinenSource:
 
     __slots__ = (
         "_counters_at_read",
+        "_created",
         "_retrace",
         "allow_fresh",
         "fresh",
@@ -309,6 +310,7 @@ class LinenSource:
         self.where = where
         self.allow_fresh = allow_fresh
         self._retrace = False
+        self._created: list[tuple[_Root, set[tuple[str, ...]]]] = []
         self.modules = stack_modules()
         roots: dict[int, _Root] = {}
         for module in self.modules:
@@ -482,7 +484,17 @@ class LinenSource:
             for (root, saved, paths), saved_counters in zip(before, counters, strict=True):
                 _restore_after_creation(root, saved, paths, recorded, keep_new=not failed)
                 _restore_counters(root.counters, saved_counters)
+                if not failed:
+                    self._created.append((root, root.writable_paths() - paths))
             self.restore_names(names)
+
+    def undo_creation(self) -> None:
+        """Removes what ``create`` kept, when the call after it failed."""
+        for root, paths in self._created:
+            for path in paths:
+                if _get_path(root.variables, path, _MISSING) is not _MISSING:
+                    _delete(root.variables, path)
+        self._created = []
 
 
 def _restore_after_creation(

@@ -22,6 +22,8 @@ What a framework must provide is a small *state source* (``StateSource``):
   runs each body or branch once, outside JAX control flow, inside ``create``; the source
   keeps the parameters that pass created and undoes everything else. Then the threaded
   call runs as at apply, under ``applying()``, so init returns what apply returns;
+* optionally ``undo_creation()``: removes what ``create`` kept, when the call after it
+  raised;
 * optionally ``retrace()``: True when a traced function met state that ``read()`` did not
   include (Linen's ``sow`` in a loop body). The combinator then discards that JAX call,
   before writing anything, and runs it again with ``read()`` including the new state.
@@ -256,8 +258,15 @@ def init_safe(source: StateSource, creation: Callable[[], Any], call: Callable[[
     if is_applying() or not source.initializing():
         return _retrying(call)
     source.create(creation)
-    with applying():
-        return _retrying(call)
+    try:
+        with applying():
+            return _retrying(call)
+    except BaseException:
+        # A failed call leaves nothing behind, not even what the creation pass made.
+        undo = getattr(source, "undo_creation", None)
+        if undo is not None:
+            undo()
+        raise
 
 
 def _retrying(call: Callable[[], Any]) -> Any:
