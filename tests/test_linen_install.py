@@ -58,8 +58,16 @@ def test_the_adapter_is_idle_outside_bound_modules(installed: None):
             seen.append(jol.in_bound_module())
             return x
 
+        def stack(self) -> str:
+            return repr(jo.current_stack())
+
     Probe().apply({}, jnp.ones(1))
     assert seen == [True]
+    # Scoped: inactive outside module methods (neutral calls take JAX's idle fast path),
+    # entered around each method call of a bound module.
+    assert "jaxoverride_linen" in repr(jo.current_stack())
+    assert "installed (inactive)" in repr(jo.current_stack())
+    assert "[installed, scope] jaxoverride_linen" in Probe().apply({}, method=Probe.stack)
     # Outside a module a neutral call is JAX's own: same jaxpr.
     fun = lambda x: jlax.fori_loop(0, 2, lambda i, h: h * 2, x)
     assert str(jax.make_jaxpr(fun)(1.0)) == str(
