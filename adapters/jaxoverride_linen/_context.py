@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import threading
+from typing import Any
+
+from flax.linen import module as linen_module
 
 import jaxoverride as jo
 from jaxoverride_linen import _control, _rules, _transforms
-from jaxoverride_linen._scope import in_bound_module
 
 _OVERRIDES = {
     **_transforms.OVERRIDES,
@@ -24,6 +26,23 @@ _CONTEXT = jo.override_context(_OVERRIDES, name="jaxoverride_linen")
 
 _lock = threading.Lock()
 _installation: jo.Installation | None = None
+
+# install() enters the installation's scope around every method call of a bound Linen
+# module (Module._call_wrapped_method, the one place where Linen runs a module's method:
+# __call__, setup, nn.compact and any other method) and leaves it on return. Outside
+# every module the process stays idle: neutral functions cost exactly what JAX's do, with
+# no per-call predicate. Inside, the cost is one scope entry per method call, which JAX
+# pays only while tracing.
+_Module = linen_module.Module
+_linen_call = _Module._call_wrapped_method
+
+
+def _call_in_scope(module: Any, fun: Any, args: Any, kwargs: Any) -> Any:
+    installation = _installation
+    if installation is None or module.scope is None:
+        return _linen_call(module, fun, args, kwargs)
+    with installation.scope():
+        return _linen_call(module, fun, args, kwargs)
 
 
 def context() -> jo.OverrideContext:
@@ -60,9 +79,11 @@ def install() -> jo.Installation:
     """Registers the Linen overrides for the whole process, active inside bound modules.
 
     Library code that calls the neutral API then works with Linen modules without a
-    ``with`` block. The installation is active by a predicate (``jaxoverride.install(...,
-    when=...)``): a method of a bound Linen module is running in this thread, which is
-    one read of Linen's module stack. Calling it again returns the same installation.
+    ``with`` block, while everything outside Linen modules runs exactly as before, at
+    JAX's own speed: the installation is scoped (``jaxoverride.install(...,
+    scoped=True)``), entered and left around each method call of a bound module (a hook
+    on ``Module._call_wrapped_method``), so no predicate is asked on each neutral call.
+    Calling it again returns the same installation.
 
     Returns:
       The ``jaxoverride.Installation``; ``uninstall()`` removes it.
@@ -84,7 +105,8 @@ def install() -> jo.Installation:
     global _installation
     with _lock:
         if _installation is None or not _installation.installed:
-            _installation = jo.install(_CONTEXT, when=in_bound_module, name="jaxoverride_linen")
+            _installation = jo.install(_CONTEXT, scoped=True, name="jaxoverride_linen")
+            _Module._call_wrapped_method = _call_in_scope  # type: ignore[method-assign]
         return _installation
 
 
@@ -102,6 +124,9 @@ def uninstall() -> bool:
     global _installation
     with _lock:
         installation, _installation = _installation, None
+        if _Module._call_wrapped_method is _call_in_scope:
+            # Method calls running now keep the scope they entered until they return.
+            _Module._call_wrapped_method = _linen_call  # type: ignore[method-assign]
     return installation is not None and installation.uninstall()
 
 

@@ -33,7 +33,7 @@ def scan(
     if not in_bound_module():
         return lower(f, init, xs, length, reverse, unroll, _split_transpose)
     return kit.threaded_scan(
-        source("jaxoverride.lax.scan"),
+        source("jaxoverride.lax.scan", allow_fresh=True),
         lower,
         f,
         init,
@@ -50,7 +50,7 @@ def while_loop(cond_fun: Callable[..., Any], body_fun: Callable[..., Any], init_
     if not in_bound_module():
         return lower(cond_fun, body_fun, init_val)
     return kit.threaded_while_loop(
-        source("jaxoverride.lax.while_loop"), lower, cond_fun, body_fun, init_val
+        source("jaxoverride.lax.while_loop", allow_fresh=True), lower, cond_fun, body_fun, init_val
     )
 
 
@@ -66,7 +66,7 @@ def fori_loop(
     if not in_bound_module():
         return lower(lower_bound, upper_bound, body_fun, init_val, unroll=unroll)
     return kit.threaded_fori_loop(
-        source("jaxoverride.lax.fori_loop"),
+        source("jaxoverride.lax.fori_loop", allow_fresh=True),
         lower,
         lower_bound,
         upper_bound,
@@ -88,7 +88,7 @@ def cond(
     ):
         return lower(pred, true_fun, false_fun, *operands, **keywords)
     return kit.threaded_cond(
-        source("jaxoverride.lax.cond"),
+        source("jaxoverride.lax.cond", allow_fresh=True),
         lower,
         pred,
         true_fun,
@@ -111,7 +111,12 @@ def switch(
     ):
         return lower(index, branches, *operands, **keywords)
     return kit.threaded_switch(
-        source("jaxoverride.lax.switch"), lower, index, branches, *operands, **keywords
+        source("jaxoverride.lax.switch", allow_fresh=True),
+        lower,
+        index,
+        branches,
+        *operands,
+        **keywords,
     )
 
 

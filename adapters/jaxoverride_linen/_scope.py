@@ -6,9 +6,10 @@ a Python counter into the root key, and names submodules and variables with Pyth
 counters and reservations kept on the modules and scopes running now. A JAX loop body
 sees none of that as JAX values, so:
 
-* the *mutable* collections (except ``params``, which bodies read and never write) are
-  the threaded state: their leaves are swapped in place, in the very dicts the scopes
-  reference, for the traced values while a body runs, and swapped back afterwards;
+* the *mutable* collections (``params`` too at init: Linen's lifted transforms write
+  back every variable of their scope) are the threaded state: their leaves are written
+  in place, in the dicts the scopes reference, while a body runs, and the caller's
+  values are put back afterwards;
 * each rng stream is threaded as one *step key*: inside a body every ``make_rng`` of that
   stream folds its usual path and counter into the step key instead of the root key, so
   each iteration draws fresh keys; the counters are restored afterwards, so retracing a
@@ -25,10 +26,12 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import jax
-from flax.core import scope as core_scope
+import jax.numpy as jnp
+from flax.core import scope as core_scope, tracers as core_tracers
 from flax.linen import module as linen_module
 
 from jaxoverride.adapter_kit import StateSource
+from jaxoverride.errors import JaxoverrideError
 
 Scope = core_scope.Scope
 LazyRng = core_scope.LazyRng
@@ -66,6 +69,7 @@ class _Step:
 _local = threading.local()
 _original_make_rng = Scope.make_rng
 _original_variable = Scope.variable
+_original_put_variable = Scope.put_variable
 
 
 def _substitutions() -> list[dict[int, _Step]]:
@@ -102,10 +106,37 @@ def _variable(self: Scope, col: str, name: str, *args: Any, **kwargs: Any) -> An
     return result
 
 
-# Both wrappers behave exactly as Linen's own methods unless a threaded body or a
+def _put_variable(self: Scope, col: str, name: str, value: Any) -> Any:
+    threaded = getattr(_local, "roots", None)
+    if threaded:
+        root = self.root
+        if id(root._variables) not in threaded[-1] and root.trace_level != (
+            core_tracers.current_trace()
+        ):
+            raise LinenStateError(
+                f"Linen variable {col}/{'/'.join((*self.path, name))} was written inside a "
+                "traced body, but its module is bound to a scope that does not run here "
+                "(for example a module from .bind() or a module of another model): its "
+                "variables are not threaded, so the write would leak a tracer. Call the "
+                "module from a method of the model that runs the loop (a submodule "
+                "attribute or an nn.compact submodule), or make the collection immutable."
+            )
+    return _original_put_variable(self, col, name, value)
+
+
+# The wrappers behave exactly as Linen's own methods unless a threaded body or a
 # creation pass of this adapter is running in this thread (one thread-local read).
 Scope.make_rng = _make_rng  # type: ignore[method-assign]
 Scope.variable = _variable  # type: ignore[method-assign]
+Scope.put_variable = _put_variable  # type: ignore[method-assign]
+
+
+def _threaded_roots() -> list[set[int]]:
+    try:
+        return _local.roots
+    except AttributeError:
+        _local.roots = []
+        return _local.roots
 
 
 # -- variable trees --------------------------------------------------------------------
@@ -188,107 +219,216 @@ def _restore_counters(live: dict[Any, Any], saved: dict[Any, Any]) -> None:
 
 
 class _Token:
-    __slots__ = ("counters", "params", "paths", "roots", "steps", "swapped")
+    __slots__ = ("counters", "roots", "saved", "slots", "steps")
 
     def __init__(self) -> None:
-        self.swapped: list[tuple[dict[str, Any], str, Any]] = []
+        self.slots: list[dict[tuple[str, ...], Any]] = []
+        self.saved: list[dict[str, Any]] = []
         self.counters: list[dict[Any, Any]] = []
-        self.paths: list[set[tuple[str, ...]]] = []
-        self.params: list[dict[tuple[str, ...], Any]] = []
         self.roots: list[_Root] = []
         self.steps: dict[int, _Step] = {}
 
 
-class LinenStateError(ValueError):
-    """A traced body created or wrote Linen variables it cannot hand back."""
+class LinenStateError(JaxoverrideError, ValueError):
+    """A traced body created or wrote Linen variables it cannot hand back.
+
+    Also raised for a write, inside a traced body, to a module bound to a scope that is
+    not running here (``module.bind(...)`` elsewhere): its variables are not threaded.
+    """
+
+
+def _mutable_trees(root: _Root) -> dict[str, Any]:
+    scope = root.scope
+    return {
+        col: _copy_dicts(tree)
+        for col, tree in root.variables.items()
+        if isinstance(tree, dict) and scope.is_mutable_collection(col)
+    }
+
+
+def _restore_tree(live: dict[str, Any], saved: dict[str, Any]) -> None:
+    """Makes ``live`` equal ``saved`` in place, keeping the dict objects still there."""
+    for key in list(live):
+        if key not in saved:
+            del live[key]
+    for key, value in saved.items():
+        if isinstance(value, dict):
+            if not isinstance(live.get(key), dict):
+                live[key] = {}
+            _restore_tree(live[key], value)
+        else:
+            live[key] = value
+
+
+def _put_path(tree: dict[str, Any], path: tuple[str, ...], value: Any) -> None:
+    for key in path[:-1]:
+        tree = tree.setdefault(key, {})
+    tree[path[-1]] = value
+
+
+def _get_path(tree: Any, path: tuple[str, ...], default: Any) -> Any:
+    for key in path:
+        if not isinstance(tree, dict) or key not in tree:
+            return default
+        tree = tree[key]
+    return tree
+
+
+def _rebuild(live: Any, like: Any) -> Any:
+    """The values of ``live`` at the paths of ``like`` (the threaded structure)."""
+    if isinstance(like, dict):
+        return {k: _rebuild(live[k], v) for k, v in like.items()}
+    return live
+
+
+def _aval(value: Any) -> Any:
+    return jax.tree.map(lambda v: jax.ShapeDtypeStruct(jnp.shape(v), jnp.result_type(v)), value)
 
 
 class LinenSource:
-    """The ``StateSource`` of the modules on Linen's module stack now."""
+    """The ``StateSource`` of the modules on Linen's module stack now.
 
-    __slots__ = ("modules", "roots", "where")
+    Variables first written inside a loop body or branch at apply (a ``sow``) are
+    *fresh*: the first trace records their shapes and asks the kit to run the call again
+    (``retrace()``) with a slot for them, which each iteration refills from an absent
+    entry; what comes out is the last iteration's value, written once per call. In a
+    transform (``allow_fresh=False``) such a write is a ``LinenStateError``.
+    """
 
-    def __init__(self, where: str):
+    __slots__ = (
+        "_counters_at_read",
+        "_created",
+        "_retrace",
+        "allow_fresh",
+        "fresh",
+        "modules",
+        "roots",
+        "where",
+    )
+
+    def __init__(self, where: str, *, allow_fresh: bool = False):
         self.where = where
+        self.allow_fresh = allow_fresh
+        self._retrace = False
+        self._created: list[tuple[_Root, set[tuple[str, ...]]]] = []
         self.modules = stack_modules()
         roots: dict[int, _Root] = {}
         for module in self.modules:
             root = module.scope.root
             roots.setdefault(id(root._variables), _Root(root))
         self.roots = list(roots.values())
+        self.fresh: list[dict[tuple[str, ...], Any]] = [{} for _ in self.roots]
+        self._counters_at_read: list[dict[Any, Any]] = []
 
     # -- threaded state ----------------------------------------------------------------
 
     def read(self) -> Any:
+        self._counters_at_read = [_copy_counters(root.counters) for root in self.roots]
         state = []
-        for root in self.roots:
+        for root, fresh in zip(self.roots, self.fresh, strict=True):
             cols = {col: _copy_dicts(root.variables[col]) for col in root.threaded_collections()}
             keys = {name: root.scope.make_rng(name) for name in sorted(root.rngs)}
-            state.append((cols, keys))
+            slots = {
+                path: jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype), aval)
+                for path, aval in fresh.items()
+            }
+            state.append((cols, keys, slots))
         return state
 
     def enter(self, state: Any) -> _Token:
         token = _Token()
         outer = _substitutions()
         steps: dict[int, _Step] = dict(outer[-1]) if outer else {}
-        for root, (cols, keys) in zip(self.roots, state, strict=True):
+        for root, (cols, keys, slots) in zip(self.roots, state, strict=True):
             token.roots.append(root)
-            token.paths.append(root.writable_paths())
-            token.params.append(_params(root))
+            token.saved.append(_mutable_trees(root))
             token.counters.append(_copy_counters(root.counters))
+            token.slots.append(slots)
             for col, tree in cols.items():
                 live = root.variables[col]
                 for path, value in _paths(tree):
-                    parent, key = _lookup(live, path)
-                    token.swapped.append((parent, key, parent[key]))
-                    parent[key] = value
+                    _put_path(live, path, value)
+            for path in slots:
+                if _get_path(root.variables, path, _MISSING) is not _MISSING:
+                    _delete(root.variables, path)
             for name, key in keys.items():
                 lazy = root.rngs[name]
                 steps[id(lazy.rng)] = token.steps[id(lazy.rng)] = _Step(lazy.rng, key)
         outer.append(steps)
+        roots = _threaded_roots()
+        roots.append((roots[-1] if roots else set()) | {id(r.variables) for r in self.roots})
         return token
 
-    def _undo(self, token: _Token) -> list[tuple[Any, ...]]:
+    def _undo(self, token: _Token) -> None:
         _substitutions().pop()
-        created: list[tuple[Any, ...]] = []
-        for root, paths, counters in zip(token.roots, token.paths, token.counters, strict=True):
-            for path in root.writable_paths() - paths:
-                created.append((root, path))
-                _delete(root.variables, path)
+        _threaded_roots().pop()
+        for root, saved, counters in zip(token.roots, token.saved, token.counters, strict=True):
+            for col in list(root.variables):
+                if col not in saved and root.scope.is_mutable_collection(col):
+                    del root.variables[col]
+            for col, tree in saved.items():
+                _restore_tree(root.variables.setdefault(col, {}), tree)
             _restore_counters(root.counters, counters)
-        for parent, key, value in reversed(token.swapped):
-            parent[key] = value
-        return created
 
     def leave(self, token: _Token) -> Any:
         after = []
-        for root in token.roots:
-            cols = {col: _copy_dicts(root.variables[col]) for col in root.threaded_collections()}
+        created: list[tuple[Any, ...]] = []
+        state = []
+        for index, (root, saved) in enumerate(zip(token.roots, token.saved, strict=True)):
+            known = {(col, *path) for col, tree in saved.items() for path, _ in _paths(tree)}
+            fresh = self.fresh[index]
+            for path in sorted(root.writable_paths() - known - set(fresh)):
+                created.append((index, path))
+            cols = {
+                col: _rebuild(root.variables[col], _copy_dicts(tree))
+                for col, tree in saved.items()
+                if col in root.threaded_collections()
+            }
             keys = {}
             for name in sorted(root.rngs):
                 step = token.steps[id(root.rngs[name].rng)]
                 keys[name] = jax.random.fold_in(step.key, _NEXT_STEP) if step.used else step.key
-            after.append((cols, keys))
-        changed_params = [
-            (root, path)
-            for root, before in zip(token.roots, token.params, strict=True)
-            for path in _changed_params(root, before)
-        ]
-        created = self._undo(token)
-        if created or changed_params:
-            raise _created_error(self.where, created, changed_params)
+            slots = {path: _get_path(root.variables, path, _MISSING) for path in fresh}
+            state.append((root, cols, keys, slots))
+        # Values of created variables, read before the caller's values come back.
+        values = {
+            (index, path): _get_path(token.roots[index].variables, path, None)
+            for index, path in created
+        }
+        self._undo(token)
+        if created:
+            if not self.allow_fresh or any(path[0] == "params" for _, path in created):
+                raise _created_error(self.where, [p for _, p in created])
+            # The trace runs to its end (aborting a JAX trace that closes over outer
+            # tracers leaks it); the kit then discards the call and runs it again.
+            for index, path in created:
+                self.fresh[index][path] = _aval(values[(index, path)])
+            self._retrace = True
+        for (_, cols, keys, slots), entered in zip(state, token.slots, strict=True):
+            slots = {p: entered[p] if v is _MISSING else v for p, v in slots.items()}
+            after.append((cols, keys, slots))
         return after
+
+    def retrace(self) -> bool:
+        """True once after a trace met fresh variables; restores the draws of ``read()``."""
+        if not self._retrace:
+            return False
+        self._retrace = False
+        for root, counters in zip(self.roots, self._counters_at_read, strict=True):
+            _restore_counters(root.counters, counters)
+        return True
 
     def abandon(self, token: _Token) -> None:
         self._undo(token)
 
     def write(self, state: Any) -> None:
-        for root, (cols, _) in zip(self.roots, state, strict=True):
+        for root, (cols, _, slots) in zip(self.roots, state, strict=True):
             for col, tree in cols.items():
                 live = root.variables[col]
                 for path, value in _paths(tree):
-                    parent, key = _lookup(live, path)
-                    parent[key] = value
+                    _put_path(live, path, value)
+            for path, value in slots.items():
+                _put_path(root.variables, path, value)
 
     # -- names -------------------------------------------------------------------------
 
@@ -344,20 +484,17 @@ class LinenSource:
             for (root, saved, paths), saved_counters in zip(before, counters, strict=True):
                 _restore_after_creation(root, saved, paths, recorded, keep_new=not failed)
                 _restore_counters(root.counters, saved_counters)
+                if not failed:
+                    self._created.append((root, root.writable_paths() - paths))
             self.restore_names(names)
 
-
-def _params(root: _Root) -> dict[tuple[str, ...], Any]:
-    params = root.variables.get("params")
-    if not isinstance(params, dict) or not root.scope.is_mutable_collection("params"):
-        return {}
-    return dict(_paths(params))
-
-
-def _changed_params(root: _Root, before: dict[tuple[str, ...], Any]) -> list[tuple[str, ...]]:
-    # Bodies read params: a rewrite of an existing parameter would leak a tracer.
-    now = _params(root)
-    return [("params", *p) for p, value in before.items() if p in now and now[p] is not value]
+    def undo_creation(self) -> None:
+        """Removes what ``create`` kept, when the call after it failed."""
+        for root, paths in self._created:
+            for path in paths:
+                if _get_path(root.variables, path, _MISSING) is not _MISSING:
+                    _delete(root.variables, path)
+        self._created = []
 
 
 def _restore_after_creation(
@@ -390,12 +527,10 @@ def _restore_after_creation(
 _MISSING: Any = object()
 
 
-def _created_error(
-    where: str, created: list[tuple[Any, ...]], changed: list[tuple[Any, ...]]
-) -> LinenStateError:
-    names = ", ".join("/".join(path) for _, path in [*created, *changed])
+def _created_error(where: str, created: list[tuple[str, ...]]) -> LinenStateError:
+    names = ", ".join("/".join(path) for path in created)
     return LinenStateError(
-        f"{where}: the traced function created or replaced Linen variables {names}, which "
+        f"{where}: the traced function created Linen variables {names}, which "
         "would leak out of the JAX trace. At init, jaxoverride_linen runs each body once "
         "outside the trace to create its variables; at apply, pass the variables that "
         "init returned and list the collections written inside the loop in "
@@ -403,6 +538,6 @@ def _created_error(
     )
 
 
-def source(where: str) -> StateSource:
+def source(where: str, *, allow_fresh: bool = False) -> StateSource:
     """The state source of the Linen modules running now."""
-    return LinenSource(where)
+    return LinenSource(where, allow_fresh=allow_fresh)

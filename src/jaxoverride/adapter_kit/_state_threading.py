@@ -21,7 +21,12 @@ What a framework must provide is a small *state source* (``StateSource``):
 * ``initializing()`` and ``create(thunk)``: the creation pass. At init the combinator first
   runs each body or branch once, outside JAX control flow, inside ``create``; the source
   keeps the parameters that pass created and undoes everything else. Then the threaded
-  call runs as at apply, under ``applying()``, so init returns what apply returns.
+  call runs as at apply, under ``applying()``, so init returns what apply returns;
+* optionally ``undo_creation()``: removes what ``create`` kept, when the call after it
+  raised;
+* optionally ``retrace()``: True when a traced function met state that ``read()`` did not
+  include (Linen's ``sow`` in a loop body). The combinator then discards that JAX call,
+  before writing anything, and runs it again with ``read()`` including the new state.
 
 Stability: semi-public, for adapters in this repository and their authors. The protocol
 and the combinators' signatures change only with a note in the changelog.
@@ -153,6 +158,13 @@ class StateStructureError(ValueError):
     """A traced body left state whose structure differs from the state it received."""
 
 
+class _RetraceRequestedError(Exception):
+    """Raised by ``Threaded.finish``, outside every trace, to run the JAX call again."""
+
+
+_RETRACES = 3
+
+
 class Threaded:
     """Runs ``count`` functions traced by one JAX call, the source's state threaded.
 
@@ -193,7 +205,11 @@ class Threaded:
             source.abandon(token)
             source.restore_names(self._starts[0])
             raise
-        after = source.leave(token)
+        try:
+            after = source.leave(token)
+        except BaseException:
+            source.restore_names(self._starts[0])
+            raise
         self._ends[index] = source.names()
         source.restore_names(self._starts[0])
         before_tree = jax.tree.structure(state)
@@ -207,7 +223,15 @@ class Threaded:
         return out, after
 
     def finish(self, state: Any) -> None:
-        """Writes the JAX call's final ``state`` and advances the caller's names."""
+        """Writes the JAX call's final ``state`` and advances the caller's names.
+
+        If the source has a ``retrace()`` method and it returns True (a traced function
+        met state that ``read()`` did not include), nothing is written: the combinator
+        discards the JAX call's result and runs it again, ``read()`` now including it.
+        """
+        retrace = getattr(self.source, "retrace", None)
+        if retrace is not None and retrace():
+            raise _RetraceRequestedError
         self.source.write(state)
         last = next((e for e in reversed(self._ends) if e is not None), None)
         if last is not None:
@@ -232,10 +256,29 @@ def init_safe(source: StateSource, creation: Callable[[], Any], call: Callable[[
       'applied'
     """
     if is_applying() or not source.initializing():
-        return call()
+        return _retrying(call)
     source.create(creation)
-    with applying():
-        return call()
+    try:
+        with applying():
+            return _retrying(call)
+    except BaseException:
+        # A failed call leaves nothing behind, not even what the creation pass made.
+        undo = getattr(source, "undo_creation", None)
+        if undo is not None:
+            undo()
+        raise
+
+
+def _retrying(call: Callable[[], Any]) -> Any:
+    for _ in range(_RETRACES):
+        try:
+            return call()
+        except _RetraceRequestedError:
+            continue
+    raise RuntimeError(
+        f"jaxoverride: the state a traced function writes kept growing over {_RETRACES} "
+        "traces; make the variables it writes the same on every call."
+    )
 
 
 def _as_operands(tree: Any) -> Any:
