@@ -104,7 +104,8 @@ def _differentiated(values: Any) -> list[frozenset[tuple[str, ...]]]:
     """Per root, the paths ``(collection, *path)`` holding a leaf being differentiated."""
     params, state = values
     refused = []
-    for tree, (collections, _keys) in zip(params, state, strict=True):
+    for tree, root_state in zip(params, state, strict=True):
+        collections = root_state[0]  # the source's state per root: collections first
         paths = {("params", *path) for path, value in _paths(tree) if any(perturbed_leaves(value))}
         paths |= {
             (col, *path)
@@ -189,8 +190,8 @@ def _refuse_differentiated_state(call: _Call, state_cotangent: Any) -> None:
     """Refuses a derivative that would silently be zero: of a variable that came out."""
     names = sorted(
         "/".join((col, *path))
-        for collections, _keys in state_cotangent
-        for col, tree in collections.items()
+        for root_state in state_cotangent
+        for col, tree in root_state[0].items()
         for path, value in _paths(tree)
         if any(perturbed_leaves(value))
     )
