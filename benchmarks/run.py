@@ -31,6 +31,7 @@ SUITES = [
     "bench_implicit",
     "bench_equinox",
     "bench_equinox_nnx",
+    "bench_linen",
 ]
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"

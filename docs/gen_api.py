@@ -27,6 +27,7 @@ PACKAGES = [
     "jaxoverride_plain",
     "jaxoverride_haiku",
     "jaxoverride_nnx",
+    "jaxoverride_linen",
     "jaxoverride_dag",
     "jaxoverride_debug",
 ]

@@ -1,14 +1,14 @@
 """The flagship demo (``make demo``): one solver library, every framework.
 
-``fpsolve`` is written only against jaxoverride's neutral API. This script runs the
-same solver on the same fixed-point problem with raw JAX, with lazily initialised
-weights under ``jaxoverride_plain``, inside ``hk.transform`` with a Haiku module, and
-with a closure-captured Flax NNX module, then prints whether the solutions agree and
-how many iterations and how much wall time each took. Then it trains through the solver:
-for each framework, the gradient of ``sum(z*^2)`` with respect to the weights (or, for the
-lazily created plain weights, the input), by fpsolve's default implicit differentiation
-(closure conversion and a custom VJP that solves the adjoint fixed point), against
-backpropagation through an unrolled scan of 300 steps.
+``fpsolve`` is written only against jaxoverride's neutral API. This script runs the same
+solver on the same fixed-point problem with raw JAX, with lazily initialised weights
+under ``jaxoverride_plain``, inside ``hk.transform`` with a Haiku module, with a
+closure-captured Flax NNX module and inside a Flax Linen module, then prints whether the
+solutions agree and how many iterations and how much wall time each took. Then it trains
+through the solver: for each framework, the gradient of ``sum(z*^2)`` with respect to
+the weights (or, for the lazily created plain weights, the input), by fpsolve's default
+implicit differentiation (closure conversion and a custom VJP that solves the adjoint
+fixed point), against backpropagation through an unrolled scan of 300 steps.
 """
 
 from __future__ import annotations
@@ -132,6 +132,7 @@ def main() -> int:
         run_plain,
         _optional("fixed_point_haiku"),
         _optional("fixed_point_nnx"),
+        _optional("fixed_point_linen"),
     ]
     rows = [row for runner in runners if runner is not None for row in runner(problem)]
     reference = {row.method: row.solution for row in rows if row.framework == "jax"}
@@ -155,6 +156,7 @@ def main() -> int:
         "plain": gradient_gap_plain,
         "haiku": _optional("fixed_point_haiku", "gradient_gap"),
         "nnx": _optional("fixed_point_nnx", "gradient_gap"),
+        "linen": _optional("fixed_point_linen", "gradient_gap"),
     }
     close = True
     for framework, measure in gaps.items():

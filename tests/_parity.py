@@ -108,14 +108,15 @@ def active(mode: str) -> Iterator[None]:
         raise ValueError(mode)
 
 
-ADAPTER_MODES = ("plain", "haiku_installed", "nnx_track", "dag")
+ADAPTER_MODES = ("plain", "haiku_installed", "nnx_track", "dag", "linen_installed")
 """Each adapter active where it has nothing to do, so it must behave exactly as JAX:
 
 - ``plain``: ``jaxoverride_plain.context()`` outside ``init_context()``;
 - ``haiku_installed``: ``jaxoverride_haiku.install()``, outside any ``hk.transform``;
 - ``nnx_track``: ``jaxoverride_nnx.track(m)`` of a module ``m`` that the code never uses;
 - ``dag``: ``jaxoverride_dag.context()`` (functional: without sharing or non-array leaves
-  in the arguments, it must give what JAX gives).
+  in the arguments, it must give what JAX gives);
+- ``linen_installed``: ``jaxoverride_linen.install()``, outside any bound Linen module.
 """
 
 
@@ -149,6 +150,14 @@ def adapter_context(mode: str) -> Iterator[None]:
 
         with jaxoverride_dag.context():
             yield
+    elif mode == "linen_installed":
+        import jaxoverride_linen
+
+        jaxoverride_linen.install()
+        try:
+            yield
+        finally:
+            jaxoverride_linen.uninstall()
     else:  # pragma: no cover
         raise ValueError(mode)
 

@@ -18,6 +18,7 @@ import jaxoverride as jo
 import jaxoverride_dag
 import jaxoverride_debug
 import jaxoverride_haiku
+import jaxoverride_linen
 import jaxoverride_nnx
 import jaxoverride_plain
 
@@ -26,6 +27,7 @@ PACKAGES = [
     jaxoverride_plain,
     jaxoverride_haiku,
     jaxoverride_nnx,
+    jaxoverride_linen,
     jaxoverride_dag,
     jaxoverride_debug,
 ]

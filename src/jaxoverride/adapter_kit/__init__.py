@@ -24,7 +24,12 @@ needs lives here, once:
   that raises JAX's own error (``raise_as_jax``), batched ``lax.map``
   (``batched_map``) and the ``NO_OPERAND`` sentinel;
 - operands and mapped arguments as JAX hands them to a body (``as_jax_operands``,
-  ``unbatched_arguments``, ``shard_block_arguments``, ...).
+  ``unbatched_arguments``, ``shard_block_arguments``, ...);
+- state threading through JAX's control flow and transforms, for any framework that
+  describes its state as a ``StateSource`` (read it, make it explicit, write it back):
+  ``threaded_scan``, ``threaded_while_loop``, ``threaded_fori_loop``, ``threaded_cond``,
+  ``threaded_switch``, ``threaded_map`` and ``threaded_call`` (the Linen adapter is
+  written on them).
 
 **Stability.** Semi-public, in the way ``equinox.internal`` is: every name here is
 documented and tested, and the adapters in this repository reach the core's internals
@@ -127,10 +132,15 @@ __all__ = [
     "SOLVER_LIBRARIES",
     "TRANSFORMS",
     "Adapter",
+    "DictStateSource",
     "LiftedRule",
     "OverridePosition",
     "OverrideTable",
+    "StateSource",
+    "StateStructureError",
+    "Threaded",
     "WrapperCache",
+    "applying",
     "as_index_tuple",
     "as_jax_operands",
     "batched_map",
@@ -139,19 +149,19 @@ __all__ = [
     "check_loop_carry",
     "check_name",
     "check_scan_output",
-    "declare_handler",
-    "escaped_tracers",
-    "interpose_fix",
-    "raw_import_time_transforms",
-    "raw_transform_error",
     "create_binding_axes",
+    "declare_handler",
     "declared_adapters",
     "describe_impl",
     "distinct_functions",
+    "escaped_tracers",
     "fwd_output_pair",
     "get_opaque_trace_state",
     "infer_argnums_and_argnames",
+    "init_safe",
     "instantiate_zeros",
+    "interpose_fix",
+    "is_applying",
     "jit_name",
     "join_batches",
     "mesh_axis_sizes",
@@ -162,10 +172,19 @@ __all__ = [
     "perturbed_leaves",
     "positional_arguments",
     "raise_as_jax",
+    "raw_import_time_transforms",
+    "raw_transform_error",
     "resolve_argnums",
     "shard_block_arguments",
     "shift_argnums",
     "split_batches",
+    "threaded_call",
+    "threaded_cond",
+    "threaded_fori_loop",
+    "threaded_map",
+    "threaded_scan",
+    "threaded_switch",
+    "threaded_while_loop",
     "unbatched_arguments",
     "unhandled_names",
     "unwrap_primals",
@@ -173,3 +192,19 @@ __all__ = [
     "zero_tangents",
     "zeros_for",
 ]
+from jaxoverride.adapter_kit._state_threading import (
+    DictStateSource as DictStateSource,
+    StateSource as StateSource,
+    StateStructureError as StateStructureError,
+    Threaded as Threaded,
+    applying as applying,
+    init_safe as init_safe,
+    is_applying as is_applying,
+    threaded_call as threaded_call,
+    threaded_cond as threaded_cond,
+    threaded_fori_loop as threaded_fori_loop,
+    threaded_map as threaded_map,
+    threaded_scan as threaded_scan,
+    threaded_switch as threaded_switch,
+    threaded_while_loop as threaded_while_loop,
+)

@@ -1,0 +1,43 @@
+"""jaxoverride_linen: every neutral jaxoverride function works inside bound Flax Linen modules.
+
+Library code written against ``jaxoverride`` (``jo.jit``, ``jo.vmap``, ``jo.grad``,
+``jaxoverride.lax.scan``, ``while_loop``, ...) runs unchanged when the functions it
+receives call Linen submodules or read ``self.variables``: every mutable variable
+collection and rng stream of the bound scope is threaded through JAX, init creates the
+variables that apply uses (with the names Linen gives outside the loop) and returns what
+apply returns. ``context()`` activates it in a ``with`` block; ``install()`` activates it
+process-wide, inside bound modules only.
+"""
+
+try:
+    import flax.linen as _linen  # noqa: F401
+except ImportError as _error:  # pragma: no cover - exercised in a subprocess by the tests
+    raise ImportError("jaxoverride_linen needs flax: pip install 'jaxoverride[linen]'") from _error
+
+from jaxoverride_linen._context import (
+    context as context,
+    install as install,
+    is_installed as is_installed,
+    uninstall as uninstall,
+)
+from jaxoverride_linen._errors import (
+    ClosedOverDifferentiationError as ClosedOverDifferentiationError,
+    DifferentiatedStateError as DifferentiatedStateError,
+    PureFunctionWriteError as PureFunctionWriteError,
+)
+from jaxoverride_linen._scope import (
+    LinenStateError as LinenStateError,
+    in_bound_module as in_bound_module,
+)
+
+__all__ = [
+    "ClosedOverDifferentiationError",
+    "DifferentiatedStateError",
+    "LinenStateError",
+    "PureFunctionWriteError",
+    "context",
+    "in_bound_module",
+    "install",
+    "is_installed",
+    "uninstall",
+]

@@ -1,0 +1,298 @@
+"""Read and write guards on Linen's scopes, for the implicit-differentiation rules.
+
+Three hooks, each one thread-local read when none of this adapter's rules is running:
+
+* **lifted reads**: a custom rule passes Linen's variables to JAX as an explicit argument;
+  while one of its functions runs, ``Scope.get_variable`` (what ``self.param``,
+  ``self.variable(...).value`` and every ``nn.Dense`` read through) returns the rule's
+  values instead of the caller's, which JAX would refuse as closed-over tracers;
+* **refused reads**: a variable being differentiated, read inside a rule that gives
+  gradients for its explicit arguments only, is refused at the read
+  (``ClosedOverDifferentiationError``, naming ``closure_convert``);
+* **refused writes**: inside a function that JAX makes pure (closure conversion, a custom
+  solve, a rule's ``bwd``), ``Scope.put_variable`` and ``Scope.make_rng`` raise
+  ``PureFunctionWriteError`` at the write or draw itself. Loops inside such a function
+  still carry the state: the roots' rng streams are hidden from the threading (there is
+  nothing to draw), and the collection leaves they write back are put back afterwards.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from flax.core import scope as core_scope
+
+from jaxoverride_linen._errors import ClosedOverDifferentiationError, PureFunctionWriteError
+
+Scope = core_scope.Scope
+_local = threading.local()
+_MISSING: Any = object()
+
+
+class _Lifted:
+    """The values that reads of one root scope see while a rule's function runs."""
+
+    __slots__ = ("params", "refused", "where")
+
+    def __init__(self, params: Any, refused: frozenset[tuple[str, ...]], where: str):
+        self.params = params
+        self.refused = refused
+        self.where = where
+
+
+def _lifted_frames() -> list[dict[int, _Lifted]]:
+    try:
+        return _local.lifted
+    except AttributeError:
+        _local.lifted = []
+        return _local.lifted
+
+
+def _find(tree: Any, path: Sequence[str]) -> Any:
+    for key in path:
+        try:
+            tree = tree[key]
+        except (KeyError, TypeError, IndexError):
+            return _MISSING
+    return tree
+
+
+def _refuse_read(lifted: _Lifted, col: str, path: tuple[str, ...]) -> None:
+    full = (col, *path)
+    if not any(full == refused[: len(full)] for refused in lifted.refused):
+        return
+    raise ClosedOverDifferentiationError(
+        f"{lifted.where}: the rule reads the Linen variable {'/'.join(full)!r}, which is "
+        "being differentiated, without having it as an argument. A custom rule gives "
+        "gradients for its explicit arguments only, so it would get a silently zero "
+        "gradient (JAX refuses the same for a closed-over value). Pass it in: "
+        "jaxoverride.closure_convert(f, *example_args) hoists what f reads into explicit "
+        "arguments; or pass the parameters to the solver's solve/run call as arguments."
+    )
+
+
+_original_get_variable = Scope.get_variable
+
+
+def _get_variable(self: Scope, col: str, name: str, default: Any = None) -> Any:
+    frames = getattr(_local, "lifted", None)
+    if not frames:
+        return _original_get_variable(self, col, name, default)
+    lifted = frames[-1].get(id(self.root._variables))
+    if lifted is None:
+        return _original_get_variable(self, col, name, default)
+    path = (*self.path, name)
+    _refuse_read(lifted, col, path)
+    if col == "params":
+        value = _find(lifted.params, path)
+        if value is not _MISSING:
+            return value
+    return _original_get_variable(self, col, name, default)
+
+
+@contextlib.contextmanager
+def lifted_reads(
+    roots: Sequence[Any], params: Sequence[Any], refused: Sequence[frozenset], where: str
+) -> Iterator[None]:
+    """Reads of ``roots`` see ``params``; reads of the ``refused`` paths raise.
+
+    Args:
+      roots: the root scopes' variable dicts (``_Root.variables``), one per root.
+      params: each root's ``params`` tree, as the rule received it.
+      refused: each root's paths ``(collection, *path)`` being differentiated.
+      where: the neutral name, for the error.
+    """
+    frames = _lifted_frames()
+    frame = dict(frames[-1]) if frames else {}
+    for variables, tree, paths in zip(roots, params, refused, strict=True):
+        outer = frame.get(id(variables))
+        if outer is not None and outer.refused - paths:
+            # A rule inside a rule: its values come from the outer one's, so what the
+            # outer one refuses stays refused (with the outer one's name).
+            frame[id(variables)] = _Lifted(tree, paths | outer.refused, outer.where)
+        else:
+            frame[id(variables)] = _Lifted(tree, paths, where)
+    frames.append(frame)
+    try:
+        yield
+    finally:
+        frames.pop()
+
+
+def lifted_params(variables: Any) -> Any:
+    """The ``params`` that reads of the root with these ``variables`` see now, or ``None``
+    outside every rule (a nested rule lifts the values its caller sees, not the scope's)."""
+    frames = getattr(_local, "lifted", None)
+    lifted = frames[-1].get(id(variables)) if frames else None
+    return None if lifted is None else lifted.params
+
+
+# -- pure functions ----------------------------------------------------------------------
+
+
+class _Pure:
+    __slots__ = ("inside", "reason", "roots", "where", "writes")
+
+    def __init__(self, roots: frozenset[int], where: str, inside: str, reason: str, writes: bool):
+        self.roots = roots
+        self.where = where
+        self.inside = inside
+        self.reason = reason
+        self.writes = writes  # whether writes are refused too, not only draws
+
+    def error(self, what: str) -> PureFunctionWriteError:
+        return PureFunctionWriteError(
+            f"{self.where}: {what} inside {self.inside}. " + self.reason.format(where=self.where)
+        )
+
+
+def _pure_guard(scope: Scope, writing: bool = False) -> _Pure | None:
+    """The innermost guard over ``scope``'s root (that refuses writes, if ``writing``)."""
+    guards = getattr(_local, "pure", None)
+    if not guards:
+        return None
+    root = id(scope.root._variables)
+    for guard in reversed(guards):
+        if root in guard.roots and (guard.writes or not writing):
+            return guard
+    return None
+
+
+_original_put_variable = Scope.put_variable
+
+
+def _put_variable(self: Scope, col: str, name: str, value: Any) -> None:
+    guard = _pure_guard(self, writing=True)
+    if guard is not None and self.is_mutable_collection(col):
+        where = "/".join((col, *self.path, name))
+        raise guard.error(f"the Linen variable {where!r} was written")
+    _original_put_variable(self, col, name, value)
+
+
+def _guard_make_rng(original: Any) -> Any:
+    def make_rng(self: Scope, name: str = "params") -> Any:
+        guard = _pure_guard(self)
+        if guard is not None:
+            raise guard.error(f"an rng key was drawn (make_rng({name!r}))")
+        return original(self, name)
+
+    make_rng.__wrapped__ = original  # type: ignore[attr-defined]
+    return make_rng
+
+
+def _leaves(tree: Any, prefix: tuple[Any, ...] = ()) -> Iterator[tuple[Any, Any]]:
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            yield from _leaves(value, (*prefix, key))
+        else:
+            yield tree, key
+
+
+@contextlib.contextmanager
+def hidden_rngs(roots: Sequence[Any]) -> Iterator[None]:
+    """The roots' rng streams hidden: the state threading reads no key (draws none)."""
+    saved = [(root, dict(root.rngs)) for root in roots]
+    for root in roots:
+        root.rngs.clear()
+    try:
+        yield
+    finally:
+        for root, rngs in saved:
+            root.rngs.update(rngs)
+
+
+@contextlib.contextmanager
+def pure(
+    roots: Sequence[Any], where: str, inside: str, reason: str, writes: bool = True
+) -> Iterator[None]:
+    """Refuses rng draws (and, if ``writes``, variable writes) through the roots ``roots``.
+
+    Args:
+      roots: the adapter's roots (each with ``variables`` and ``rngs``).
+      where: the neutral name, for the error.
+      inside: the function, for the error (``"the function being converted"``).
+      reason: why nothing written there could come out, and the fix (``{where}`` is
+        filled in).
+      writes: refuse writes too; what loops inside leave is then put back on exit.
+    """
+    saved = []
+    for root in roots:
+        leaves = [
+            (parent, key, parent[key])
+            for col, tree in root.variables.items()
+            if writes and col != "params" and isinstance(tree, dict)
+            for parent, key in _leaves(tree)
+        ]
+        saved.append((root, dict(root.rngs), leaves))
+        root.rngs.clear()  # nothing to draw: loops inside thread no key
+    guards = getattr(_local, "pure", None)
+    if guards is None:
+        guards = _local.pure = []
+    ids = frozenset(id(root.variables) for root in roots)
+    guards.append(_Pure(ids, where, inside, reason, writes))
+    try:
+        yield
+    finally:
+        guards.pop()
+        for root, rngs, leaves in saved:
+            root.rngs.update(rngs)
+            for parent, key, value in leaves:
+                parent[key] = value
+
+
+def _restore_tree(live: dict[Any, Any], saved: dict[Any, Any]) -> None:
+    """Makes the live nested dict equal to ``saved`` again, in place (scopes reference it)."""
+    for key in [k for k in live if k not in saved]:
+        del live[key]
+    for key, value in saved.items():
+        if isinstance(value, dict):
+            if not isinstance(live.get(key), dict):
+                live[key] = {}
+            _restore_tree(live[key], value)
+        else:
+            live[key] = value
+
+
+def _copy_tree(tree: dict[Any, Any]) -> dict[Any, Any]:
+    return {k: _copy_tree(v) if isinstance(v, dict) else v for k, v in tree.items()}
+
+
+@contextlib.contextmanager
+def discarding(roots: Sequence[Any]) -> Iterator[None]:
+    """Whatever runs inside leaves the roots' variables and rng counters as they were.
+
+    For ``eval_shape``: JAX's computes shapes only, so writes, creations and draws inside
+    are dropped (as ``jax.eval_shape`` drops side effects), and nothing is threaded, so a
+    call inside a loop's condition draws no key of the loop's stream.
+    """
+    saved = [
+        (
+            root,
+            {
+                col: _copy_tree(tree)
+                for col, tree in root.variables.items()
+                if isinstance(tree, dict) and root.scope.is_mutable_collection(col)
+            },
+            _copy_tree(root.counters),
+        )
+        for root in roots
+    ]
+    try:
+        yield
+    finally:
+        for root, collections, counters in saved:
+            for col in [c for c in root.variables if c not in collections]:
+                if root.scope.is_mutable_collection(col):
+                    del root.variables[col]
+            for col, tree in collections.items():
+                _restore_tree(root.variables[col], tree)
+            _restore_tree(root.counters, counters)
+
+
+# Linen's own methods unless a rule of this adapter runs in this thread.
+Scope.get_variable = _get_variable  # type: ignore[method-assign]
+Scope.put_variable = _put_variable  # type: ignore[method-assign]
+Scope.make_rng = _guard_make_rng(Scope.make_rng)  # type: ignore[method-assign]

@@ -1,0 +1,384 @@
+"""The implicit-differentiation names inside bound Linen modules; here ``custom_vjp`` and
+``custom_jvp``, Linen's state as an argument (``_convert``: the pure functions).
+
+``IMPLICIT_OVERRIDES`` maps each of ``custom_vjp``, ``custom_jvp``, ``closure_convert``,
+``make_jaxpr``, ``lax.custom_root`` and ``lax.custom_linear_solve`` to its Linen override.
+
+JAX traces a rule's functions at levels of their own, and refuses (as a leaked tracer) a
+value being differentiated that a rule closes over. A function that calls Linen
+submodules closes over the whole scope: its parameters, its mutable collections and its
+rng streams. Here each call builds JAX's rule over a function that takes Linen's values
+``(params, state)`` as a leading argument (``state``: the mutable collections and one key
+per rng stream, as the adapter's state source threads them through loops) and returns
+``state`` after it as an extra output:
+
+* every function of the rule runs with the scopes showing those values (params through
+  ``_guards.lifted_reads``, the rest installed by the source), so submodules defined in
+  ``setup`` or ``nn.compact`` are found, and named, as in the caller;
+* variables written and keys drawn by the primal function or ``fwd``/the JVP rule come out
+  once per call, whichever JAX ran; differentiating, after the call, a variable that came
+  out of a ``custom_vjp`` is refused (``DifferentiatedStateError``);
+* ``bwd`` sees the values as ``fwd`` left them; a write or a draw there is refused at the
+  write itself (``PureFunctionWriteError``): a backward pass returns cotangents only;
+* the rule is registered with ``symbolic_zeros=True`` to learn which of Linen's values are
+  being differentiated. A rule gives gradients for its explicit arguments only, so a read
+  of such a value is refused at the read, naming ``closure_convert``, instead of a
+  silently zero gradient (``ClosedOverDifferentiationError``);
+* at init, a creation pass first runs the primal function once: variables are created
+  once, under the names apply uses.
+
+Unlike ``nn.custom_vjp``, the rule's functions may call any submodule and read any
+variable (no ``grad_vars`` selection): what they read is lifted, what they differentiate
+must be an argument. ``nn.custom_vjp`` has no ``custom_jvp`` counterpart; this one does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import jax
+
+import jaxoverride as jo
+from jaxoverride.adapter_kit import Threaded
+from jaxoverride_linen import _convert, _scope
+from jaxoverride_linen._convert import init_safe, pure_scope
+from jaxoverride_linen._errors import DifferentiatedStateError
+from jaxoverride_linen._guards import hidden_rngs, lifted_params, lifted_reads, pure
+from jaxoverride_plain import (
+    bwd_cotangents,
+    fwd_output_pair,
+    instantiate_zeros,
+    nondiff_positions,
+    perturbed_leaves,
+    positional_arguments,
+    unwrap_primals,
+    zero_tangents,
+)
+
+_BACKWARD = (
+    "the backward rule (bwd)",
+    "A backward rule returns cotangents only, so nothing it writes or draws could come out, "
+    "and the value would be silently lost. Write the variable (or draw the key) in the "
+    "primal function or in fwd, where {where} threads it out once per call, and pass what "
+    "bwd needs as a residual; bwd reads the variables as fwd left them. A solver whose "
+    "backward pass calls your function again (jaxopt's implicit_diff=True) needs a function "
+    "that writes nothing; or use its unrolled mode (implicit_diff=False).",
+)
+
+
+_DRAW = (
+    "a custom rule's function",
+    "{where} threads the rule's Linen variables through JAX, but no rng key: threading one "
+    "would draw a key from the caller's stream on every call, even where nothing is drawn "
+    "(a rule called inside a loop's condition could not run). Draw the key before the call "
+    "and pass it in as an argument.",
+)
+
+
+def _params(source: Any) -> list[Any]:
+    """Each root's ``params`` collection, as a tree of plain dicts, as reads see it now."""
+    trees = []
+    for root in source.roots:
+        lifted = lifted_params(root.variables)
+        trees.append(_as_dicts(root.variables.get("params", {})) if lifted is None else lifted)
+    return trees
+
+
+def _as_dicts(tree: Any) -> Any:
+    if hasattr(tree, "items"):
+        return {key: _as_dicts(value) for key, value in tree.items()}
+    return tree
+
+
+def _paths(tree: Any, prefix: tuple[str, ...] = ()) -> Iterator[tuple[tuple[str, ...], Any]]:
+    for key, value in tree.items():
+        if isinstance(value, dict) and value:
+            yield from _paths(value, (*prefix, key))
+        else:
+            yield (*prefix, key), value
+
+
+def _differentiated(values: Any) -> list[frozenset[tuple[str, ...]]]:
+    """Per root, the paths ``(collection, *path)`` holding a leaf being differentiated."""
+    params, state = values
+    refused = []
+    for tree, root_state in zip(params, state, strict=True):
+        collections = root_state[0]  # the source's state per root: collections first
+        paths = {("params", *path) for path, value in _paths(tree) if any(perturbed_leaves(value))}
+        paths |= {
+            (col, *path)
+            for col, col_tree in collections.items()
+            for path, value in _paths(col_tree)
+            if any(perturbed_leaves(value))
+        }
+        refused.append(frozenset(paths))
+    return refused
+
+
+@contextlib.contextmanager
+def _valid(source: Any) -> Iterator[None]:
+    """The root scopes valid again while a rule's function runs after the call returned.
+
+    JAX may trace ``fwd`` or the JVP rule after ``apply`` returned (under
+    ``jax.grad(jax.jit(model.apply))``), when Linen has invalidated the root scope. The
+    function runs on the values the rule received; the scope only routes them.
+    """
+    invalid = [root.scope for root in source.roots if root.scope._invalid]
+    for scope in invalid:
+        scope._invalid = False
+    try:
+        yield
+    finally:
+        for scope in invalid:
+            scope._invalid = True
+
+
+class _Call:
+    """One call of a lifted rule: the caller's source and the threading of its state.
+
+    JAX keeps the rule's functions (which close over this) in the jaxpr, so it holds no
+    JAX value: the caller's values are the rule's leading argument.
+    """
+
+    __slots__ = ("backward", "forward", "roots", "source", "where")
+
+    def __init__(self, source: Any, where: str):
+        self.source = source
+        self.where = where
+        self.roots = [root.variables for root in source.roots]
+        self.forward = Threaded(source, 1, where)
+        self.backward = Threaded(source, 1, where)
+
+    @contextlib.contextmanager
+    def reading(self, params: Any, refused: Sequence[frozenset] | None = None) -> Iterator[None]:
+        refused = refused or [frozenset()] * len(self.roots)
+        with lifted_reads(self.roots, params, refused, self.where):
+            yield
+
+    def run(self, values: Any, fun: Callable[..., Any], *args: Any, refused: Any = None) -> Any:
+        """``fun(*args)`` with the scopes showing ``values``; returns ``(out, state)``.
+
+        An rng draw inside is refused: the rule threads no key (see ``_DRAW``).
+        """
+        params, state = values
+        source, where = self.source, self.where
+
+        def drawing_refused() -> Any:
+            with pure(source.roots, where, *_DRAW, writes=False):
+                return fun(*args)
+
+        with self.reading(params, refused), hidden_rngs(source.roots), _valid(source):
+            return self.forward.run(0, state, drawing_refused)
+
+    def run_pure(self, values: Any, fun: Callable[..., Any], *args: Any) -> Any:
+        """``fun(*args)`` as ``run``, every write and draw refused; returns ``out``."""
+        params, state = values
+        source, where = self.source, self.where
+
+        def refusing() -> Any:
+            with pure_scope(source, where, *_BACKWARD):
+                return fun(*args)
+
+        with self.reading(params), hidden_rngs(source.roots), _valid(source):
+            out, _ = self.backward.run(0, state, refusing)
+        return out
+
+
+def _refuse_differentiated_state(call: _Call, state_cotangent: Any) -> None:
+    """Refuses a derivative that would silently be zero: of a variable that came out."""
+    names = sorted(
+        "/".join((col, *path))
+        for root_state in state_cotangent
+        for col, tree in root_state[0].items()
+        for path, value in _paths(tree)
+        if any(perturbed_leaves(value))
+    )
+    if names:
+        raise DifferentiatedStateError(
+            f"{call.where}: the Linen variables {', '.join(names)} came out of the rule "
+            "(written in it, or carried through a neutral loop or jit inside it) and are "
+            "differentiated afterwards. The rule's bwd gives cotangents from its output only, "
+            "so they would get a silently zero gradient. Write them outside the rule (before "
+            "or after the call), or return the value from the rule as part of its output."
+        )
+
+
+class LinenRule:
+    """What the Linen override of ``custom_vjp``/``custom_jvp`` builds for one stack.
+
+    Outside a bound module a call is a call of the rule below; inside, Linen's values
+    are lifted into an explicit argument (module docstring).
+    """
+
+    def __init__(
+        self,
+        name: str,
+        fun: Callable[..., Any],
+        nondiff_argnums: Sequence[int] = (),
+        nondiff_argnames: Sequence[str] = (),
+    ):
+        below = jo.next_impl(name)
+        self._name = name
+        self._where = f"jaxoverride.{name}"
+        self._below = below
+        self._plain = below(fun, nondiff_argnums=nondiff_argnums, nondiff_argnames=nondiff_argnames)
+        self._fun = fun
+        # Past the leading values argument; a negative position counts from the end.
+        self._lifted_nondiff = tuple(
+            n + 1 if n >= 0 else n
+            for n in nondiff_positions(fun, nondiff_argnums, nondiff_argnames)
+        )
+        self._rule: tuple[Any, ...] | None = None
+
+    def defvjp(
+        self,
+        fwd: Callable[..., Any],
+        bwd: Callable[..., Any],
+        symbolic_zeros: bool = False,
+        optimize_remat: bool = False,
+    ) -> None:
+        self._plain.defvjp(fwd, bwd, symbolic_zeros=symbolic_zeros, optimize_remat=optimize_remat)
+        self._rule = (fwd, bwd, symbolic_zeros, optimize_remat)
+
+    def defjvp(self, jvp: Callable[..., Any], symbolic_zeros: bool = False) -> Callable[..., Any]:
+        self._plain.defjvp(jvp, symbolic_zeros=symbolic_zeros)
+        self._rule = (jvp, symbolic_zeros)
+        return jvp
+
+    def defjvps(self, *jvps: Callable[..., Any] | None) -> None:
+        # JAX combines per-argument JVPs into one rule, which it keeps as ``.jvp``.
+        self._plain.defjvps(*jvps)
+        self._rule = (self._plain.jvp, False)
+
+    def __getattr__(self, attribute: str) -> Any:
+        if attribute.startswith("_"):
+            raise AttributeError(attribute)
+        return getattr(self._plain, attribute)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if self._rule is None or not _scope.in_bound_module():
+            return self._plain(*args, **kwargs)
+        args = positional_arguments(self._fun, args, kwargs)
+        source = _scope.source(self._where)
+        lifted = self._lifted_vjp if self._name == "custom_vjp" else self._lifted_jvp
+        return init_safe(source, lambda: self._fun(*args), lambda: lifted(source, args))
+
+    def _primal(self, call: _Call) -> Callable[..., Any]:
+        fun = self._fun
+
+        def primal(values: Any, *args: Any) -> Any:
+            return call.run(values, fun, *args)
+
+        return primal
+
+    def _in_order(self, count: int, static: list[Any], primals: list[Any]) -> list[Any]:
+        """The user's arguments from a JVP rule's nondiff and primal ones, in call order."""
+        lifted = count + 1  # Linen's values come first
+        positions = [n % lifted - 1 for n in self._lifted_nondiff]
+        ordered: list[Any] = [None] * count
+        for position, value in zip(positions, static, strict=True):
+            ordered[position] = value
+        rest = iter(primals)
+        return [ordered[i] if i in positions else next(rest) for i in range(count)]
+
+    def _call(self, rule: Any, call: _Call, source: Any, args: tuple[Any, ...]) -> Any:
+        with hidden_rngs(source.roots):  # the state without keys (see _DRAW)
+            state = source.read()
+        out, after = rule((_params(source), state), *args)
+        call.forward.finish(after)
+        return out
+
+    def _lifted_vjp(self, source: Any, args: tuple[Any, ...]) -> Any:
+        call = _Call(source, self._where)
+        assert self._rule is not None
+        fwd, bwd, symbolic_zeros, optimize_remat = self._rule
+        fun = self._fun
+        static = {n % (len(args) + 1) - 1 for n in self._lifted_nondiff}
+        primal_tree = jax.tree.structure(
+            tuple(arg for index, arg in enumerate(args) if index not in static)
+        )
+
+        def lifted_fwd(values: Any, *args: Any) -> Any:
+            refused = _differentiated(values)
+            values = unwrap_primals(values)
+            if not symbolic_zeros:
+                args = unwrap_primals(args)
+            pair, after = call.run(values, fwd, *args, refused=refused)
+            out, residuals = fwd_output_pair(pair, fwd, fun)
+            return (out, after), (residuals, (values[0], after))
+
+        def lifted_bwd(*rest: Any) -> Any:
+            *nondiff, (residuals, forward_values), (out_cotangent, state_cotangent) = rest
+            _refuse_differentiated_state(call, state_cotangent)
+            if not symbolic_zeros:
+                out_cotangent = instantiate_zeros(out_cotangent)
+            cotangents = call.run_pure(forward_values, bwd, *nondiff, residuals, out_cotangent)
+            return (None, *bwd_cotangents(cotangents, primal_tree))
+
+        rule = self._below(self._primal(call), nondiff_argnums=self._lifted_nondiff)
+        # Symbolic zeros tell which of Linen's values are being differentiated; the user's
+        # rules see them only if they asked.
+        rule.defvjp(lifted_fwd, lifted_bwd, symbolic_zeros=True, optimize_remat=optimize_remat)
+        return self._call(rule, call, source, args)
+
+    def _lifted_jvp(self, source: Any, args: tuple[Any, ...]) -> Any:
+        call = _Call(source, self._where)
+        assert self._rule is not None
+        jvp, symbolic_zeros = self._rule
+        count = len(args)  # only the count: the rule must not close over the arguments
+
+        def lifted_jvp(*rest: Any) -> Any:
+            *nondiff, (values, *primals), (value_tangents, *tangents) = rest
+            refused = _differentiated(value_tangents)
+            if not any(perturbed_leaves(tangents)):
+                # Only Linen's values are differentiated, and the rule gives no tangent for
+                # them (a read of one is refused): as JAX, which calls no rule when none of
+                # the function's own arguments is perturbed (equinox's ``nondifferentiable``
+                # raises in its rule), run the primal function instead.
+                ordered = self._in_order(count, nondiff, primals)
+                out, after = call.run(values, self._fun, *ordered, refused=refused)
+                return (out, after), (zero_tangents(out), zero_tangents(after))
+            if not symbolic_zeros:
+                tangents = instantiate_zeros(tangents)
+            pair, after = call.run(
+                values, jvp, *nondiff, tuple(primals), tuple(tangents), refused=refused
+            )
+            out, out_tangent = pair
+            return (out, after), (out_tangent, zero_tangents(after))
+
+        rule = self._below(self._primal(call), nondiff_argnums=self._lifted_nondiff)
+        rule.defjvp(lifted_jvp, symbolic_zeros=True)
+        return self._call(rule, call, source, args)
+
+
+def custom_vjp(
+    fun: Callable[..., Any], nondiff_argnums: Sequence[int] = (),
+    nondiff_argnames: Sequence[str] = (),
+) -> LinenRule:  # fmt: skip
+    """The Linen override of ``custom_vjp``: JAX's constructor arguments, a ``LinenRule``."""
+    return LinenRule("custom_vjp", fun, nondiff_argnums, nondiff_argnames)
+
+
+def custom_jvp(
+    fun: Callable[..., Any], nondiff_argnums: Sequence[int] = (),
+    nondiff_argnames: Sequence[str] = (),
+) -> LinenRule:  # fmt: skip
+    """The Linen override of ``custom_jvp``: JAX's constructor arguments, a ``LinenRule``."""
+    return LinenRule("custom_jvp", fun, nondiff_argnums, nondiff_argnames)
+
+
+IMPLICIT_OVERRIDES: dict[str, Callable[..., Any]] = {
+    "custom_vjp": custom_vjp,
+    "custom_jvp": custom_jvp,
+    "closure_convert": _convert.closure_convert,
+    # Listed after the transforms' make_jaxpr in the layer: a write inside is refused.
+    "make_jaxpr": _convert.make_jaxpr,
+    "lax.custom_root": _convert.custom_root,
+    "lax.custom_linear_solve": _convert.custom_linear_solve,
+    # Replaces the transforms' eval_shape, which threads (and so draws a key): equinox
+    # calls eval_shape inside its loops' conditions, where no key may be drawn.
+    "eval_shape": _convert.eval_shape,
+}
+"""Neutral name -> Linen override, for the implicit-differentiation names."""

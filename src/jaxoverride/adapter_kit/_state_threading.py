@@ -1,0 +1,725 @@
+"""State threading: run a framework's implicit state through JAX control flow, explicitly.
+
+A framework that keeps state outside JAX's view (Linen's variable collections and rng
+counters, Haiku's frame, NNX's Variables) cannot let a JAX loop body or branch touch it:
+the body is traced, and whatever it writes is a tracer that leaks out of the trace. The
+combinators here make that state an explicit part of the carry (or of the operands),
+install the traced values as the framework's state while the body runs, read back what
+the body left, restore the caller's values, and write the loop's result back after the
+JAX call.
+
+What a framework must provide is a small *state source* (``StateSource``):
+
+* ``read()``: the state the call threads, as a pytree of arrays;
+* ``enter(state)`` / ``leave(token)``: make ``state`` the framework's current state for a
+  function that JAX traces here, and afterwards return the state that function left (same
+  tree structure) while restoring the caller's values;
+* ``write(state)``: store the loop's final state, after the JAX call;
+* ``names()`` / ``restore_names(names)``: the Python-level state that decides how the
+  framework names what it creates (module counters), so that every trace of a body starts
+  from the same names and the caller continues from where the last trace ended;
+* ``initializing()`` and ``create(thunk)``: the creation pass. At init the combinator first
+  runs each body or branch once, outside JAX control flow, inside ``create``; the source
+  keeps the parameters that pass created and undoes everything else. Then the threaded
+  call runs as at apply, under ``applying()``, so init returns what apply returns;
+* optionally ``undo_creation()``: removes what ``create`` kept, when the call after it
+  raised;
+* optionally ``retrace()``: True when a traced function met state that ``read()`` did not
+  include (Linen's ``sow`` in a loop body). The combinator then discards that JAX call,
+  before writing anything, and runs it again with ``read()`` including the new state.
+
+Stability: semi-public, for adapters in this repository and their authors. The protocol
+and the combinators' signatures change only with a note in the changelog.
+
+Example:
+  A source over a dict of arrays; ``scan`` threads it through ``jax.lax.scan``:
+
+  >>> import jax, jax.numpy as jnp
+  >>> from jaxoverride.adapter_kit import DictStateSource, threaded_scan
+  >>> store = {"count": jnp.int32(0)}
+  >>> def body(c, x):
+  ...     store["count"] = store["count"] + 1
+  ...     return c + x, None
+  >>> out, _ = threaded_scan(DictStateSource(store), jax.lax.scan, body, 0.0, jnp.ones(3))
+  >>> float(out), int(store["count"])
+  (3.0, 3)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import functools
+import inspect
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, Protocol, runtime_checkable
+
+import jax
+import jax.numpy as jnp
+
+__all__ = [
+    "DictStateSource",
+    "StateSource",
+    "StateStructureError",
+    "Threaded",
+    "applying",
+    "init_safe",
+    "is_applying",
+    "threaded_call",
+    "threaded_cond",
+    "threaded_fori_loop",
+    "threaded_map",
+    "threaded_scan",
+    "threaded_switch",
+    "threaded_while_loop",
+]
+
+_NO_OPERAND: Any = inspect.signature(jax.lax.cond).parameters["operand"].default
+
+_applying: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "jaxoverride_kit_applying", default=False
+)
+
+
+@contextlib.contextmanager
+def applying() -> Iterator[None]:
+    """Marks the apply pass that follows a creation pass (nested loops skip creation).
+
+    Example:
+      >>> from jaxoverride.adapter_kit import applying, is_applying
+      >>> with applying():
+      ...     inside = is_applying()
+      >>> inside, is_applying()
+      (True, False)
+    """
+    token = _applying.set(True)
+    try:
+        yield
+    finally:
+        _applying.reset(token)
+
+
+def is_applying() -> bool:
+    """Whether code runs in the apply pass of a threaded combinator at init.
+
+    Returns:
+      True inside ``applying()``: every parameter already exists, create none.
+
+    Example:
+      >>> from jaxoverride.adapter_kit import is_applying
+      >>> is_applying()
+      False
+    """
+    return _applying.get()
+
+
+@runtime_checkable
+class StateSource(Protocol):
+    """What a framework gives the threading combinators (see the module docstring)."""
+
+    def read(self) -> Any:
+        """The state to thread, as a pytree of arrays."""
+        ...
+
+    def enter(self, state: Any) -> Any:
+        """Installs ``state`` as the current state; returns a token for ``leave``."""
+        ...
+
+    def leave(self, token: Any) -> Any:
+        """Returns the state left since ``enter``, and restores the caller's values."""
+        ...
+
+    def abandon(self, token: Any) -> None:
+        """Restores the caller's values after the traced function raised."""
+        ...
+
+    def write(self, state: Any) -> None:
+        """Stores ``state`` (the result of the JAX call) as the current state."""
+        ...
+
+    def names(self) -> Any:
+        """A copy of the Python-level naming state."""
+        ...
+
+    def restore_names(self, names: Any) -> None:
+        """Puts a copy made by ``names()`` back."""
+        ...
+
+    def initializing(self) -> bool:
+        """Whether a creation pass must run first."""
+        ...
+
+    def create(self, thunk: Callable[[], Any]) -> None:
+        """Runs the creation pass ``thunk``, keeping only what it created."""
+        ...
+
+
+class StateStructureError(ValueError):
+    """A traced body left state whose structure differs from the state it received."""
+
+
+class _RetraceRequestedError(Exception):
+    """Raised by ``Threaded.finish``, outside every trace, to run the JAX call again."""
+
+
+_RETRACES = 3
+
+
+class Threaded:
+    """Runs ``count`` functions traced by one JAX call, the source's state threaded.
+
+    Function ``i`` starts from the naming state in which function ``i - 1`` ended (the
+    first from the caller's), and a retrace starts from the same state again;
+    ``finish(state)`` writes the JAX call's state and leaves the caller's naming state
+    where the last traced function ended.
+
+    Args:
+      source: the ``StateSource``.
+      count: how many distinct functions the JAX call traces.
+      where: the neutral name, for error messages.
+    """
+
+    __slots__ = ("_ends", "_starts", "source", "where")
+
+    def __init__(self, source: StateSource, count: int, where: str):
+        self.source = source
+        self.where = where
+        self._starts: list[Any] = [source.names()] + [None] * (count - 1)
+        self._ends: list[Any] = [None] * count
+
+    def _start(self, index: int) -> Any:
+        start = self._starts[index]
+        if start is None:
+            earlier = (e for e in reversed(self._ends[:index]) if e is not None)
+            start = self._starts[index] = next(earlier, self._starts[0])
+        return start
+
+    def run(self, index: int, state: Any, fun: Callable[..., Any], *args: Any) -> tuple[Any, Any]:
+        """Calls ``fun(*args)`` with ``state`` installed; returns ``(out, state_after)``."""
+        source = self.source
+        source.restore_names(self._start(index))
+        token = source.enter(state)
+        try:
+            out = fun(*args)
+        except BaseException:
+            source.abandon(token)
+            source.restore_names(self._starts[0])
+            raise
+        try:
+            after = source.leave(token)
+        except BaseException:
+            source.restore_names(self._starts[0])
+            raise
+        self._ends[index] = source.names()
+        source.restore_names(self._starts[0])
+        before_tree = jax.tree.structure(state)
+        after_tree = jax.tree.structure(after)
+        if before_tree != after_tree:
+            raise StateStructureError(
+                f"{self.where}: the traced function changed the structure of the state it "
+                f"threads, from {before_tree} to {after_tree}. Create every variable before "
+                "the loop, or let init create it (the creation pass runs at init)."
+            )
+        return out, after
+
+    def finish(self, state: Any) -> None:
+        """Writes the JAX call's final ``state`` and advances the caller's names.
+
+        If the source has a ``retrace()`` method and it returns True (a traced function
+        met state that ``read()`` did not include), nothing is written: the combinator
+        discards the JAX call's result and runs it again, ``read()`` now including it.
+        """
+        retrace = getattr(self.source, "retrace", None)
+        if retrace is not None and retrace():
+            raise _RetraceRequestedError
+        self.source.write(state)
+        last = next((e for e in reversed(self._ends) if e is not None), None)
+        if last is not None:
+            self.source.restore_names(last)
+
+
+def init_safe(source: StateSource, creation: Callable[[], Any], call: Callable[[], Any]) -> Any:
+    """At init, the creation pass ``creation`` in ``source.create``, then ``call()``.
+
+    Args:
+      source: the ``StateSource``.
+      creation: runs the functions once, outside JAX transformations.
+      call: the threaded JAX call; its result is returned.
+
+    Returns:
+      What ``call()`` returns (under ``applying()`` after a creation pass).
+
+    Example:
+      >>> import jax.numpy as jnp
+      >>> from jaxoverride.adapter_kit import DictStateSource, init_safe
+      >>> init_safe(DictStateSource({}), lambda: None, lambda: "applied")
+      'applied'
+    """
+    if is_applying() or not source.initializing():
+        return _retrying(call)
+    source.create(creation)
+    try:
+        with applying():
+            return _retrying(call)
+    except BaseException:
+        # A failed call leaves nothing behind, not even what the creation pass made.
+        undo = getattr(source, "undo_creation", None)
+        if undo is not None:
+            undo()
+        raise
+
+
+def _retrying(call: Callable[[], Any]) -> Any:
+    for _ in range(_RETRACES):
+        try:
+            return call()
+        except _RetraceRequestedError:
+            continue
+    raise RuntimeError(
+        f"jaxoverride: the state a traced function writes kept growing over {_RETRACES} "
+        "traces; make the variables it writes the same on every call."
+    )
+
+
+def _as_operands(tree: Any) -> Any:
+    return jax.tree.map(jnp.asarray, tree)
+
+
+def _first_slice(xs: Any, reverse: bool) -> Any:
+    def first(leaf: Any) -> Any:
+        leaf = jnp.asarray(leaf)
+        if leaf.shape[0] == 0:
+            return jnp.zeros(leaf.shape[1:], leaf.dtype)
+        return leaf[-1 if reverse else 0]
+
+    return jax.tree.map(first, xs)
+
+
+def _wraps(fun: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    try:
+        return functools.wraps(fun)
+    except (AttributeError, TypeError):  # pragma: no cover - exotic callables
+        return lambda f: f
+
+
+def threaded_scan(
+    source: StateSource,
+    lower: Callable[..., Any],
+    f: Callable[..., Any],
+    init: Any,
+    xs: Any = None,
+    length: Any = None,
+    reverse: bool = False,
+    unroll: Any = 1,
+    _split_transpose: bool = False,
+) -> Any:
+    """``lax.scan`` with ``source``'s state in the carry, init-exact.
+
+    Args:
+      source: the ``StateSource``.
+      lower: the scan to run (``jax.lax.scan`` or ``jaxoverride.next_impl("lax.scan")``).
+      f, init, xs, length, reverse, unroll, _split_transpose: as for ``jax.lax.scan``.
+
+    Returns:
+      ``(carry, ys)``, as ``lower`` returns them.
+
+    Example:
+      >>> import jax, jax.numpy as jnp
+      >>> from jaxoverride.adapter_kit import DictStateSource, threaded_scan
+      >>> store = {"total": jnp.float32(0)}
+      >>> def body(c, x):
+      ...     store["total"] = store["total"] + x
+      ...     return c, x * 2
+      >>> _, ys = threaded_scan(DictStateSource(store), jax.lax.scan, body, 0, jnp.arange(3.0))
+      >>> ys.tolist(), float(store["total"])
+      ([0.0, 2.0, 4.0], 3.0)
+    """
+
+    def call() -> Any:
+        thread = Threaded(source, 1, "jaxoverride.lax.scan")
+
+        @_wraps(f)
+        def body(carry: Any, x: Any) -> Any:
+            value, state = carry
+            (value, y), state = thread.run(0, state, f, value, x)
+            return (value, state), y
+
+        (value, state), ys = lower(
+            body, (init, source.read()), xs, length, reverse, unroll, _split_transpose
+        )
+        thread.finish(state)
+        return value, ys
+
+    return init_safe(source, lambda: f(_as_operands(init), _first_slice(xs, reverse)), call)
+
+
+def threaded_while_loop(
+    source: StateSource,
+    lower: Callable[..., Any],
+    cond_fun: Callable[..., Any],
+    body_fun: Callable[..., Any],
+    init_val: Any,
+) -> Any:
+    """``lax.while_loop`` with ``source``'s state in the carry, init-exact.
+
+    ``cond_fun`` sees the state but cannot change it (a change is an error that says so).
+    The creation pass calls ``cond_fun`` and ``body_fun`` once, so a zero-trip loop still
+    creates its parameters.
+
+    Args:
+      source: the ``StateSource``.
+      lower: the while loop to run.
+      cond_fun, body_fun, init_val: as for ``jax.lax.while_loop``.
+
+    Returns:
+      The final loop value.
+
+    Example:
+      >>> import jax, jax.numpy as jnp
+      >>> from jaxoverride.adapter_kit import DictStateSource, threaded_while_loop
+      >>> store = {"steps": jnp.int32(0)}
+      >>> def body(x):
+      ...     store["steps"] = store["steps"] + 1
+      ...     return x * 2
+      >>> out = threaded_while_loop(
+      ...     DictStateSource(store), jax.lax.while_loop, lambda x: x < 10, body, 1)
+      >>> int(out), int(store["steps"])
+      (16, 4)
+    """
+
+    def call() -> Any:
+        thread = Threaded(source, 2, "jaxoverride.lax.while_loop")
+
+        @_wraps(cond_fun)
+        def cond(carry: Any) -> Any:
+            value, state = carry
+            pred, after = thread.run(0, state, cond_fun, value)
+            pairs = zip(jax.tree.leaves(after), jax.tree.leaves(state), strict=True)
+            if any(a is not b for a, b in pairs):
+                raise ValueError(
+                    "jaxoverride.lax.while_loop: cond_fun changed framework state (a "
+                    "variable or an rng draw); JAX's cond_fun cannot return state. Move "
+                    "the change into body_fun."
+                )
+            return pred
+
+        @_wraps(body_fun)
+        def body(carry: Any) -> Any:
+            value, state = carry
+            return thread.run(1, state, body_fun, value)
+
+        value, state = lower(cond, body, (init_val, source.read()))
+        thread.finish(state)
+        return value
+
+    def creation() -> Any:
+        value = _as_operands(init_val)
+        return cond_fun(value), body_fun(value)
+
+    return init_safe(source, creation, call)
+
+
+def threaded_fori_loop(
+    source: StateSource,
+    lower: Callable[..., Any],
+    lower_bound: Any,
+    upper_bound: Any,
+    body_fun: Callable[..., Any],
+    init_val: Any,
+    *,
+    unroll: Any = None,
+) -> Any:
+    """``lax.fori_loop`` with ``source``'s state in the carry, init-exact.
+
+    Args:
+      source: the ``StateSource``.
+      lower: the fori loop to run.
+      lower_bound, upper_bound, body_fun, init_val, unroll: as for ``jax.lax.fori_loop``.
+
+    Returns:
+      The final loop value.
+
+    Example:
+      >>> import jax, jax.numpy as jnp
+      >>> from jaxoverride.adapter_kit import DictStateSource, threaded_fori_loop
+      >>> store = {"sum": jnp.int32(0)}
+      >>> def body(i, x):
+      ...     store["sum"] = store["sum"] + i
+      ...     return x
+      >>> _ = threaded_fori_loop(DictStateSource(store), jax.lax.fori_loop, 0, 4, body, 0)
+      >>> int(store["sum"])
+      6
+    """
+
+    def call() -> Any:
+        thread = Threaded(source, 1, "jaxoverride.lax.fori_loop")
+
+        @_wraps(body_fun)
+        def body(i: Any, carry: Any) -> Any:
+            value, state = carry
+            return thread.run(0, state, body_fun, i, value)
+
+        value, state = lower(
+            lower_bound, upper_bound, body, (init_val, source.read()), unroll=unroll
+        )
+        thread.finish(state)
+        return value
+
+    creation = lambda: body_fun(_as_operands(lower_bound), _as_operands(init_val))
+    return init_safe(source, creation, call)
+
+
+def _distinct(functions: Sequence[Callable[..., Any]]) -> list[Callable[..., Any]]:
+    seen: dict[int, Callable[..., Any]] = {}
+    for fun in functions:
+        seen.setdefault(id(fun), fun)
+    return list(seen.values())
+
+
+def _threaded_branches(
+    source: StateSource,
+    where: str,
+    branches: Sequence[Callable[..., Any]],
+    operands: tuple[Any, ...],
+    call: Callable[[list[Callable[..., Any]], Any], Any],
+) -> Any:
+    def run() -> Any:
+        # One wrapper per distinct branch object: JAX traces a repeated branch once.
+        distinct = _distinct(branches)
+        thread = Threaded(source, len(distinct), where)
+
+        def wrap(index: int, fun: Callable[..., Any]) -> Callable[..., Any]:
+            @_wraps(fun)
+            def branch(packed: Any) -> Any:
+                state, args = packed
+                return thread.run(index, state, fun, *args)
+
+            return branch
+
+        by_id = {id(fun): wrap(i, fun) for i, fun in enumerate(distinct)}
+        out, state = call([by_id[id(fun)] for fun in branches], (source.read(), operands))
+        thread.finish(state)
+        return out
+
+    arguments = _as_operands(operands)
+    return init_safe(source, lambda: [b(*arguments) for b in _distinct(branches)], run)
+
+
+def threaded_cond(
+    source: StateSource,
+    lower: Callable[..., Any],
+    pred: Any,
+    true_fun: Callable[..., Any],
+    false_fun: Callable[..., Any],
+    *operands: Any,
+    operand: Any = _NO_OPERAND,
+) -> Any:
+    """``lax.cond`` with ``source``'s state passed through the taken branch, init-exact.
+
+    At init both branches create their parameters (the creation pass runs both).
+
+    Args:
+      source: the ``StateSource``.
+      lower: the cond to run.
+      pred, true_fun, false_fun, operands, operand: as for ``jax.lax.cond``.
+
+    Returns:
+      The taken branch's output.
+
+    Example:
+      >>> import jax, jax.numpy as jnp
+      >>> from jaxoverride.adapter_kit import DictStateSource, threaded_cond
+      >>> store = {"hits": jnp.int32(0)}
+      >>> def hit(x):
+      ...     store["hits"] = store["hits"] + 1
+      ...     return x
+      >>> out = threaded_cond(DictStateSource(store), jax.lax.cond, True, hit, lambda x: -x, 2.0)
+      >>> float(out), int(store["hits"])
+      (2.0, 1)
+    """
+    if operand is not _NO_OPERAND:
+        operands = (operand,)
+    return _threaded_branches(
+        source,
+        "jaxoverride.lax.cond",
+        (true_fun, false_fun),
+        operands,
+        lambda fns, packed: lower(pred, fns[0], fns[1], packed),
+    )
+
+
+def threaded_switch(
+    source: StateSource,
+    lower: Callable[..., Any],
+    index: Any,
+    branches: Sequence[Callable[..., Any]],
+    *operands: Any,
+    operand: Any = _NO_OPERAND,
+) -> Any:
+    """``lax.switch`` with ``source``'s state passed through the taken branch, init-exact.
+
+    Args:
+      source: the ``StateSource``.
+      lower: the switch to run.
+      index, branches, operands, operand: as for ``jax.lax.switch``.
+
+    Returns:
+      The taken branch's output.
+
+    Example:
+      >>> import jax, jax.numpy as jnp
+      >>> from jaxoverride.adapter_kit import DictStateSource, threaded_switch
+      >>> store = {"last": jnp.int32(-1)}
+      >>> def mark(i):
+      ...     def branch(x):
+      ...         store["last"] = jnp.int32(i)
+      ...         return x + i
+      ...     return branch
+      >>> out = threaded_switch(
+      ...     DictStateSource(store), jax.lax.switch, 2, [mark(0), mark(1), mark(2)], 10)
+      >>> int(out), int(store["last"])
+      (12, 2)
+    """
+    if operand is not _NO_OPERAND:
+        operands = (operand,)
+    return _threaded_branches(
+        source,
+        "jaxoverride.lax.switch",
+        tuple(branches),
+        operands,
+        lambda fns, packed: lower(index, fns, packed),
+    )
+
+
+def threaded_map(
+    scan: Callable[..., Any],
+    vmap: Callable[..., Any],
+    f: Callable[..., Any],
+    xs: Any,
+    *,
+    batch_size: int | None = None,
+) -> Any:
+    """``lax.map`` written, as JAX writes it, in terms of a (threaded) ``scan`` and ``vmap``.
+
+    JAX's map has no carry to thread state through, so this map is a scan: each element
+    sees the state the previous one left; with ``batch_size`` it is a scan of ``vmap``s.
+
+    Args:
+      scan: the scan to use (the neutral ``jaxoverride.lax.scan``, so that it threads).
+      vmap: the vmap to use for batches.
+      f, xs, batch_size: as for ``jax.lax.map``.
+
+    Returns:
+      The stacked outputs.
+
+    Example:
+      >>> import jax, jax.numpy as jnp
+      >>> from jaxoverride.adapter_kit import threaded_map
+      >>> threaded_map(jax.lax.scan, jax.vmap, lambda x: x * 2, jnp.arange(5.0),
+      ...              batch_size=2).tolist()
+      [0.0, 2.0, 4.0, 6.0, 8.0]
+    """
+    if batch_size is None:
+        return scan(lambda _, x: ((), f(x)), (), xs)[1]
+    leaves = jax.tree.leaves(xs)
+    total = leaves[0].shape[0] if leaves else 0
+    full = (total // batch_size) * batch_size
+    outs = []
+    if full:
+        batched = jax.tree.map(lambda x: x[:full].reshape(-1, batch_size, *x.shape[1:]), xs)
+        ys = scan(lambda _, x: ((), vmap(f)(x)), (), batched)[1]
+        outs.append(jax.tree.map(lambda y: y.reshape(-1, *y.shape[2:]), ys))
+    if full < total:
+        outs.append(vmap(f)(jax.tree.map(lambda x: x[full:], xs)))
+    if len(outs) == 1:
+        return outs[0]
+    return jax.tree.map(lambda a, b: jnp.concatenate([a, b], axis=0), *outs)
+
+
+def threaded_call(
+    source: StateSource, fun: Callable[..., Any], where: str
+) -> tuple[Callable[..., Any], Callable[[Any], None], Any]:
+    """Makes ``fun`` pure for a JAX transform: state goes in and comes out explicitly.
+
+    Args:
+      source: the ``StateSource``.
+      fun: the function the transform receives.
+      where: the neutral name, for error messages.
+
+    Returns:
+      ``(pure, finish, state)``: ``pure(state, *args, **kwargs)`` returns
+      ``(out, state_after)``; call the transform on ``pure`` with ``state`` (unmapped,
+      not differentiated), then ``finish(state_after)`` with the state it returned.
+
+    Example:
+      >>> import jax, jax.numpy as jnp
+      >>> from jaxoverride.adapter_kit import DictStateSource, threaded_call
+      >>> store = {"calls": jnp.int32(0)}
+      >>> def f(x):
+      ...     store["calls"] = store["calls"] + 1
+      ...     return x * 2
+      >>> pure, finish, state = threaded_call(DictStateSource(store), f, "jit")
+      >>> out, after = jax.jit(pure)(state, 3.0)
+      >>> finish(after)
+      >>> float(out), int(store["calls"])
+      (6.0, 1)
+    """
+    thread = Threaded(source, 1, where)
+
+    @_wraps(fun)
+    def pure(state: Any, *args: Any, **kwargs: Any) -> tuple[Any, Any]:
+        return thread.run(0, state, lambda: fun(*args, **kwargs))
+
+    return pure, thread.finish, source.read()
+
+
+class DictStateSource:
+    """The simplest ``StateSource``: a flat dict of arrays, threaded as a whole.
+
+    Useful in tests and as the model for a framework's source. It never initialises and
+    has no naming state.
+
+    Args:
+      store: the dict whose values are threaded; it is updated in place.
+
+    Example:
+      >>> import jax.numpy as jnp
+      >>> from jaxoverride.adapter_kit import DictStateSource, StateSource
+      >>> isinstance(DictStateSource({"x": jnp.zeros(())}), StateSource)
+      True
+    """
+
+    def __init__(self, store: dict[str, Any]):
+        self.store = store
+
+    def read(self) -> Any:
+        return dict(self.store)
+
+    def enter(self, state: Any) -> Any:
+        saved = dict(self.store)
+        self.store.update(state)
+        return saved
+
+    def leave(self, token: Any) -> Any:
+        after = dict(self.store)
+        self.abandon(token)
+        return after
+
+    def abandon(self, token: Any) -> None:
+        self.store.clear()
+        self.store.update(token)
+
+    def write(self, state: Any) -> None:
+        self.store.update(state)
+
+    def names(self) -> Any:
+        return None
+
+    def restore_names(self, names: Any) -> None:
+        pass
+
+    def initializing(self) -> bool:
+        return False
+
+    def create(self, thunk: Callable[[], Any]) -> None:
+        thunk()

@@ -1,0 +1,341 @@
+"""The Equinox family (optimistix, lineax, diffrax), unmodified, inside Flax Linen modules.
+
+Run in a fresh interpreter by ``tests/test_linen_libraries.py``, because import order
+matters: ``jo.interpose_on_import`` is called *before* equinox, optimistix, lineax and
+diffrax are imported, so that the ``eqx.filter_jit`` they build at import holds a neutral
+``jax.jit``.
+
+``python tests/_equinox_linen.py CASE [CASE ...]`` prints one JSON object: for each case,
+what the test asserts on (parameter shapes, tracer leaks, largest differences against the
+same library run on the explicit parameters with raw JAX, and the refusals of a variable
+write and an rng draw inside the callback). The cases ``diffrax_115`` and ``flax_2887``
+are the programs of diffrax issue #115 and flax issue #2887, as their reporters wrote them.
+
+Each other case is one library call ``solve(cell, x)``, where ``cell`` is the model's only
+layer: an ``nn.Dense`` inside Linen, ``z @ kernel + bias`` on the explicit parameters.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import jaxoverride as jo
+import jaxoverride_linen
+
+
+def _import_neutral() -> tuple[Any, Any, Any]:
+    """Imports the libraries interposed from their first line on: import order is the point."""
+    jo.interpose_on_import("equinox", "optimistix", "lineax", "diffrax")
+    import diffrax
+    import lineax
+    import optimistix
+
+    return optimistix, lineax, diffrax
+
+
+optx, lx, diffrax = _import_neutral()
+
+N = 4
+X = jnp.linspace(-1.0, 1.0, N)
+RNG = jax.random.PRNGKey(0)
+TOL = 1e-6
+Cell = Callable[[jax.Array], jax.Array]
+
+
+def fixed_point_iteration(cell: Cell, x: jax.Array) -> jax.Array:
+    solver = optx.FixedPointIteration(rtol=TOL, atol=TOL)
+    fun = lambda z, args: jnp.tanh(cell(z) + x)
+    return optx.fixed_point(fun, solver, jnp.zeros(N), max_steps=100).value
+
+
+def fixed_point_newton(cell: Cell, x: jax.Array) -> jax.Array:
+    solver = optx.Newton(rtol=TOL, atol=TOL)
+    fun = lambda z, args: jnp.tanh(cell(z) + x)
+    return optx.fixed_point(fun, solver, jnp.zeros(N), max_steps=50).value
+
+
+def root_find_newton(cell: Cell, x: jax.Array) -> jax.Array:
+    fun = lambda z, args: z + 0.5 * jnp.tanh(cell(z)) - x
+    return optx.root_find(fun, optx.Newton(rtol=TOL, atol=TOL), jnp.zeros(N), max_steps=50).value
+
+
+def linear_solve_gmres(cell: Cell, x: jax.Array) -> jax.Array:
+    structure = jax.ShapeDtypeStruct((N,), jnp.float32)
+    operator = lx.FunctionLinearOperator(lambda v: v - 0.5 * cell(v), structure)
+    return lx.linear_solve(operator, x, lx.GMRES(rtol=1e-5, atol=1e-5)).value
+
+
+def neural_ode_tsit5(cell: Cell, x: jax.Array) -> jax.Array:
+    term = diffrax.ODETerm(lambda t, y, args: jnp.tanh(cell(y) + x) - y)
+    return diffrax.diffeqsolve(term, diffrax.Tsit5(), 0.0, 1.0, 0.1, jnp.zeros(N)).ys[-1]
+
+
+CASES: dict[str, tuple[Callable[[Cell, jax.Array], jax.Array], bool]] = {
+    # name: (solve, whether the layer has a bias; lineax's operator must be linear)
+    "fixed_point_iteration": (fixed_point_iteration, True),
+    "fixed_point_newton": (fixed_point_newton, True),
+    "root_find_newton": (root_find_newton, True),
+    "linear_solve_gmres": (linear_solve_gmres, False),
+    "neural_ode_tsit5": (neural_ode_tsit5, True),
+}
+
+
+class Model(nn.Module):
+    """One ``nn.Dense`` named ``cell``, called by the library; ``extra`` wraps the call."""
+
+    solve: Callable[[Cell, jax.Array], jax.Array]
+    with_bias: bool
+    extra: str = ""
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        dense = nn.Dense(
+            N, use_bias=self.with_bias, kernel_init=nn.initializers.normal(0.3), name="cell"
+        )
+        cell: Cell = dense
+        if self.extra == "write":
+            # Created once per call (Linen refuses a second ``self.variable`` of one name),
+            # written in the callback, which the library calls many times.
+            calls = self.variable("counters", "calls", lambda: jnp.zeros((), jnp.int32))
+
+            def cell(z: jax.Array) -> jax.Array:
+                calls.value += 1
+                return dense(z)
+
+        elif self.extra == "draw":
+
+            def cell(z: jax.Array) -> jax.Array:
+                return dense(z) + 0.0 * jax.random.normal(self.make_rng("noise"), z.shape)
+
+        elif self.extra == "write_outside":
+            calls = self.variable("counters", "calls", lambda: jnp.zeros((), jnp.int32))
+            calls.value += 1
+        return self.solve(cell, x)
+
+
+def _explicit(params: Any, with_bias: bool) -> Cell:
+    """``nn.Dense`` on the explicit parameters."""
+
+    def cell(z: jax.Array) -> jax.Array:
+        out = z @ params["cell"]["kernel"]
+        return out + params["cell"]["bias"] if with_bias else out
+
+    return cell
+
+
+def _max_diff(a: Any, b: Any) -> float:
+    assert jax.tree.structure(a) == jax.tree.structure(b), (a, b)
+    diffs = jax.tree.map(lambda u, v: float(np.max(np.abs(np.asarray(u) - np.asarray(v)))), a, b)
+    return max(jax.tree.leaves(diffs), default=0.0)
+
+
+def _shapes(tree: Any) -> Any:
+    return jax.tree.map(lambda v: list(np.shape(v)), tree)
+
+
+def _tracers(tree: Any) -> int:
+    return sum(isinstance(leaf, jax.core.Tracer) for leaf in jax.tree.leaves(tree))
+
+
+def _refusal(run: Callable[[], Any]) -> dict[str, str | None]:
+    try:
+        run()
+    except Exception as error:  # the test asserts on the type and message
+        return {"type": type(error).__name__, "message": str(error)}
+    return {"type": None, "message": None}
+
+
+def run_case(name: str) -> dict[str, Any]:
+    solve, with_bias = CASES[name]
+    model = Model(solve, with_bias)
+    direct = nn.Dense(N, use_bias=with_bias)
+    result: dict[str, Any] = {}
+    # Eager calls under checking_leaks; jitted ones keep the library's callbacks (and so the
+    # bound module) in JAX's caches, which the check would flag: their outputs are counted.
+    with jax.checking_leaks(), jaxoverride_linen.context():
+        variables = model.init(RNG, X)
+        out = model.apply(variables, X)
+    with jaxoverride_linen.context():
+        try:
+            jitted_variables = jax.jit(model.init)(RNG, X)
+            result["jit_init"] = _max_diff(variables, jitted_variables)
+        except Exception as error:  # reported: the test names the cases where it fails
+            jitted_variables = variables
+            result["jit_init"] = f"{type(error).__name__}: {str(error)[:300]}"
+        result["params"] = _shapes(variables)
+        result["direct_params"] = _shapes({"params": {"cell": direct.init(RNG, X)["params"]}})
+        result["init_output"] = _max_diff(
+            model.init_with_output(RNG, X)[0], model.apply(variables, X)
+        )
+
+        def loss(v: Any, x: jax.Array) -> jax.Array:
+            return jnp.sum(model.apply(v, x) ** 2)
+
+        jitted = jax.jit(model.apply)(variables, X)
+        grads = jax.grad(loss, argnums=(0, 1))(variables, X)
+        jitted_grads = jax.jit(jax.grad(loss, argnums=(0, 1)))(variables, X)
+
+        writer, drawer = Model(solve, with_bias, "write"), Model(solve, with_bias, "draw")
+        counters = {"counters": {"calls": jnp.zeros((), jnp.int32)}}
+        rngs = {"params": RNG, "noise": RNG}
+        result["write_at_init"] = _refusal(lambda: writer.init(RNG, X))
+        result["write_at_apply"] = _refusal(
+            lambda: writer.apply({**variables, **counters}, X, mutable=["counters"])
+        )
+        result["write_under_jit"] = _refusal(
+            lambda: jax.jit(lambda v: writer.apply(v, X, mutable=["counters"]))(
+                {**variables, **counters}
+            )
+        )
+        result["draw_at_init"] = _refusal(lambda: drawer.init(rngs, X))
+        result["draw_at_apply"] = _refusal(lambda: drawer.apply(variables, X, rngs={"noise": RNG}))
+        after_refusals = model.apply(variables, X)
+
+        outside = Model(solve, with_bias, "write_outside")
+        outside_variables = outside.init(RNG, X)
+        outside_out, state = outside.apply(outside_variables, X, mutable=["counters"])
+        result["write_outside_calls"] = int(state["counters"]["calls"])
+
+    jaxoverride_linen.install()
+    try:
+        installed_variables = model.init(RNG, X)
+        installed = jax.jit(model.apply)(variables, X)
+    finally:
+        jaxoverride_linen.uninstall()
+    result["installed_params"] = _max_diff(installed_variables, variables)
+
+    params = variables["params"]
+
+    def reference_loss(v: Any, x: jax.Array) -> jax.Array:
+        return jnp.sum(solve(_explicit(v["params"], with_bias), x) ** 2)
+
+    expected = solve(_explicit(params, with_bias), X)
+    expected_grads = jax.grad(reference_loss, argnums=(0, 1))(variables, X)
+    result["apply"] = _max_diff(out, expected)
+    result["jit_apply"] = _max_diff(jitted, expected)
+    result["installed_apply"] = _max_diff(installed, expected)
+    result["after_refusals"] = _max_diff(after_refusals, expected)
+    result["write_outside"] = _max_diff(outside_out, expected)
+    result["grad"] = _max_diff(grads, expected_grads)
+    result["jit_grad"] = _max_diff(jitted_grads, expected_grads)
+    result["grad_scale"] = max(float(np.max(np.abs(g))) for g in jax.tree.leaves(expected_grads))
+    result["tracers"] = _tracers((variables, jitted_variables, out, jitted, grads, jitted_grads))
+    return result
+
+
+# -- diffrax issue #115 (ameya98's program) -------------------------------------------------
+
+
+class NeuralODE115(nn.Module):
+    derivative_net: nn.Module
+
+    @nn.compact
+    def __call__(self, coords: jax.Array) -> jax.Array:
+        def f(t: Any, y: jax.Array, args: Any) -> jax.Array:
+            return self.derivative_net(y)
+
+        term = diffrax.ODETerm(f)
+        solver = diffrax.Dopri5()
+        solution = diffrax.diffeqsolve(term, solver, t0=0, t1=1, dt0=0.1, y0=coords)
+        return solution.ys
+
+
+def run_diffrax_115() -> dict[str, Any]:
+    coords = jnp.ones((1, 4))
+    model = NeuralODE115(derivative_net=nn.Dense(4))
+    rng = jax.random.PRNGKey(0)
+    result: dict[str, Any] = {"raw": _refusal(lambda: jax.jit(model.init)(rng, coords))}
+    jaxoverride_linen.install()
+    try:
+        params = jax.jit(model.init)(rng, coords)  # the reporter's line
+        with jax.checking_leaks():
+            eager = model.init(rng, coords)
+            ys = model.apply(params, coords)
+        grads = jax.jit(jax.grad(lambda p: jnp.sum(model.apply(p, coords) ** 2)))(params)
+    finally:
+        jaxoverride_linen.uninstall()
+    dense = params["params"]["derivative_net"]
+
+    def explicit(p: Any) -> jax.Array:
+        f = lambda t, y, args: y @ p["kernel"] + p["bias"]
+        term = diffrax.ODETerm(f)
+        return diffrax.diffeqsolve(term, diffrax.Dopri5(), t0=0, t1=1, dt0=0.1, y0=coords).ys
+
+    expected_grads = jax.grad(lambda p: jnp.sum(explicit(p) ** 2))(dense)
+    result.update(
+        params=_shapes(params),
+        eager_init=_max_diff(eager, params),
+        apply=_max_diff(ys, explicit(dense)),
+        grad=_max_diff(grads["params"]["derivative_net"], expected_grads),
+        tracers=_tracers((params, eager, ys, grads)),
+    )
+    return result
+
+
+# -- flax issue #2887 (PhilipVinc's program) ------------------------------------------------
+
+
+class NeuralODE2887(nn.Module):
+    hidden_dims: int = (4,)  # type: ignore[assignment]  # as the reporter wrote it
+    solver: Any = diffrax.Euler()
+
+    def setup(self) -> None:
+        self.ode_term = nn.Dense(features=1)
+
+    def __call__(self, x: jax.Array) -> Any:
+        def _odefun(t: Any, y: jax.Array, args: Any) -> jax.Array:
+            return self.ode_term(y)
+
+        term = diffrax.ODETerm(_odefun)
+        solution = diffrax.diffeqsolve(term, self.solver, t0=0, t1=1, dt0=0.1, y0=x)
+        return solution
+
+
+def run_flax_2887() -> dict[str, Any]:
+    node = NeuralODE2887()
+    x = jnp.ones(1)
+    key = jax.random.PRNGKey(1)
+    result: dict[str, Any] = {"raw": _refusal(lambda: node.init(key, x))}
+    with jax.checking_leaks(), jaxoverride_linen.context():
+        pars = node.init(key, x)  # the reporter's line
+        solution = node.apply(pars, x)
+    with jaxoverride_linen.context():
+        jitted = jax.jit(node.init)(key, x)
+        jitted_solution = jax.jit(node.apply)(pars, x)
+    dense = pars["params"]["ode_term"]
+    f = lambda t, y, args: y @ dense["kernel"] + dense["bias"]
+    expected = diffrax.diffeqsolve(diffrax.ODETerm(f), diffrax.Euler(), t0=0, t1=1, dt0=0.1, y0=x)
+    result.update(
+        params=_shapes(pars),
+        jit_init=_max_diff(pars, jitted),
+        apply=_max_diff(solution.ys, expected.ys),
+        jit_apply=_max_diff(jitted_solution.ys, expected.ys),
+        tracers=_tracers((pars, jitted, solution.ys, jitted_solution.ys)),
+    )
+    return result
+
+
+PROGRAMS = {"diffrax_115": run_diffrax_115, "flax_2887": run_flax_2887}
+
+
+def main(names: list[str]) -> None:
+    results: dict[str, Any] = {}
+    for name in names:
+        try:
+            results[name] = PROGRAMS[name]() if name in PROGRAMS else run_case(name)
+        except Exception:  # reported to the test, which fails with it
+            results[name] = {"crashed": traceback.format_exc()}
+    print(json.dumps(results))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:] or [*CASES, *PROGRAMS])
