@@ -150,3 +150,27 @@ def test_a_sow_inside_a_transformed_function_is_a_clear_error():
     with jax.checking_leaks(), pytest.raises(jol.LinenStateError, match="intermediates/h"):
         SowGrad().apply(variables, x, mutable=["intermediates"])
     assert leaves_are_arrays(variables)
+
+
+def test_a_cond_fun_that_writes_state_runs_as_python_would():
+    class Counts(nn.Module):
+        @nn.compact
+        def __call__(self, x: jax.Array) -> jax.Array:
+            count = self.variable("counts", "n", lambda: jnp.zeros((), jnp.int32))
+
+            def cond(h: jax.Array) -> jax.Array:
+                count.value = count.value + 1
+                return count.value < 4
+
+            return jlax.while_loop(cond, lambda h: nn.Dense(1)(h), x)
+
+    x = jnp.ones((1, 1))
+    with jax.checking_leaks():
+        variables = Counts().init(jax.random.key(0), x)
+        out, state = Counts().apply(variables, x, mutable=["counts"])
+        out_jit, state_jit = jax.jit(lambda v: Counts().apply(v, x, mutable=["counts"]))(variables)
+    start = int(variables["counts"]["n"])
+    # cond, body, cond, body, ...: cond runs once more than the body (init: 4 conds,
+    # 3 bodies; apply from there: one cond that stops the loop).
+    assert start == 4 and int(state["counts"]["n"]) == 5
+    assert_trees_close((out, state), (out_jit, state_jit))

@@ -362,9 +362,10 @@ def threaded_while_loop(
 ) -> Any:
     """``lax.while_loop`` with ``source``'s state in the carry, init-exact.
 
-    ``cond_fun`` sees the state but cannot change it (a change is an error that says so).
-    The creation pass calls ``cond_fun`` and ``body_fun`` once, so a zero-trip loop still
-    creates its parameters.
+    ``cond_fun`` sees the state; if it changes it (a variable, an rng draw), the loop
+    evaluates it at the end of each body instead, carrying the predicate. The creation
+    pass calls ``cond_fun`` and ``body_fun`` once, so a zero-trip loop still creates its
+    parameters.
 
     Args:
       source: the ``StateSource``.
@@ -387,8 +388,11 @@ def threaded_while_loop(
       (16, 4)
     """
 
+    where = "jaxoverride.lax.while_loop"
+
     def call() -> Any:
-        thread = Threaded(source, 2, "jaxoverride.lax.while_loop")
+        thread = Threaded(source, 2, where)
+        cond_changed_state: list[bool] = []
 
         @_wraps(cond_fun)
         def cond(carry: Any) -> Any:
@@ -396,11 +400,12 @@ def threaded_while_loop(
             pred, after = thread.run(0, state, cond_fun, value)
             pairs = zip(jax.tree.leaves(after), jax.tree.leaves(state), strict=True)
             if any(a is not b for a, b in pairs):
-                raise ValueError(
-                    "jaxoverride.lax.while_loop: cond_fun changed framework state (a "
-                    "variable or an rng draw); JAX's cond_fun cannot return state. Move "
-                    "the change into body_fun."
-                )
+                # Finish this trace (aborting one that closes over outer tracers leaks
+                # it), then run the loop again with the predicate inside the body.
+                # A false predicate: this discarded loop must not run (eagerly, it would
+                # never end, since cond_fun's writes are undone after each trace).
+                cond_changed_state.append(True)
+                return jnp.zeros(jnp.shape(pred), bool)
             return pred
 
         @_wraps(body_fun)
@@ -409,6 +414,28 @@ def threaded_while_loop(
             return thread.run(1, state, body_fun, value)
 
         value, state = lower(cond, body, (init_val, source.read()))
+        if cond_changed_state:
+            return stateful_cond_call()
+        thread.finish(state)
+        return value
+
+    def stateful_cond_call() -> Any:
+        # JAX's cond_fun cannot return state, so evaluate the predicate at the end of
+        # each body instead, carrying it: cond, body, cond, body, ... as Python would.
+        first = jnp.asarray(cond_fun(init_val), dtype=bool)
+        thread = Threaded(source, 1, where)
+
+        def step(value: Any) -> Any:
+            value = body_fun(value)
+            return value, jnp.asarray(cond_fun(value), dtype=bool)
+
+        @_wraps(body_fun)
+        def body(carry: Any) -> Any:
+            value, state, _ = carry
+            (value, pred), after = thread.run(0, state, step, value)
+            return value, after, pred
+
+        value, state, _ = lower(lambda carry: carry[2], body, (init_val, source.read(), first))
         thread.finish(state)
         return value
 
