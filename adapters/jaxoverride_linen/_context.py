@@ -8,21 +8,25 @@ from typing import Any
 from flax.linen import module as linen_module
 
 import jaxoverride as jo
+from jaxoverride import adapter_kit as kit
 from jaxoverride_linen import _control, _rules, _transforms
 
-_OVERRIDES = {
-    **_transforms.OVERRIDES,
-    "lax.scan": _control.scan,
-    "lax.while_loop": _control.while_loop,
-    "lax.fori_loop": _control.fori_loop,
-    "lax.cond": _control.cond,
-    "lax.switch": _control.switch,
-    "lax.map": _control.map,
-    **_rules.IMPLICIT_OVERRIDES,
-}
+# Every overridable name is Linen-aware; nothing passes through.
+TABLE = kit.OverrideTable(
+    "jaxoverride_linen",
+    {
+        **_transforms.OVERRIDES,
+        **kit.overrides_in(
+            _control,
+            *("lax.scan", "lax.while_loop", "lax.fori_loop", "lax.cond", "lax.switch"),
+        ),
+        "lax.map": _control.lax_map,  # not ``map``: no override shadows a builtin
+        **_rules.IMPLICIT_OVERRIDES,
+    },
+)
 
 # One layer for the whole process: re-entering it finds the builds made for it before.
-_CONTEXT = jo.override_context(_OVERRIDES, name="jaxoverride_linen")
+_CONTEXT = TABLE.context()
 
 _lock = threading.Lock()
 _installation: jo.Installation | None = None

@@ -120,7 +120,7 @@ def switch(
     )
 
 
-def map(f: Callable[..., Any], xs: Any, *, batch_size: int | None = None) -> Any:
+def lax_map(f: Callable[..., Any], xs: Any, *, batch_size: int | None = None) -> Any:
     lower = jo.next_impl("lax.map")
     if not in_bound_module():
         return lower(f, xs, batch_size=batch_size)

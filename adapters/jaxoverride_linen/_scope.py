@@ -30,7 +30,6 @@ import jax.numpy as jnp
 from flax.core import scope as core_scope, tracers as core_tracers
 from flax.linen import module as linen_module
 
-from jaxoverride.adapter_kit import StateSource
 from jaxoverride.errors import JaxoverrideError
 
 Scope = core_scope.Scope
@@ -84,17 +83,20 @@ def _make_rng(self: Scope, name: str = "params") -> Any:
     stack = getattr(_local, "steps", None)
     if not stack:
         return _original_make_rng(self, name)
-    resolved = name if name in self.rngs or "params" not in self.rngs else "params"
-    lazy = self.rngs.get(resolved)
-    step = None if lazy is None else stack[-1].get(id(lazy.rng))
+    rngs: Any = self.rngs  # LazyRng values, though Flax annotates them as keys
+    resolved = name if name in rngs or "params" not in rngs else "params"
+    lazy = rngs.get(resolved)
+    if lazy is None:
+        return _original_make_rng(self, name)
+    step = stack[-1].get(id(lazy.rng))
     if step is None or step.root is not lazy.rng:
         return _original_make_rng(self, name)
     step.used = True
-    self.rngs[resolved] = LazyRng(step.key, lazy.suffix)
+    rngs[resolved] = LazyRng(step.key, lazy.suffix)
     try:
         return _original_make_rng(self, name)
     finally:
-        self.rngs[resolved] = lazy
+        rngs[resolved] = lazy
 
 
 def _variable(self: Scope, col: str, name: str, *args: Any, **kwargs: Any) -> Any:
@@ -538,6 +540,6 @@ def _created_error(where: str, created: list[tuple[str, ...]]) -> LinenStateErro
     )
 
 
-def source(where: str, *, allow_fresh: bool = False) -> StateSource:
+def source(where: str, *, allow_fresh: bool = False) -> LinenSource:
     """The state source of the Linen modules running now."""
     return LinenSource(where, allow_fresh=allow_fresh)
