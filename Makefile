@@ -11,7 +11,7 @@ PYTEST_ARGS ?=
 
 OLDEST := .venv-oldest
 
-.PHONY: demo test test-oldest lint bench docs serve screenshots clean
+.PHONY: demo test test-slow test-oldest lint bench docs serve screenshots clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -31,8 +31,14 @@ $(VENV)/.installed-dev: pyproject.toml | $(PY)
 demo: $(VENV)/.installed-demo
 	$(PY) examples/fixed_point.py
 
+# `make test` runs everything but the tests marked slow (fresh interpreters that import the
+# solver libraries, long runs, the wheel, multi-host); `make test-slow` runs those. CI runs
+# both, and `make test-oldest` runs the whole suite.
 test: $(VENV)/.installed-test
-	$(PY) -m pytest -n 2 $(PYTEST_ARGS)
+	$(PY) -m pytest -n 2 -m "not slow" $(PYTEST_ARGS)
+
+test-slow: $(VENV)/.installed-test
+	$(PY) -m pytest -n 2 -m slow $(PYTEST_ARGS)
 
 # The constraints pin jax, Flax, Haiku and the test libraries at the lower bounds of
 # pyproject.toml; everything else resolves as usual.

@@ -35,6 +35,9 @@ import pytest
 import jaxoverride as jo
 import jaxoverride_haiku as joh
 
+# Each test runs fresh interpreters that import the solver libraries: `make test-slow`.
+pytestmark = pytest.mark.slow
+
 SCRIPT = Path(__file__).with_name("_equinox_haiku.py")
 GROUPS = {
     "optimistix": [

@@ -25,6 +25,9 @@ from typing import Any
 
 import pytest
 
+# Each test runs fresh interpreters that import the solver libraries: `make test-slow`.
+pytestmark = pytest.mark.slow
+
 SCRIPT = Path(__file__).with_name("_equinox_nnx.py")
 GROUPS = {
     "optimistix": [

@@ -38,6 +38,9 @@ import jaxoverride.errors as joe
 import jaxoverride_linen
 from _libraries import interposed
 
+# Each test runs fresh interpreters that import the solver libraries: `make test-slow`.
+pytestmark = pytest.mark.slow
+
 N = 4
 X = jnp.linspace(-1.0, 1.0, N)
 RNG = jax.random.PRNGKey(0)

@@ -13,9 +13,12 @@ import textwrap
 
 import pytest
 
-pytestmark = pytest.mark.skipif(
-    not sys.platform.startswith("linux"), reason="reads resident memory from /proc"
-)
+pytestmark = [
+    pytest.mark.skipif(
+        not sys.platform.startswith("linux"), reason="reads resident memory from /proc"
+    ),
+    pytest.mark.slow,  # hundreds of steps in fresh interpreters: `make test-slow`
+]
 
 _PRELUDE = """
 import json, os

@@ -47,7 +47,7 @@ TABLE = kit.OverrideTable(
         "lax.switch": dag_switch,
         "lax.map": dag_map,
     },
-    # JAX's own (docs/dag.md): these hand JAX arrays and functions, not the user's trees
+    # JAX's own (the "DAG adapter" page): these hand JAX arrays and functions, not the user's trees
     # to rebuild, and the transforms around them keep identity.
     passes_through={
         "jvp": "primals and tangents reach JAX as arrays, so nothing to re-share",

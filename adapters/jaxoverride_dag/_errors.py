@@ -36,13 +36,13 @@ class SharingError(errors.SharingError):
 
     Example:
       >>> import jax.numpy as jnp, jaxoverride as jo, jaxoverride_dag as dag
-      >>> w = jnp.ones(2)
+      >>> node = {"w": jnp.ones(2)}  # one node, mapped two ways: its identity would be lost
       >>> with dag.context():
       ...     try:
-      ...         jo.vmap(lambda a, b: a + b, in_axes=(0, None))(w, w)
+      ...         jo.vmap(lambda a, b: a["w"] + b["w"], in_axes=(0, None))(node, node)
       ...     except dag.SharingError as error:
-      ...         print(str(error)[:58])
-      jaxoverride_dag.vmap: one array is shared by args[0] and a
+      ...         print(str(error)[:57])
+      jaxoverride_dag.vmap: one array is shared by args[0]['w']
     """
 
 

@@ -41,7 +41,19 @@ _CREATION_SALT = 0x7FFF_FFF3  # folded into the root keys during a creation pass
 
 
 def in_bound_module() -> bool:
-    """Whether a method of a bound Linen module is running (the adapter's predicate)."""
+    """Whether a method of a bound Linen module is running (the adapter's predicate).
+
+    Returns:
+      True inside ``init``, ``init_with_output``, ``apply`` and methods of bound modules.
+
+    Example:
+      >>> import flax.linen as nn, jaxoverride_linen
+      >>> class Probe(nn.Module):
+      ...     def __call__(self, x):
+      ...         return jaxoverride_linen.in_bound_module()
+      >>> jaxoverride_linen.in_bound_module(), Probe().apply({}, 1.0)
+      (False, True)
+    """
     stack = _linen_context.module_stack
     return stack[-1] is not None
 
@@ -236,6 +248,11 @@ class LinenStateError(JaxoverrideError, ValueError):
 
     Also raised for a write, inside a traced body, to a module bound to a scope that is
     not running here (``module.bind(...)`` elsewhere): its variables are not threaded.
+
+    Example:
+      >>> import jaxoverride.errors, jaxoverride_linen
+      >>> issubclass(jaxoverride_linen.LinenStateError, jaxoverride.errors.JaxoverrideError)
+      True
     """
 
 

@@ -92,6 +92,10 @@ class custom_vjp(NeutralRule[ReturnValue]):  # noqa: N801  (JAX's name)
         options = {"symbolic_zeros": symbolic_zeros, "optimize_remat": optimize_remat}
         return self._define("defvjp", (fwd, bwd), options)
 
+    # JAX's own signature (annotated ``-> None``): what ``inspect.signature`` shows is JAX's,
+    # although under ``jax_custom_vjp3`` both return the rule.
+    defvjp.__signature__ = inspect.signature(jax.custom_vjp.defvjp)  # type: ignore[attr-defined]
+
 
 class custom_jvp(NeutralRule[ReturnValue]):  # noqa: N801  (JAX's name)
     _name = "custom_jvp"

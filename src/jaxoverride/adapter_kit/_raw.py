@@ -44,8 +44,8 @@ def interpose_fix(packages: Sequence[str]) -> str:
 
     Example:
       >>> from jaxoverride import adapter_kit
-      >>> adapter_kit.interpose_fix(["optimistix"])
-      "jaxoverride.interpose_on_import('optimistix') before their first import"
+      >>> adapter_kit.interpose_fix(["my_solvers"])  # a package not imported yet
+      "jaxoverride.interpose_on_import('my_solvers') before their first import"
     """
     found = _raw.held_by_imported(tuple(packages))
     builders = _raw.builders([name for names in found.values() for name in names])
