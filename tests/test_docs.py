@@ -95,7 +95,7 @@ def test_fresh_interpreter_blocks_run(page: Path, name: str):
 def test_the_recipes_run_in_fresh_interpreters():
     """Every framework's recipe is a complete program that trains through both libraries."""
     programs = fresh_programs(DOCS / "recipes.md")
-    assert {"haiku", "nnx", "plain"} <= set(programs), sorted(programs)
+    assert {"haiku", "nnx", "linen", "plain"} <= set(programs), sorted(programs)
     for name, source in programs.items():
         for needed in ("optx.fixed_point", "diffrax.diffeqsolve", "optax.", "unrolled_loss"):
             assert needed in source, f"the {name} recipe does not use {needed}"
