@@ -146,6 +146,17 @@ def _tracers(tree: Any) -> int:
     return sum(isinstance(leaf, jax.core.Tracer) for leaf in jax.tree.leaves(tree))
 
 
+def _unadapted(run: Callable[[], Any]) -> dict[str, Any]:
+    """The program without the adapter: ``raw`` with the missing-adapter check off (what
+    the reporter saw), ``unadapted`` with it on (jaxoverride names the missing adapter)."""
+    before = jo.set_adapter_check(False)
+    try:
+        raw = _refusal(run)
+    finally:
+        jo.set_adapter_check(before)
+    return {"raw": raw, "unadapted": _refusal(run)}
+
+
 def _refusal(run: Callable[[], Any]) -> dict[str, str | None]:
     try:
         run()
@@ -253,7 +264,7 @@ def run_diffrax_115() -> dict[str, Any]:
     coords = jnp.ones((1, 4))
     model = NeuralODE115(derivative_net=nn.Dense(4))
     rng = jax.random.PRNGKey(0)
-    result: dict[str, Any] = {"raw": _refusal(lambda: jax.jit(model.init)(rng, coords))}
+    result: dict[str, Any] = _unadapted(lambda: jax.jit(model.init)(rng, coords))
     jaxoverride_linen.install()
     try:
         params = jax.jit(model.init)(rng, coords)  # the reporter's line
@@ -304,7 +315,7 @@ def run_flax_2887() -> dict[str, Any]:
     node = NeuralODE2887()
     x = jnp.ones(1)
     key = jax.random.PRNGKey(1)
-    result: dict[str, Any] = {"raw": _refusal(lambda: node.init(key, x))}
+    result: dict[str, Any] = _unadapted(lambda: node.init(key, x))
     with jax.checking_leaks(), jaxoverride_linen.context():
         pars = node.init(key, x)  # the reporter's line
         solution = node.apply(pars, x)

@@ -157,10 +157,13 @@ def test_haiku_neural_ode_example_trains_through_diffrax():
 
 
 def test_the_import_order_snippet_of_the_docs_runs_in_a_fresh_interpreter():
-    """``docs/existing-libraries.md`` shows the import-order rule in a ``text`` fence (the docs
-    test runs pages in-process, where optimistix is already imported): it runs here."""
+    """``docs/existing-libraries.md`` shows the import-order rule in the ``python`` block marked
+    ``<!-- docs-test: fresh interpreter, equinox-family -->`` (``tests/test_docs.py`` runs it
+    too): it runs here in a fresh interpreter, with checks of its own appended."""
     page = (Path(__file__).resolve().parents[1] / "docs" / "existing-libraries.md").read_text()
-    start = page.index("```text\nimport jaxoverride as jo\n") + len("```text\n")
+    fence = "<!-- docs-test: fresh interpreter, equinox-family -->\n```python\n"
+    start = page.index(fence) + len(fence)
+    assert page[start:].startswith("import jaxoverride as jo\n")
     snippet = page[start : page.index("```", start)]
     check = "\nassert set(params) == {'cell'}\nassert not isinstance(z, jax.core.Tracer)\n"
     done = subprocess.run(

@@ -295,11 +295,14 @@ def test_a_write_outside_the_callback_works(result):
 
 def test_diffrax_issue_115_program_works():
     """diffrax #115: ``diffeqsolve`` inside an ``nn.compact`` module under
-    ``jax.jit(model.init)``. Raw, it raises ``UnexpectedTracerError``; with the adapter
+    ``jax.jit(model.init)``. Raw (the missing-adapter check off), it raises
+    ``UnexpectedTracerError``; with the check on, ``MissingAdapterError``; with the adapter
     installed, the reporter's program runs unchanged and equals diffrax on the explicit
     parameters, gradients included."""
     reported = _reported("issues", "diffrax_115")
     assert reported["raw"]["type"] == "UnexpectedTracerError", reported["raw"]
+    assert reported["unadapted"]["type"] == "MissingAdapterError", reported["unadapted"]
+    assert "Flax Linen" in reported["unadapted"]["message"]
     assert reported["params"] == {"params": {"derivative_net": {"bias": [4], "kernel": [4, 4]}}}
     assert reported["eager_init"] <= 1e-6
     assert reported["apply"] <= 1e-5
@@ -311,9 +314,12 @@ def test_flax_issue_2887_program_works():
     """flax #2887: ``diffeqsolve`` over a submodule defined in ``setup``, eager
     ``node.init``. With the adapter, no unbinding workaround is needed: init and apply,
     eager and jitted, equal diffrax on the explicit parameters. (Raw, today's Flax no longer
-    raises the reported ``JaxTransformError``: the tracer leaks, ``UnexpectedTracerError``.)"""
+    raises the reported ``JaxTransformError``: the tracer leaks, ``UnexpectedTracerError``,
+    with the missing-adapter check off; with it on, ``MissingAdapterError``.)"""
     reported = _reported("issues", "flax_2887")
     assert reported["raw"]["type"] == "UnexpectedTracerError", reported["raw"]
+    assert reported["unadapted"]["type"] == "MissingAdapterError", reported["unadapted"]
+    assert "Flax Linen" in reported["unadapted"]["message"]
     assert reported["params"] == {"params": {"ode_term": {"bias": [1], "kernel": [1, 1]}}}
     assert reported["jit_init"] <= 1e-6
     assert reported["apply"] <= 1e-6

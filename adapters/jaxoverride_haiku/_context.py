@@ -68,6 +68,11 @@ def _enter_transform(context: base.HaikuContext) -> base.HaikuContext:
     installation = _installation
     if installation is None:
         return result
+    if not installation.installed:
+        # Removed through the handle (``with joh.install():``, ``handle.uninstall()``),
+        # not ``uninstall()``: a stale installation must not activate the adapter.
+        _forget(installation)
+        return result
     scope = installation.scope()
     try:
         scope.__enter__()
@@ -78,6 +83,18 @@ def _enter_transform(context: base.HaikuContext) -> base.HaikuContext:
     with _lock:
         _open_scopes += 1
     return result
+
+
+def _forget(installation: jo.Installation) -> None:
+    """Unhooks Haiku's transform context from an installation removed via its handle."""
+    global _installation
+    with _lock:
+        if _installation is installation:
+            _installation = None
+            if base.HaikuContext.__enter__ is _enter_transform:
+                base.HaikuContext.__enter__ = _haiku_enter  # type: ignore[method-assign]
+            if _open_scopes == 0 and base.HaikuContext.__exit__ is _exit_transform:
+                base.HaikuContext.__exit__ = _haiku_exit  # type: ignore[method-assign]
 
 
 def _escaped_state() -> int:

@@ -179,21 +179,3 @@ def init_once(one: Callable[[], T], two_pass: Callable[[], T]) -> T:
         sequence.replace_internal_state(rng_before)
     names.restore_into(frame)
     return two_pass()
-    frame = current_frame()
-    owner = not creating_site()
-    if owner:
-        names = Names.capture(frame)
-        state_before = {module: dict(bundle) for module, bundle in frame.state.items()}
-        sequence = frame.rng_stack.peek()
-        rng_before = None if sequence is None else sequence.internal_state
-    with create_in_trace() as site:
-        out = one()
-    if not owner or not site.state_created:
-        return out  # (a nested call: the owner of the site starts again)
-    # Back to the state before the call (the parameters made stay), then the two passes.
-    frame.state.clear()
-    frame.state.update(state_before)
-    if sequence is not None:
-        sequence.replace_internal_state(rng_before)
-    names.restore_into(frame)
-    return two_pass()
