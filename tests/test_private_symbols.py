@@ -12,10 +12,20 @@ from __future__ import annotations
 
 import ast
 import importlib
+import importlib.util
 import pathlib
 import types
 
 import pytest
+
+# The tables name each symbol as the newest supported releases spell it, and that is what
+# ci/private_symbols.py audits upstream. Flax 0.12.1 (the oldest set, `make test-oldest`)
+# names its graph module ``flax.nnx.graph``, not ``graphlib``: ``jaxoverride_nnx._compat``
+# imports either, so there the names resolve to another module and cannot be compared.
+pytestmark = pytest.mark.skipif(
+    importlib.util.find_spec("flax.nnx.graphlib") is None,
+    reason="this Flax predates flax.nnx.graphlib, the module the audited names live in",
+)
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 INTERNAL_FLAX = (

@@ -6,6 +6,17 @@ The JAX names it needed (``resolve_argnums``, ``_batch_and_remainder``) are the 
 
 from __future__ import annotations
 
+try:
+    from jax.extend.core import (
+        set_current_trace as set_current_trace,
+        take_current_trace as take_current_trace,
+    )
+except ImportError:  # JAX 0.8: the same functions, public under jax.core only.
+    from jax.core import (  # type: ignore[no-redef]
+        set_current_trace as set_current_trace,  # type: ignore[attr-defined]
+        take_current_trace as take_current_trace,  # type: ignore[attr-defined]
+    )
+
 _STATE = "Haiku's state threading (what hk.transform does inside), which has no public API"
 _STACK = "a stack that a jitted call must replay (hk.custom_creator/getter/setter push onto it)"
 
@@ -43,4 +54,4 @@ listed here, or one that has a public name.
 """
 
 
-__all__ = ["PRIVATE_SYMBOLS"]
+__all__ = ["PRIVATE_SYMBOLS", "set_current_trace", "take_current_trace"]

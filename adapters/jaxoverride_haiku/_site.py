@@ -27,8 +27,8 @@ from typing import Any, TypeVar
 import haiku as hk
 import jax
 from haiku._src import base
-from jax.extend.core import set_current_trace, take_current_trace
 
+from jaxoverride_haiku._compat import set_current_trace, take_current_trace
 from jaxoverride_haiku._creation import _salt, _SaltedSequence
 from jaxoverride_haiku._frames import Names, current_frame, initializing
 

@@ -88,12 +88,13 @@ class _Nnx(Framework):
 
     def is_state(self, value: Any) -> bool:
         """Whether ``value`` is an NNX graph node or a Variable that raw JAX would not thread."""
-        graphlib = self.loaded()
+        # The graph module is ``graphlib`` in recent Flax, ``graph`` in Flax 0.12.1.
+        graphlib = sys.modules.get("flax.nnx.graphlib") or sys.modules.get("flax.nnx.graph")
         if graphlib is None:
             return False
         if type(value) in graphlib.GRAPH_REGISTRY:
             return True
-        variablelib = sys.modules.get("flax.nnx.variablelib")
+        variablelib = self.loaded()
         if variablelib is None or not isinstance(value, variablelib.Variable):
             return False
         # ref=True and hijax=True Variables already work inside raw JAX transforms.
@@ -120,7 +121,7 @@ LINEN = _Linen(
 NNX = _Nnx(
     "nnx",
     "Flax NNX (the function captures NNX modules or Variables)",
-    "flax.nnx.graphlib",
+    "flax.nnx.variablelib",  # in every supported Flax (the graph module was renamed)
     "jaxoverride_nnx",
     "`with jaxoverride_nnx.track(model):` around the call, naming the top-level module",
 )

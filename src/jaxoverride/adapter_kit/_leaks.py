@@ -5,17 +5,17 @@ from __future__ import annotations
 from typing import Any
 
 import jax
-import jax.extend.core as jex_core
 from jax.core import Tracer
 
 from jaxoverride import _raw
+from jaxoverride._compat import get_opaque_trace_state
 from jaxoverride.errors import MissingAdapterError
 
 
 def _live_traces() -> set[int] | None:
     """Ids of the current JAX trace and the traces it runs inside; None if JAX won't say."""
     try:
-        trace = jex_core.get_opaque_trace_state(convention="jaxoverride")._trace_ref()
+        trace = get_opaque_trace_state(convention="jaxoverride")._trace_ref()
     except (AssertionError, AttributeError, TypeError):  # JAX changed a private name
         return None
     live: set[int] = set()
