@@ -268,17 +268,18 @@ def test_bad_input_raises_jax_exception_and_message(name):
     assert str(raw.value) in str(ours.value)
 
 
-def test_scan_over_a_generator_raises_jaxs_type_error():
+def test_scan_over_a_generator_raises_jaxs_error():
+    # JAX names the generator in its message (an address that differs per call), and
+    # raises TypeError (0.10) or ValueError (0.8): the same type as JAX, and its wording.
     def program(lax):
         return lax.scan(lambda c, x: (c, x), 0.0, xs=(i for i in range(3)))
 
-    with pytest.raises(TypeError) as raw:
+    with pytest.raises((TypeError, ValueError)) as raw:
         program(jax.lax)
-    with dag.context(), pytest.raises(TypeError) as ours:
+    with dag.context(), pytest.raises(type(raw.value)) as ours:
         program(jlax)
-    assert "is not a valid JAX type" in str(raw.value) and "is not a valid JAX type" in str(
-        ours.value
-    )
+    assert type(ours.value) is type(raw.value)
+    assert str(raw.value).split("<generator")[0] in str(ours.value)
 
 
 def bad_transform_calls():
