@@ -43,9 +43,10 @@ def summary(rows: list[dict[str, Any]]) -> str:
     return line
 
 
-def chart_path(directory: str, suite: str) -> str:
-    """Where the chart of one suite goes, relative to the report page."""
-    return f"{directory}/benchmark-report-{suite}.png"
+def chart_path(directory: str, suite: str, prefix: str = "benchmark-report") -> str:
+    """Where the chart of one suite goes, relative to the report page; ``prefix`` names the
+    report (``benchmark-report`` on the CPU, ``benchmark-gpu`` for the GPU run)."""
+    return f"{directory}/{prefix}-{suite}.png"
 
 
 def suites(rows: list[dict[str, Any]]) -> list[str]:
@@ -53,7 +54,9 @@ def suites(rows: list[dict[str, Any]]) -> list[str]:
     return list(dict.fromkeys(row["suite"] for row in rows))
 
 
-def markdown(rows: list[dict[str, Any]], header: str, charts: str) -> str:
+def markdown(
+    rows: list[dict[str, Any]], header: str, charts: str, prefix: str = "benchmark-report"
+) -> str:
     """The report page: a header, the summary, and per suite its chart and two tables.
 
     Each suite's chart sits above its tables (``chart_path(charts, suite)``). The verdicts
@@ -66,7 +69,7 @@ def markdown(rows: list[dict[str, Any]], header: str, charts: str) -> str:
         lines += [
             f"## {suite}",
             "",
-            f"![{suite}: each ratio against its target]({chart_path(charts, suite)})",
+            f"![{suite}: each ratio against its target]({chart_path(charts, suite, prefix)})",
             "",
             "| case | ours / baseline | ratio | target | met |",
             "|---|---|---:|---|---|",
@@ -112,7 +115,9 @@ _ROW_INCHES = 0.42
 _LINE_ROWS = 0.45  # the height of one more label line, in rows
 
 
-def bar_charts(rows: list[dict[str, Any]], directory: Path, title: str) -> list[Path]:
+def bar_charts(
+    rows: list[dict[str, Any]], directory: Path, title: str, prefix: str = "benchmark-report"
+) -> list[Path]:
     """Draws one PNG per suite, ``chart_figure(suite_rows, ...)``, into ``directory``;
     returns their paths (named by ``chart_path``)."""
     import matplotlib.pyplot as plt
@@ -121,7 +126,7 @@ def bar_charts(rows: list[dict[str, Any]], directory: Path, title: str) -> list[
     written = []
     for suite in suites(rows):
         figure = chart_figure([row for row in rows if row["suite"] == suite], f"{suite}: {title}")
-        path = directory / Path(chart_path(".", suite)).name
+        path = directory / Path(chart_path(".", suite, prefix)).name
         # 2x the on-screen size, so that the text stays sharp on high-density screens.
         figure.savefig(path, dpi=200)
         plt.close(figure)
