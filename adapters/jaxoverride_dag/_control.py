@@ -32,6 +32,7 @@ from jaxoverride_dag._handoff import (
     call_user,
     from_user,
     raise_as_jax,
+    raise_handoff_error,
 )
 from jaxoverride_dag._out import Packed, unforward, unforward_tree
 from jaxoverride_dag._plan import Plan, encode
@@ -89,12 +90,8 @@ def _drive(run: Callable[[Plan], Any], plan: Plan, raw: Callable[[], Any]) -> tu
             if retry.plan == plan:  # pragma: no cover - meet always splits a group
                 raise RuntimeError("jaxoverride_dag: carry layout did not converge") from None
             plan = retry.plan
-        except MismatchError as mismatch:
-            raise_as_jax(raw, mismatch.error)
-        except (TypeError, ValueError) as error:
-            if from_user(error):
-                raise
-            raise_as_jax(raw, error)
+        except (MismatchError, TypeError, ValueError) as error:
+            raise_handoff_error(raw, error)
 
 
 def _nothing_to_map(plan: Plan, dyn: Sequence[Any]) -> bool:
@@ -284,11 +281,9 @@ def _run_branches(
             return unforward_tree(call(wrapped), dyn).unpack()
         except RetryError as retry:
             target = retry.plan
-        except MismatchError as mismatch:
-            raise_as_jax(raw, mismatch.error)
-        except (TypeError, ValueError) as error:
-            if from_user(error):
-                raise
+        except (MismatchError, TypeError, ValueError) as error:
+            if isinstance(error, MismatchError) or from_user(error):
+                raise_handoff_error(raw, error)
             found = None if target is not None else _common_plan(api, wrapped, dyn)
             if not isinstance(found, Plan):
                 raise_as_jax(raw, error if found is None else found)
@@ -383,10 +378,7 @@ def dag_map(f: Callable[[Any], Any], xs: Any, *, batch_size: int | None = None) 
     try:
         out = lower(body, tuple(dyn), batch_size=batch_size)
     except (TypeError, ValueError) as error:
-        if from_user(error):
-            raise
-        raise_as_jax(lambda: lower(f, xs, batch_size=batch_size), error)
-        raise  # pragma: no cover - _raise_as_jax always raises
+        raise_handoff_error(lambda: lower(f, xs, batch_size=batch_size), error)
     return unforward_tree(out, dyn).unpack()
 
 
