@@ -32,9 +32,9 @@ from jaxoverride_nnx._lift import (
     call_plain,
     changed,
     from_refs,
-    graph_objects,
     prepare,
     refs_of,
+    refuse_modules,
     run_lifted,
     to_refs,
     with_arguments,
@@ -409,12 +409,11 @@ def eval_shape(fun: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
 
 
 def _no_modules(where: str, primals: Any) -> None:
-    if graph_objects(primals):
-        raise TypeError(
-            f"jaxoverride_nnx: {where} got an NNX module or Variable among its primals. "
-            "Close over the module (tracked with jaxoverride_nnx.track) and pass arrays, "
-            "for instance nnx.state(model, nnx.Param), as primals instead."
-        )
+    fix = (
+        "Close over the module (tracked with jaxoverride_nnx.track) and pass arrays, for "
+        "instance nnx.state(model, nnx.Param), as primals instead."
+    )
+    refuse_modules(primals, where, "among its primals", fix)
 
 
 def _aux_pure(
