@@ -9,6 +9,7 @@ returned once and placed at each of its positions. Leaves that cannot be differe
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -107,6 +108,10 @@ def _is_pair(out: Any) -> bool:
     return isinstance(out, list | tuple) and len(out) == 2
 
 
+# How an override lays out JAX's result: ``finish(split, result)``.
+_Finish = Callable[[_Split, Any], Any]
+
+
 def _lowered(
     api: str,
     fun: Callable[..., Any],
@@ -114,7 +119,7 @@ def _lowered(
     has_aux: bool,
     allow_int: bool,
     options: dict[str, Any],
-    finish: Callable[[_Split, Any], Any],
+    finish: _Finish,
     pack_outputs: bool,
 ) -> Callable[..., Any]:
     """JAX's ``api`` (``argnums=0``) over the encoded call; ``finish(split, result)``.
@@ -144,7 +149,7 @@ def _lowered(
     return transformed
 
 
-def _gradient_of(with_value: bool, has_aux: bool) -> Callable[[_Split, Any], Any]:
+def _gradient_of(with_value: bool, has_aux: bool) -> _Finish:
     """How ``grad`` (``with_value=False``) or ``value_and_grad`` lays out JAX's result."""
 
     def finish(split: _Split, result: Any) -> Any:
@@ -161,7 +166,7 @@ def _gradient_of(with_value: bool, has_aux: bool) -> Callable[[_Split, Any], Any
     return finish
 
 
-def _jacobian_of(has_aux: bool) -> Callable[[_Split, Any], Any]:
+def _jacobian_of(has_aux: bool) -> _Finish:
     """How the Jacobians lay out JAX's result: blocks decoded like the outputs."""
 
     def finish(split: _Split, result: Any) -> Any:
@@ -174,7 +179,11 @@ def _jacobian_of(has_aux: bool) -> Callable[[_Split, Any], Any]:
     return finish
 
 
-def _gradient_override(api: str, with_value: bool) -> Callable[..., Callable[..., Any]]:
+def _override(
+    api: str, finish_of: Callable[[bool], _Finish], pack_outputs: bool, doc: str
+) -> Callable[..., Callable[..., Any]]:
+    """The override of ``api`` (JAX's signature, ``allow_int`` included)."""
+
     def override(
         fun: Callable[..., Any],
         argnums: int | Any = 0,
@@ -184,16 +193,30 @@ def _gradient_override(api: str, with_value: bool) -> Callable[..., Callable[...
         **options: Any,
     ) -> Callable[..., Any]:
         options = {"holomorphic": holomorphic, "allow_int": allow_int, **options}
-        finish = _gradient_of(with_value, has_aux)
-        return _lowered(api, fun, argnums, has_aux, allow_int, options, finish, False)
+        finish = finish_of(has_aux)
+        return _lowered(api, fun, argnums, has_aux, allow_int, options, finish, pack_outputs)
 
     override.__name__ = override.__qualname__ = f"dag_{api}"
-    override.__doc__ = f"The ``{api!r}`` override: JAX's signature, tied leaves summed."
+    override.__doc__ = doc
     return override
 
 
-dag_value_and_grad = _gradient_override("value_and_grad", True)
-dag_grad = _gradient_override("grad", False)
+_SUMMED = "JAX's signature, tied leaves summed."
+dag_value_and_grad = _override(
+    "value_and_grad",
+    functools.partial(_gradient_of, True),
+    False,
+    f"The ``'value_and_grad'`` override: {_SUMMED}",
+)
+dag_grad = _override(
+    "grad", functools.partial(_gradient_of, False), False, f"The ``'grad'`` override: {_SUMMED}"
+)
+dag_jacrev = _override(
+    "jacrev",
+    _jacobian_of,
+    True,
+    "The ``'jacrev'`` override: JAX's signature; the Jacobian mirrors the sharing.",
+)
 
 
 def dag_jacfwd(
@@ -206,20 +229,6 @@ def dag_jacfwd(
     """The ``"jacfwd"`` override: JAX's signature; the Jacobian mirrors the sharing."""
     options = {"holomorphic": holomorphic, **options}
     return _lowered("jacfwd", fun, argnums, has_aux, False, options, _jacobian_of(has_aux), True)
-
-
-def dag_jacrev(
-    fun: Callable[..., Any],
-    argnums: int | Any = 0,
-    has_aux: bool = False,
-    holomorphic: bool = False,
-    allow_int: bool = False,
-    **options: Any,
-) -> Callable[..., Any]:
-    """The ``"jacrev"`` override: JAX's signature; the Jacobian mirrors the sharing."""
-    options = {"holomorphic": holomorphic, "allow_int": allow_int, **options}
-    finish = _jacobian_of(has_aux)
-    return _lowered("jacrev", fun, argnums, has_aux, allow_int, options, finish, True)
 
 
 def dag_hessian(
