@@ -358,10 +358,19 @@ def _dynamic(
     return dyn
 
 
-def _jax_error(error: Exception, dyn: Sequence[Any]) -> bool:
-    """Whether the compiled call's ``error`` is JAX's to raise (every argument was an
-    array it accepts), not a sign that the last trace no longer fits."""
-    return not isinstance(error, StructureChangedError) and all_dynamic(dyn)
+def _recover(
+    error: Exception,
+    dyn: Sequence[Any],
+    call_slow: Callable[[tuple[Any, ...], dict[str, Any]], Any],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+) -> Any:
+    """After the compiled call raised ``error``: JAX's own error (every argument was an
+    array it accepts) is raised; anything else means that the last trace no longer fits,
+    and the slow path decides."""
+    if not isinstance(error, StructureChangedError) and all_dynamic(dyn):
+        raise error
+    return call_slow(args, kwargs)
 
 
 def _hot_path(state: DagJit) -> Callable[..., Any]:
@@ -393,9 +402,7 @@ def _hot_path(state: DagJit) -> Callable[..., Any]:
         try:
             out = fn(*dyn)
         except (StructureChangedError, TypeError) as error:
-            if _jax_error(error, dyn):
-                raise
-            return call_slow(args, kwargs)
+            return _recover(error, dyn, call_slow, args, kwargs)
         return out.unpack() if type(out) is Packed else out
 
     return jitted
@@ -420,9 +427,7 @@ def _hot_path_static(state: DagJit) -> Callable[..., Any]:
         try:
             out = fn(*values, *dyn)
         except (StructureChangedError, TypeError) as error:
-            if _jax_error(error, dyn):
-                raise
-            return call_slow(args, kwargs)
+            return _recover(error, dyn, call_slow, args, kwargs)
         return out.unpack() if type(out) is Packed else out
 
     return jitted
