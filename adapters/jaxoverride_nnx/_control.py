@@ -49,7 +49,7 @@ from jaxoverride_nnx._lift import (
 )
 from jaxoverride_nnx._scope import Tracked, current
 from jaxoverride_nnx._threads import NeedsState, Threads, given_values, module_of
-from jaxoverride_nnx._transforms import batched_state_error, run_closure
+from jaxoverride_nnx._transforms import run_closure, run_mapped
 
 T = TypeVar("T")
 
@@ -591,15 +591,7 @@ def _vmapped(
         out, updates = run_closure(tracked, f, (x,), {}, where)
         return to_refs(out, tracked)[0], updates
 
-    try:
-        ys, updates = vmap_below(pure, out_axes=(0, None))(xs)
-    except ValueError as error:
-        clearer = batched_state_error(error, tracked, where)
-        if clearer is error:
-            raise
-        raise clearer from None
-    write_back(tracked, updates, where)
-    return ys
+    return run_mapped(vmap_below(pure, out_axes=(0, None)), tracked, where, (xs,), {})
 
 
 _VMAP_BELOW: contextvars.ContextVar[Callable[..., Any]] = contextvars.ContextVar(

@@ -91,6 +91,27 @@ def batched_state_error(error: ValueError, tracked: Tracked, where: str) -> Base
     )
 
 
+def run_mapped(
+    mapped: Callable[..., tuple[Any, Any]],
+    tracked: Tracked,
+    where: str,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+) -> Any:
+    """``mapped(*args, **kwargs)``, a ``vmap`` that returns ``(out, updates)`` with the
+    updates unbatched: writes them back and returns ``out``. A batched update is refused
+    with the Variable's path (``batched_state_error``)."""
+    try:
+        out, updates = mapped(*args, **kwargs)
+    except ValueError as error:
+        clearer = batched_state_error(error, tracked, where)
+        if clearer is error:
+            raise
+        raise clearer from None
+    write_back(tracked, updates, where)
+    return out
+
+
 def mapped_module_path(
     prefix: Any, args: Any, unmapped: Callable[[Any], bool], holds_module: Callable[[Any], Any]
 ) -> tuple[str, Any] | None:
@@ -160,15 +181,7 @@ def vmap(fun: Callable[..., Any], *args: Any, **kwargs: Any) -> Callable[..., An
         # ``pure`` takes the user's arguments: under the user's name and signature, JAX's
         # messages (inconsistent sizes, say) name them as jax.vmap(fun) would.
         mapped = below(_named(pure, fun), **{**options, "out_axes": (out_axes, None)})
-        try:
-            out, updates = mapped(*args_, **kwargs_)
-        except ValueError as error:
-            clearer = batched_state_error(error, view, where)
-            if clearer is error:
-                raise
-            raise clearer from None
-        write_back(view, updates, where)
-        return from_refs(out, view)
+        return from_refs(run_mapped(mapped, view, where, args_, kwargs_), view)
 
     return _named(call, fun)
 
