@@ -112,7 +112,11 @@ def dag_scan(
     unroll: int | bool = 1,
     _split_transpose: bool = False,
 ) -> tuple[Any, Any]:
-    """The ``"lax.scan"`` override: ``jax.lax.scan``'s signature."""
+    """The ``"lax.scan"`` override: ``jax.lax.scan``'s signature.
+
+    The body sees the carry and each slice of ``xs`` as fresh objects, shared as the
+    caller's were; ``ys`` come back with the sharing the body gave them.
+    """
     lower = jo.next_impl("lax.scan")
     if not callable(f):  # JAX's own error
         return lower(f, init, xs, length, reverse, unroll, _split_transpose)
