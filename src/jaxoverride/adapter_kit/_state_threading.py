@@ -355,7 +355,7 @@ def threaded_while_loop(
       cond_fun, body_fun, init_val: as for ``jax.lax.while_loop``.
 
     Returns:
-      The final loop value.
+      The loop value for which ``cond_fun`` first returned false.
 
     Example:
       >>> import jax, jax.numpy as jnp
@@ -446,7 +446,8 @@ def threaded_fori_loop(
       lower_bound, upper_bound, body_fun, init_val, unroll: as for ``jax.lax.fori_loop``.
 
     Returns:
-      The final loop value.
+      The loop value after ``body_fun`` ran for every ``i`` in
+      ``[lower_bound, upper_bound)``.
 
     Example:
       >>> import jax, jax.numpy as jnp
