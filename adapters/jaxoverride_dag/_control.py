@@ -195,7 +195,11 @@ def dag_fori_loop(
     *,
     unroll: int | bool | None = None,
 ) -> Any:
-    """The ``"lax.fori_loop"`` override: ``jax.lax.fori_loop``'s signature."""
+    """The ``"lax.fori_loop"`` override: ``jax.lax.fori_loop``'s signature.
+
+    The body sees the carry as fresh objects, shared as the caller's were; the final
+    value has the sharing of the initial one.
+    """
     below = jo.next_impl("lax.fori_loop")
     if not callable(body_fun):  # JAX's own error
         return below(lower, upper, body_fun, init_val, unroll=unroll)

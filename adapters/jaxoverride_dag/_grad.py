@@ -233,7 +233,7 @@ def dag_jacfwd(
 
 def dag_hessian(
     fun: Callable[..., Any],
-    argnums: int | Any = 0,
+    argnums: Any = 0,
     has_aux: bool = False,
     holomorphic: bool = False,
 ) -> Callable[..., Any]:
