@@ -197,8 +197,8 @@ def dag_fori_loop(
 ) -> Any:
     """The ``"lax.fori_loop"`` override: ``jax.lax.fori_loop``'s signature.
 
-    The body sees the carry as fresh objects, shared as the caller's were; the final
-    value has the sharing of the initial one.
+    The body sees the carry as fresh objects, shared as the caller's were (arrays
+    de-shared where the body splits them, as JAX would run it).
     """
     below = jo.next_impl("lax.fori_loop")
     if not callable(body_fun):  # JAX's own error
