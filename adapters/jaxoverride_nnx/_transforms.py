@@ -14,6 +14,8 @@ stands for its ``nnx.Param`` Variables, and its gradient is an ``nnx.State``, as
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import inspect
 import re
 from collections.abc import Callable, Sequence
@@ -198,22 +200,13 @@ def _named(call: Callable[..., Any], fun: Callable[..., Any]) -> Callable[..., A
 # -- differentiation ------------------------------------------------------------------
 
 
-@jax.tree_util.register_pytree_node_class
+@functools.partial(jax.tree_util.register_dataclass, data_fields=["state"], meta_fields=["index"])
+@dataclasses.dataclass(eq=False, slots=True)
 class _ParamsOf:
     """A module in a differentiated argument: its ``nnx.Param`` values, and which module."""
 
-    __slots__ = ("index", "state")
-
-    def __init__(self, state: Any, index: int):
-        self.state = state
-        self.index = index
-
-    def tree_flatten(self) -> tuple[tuple[Any], int]:
-        return (self.state,), self.index
-
-    @classmethod
-    def tree_unflatten(cls, index: int, children: Sequence[Any]) -> _ParamsOf:
-        return cls(children[0], index)
+    state: Any
+    index: int
 
 
 def _params(obj: Any, index: int) -> _ParamsOf:
