@@ -32,6 +32,7 @@ from jaxoverride_dag._handoff import (
     call_user,
     from_user,
     raise_as_jax,
+    raise_handoff_error,
 )
 from jaxoverride_dag._out import Packed, unforward, unforward_tree
 from jaxoverride_dag._plan import Plan, encode
@@ -89,12 +90,8 @@ def _drive(run: Callable[[Plan], Any], plan: Plan, raw: Callable[[], Any]) -> tu
             if retry.plan == plan:  # pragma: no cover - meet always splits a group
                 raise RuntimeError("jaxoverride_dag: carry layout did not converge") from None
             plan = retry.plan
-        except MismatchError as mismatch:
-            raise_as_jax(raw, mismatch.error)
-        except (TypeError, ValueError) as error:
-            if from_user(error):
-                raise
-            raise_as_jax(raw, error)
+        except (MismatchError, TypeError, ValueError) as error:
+            raise_handoff_error(raw, error)
 
 
 def _nothing_to_map(plan: Plan, dyn: Sequence[Any]) -> bool:
@@ -115,7 +112,11 @@ def dag_scan(
     unroll: int | bool = 1,
     _split_transpose: bool = False,
 ) -> tuple[Any, Any]:
-    """The ``"lax.scan"`` override: ``jax.lax.scan``'s signature."""
+    """The ``"lax.scan"`` override: ``jax.lax.scan``'s signature.
+
+    The body sees the carry and each slice of ``xs`` as fresh objects, shared as the
+    caller's were; ``ys`` come back with the sharing the body gave them.
+    """
     lower = jo.next_impl("lax.scan")
     if not callable(f):  # JAX's own error
         return lower(f, init, xs, length, reverse, unroll, _split_transpose)
@@ -194,7 +195,11 @@ def dag_fori_loop(
     *,
     unroll: int | bool | None = None,
 ) -> Any:
-    """The ``"lax.fori_loop"`` override: ``jax.lax.fori_loop``'s signature."""
+    """The ``"lax.fori_loop"`` override: ``jax.lax.fori_loop``'s signature.
+
+    The body sees the carry as fresh objects, shared as the caller's were (arrays
+    de-shared where the body splits them, as JAX would run it).
+    """
     below = jo.next_impl("lax.fori_loop")
     if not callable(body_fun):  # JAX's own error
         return below(lower, upper, body_fun, init_val, unroll=unroll)
@@ -284,11 +289,9 @@ def _run_branches(
             return unforward_tree(call(wrapped), dyn).unpack()
         except RetryError as retry:
             target = retry.plan
-        except MismatchError as mismatch:
-            raise_as_jax(raw, mismatch.error)
-        except (TypeError, ValueError) as error:
-            if from_user(error):
-                raise
+        except (MismatchError, TypeError, ValueError) as error:
+            if isinstance(error, MismatchError) or from_user(error):
+                raise_handoff_error(raw, error)
             found = None if target is not None else _common_plan(api, wrapped, dyn)
             if not isinstance(found, Plan):
                 raise_as_jax(raw, error if found is None else found)
@@ -383,10 +386,7 @@ def dag_map(f: Callable[[Any], Any], xs: Any, *, batch_size: int | None = None) 
     try:
         out = lower(body, tuple(dyn), batch_size=batch_size)
     except (TypeError, ValueError) as error:
-        if from_user(error):
-            raise
-        raise_as_jax(lambda: lower(f, xs, batch_size=batch_size), error)
-        raise  # pragma: no cover - _raise_as_jax always raises
+        raise_handoff_error(lambda: lower(f, xs, batch_size=batch_size), error)
     return unforward_tree(out, dyn).unpack()
 
 

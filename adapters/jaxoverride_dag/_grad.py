@@ -9,6 +9,7 @@ returned once and placed at each of its positions. Leaves that cannot be differe
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -107,19 +108,27 @@ def _is_pair(out: Any) -> bool:
     return isinstance(out, list | tuple) and len(out) == 2
 
 
-def _differentiate(
+# How an override lays out JAX's result: ``finish(split, result)``.
+_Finish = Callable[[_Split, Any], Any]
+
+
+def _lowered(
     api: str,
-    lower: Callable[..., Any],
-    with_value: bool,
     fun: Callable[..., Any],
     argnums: Any,
     has_aux: bool,
     allow_int: bool,
     options: dict[str, Any],
+    finish: _Finish,
+    pack_outputs: bool,
 ) -> Callable[..., Any]:
-    """``grad`` (``with_value=False``) or ``value_and_grad`` built on ``lower``."""
+    """JAX's ``api`` (``argnums=0``) over the encoded call; ``finish(split, result)``.
 
-    def differentiated(*args: Any, **kwargs: Any) -> Any:
+    With ``pack_outputs`` the outputs are encoded too (the Jacobians mirror their sharing).
+    """
+    lower = jo.next_impl(api)
+
+    def transformed(*args: Any, **kwargs: Any) -> Any:
         split = _Split(api, argnums, allow_int, args, kwargs)
 
         def inner(dvals: tuple[Any, ...], dyn: list[Any], rest_dyn: list[Any]) -> Any:
@@ -127,13 +136,23 @@ def _differentiate(
             if has_aux and not _is_pair(out):
                 return out  # JAX's own error names what was returned
             if has_aux:
-                value, aux = out
-                return value, pack(aux, f"{api} aux")
-            return out
+                out, aux = out
+            if pack_outputs:
+                out = pack(out, f"{api} outputs")
+            return (out, pack(aux, f"{api} aux")) if has_aux else out
 
         primals = split.primals()
-        result = lower(inner, argnums=0, has_aux=has_aux, allow_int=allow_int, **options)(*primals)
-        result = unforward_tree(result, [*primals[1], *primals[2]])
+        result = lower(inner, argnums=0, has_aux=has_aux, **options)(*primals)
+        return finish(split, unforward_tree(result, [*primals[1], *primals[2]]))
+
+    transformed.__wrapped__ = fun  # type: ignore[attr-defined]
+    return transformed
+
+
+def _gradient_of(with_value: bool, has_aux: bool) -> _Finish:
+    """How ``grad`` (``with_value=False``) or ``value_and_grad`` lays out JAX's result."""
+
+    def finish(split: _Split, result: Any) -> Any:
         if with_value:
             (value, grads) = result
             if has_aux:
@@ -144,84 +163,60 @@ def _differentiate(
             return split.gradient(grads), aux.unpack()
         return split.gradient(result)
 
-    differentiated.__wrapped__ = fun  # type: ignore[attr-defined]
-    return differentiated
+    return finish
 
 
-def dag_value_and_grad(
-    fun: Callable[..., Any],
-    argnums: int | Any = 0,
-    has_aux: bool = False,
-    holomorphic: bool = False,
-    allow_int: bool = False,
-    **options: Any,
-) -> Callable[..., Any]:
-    """The ``"value_and_grad"`` override: JAX's signature, tied leaves summed."""
-    return _differentiate(
-        "value_and_grad",
-        jo.next_impl("value_and_grad"),
-        True,
-        fun,
-        argnums,
-        has_aux,
-        allow_int,
-        {"holomorphic": holomorphic, **options},
-    )
+def _jacobian_of(has_aux: bool) -> _Finish:
+    """How the Jacobians lay out JAX's result: blocks decoded like the outputs."""
 
-
-def dag_grad(
-    fun: Callable[..., Any],
-    argnums: int | Any = 0,
-    has_aux: bool = False,
-    holomorphic: bool = False,
-    allow_int: bool = False,
-    **options: Any,
-) -> Callable[..., Any]:
-    """The ``"grad"`` override: JAX's signature, tied leaves summed."""
-    return _differentiate(
-        "grad",
-        jo.next_impl("grad"),
-        False,
-        fun,
-        argnums,
-        has_aux,
-        allow_int,
-        {"holomorphic": holomorphic, **options},
-    )
-
-
-def _jacobian(
-    api: str,
-    lower: Callable[..., Any],
-    fun: Callable[..., Any],
-    argnums: Any,
-    has_aux: bool,
-    options: dict[str, Any],
-    allow_int: bool,
-) -> Callable[..., Any]:
-    def jacobian_f(*args: Any, **kwargs: Any) -> Any:
-        split = _Split(api, argnums, allow_int, args, kwargs)
-
-        def inner(dvals: tuple[Any, ...], dyn: list[Any], rest_dyn: list[Any]) -> Any:
-            out = split.call(fun, dvals, dyn, rest_dyn)
-            if has_aux and not _is_pair(out):
-                return out  # JAX's own error names what was returned
-            if has_aux:
-                out, aux = out
-                return pack(out, f"{api} outputs"), pack(aux, f"{api} aux")
-            return pack(out, f"{api} outputs")
-
-        primals = split.primals()
-        result = lower(inner, argnums=0, has_aux=has_aux, **options)(*primals)
-        result = unforward_tree(result, [*primals[1], *primals[2]])
+    def finish(split: _Split, result: Any) -> Any:
         jac = result[0] if has_aux else result
         out_plan: Plan = jac.plan
         blocks = [split.gradient(block) for block in jac.leaves]
         tree = out_plan.decode(blocks, (None,) * len(out_plan.statics))
         return (tree, result[1].unpack()) if has_aux else tree
 
-    jacobian_f.__wrapped__ = fun  # type: ignore[attr-defined]
-    return jacobian_f
+    return finish
+
+
+def _override(
+    api: str, finish_of: Callable[[bool], _Finish], pack_outputs: bool, doc: str
+) -> Callable[..., Callable[..., Any]]:
+    """The override of ``api`` (JAX's signature, ``allow_int`` included)."""
+
+    def override(
+        fun: Callable[..., Any],
+        argnums: int | Any = 0,
+        has_aux: bool = False,
+        holomorphic: bool = False,
+        allow_int: bool = False,
+        **options: Any,
+    ) -> Callable[..., Any]:
+        options = {"holomorphic": holomorphic, "allow_int": allow_int, **options}
+        finish = finish_of(has_aux)
+        return _lowered(api, fun, argnums, has_aux, allow_int, options, finish, pack_outputs)
+
+    override.__name__ = override.__qualname__ = f"dag_{api}"
+    override.__doc__ = doc
+    return override
+
+
+_SUMMED = "JAX's signature, tied leaves summed."
+dag_value_and_grad = _override(
+    "value_and_grad",
+    functools.partial(_gradient_of, True),
+    False,
+    f"The ``'value_and_grad'`` override: {_SUMMED}",
+)
+dag_grad = _override(
+    "grad", functools.partial(_gradient_of, False), False, f"The ``'grad'`` override: {_SUMMED}"
+)
+dag_jacrev = _override(
+    "jacrev",
+    _jacobian_of,
+    True,
+    "The ``'jacrev'`` override: JAX's signature; the Jacobian mirrors the sharing.",
+)
 
 
 def dag_jacfwd(
@@ -232,40 +227,13 @@ def dag_jacfwd(
     **options: Any,
 ) -> Callable[..., Any]:
     """The ``"jacfwd"`` override: JAX's signature; the Jacobian mirrors the sharing."""
-    return _jacobian(
-        "jacfwd",
-        jo.next_impl("jacfwd"),
-        fun,
-        argnums,
-        has_aux,
-        {"holomorphic": holomorphic, **options},
-        False,
-    )
-
-
-def dag_jacrev(
-    fun: Callable[..., Any],
-    argnums: int | Any = 0,
-    has_aux: bool = False,
-    holomorphic: bool = False,
-    allow_int: bool = False,
-    **options: Any,
-) -> Callable[..., Any]:
-    """The ``"jacrev"`` override: JAX's signature; the Jacobian mirrors the sharing."""
-    return _jacobian(
-        "jacrev",
-        jo.next_impl("jacrev"),
-        fun,
-        argnums,
-        has_aux,
-        {"holomorphic": holomorphic, "allow_int": allow_int, **options},
-        allow_int,
-    )
+    options = {"holomorphic": holomorphic, **options}
+    return _lowered("jacfwd", fun, argnums, has_aux, False, options, _jacobian_of(has_aux), True)
 
 
 def dag_hessian(
     fun: Callable[..., Any],
-    argnums: int | Any = 0,
+    argnums: Any = 0,
     has_aux: bool = False,
     holomorphic: bool = False,
 ) -> Callable[..., Any]:

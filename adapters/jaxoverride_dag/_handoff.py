@@ -11,7 +11,7 @@ JAX, abstractly, to raise JAX's own exception and message (``raise_as_jax``).
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NoReturn
 
 from jaxoverride.adapter_kit import WrapperCache, raise_as_jax
 from jaxoverride_dag._errors import SharingError
@@ -49,6 +49,17 @@ def from_user(error: BaseException) -> bool:
     return False
 
 
+def raise_handoff_error(raw: Callable[[], Any], error: BaseException) -> NoReturn:
+    """Raises what a failed handoff means to the user: an error of their own code as it
+    was raised; a sharing mismatch, or JAX's refusal of what the adapter passed, as raw
+    JAX raises it for the call that ``raw`` makes (see ``raise_as_jax``)."""
+    if isinstance(error, MismatchError):
+        raise_as_jax(raw, error.error)
+    if from_user(error):
+        raise error
+    raise_as_jax(raw, error)
+
+
 MAX_PER_FUNCTION = 64
 _WRAPPERS: WrapperCache[Callable[..., Any]] = WrapperCache(MAX_PER_FUNCTION)
 
@@ -72,4 +83,5 @@ __all__ = [
     "call_user",
     "from_user",
     "raise_as_jax",
+    "raise_handoff_error",
 ]

@@ -315,9 +315,11 @@ def dag_jit(fun: Callable[..., Any], /, **options: Any) -> Callable[..., Any]:
     return jitted
 
 
-# The hot paths are kept in one frame each: every call saved is a measurable share of a
-# cache hit that costs a few microseconds. Each returns what the last entry computes,
-# or falls back to ``call_slow`` for anything it cannot prove.
+# The hot paths keep the commonest calls (one array; a few arrays) in one frame: every
+# call saved is a measurable share of a cache hit that costs a few microseconds. A call
+# that must be flattened costs tens of microseconds, and shares ``_dynamic``. Each
+# returns what the last entry computes, or falls back to ``call_slow`` for anything it
+# cannot prove.
 #
 # Distinct traced leaves are proven by reference counts first, because building a set of
 # ids costs about twice as much. A leaf that ``flatten_up_to`` put into its fresh list
@@ -330,11 +332,50 @@ def dag_jit(fun: Callable[..., Any], /, **options: Any) -> Callable[..., Any]:
 _REFS_IN_LIST = 3
 
 
+def _dynamic(
+    flatten: Callable[[Any], list[Any]],
+    call: Any,
+    static_pick: Any,
+    static_values: Any,
+    dyn_pick: Any,
+) -> list[Any] | None:
+    """The dynamic leaves of ``call`` (``(args, kwargs)``) when it matches the last
+    trace: same structure, the same static objects, and no array passed twice (a new
+    sharing); ``None`` when the slow path must decide."""
+    try:
+        leaves = flatten(call)
+    except Exception:
+        return None
+    if static_values and not all(map(operator.is_, static_pick(leaves), static_values)):
+        return None
+    if dyn_pick is None:
+        dyn, most = leaves, _REFS_IN_LIST
+    else:
+        dyn, most = dyn_pick(leaves), _REFS_IN_LIST + 1
+    twice = len(dyn) > 1 and max(map(sys.getrefcount, dyn)) > most
+    if twice and len(set(map(id, dyn))) != len(dyn):
+        return None
+    return dyn
+
+
+def _recover(
+    error: Exception,
+    dyn: Sequence[Any],
+    call_slow: Callable[[tuple[Any, ...], dict[str, Any]], Any],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+) -> Any:
+    """After the compiled call raised ``error``: JAX's own error (every argument was an
+    array it accepts) is raised; anything else means that the last trace no longer fits,
+    and the slow path decides."""
+    if not isinstance(error, StructureChangedError) and all_dynamic(dyn):
+        raise error
+    return call_slow(args, kwargs)
+
+
 def _hot_path(state: DagJit) -> Callable[..., Any]:
     call_slow = state.call_slow
     dynamic_types = DYNAMIC_TYPES
-    is_ = operator.is_
-    refs = sys.getrefcount
 
     def jitted(*args: Any, **kwargs: Any) -> Any:
         last = state.last
@@ -352,28 +393,16 @@ def _hot_path(state: DagJit) -> Callable[..., Any]:
             else:
                 dyn = args
         if dyn is None:
-            try:
-                leaves = treedef.flatten_up_to((args, kwargs))
-            except Exception:
-                return call_slow(args, kwargs)
-            if static_values and not all(map(is_, static_pick(leaves), static_values)):
-                return call_slow(args, kwargs)
-            if dyn_pick is None:
-                dyn, most = leaves, _REFS_IN_LIST
-            else:
-                dyn, most = dyn_pick(leaves), _REFS_IN_LIST + 1
-            if len(dyn) > 1 and max(map(refs, dyn)) > most and len(set(map(id, dyn))) != len(dyn):
+            call = (args, kwargs)
+            dyn = _dynamic(treedef.flatten_up_to, call, static_pick, static_values, dyn_pick)
+            if dyn is None:
                 return call_slow(args, kwargs)
         elif len(dyn) > 1 and len(set(map(id, dyn))) != len(dyn):
             return call_slow(args, kwargs)
         try:
             out = fn(*dyn)
-        except StructureChangedError:
-            return call_slow(args, kwargs)
-        except TypeError:
-            if all_dynamic(dyn):
-                raise
-            return call_slow(args, kwargs)
+        except (StructureChangedError, TypeError) as error:
+            return _recover(error, dyn, call_slow, args, kwargs)
         return out.unpack() if type(out) is Packed else out
 
     return jitted
@@ -382,8 +411,6 @@ def _hot_path(state: DagJit) -> Callable[..., Any]:
 def _hot_path_static(state: DagJit) -> Callable[..., Any]:
     call_slow = state.call_slow
     split = state.static.split
-    is_ = operator.is_
-    refs = sys.getrefcount
 
     def jitted(*args: Any, **kwargs: Any) -> Any:
         last = state.last
@@ -393,26 +420,14 @@ def _hot_path_static(state: DagJit) -> Callable[..., Any]:
         this_layout, values, rest, rest_kwargs = split(args, kwargs)
         if this_layout != layout:
             return call_slow(args, kwargs)
-        try:
-            leaves = treedef.flatten_up_to((rest, rest_kwargs))
-        except Exception:
-            return call_slow(args, kwargs)
-        if static_values and not all(map(is_, static_pick(leaves), static_values)):
-            return call_slow(args, kwargs)
-        if dyn_pick is None:
-            dyn, most = leaves, _REFS_IN_LIST
-        else:
-            dyn, most = dyn_pick(leaves), _REFS_IN_LIST + 1
-        if len(dyn) > 1 and max(map(refs, dyn)) > most and len(set(map(id, dyn))) != len(dyn):
+        call = (rest, rest_kwargs)
+        dyn = _dynamic(treedef.flatten_up_to, call, static_pick, static_values, dyn_pick)
+        if dyn is None:
             return call_slow(args, kwargs)
         try:
             out = fn(*values, *dyn)
-        except StructureChangedError:
-            return call_slow(args, kwargs)
-        except TypeError:
-            if all_dynamic(dyn):
-                raise
-            return call_slow(args, kwargs)
+        except (StructureChangedError, TypeError) as error:
+            return _recover(error, dyn, call_slow, args, kwargs)
         return out.unpack() if type(out) is Packed else out
 
     return jitted

@@ -7,7 +7,7 @@ returns the plan of the trace that made the executable.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -47,6 +47,25 @@ def pack(tree: Any, label: str) -> Packed:
     """``tree`` encoded; see ``_plan.encode``."""
     plan, dyn = encode(tree, label)
     return Packed(tuple(dyn), plan)
+
+
+def packing_outputs(
+    fun: Callable[..., Any], plan: Plan, what: str, spread: Callable[[Plan], Sequence[Any]]
+) -> tuple[Callable[..., Packed], Packed]:
+    """``(traced, carrier)``: ``traced`` calls ``fun`` on the inputs decoded by ``plan``
+    and returns its outputs packed (labelled ``what``); ``carrier`` is an empty ``Packed``
+    that each trace fills with ``spread(out_plan)``, the per-leaf ``out_axes`` or
+    ``out_specs`` that ``vmap`` and ``shard_map`` read only after tracing."""
+    carrier = Packed((), None)
+
+    def traced(*inputs: Any) -> Packed:
+        inner_args, inner_kwargs = plan.decode_inside(inputs)
+        out_plan, out_dyn = encode(fun(*inner_args, **inner_kwargs), what)
+        carrier.leaves = spread(out_plan)
+        carrier.plan = out_plan
+        return Packed(tuple(out_dyn), out_plan)
+
+    return traced, carrier
 
 
 def unforward(outputs: Sequence[Any], inputs: Sequence[Any]) -> Sequence[Any]:

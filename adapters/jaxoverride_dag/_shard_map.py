@@ -14,7 +14,7 @@ from typing import Any
 
 import jaxoverride as jo
 from jaxoverride.adapter_kit import INFER_SPECS as _INFER
-from jaxoverride_dag._out import Packed, unforward_tree
+from jaxoverride_dag._out import packing_outputs, unforward_tree
 from jaxoverride_dag._plan import encode
 from jaxoverride_dag._shardings import spread_shardings
 
@@ -37,6 +37,9 @@ def dag_shard_map(
     lower = jo.next_impl("shard_map")
     specs_by_plan: dict[Any, tuple[Any, ...]] = {}
 
+    def spread_out_specs(out_plan: Any) -> tuple[Any, ...]:
+        return spread_shardings(out_plan, out_specs, api="shard_map", what="out_specs")
+
     def mapped(*args: Any) -> Any:
         plan, dyn = encode((args, {}), _LABEL, "call")
         if in_specs is _INFER:
@@ -50,17 +53,7 @@ def dag_shard_map(
                 if len(specs_by_plan) >= 256:
                     specs_by_plan.clear()
                 specs_by_plan[plan] = specs
-        carrier = Packed((), None)
-
-        def traced(*inputs: Any) -> Packed:
-            inner_args, _ = plan.decode_inside(inputs)
-            out_plan, out_dyn = encode(f(*inner_args), "shard_map outputs")
-            carrier.leaves = spread_shardings(
-                out_plan, out_specs, api="shard_map", what="out_specs"
-            )
-            carrier.plan = out_plan
-            return Packed(tuple(out_dyn), out_plan)
-
+        traced, carrier = packing_outputs(f, plan, "shard_map outputs", spread_out_specs)
         traced.__name__ = getattr(f, "__name__", "traced")
         result = lower(
             traced,

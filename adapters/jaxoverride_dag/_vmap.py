@@ -16,7 +16,7 @@ import jax
 
 import jaxoverride as jo
 from jaxoverride_dag._axes import spread, spread_splitting
-from jaxoverride_dag._out import Packed, unforward_tree
+from jaxoverride_dag._out import packing_outputs, unforward_tree
 from jaxoverride_dag._plan import Plan, encode
 from jaxoverride_dag._reshare import rebase
 
@@ -120,6 +120,15 @@ def dag_vmap(
     in_axes = check_in_axes("vmap", in_axes)
     cache = _AxesCache()
     lower_vmap = jo.next_impl("vmap")
+    options = {
+        "axis_name": axis_name,
+        "axis_size": axis_size,
+        "spmd_axis_name": spmd_axis_name,
+        **options,
+    }
+
+    def spread_out_axes(out_plan: Plan) -> tuple[Any, ...]:
+        return output_axes(out_plan, out_axes, "vmap")
 
     def mapped(*args: Any, **kwargs: Any) -> Any:
         prefix = call_prefix("vmap", in_axes, args)
@@ -127,25 +136,9 @@ def dag_vmap(
         plan, axes = cache.get(call_plan, len(args), prefix, "vmap")
         if plan is not call_plan:
             dyn = rebase(dyn, call_plan, plan)
-        carrier = Packed((), None)
-
-        def traced(*inputs: Any) -> Packed:
-            inner_args, inner_kwargs = plan.decode_inside(inputs)
-            out_plan, out_dyn = encode(fun(*inner_args, **inner_kwargs), "vmap outputs")
-            carrier.leaves = output_axes(out_plan, out_axes, "vmap")
-            carrier.plan = out_plan
-            return Packed(tuple(out_dyn), out_plan)
-
+        traced, carrier = packing_outputs(fun, plan, "vmap outputs", spread_out_axes)
         try:
-            result = lower_vmap(
-                traced,
-                in_axes=axes,
-                out_axes=carrier,
-                axis_name=axis_name,
-                axis_size=axis_size,
-                spmd_axis_name=spmd_axis_name,
-                **options,
-            )(*dyn)
+            result = lower_vmap(traced, in_axes=axes, out_axes=carrier, **options)(*dyn)
         except ValueError as error:
             clearer = _sizes_error(error, fun, in_axes, axis_size, args, kwargs)
             if clearer is error:

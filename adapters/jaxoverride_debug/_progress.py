@@ -12,6 +12,7 @@ and the outputs are those of the loop without it.
 
 from __future__ import annotations
 
+import inspect
 import threading
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -118,16 +119,14 @@ def _leading(xs: Any) -> int | None:
     return int(leaves[0].shape[0])
 
 
-def _bound_scan(
-    f: Any,
-    init: Any,
-    xs: Any = None,
-    length: Any = None,
-    reverse: bool = False,
-    unroll: Any = 1,
-    _split_transpose: bool = False,
-) -> tuple[Any, ...]:
-    return f, init, xs, length, reverse, unroll, _split_transpose
+_SCAN_SIGNATURE = inspect.signature(jax.lax.scan)
+
+
+def _bound_scan(*args: Any, **kwargs: Any) -> tuple[Any, ...]:
+    """``jax.lax.scan``'s arguments in order, bound by its own signature."""
+    bound = _SCAN_SIGNATURE.bind(*args, **kwargs)
+    bound.apply_defaults()
+    return tuple(bound.arguments.values())
 
 
 def _bound_fori(

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import logging
 import threading
 import warnings
@@ -130,17 +129,7 @@ class Trace:
 
     def __call__(self, fn: F) -> F:
         """Decorates ``fn`` so that each of its calls runs inside this trace."""
-        if not callable(fn):
-            raise TypeError(
-                f"{self!r} used as a decorator expects a function, got {type(fn).__name__}."
-            )
-
-        @functools.wraps(fn)
-        def run(*args: Any, **kwargs: Any) -> Any:
-            with self:
-                return fn(*args, **kwargs)
-
-        return run  # type: ignore[return-value]
+        return adapter_kit.calls_inside(self, fn)
 
     def __repr__(self) -> str:
         return f"<jaxoverride_debug.trace {self._context.name}: {len(self.calls)} calls>"

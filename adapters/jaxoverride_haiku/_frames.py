@@ -188,10 +188,14 @@ class Threaded:
                     getattr(module, "_submodules", set()).update(names)
 
 
+def _listed(created: Any) -> str:
+    """``module/name`` pairs as a message lists them, sorted."""
+    return ", ".join(f"{module}/{name}" for module, name in sorted(created))
+
+
 def new_parameters_error(where: str, created: Any) -> ValueError:
-    names = ", ".join(f"{module}/{name}" for module, name in sorted(created))
     return ValueError(
-        f"{where}: parameters {names} were first created inside the traced body, where "
+        f"{where}: parameters {_listed(created)} were first created inside the traced body, where "
         "they would leak out of the JAX trace. At init, jaxoverride_haiku runs each body "
         "once outside the trace to create every parameter; a body that creates different "
         "parameters when it is traced (for example one that checks hk.running_init() or "
@@ -226,9 +230,8 @@ def check_same_state(where: str, before: InternalState, after: InternalState) ->
     """Raises a clear error if a traced body created state that its input did not have."""
     created = state_names(after.state) - state_names(before.state)
     if created:
-        names = ", ".join(f"{m}/{n}" for m, n in sorted(created))
         raise ValueError(
-            f"{where}: Haiku state {names} was first created inside the traced body, so "
+            f"{where}: Haiku state {_listed(created)} was first created inside the traced body, so "
             "the state the body returns does not match the state it received. At init "
             "jaxoverride_haiku creates state before tracing; at apply, pass the state that "
             "init returned (hk.transform_with_state), or create the state before the loop."

@@ -41,7 +41,7 @@ from jaxoverride_nnx._lift import (
     call_plain,
     check_same_refs,
     from_refs,
-    graph_objects,
+    refuse_modules,
     run_lifted,
     to_refs,
     with_arguments,
@@ -49,7 +49,7 @@ from jaxoverride_nnx._lift import (
 )
 from jaxoverride_nnx._scope import Tracked, current
 from jaxoverride_nnx._threads import NeedsState, Threads, given_values, module_of
-from jaxoverride_nnx._transforms import batched_state_error, run_closure
+from jaxoverride_nnx._transforms import run_closure, run_mapped
 
 T = TypeVar("T")
 
@@ -125,14 +125,22 @@ def _store(
     write_back(tracked, {i: value for i, value in final.items() if i in written}, where)
 
 
+# ``initial`` of a call that is not a loop.
+_NO_CARRY: Any = object()
+
 # The mark of the probes of the control-flow call whose functions JAX is tracing.
 _OWNER: contextvars.ContextVar[object] = contextvars.ContextVar("jaxoverride_nnx_owner")
 
 
 def _threaded(
-    tracked: Tracked, wrappers: Sequence[_Lifted], call: Callable[..., T], operands: Any = ()
+    tracked: Tracked,
+    wrappers: Sequence[_Lifted],
+    call: Callable[..., T],
+    operands: Any = (),
+    initial: Any = _NO_CARRY,
 ) -> T:
-    """``call(state, constants)`` given the tracked values that ``wrappers`` touch.
+    """``call(state, constants)`` given the tracked values that ``wrappers`` touch, with
+    ``tracked`` running (and ``initial``, a loop's carry as refs, for JAX's messages).
 
     The first wrapper's ``Threads`` keeps what was found, for the call as a whole (a
     ``while_loop``'s test and body, a ``cond``'s branches share one carry)."""
@@ -147,9 +155,15 @@ def _threaded(
         finally:
             _OWNER.reset(token)
 
-    given = frozenset().union(*(w.threads.get(tracked, [*_users(w), operands]) for w in wrappers))
-    wrappers[0].threads.found[tracked.key] = given
-    return wrappers[0].threads.run(tracked, attempt)
+    tokens = _enter(tracked, initial)
+    try:
+        given = frozenset().union(
+            *(w.threads.get(tracked, [*_users(w), operands]) for w in wrappers)
+        )
+        wrappers[0].threads.found[tracked.key] = given
+        return wrappers[0].threads.run(tracked, attempt)
+    finally:
+        _leave(tokens)
 
 
 def _users(wrapper: _Lifted) -> list[Any]:
@@ -161,7 +175,11 @@ _STATEFUL: Any = object()
 
 
 def _stateless(
-    tracked: Tracked, wrappers: Sequence[_Lifted], call: Callable[[], T], then: Sequence[_Lifted]
+    tracked: Tracked,
+    wrappers: Sequence[_Lifted],
+    call: Callable[[], T],
+    then: Sequence[_Lifted],
+    initial: Any = _NO_CARRY,
 ) -> T | Any:
     """``call()`` (JAX's own loop over ``wrappers``) with no tracked value given, unless
     the functions are known to touch one; ``_STATEFUL`` if they do.
@@ -173,6 +191,7 @@ def _stateless(
     if any(w.threads.get(tracked, _users(w)) for w in (*wrappers, *then)):
         return _STATEFUL
     owner = object()
+    tokens = _enter(tracked, initial)
     token = _OWNER.set(owner)
     try:
         return call()
@@ -185,10 +204,19 @@ def _stateless(
         return _STATEFUL
     finally:
         _OWNER.reset(token)
+        _leave(tokens)
 
 
-def _enter(tracked: Tracked) -> contextvars.Token[Tracked]:
-    return _RUNNING.set(tracked)
+def _enter(tracked: Tracked, initial: Any) -> tuple[Any, Any]:
+    """Makes ``tracked`` the running set (and ``initial`` the loop's initial carry)."""
+    return _RUNNING.set(tracked), None if initial is _NO_CARRY else _INITIAL.set(initial)
+
+
+def _leave(tokens: tuple[Any, Any]) -> None:
+    running, initial = tokens
+    if initial is not None:
+        _INITIAL.reset(initial)
+    _RUNNING.reset(running)
 
 
 # The carry the user's loop started from (modules as references), for the replays of
@@ -202,12 +230,11 @@ def _initial_or(traced: Any) -> Any:
 
 
 def _no_modules_in(xs: Any, where: str) -> None:
-    if graph_objects(xs):
-        raise TypeError(
-            f"jaxoverride_nnx: {where} got an NNX module or Variable in xs. Looping over "
-            "slices of a module's state is nnx.scan's job; here a module is either closed "
-            "over (and tracked) or carried in the carry."
-        )
+    fix = (
+        "Looping over slices of a module's state is nnx.scan's job; here a module is "
+        "either closed over (and tracked) or carried in the carry."
+    )
+    refuse_modules(xs, where, "in xs", fix)
 
 
 def _pair(out: Any, where: str) -> tuple[Any, Any]:
@@ -255,26 +282,14 @@ def scan(
         )
     body = _lifted((f,), ("scan", tracked.key), _scan_body)
     start = to_refs(init, tracked)[0]
-    initial = _INITIAL.set(start)
-    token = _enter(tracked)
-    try:
-        (final, state, _), ys = _threaded(
-            tracked,
-            [body],
-            lambda state, constants: below(
-                body,
-                (start, state, constants),
-                xs,
-                length,
-                reverse,
-                unroll,
-                _split_transpose,
-            ),
-            init,
-        )
-    finally:
-        _INITIAL.reset(initial)
-        _RUNNING.reset(token)
+    options = (length, reverse, unroll, _split_transpose)
+    (final, state, _), ys = _threaded(
+        tracked,
+        [body],
+        lambda state, constants: below(body, (start, state, constants), xs, *options),
+        init,
+        start,
+    )
     _store(tracked, [body], state, _SCAN)
     return from_refs(final, tracked), from_refs(ys, tracked)
 
@@ -333,32 +348,19 @@ def while_loop(
     first = _lifted((cond_fun,), ("while-first", tracked.key), _first_test)
     body = _lifted((body_fun, cond_fun), ("while", tracked.key), _while_body)
     init = to_refs(init_val, tracked)[0]
-    initial = _INITIAL.set(init)
-    token = _enter(tracked)
-    try:
-        test = _lifted((cond_fun,), ("while-test", tracked.key), _plain_test)
-        step = _lifted((body_fun, cond_fun), ("while-step", tracked.key), _plain_step)
-        final = _stateless(
-            tracked, [test, step], lambda: below(test, step, init), then=[first, body]
-        )
-    except BaseException:
-        _INITIAL.reset(initial)
-        _RUNNING.reset(token)
-        raise
+    test = _lifted((cond_fun,), ("while-test", tracked.key), _plain_test)
+    step = _lifted((body_fun, cond_fun), ("while-step", tracked.key), _plain_step)
+    final = _stateless(
+        tracked, [test, step], lambda: below(test, step, init), [first, body], initial=init
+    )
     if final is not _STATEFUL:
-        _INITIAL.reset(initial)
-        _RUNNING.reset(token)
         return from_refs(final, tracked)
 
     def loop(state: dict[int, Any], constants: dict[int, Any]) -> Any:
         going, state = _run_first_test(first, (state, constants, init))
         return below(_still_looping, body, (init, state, constants, going))
 
-    try:
-        final, state, _, _ = _threaded(tracked, [body, first], loop, init_val)
-    finally:
-        _INITIAL.reset(initial)
-        _RUNNING.reset(token)
+    final, state, _, _ = _threaded(tracked, [body, first], loop, init_val, init)
     _store(tracked, [first, body], state, _WHILE)
     return from_refs(final, tracked)
 
@@ -430,20 +432,14 @@ def fori_loop(
         return call_plain(below, (lower, upper, body_fun, init_val), {"unroll": unroll}, _FORI)
     body = _lifted((body_fun,), ("fori", tracked.key), _fori_body)
     start = to_refs(init_val, tracked)[0]
-    initial = _INITIAL.set(start)
-    token = _enter(tracked)
-    try:
-        final, state, _ = _threaded(
-            tracked,
-            [body],
-            lambda state, constants: below(
-                lower, upper, body, (start, state, constants), unroll=unroll
-            ),
-            init_val,
-        )
-    finally:
-        _INITIAL.reset(initial)
-        _RUNNING.reset(token)
+    options = {"unroll": unroll}
+    final, state, _ = _threaded(
+        tracked,
+        [body],
+        lambda state, constants: below(lower, upper, body, (start, state, constants), **options),
+        init_val,
+        start,
+    )
     _store(tracked, [body], state, _FORI)
     return from_refs(final, tracked)
 
@@ -475,10 +471,32 @@ def _switch_branch(self: _Lifted, fns: list[Any], *args: Any) -> Any:
     return _branch(self, fns, "jaxoverride.lax.switch", *args)
 
 
-def _branches(
-    fns: Sequence[Callable[..., Any]], tracked: Tracked, body: Callable[..., Any]
-) -> list[_Lifted]:
-    return [_lifted((fn,), (body, tracked.key), body) for fn in fns]
+def _run_branches(
+    tracked: Tracked,
+    branches: list[Callable[..., Any]],
+    args: tuple[Any, ...],
+    call: Callable[..., Any],
+    switch: bool,
+) -> Any:
+    """``call(wrapped branches, state, constants, *operands)`` (JAX's cond or switch) with
+    the tracked state passed through the taken branch; stores what a branch wrote."""
+    body = _switch_branch if switch else _cond_branch
+    wrapped = [_lifted((fn,), (body, tracked.key), body) for fn in branches]
+    operands = to_refs(args, tracked)[0]
+    try:
+        out, state = _threaded(
+            tracked,
+            wrapped,
+            lambda state, constants: call(wrapped, state, constants, *operands),
+            args,
+        )
+    except TypeError as error:
+        jax_error = branch_error(error, branches, _outputs(wrapped), switch=switch)
+        if jax_error is error:
+            raise
+        raise jax_error from None
+    _store(tracked, wrapped, state, "jaxoverride.lax.switch" if switch else "jaxoverride.lax.cond")
+    return from_refs(out, tracked)
 
 
 def _outputs(wrapped: Sequence[_Lifted]) -> list[Any]:
@@ -519,25 +537,13 @@ def cond(
     tracked = with_arguments(current(), args)
     if tracked is None or not (callable(true_fun) and callable(false_fun)):
         return call_plain(below, (pred, true_fun, false_fun, *args), {}, where)
-    wrapped = _branches([true_fun, false_fun], tracked, _cond_branch)
-    operands = to_refs(args, tracked)[0]
-    token = _enter(tracked)
-    try:
-        out, state = _threaded(
-            tracked,
-            wrapped,
-            lambda state, constants: below(pred, *wrapped, state, constants, *operands),
-            args,
-        )
-    except TypeError as error:
-        jax_error = branch_error(error, [true_fun, false_fun], _outputs(wrapped), switch=False)
-        if jax_error is error:
-            raise
-        raise jax_error from None
-    finally:
-        _RUNNING.reset(token)
-    _store(tracked, wrapped, state, where)
-    return from_refs(out, tracked)
+    return _run_branches(
+        tracked,
+        [true_fun, false_fun],
+        args,
+        lambda fns, *packed: below(pred, *fns, *packed),
+        switch=False,
+    )
 
 
 def switch(
@@ -552,25 +558,9 @@ def switch(
     tracked = with_arguments(current(), args)
     if tracked is None or not _all_callable(branches):
         return call_plain(below, (index, branches, *args), {}, where)
-    wrapped = _branches(list(branches), tracked, _switch_branch)
-    operands = to_refs(args, tracked)[0]
-    token = _enter(tracked)
-    try:
-        out, state = _threaded(
-            tracked,
-            wrapped,
-            lambda state, constants: below(index, wrapped, state, constants, *operands),
-            args,
-        )
-    except TypeError as error:
-        jax_error = branch_error(error, list(branches), _outputs(wrapped), switch=True)
-        if jax_error is error:
-            raise
-        raise jax_error from None
-    finally:
-        _RUNNING.reset(token)
-    _store(tracked, wrapped, state, where)
-    return from_refs(out, tracked)
+    return _run_branches(
+        tracked, list(branches), args, lambda fns, *packed: below(index, fns, *packed), switch=True
+    )
 
 
 # -- map ------------------------------------------------------------------------------
@@ -601,15 +591,7 @@ def _vmapped(
         out, updates = run_closure(tracked, f, (x,), {}, where)
         return to_refs(out, tracked)[0], updates
 
-    try:
-        ys, updates = vmap_below(pure, out_axes=(0, None))(xs)
-    except ValueError as error:
-        clearer = batched_state_error(error, tracked, where)
-        if clearer is error:
-            raise
-        raise clearer from None
-    write_back(tracked, updates, where)
-    return ys
+    return run_mapped(vmap_below(pure, out_axes=(0, None)), tracked, where, (xs,), {})
 
 
 _VMAP_BELOW: contextvars.ContextVar[Callable[..., Any]] = contextvars.ContextVar(
@@ -630,6 +612,16 @@ def _block_body(self: _Lifted, fns: list[Any], carry: Any, chunk: Any) -> Any:
     return (after, constants), y
 
 
+def _map_scan(tracked: Tracked, body: _Lifted, scan_below: Callable[..., Any], xs: Any) -> Any:
+    """The ``ys`` of ``scan_below(body)`` over ``xs``, the tracked state in the carry;
+    stores what the body wrote."""
+    (state, _), ys = _threaded(
+        tracked, [body], lambda state, constants: scan_below(body, (state, constants), xs)
+    )
+    _store(tracked, [body], state, _MAP)
+    return ys
+
+
 def lax_map(f: Callable[[Any], Any], xs: Any, *, batch_size: int | None = None) -> Any:
     """The ``"lax.map"`` override: a ``scan`` that threads the state (``vmap`` within a
     batch when ``batch_size`` is given, as ``jax.lax.map`` does)."""
@@ -644,26 +636,12 @@ def lax_map(f: Callable[[Any], Any], xs: Any, *, batch_size: int | None = None) 
         _lifted((f,), ("map", tracked.key), _map_body),
         _lifted((f,), ("map-blocks", tracked.key), _block_body),
     ]
-    token = _enter(tracked)
-    try:
-        ys = _stateless(tracked, [each], lambda: below(each, xs, batch_size=batch_size), then=then)
-    finally:
-        _RUNNING.reset(token)
+    ys = _stateless(tracked, [each], lambda: below(each, xs, batch_size=batch_size), then=then)
     if ys is not _STATEFUL:
         return from_refs(ys, tracked)
     if batch_size is None:
         body = _lifted((f,), ("map", tracked.key), _map_body)
-        token = _enter(tracked)
-        try:
-            (state, _), ys = _threaded(
-                tracked,
-                [body],
-                lambda state, constants: scan_below(body, (state, constants), xs),
-            )
-        finally:
-            _RUNNING.reset(token)
-        _store(tracked, [body], state, _MAP)
-        return from_refs(ys, tracked)
+        return from_refs(_map_scan(tracked, body, scan_below, xs), tracked)
     vmap_below = jo.next_impl("vmap")
     # JAX's own split, so that every batch size (0 included, which JAX versions read
     # differently) gives what jax.lax.map gives.
@@ -671,16 +649,10 @@ def lax_map(f: Callable[[Any], Any], xs: Any, *, batch_size: int | None = None) 
     ys = None
     if blocks is not None:
         body = _lifted((f,), ("map-blocks", tracked.key), _block_body)
-        token, below_token = _enter(tracked), _VMAP_BELOW.set(vmap_below)
+        below_token = _VMAP_BELOW.set(vmap_below)
         try:
-            (state, _), ys = _threaded(
-                tracked,
-                [body],
-                lambda state, constants: scan_below(body, (state, constants), blocks),
-            )
+            ys = _map_scan(tracked, body, scan_below, blocks)
         finally:
             _VMAP_BELOW.reset(below_token)
-            _RUNNING.reset(token)
-        _store(tracked, [body], state, _MAP)
     rest_ys = None if rest is None else _vmapped(tracked, f, vmap_below, rest, _MAP)
     return from_refs(join_batches(ys, rest_ys), tracked)

@@ -137,11 +137,16 @@ def _pure(
     return pure
 
 
+# ``solve(f, x)`` and ``tangent_solve(g, y)`` of ``lax.custom_root``; ``solve(matvec, b)``
+# of ``lax.custom_linear_solve``.
+Solver = Callable[[Callable[[Any], Any], Any], Any]
+
+
 def custom_root(
-    f: Callable[..., Any],
+    f: Callable[[Any], Any],
     initial_guess: Any,
-    solve: Callable[..., Any],
-    tangent_solve: Callable[..., Any],
+    solve: Solver,
+    tangent_solve: Solver,
     has_aux: bool = False,
 ) -> Any:
     below = jo.next_impl("lax.custom_root")
@@ -159,10 +164,10 @@ def custom_root(
 
 
 def custom_linear_solve(
-    matvec: Callable[..., Any],
+    matvec: Callable[[Any], Any],
     b: Any,
-    solve: Callable[..., Any],
-    transpose_solve: Callable[..., Any] | None = None,
+    solve: Solver,
+    transpose_solve: Solver | None = None,
     symmetric: bool = False,
     has_aux: bool = False,
 ) -> Any:

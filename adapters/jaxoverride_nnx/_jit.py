@@ -178,21 +178,7 @@ class NnxJit:
     ) -> Any:
         originals = (args, kwargs)
         view, args, kwargs = self._lift_arguments(tracked, args, kwargs)
-        key = self._key(view, args)
-        while True:
-            build = self._cache.get(key) or self._compile(key, view, originals)
-            token = ACTIVE.set(view)
-            try:
-                result = build.jitted(build.read(view), *args, **kwargs)
-                break
-            except NeedsState as error:
-                if error.owner is not build:
-                    raise
-                self._cache[key] = self._build(
-                    key, view, build.given | module_of(view, error.index)
-                )
-            finally:
-                ACTIVE.reset(token)
+        result = self._on_build(self._key(view, args), view, None, args, kwargs, originals)
         out, updates = result[0], result[1]
         if updates:
             write_back(view, updates, _WHERE)
@@ -310,13 +296,23 @@ class NnxJit:
         view, args, kwargs = self._lift_arguments(tracked, args, kwargs)
         return self._key(view, args), view, args, kwargs
 
-    def _on_build(self, key: Any, view: Tracked, method: str, *args: Any, **kwargs: Any) -> Any:
-        """``build.jitted.<method>(values, ...)``, adding each module the function touches."""
+    def _on_build(
+        self,
+        key: Any,
+        view: Tracked,
+        method: str | None,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        arguments: Any = (),
+    ) -> Any:
+        """``build.jitted(values, ...)`` (or its ``method``), adding each module the function
+        touches; ``arguments``, the call's own, guide a first build (see ``_compile``)."""
         while True:
-            build = self._cache.get(key) or self._compile(key, view)
+            build = self._cache.get(key) or self._compile(key, view, arguments)
             token = ACTIVE.set(view)
             try:
-                return getattr(build.jitted, method)(build.read(view), *args, **kwargs)
+                jitted = build.jitted if method is None else getattr(build.jitted, method)
+                return jitted(build.read(view), *args, **kwargs)
             except NeedsState as error:
                 if error.owner is not build:
                     raise
@@ -331,7 +327,7 @@ class NnxJit:
         key, view, args, kwargs = self._entry(args, kwargs)
         if view is None:
             return self._plain.eval_shape(*args, **kwargs)
-        result = self._on_build(key, view, "eval_shape", *args, **kwargs)
+        result = self._on_build(key, view, "eval_shape", args, kwargs)
         return from_refs(result[0], view) if len(result) == 3 else result[0]
 
     def lower(self, *args: Any, **kwargs: Any) -> Any:
@@ -354,7 +350,7 @@ class NnxJit:
         key, view, args, kwargs = self._entry(args, kwargs)
         if view is None:
             return getattr(self._plain, method)(*args, **kwargs)
-        return self._on_build(key, view, method, *args, **kwargs)
+        return self._on_build(key, view, method, args, kwargs)
 
     def __repr__(self) -> str:
         return f"<jaxoverride_nnx jit of {self._fun!r}>"

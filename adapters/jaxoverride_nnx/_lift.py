@@ -241,6 +241,13 @@ def graph_objects(tree: Any) -> list[Any]:
     return found
 
 
+def refuse_modules(tree: Any, where: str, place: str, fix: str) -> None:
+    """Raises ``TypeError`` if ``tree`` (``place``: "in xs", "among its primals") holds an
+    NNX module or Variable where ``where`` takes only arrays; ``fix`` says what to do."""
+    if graph_objects(tree):
+        raise TypeError(f"jaxoverride_nnx: {where} got an NNX module or Variable {place}. {fix}")
+
+
 def with_arguments(tracked: Tracked | None, *trees: Any) -> Tracked | None:
     """The tracked set extended by the graph nodes found in ``trees`` (if any)."""
     objects = []

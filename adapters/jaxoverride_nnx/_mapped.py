@@ -165,12 +165,17 @@ def _shared_build(
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
 ) -> Callable[..., Any]:
-    """``build(fun, below, args, kwargs)``, shared by every equal ``jaxoverride.<name>(fun,
+    """``build(fun, below, plain, options)``, shared by every equal ``jaxoverride.<name>(fun,
     ...)`` through ``jo.reuse_jit``: an eager ``jo.pmap(f)(x)`` built again reuses the
-    mapped functions (and JAX's compilations) of the first, as ``jax.pmap`` does."""
+    mapped functions (and JAX's compilations) of the first, as ``jax.pmap`` does. ``plain``
+    is ``below``'s own mapped ``fun`` (for calls that track nothing), ``options`` the
+    arguments bound to ``default``'s parameters."""
     below = jo.next_impl(name)
-    key = (name, below, tuple(sorted(_bind(default, fun, args, kwargs).items())))
-    shared = jo.reuse_jit(fun, key, lambda: build(fun, below, args, kwargs))
+    options = _bind(default, fun, args, kwargs)
+    key = (name, below, tuple(sorted(options.items())))
+    shared = jo.reuse_jit(
+        fun, key, lambda: build(fun, below, below(fun, *args, **kwargs), dict(options))
+    )
 
     def call(*call_args: Any, **call_kwargs: Any) -> Any:
         return shared(*call_args, **call_kwargs)
@@ -184,13 +189,8 @@ def pmap(fun: Callable[..., Any], *args: Any, **kwargs: Any) -> Callable[..., An
 
 
 def _build_pmap(
-    fun: Callable[..., Any],
-    below: Callable[..., Any],
-    args: tuple[Any, ...],
-    kwargs: dict[str, Any],
+    fun: Callable[..., Any], below: Callable[..., Any], plain: Any, options: dict[str, Any]
 ) -> Callable[..., Any]:
-    plain = below(fun, *args, **kwargs)
-    options = _bind(jax.pmap, fun, args, kwargs)
     axis_name = options.pop("axis_name", None)
     in_axes = options.pop("in_axes", 0)
     out_axes = options.pop("out_axes", 0)
@@ -309,13 +309,8 @@ def shard_map(fun: Callable[..., Any], *args: Any, **kwargs: Any) -> Callable[..
 
 
 def _build_shard_map(
-    fun: Callable[..., Any],
-    below: Callable[..., Any],
-    args: tuple[Any, ...],
-    kwargs: dict[str, Any],
+    fun: Callable[..., Any], below: Callable[..., Any], plain: Any, options: dict[str, Any]
 ) -> Callable[..., Any]:
-    plain = below(fun, *args, **kwargs)
-    options = _bind(jax.shard_map, fun, args, kwargs)
     in_specs = options.pop("in_specs", _INFER)
     out_specs = options.pop("out_specs")
     check_vma = options.get("check_vma", True)

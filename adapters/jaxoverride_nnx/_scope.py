@@ -185,18 +185,18 @@ class Tracked:
         return self.extra.nodes[index - len(nodes)]()
 
     def path(self, index: int) -> str:
-        paths = self.graph.paths
-        if index < len(paths):
-            return paths[index]
-        assert self.extra is not None
-        return self.extra.paths[index - len(paths)]
+        return self._path(index, "paths")
 
     def node_path(self, index: int) -> str:
-        paths = self.graph.node_paths
+        return self._path(index, "node_paths")
+
+    def _path(self, index: int, field: str) -> str:
+        """Entry ``index`` of the graph's ``field`` list, then of the extra's (for errors)."""
+        paths = getattr(self.graph, field)
         if index < len(paths):
             return paths[index]
         assert self.extra is not None
-        return self.extra.node_paths[index - len(paths)]
+        return getattr(self.extra, field)[index - len(paths)]
 
     def contains(self, obj: Any) -> bool:
         return self.var_index(obj) is not None or self.node_index(obj) is not None

@@ -14,6 +14,8 @@ stands for its ``nnx.Param`` Variables, and its gradient is an ``nnx.State``, as
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import inspect
 import re
 from collections.abc import Callable, Sequence
@@ -32,9 +34,9 @@ from jaxoverride_nnx._lift import (
     call_plain,
     changed,
     from_refs,
-    graph_objects,
     prepare,
     refs_of,
+    refuse_modules,
     run_lifted,
     to_refs,
     with_arguments,
@@ -89,6 +91,27 @@ def batched_state_error(error: ValueError, tracked: Tracked, where: str) -> Base
         "axis_name=...) with vmap(axis_name=...), or jax.lax.pmean), or loop over the "
         "examples with jaxoverride.lax.map or scan so that each one updates the state."
     )
+
+
+def run_mapped(
+    mapped: Callable[..., tuple[Any, Any]],
+    tracked: Tracked,
+    where: str,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+) -> Any:
+    """``mapped(*args, **kwargs)``, a ``vmap`` that returns ``(out, updates)`` with the
+    updates unbatched: writes them back and returns ``out``. A batched update is refused
+    with the Variable's path (``batched_state_error``)."""
+    try:
+        out, updates = mapped(*args, **kwargs)
+    except ValueError as error:
+        clearer = batched_state_error(error, tracked, where)
+        if clearer is error:
+            raise
+        raise clearer from None
+    write_back(tracked, updates, where)
+    return out
 
 
 def mapped_module_path(
@@ -160,15 +183,7 @@ def vmap(fun: Callable[..., Any], *args: Any, **kwargs: Any) -> Callable[..., An
         # ``pure`` takes the user's arguments: under the user's name and signature, JAX's
         # messages (inconsistent sizes, say) name them as jax.vmap(fun) would.
         mapped = below(_named(pure, fun), **{**options, "out_axes": (out_axes, None)})
-        try:
-            out, updates = mapped(*args_, **kwargs_)
-        except ValueError as error:
-            clearer = batched_state_error(error, view, where)
-            if clearer is error:
-                raise
-            raise clearer from None
-        write_back(view, updates, where)
-        return from_refs(out, view)
+        return from_refs(run_mapped(mapped, view, where, args_, kwargs_), view)
 
     return _named(call, fun)
 
@@ -185,22 +200,13 @@ def _named(call: Callable[..., Any], fun: Callable[..., Any]) -> Callable[..., A
 # -- differentiation ------------------------------------------------------------------
 
 
-@jax.tree_util.register_pytree_node_class
+@functools.partial(jax.tree_util.register_dataclass, data_fields=["state"], meta_fields=["index"])
+@dataclasses.dataclass(eq=False, slots=True)
 class _ParamsOf:
     """A module in a differentiated argument: its ``nnx.Param`` values, and which module."""
 
-    __slots__ = ("index", "state")
-
-    def __init__(self, state: Any, index: int):
-        self.state = state
-        self.index = index
-
-    def tree_flatten(self) -> tuple[tuple[Any], int]:
-        return (self.state,), self.index
-
-    @classmethod
-    def tree_unflatten(cls, index: int, children: Sequence[Any]) -> _ParamsOf:
-        return cls(children[0], index)
+    state: Any
+    index: int
 
 
 def _params(obj: Any, index: int) -> _ParamsOf:
@@ -409,12 +415,11 @@ def eval_shape(fun: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
 
 
 def _no_modules(where: str, primals: Any) -> None:
-    if graph_objects(primals):
-        raise TypeError(
-            f"jaxoverride_nnx: {where} got an NNX module or Variable among its primals. "
-            "Close over the module (tracked with jaxoverride_nnx.track) and pass arrays, "
-            "for instance nnx.state(model, nnx.Param), as primals instead."
-        )
+    fix = (
+        "Close over the module (tracked with jaxoverride_nnx.track) and pass arrays, for "
+        "instance nnx.state(model, nnx.Param), as primals instead."
+    )
+    refuse_modules(primals, where, "among its primals", fix)
 
 
 def _aux_pure(

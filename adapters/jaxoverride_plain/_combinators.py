@@ -95,8 +95,24 @@ def _first_slice(xs: Any, reverse: bool = False, *, replay: Callable[[], Any]) -
     raise failure
 
 
-def _operands(operands: tuple[Any, ...], operand: Any) -> tuple[Any, ...]:
-    return as_jax_operands(operands if operand is _NO_OPERAND else (operand,))
+def _init_safe_branches(
+    branches: Sequence[Callable[..., Any]],
+    call: Callable[..., Any],
+    operands: tuple[Any, ...],
+    operand: Any,
+    initializing: Callable[[], bool],
+    create: Callable[[Thunk], Any],
+) -> Any:
+    """``call(*operands)`` (with ``operand=`` if given), after a creation pass that runs
+    every distinct branch once on the operands."""
+    arguments = as_jax_operands(operands if operand is _NO_OPERAND else (operand,))
+    keywords = {} if operand is _NO_OPERAND else {"operand": operand}
+    return init_safe_call(
+        lambda: [branch(*arguments) for branch in distinct_functions(branches)],
+        lambda: call(*operands, **keywords),
+        initializing=initializing,
+        create=create,
+    )
 
 
 def init_safe_scan(
@@ -177,7 +193,7 @@ def init_safe_while_loop(
       default_while_loop, initializing, create: as for ``init_safe_scan``.
 
     Returns:
-      What ``default_while_loop`` returns.
+      The final loop value, from ``default_while_loop``.
 
     Example:
       >>> from jaxoverride_plain import init_context, init_safe_while_loop
@@ -214,7 +230,7 @@ def init_safe_fori_loop(
       default_fori_loop, initializing, create: as for ``init_safe_scan``.
 
     Returns:
-      What ``default_fori_loop`` returns.
+      The loop value after ``body_fun`` ran for every ``i`` in ``[lower, upper)``.
 
     Example:
       >>> from jaxoverride_plain import init_context, init_safe_fori_loop
@@ -248,7 +264,7 @@ def init_safe_cond(
       default_cond, initializing, create: as for ``init_safe_scan``.
 
     Returns:
-      What ``default_cond`` returns.
+      The output of ``true_fun`` if ``pred`` holds, else of ``false_fun``.
 
     Example:
       >>> from jaxoverride_plain import init_context, init_safe_cond
@@ -257,14 +273,8 @@ def init_safe_cond(
       >>> int(out)
       2
     """
-    arguments = _operands(operands, operand)
-    keywords = {} if operand is _NO_OPERAND else {"operand": operand}
-    return init_safe_call(
-        lambda: [branch(*arguments) for branch in distinct_functions((true_fun, false_fun))],
-        lambda: default_cond(pred, true_fun, false_fun, *operands, **keywords),
-        initializing=initializing,
-        create=create,
-    )
+    call = lambda *args, **keywords: default_cond(pred, true_fun, false_fun, *args, **keywords)
+    return _init_safe_branches((true_fun, false_fun), call, operands, operand, initializing, create)
 
 
 def init_safe_switch(
@@ -283,7 +293,7 @@ def init_safe_switch(
       default_switch, initializing, create: as for ``init_safe_scan``.
 
     Returns:
-      What ``default_switch`` returns.
+      The output of ``branches[index]``, ``index`` clamped into range as JAX clamps it.
 
     Example:
       >>> from jaxoverride_plain import init_context, init_safe_switch
@@ -292,14 +302,8 @@ def init_safe_switch(
       >>> int(out)
       20
     """
-    arguments = _operands(operands, operand)
-    keywords = {} if operand is _NO_OPERAND else {"operand": operand}
-    return init_safe_call(
-        lambda: [branch(*arguments) for branch in distinct_functions(branches)],
-        lambda: default_switch(index, branches, *operands, **keywords),
-        initializing=initializing,
-        create=create,
-    )
+    call = lambda *args, **keywords: default_switch(index, branches, *args, **keywords)
+    return _init_safe_branches(branches, call, operands, operand, initializing, create)
 
 
 def init_safe_map(
@@ -319,7 +323,7 @@ def init_safe_map(
         calls ``f`` on the first slice of ``xs`` (zeros of its shape if empty).
 
     Returns:
-      What ``default_map`` returns.
+      ``f``'s outputs stacked along a new leading axis, from ``default_map``.
 
     Example:
       >>> import jax.numpy as jnp

@@ -24,19 +24,9 @@ from jaxoverride_plain._combinators import create_by_calling, init_safe_call
 from jaxoverride_plain._transforms import init_safe_transform
 
 
-def _scan(
-    f: Any,
-    init: Any,
-    xs: Any = None,
-    length: Any = None,
-    reverse: bool = False,
-    unroll: Any = 1,
-    _split_transpose: bool = False,
-) -> Any:
-    return c.init_safe_scan(
-        f, init, xs, length, reverse, unroll, _split_transpose,
-        default_scan=jo.next_impl("lax.scan"),
-    )  # fmt: skip
+def _scan(*args: Any, **kwargs: Any) -> Any:
+    # jax.lax.scan's arguments, as init_safe_scan takes them.
+    return c.init_safe_scan(*args, **kwargs, default_scan=jo.next_impl("lax.scan"))
 
 
 def _while_loop(cond_fun: Any, body_fun: Any, init_val: Any) -> Any:

@@ -26,6 +26,55 @@ def _label(
     return f"{kind}(" + ", ".join(owners) + ")"
 
 
+def calls_inside(manager: Any, fn: F) -> F:
+    """``fn`` wrapped so that each of its calls runs inside ``with manager:``.
+
+    What a context manager that is also a decorator returns. A coroutine function stays
+    one, and its whole run (its awaits included) is inside ``manager``.
+
+    Args:
+      manager: a reusable context manager (entered once per call).
+      fn: the function to decorate.
+
+    Returns:
+      The wrapper, with ``fn``'s name, docstring and signature.
+
+    Raises:
+      TypeError: ``fn`` is not callable.
+
+    Example:
+      >>> from jaxoverride.adapter_kit import calls_inside
+      >>> log = []
+      >>> class Logged:
+      ...     def __enter__(self):
+      ...         log.append("enter")
+      ...     def __exit__(self, *exc_info):
+      ...         log.append("exit")
+      >>> double = calls_inside(Logged(), lambda x: 2 * x)
+      >>> double(3), double(4), log
+      (6, 8, ['enter', 'exit', 'enter', 'exit'])
+    """
+    if not callable(fn):
+        raise TypeError(
+            f"{manager!r} used as a decorator expects a function, got {type(fn).__name__}."
+        )
+    if inspect.iscoroutinefunction(fn):
+
+        @functools.wraps(fn)
+        async def run_async(*args: Any, **kwargs: Any) -> Any:
+            with manager:
+                return await fn(*args, **kwargs)
+
+        return run_async  # type: ignore[return-value]
+
+    @functools.wraps(fn)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        with manager:
+            return fn(*args, **kwargs)
+
+    return run  # type: ignore[return-value]
+
+
 class OverrideContext(Mapping[str, Callable[..., Any]]):
     """A layer of overrides, entered with ``with``; returned by ``override_context``.
 
@@ -76,25 +125,7 @@ class OverrideContext(Mapping[str, Callable[..., Any]]):
 
     def __call__(self, fn: F) -> F:
         """Decorates ``fn`` so that each of its calls runs inside this context."""
-        if not callable(fn):
-            raise TypeError(
-                f"{self!r} used as a decorator expects a function, got {type(fn).__name__}."
-            )
-        if inspect.iscoroutinefunction(fn):
-
-            @functools.wraps(fn)
-            async def run_async(*args: Any, **kwargs: Any) -> Any:
-                with self:
-                    return await fn(*args, **kwargs)
-
-            return run_async  # type: ignore[return-value]
-
-        @functools.wraps(fn)
-        def run(*args: Any, **kwargs: Any) -> Any:
-            with self:
-                return fn(*args, **kwargs)
-
-        return run  # type: ignore[return-value]
+        return calls_inside(self, fn)
 
     def __repr__(self) -> str:
         return f"<OverrideContext {self.name}: {', '.join(sorted(self))}>"

@@ -10,6 +10,7 @@ itself, so a cache hit of ``jo.jit(f)`` costs what ``jax.jit(f)`` costs.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import functools
 import inspect
 import types
@@ -89,40 +90,23 @@ def neutral_call(name: str, default: F) -> F:
     return cast(F, call)
 
 
+@dataclasses.dataclass(eq=False, repr=False, slots=True)
 class _TransformState:
-    """Everything a ``Transformed`` needs off its fast path; it never refers back strongly."""
+    """Everything a ``Transformed`` needs off its fast path; it never refers back strongly.
 
-    __slots__ = (
-        "args",
-        "builds",
-        "check",
-        "default",
-        "fun",
-        "kwargs",
-        "name",
-        "owner",
-        "plain",
-    )
+    ``check`` is set where the missing-adapter check applies: such a wrapper never goes
+    fast.
+    """
 
-    def __init__(
-        self,
-        name: str,
-        default: Callable[..., Any],
-        fun: Callable[..., Any],
-        args: tuple[Any, ...],
-        kwargs: dict[str, Any],
-        plain: Callable[..., Any],
-    ):
-        self.name = name
-        self.default = default
-        self.fun = fun
-        self.args = args
-        self.kwargs = kwargs
-        self.plain = plain
-        self.builds: dict[_stack.Snapshot, Callable[..., Any]] = {}
-        self.owner: weakref.ref[Transformed] | None = None
-        # Set where the missing-adapter check applies; such a wrapper never goes fast.
-        self.check: _detect.TransformCheck | None = None
+    name: str
+    default: Callable[..., Any]
+    fun: Callable[..., Any]
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    plain: Callable[..., Any]
+    builds: dict[_stack.Snapshot, Callable[..., Any]] = dataclasses.field(default_factory=dict)
+    owner: weakref.ref[Transformed] | None = None
+    check: _detect.TransformCheck | None = None
 
     def target(self) -> Callable[..., Any]:
         """The transformed function for the stack active here and now."""

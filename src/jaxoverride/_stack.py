@@ -22,11 +22,13 @@ import itertools
 import threading
 import weakref
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import jax
 
 from jaxoverride._compat import set_user_context_global
+
+T = TypeVar("T")
 
 _lock = threading.RLock()
 _serials = itertools.count(1)
@@ -53,18 +55,28 @@ _TABLE_LIMIT = 4096
 _layers: dict[tuple[Any, ...], Layer] = {}
 
 
+def _interned(
+    table: dict[Any, T], key: Any, make: Callable[[], T], keep: dict[Any, T] | None = None
+) -> T:
+    """``table[key]``, made by ``make()`` under the lock the first time: one object per key,
+    so that equal keys give the same object. A full table is cleared, but for ``keep``."""
+    try:
+        return table[key]
+    except KeyError:
+        pass
+    with _lock:
+        if len(table) >= _TABLE_LIMIT:
+            table.clear()
+            if keep:
+                table.update(keep)
+        return table.setdefault(key, make())
+
+
 def intern_layer(label: str, impls: dict[str, Callable[..., Any]]) -> Layer:
     # Implementations are keyed by identity: the table holds the layer, and so keeps each
     # implementation alive for as long as its id is part of a key.
     key = (label, *sorted((name, id(impl)) for name, impl in impls.items()))
-    try:
-        return _layers[key]
-    except KeyError:
-        pass
-    with _lock:
-        if len(_layers) >= _TABLE_LIMIT:
-            _layers.clear()
-        return _layers.setdefault(key, Layer(label, dict(impls)))
+    return _interned(_layers, key, lambda: Layer(label, dict(impls)))
 
 
 class Snapshot:
@@ -110,19 +122,12 @@ _snapshots: dict[tuple[Layer, ...], Snapshot] = {}
 
 
 def snapshot_of(layers: tuple[Layer, ...]) -> Snapshot:
-    try:
-        return _snapshots[layers]
-    except KeyError:
-        pass
-    with _lock:
-        if len(_snapshots) >= _TABLE_LIMIT:
-            _snapshots.clear()
-            _snapshots[()] = ROOT
-        return _snapshots.setdefault(layers, Snapshot(layers))
+    return _interned(_snapshots, layers, lambda: Snapshot(layers), _ALWAYS_INTERNED)
 
 
 ROOT = Snapshot(())
-_snapshots[()] = ROOT
+_ALWAYS_INTERNED = {(): ROOT}
+_snapshots.update(_ALWAYS_INTERNED)
 
 # The jax.jit cache key includes these values, so a raw jax.jit around code that calls
 # neutral functions retraces when the active overrides change instead of replaying a

@@ -15,7 +15,8 @@ needs lives here, once:
 - the name tables (``TRANSFORMS``, ``RULES``, ``CALLS``, ``JAX_IMPLS``) and
   ``check_name``;
 - where the running override sits in the stack (``override_position``), and
-  ``describe_impl``, ``jit_name`` and ``get_opaque_trace_state``;
+  ``describe_impl``, ``jit_name`` and ``get_opaque_trace_state``; ``calls_inside``,
+  for a context that is also a decorator;
 - custom-rule lifting (``LiftedRule``) and the arguments of lifted rules
   (``positional_arguments``, ``fwd_output_pair``, ``bwd_cotangents``, the
   symbolic-zero helpers);
@@ -47,6 +48,7 @@ Example:
 """
 
 from jaxoverride._compat import jit_name as jit_name, resolve_argnums as resolve_argnums
+from jaxoverride._context import calls_inside as calls_inside
 from jaxoverride._names import (
     CALLS as CALLS,
     JAX_IMPLS as JAX_IMPLS,
@@ -146,6 +148,7 @@ __all__ = [
     "batched_map",
     "branch_error",
     "bwd_cotangents",
+    "calls_inside",
     "check_loop_carry",
     "check_name",
     "check_scan_output",

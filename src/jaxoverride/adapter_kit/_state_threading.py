@@ -50,31 +50,13 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import functools
-import inspect
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 import jax
 import jax.numpy as jnp
 
-__all__ = [
-    "DictStateSource",
-    "StateSource",
-    "StateStructureError",
-    "Threaded",
-    "applying",
-    "init_safe",
-    "is_applying",
-    "threaded_call",
-    "threaded_cond",
-    "threaded_fori_loop",
-    "threaded_map",
-    "threaded_scan",
-    "threaded_switch",
-    "threaded_while_loop",
-]
-
-_NO_OPERAND: Any = inspect.signature(jax.lax.cond).parameters["operand"].default
+from jaxoverride.adapter_kit._operands import NO_OPERAND as _NO_OPERAND
 
 _applying: contextvars.ContextVar[bool] = contextvars.ContextVar(
     "jaxoverride_kit_applying", default=False
@@ -373,7 +355,7 @@ def threaded_while_loop(
       cond_fun, body_fun, init_val: as for ``jax.lax.while_loop``.
 
     Returns:
-      The final loop value.
+      The loop value for which ``cond_fun`` first returned false.
 
     Example:
       >>> import jax, jax.numpy as jnp
@@ -464,7 +446,8 @@ def threaded_fori_loop(
       lower_bound, upper_bound, body_fun, init_val, unroll: as for ``jax.lax.fori_loop``.
 
     Returns:
-      The final loop value.
+      The loop value after ``body_fun`` ran for every ``i`` in
+      ``[lower_bound, upper_bound)``.
 
     Example:
       >>> import jax, jax.numpy as jnp
@@ -508,8 +491,12 @@ def _threaded_branches(
     where: str,
     branches: Sequence[Callable[..., Any]],
     operands: tuple[Any, ...],
+    operand: Any,
     call: Callable[[list[Callable[..., Any]], Any], Any],
 ) -> Any:
+    if operand is not _NO_OPERAND:
+        operands = (operand,)
+
     def run() -> Any:
         # One wrapper per distinct branch object: JAX traces a repeated branch once.
         distinct = _distinct(branches)
@@ -551,7 +538,7 @@ def threaded_cond(
       pred, true_fun, false_fun, operands, operand: as for ``jax.lax.cond``.
 
     Returns:
-      The taken branch's output.
+      The output of ``true_fun`` if ``pred`` holds, else of ``false_fun``.
 
     Example:
       >>> import jax, jax.numpy as jnp
@@ -564,15 +551,9 @@ def threaded_cond(
       >>> float(out), int(store["hits"])
       (2.0, 1)
     """
-    if operand is not _NO_OPERAND:
-        operands = (operand,)
-    return _threaded_branches(
-        source,
-        "jaxoverride.lax.cond",
-        (true_fun, false_fun),
-        operands,
-        lambda fns, packed: lower(pred, fns[0], fns[1], packed),
-    )
+    call = lambda fns, packed: lower(pred, fns[0], fns[1], packed)
+    where = "jaxoverride.lax.cond"
+    return _threaded_branches(source, where, (true_fun, false_fun), operands, operand, call)
 
 
 def threaded_switch(
@@ -591,7 +572,7 @@ def threaded_switch(
       index, branches, operands, operand: as for ``jax.lax.switch``.
 
     Returns:
-      The taken branch's output.
+      The output of ``branches[index]``, ``index`` clamped into range as JAX clamps it.
 
     Example:
       >>> import jax, jax.numpy as jnp
@@ -607,15 +588,9 @@ def threaded_switch(
       >>> int(out), int(store["last"])
       (12, 2)
     """
-    if operand is not _NO_OPERAND:
-        operands = (operand,)
-    return _threaded_branches(
-        source,
-        "jaxoverride.lax.switch",
-        tuple(branches),
-        operands,
-        lambda fns, packed: lower(index, fns, packed),
-    )
+    call = lambda fns, packed: lower(index, fns, packed)
+    where = "jaxoverride.lax.switch"
+    return _threaded_branches(source, where, tuple(branches), operands, operand, call)
 
 
 def threaded_map(
