@@ -99,6 +99,20 @@ def ratio_rows(
     return rows
 
 
+def guarded(suite: str, case: str, measure: Callable[[bool], list[Row]], quick: bool) -> list[Row]:
+    """``measure(quick)``, or one row that says why ``case`` could not be measured.
+
+    A suite must report, not crash, when a case cannot run (an optional library missing,
+    a version that refuses the program): the report then shows the reason in its note.
+    """
+    try:
+        return measure(quick)
+    except Exception as error:
+        why = f"{type(error).__name__}: {str(error).splitlines()[0][:160]}"
+        return [Row(suite, case, "-", "-", float("nan"), float("nan"), float("nan"),
+                    note=f"not measured: {why}")]  # fmt: skip
+
+
 def at_most(limit: float) -> tuple[str, Callable[[float], bool]]:
     return f"<= {limit:g}x", lambda ratio: ratio <= limit
 

@@ -18,6 +18,7 @@ dispatch benchmarks: the computation is one addition, so the call is the cost.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import json
 import statistics
@@ -153,34 +154,20 @@ def _eager_control_flow(quick: bool) -> list[Row]:
     init = jnp.float32(0.0)
     state = (jnp.int32(0), jnp.float32(1.0))
     assert _stack.idle
-    rows = ratio_rows(
-        SUITE,
-        "eager lax.scan call, nothing active",
-        interleaved(
-            {
-                "jax.lax.scan": lambda: jax.lax.scan(_scan_body, init, xs),
-                "jlax.scan": lambda: jlax.scan(_scan_body, init, xs),
-            },
+    calls = {  # name: (JAX's function, ours, the arguments of both)
+        "scan": (jax.lax.scan, jlax.scan, (_scan_body, init, xs)),
+        "while_loop": (jax.lax.while_loop, jlax.while_loop, (_while_cond, _while_body, state)),
+    }
+    rows = []
+    for name, (jax_fn, our_fn, args) in calls.items():
+        theirs, ours = f"jax.lax.{name}", f"jlax.{name}"
+        samples = interleaved(
+            {theirs: functools.partial(jax_fn, *args), ours: functools.partial(our_fn, *args)},
             number=number,
             rounds=rounds,
-        ),
-        "jax.lax.scan",
-        {"jlax.scan": at_most(1.05)},
-    )
-    rows += ratio_rows(
-        SUITE,
-        "eager lax.while_loop call, nothing active",
-        interleaved(
-            {
-                "jax.lax.while_loop": lambda: jax.lax.while_loop(_while_cond, _while_body, state),
-                "jlax.while_loop": lambda: jlax.while_loop(_while_cond, _while_body, state),
-            },
-            number=number,
-            rounds=rounds,
-        ),
-        "jax.lax.while_loop",
-        {"jlax.while_loop": at_most(1.05)},
-    )
+        )
+        case = f"eager lax.{name} call, nothing active"
+        rows += ratio_rows(SUITE, case, samples, theirs, {ours: at_most(1.05)})
     return rows
 
 

@@ -24,7 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import jaxoverride as jo
-from benchmarks._harness import Row, at_most, interleaved, main, ratio_rows
+from benchmarks._harness import Row, at_most, guarded, interleaved, main, ratio_rows
 
 SUITE = "equinox"
 N, BATCH, HIDDEN = 16, 8, 32
@@ -128,20 +128,13 @@ def _neural_ode(quick: bool) -> list[Row]:
     )  # fmt: skip
 
 
-def _guarded(case: str, measure: Callable[[bool], list[Row]], quick: bool) -> list[Row]:
-    try:
-        return measure(quick)
-    except Exception as error:  # a suite must report, not crash, when a case cannot run
-        why = f"{type(error).__name__}: {str(error).splitlines()[0][:160]}"
-        return [Row(SUITE, case, "-", "-", float("nan"), float("nan"), float("nan"),
-                    note=f"not measured: {why}")]  # fmt: skip
-
-
 def run(quick: bool) -> list[Row]:
     """Every measurement of the Equinox-family suite."""
-    rows = _guarded("optimistix.fixed_point jax.jit(jax.grad) in hk.transform", _fixed_point, quick)
-    rows += _guarded("diffrax neural ODE jax.jit(jax.grad) in hk.transform", _neural_ode, quick)
-    return rows
+    cases = {
+        "optimistix.fixed_point jax.jit(jax.grad) in hk.transform": _fixed_point,
+        "diffrax neural ODE jax.jit(jax.grad) in hk.transform": _neural_ode,
+    }
+    return [row for case, measure in cases.items() for row in guarded(SUITE, case, measure, quick)]
 
 
 if __name__ == "__main__":

@@ -26,7 +26,7 @@ import jax
 import jax.numpy as jnp
 
 import jaxoverride as jo
-from benchmarks._harness import Row, at_most, interleaved, main, ratio_rows
+from benchmarks._harness import Row, at_most, guarded, interleaved, main, ratio_rows
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
 from fpsolve import fixed_point
@@ -50,28 +50,27 @@ def _rules(quick: bool) -> list[Row]:
         f = kind(jnp.sin)
         f.defvjp(sin_fwd, sin_bwd)
         functions[label] = f
-    samples = interleaved(
-        {label: (lambda f=f: f(x)) for label, f in functions.items()},
-        number=50 if quick else 400,
-        rounds=5 if quick else 25,
-    )
-    rows += ratio_rows(
-        SUITE, "custom_vjp call, nothing active", samples, "jax.custom_vjp",
-        {"jo.custom_vjp": at_most(1.05)},
-    )  # fmt: skip
     w = jnp.ones(4) * 0.5
-    samples = interleaved(
-        {
-            "jo.closure_convert": lambda: jo.closure_convert(lambda z: jnp.tanh(z * w), x),
-            "jax.closure_convert": lambda: jax.closure_convert(lambda z: jnp.tanh(z * w), x),
-        },
-        number=20 if quick else 100,
-        rounds=5 if quick else 25,
-    )
-    rows += ratio_rows(
-        SUITE, "closure_convert, nothing active", samples, "jax.closure_convert",
-        {"jo.closure_convert": at_most(1.05)},
-    )  # fmt: skip
+    measured = {  # case: (the name, ours and JAX's call, calls per round: quick and full)
+        "custom_vjp call, nothing active": (
+            "custom_vjp",
+            {label: (lambda f=f: f(x)) for label, f in functions.items()},
+            (50, 400),
+        ),
+        "closure_convert, nothing active": (
+            "closure_convert",
+            {
+                "jo.closure_convert": lambda: jo.closure_convert(lambda z: jnp.tanh(z * w), x),
+                "jax.closure_convert": lambda: jax.closure_convert(lambda z: jnp.tanh(z * w), x),
+            },
+            (20, 100),
+        ),
+    }
+    for case, (name, candidates, (quick_number, number)) in measured.items():
+        samples = interleaved(
+            candidates, number=quick_number if quick else number, rounds=5 if quick else 25
+        )
+        rows += ratio_rows(SUITE, case, samples, f"jax.{name}", {f"jo.{name}": at_most(1.05)})
     return rows
 
 
@@ -147,31 +146,29 @@ def _haiku_init(quick: bool) -> list[Row]:
 
     model, params, _, x = _haiku_deq()
     key = jax.random.PRNGKey(0)
+    measured = {  # case: (init, apply, note)
+        "Haiku DEQ init vs apply, eager": (
+            lambda: model.init(key, x),
+            lambda: model.apply(params, None, x),
+            "creation pass of the implicit fpsolve (closure_convert + custom_vjp) at init",
+        ),
+        # A new function per call: jax.jit caches the trace of a function it has seen.
+        "Haiku DEQ init vs apply, trace only": (
+            lambda: jax.jit(lambda k, x: model.init(k, x)).lower(key, x),
+            lambda: jax.jit(lambda p, x: model.apply(p, None, x)).lower(params, x),
+            "jax.jit(...).lower: tracing with the creation pass, no compilation",
+        ),
+    }
     rows = []
     with joh.context():
-        eager = interleaved(
-            {"init": lambda: model.init(key, x), "apply": lambda: model.apply(params, None, x)},
-            number=1 if quick else 3,
-            rounds=3 if quick else 9,
-            warmup=1,
-        )
-        rows += ratio_rows(
-            SUITE, "Haiku DEQ init vs apply, eager", eager, "apply",
-            note="creation pass of the implicit fpsolve (closure_convert + custom_vjp) at init",
-        )  # fmt: skip
-        # A new function per call: jax.jit caches the trace of a function it has seen.
-        init = lambda: jax.jit(lambda k, x: model.init(k, x)).lower(key, x)
-        apply = lambda: jax.jit(lambda p, x: model.apply(p, None, x)).lower(params, x)
-        traced = interleaved(
-            {"init": init, "apply": apply},
-            number=1 if quick else 3,
-            rounds=3 if quick else 9,
-            warmup=1,
-        )
-        rows += ratio_rows(
-            SUITE, "Haiku DEQ init vs apply, trace only", traced, "apply",
-            note="jax.jit(...).lower: tracing with the creation pass, no compilation",
-        )  # fmt: skip
+        for case, (init, apply, note) in measured.items():
+            samples = interleaved(
+                {"init": init, "apply": apply},
+                number=1 if quick else 3,
+                rounds=3 if quick else 9,
+                warmup=1,
+            )
+            rows += ratio_rows(SUITE, case, samples, "apply", note=note)
     return rows
 
 
@@ -236,21 +233,12 @@ def _implicit_against_unrolled(quick: bool) -> list[Row]:
     )
 
 
-def _guarded(case: str, measure: Callable[[bool], list[Row]], quick: bool) -> list[Row]:
-    try:
-        return measure(quick)
-    except Exception as error:  # a suite must report, not crash, when a case cannot run
-        why = f"{type(error).__name__}: {str(error).splitlines()[0][:160]}"
-        return [Row(SUITE, case, "-", "-", float("nan"), float("nan"), float("nan"),
-                    note=f"not measured: {why}")]  # fmt: skip
-
-
 def run(quick: bool) -> list[Row]:
     """Every measurement of the implicit-differentiation suite."""
     rows = _rules(quick)
-    rows += _guarded("DEQ jax.jit(jax.grad) in hk.transform", _haiku, quick)
-    rows += _guarded("Haiku DEQ init vs apply", _haiku_init, quick)
-    rows += _guarded("DEQ jo.jit(jo.grad) under nnx track", _nnx, quick)
+    rows += guarded(SUITE, "DEQ jax.jit(jax.grad) in hk.transform", _haiku, quick)
+    rows += guarded(SUITE, "Haiku DEQ init vs apply", _haiku_init, quick)
+    rows += guarded(SUITE, "DEQ jo.jit(jo.grad) under nnx track", _nnx, quick)
     rows += _implicit_against_unrolled(quick)
     return rows
 

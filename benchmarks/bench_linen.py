@@ -53,10 +53,8 @@ def _residual(z: jax.Array, fz: jax.Array) -> jax.Array:
     return jnp.linalg.norm(fz - z) / jnp.maximum(1.0, jnp.linalg.norm(z))
 
 
-class FpsolveDEQ(nn.Module):
-    """``z* = tanh(z* W + x U + b)`` through the neutral solver."""
-
-    method: str = "forward"
+class _DEQCell(nn.Module):
+    """The layers and the map ``z -> tanh(z W + x U + b)`` of both DEQs below."""
 
     def setup(self) -> None:
         self.recurrent = nn.Dense(N, kernel_init=nn.initializers.normal(0.3 / N**0.5))
@@ -64,21 +62,20 @@ class FpsolveDEQ(nn.Module):
 
     def cell(self, z: jax.Array, x: jax.Array) -> jax.Array:
         return jnp.tanh(self.recurrent(z) + self.injection(x))
+
+
+class FpsolveDEQ(_DEQCell):
+    """``z* = tanh(z* W + x U + b)`` through the neutral solver."""
+
+    method: str = "forward"
 
     def __call__(self, x: jax.Array) -> jax.Array:
         z0 = jnp.zeros(N)
         return fixed_point(self.cell, z0, x, method=self.method, tol=TOL, max_iter=MAX_ITER).value
 
 
-class WhileLoopDEQ(nn.Module):
+class WhileLoopDEQ(_DEQCell):
     """The same forward iteration written by hand with Linen's ``nn.while_loop``."""
-
-    def setup(self) -> None:
-        self.recurrent = nn.Dense(N, kernel_init=nn.initializers.normal(0.3 / N**0.5))
-        self.injection = nn.Dense(N, use_bias=False)
-
-    def cell(self, z: jax.Array, x: jax.Array) -> jax.Array:
-        return jnp.tanh(self.recurrent(z) + self.injection(x))
 
     def __call__(self, x: jax.Array) -> jax.Array:
         def cond(module: Any, carry: Any) -> jax.Array:
@@ -107,36 +104,26 @@ def _deq(quick: bool) -> list[Row]:
     ours, theirs = FpsolveDEQ(), WhileLoopDEQ()
     variables = ours.init(jax.random.key(0), x)
     apply_ours, apply_theirs = jax.jit(ours.apply), jax.jit(theirs.apply)
-    rows = ratio_rows(
-        SUITE,
-        "DEQ apply, compiled (forward iteration)",
-        interleaved(
-            {
-                "fpsolve in Linen": lambda: apply_ours(variables, x),
-                "nn.while_loop": lambda: apply_theirs(variables, x),
-            },
-            number=number,
-            rounds=rounds,
-        ),
-        "nn.while_loop",
-        {"fpsolve in Linen": at_most(1.05)},
-    )
     init_ours, init_theirs = jax.jit(ours.init), jax.jit(theirs.init)
     key = jax.random.key(0)
-    rows += ratio_rows(
-        SUITE,
-        "jax.jit(model.init), DEQ",
-        interleaved(
-            {
-                "fpsolve in Linen": lambda: init_ours(key, x),
-                "nn.while_loop": lambda: init_theirs(key, x),
-            },
+    measured = {  # case: (fpsolve in Linen, nn.while_loop, target ratio)
+        "DEQ apply, compiled (forward iteration)": (
+            lambda: apply_ours(variables, x),
+            lambda: apply_theirs(variables, x),
+            1.05,
+        ),
+        "jax.jit(model.init), DEQ": (lambda: init_ours(key, x), lambda: init_theirs(key, x), 1.5),
+    }
+    rows = []
+    for case, (fpsolve, while_loop, limit) in measured.items():
+        samples = interleaved(
+            {"fpsolve in Linen": fpsolve, "nn.while_loop": while_loop},
             number=number,
             rounds=rounds,
-        ),
-        "nn.while_loop",
-        {"fpsolve in Linen": at_most(1.5)},
-    )
+        )
+        rows += ratio_rows(
+            SUITE, case, samples, "nn.while_loop", {"fpsolve in Linen": at_most(limit)}
+        )
 
     implicit = FpsolveDEQ("anderson")
     params = variables["params"]

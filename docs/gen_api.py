@@ -19,17 +19,14 @@ import pkgutil
 from collections.abc import Mapping
 from pathlib import Path
 
+from jaxoverride._selfcheck import ADAPTERS  # the adapters, listed once (as self_check shows them)
+
 PACKAGES = [
     "jaxoverride",
     "jaxoverride.lax",
     "jaxoverride.errors",
     "jaxoverride.adapter_kit",
-    "jaxoverride_plain",
-    "jaxoverride_haiku",
-    "jaxoverride_nnx",
-    "jaxoverride_linen",
-    "jaxoverride_dag",
-    "jaxoverride_debug",
+    *ADAPTERS,
 ]
 NEUTRAL_LAX = list(importlib.import_module("jaxoverride.lax")._NEUTRAL)
 DOCS = Path(__file__).resolve().parent

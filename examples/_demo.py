@@ -79,6 +79,20 @@ def timed(run: Callable[[], Any], repeats: int = 5) -> tuple[Any, float]:
 UNROLLED_STEPS = 300  # spectral radius 0.95: 0.95**300 < 1e-6, so the unrolled scan converged
 
 
+def report_training(name: str, losses: list[float], every: int = 3) -> None:
+    """Prints the loss curve of a training run, and fails unless it at least halved the loss.
+
+    Args:
+      name: what was trained (say, which gradient), printed first.
+      losses: the loss before each step, and after the last.
+      every: print every ``every``-th loss, then the last.
+    """
+    shown = ", ".join(f"{loss:.4f}" for loss in losses[::every])
+    print(f"{name:9s} loss: {shown} ... {losses[-1]:.4f}")
+    if not losses[-1] < 0.5 * losses[0]:
+        raise AssertionError(f"{name}: the loss did not decrease enough: {losses}")
+
+
 def max_gap(a: Any, b: Any) -> float:
     """The largest absolute difference between two pytrees of arrays."""
     gaps = jax.tree.map(lambda x, y: jnp.max(jnp.abs(x - y)), a, b)

@@ -35,6 +35,7 @@ import optax
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import jaxoverride_linen
+from _demo import report_training
 from fpsolve import fixed_point
 
 HIDDEN, INPUTS, EXAMPLES = 8, 4, 32
@@ -125,11 +126,7 @@ def gradient_gap() -> float:
 def main() -> None:
     with jaxoverride_linen.context():
         for gradient in ("implicit", "unrolled"):
-            losses = train(gradient)
-            shown = ", ".join(f"{loss:.4f}" for loss in losses[::3])
-            print(f"{gradient:9s} loss: {shown} ... {losses[-1]:.4f}")
-            if not losses[-1] < 0.5 * losses[0]:
-                raise AssertionError(f"{gradient}: the loss did not decrease enough: {losses}")
+            report_training(gradient, train(gradient))
         print(f"max |grad_implicit - grad_unrolled| at init: {gradient_gap():.2e}")
 
 

@@ -32,6 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import jaxoverride as jo
 import jaxoverride_nnx
+from _demo import report_training
 from fpsolve import fixed_point
 
 HIDDEN, INPUTS, EXAMPLES = 8, 4, 32
@@ -93,11 +94,7 @@ def train(gradient: str, steps: int = 15, learning_rate: float = 0.05) -> list[f
 
 def main() -> None:
     for gradient in ("implicit", "unrolled"):
-        losses = train(gradient)
-        shown = ", ".join(f"{loss:.4f}" for loss in losses[::3])
-        print(f"{gradient:9s} loss: {shown} ... {losses[-1]:.4f}")
-        if not losses[-1] < 0.5 * losses[0]:
-            raise AssertionError(f"{gradient}: the loss did not decrease enough: {losses}")
+        report_training(gradient, train(gradient))
 
 
 if __name__ == "__main__":

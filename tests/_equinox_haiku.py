@@ -2,7 +2,8 @@
 
 Run in a fresh interpreter by ``tests/test_libraries_equinox_haiku.py``, because import order
 matters: ``jo.interpose_on_import`` is called *before* equinox, optimistix, lineax and diffrax
-are imported, so that the ``eqx.filter_jit`` they build at import holds a neutral ``jax.jit``.
+are imported (by ``tests/_equinox_common.py``, with the cases), so that the ``eqx.filter_jit``
+they build at import holds a neutral ``jax.jit``.
 
 ``python tests/_equinox_haiku.py CASE [CASE ...]`` prints one JSON object: for each case
 (``inside:CASE``: the layer built inside the callback, which only reports its modules),
@@ -16,88 +17,28 @@ layer: an ``hk.Linear`` inside Haiku, ``z @ w + b`` on the explicit parameters o
 
 from __future__ import annotations
 
-import json
 import sys
-import traceback
 from collections import Counter
-from collections.abc import Callable
 from typing import Any
 
 import haiku as hk
 import jax
 import jax.numpy as jnp
-import numpy as np
 
-import jaxoverride as jo
 import jaxoverride_haiku as joh
+from _equinox_common import (  # importing it interposes the libraries, then imports them
+    CASES,
+    RNG,
+    Linear,
+    N,
+    X,
+    differences_from_explicit,
+    max_diff,
+    refusal,
+    report,
+    tracers,
+)
 from jaxoverride._compat import jaxprs_in_params
-
-
-def _import_neutral() -> tuple[Any, Any, Any]:
-    """Imports the libraries interposed from their first line on: import order is the point."""
-    jo.interpose_on_import("equinox", "optimistix", "lineax", "diffrax")
-    import diffrax
-    import lineax
-    import optimistix
-
-    return optimistix, lineax, diffrax
-
-
-optx, lx, diffrax = _import_neutral()
-
-N = 4
-X = jnp.linspace(-1.0, 1.0, N)
-RNG = jax.random.PRNGKey(0)
-TOL = 1e-6
-Linear = Callable[[jax.Array], jax.Array]
-
-
-def _fixed_point_map(linear: Linear, x: jax.Array) -> Callable[..., jax.Array]:
-    return lambda z, args: jnp.tanh(linear(z) + x)
-
-
-def fixed_point_iteration(linear: Linear, x: jax.Array) -> jax.Array:
-    solver = optx.FixedPointIteration(rtol=TOL, atol=TOL)
-    return optx.fixed_point(_fixed_point_map(linear, x), solver, jnp.zeros(N), max_steps=100).value
-
-
-def fixed_point_newton(linear: Linear, x: jax.Array) -> jax.Array:
-    solver = optx.Newton(rtol=TOL, atol=TOL)
-    return optx.fixed_point(_fixed_point_map(linear, x), solver, jnp.zeros(N), max_steps=50).value
-
-
-def root_find_newton(linear: Linear, x: jax.Array) -> jax.Array:
-    fun = lambda z, args: z + 0.5 * jnp.tanh(linear(z)) - x
-    return optx.root_find(fun, optx.Newton(rtol=TOL, atol=TOL), jnp.zeros(N), max_steps=50).value
-
-
-def least_squares_gauss_newton(linear: Linear, x: jax.Array) -> jax.Array:
-    residuals = lambda z, args: jnp.concatenate([z + 0.5 * jnp.tanh(linear(z)) - x, 0.1 * z])
-    solver = optx.GaussNewton(rtol=TOL, atol=TOL)
-    return optx.least_squares(residuals, solver, jnp.zeros(N), max_steps=50).value
-
-
-def linear_solve_gmres(linear: Linear, x: jax.Array) -> jax.Array:
-    # GMRES at a tighter rtol stagnates in float32 in the backward pass, on raw JAX too.
-    structure = jax.ShapeDtypeStruct((N,), jnp.float32)
-    operator = lx.FunctionLinearOperator(lambda v: v - 0.5 * linear(v), structure)
-    return lx.linear_solve(operator, x, lx.GMRES(rtol=1e-5, atol=1e-5)).value
-
-
-def neural_ode_tsit5(linear: Linear, x: jax.Array) -> jax.Array:
-    term = diffrax.ODETerm(lambda t, y, args: jnp.tanh(linear(y) + x) - y)
-    return diffrax.diffeqsolve(term, diffrax.Tsit5(), 0.0, 1.0, 0.1, jnp.zeros(N)).ys[-1]
-
-
-CASES: dict[str, tuple[Callable[[Linear, jax.Array], jax.Array], bool]] = {
-    # name: (solve, whether the layer has a bias; lineax's operator must be linear)
-    "fixed_point_iteration": (fixed_point_iteration, True),
-    "fixed_point_newton": (fixed_point_newton, True),
-    "root_find_newton": (root_find_newton, True),
-    "least_squares_gauss_newton": (least_squares_gauss_newton, True),
-    "linear_solve_gmres": (linear_solve_gmres, False),
-    "neural_ode_tsit5": (neural_ode_tsit5, True),
-}
 
 
 def _layer(with_bias: bool) -> hk.Linear:
@@ -145,26 +86,8 @@ def _primitives(jaxpr: jax.extend.core.Jaxpr) -> list[str]:
     return names
 
 
-def _max_diff(a: Any, b: Any) -> float:
-    diffs = jax.tree.map(lambda u, v: float(np.max(np.abs(np.asarray(u) - np.asarray(v)))), a, b)
-    assert jax.tree.structure(a) == jax.tree.structure(b), (a, b)
-    return max(jax.tree.leaves(diffs), default=0.0)
-
-
 def _shapes(tree: Any) -> dict[str, dict[str, list[int]]]:
     return {m: {n: list(v.shape) for n, v in bundle.items()} for m, bundle in tree.items()}
-
-
-def _tracers(tree: Any) -> int:
-    return sum(isinstance(leaf, jax.core.Tracer) for leaf in jax.tree.leaves(tree))
-
-
-def _refusal(run: Callable[[], Any]) -> dict[str, str | None]:
-    try:
-        run()
-    except Exception as error:  # the test asserts on the type and message
-        return {"type": type(error).__name__, "message": str(error)}
-    return {"type": None, "message": None}
 
 
 def run_case(name: str) -> dict[str, Any]:
@@ -183,7 +106,7 @@ def run_case(name: str) -> dict[str, Any]:
         params = model.init(RNG, X)
         result["params"] = _shapes(params)
         result["direct_params"] = _shapes(direct.init(RNG, X))
-        result["param_tracers"] = _tracers(params)
+        result["param_tracers"] = tracers(params)
 
         def loss(p: hk.Params, x: jax.Array) -> jax.Array:
             return jnp.sum(model.apply(p, None, x) ** 2)
@@ -203,11 +126,11 @@ def run_case(name: str) -> dict[str, Any]:
         writer = hk.transform_with_state(lambda x: solve(_writing(_layer(with_bias)), x))
         drawer = hk.transform(lambda x: solve(_drawing(_layer(with_bias)), x))
         state = {"~": {"calls": jnp.zeros([], jnp.int32)}}
-        result["write_at_init"] = _refusal(lambda: writer.init(RNG, X))
-        result["write_at_apply"] = _refusal(lambda: writer.apply(params, state, None, X))
-        result["write_under_jit"] = _refusal(lambda: jax.jit(writer.apply)(params, state, None, X))
-        result["draw_at_init"] = _refusal(lambda: drawer.init(RNG, X))
-        result["draw_at_apply"] = _refusal(lambda: drawer.apply(params, RNG, X))
+        result["write_at_init"] = refusal(lambda: writer.init(RNG, X))
+        result["write_at_apply"] = refusal(lambda: writer.apply(params, state, None, X))
+        result["write_under_jit"] = refusal(lambda: jax.jit(writer.apply)(params, state, None, X))
+        result["draw_at_init"] = refusal(lambda: drawer.init(RNG, X))
+        result["draw_at_apply"] = refusal(lambda: drawer.apply(params, RNG, X))
         # A refusal leaves everything as it was: the read-only model still runs.
         after_refusals = model.apply(params, None, X)
 
@@ -228,7 +151,7 @@ def run_case(name: str) -> dict[str, Any]:
         installed = model.apply(params, None, X)
     finally:
         joh.uninstall()
-    result["installed_params"] = _max_diff(installed_params, params)
+    result["installed_params"] = max_diff(installed_params, params)
 
     def reference_loss(p: hk.Params, x: jax.Array) -> jax.Array:
         return jnp.sum(solve(_explicit(p, with_bias), x) ** 2)
@@ -243,15 +166,9 @@ def run_case(name: str) -> dict[str, Any]:
     result["same_primitives"] = ours == theirs
     result["only_explicit"] = dict(Counter(theirs) - Counter(ours))
     result["only_ours"] = dict(Counter(ours) - Counter(theirs))
-    result["apply"] = _max_diff(out, expected)
-    result["jit_apply"] = _max_diff(jitted, expected)
-    result["installed_apply"] = _max_diff(installed, expected)
-    result["after_refusals"] = _max_diff(after_refusals, expected)
-    result["write_outside"] = _max_diff(outside_out, expected)
-    result["grad"] = _max_diff(grads, expected_grads)
-    result["jit_grad"] = _max_diff(jitted_grads, expected_grads)
-    result["grad_scale"] = max(float(np.max(np.abs(g))) for g in jax.tree.leaves(expected_grads))
-    result["output_tracers"] = _tracers((out, jitted, grads, jitted_grads, installed_params))
+    outputs = (out, jitted, installed, after_refusals, outside_out)
+    result |= differences_from_explicit(expected, expected_grads, outputs, (grads, jitted_grads))
+    result["output_tracers"] = tracers((out, jitted, grads, jitted_grads, installed_params))
     return result
 
 
@@ -264,19 +181,13 @@ def run_inside(name: str) -> dict[str, Any]:
         out = model.apply(params, None, X)
     last = sorted(params)[-1]  # the module built by the library's last trace
     expected = solve(_explicit({"cell": params[last]}, with_bias), X)
-    return {"modules": sorted(params), "apply_uses_last": _max_diff(out, expected)}
+    return {"modules": sorted(params), "apply_uses_last": max_diff(out, expected)}
 
 
-def main(names: list[str]) -> None:
-    results: dict[str, Any] = {}
-    for name in names:
-        try:
-            inside = name.startswith("inside:")
-            results[name] = run_inside(name[7:]) if inside else run_case(name)
-        except Exception:  # reported to the test, which fails with it
-            results[name] = {"crashed": traceback.format_exc()}
-    print(json.dumps(results))
+def run(name: str) -> dict[str, Any]:
+    """``run_case(name)``, or ``run_inside(CASE)`` for the name ``inside:CASE``."""
+    return run_inside(name[7:]) if name.startswith("inside:") else run_case(name)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:] or list(CASES))
+    report(sys.argv[1:] or list(CASES), run)

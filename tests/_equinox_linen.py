@@ -2,8 +2,8 @@
 
 Run in a fresh interpreter by ``tests/test_linen_libraries.py``, because import order
 matters: ``jo.interpose_on_import`` is called *before* equinox, optimistix, lineax and
-diffrax are imported, so that the ``eqx.filter_jit`` they build at import holds a neutral
-``jax.jit``.
+diffrax are imported (by ``tests/_equinox_common.py``, with the cases), so that the
+``eqx.filter_jit`` they build at import holds a neutral ``jax.jit``.
 
 ``python tests/_equinox_linen.py CASE [CASE ...]`` prints one JSON object: for each case,
 what the test asserts on (parameter shapes, tracer leaks, largest differences against the
@@ -17,9 +17,7 @@ layer: an ``nn.Dense`` inside Linen, ``z @ kernel + bias`` on the explicit param
 
 from __future__ import annotations
 
-import json
 import sys
-import traceback
 from collections.abc import Callable
 from typing import Any
 
@@ -30,69 +28,29 @@ import numpy as np
 
 import jaxoverride as jo
 import jaxoverride_linen
+from _equinox_common import (  # importing it interposes the libraries, then imports them
+    CASES,
+    RNG,
+    N,
+    Solve,
+    X,
+    differences_from_explicit,
+    diffrax,
+    max_diff,
+    refusal,
+    report,
+    tracers,
+)
 
-
-def _import_neutral() -> tuple[Any, Any, Any]:
-    """Imports the libraries interposed from their first line on: import order is the point."""
-    jo.interpose_on_import("equinox", "optimistix", "lineax", "diffrax")
-    import diffrax
-    import lineax
-    import optimistix
-
-    return optimistix, lineax, diffrax
-
-
-optx, lx, diffrax = _import_neutral()
-
-N = 4
-X = jnp.linspace(-1.0, 1.0, N)
-RNG = jax.random.PRNGKey(0)
-TOL = 1e-6
 Cell = Callable[[jax.Array], jax.Array]
-
-
-def fixed_point_iteration(cell: Cell, x: jax.Array) -> jax.Array:
-    solver = optx.FixedPointIteration(rtol=TOL, atol=TOL)
-    fun = lambda z, args: jnp.tanh(cell(z) + x)
-    return optx.fixed_point(fun, solver, jnp.zeros(N), max_steps=100).value
-
-
-def fixed_point_newton(cell: Cell, x: jax.Array) -> jax.Array:
-    solver = optx.Newton(rtol=TOL, atol=TOL)
-    fun = lambda z, args: jnp.tanh(cell(z) + x)
-    return optx.fixed_point(fun, solver, jnp.zeros(N), max_steps=50).value
-
-
-def root_find_newton(cell: Cell, x: jax.Array) -> jax.Array:
-    fun = lambda z, args: z + 0.5 * jnp.tanh(cell(z)) - x
-    return optx.root_find(fun, optx.Newton(rtol=TOL, atol=TOL), jnp.zeros(N), max_steps=50).value
-
-
-def linear_solve_gmres(cell: Cell, x: jax.Array) -> jax.Array:
-    structure = jax.ShapeDtypeStruct((N,), jnp.float32)
-    operator = lx.FunctionLinearOperator(lambda v: v - 0.5 * cell(v), structure)
-    return lx.linear_solve(operator, x, lx.GMRES(rtol=1e-5, atol=1e-5)).value
-
-
-def neural_ode_tsit5(cell: Cell, x: jax.Array) -> jax.Array:
-    term = diffrax.ODETerm(lambda t, y, args: jnp.tanh(cell(y) + x) - y)
-    return diffrax.diffeqsolve(term, diffrax.Tsit5(), 0.0, 1.0, 0.1, jnp.zeros(N)).ys[-1]
-
-
-CASES: dict[str, tuple[Callable[[Cell, jax.Array], jax.Array], bool]] = {
-    # name: (solve, whether the layer has a bias; lineax's operator must be linear)
-    "fixed_point_iteration": (fixed_point_iteration, True),
-    "fixed_point_newton": (fixed_point_newton, True),
-    "root_find_newton": (root_find_newton, True),
-    "linear_solve_gmres": (linear_solve_gmres, False),
-    "neural_ode_tsit5": (neural_ode_tsit5, True),
-}
+# The cases run when no names are given: least squares is in the Haiku suite only.
+LINEN_CASES = [name for name in CASES if name != "least_squares_gauss_newton"]
 
 
 class Model(nn.Module):
     """One ``nn.Dense`` named ``cell``, called by the library; ``extra`` wraps the call."""
 
-    solve: Callable[[Cell, jax.Array], jax.Array]
+    solve: Solve
     with_bias: bool
     extra: str = ""
 
@@ -132,18 +90,8 @@ def _explicit(params: Any, with_bias: bool) -> Cell:
     return cell
 
 
-def _max_diff(a: Any, b: Any) -> float:
-    assert jax.tree.structure(a) == jax.tree.structure(b), (a, b)
-    diffs = jax.tree.map(lambda u, v: float(np.max(np.abs(np.asarray(u) - np.asarray(v)))), a, b)
-    return max(jax.tree.leaves(diffs), default=0.0)
-
-
 def _shapes(tree: Any) -> Any:
     return jax.tree.map(lambda v: list(np.shape(v)), tree)
-
-
-def _tracers(tree: Any) -> int:
-    return sum(isinstance(leaf, jax.core.Tracer) for leaf in jax.tree.leaves(tree))
 
 
 def _unadapted(run: Callable[[], Any]) -> dict[str, Any]:
@@ -151,18 +99,10 @@ def _unadapted(run: Callable[[], Any]) -> dict[str, Any]:
     the reporter saw), ``unadapted`` with it on (jaxoverride names the missing adapter)."""
     before = jo.set_adapter_check(False)
     try:
-        raw = _refusal(run)
+        raw = refusal(run)
     finally:
         jo.set_adapter_check(before)
-    return {"raw": raw, "unadapted": _refusal(run)}
-
-
-def _refusal(run: Callable[[], Any]) -> dict[str, str | None]:
-    try:
-        run()
-    except Exception as error:  # the test asserts on the type and message
-        return {"type": type(error).__name__, "message": str(error)}
-    return {"type": None, "message": None}
+    return {"raw": raw, "unadapted": refusal(run)}
 
 
 def run_case(name: str) -> dict[str, Any]:
@@ -178,13 +118,13 @@ def run_case(name: str) -> dict[str, Any]:
     with jaxoverride_linen.context():
         try:
             jitted_variables = jax.jit(model.init)(RNG, X)
-            result["jit_init"] = _max_diff(variables, jitted_variables)
+            result["jit_init"] = max_diff(variables, jitted_variables)
         except Exception as error:  # reported: the test names the cases where it fails
             jitted_variables = variables
             result["jit_init"] = f"{type(error).__name__}: {str(error)[:300]}"
         result["params"] = _shapes(variables)
         result["direct_params"] = _shapes({"params": {"cell": direct.init(RNG, X)["params"]}})
-        result["init_output"] = _max_diff(
+        result["init_output"] = max_diff(
             model.init_with_output(RNG, X)[0], model.apply(variables, X)
         )
 
@@ -198,17 +138,17 @@ def run_case(name: str) -> dict[str, Any]:
         writer, drawer = Model(solve, with_bias, "write"), Model(solve, with_bias, "draw")
         counters = {"counters": {"calls": jnp.zeros((), jnp.int32)}}
         rngs = {"params": RNG, "noise": RNG}
-        result["write_at_init"] = _refusal(lambda: writer.init(RNG, X))
-        result["write_at_apply"] = _refusal(
+        result["write_at_init"] = refusal(lambda: writer.init(RNG, X))
+        result["write_at_apply"] = refusal(
             lambda: writer.apply({**variables, **counters}, X, mutable=["counters"])
         )
-        result["write_under_jit"] = _refusal(
+        result["write_under_jit"] = refusal(
             lambda: jax.jit(lambda v: writer.apply(v, X, mutable=["counters"]))(
                 {**variables, **counters}
             )
         )
-        result["draw_at_init"] = _refusal(lambda: drawer.init(rngs, X))
-        result["draw_at_apply"] = _refusal(lambda: drawer.apply(variables, X, rngs={"noise": RNG}))
+        result["draw_at_init"] = refusal(lambda: drawer.init(rngs, X))
+        result["draw_at_apply"] = refusal(lambda: drawer.apply(variables, X, rngs={"noise": RNG}))
         after_refusals = model.apply(variables, X)
 
         outside = Model(solve, with_bias, "write_outside")
@@ -222,7 +162,7 @@ def run_case(name: str) -> dict[str, Any]:
         installed = jax.jit(model.apply)(variables, X)
     finally:
         jaxoverride_linen.uninstall()
-    result["installed_params"] = _max_diff(installed_variables, variables)
+    result["installed_params"] = max_diff(installed_variables, variables)
 
     params = variables["params"]
 
@@ -231,15 +171,9 @@ def run_case(name: str) -> dict[str, Any]:
 
     expected = solve(_explicit(params, with_bias), X)
     expected_grads = jax.grad(reference_loss, argnums=(0, 1))(variables, X)
-    result["apply"] = _max_diff(out, expected)
-    result["jit_apply"] = _max_diff(jitted, expected)
-    result["installed_apply"] = _max_diff(installed, expected)
-    result["after_refusals"] = _max_diff(after_refusals, expected)
-    result["write_outside"] = _max_diff(outside_out, expected)
-    result["grad"] = _max_diff(grads, expected_grads)
-    result["jit_grad"] = _max_diff(jitted_grads, expected_grads)
-    result["grad_scale"] = max(float(np.max(np.abs(g))) for g in jax.tree.leaves(expected_grads))
-    result["tracers"] = _tracers((variables, jitted_variables, out, jitted, grads, jitted_grads))
+    outputs = (out, jitted, installed, after_refusals, outside_out)
+    result |= differences_from_explicit(expected, expected_grads, outputs, (grads, jitted_grads))
+    result["tracers"] = tracers((variables, jitted_variables, out, jitted, grads, jitted_grads))
     return result
 
 
@@ -284,10 +218,10 @@ def run_diffrax_115() -> dict[str, Any]:
     expected_grads = jax.grad(lambda p: jnp.sum(explicit(p) ** 2))(dense)
     result.update(
         params=_shapes(params),
-        eager_init=_max_diff(eager, params),
-        apply=_max_diff(ys, explicit(dense)),
-        grad=_max_diff(grads["params"]["derivative_net"], expected_grads),
-        tracers=_tracers((params, eager, ys, grads)),
+        eager_init=max_diff(eager, params),
+        apply=max_diff(ys, explicit(dense)),
+        grad=max_diff(grads["params"]["derivative_net"], expected_grads),
+        tracers=tracers((params, eager, ys, grads)),
     )
     return result
 
@@ -327,10 +261,10 @@ def run_flax_2887() -> dict[str, Any]:
     expected = diffrax.diffeqsolve(diffrax.ODETerm(f), diffrax.Euler(), t0=0, t1=1, dt0=0.1, y0=x)
     result.update(
         params=_shapes(pars),
-        jit_init=_max_diff(pars, jitted),
-        apply=_max_diff(solution.ys, expected.ys),
-        jit_apply=_max_diff(jitted_solution.ys, expected.ys),
-        tracers=_tracers((pars, jitted, solution.ys, jitted_solution.ys)),
+        jit_init=max_diff(pars, jitted),
+        apply=max_diff(solution.ys, expected.ys),
+        jit_apply=max_diff(jitted_solution.ys, expected.ys),
+        tracers=tracers((pars, jitted, solution.ys, jitted_solution.ys)),
     )
     return result
 
@@ -338,15 +272,10 @@ def run_flax_2887() -> dict[str, Any]:
 PROGRAMS = {"diffrax_115": run_diffrax_115, "flax_2887": run_flax_2887}
 
 
-def main(names: list[str]) -> None:
-    results: dict[str, Any] = {}
-    for name in names:
-        try:
-            results[name] = PROGRAMS[name]() if name in PROGRAMS else run_case(name)
-        except Exception:  # reported to the test, which fails with it
-            results[name] = {"crashed": traceback.format_exc()}
-    print(json.dumps(results))
+def run(name: str) -> dict[str, Any]:
+    """One of ``PROGRAMS``, or ``run_case(name)``."""
+    return PROGRAMS[name]() if name in PROGRAMS else run_case(name)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:] or [*CASES, *PROGRAMS])
+    report(sys.argv[1:] or [*LINEN_CASES, *PROGRAMS], run)

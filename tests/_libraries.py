@@ -20,7 +20,13 @@ from __future__ import annotations
 
 import contextlib
 import importlib
-from collections.abc import Callable, Iterator
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import jax
@@ -42,6 +48,102 @@ def interposed(*packages: str) -> Iterator[list[jo.Interposition]]:
             # A package whose layout changed would otherwise run raw JAX, unnoticed.
             assert handle.rebound, f"interposing {name} rebound nothing"
         yield handles
+
+
+def fresh_env(*packages: ModuleType) -> dict[str, str]:
+    """The environment of a fresh interpreter that imports the same jaxoverride and adapters.
+
+    The folders that hold ``packages`` come first on its path; it gets one CPU device
+    (enough, and it compiles faster than this session's eight).
+    """
+    paths = [str(Path(package.__file__).parents[1]) for package in packages]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([*paths, os.environ.get("PYTHONPATH", "")]))
+    env.pop("XLA_FLAGS", None)
+    return env
+
+
+def run_fresh(args: Sequence[str], env: dict[str, str], timeout: float) -> str:
+    """Runs ``python *args`` in a fresh interpreter; asserts that it succeeds; its stdout."""
+    done = subprocess.run(
+        [sys.executable, *args], capture_output=True, text=True, env=env, timeout=timeout
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    return done.stdout
+
+
+def run_script_json(
+    script: Path, names: Sequence[str], env: dict[str, str], timeout: float
+) -> dict[str, Any]:
+    """``python script *names`` in a fresh interpreter: the JSON object on its last line."""
+    return json.loads(run_fresh([str(script), *names], env, timeout).strip().splitlines()[-1])
+
+
+REFUSALS = ["write_at_init", "write_at_apply", "write_under_jit", "draw_at_init", "draw_at_apply"]
+"""Where the fresh-interpreter scripts write state and draw an rng key in a callback."""
+
+
+def assert_callback_refusal(
+    result: dict[str, Any], where: str, *, written: str, drawn: str, why: str
+) -> None:
+    """A fresh-interpreter script's report of a write or draw in the callback at ``where``.
+
+    It raised ``PureFunctionWriteError``, whose message names what was ``written`` (or
+    ``drawn``, for a ``draw_*`` in ``REFUSALS``), ``why`` it is refused and the fix (pass the
+    value in the solver's ``args``); and the refusal left the read-only model as it was.
+    """
+    refusal = result[where]
+    assert refusal["type"] == "PureFunctionWriteError", refusal
+    message = refusal["message"]
+    assert (drawn if where.startswith("draw") else written) in message
+    assert why in message
+    assert "args" in message  # the fix: pass the value in
+    assert result["after_refusals"] <= 1e-5
+
+
+class FreshScript:
+    """A script that reports on named cases, run in fresh interpreters, one per group.
+
+    Args:
+      script: prints one JSON object, ``{case: result}``, for the case names it is given.
+      groups: the cases, by group; each group runs once per test session, when first used.
+      packages: the folders of these come first on the script's path (``fresh_env``).
+      timeout: seconds a group may take.
+
+    Example:
+      >>> script = FreshScript(Path("s.py"), {"a": ["x", "y"], "b": ["z"]}, [], timeout=60)
+      >>> script.cases(besides="b")
+      [('a', 'x'), ('a', 'y')]
+    """
+
+    def __init__(
+        self,
+        script: Path,
+        groups: dict[str, list[str]],
+        packages: Sequence[ModuleType],
+        timeout: float,
+    ):
+        self.script, self.groups, self.packages, self.timeout = script, groups, packages, timeout
+        self._results: dict[str, dict[str, Any]] = {}
+
+    def cases(self, besides: str) -> list[tuple[str, str]]:
+        """``(group, case)`` for every case of every group but ``besides``."""
+        return [(g, case) for g, cases in self.groups.items() if g != besides for case in cases]
+
+    def env(self) -> dict[str, str]:
+        return fresh_env(*self.packages)
+
+    def group(self, group: str) -> dict[str, Any]:
+        """What the script reports on the cases of ``group`` (run the first time only)."""
+        if group not in self._results:
+            names = self.groups[group]
+            self._results[group] = run_script_json(self.script, names, self.env(), self.timeout)
+        return self._results[group]
+
+    def reported(self, group: str, case: str) -> dict[str, Any]:
+        """What the script reports on ``case``, which must not have crashed."""
+        reported = self.group(group)[case]
+        assert "crashed" not in reported, reported.get("crashed")
+        return reported
 
 
 def eager_calls(run: Callable[[Callable[..., Any]], Any], callback: Callable[..., Any]) -> int:

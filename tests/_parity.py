@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import gc
+import importlib
 import re
 import types
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -127,39 +128,22 @@ ALL_MODES = (*MODES, *ADAPTER_MODES)
 @contextlib.contextmanager
 def adapter_context(mode: str) -> Iterator[None]:
     """Runs the block in one of ``ADAPTER_MODES``; imports the adapter on first use."""
-    if mode == "plain":
-        import jaxoverride_plain
-
-        with jaxoverride_plain.context():
-            yield
-    elif mode == "haiku_installed":
-        import jaxoverride_haiku
-
-        jaxoverride_haiku.install()
-        try:
-            yield
-        finally:
-            jaxoverride_haiku.uninstall()
-    elif mode == "nnx_track":
-        import jaxoverride_nnx
-
-        with jaxoverride_nnx.track(_unrelated_module()):
-            yield
-    elif mode == "dag":
-        import jaxoverride_dag
-
-        with jaxoverride_dag.context():
-            yield
-    elif mode == "linen_installed":
-        import jaxoverride_linen
-
-        jaxoverride_linen.install()
-        try:
-            yield
-        finally:
-            jaxoverride_linen.uninstall()
-    else:  # pragma: no cover
+    if mode not in ADAPTER_MODES:  # pragma: no cover
         raise ValueError(mode)
+    # Each mode is named after its adapter: "haiku_installed" runs jaxoverride_haiku.
+    adapter = importlib.import_module(f"jaxoverride_{mode.split('_')[0]}")
+    if mode == "nnx_track":
+        with adapter.track(_unrelated_module()):
+            yield
+    elif mode.endswith("_installed"):
+        adapter.install()
+        try:
+            yield
+        finally:
+            adapter.uninstall()
+    else:  # plain and dag: their context()
+        with adapter.context():
+            yield
 
 
 @functools.cache
@@ -513,6 +497,38 @@ def adapter_parity_tests(
         )
 
     return test_parity_under_adapter
+
+
+def raw_jax_test(cases: Sequence[Case]) -> Callable[[], None]:
+    """``test_raw_jax_ignores_overrides()``: ``check_raw_jax_ignores_overrides(cases)``."""
+
+    def test_raw_jax_ignores_overrides() -> None:
+        check_raw_jax_ignores_overrides(cases)
+
+    return test_raw_jax_ignores_overrides
+
+
+def scoped_jaxprs_test(cases: Sequence[Case]) -> Callable[[], None]:
+    """``test_jaxprs_inside_a_scoped_installation()``: ``check_jaxprs_in_mode`` in ``scoped``."""
+
+    def test_jaxprs_inside_a_scoped_installation() -> None:
+        check_jaxprs_in_mode(cases, "scoped")
+
+    return test_jaxprs_inside_a_scoped_installation
+
+
+def check_errors_in_mode(
+    errors: Callable[[Any], Sequence[tuple[type, str] | None]], mode: str
+) -> Sequence[tuple[type, str] | None]:
+    """``errors(api)`` (see ``error_messages``) with jaxoverride in ``mode`` gives JAX's errors.
+
+    Returns JAX's, for the caller to check that the calls really fail where they should.
+    """
+    expected = errors(JAX)
+    with active(mode):
+        actual = errors(jo)
+    assert_same_errors(actual, expected, mode)
+    return expected
 
 
 def check_raw_jax_ignores_overrides(cases: Sequence[Case]) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 
 # Must precede the first import of jax anywhere in the test session.
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
@@ -30,6 +31,23 @@ def _no_leftover_overrides():
     assert _stack.installed == installed_before, (
         f"test left adapters installed: {jo.current_stack()}"
     )
+
+
+@pytest.fixture
+def linen_installed() -> Iterator[None]:
+    """The Linen adapter installed for the test, and uninstalled after it, even on failure.
+
+    A Linen test module marks all its tests with
+    ``pytestmark = pytest.mark.usefixtures("linen_installed")``, or a test requests it.
+    """
+    # Imported here, not at the top, so that only the tests that use Linen import Flax.
+    import jaxoverride_linen as jol
+
+    jol.install()
+    try:
+        yield
+    finally:
+        jol.uninstall()
 
 
 @pytest.fixture(scope="session")

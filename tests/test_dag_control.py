@@ -8,22 +8,11 @@ import numpy as np
 
 import jaxoverride as jo
 import jaxoverride_dag as dag
+from _dag_nodes import Node
 from jaxoverride import lax as jlax
 
-
-@jax.tree_util.register_pytree_node_class
-class Cell:
-    """A mutable node: bodies update it in place, so every alias sees the update."""
-
-    def __init__(self, value):
-        self.value = value
-
-    def tree_flatten(self):
-        return (self.value,), None
-
-    @classmethod
-    def tree_unflatten(cls, aux, children):
-        return cls(*children)
+# A mutable node: bodies update it in place, so every alias sees the update.
+Cell = Node
 
 
 def shared_state():

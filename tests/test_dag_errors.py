@@ -9,6 +9,7 @@ import pytest
 
 import jaxoverride as jo
 import jaxoverride_dag as dag
+from _dag_nodes import Node
 from jaxoverride import _stack, lax as jlax
 
 
@@ -29,26 +30,15 @@ def test_unhashable_static_leaf_names_its_path():
     assert "Unhashable" in message and "hashable" in message and "Fix" in message
 
 
-@jax.tree_util.register_pytree_node_class
-class Box:
-    """A pytree node with identity: losing a tie between two boxes is an error."""
-
-    def __init__(self, x):
-        self.x = x
-
-    def tree_flatten(self):
-        return (self.x,), None
-
-    @classmethod
-    def tree_unflatten(cls, aux, children):
-        return cls(*children)
+# A pytree node with identity: losing a tie between two boxes is an error.
+Box = Node
 
 
 def test_scan_body_that_breaks_a_node_tie_names_the_path():
     box = Box(jnp.ones(2))
 
     def body(c, _):
-        return {"a": Box(c["a"].x + 1), "b": Box(c["b"].x + 1)}, None  # two new boxes
+        return {"a": Box(c["a"].value + 1), "b": Box(c["b"].value + 1)}, None  # two new boxes
 
     with dag.context(), pytest.raises(dag.SharingError) as info:
         jlax.scan(body, {"a": box, "b": box}, length=2)
@@ -58,12 +48,12 @@ def test_scan_body_that_breaks_a_node_tie_names_the_path():
 
 def test_while_and_fori_body_that_ties_two_nodes_names_the_path():
     def body(c):
-        return [Box(c[0].x + 1)] * 2  # one node at both positions
+        return [Box(c[0].value + 1)] * 2  # one node at both positions
 
     init = [Box(jnp.zeros(2)), Box(jnp.zeros(2))]
     with dag.context():
         with pytest.raises(dag.SharingError, match=r"carry\[1\]"):
-            jlax.while_loop(lambda c: c[0].x[0] < 2, body, init)
+            jlax.while_loop(lambda c: c[0].value[0] < 2, body, init)
         with pytest.raises(dag.SharingError, match=r"lax\.fori_loop"):
             jlax.fori_loop(0, 2, lambda i, c: body(c), init)
 

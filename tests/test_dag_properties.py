@@ -14,6 +14,7 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 import jaxoverride as jo
@@ -160,27 +161,14 @@ _JIT_VMAP = jo.jit(jo.vmap(lambda t: dag.tree_map(affine, t)))
 _GRAD = jo.grad(lambda t: sum(jnp.sum(jnp.sin(x)) for x in expanded_arrays(t)))
 
 
+@pytest.mark.parametrize(
+    "transformed", [_JIT, _VMAP, _JIT_VMAP], ids=["jit", "vmap", "nested_jit_vmap"]
+)
 @PROPERTY
-@given(shared_trees())
-def test_jit_preserves_identity_and_values(tree):
+@given(tree=shared_trees())
+def test_transform_preserves_identity_and_values(transformed, tree):
     with dag.context():
-        out = _JIT(tree)
-    check_same_identity_and_values(out, tree)
-
-
-@PROPERTY
-@given(shared_trees())
-def test_vmap_preserves_identity_and_values(tree):
-    with dag.context():
-        out = _VMAP(tree)
-    check_same_identity_and_values(out, tree)
-
-
-@PROPERTY
-@given(shared_trees())
-def test_nested_jit_vmap_preserves_identity_and_values(tree):
-    with dag.context():
-        out = _JIT_VMAP(tree)
+        out = transformed(tree)
     check_same_identity_and_values(out, tree)
 
 

@@ -14,22 +14,11 @@ import pytest
 
 import jaxoverride as jo
 import jaxoverride_dag as dag
+from _dag_nodes import Node
 from jaxoverride import lax as jlax
 
-
-@jax.tree_util.register_pytree_node_class
-class Module:
-    """A mutable custom pytree node, like a stateful module."""
-
-    def __init__(self, x):
-        self.x = x
-
-    def tree_flatten(self):
-        return (self.x,), None
-
-    @classmethod
-    def tree_unflatten(cls, aux, children):
-        return cls(*children)
+# A mutable custom pytree node, like a stateful module.
+Module = Node
 
 
 @jax.tree_util.register_dataclass
@@ -116,18 +105,18 @@ def all_objects(tree) -> set[int]:
 
 
 def test_shared_module_mutated_inside_jit_is_one_object_outside():
-    m = Module(x=1)
+    m = Module(value=1)
 
     def f(m1, m2):
         assert m1 is m2
-        m1.x = 100
+        m1.value = 100
         return m1, m2
 
     with dag.context():
         m1, m2 = jo.jit(f)(m, m)
     assert m1 is m2
-    assert m2.x == 100
-    assert m1 is not m and m.x == 1  # functional: the caller's object is untouched
+    assert m2.value == 100
+    assert m1 is not m and m.value == 1  # functional: the caller's object is untouched
 
 
 def test_parent_with_shared_child_round_trip():

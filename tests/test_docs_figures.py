@@ -54,6 +54,12 @@ def ratio(*key: str | None) -> float:
     return row(*key)["ratio"]  # type: ignore[arg-type]
 
 
+def ratio_and_target(suite: str, case: str) -> tuple[float, float]:
+    """The ratio of a row of the report, and its target (``<= 1.05x`` is 1.05)."""
+    found = row(suite, case)
+    return found["ratio"], float(found["target"].removeprefix("<= ").removesuffix("x"))
+
+
 def forwarder_cost() -> float:
     """The cost of any Python-level forwarder, which the report states in a note."""
     note = row("core", "jit dispatch, installed, when=lambda: False")["note"]
@@ -163,10 +169,7 @@ FIGURES = [
     Figure(
         "design.md",
         r"calls \(([\d.]+)x in `make bench`, within its target of ([\d.]+)x\)",
-        lambda: (
-            (r := row("core", "raw jax.jit dispatch, fresh processes (11 pairs)"))["ratio"],
-            float(r["target"].removeprefix("<= ").removesuffix("x")),
-        ),
+        lambda: ratio_and_target("core", "raw jax.jit dispatch, fresh processes (11 pairs)"),
     ),
     Figure(
         "faq.md",
@@ -198,10 +201,7 @@ FIGURES = [
     Figure(
         "haiku.md",
         r"outside transforms: ([\d.]+)x `jax.jit` \(target ([\d.]+)x",
-        lambda: (
-            (r := row("haiku", "jit dispatch, install() active, outside transform"))["ratio"],
-            float(r["target"].removeprefix("<= ").removesuffix("x")),
-        ),
+        lambda: ratio_and_target("haiku", "jit dispatch, install() active, outside transform"),
     ),
     Figure(
         "haiku.md",

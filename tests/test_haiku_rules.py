@@ -11,6 +11,7 @@ gradient), as is a write or a draw in ``bwd``; every refusal leaves Haiku as it 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from typing import Any
 
 import haiku as hk
@@ -193,22 +194,30 @@ def test_rng_drawn_in_primal_and_fwd_gives_the_same_keys(jit):
     np.testing.assert_allclose(grad, 3.0 * jnp.ones(3))
 
 
-def test_bwd_reads_the_state_as_fwd_left_it():
+def _grad_of_identity_rule_with_state(scale: float, bwd: Callable[..., Any]) -> tuple[Any, Any]:
+    """``jax.grad`` (leaks checked) at ``X``, and the state after, of an identity whose
+    ``jo.custom_vjp`` ``fwd`` sets the Haiku state ``scale`` and whose ``bwd`` is given."""
+
     def forward(x):
         f = jo.custom_vjp(lambda x: x)
 
         def fwd(x):
-            hk.set_state("scale", jnp.float32(5.0))
+            hk.set_state("scale", jnp.float32(scale))
             return x, None
 
-        f.defvjp(fwd, lambda _, g: (hk.get_state("scale") * g,))
+        f.defvjp(fwd, bwd)
         hk.get_state("scale", [], init=jnp.zeros)
         return jnp.sum(f(x))
 
     model = hk.transform_with_state(forward)
     params, state = model.init(RNG, X)
     with jax.checking_leaks():
-        grad, after = jax.grad(lambda x: model.apply(params, state, None, x), has_aux=True)(X)
+        return jax.grad(lambda x: model.apply(params, state, None, x), has_aux=True)(X)
+
+
+def test_bwd_reads_the_state_as_fwd_left_it():
+    bwd = lambda _, g: (hk.get_state("scale") * g,)
+    grad, after = _grad_of_identity_rule_with_state(5.0, bwd)
     np.testing.assert_allclose(grad, 5.0 * jnp.ones(3))
     assert float(after["~"]["scale"]) == 5.0
 
@@ -621,23 +630,9 @@ def test_a_neutral_loop_in_bwd_that_writes_nothing_is_not_refused():
     """bwd's refusal is at the write: a loop that carries the state (storing it again as
     new objects) without writing passes, and reads the state as fwd left it."""
 
-    def forward(x):
-        f = jo.custom_vjp(lambda x: x)
+    def bwd(_, g):
+        scale = hk.get_state("scale")
+        return (jo.lax.fori_loop(0, 3, lambda _, c: c * scale, g),)
 
-        def fwd(x):
-            hk.set_state("scale", jnp.float32(2.0))
-            return x, None
-
-        def bwd(_, g):
-            scale = hk.get_state("scale")
-            return (jo.lax.fori_loop(0, 3, lambda _, c: c * scale, g),)
-
-        f.defvjp(fwd, bwd)
-        hk.get_state("scale", [], init=jnp.zeros)
-        return jnp.sum(f(x))
-
-    model = hk.transform_with_state(forward)
-    params, state = model.init(RNG, X)
-    with jax.checking_leaks():
-        grad, _ = jax.grad(lambda x: model.apply(params, state, None, x), has_aux=True)(X)
+    grad, _ = _grad_of_identity_rule_with_state(2.0, bwd)
     np.testing.assert_allclose(grad, 8.0 * jnp.ones(3))

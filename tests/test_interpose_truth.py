@@ -7,30 +7,13 @@ warns too. Each case runs in a fresh interpreter: import order is the point.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-import textwrap
-from pathlib import Path
-
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from _fresh import run_source
 
 
 def _run(source: str) -> str:
-    environment = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT / "adapters")]),
-    }
-    result = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(source)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=environment,
-        cwd=ROOT,
-    )
+    result = run_source(source)
     assert result.returncode == 0, result.stderr[-4000:]
     return result.stdout
 

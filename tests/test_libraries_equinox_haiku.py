@@ -23,10 +23,6 @@ libraries are interposed only after they were imported.
 from __future__ import annotations
 
 import functools
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -34,11 +30,11 @@ import pytest
 
 import jaxoverride as jo
 import jaxoverride_haiku as joh
+from _libraries import REFUSALS, FreshScript, assert_callback_refusal, run_fresh
 
 # Each test runs fresh interpreters that import the solver libraries: `make test-slow`.
 pytestmark = pytest.mark.slow
 
-SCRIPT = Path(__file__).with_name("_equinox_haiku.py")
 GROUPS = {
     "optimistix": [
         "fixed_point_iteration",
@@ -49,37 +45,13 @@ GROUPS = {
     "lineax_diffrax": ["linear_solve_gmres", "neural_ode_tsit5"],
     "inside": ["inside:fixed_point_iteration", "inside:neural_ode_tsit5"],
 }
-CASES = [(group, case) for group, cases in GROUPS.items() if group != "inside" for case in cases]
-REFUSALS = ["write_at_init", "write_at_apply", "write_under_jit", "draw_at_init", "draw_at_apply"]
-
-
-def _env() -> dict[str, str]:
-    # The same jaxoverride and adapters as this session, first on the child's path.
-    paths = [str(Path(jo.__file__).parents[1]), str(Path(joh.__file__).parents[1])]
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([*paths, os.environ.get("PYTHONPATH", "")]))
-    env.pop("XLA_FLAGS", None)  # one CPU device is enough, and compiles faster
-    return env
-
-
-@functools.cache
-def _run_group(group: str) -> dict[str, Any]:
-    done = subprocess.run(
-        [sys.executable, str(SCRIPT), *GROUPS[group]],
-        capture_output=True,
-        text=True,
-        env=_env(),
-        timeout=600,
-    )
-    assert done.returncode == 0, done.stderr[-4000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
+SCRIPT = FreshScript(Path(__file__).with_name("_equinox_haiku.py"), GROUPS, [jo, joh], timeout=600)
+CASES = SCRIPT.cases(besides="inside")
 
 
 @pytest.fixture(params=CASES, ids=[case for _, case in CASES])
 def result(request) -> dict[str, Any]:
-    group, case = request.param
-    reported = _run_group(group)[case]
-    assert "crashed" not in reported, reported.get("crashed")
-    return reported
+    return SCRIPT.reported(*request.param)
 
 
 def test_init_creates_the_parameters_once_and_leaks_nothing(result):
@@ -122,15 +94,13 @@ def test_gradients_wrt_params_and_inputs_equal_the_explicit_ones(result):
 
 @pytest.mark.parametrize("where", REFUSALS)
 def test_state_writes_and_rng_draws_in_the_callback_are_refused(result, where):
-    refusal = result[where]
-    assert refusal["type"] == "PureFunctionWriteError", refusal
-    message = refusal["message"]
-    what = "rng key was drawn" if where.startswith("draw") else "Haiku state '~/calls' was written"
-    assert what in message
-    assert "nothing it writes or draws could come out" in message  # why
-    assert "args" in message  # the fix: pass the value in
-    # ...and the refusal left the read-only model as it was.
-    assert result["after_refusals"] <= 1e-5
+    assert_callback_refusal(
+        result,
+        where,
+        written="Haiku state '~/calls' was written",
+        drawn="rng key was drawn",
+        why="nothing it writes or draws could come out",
+    )
 
 
 def test_a_state_write_outside_the_callback_works(result):
@@ -144,11 +114,7 @@ def test_haiku_neural_ode_example_trains_through_diffrax():
     """``examples/haiku_neural_ode.py`` in a fresh interpreter (its import order matters):
     it checks its first loss and gradient against diffrax on the explicit parameters."""
     example = Path(__file__).resolve().parents[1] / "examples" / "haiku_neural_ode.py"
-    done = subprocess.run(
-        [sys.executable, str(example)], capture_output=True, text=True, env=_env(), timeout=600
-    )
-    assert done.returncode == 0, done.stderr[-4000:]
-    out = done.stdout
+    out = run_fresh([str(example)], SCRIPT.env(), timeout=600)
     losses = [float(v) for v in out.split("loss per step:", 1)[1].splitlines()[0].split()]
     assert len(losses) == 8
     assert losses[-1] < 0.5 * losses[0]
@@ -166,14 +132,7 @@ def test_the_import_order_snippet_of_the_docs_runs_in_a_fresh_interpreter():
     assert page[start:].startswith("import jaxoverride as jo\n")
     snippet = page[start : page.index("```", start)]
     check = "\nassert set(params) == {'cell'}\nassert not isinstance(z, jax.core.Tracer)\n"
-    done = subprocess.run(
-        [sys.executable, "-c", snippet + check],
-        capture_output=True,
-        text=True,
-        env=_env(),
-        timeout=600,
-    )
-    assert done.returncode == 0, done.stderr[-4000:]
+    run_fresh(["-c", snippet + check], SCRIPT.env(), timeout=600)
 
 
 def test_a_module_built_inside_the_callback_is_one_module_per_trace():
@@ -181,7 +140,7 @@ def test_a_module_built_inside_the_callback_is_one_module_per_trace():
     than once: optimistix once (one ``cell``), diffrax three times (``cell``, ``cell_1``,
     ``cell_2``; the last feeds the solution). Init and apply agree on the names, so apply
     works; the docs say to build modules outside the callback."""
-    reported = _run_group("inside")
+    reported = SCRIPT.group("inside")
     for case, modules in (
         ("inside:fixed_point_iteration", ["cell"]),
         ("inside:neural_ode_tsit5", ["cell", "cell_1", "cell_2"]),

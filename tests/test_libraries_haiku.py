@@ -10,6 +10,7 @@ Every "does not work" case pins its failure mode.
 from __future__ import annotations
 
 import contextlib
+from typing import Any
 
 import diffrax
 import haiku as hk
@@ -60,6 +61,28 @@ def explicit_solve(params: hk.Params, solver: str, fun=None) -> jax.Array:
     return fixed_point.run(jnp.zeros(N)).params
 
 
+def run_interposed(model: hk.TransformedWithState) -> tuple[Any, ...]:
+    """Init and apply (eager, leaks checked) and jitted apply, with jaxopt interposed.
+
+    Returns ``(params, state, out, state after apply, jitted out, state after it)``.
+    """
+    with jax.checking_leaks():
+        params, state = model.init(RNG, X)
+        out, after = model.apply(params, state, None, X)
+    # (checking_leaks flags JAX's own separate_consts cache under an outer jit; a leak
+    # into Haiku state would come back as a tracer and fail the comparisons of the tests.)
+    jitted, after_jit = jax.jit(model.apply)(params, state, None, X)
+    return params, state, out, after, jitted, after_jit
+
+
+def assert_solves_explicitly(params: hk.Params, solver: str, *outs: jax.Array) -> None:
+    """The parameters have Haiku's shapes and every output is the explicit solve's."""
+    assert jax.tree.map(jnp.shape, params) == {"cell": {"b": (N,), "w": (N, N)}}
+    expected = explicit_solve(params, solver)
+    for out in outs:
+        np.testing.assert_allclose(out, expected, rtol=1e-6, atol=1e-6)
+
+
 @pytest.mark.parametrize("solver", list(SOLVERS))
 def test_jaxopt_raw_fails_inside_haiku(solver):
     """Without jaxoverride, the state written in the jitted/looped callback leaks out."""
@@ -78,17 +101,8 @@ def test_jaxopt_works_inside_haiku(solver):
     """``implicit_diff=False``: init and apply, eager and jitted, equal the explicit solve."""
     model = jaxopt_model(solver, implicit_diff=False)
     with interposed("jaxopt"), joh.context():
-        with jax.checking_leaks():
-            params, state = model.init(RNG, X)
-            out, after = model.apply(params, state, None, X)
-        # (checking_leaks flags JAX's own separate_consts cache under an outer jit; a leak
-        # into Haiku state would come back as a tracer and fail the comparisons below.)
-        jitted, after_jit = jax.jit(model.apply)(params, state, None, X)
-
-    assert jax.tree.map(jnp.shape, params) == {"cell": {"b": (N,), "w": (N, N)}}
-    expected = explicit_solve(params, solver)
-    np.testing.assert_allclose(out, expected, rtol=1e-6, atol=1e-6)
-    np.testing.assert_allclose(jitted, expected, rtol=1e-6, atol=1e-6)
+        params, _, out, after, jitted, after_jit = run_interposed(model)
+    assert_solves_explicitly(params, solver, out, jitted)
     # The counter advanced once per callback call, as the eager library would call it.
     assert int(after["~"]["calls"]) == int(after_jit["~"]["calls"]) > 2
     if solver == "fixed_point":  # (eager Anderson under disable_jit is too slow to repeat)
@@ -108,16 +122,10 @@ def test_jaxopt_implicit_diff_works_inside_haiku(solver):
     model = jaxopt_model(solver, implicit_diff=True)
     unrolled = jaxopt_model(solver, implicit_diff=False)
     with interposed("jaxopt"), joh.context():
-        with jax.checking_leaks():
-            params, state = model.init(RNG, X)
-            out, after = model.apply(params, state, None, X)
-        jitted, after_jit = jax.jit(model.apply)(params, state, None, X)
+        params, state, out, after, jitted, after_jit = run_interposed(model)
         _, after_unrolled = unrolled.apply(params, state, None, X)
-    assert jax.tree.map(jnp.shape, params) == {"cell": {"b": (N,), "w": (N, N)}}
     assert int(state["~"]["calls"]) == 0
-    expected = explicit_solve(params, solver)
-    np.testing.assert_allclose(out, expected, rtol=1e-6, atol=1e-6)
-    np.testing.assert_allclose(jitted, expected, rtol=1e-6, atol=1e-6)
+    assert_solves_explicitly(params, solver, out, jitted)
     assert int(after["~"]["calls"]) == int(after_jit["~"]["calls"]) > 2
     assert int(after["~"]["calls"]) == int(after_unrolled["~"]["calls"])
 

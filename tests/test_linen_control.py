@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import flax.linen as nn
@@ -15,14 +15,7 @@ import jaxoverride_linen as jol
 from _linen_models import check_init_exact, shapes
 from jaxoverride import lax as jlax
 
-
-@pytest.fixture(autouse=True)
-def installed() -> Iterator[None]:
-    jol.install()
-    try:
-        yield
-    finally:
-        jol.uninstall()
+pytestmark = pytest.mark.usefixtures("linen_installed")
 
 
 class WhileDense(nn.Module):

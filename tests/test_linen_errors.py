@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import flax.linen as nn
@@ -17,14 +16,7 @@ from _linen_models import leaves_are_arrays
 from jaxoverride import lax as jlax
 from jaxoverride.errors import JaxoverrideError
 
-
-@pytest.fixture(autouse=True)
-def installed() -> Iterator[None]:
-    jol.install()
-    try:
-        yield
-    finally:
-        jol.uninstall()
+pytestmark = pytest.mark.usefixtures("linen_installed")
 
 
 def test_a_closure_over_an_unbound_module_raises_linens_error():

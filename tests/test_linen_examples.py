@@ -5,29 +5,18 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-import jax.numpy as jnp
-import numpy as np
-
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 sys.path.insert(0, str(EXAMPLES))
 
 import deq_linen  # noqa: E402
 import fixed_point_linen  # noqa: E402
 import jaxoverride_linen  # noqa: E402
-from _demo import dense_map, make_problem  # noqa: E402
-from fpsolve import fixed_point  # noqa: E402
+from _demo import make_problem  # noqa: E402
+from _examples import check_fixed_point_rows  # noqa: E402
 
 
 def test_fixed_point_rows_match_raw_jax():
-    problem = make_problem()
-    rows = fixed_point_linen.run(problem)
-    assert [row.method for row in rows] == list(fixed_point_linen.METHODS)
-    for row in rows:
-        expected = fixed_point(dense_map, jnp.zeros(problem.n), problem.args, method=row.method)
-        assert row.framework == "linen"
-        np.testing.assert_allclose(row.solution, expected.value, atol=1e-5)
-        assert row.iterations == int(expected.iterations)
-        assert row.residual < 1e-4
+    check_fixed_point_rows(fixed_point_linen, "linen", same_iterations=True)
 
 
 def test_fixed_point_implicit_gradient_matches_unrolled():

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from collections.abc import Iterator
 from typing import Any
 
 import flax.linen as nn
@@ -21,12 +20,8 @@ from jaxoverride import lax as jlax
 
 
 @pytest.fixture
-def installed() -> Iterator[None]:
-    jol.install()
-    try:
-        yield
-    finally:
-        jol.uninstall()
+def installed(linen_installed: None) -> None:
+    """The tests below that request it run with the adapter installed (conftest's fixture)."""
 
 
 class Loop(nn.Module):

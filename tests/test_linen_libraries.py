@@ -18,9 +18,6 @@ and the programs of diffrax issue #115 and flax issue #2887, run in a fresh inte
 
 from __future__ import annotations
 
-import functools
-import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -36,7 +33,7 @@ import pytest
 import jaxoverride as jo
 import jaxoverride.errors as joe
 import jaxoverride_linen
-from _libraries import interposed
+from _libraries import REFUSALS, FreshScript, assert_callback_refusal, interposed
 
 # Each test runs fresh interpreters that import the solver libraries: `make test-slow`.
 pytestmark = pytest.mark.slow
@@ -199,7 +196,6 @@ def test_jaxopt_implicit_gradient_with_a_writing_function_is_refused():
 
 # -- the Equinox family, in fresh interpreters ----------------------------------------------
 
-SCRIPT = Path(__file__).with_name("_equinox_linen.py")
 GROUPS = {
     "optimistix": ["fixed_point_iteration", "fixed_point_newton", "root_find_newton"],
     # lineax's linear_solve_gmres is left out: inside Linen its jitted gradient leaks a
@@ -207,35 +203,11 @@ GROUPS = {
     "lineax_diffrax": ["neural_ode_tsit5"],
     "issues": ["diffrax_115", "flax_2887"],
 }
-CASES = [(group, case) for group, cases in GROUPS.items() if group != "issues" for case in cases]
-REFUSALS = ["write_at_init", "write_at_apply", "write_under_jit", "draw_at_init", "draw_at_apply"]
-
-
-def _env() -> dict[str, str]:
-    # The same jaxoverride and adapters as this session, first on the child's path.
-    paths = [str(Path(jo.__file__).parents[1]), str(Path(jaxoverride_linen.__file__).parents[1])]
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([*paths, os.environ.get("PYTHONPATH", "")]))
-    env.pop("XLA_FLAGS", None)  # one CPU device is enough, and compiles faster
-    return env
-
-
-@functools.cache
-def _run_group(group: str) -> dict[str, Any]:
-    done = subprocess.run(
-        [sys.executable, str(SCRIPT), *GROUPS[group]],
-        capture_output=True,
-        text=True,
-        env=_env(),
-        timeout=900,
-    )
-    assert done.returncode == 0, done.stderr[-4000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
-
-
-def _reported(group: str, case: str) -> dict[str, Any]:
-    reported = _run_group(group)[case]
-    assert "crashed" not in reported, reported.get("crashed")
-    return reported
+SCRIPT = FreshScript(
+    Path(__file__).with_name("_equinox_linen.py"), GROUPS, [jo, jaxoverride_linen], timeout=900
+)
+CASES = SCRIPT.cases(besides="issues")
+_env, _reported = SCRIPT.env, SCRIPT.reported
 
 
 @pytest.fixture(params=CASES, ids=[case for _, case in CASES])
@@ -277,14 +249,7 @@ def test_gradients_wrt_variables_and_inputs_equal_the_explicit_ones(result):
 
 @pytest.mark.parametrize("where", REFUSALS)
 def test_writes_and_rng_draws_in_the_callback_are_refused(result, where):
-    refusal = result[where]
-    assert refusal["type"] == "PureFunctionWriteError", refusal
-    message = refusal["message"]
-    what = "rng" if where.startswith("draw") else "counters"
-    assert what in message
-    assert "could come out" in message  # why
-    assert "args" in message  # the fix: pass the value in
-    assert result["after_refusals"] <= 1e-5  # ...and the read-only model still works
+    assert_callback_refusal(result, where, written="counters", drawn="rng", why="could come out")
 
 
 def test_a_write_outside_the_callback_works(result):
@@ -293,21 +258,31 @@ def test_a_write_outside_the_callback_works(result):
     assert result["write_outside_calls"] == 2  # one at init, one at apply
 
 
+def _reported_issue(case: str) -> dict[str, Any]:
+    """The report on an issue's program, which fails without the adapter: raw (the check
+    off) with ``UnexpectedTracerError``, and with ``MissingAdapterError`` naming Linen."""
+    reported = _reported("issues", case)
+    assert reported["raw"]["type"] == "UnexpectedTracerError", reported["raw"]
+    assert reported["unadapted"]["type"] == "MissingAdapterError", reported["unadapted"]
+    assert "Flax Linen" in reported["unadapted"]["message"]
+    assert reported["tracers"] == 0  # with the adapter, nothing leaked
+    return reported
+
+
+def _assert_at_most(reported: dict[str, Any], **bounds: float) -> None:
+    for name, bound in bounds.items():
+        assert reported[name] <= bound, f"{name}: {reported[name]} > {bound}"
+
+
 def test_diffrax_issue_115_program_works():
     """diffrax #115: ``diffeqsolve`` inside an ``nn.compact`` module under
     ``jax.jit(model.init)``. Raw (the missing-adapter check off), it raises
     ``UnexpectedTracerError``; with the check on, ``MissingAdapterError``; with the adapter
     installed, the reporter's program runs unchanged and equals diffrax on the explicit
     parameters, gradients included."""
-    reported = _reported("issues", "diffrax_115")
-    assert reported["raw"]["type"] == "UnexpectedTracerError", reported["raw"]
-    assert reported["unadapted"]["type"] == "MissingAdapterError", reported["unadapted"]
-    assert "Flax Linen" in reported["unadapted"]["message"]
+    reported = _reported_issue("diffrax_115")
     assert reported["params"] == {"params": {"derivative_net": {"bias": [4], "kernel": [4, 4]}}}
-    assert reported["eager_init"] <= 1e-6
-    assert reported["apply"] <= 1e-5
-    assert reported["grad"] <= 1e-4
-    assert reported["tracers"] == 0
+    _assert_at_most(reported, eager_init=1e-6, apply=1e-5, grad=1e-4)
 
 
 def test_flax_issue_2887_program_works():
@@ -316,15 +291,9 @@ def test_flax_issue_2887_program_works():
     eager and jitted, equal diffrax on the explicit parameters. (Raw, today's Flax no longer
     raises the reported ``JaxTransformError``: the tracer leaks, ``UnexpectedTracerError``,
     with the missing-adapter check off; with it on, ``MissingAdapterError``.)"""
-    reported = _reported("issues", "flax_2887")
-    assert reported["raw"]["type"] == "UnexpectedTracerError", reported["raw"]
-    assert reported["unadapted"]["type"] == "MissingAdapterError", reported["unadapted"]
-    assert "Flax Linen" in reported["unadapted"]["message"]
+    reported = _reported_issue("flax_2887")
     assert reported["params"] == {"params": {"ode_term": {"bias": [1], "kernel": [1, 1]}}}
-    assert reported["jit_init"] <= 1e-6
-    assert reported["apply"] <= 1e-6
-    assert reported["jit_apply"] <= 1e-6
-    assert reported["tracers"] == 0
+    _assert_at_most(reported, jit_init=1e-6, apply=1e-6, jit_apply=1e-6)
 
 
 def test_the_after_snippet_of_the_linen_page_runs_in_a_fresh_interpreter():

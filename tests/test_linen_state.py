@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import flax.linen as nn
@@ -16,14 +15,7 @@ import jaxoverride_linen as jol
 from _linen_models import assert_trees_close, leaves_are_arrays, shapes
 from jaxoverride import lax as jlax
 
-
-@pytest.fixture(autouse=True)
-def installed() -> Iterator[None]:
-    jol.install()
-    try:
-        yield
-    finally:
-        jol.uninstall()
+pytestmark = pytest.mark.usefixtures("linen_installed")
 
 
 class Stateful(nn.Module):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import flax.linen as nn
@@ -12,18 +12,10 @@ import numpy as np
 import pytest
 
 import jaxoverride as jo
-import jaxoverride_linen as jol
 from _linen_models import assert_trees_close, check_init_exact, leaves_are_arrays
 from jaxoverride import lax as jlax
 
-
-@pytest.fixture(autouse=True)
-def installed() -> Iterator[None]:
-    jol.install()
-    try:
-        yield
-    finally:
-        jol.uninstall()
+pytestmark = pytest.mark.usefixtures("linen_installed")
 
 
 def dense(h: jax.Array) -> jax.Array:

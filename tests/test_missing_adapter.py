@@ -8,12 +8,6 @@ check, and ``jo.jit`` built outside every framework scope keeps JAX's own dispat
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-import textwrap
-from pathlib import Path
-
 import haiku as hk
 import jax
 import jax.numpy as jnp
@@ -25,28 +19,12 @@ from jax.core import Tracer
 import jaxoverride as jo
 import jaxoverride_haiku
 import jaxoverride_nnx
+from _fresh import ROOT, run_source as _run
 from jaxoverride import _detect, _stack, lax as jlax
 from jaxoverride.errors import JaxoverrideError, MissingAdapterError
 
-ROOT = Path(__file__).resolve().parents[1]
 X = jnp.ones((1, 2))
 HATCH = "jaxoverride.set_adapter_check(False)"
-
-
-def _run(source: str, **env: str) -> subprocess.CompletedProcess[str]:
-    environment = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT / "adapters")]),
-        **env,
-    }
-    return subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(source)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=environment,
-        cwd=ROOT,
-    )
 
 
 def _tracers(tree: object) -> list[object]:

@@ -5,42 +5,23 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-import jax.numpy as jnp
-import numpy as np
-
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 sys.path.insert(0, str(EXAMPLES))
 
 import deq_nnx  # noqa: E402
 import fixed_point_nnx  # noqa: E402
-import jaxoverride_nnx  # noqa: E402
-from _demo import dense_map, make_problem  # noqa: E402
-from fpsolve import fixed_point  # noqa: E402
+from _demo import make_problem  # noqa: E402
+from _examples import check_fixed_point_rows  # noqa: E402
 
 
 def test_fixed_point_rows_match_raw_jax():
-    problem = make_problem()
-    rows = fixed_point_nnx.run(problem)
-    assert [row.method for row in rows] == list(fixed_point_nnx.METHODS)
-    for row in rows:
-        expected = fixed_point(dense_map, jnp.zeros(problem.n), problem.args, method=row.method)
-        assert row.framework == "nnx"
-        np.testing.assert_allclose(row.solution, expected.value, atol=1e-5)
-        assert row.residual < 1e-4
+    check_fixed_point_rows(fixed_point_nnx, "nnx", same_iterations=False)
 
 
 def test_fixed_point_counts_every_evaluation():
     problem = make_problem()
     model = fixed_point_nnx.DenseMap.from_problem(problem)
-    with jaxoverride_nnx.track(model):
-        solution = fixed_point(
-            lambda z, x: model(z, x),
-            jnp.zeros(problem.n),
-            problem.x,
-            method="forward",
-            jit=False,
-            implicit=False,
-        )
+    solution = fixed_point_nnx.counted_solve(model, problem)
     assert int(model.calls[...]) == int(solution.iterations)
 
 

@@ -15,22 +15,15 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
+import _parity
 import jaxoverride as jo
 from _parity import (
-    ALL_MODES,
     JAX,
     Case,
     active,
-    adapter_parity_tests,
-    assert_same,
-    assert_same_errors,
-    check_jaxprs_in_mode,
-    check_raw_jax_ignores_overrides,
-    error_messages,
     f32,
     fresh_jax_caches_per_module,  # noqa: F401 - an autouse fixture
     jaxpr_text,
-    parity_tests as _parity_tests,
 )
 
 # Bodies live at module level so that JAX and jaxoverride see the very same function.
@@ -390,17 +383,6 @@ CASES = [
     ),
 ]
 
-test_parity = _parity_tests(CASES)
-test_parity_under_adapter = adapter_parity_tests(CASES)
-
-
-def test_raw_jax_ignores_overrides():
-    check_raw_jax_ignores_overrides(CASES)
-
-
-def test_jaxprs_inside_a_scoped_installation():
-    check_jaxprs_in_mode(CASES, "scoped")
-
 
 def test_every_neutral_lax_function_has_a_case():
     from test_parity_rules import CASES as RULE_CASES  # the implicit-differentiation names
@@ -409,6 +391,12 @@ def test_every_neutral_lax_function_has_a_case():
     assert {name for name in covered if name.startswith("lax.")} == {
         name for name in jo.OVERRIDEABLE if name.startswith("lax.")
     }
+
+
+test_parity = _parity.parity_tests(CASES)
+test_parity_under_adapter = _parity.adapter_parity_tests(CASES)
+test_raw_jax_ignores_overrides = _parity.raw_jax_test(CASES)
+test_jaxprs_inside_a_scoped_installation = _parity.scoped_jaxprs_test(CASES)
 
 
 def test_switch_out_of_range_clamps_like_jax():
@@ -427,7 +415,7 @@ def bad_body(c, x):
 
 def control_flow_errors(api):
     """What each misuse of the control flow raises (the last one JAX accepts)."""
-    return error_messages(
+    return _parity.error_messages(
         [
             lambda: api.lax.scan(bad_body, 0.0, jnp.arange(3.0)),
             lambda: api.lax.scan(count_body, 0.0),  # neither xs nor length
@@ -453,13 +441,10 @@ def control_flow_errors(api):
 NOT_CALLABLE: Any = 42
 
 
-@pytest.mark.parametrize("mode", ALL_MODES)
+@pytest.mark.parametrize("mode", _parity.ALL_MODES)
 def test_errors_are_jax_errors(mode):
     """Bad control-flow arguments raise JAX's own error type and message."""
-    expected = control_flow_errors(JAX)
-    with active(mode):
-        actual = control_flow_errors(jo)
-    assert_same_errors(actual, expected, mode)
+    expected = _parity.check_errors_in_mode(control_flow_errors, mode)
     assert all(item is not None for index, item in enumerate(expected) if index != 5)
 
 
@@ -489,7 +474,7 @@ def test_scan_random_configurations(length, width, reverse, unroll, xs_none, pas
     with active("context" if passthrough else "idle"):
         assert jaxpr_text(lambda: run(jo)) == expected_jaxpr
         actual = run(jo)
-    assert_same(actual, expected)
+    _parity.assert_same(actual, expected)
 
 
 @settings(max_examples=10, deadline=None, derandomize=True)

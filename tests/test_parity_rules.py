@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
+import _parity
 import jaxoverride as jo
 from _parity import (
     ALL_MODES,
@@ -21,15 +22,10 @@ from _parity import (
     LOG,
     Case,
     active,
-    adapter_parity_tests,
     assert_same,
-    assert_same_errors,
-    check_jaxprs_in_mode,
-    check_raw_jax_ignores_overrides,
     error_messages,
     f32,
     fresh_jax_caches_per_module,  # noqa: F401 - an autouse fixture
-    parity_tests as _parity_tests,
 )
 from jaxoverride import _stack
 
@@ -223,16 +219,10 @@ CASES = [
     ),
 ]
 
-test_parity = _parity_tests(CASES)
-test_parity_under_adapter = adapter_parity_tests(CASES)
-
-
-def test_raw_jax_ignores_overrides():
-    check_raw_jax_ignores_overrides(CASES)
-
-
-def test_jaxprs_inside_a_scoped_installation():
-    check_jaxprs_in_mode(CASES, "scoped")
+test_parity = _parity.parity_tests(CASES)
+test_parity_under_adapter = _parity.adapter_parity_tests(CASES)
+test_raw_jax_ignores_overrides = _parity.raw_jax_test(CASES)
+test_jaxprs_inside_a_scoped_installation = _parity.scoped_jaxprs_test(CASES)
 
 
 def test_every_new_name_has_a_case():
@@ -409,10 +399,7 @@ def rule_errors(api):
 
 @pytest.mark.parametrize("mode", ALL_MODES)
 def test_errors_inside_the_rules_are_jaxs(mode):
-    expected = rule_errors(JAX)
-    with active(mode):
-        actual = rule_errors(jo)
-    assert_same_errors(actual, expected, mode)
+    expected = _parity.check_errors_in_mode(rule_errors, mode)
     assert None not in expected
 
 

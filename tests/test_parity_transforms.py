@@ -15,22 +15,16 @@ import pytest
 from hypothesis import given, settings, strategies as st
 from jax.sharding import NamedSharding, PartitionSpec as P
 
+import _parity
 import jaxoverride as jo
 from _parity import (
-    ALL_MODES,
     JAX,
     Case,
     active,
-    adapter_parity_tests,
     assert_same,
-    assert_same_errors,
-    check_jaxprs_in_mode,
-    check_raw_jax_ignores_overrides,
-    error_messages,
     f32,
     fresh_jax_caches_per_module,  # noqa: F401 - an autouse fixture
     mesh8,
-    parity_tests as _parity_tests,
 )
 
 
@@ -447,28 +441,23 @@ CASES = [
     ),
 ]
 
-test_parity = _parity_tests(CASES)
-# Under ``track`` the tracked Variables enter ``shard_map`` as extra inputs with spec P().
-# An eager ``jax.shard_map`` converts every input to the mesh with a compilation of its
-# own on every call (JAX's second call compiles 4 times here), so each Variable adds one
-# per call. Closing over the values instead fails for a Variable whose array lives on
-# another mesh (say after a pmap wrote it), so the inputs stay.
-test_parity_under_adapter = adapter_parity_tests(CASES)
-
-
-def test_raw_jax_ignores_overrides():
-    check_raw_jax_ignores_overrides(CASES)
-
-
-def test_jaxprs_inside_a_scoped_installation():
-    check_jaxprs_in_mode(CASES, "scoped")
-
 
 def test_every_neutral_transform_and_call_has_a_case():
     from test_parity_rules import CASES as RULE_CASES  # the implicit-differentiation names
 
     covered = {name for case in [*CASES, *RULE_CASES] for name in case.uses}
     assert covered >= {name for name in jo.OVERRIDEABLE if not name.startswith("lax.")}
+
+
+test_parity = _parity.parity_tests(CASES)
+# Under ``track`` the tracked Variables enter ``shard_map`` as extra inputs with spec P().
+# An eager ``jax.shard_map`` converts every input to the mesh with a compilation of its
+# own on every call (JAX's second call compiles 4 times here), so each Variable adds one
+# per call. Closing over the values instead fails for a Variable whose array lives on
+# another mesh (say after a pmap wrote it), so the inputs stay.
+test_parity_under_adapter = _parity.adapter_parity_tests(CASES)
+test_raw_jax_ignores_overrides = _parity.raw_jax_test(CASES)
+test_jaxprs_inside_a_scoped_installation = _parity.scoped_jaxprs_test(CASES)
 
 
 @pytest.mark.parametrize("mode", ["idle", "context"])
@@ -501,13 +490,13 @@ def _raw_pmap_error_repeats() -> bool:
     where raw JAX does not repeat its own error, there is nothing to compare against."""
     fresh = functools.partial(g)  # a function that JAX has not seen yet
     probe = lambda: JAX.pmap(fresh)(jnp.ones((9, 2)))
-    return len(set(error_messages([probe, probe]))) == 1
+    return len(set(_parity.error_messages([probe, probe]))) == 1
 
 
 def transform_errors(api):
     """What each misuse of a transform raises."""
     too_many_devices = [lambda: api.pmap(g)(jnp.ones((9, 2)))]  # more than 8 devices
-    return error_messages(
+    return _parity.error_messages(
         [
             lambda: api.grad(g)(jnp.ones(3)),  # non-scalar output
             lambda: api.jit(power, static_argnums=1)(jnp.ones(2), jnp.ones(2)),  # unhashable
@@ -520,13 +509,10 @@ def transform_errors(api):
     )
 
 
-@pytest.mark.parametrize("mode", ALL_MODES)
+@pytest.mark.parametrize("mode", _parity.ALL_MODES)
 def test_transform_errors_are_jax_errors(mode):
     """Misuse of a neutral transform raises what JAX raises, with JAX's message."""
-    expected = transform_errors(JAX)
-    with active(mode):
-        actual = transform_errors(jo)
-    assert_same_errors(actual, expected, mode)
+    expected = _parity.check_errors_in_mode(transform_errors, mode)
     assert None not in expected
 
 

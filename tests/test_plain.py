@@ -226,12 +226,19 @@ def run_init_and_apply(model, args, ops, *, jit: bool = False):
     return params, at_init, at_apply
 
 
+def _ops_and_scope(kind: str) -> tuple[Any, contextlib.AbstractContextManager[Any]]:
+    """``combinators``: the init-safe combinators, called directly; ``context``: the neutral
+    API inside ``jaxoverride_plain.context()``."""
+    if kind == "combinators":
+        return SAFE, contextlib.nullcontext()
+    return NEUTRAL, plain.context()
+
+
 @pytest.mark.parametrize("kind", ["combinators", "context"])
 @pytest.mark.parametrize("model_id", sorted(MODELS))
 def test_init_creates_every_parameter_and_matches_apply(model_id, kind):
     model, args, expected_names = MODELS[model_id]
-    ops = SAFE if kind == "combinators" else NEUTRAL
-    scope = plain.context() if kind == "context" else contextlib.nullcontext()
+    ops, scope = _ops_and_scope(kind)
     # checking_leaks collects garbage at every trace exit; the store check below is the
     # direct evidence, so the leak checker runs for the combinators only (same code path).
     leaks = jax.checking_leaks() if kind == "combinators" else contextlib.nullcontext()
@@ -263,8 +270,7 @@ def test_init_under_jax_jit(model_id):
 @pytest.mark.parametrize("model_id", sorted(ZERO_TRIP))
 def test_zero_trip_loops_create_parameters_and_return_init_val(model_id, kind):
     model, args, expected_names = ZERO_TRIP[model_id]
-    ops = SAFE if kind == "combinators" else NEUTRAL
-    scope = plain.context() if kind == "context" else contextlib.nullcontext()
+    ops, scope = _ops_and_scope(kind)
     with scope, jax.checking_leaks():
         params, at_init, at_apply = run_init_and_apply(model, args, ops)
     assert sorted(params) == sorted(expected_names)
