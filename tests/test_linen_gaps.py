@@ -313,6 +313,50 @@ def test_sow_into_a_value_sown_before_the_transform_is_refused_as_in_a_loop():
     assert np.isfinite(np.asarray(out[0]))
 
 
+# -- nnx.bridge.ToLinen at init, unrolled ---------------------------------------------------
+
+
+def test_to_linen_init_inside_an_unrolled_neutral_solver():
+    """``nnx.bridge.ToLinen`` re-creates its NNX module (drawing keys, writing its params) on
+    every call at init; a threaded loop carries those draws and writes, so init through
+    the solver's non-implicit mode creates the wrapper's parameters once, under Linen's
+    name, and apply then equals the explicit solve (the implicit mode: see the xfail in
+    tests/test_linen_bridge.py)."""
+    from flax import nnx
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
+    from fpsolve import fixed_point
+
+    n = 4
+    x = jnp.linspace(-1.0, 1.0, n)
+
+    class ToLinenSolver(nn.Module):
+        @nn.compact
+        def __call__(self, x: jax.Array) -> jax.Array:
+            cell = nnx.bridge.ToLinen(
+                nnx.Linear, args=(n, n), kwargs={"kernel_init": nnx.initializers.normal(0.3)},
+                name="cell",
+            )  # fmt: skip
+            f = lambda z, x: jnp.tanh(cell(z) + x)
+            return fixed_point(f, jnp.zeros(n), x, method="forward", implicit=False).value
+
+    with jol.context():
+        with jax.checking_leaks():
+            variables = ToLinenSolver().init(RNG, x)
+            out = ToLinenSolver().apply(variables, x)
+        jit_variables = jax.jit(ToLinenSolver().init)(RNG, x)
+    assert jax.tree.map(jnp.shape, variables) == {
+        "params": {"cell": {"bias": (n,), "kernel": (n, n)}}
+    }
+    _no_tracers((variables, jit_variables, out))
+    _close(jit_variables, variables, 1e-6)
+    p = variables["params"]["cell"]
+    expected = fixed_point(
+        lambda z, x: jnp.tanh(z @ p["kernel"] + p["bias"] + x), jnp.zeros(n), x, method="forward"
+    ).value
+    _close(out, expected)
+
+
 # -- primitive rules that run apart from the module's trace --------------------------------
 
 
@@ -403,7 +447,8 @@ class Loop(nn.Module):
     @nn.compact
     def __call__(self, x):
         dense = nn.Dense(2)
-        return jo.lax.fori_loop(0, 2, lambda i, h: dense(h) + self.make_rng("noise")[0], x)
+        step = lambda i, h: dense(h) + jax.random.normal(self.make_rng("noise"))
+        return jo.lax.fori_loop(0, 2, step, x)
 
 rngs = {"params": jax.random.key(0), "noise": jax.random.key(1)}
 x = jnp.ones(2)

@@ -264,10 +264,10 @@ def discarding(roots: Sequence[Any]) -> Iterator[None]:
         yield
     finally:
         for root, collections, counters in saved:
-            for col, tree in root.variables.items():
-                mutable = root.scope.is_mutable_collection(col)
-                if col not in collections and mutable and isinstance(tree, dict):
-                    trees.clear(tree)
+            for col in [c for c in root.variables if c not in collections]:
+                if root.scope.is_mutable_collection(col):
+                    del root.variables[col]
             for col, tree in collections.items():
                 trees.restore(root.variables[col], tree)
             trees.restore(root.counters, counters, fresh=0)
+            root.evict_stale_caches()

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import collections
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import jax
@@ -38,6 +38,7 @@ Scope = core_scope.Scope
 LazyRng = core_scope.LazyRng
 
 _linen_context = linen_module._context  # the thread-local module stack of Linen
+_Module = linen_module.Module
 _NEXT_STEP = 0x7FFF_FFF1  # folded into a step key to get the next iteration's key
 _CREATION_SALT = 0x7FFF_FFF3  # folded into the root keys during a creation pass
 
@@ -194,9 +195,10 @@ def _threaded_roots() -> list[set[int]]:
 class _Root:
     """One root scope reached from the module stack (rewound copies share its dicts)."""
 
-    __slots__ = ("counters", "rngs", "scope", "variables")
+    __slots__ = ("counters", "modules", "rngs", "scope", "variables")
 
     def __init__(self, scope: Scope):
+        self.modules: list[Any] = []  # the stack's modules bound under this root
         self.scope = scope
         self.variables: dict[str, Any] = scope._variables
         self.counters: dict[Any, Any] = scope.rng_counters
@@ -208,6 +210,11 @@ class _Root:
             col for col in self.variables if col != "params" and scope.is_mutable_collection(col)
         ]
 
+    def evict_stale_caches(self) -> None:
+        """After variables were removed: the scopes of the modules that outlive this call
+        (the stack's, and their submodules) forget the dicts that are gone."""
+        trees.evict_stale_caches(_scopes_under(self.modules), self.variables)
+
     def writable_paths(self) -> set[tuple[str, ...]]:
         scope = self.scope
         return {
@@ -216,6 +223,19 @@ class _Root:
             if scope.is_mutable_collection(col) and isinstance(tree, dict)
             for path, _ in trees.paths(tree)
         }
+
+
+def _scopes_under(modules: list[Any]) -> Iterator[Any]:
+    seen: set[int] = set()
+    pending = list(modules)
+    while pending:
+        module = pending.pop()
+        if id(module) in seen:
+            continue
+        seen.add(id(module))
+        if module.scope is not None:
+            yield module.scope
+        pending.extend(c for c in module._state.children.values() if isinstance(c, _Module))
 
 
 class _Token:
@@ -253,11 +273,12 @@ def _mutable_trees(root: _Root) -> dict[str, Any]:
 
 def _restore_variables(root: _Root, saved: dict[str, Any]) -> None:
     """The root's mutable collections as ``saved`` (``_mutable_trees``), in place."""
-    for col, tree in root.variables.items():
-        if col not in saved and root.scope.is_mutable_collection(col) and isinstance(tree, dict):
-            trees.clear(tree)
+    for col in list(root.variables):
+        if col not in saved and root.scope.is_mutable_collection(col):
+            del root.variables[col]
     for col, tree in saved.items():
         trees.restore(root.variables.setdefault(col, {}), tree)
+    root.evict_stale_caches()
 
 
 def _rebuild(live: Any, like: Any) -> Any:
@@ -304,7 +325,7 @@ class LinenSource:
         roots: dict[int, _Root] = {}
         for module in self.modules:
             root = module.scope.root
-            roots.setdefault(id(root._variables), _Root(root))
+            roots.setdefault(id(root._variables), _Root(root)).modules.append(module)
         self.roots = list(roots.values())
         self.fresh: list[dict[tuple[str, ...], Any]] = [{} for _ in self.roots]
         self._counters_at_read: list[dict[Any, Any]] = []
@@ -341,6 +362,8 @@ class LinenSource:
             for path in slots:
                 if trees.get_path(root.variables, path, trees.MISSING) is not trees.MISSING:
                     trees.delete_path(root.variables, path)
+            if slots:
+                root.evict_stale_caches()
             for name, key in keys.items():
                 lazy = root.rngs[name]
                 steps[id(lazy.rng)] = token.steps[id(lazy.rng)] = _Step(lazy.rng, key)
@@ -488,6 +511,7 @@ class LinenSource:
             for path in paths:
                 if trees.get_path(root.variables, path, trees.MISSING) is not trees.MISSING:
                     trees.delete_path(root.variables, path)
+            root.evict_stale_caches()
         self._created = []
 
 
@@ -514,6 +538,7 @@ def _restore_after_creation(
             continue
         for path, value in trees.paths(tree):
             trees.put_path(root.variables[col], path, value)
+    root.evict_stale_caches()
 
 
 def _created_error(where: str, created: list[tuple[str, ...]]) -> LinenStateError:

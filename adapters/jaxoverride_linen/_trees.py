@@ -1,15 +1,15 @@
 """Linen's nested variable and rng-counter dicts, read and restored in place.
 
 A child scope caches the dict its parent holds for it (``Scope._variables[col]``, and
-its ``rng_counters``) the first time it reaches a collection, and keeps using that object.
-So a dict that exists is never removed or replaced here: restoring an earlier state
-empties the dicts made since, but keeps them where they are, and a scope that cached one
-keeps writing where the root sees it.
+its ``rng_counters``) the first time it reaches it, and keeps using that object. Restoring
+variables removes what was added since (Linen's outputs show no empty dict), so the scope
+caches that point at removed dicts are then dropped (``evict_stale_caches``); rng counters
+are not outputs, so their dicts are kept where they are, their counts back at 0.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 MISSING: Any = object()
@@ -46,32 +46,36 @@ def put_path(tree: dict[Any, Any], path: tuple[Any, ...], value: Any) -> None:
 
 
 def delete_path(tree: dict[Any, Any], path: tuple[Any, ...]) -> None:
-    """Removes the leaf at ``path``; the dicts above it stay (see the module docstring)."""
-    parent = get_path(tree, path[:-1])
-    if isinstance(parent, dict):
-        parent.pop(path[-1], None)
+    """Removes the leaf at ``path``, and the dicts above it that it leaves empty."""
+    parents = []
+    for key in path[:-1]:
+        parents.append((tree, key))
+        tree = tree[key]
+    del tree[path[-1]]
+    for parent, key in reversed(parents):
+        if parent[key]:
+            break
+        del parent[key]
 
 
-def clear(tree: dict[Any, Any], fresh: Any = MISSING) -> None:
-    """Empties ``tree`` of leaves, keeping its dicts: each leaf is removed, or set to
-    ``fresh`` if given (an rng counter starts again at 0)."""
-    for key in list(tree):
-        value = tree[key]
+def _reset(tree: dict[Any, Any], fresh: Any) -> None:
+    for key, value in tree.items():
         if isinstance(value, dict):
-            clear(value, fresh)
-        elif fresh is MISSING:
-            del tree[key]
+            _reset(value, fresh)
         else:
             tree[key] = fresh
 
 
 def restore(live: dict[Any, Any], saved: Mapping[Any, Any], fresh: Any = MISSING) -> None:
-    """Makes ``live`` hold ``saved``'s leaves again, in place: what was added since is
-    cleared (``clear``), and no dict object that ``live`` holds is removed or replaced."""
+    """Makes ``live`` equal ``saved`` again, in place, keeping the dicts both have.
+
+    What was added since is removed; with ``fresh`` (an rng counter's 0), its dicts are
+    kept instead, every leaf in them set to ``fresh``.
+    """
     for key in list(live):
         if key not in saved:
-            if isinstance(live[key], dict):
-                clear(live[key], fresh)
+            if fresh is not MISSING and isinstance(live[key], dict):
+                _reset(live[key], fresh)
             else:
                 del live[key]
     for key, value in saved.items():
@@ -81,3 +85,17 @@ def restore(live: dict[Any, Any], saved: Mapping[Any, Any], fresh: Any = MISSING
             restore(live[key], value, fresh)
         else:
             live[key] = value
+
+
+def evict_stale_caches(scopes: Iterable[Any], variables: dict[Any, Any]) -> None:
+    """Drops each child scope's cached collection dict that ``variables`` (its root's) no
+    longer holds at the scope's path: the scope then looks it up again, as Linen does the
+    first time."""
+    for scope in scopes:
+        if scope.parent is None or scope.root._variables is not variables:
+            continue
+        cached = scope._variables
+        for col in [
+            c for c, tree in cached.items() if get_path(variables, (c, *scope.path)) is not tree
+        ]:
+            del cached[col]
