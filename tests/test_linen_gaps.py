@@ -330,14 +330,15 @@ def test_to_linen_init_inside_an_unrolled_neutral_solver():
     n = 4
     x = jnp.linspace(-1.0, 1.0, n)
 
+    def linear() -> nn.Module:
+        kwargs = {"kernel_init": nnx.initializers.normal(0.3)}
+        return nnx.bridge.ToLinen(nnx.Linear, args=(n, n), kwargs=kwargs, name="cell")
+
     class ToLinenSolver(nn.Module):
         @nn.compact
         def __call__(self, x: jax.Array) -> jax.Array:
-            cell = nnx.bridge.ToLinen(
-                nnx.Linear, args=(n, n), kwargs={"kernel_init": nnx.initializers.normal(0.3)},
-                name="cell",
-            )  # fmt: skip
-            f = lambda z, x: jnp.tanh(cell(z) + x)
+            layer = linear()
+            f = lambda z, x: jnp.tanh(layer(z) + x)
             return fixed_point(f, jnp.zeros(n), x, method="forward", implicit=False).value
 
     with jol.context():

@@ -47,7 +47,10 @@ def in_bound_module() -> bool:
     """Whether a method of a bound Linen module is running (the adapter's predicate).
 
     Returns:
-      True inside ``init``, ``init_with_output``, ``apply`` and methods of bound modules.
+      True inside ``init``, ``init_with_output``, ``apply`` and methods of bound modules;
+      False inside a JAX primitive's rule that runs there apart from the module's trace
+      (an abstract evaluation, a JVP rule's primal solve), where no Linen value can be
+      used and neutral functions are JAX's own.
 
     Example:
       >>> import flax.linen as nn, jaxoverride_linen
