@@ -169,8 +169,14 @@ def test_to_linen_nnx_layer_in_a_neutral_solver_inside_linen(method):
 @pytest.mark.xfail(
     strict=True,
     raises=(jaxoverride_linen.LinenStateError, jaxoverride_linen.PureFunctionWriteError),
-    reason="ToLinen re-creates its NNX module (drawing keys) and rewrites its params on "
-    "every call at init (Flax's design), which a traced solver refuses",
+    reason="At init, ToLinen.__call__ builds its NNX module anew on every call, even when "
+    "its variables exist: it draws a key from every rng stream (make_rng, for nnx.Rngs) and "
+    "writes every parameter back (put_variable). The implicit solver closure-converts its "
+    "map (a pure jaxpr of its inputs), so after the adapter's creation pass the traced pass "
+    "at init draws and writes where nothing can come out: PureFunctionWriteError. Accepting "
+    "it would need is_initializing() to be False in that pass (for every module, not only "
+    "ToLinen) and same-value writes and unused draws to pass the guards. Unrolled "
+    "(implicit=False) init works: tests/test_linen_gaps.py",
 )
 def test_to_linen_init_inside_a_neutral_solver():
     shapes = jax.tree.map(jnp.shape, _to_linen_variables())

@@ -198,9 +198,7 @@ def test_jaxopt_implicit_gradient_with_a_writing_function_is_refused():
 
 GROUPS = {
     "optimistix": ["fixed_point_iteration", "fixed_point_newton", "root_find_newton"],
-    # lineax's linear_solve_gmres is left out: inside Linen its jitted gradient leaks a
-    # tracer today (reported to the core's owner); it runs in tests/_equinox_linen.py.
-    "lineax_diffrax": ["neural_ode_tsit5"],
+    "lineax_diffrax": ["linear_solve_gmres", "neural_ode_tsit5"],
     "issues": ["diffrax_115", "flax_2887"],
 }
 SCRIPT = FreshScript(
@@ -215,17 +213,8 @@ def result(request) -> dict[str, Any]:
     return _reported(*request.param)
 
 
-# jax.jit(model.init) fails for the solvers that differentiate the callback inside the
-# solve (Newton's jacfwd, lineax's operator): a child scope made inside a traced body
-# keeps that body's rng key (UnexpectedTracerError). Eager init and everything else work.
-JIT_INIT_BROKEN = {"fixed_point_newton", "root_find_newton"}
-
-
-def test_init_creates_the_parameters_once_and_leaks_nothing(result, request):
+def test_init_creates_the_parameters_once_and_leaks_nothing(result):
     assert result["params"]["params"] == result["direct_params"]["params"]
-    if request.node.callspec.id in JIT_INIT_BROKEN:
-        assert "UnexpectedTracerError" in str(result["jit_init"])
-        pytest.xfail("jax.jit(model.init): rng key of a traced body kept by a child scope")
     assert result["jit_init"] <= 1e-6  # eager and jitted init: the same variables (1 ulp)
     assert result["init_output"] <= 1e-6  # init_with_output returns what apply returns
     assert result["tracers"] == 0

@@ -9,7 +9,7 @@ from flax.linen import module as linen_module
 
 import jaxoverride as jo
 from jaxoverride import adapter_kit as kit
-from jaxoverride_linen import _control, _rules, _transforms
+from jaxoverride_linen import _control, _patches, _rules, _transforms
 
 # Every overridable name is Linen-aware; nothing passes through.
 TABLE = kit.OverrideTable(
@@ -25,8 +25,29 @@ TABLE = kit.OverrideTable(
     },
 )
 
+
+class _LinenContext(jo.OverrideContext):
+    """The table's layer, with Linen's ``Scope`` patched while it is entered (``_patches``)."""
+
+    __slots__ = ()
+
+    def __enter__(self) -> jo.OverrideContext:
+        _patches.acquire()
+        try:
+            return super().__enter__()
+        except BaseException:
+            _patches.release()
+            raise
+
+    def __exit__(self, *exc_info: object) -> None:
+        try:
+            super().__exit__(*exc_info)
+        finally:
+            _patches.release()
+
+
 # One layer for the whole process: re-entering it finds the builds made for it before.
-_CONTEXT = TABLE.context()
+_CONTEXT = _LinenContext(TABLE.overrides, name=TABLE.label)
 
 _lock = threading.Lock()
 _installation: jo.Installation | None = None
@@ -43,7 +64,7 @@ _linen_call = _Module._call_wrapped_method
 
 def _call_in_scope(module: Any, fun: Any, args: Any, kwargs: Any) -> Any:
     installation = _installation
-    if installation is None or module.scope is None:
+    if installation is None or module.scope is None or not installation.installed:
         return _linen_call(module, fun, args, kwargs)
     with installation.scope():
         return _linen_call(module, fun, args, kwargs)
@@ -109,7 +130,14 @@ def install() -> jo.Installation:
     global _installation
     with _lock:
         if _installation is None or not _installation.installed:
-            _installation = jo.install(_CONTEXT, scoped=True, name="jaxoverride_linen")
+            if _installation is not None:  # removed through its handle: hooks still on
+                _unhook()
+            _patches.acquire()
+            try:
+                _installation = jo.install(_CONTEXT, scoped=True, name="jaxoverride_linen")
+            except BaseException:
+                _patches.release()
+                raise
             _Module._call_wrapped_method = _call_in_scope  # type: ignore[method-assign]
         return _installation
 
@@ -128,10 +156,17 @@ def uninstall() -> bool:
     global _installation
     with _lock:
         installation, _installation = _installation, None
-        if _Module._call_wrapped_method is _call_in_scope:
-            # Method calls running now keep the scope they entered until they return.
-            _Module._call_wrapped_method = _linen_call  # type: ignore[method-assign]
+        if installation is not None:
+            _unhook()
     return installation is not None and installation.uninstall()
+
+
+def _unhook() -> None:
+    """Linen's own method runner and ``Scope`` back (the lock held)."""
+    if _Module._call_wrapped_method is _call_in_scope:
+        # Method calls running now keep the scope they entered until they return.
+        _Module._call_wrapped_method = _linen_call  # type: ignore[method-assign]
+    _patches.release()
 
 
 def is_installed() -> bool:

@@ -18,8 +18,7 @@ class ClosedOverDifferentiationError(joe.ClosedOverDifferentiationError):
     explicit arguments.
 
     Example:
-      >>> import jax, jax.numpy as jnp, flax.linen as nn
-      >>> import jaxoverride as jo, jaxoverride_linen
+      >>> import jax, flax.linen as nn, jaxoverride as jo, jaxoverride_linen
       >>> class Scale(nn.Module):
       ...     @nn.compact
       ...     def __call__(self, x):
@@ -43,8 +42,7 @@ class DifferentiatedStateError(joe.DifferentiatedStateError):
     variable would get a silently zero gradient.
 
     Example:
-      >>> import jax, jax.numpy as jnp, flax.linen as nn
-      >>> import jaxoverride as jo, jaxoverride_linen
+      >>> import jax, flax.linen as nn, jaxoverride as jo, jaxoverride_linen
       >>> class Cached(nn.Module):
       ...     @nn.compact
       ...     def __call__(self, x):
@@ -72,8 +70,7 @@ class PureFunctionWriteError(joe.PureFunctionWriteError):
     backward pass: nothing written or drawn there could come out.
 
     Example:
-      >>> import jax, jax.numpy as jnp, flax.linen as nn
-      >>> import jaxoverride as jo, jaxoverride_linen
+      >>> import jax, jax.numpy as jnp, flax.linen as nn, jaxoverride as jo, jaxoverride_linen
       >>> class Counted(nn.Module):
       ...     @nn.compact
       ...     def __call__(self, x):

@@ -1,6 +1,7 @@
 """Read and write guards on Linen's scopes, for the implicit-differentiation rules.
 
-Three hooks, each one thread-local read when none of this adapter's rules is running:
+Three hooks (``_patches`` puts them on ``Scope`` while the adapter is in use), each one
+thread-local read when none of this adapter's rules is running:
 
 * **lifted reads**: a custom rule passes Linen's variables to JAX as an explicit argument;
   while one of its functions runs, ``Scope.get_variable`` (what ``self.param``,
@@ -20,16 +21,16 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from flax.core import scope as core_scope
 
+from jaxoverride_linen import _trees as trees
 from jaxoverride_linen._errors import ClosedOverDifferentiationError, PureFunctionWriteError
 
 Scope = core_scope.Scope
 _local = threading.local()
-_MISSING: Any = object()
 
 
 class _Lifted:
@@ -51,15 +52,6 @@ def _lifted_frames() -> list[dict[int, _Lifted]]:
         return _local.lifted
 
 
-def _find(tree: Any, path: Sequence[str]) -> Any:
-    for key in path:
-        try:
-            tree = tree[key]
-        except (KeyError, TypeError, IndexError):
-            return _MISSING
-    return tree
-
-
 def _refuse_read(lifted: _Lifted, col: str, path: tuple[str, ...]) -> None:
     full = (col, *path)
     if not any(full == refused[: len(full)] for refused in lifted.refused):
@@ -74,23 +66,25 @@ def _refuse_read(lifted: _Lifted, col: str, path: tuple[str, ...]) -> None:
     )
 
 
-_original_get_variable = Scope.get_variable
+def guard_get_variable(original: Callable[..., Any]) -> Callable[..., Any]:
+    """``Scope.get_variable`` seeing a rule's lifted values, refusing differentiated ones."""
 
+    def get_variable(self: Scope, col: str, name: str, default: Any = None) -> Any:
+        frames = getattr(_local, "lifted", None)
+        if not frames:
+            return original(self, col, name, default)
+        lifted = frames[-1].get(id(self.root._variables))
+        if lifted is None:
+            return original(self, col, name, default)
+        path = (*self.path, name)
+        _refuse_read(lifted, col, path)
+        if col == "params":
+            value = trees.get_path(lifted.params, path)
+            if value is not trees.MISSING:
+                return value
+        return original(self, col, name, default)
 
-def _get_variable(self: Scope, col: str, name: str, default: Any = None) -> Any:
-    frames = getattr(_local, "lifted", None)
-    if not frames:
-        return _original_get_variable(self, col, name, default)
-    lifted = frames[-1].get(id(self.root._variables))
-    if lifted is None:
-        return _original_get_variable(self, col, name, default)
-    path = (*self.path, name)
-    _refuse_read(lifted, col, path)
-    if col == "params":
-        value = _find(lifted.params, path)
-        if value is not _MISSING:
-            return value
-    return _original_get_variable(self, col, name, default)
+    return get_variable
 
 
 @contextlib.contextmanager
@@ -161,25 +155,28 @@ def _pure_guard(scope: Scope, writing: bool = False) -> _Pure | None:
     return None
 
 
-_original_put_variable = Scope.put_variable
+def guard_put_variable(original: Callable[..., Any]) -> Callable[..., Any]:
+    """``Scope.put_variable`` refusing a write inside a function JAX makes pure."""
+
+    def put_variable(self: Scope, col: str, name: str, value: Any) -> None:
+        guard = _pure_guard(self, writing=True)
+        if guard is not None and self.is_mutable_collection(col):
+            where = "/".join((col, *self.path, name))
+            raise guard.error(f"the Linen variable {where!r} was written")
+        original(self, col, name, value)
+
+    return put_variable
 
 
-def _put_variable(self: Scope, col: str, name: str, value: Any) -> None:
-    guard = _pure_guard(self, writing=True)
-    if guard is not None and self.is_mutable_collection(col):
-        where = "/".join((col, *self.path, name))
-        raise guard.error(f"the Linen variable {where!r} was written")
-    _original_put_variable(self, col, name, value)
+def guard_make_rng(original: Callable[..., Any]) -> Callable[..., Any]:
+    """``Scope.make_rng`` refusing a draw inside a function JAX makes pure."""
 
-
-def _guard_make_rng(original: Any) -> Any:
     def make_rng(self: Scope, name: str = "params") -> Any:
         guard = _pure_guard(self)
         if guard is not None:
             raise guard.error(f"an rng key was drawn (make_rng({name!r}))")
         return original(self, name)
 
-    make_rng.__wrapped__ = original  # type: ignore[attr-defined]
     return make_rng
 
 
@@ -243,23 +240,6 @@ def pure(
                 parent[key] = value
 
 
-def _restore_tree(live: dict[Any, Any], saved: dict[Any, Any]) -> None:
-    """Makes the live nested dict equal to ``saved`` again, in place (scopes reference it)."""
-    for key in [k for k in live if k not in saved]:
-        del live[key]
-    for key, value in saved.items():
-        if isinstance(value, dict):
-            if not isinstance(live.get(key), dict):
-                live[key] = {}
-            _restore_tree(live[key], value)
-        else:
-            live[key] = value
-
-
-def _copy_tree(tree: dict[Any, Any]) -> dict[Any, Any]:
-    return {k: _copy_tree(v) if isinstance(v, dict) else v for k, v in tree.items()}
-
-
 @contextlib.contextmanager
 def discarding(roots: Sequence[Any]) -> Iterator[None]:
     """Whatever runs inside leaves the roots' variables and rng counters as they were.
@@ -272,11 +252,11 @@ def discarding(roots: Sequence[Any]) -> Iterator[None]:
         (
             root,
             {
-                col: _copy_tree(tree)
+                col: trees.copy_dicts(tree)
                 for col, tree in root.variables.items()
                 if isinstance(tree, dict) and root.scope.is_mutable_collection(col)
             },
-            _copy_tree(root.counters),
+            trees.copy_dicts(root.counters),
         )
         for root in roots
     ]
@@ -288,11 +268,6 @@ def discarding(roots: Sequence[Any]) -> Iterator[None]:
                 if root.scope.is_mutable_collection(col):
                     del root.variables[col]
             for col, tree in collections.items():
-                _restore_tree(root.variables[col], tree)
-            _restore_tree(root.counters, counters)
-
-
-# Linen's own methods unless a rule of this adapter runs in this thread.
-Scope.get_variable = _get_variable  # type: ignore[method-assign]
-Scope.put_variable = _put_variable  # type: ignore[method-assign]
-Scope.make_rng = _guard_make_rng(Scope.make_rng)  # type: ignore[method-assign]
+                trees.restore(root.variables[col], tree)
+            trees.restore(root.counters, counters, fresh=0)
+            root.evict_stale_caches()

@@ -42,7 +42,7 @@ import jax
 
 import jaxoverride as jo
 from jaxoverride.adapter_kit import Threaded
-from jaxoverride_linen import _convert, _scope
+from jaxoverride_linen import _convert, _scope, _trees as trees
 from jaxoverride_linen._convert import init_safe, pure_scope
 from jaxoverride_linen._errors import DifferentiatedStateError
 from jaxoverride_linen._guards import hidden_rngs, lifted_params, lifted_reads, pure
@@ -92,25 +92,19 @@ def _as_dicts(tree: Any) -> Any:
     return tree
 
 
-def _paths(tree: Any, prefix: tuple[str, ...] = ()) -> Iterator[tuple[tuple[str, ...], Any]]:
-    for key, value in tree.items():
-        if isinstance(value, dict) and value:
-            yield from _paths(value, (*prefix, key))
-        else:
-            yield (*prefix, key), value
-
-
 def _differentiated(values: Any) -> list[frozenset[tuple[str, ...]]]:
     """Per root, the paths ``(collection, *path)`` holding a leaf being differentiated."""
     params, state = values
     refused = []
     for tree, root_state in zip(params, state, strict=True):
         collections = root_state[0]  # the source's state per root: collections first
-        paths = {("params", *path) for path, value in _paths(tree) if any(perturbed_leaves(value))}
+        paths = {
+            ("params", *path) for path, value in trees.paths(tree) if any(perturbed_leaves(value))
+        }
         paths |= {
             (col, *path)
             for col, col_tree in collections.items()
-            for path, value in _paths(col_tree)
+            for path, value in trees.paths(col_tree)
             if any(perturbed_leaves(value))
         }
         refused.append(frozenset(paths))
@@ -192,7 +186,7 @@ def _refuse_differentiated_state(call: _Call, state_cotangent: Any) -> None:
         "/".join((col, *path))
         for root_state in state_cotangent
         for col, tree in root_state[0].items()
-        for path, value in _paths(tree)
+        for path, value in trees.paths(tree)
         if any(perturbed_leaves(value))
     )
     if names:

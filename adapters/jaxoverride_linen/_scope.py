@@ -30,12 +30,15 @@ import jax.numpy as jnp
 from flax.core import scope as core_scope, tracers as core_tracers
 from flax.linen import module as linen_module
 
+from jaxoverride import adapter_kit as kit
 from jaxoverride.errors import JaxoverrideError
+from jaxoverride_linen import _trees as trees
 
 Scope = core_scope.Scope
 LazyRng = core_scope.LazyRng
 
 _linen_context = linen_module._context  # the thread-local module stack of Linen
+_Module = linen_module.Module
 _NEXT_STEP = 0x7FFF_FFF1  # folded into a step key to get the next iteration's key
 _CREATION_SALT = 0x7FFF_FFF3  # folded into the root keys during a creation pass
 
@@ -44,7 +47,10 @@ def in_bound_module() -> bool:
     """Whether a method of a bound Linen module is running (the adapter's predicate).
 
     Returns:
-      True inside ``init``, ``init_with_output``, ``apply`` and methods of bound modules.
+      True inside ``init``, ``init_with_output``, ``apply`` and methods of bound modules;
+      False inside a JAX primitive's rule that runs there apart from the module's trace
+      (an abstract evaluation, a JVP rule's primal solve), where no Linen value can be
+      used and neutral functions are JAX's own.
 
     Example:
       >>> import flax.linen as nn, jaxoverride_linen
@@ -55,7 +61,29 @@ def in_bound_module() -> bool:
       (False, True)
     """
     stack = _linen_context.module_stack
-    return stack[-1] is not None
+    return stack[-1] is not None and not _detached(stack)
+
+
+def _detached(stack: list[Any]) -> bool:
+    """Whether the running modules' values are out of reach of the JAX trace running now.
+
+    JAX runs a primitive's rules (an abstract evaluation, a JVP rule's primal
+    computation: lineax's ``linear_solve`` calls its solver there) under a trace that is
+    not the one the module's variables and rng keys belong to, while the module's method
+    is still on the Python stack. Such a rule is a pure function of its operands: it can
+    use no Linen value (JAX would refuse the tracer), and threading the module's state
+    into its loops would leak one. So neutral calls there are JAX's own.
+    """
+    seen: set[int] = set()
+    for module in stack:
+        scope = None if module is None else module.scope
+        if scope is None or id(scope.root) in seen:
+            continue
+        root = scope.root
+        seen.add(id(root))
+        if kit.escaped_tracers((root._variables, [lazy.rng for lazy in root.rngs.values()])):
+            return True
+    return False
 
 
 def stack_modules() -> list[Any]:
@@ -78,9 +106,6 @@ class _Step:
 
 
 _local = threading.local()
-_original_make_rng = Scope.make_rng
-_original_variable = Scope.variable
-_original_put_variable = Scope.put_variable
 
 
 def _substitutions() -> list[dict[int, _Step]]:
@@ -91,58 +116,72 @@ def _substitutions() -> list[dict[int, _Step]]:
         return _local.steps
 
 
-def _make_rng(self: Scope, name: str = "params") -> Any:
-    stack = getattr(_local, "steps", None)
-    if not stack:
-        return _original_make_rng(self, name)
-    rngs: Any = self.rngs  # LazyRng values, though Flax annotates them as keys
-    resolved = name if name in rngs or "params" not in rngs else "params"
-    lazy = rngs.get(resolved)
-    if lazy is None:
-        return _original_make_rng(self, name)
-    step = stack[-1].get(id(lazy.rng))
-    if step is None or step.root is not lazy.rng:
-        return _original_make_rng(self, name)
-    step.used = True
-    rngs[resolved] = LazyRng(step.key, lazy.suffix)
-    try:
-        return _original_make_rng(self, name)
-    finally:
-        rngs[resolved] = lazy
-
-
-def _variable(self: Scope, col: str, name: str, *args: Any, **kwargs: Any) -> Any:
-    recorder = getattr(_local, "created", None)
-    if recorder is None or self.has_variable(col, name):
-        return _original_variable(self, col, name, *args, **kwargs)
-    result = _original_variable(self, col, name, *args, **kwargs)
-    recorder[(id(self.root._variables), col, (*self.path, name))] = self.get_variable(col, name)
-    return result
-
-
-def _put_variable(self: Scope, col: str, name: str, value: Any) -> Any:
-    threaded = getattr(_local, "roots", None)
-    if threaded:
-        root = self.root
-        if id(root._variables) not in threaded[-1] and root.trace_level != (
-            core_tracers.current_trace()
-        ):
-            raise LinenStateError(
-                f"Linen variable {col}/{'/'.join((*self.path, name))} was written inside a "
-                "traced body, but its module is bound to a scope that does not run here "
-                "(for example a module from .bind() or a module of another model): its "
-                "variables are not threaded, so the write would leak a tracer. Call the "
-                "module from a method of the model that runs the loop (a submodule "
-                "attribute or an nn.compact submodule), or make the collection immutable."
-            )
-    return _original_put_variable(self, col, name, value)
-
-
-# The wrappers behave exactly as Linen's own methods unless a threaded body or a
+# The wrappers below behave exactly as Linen's own methods unless a threaded body or a
 # creation pass of this adapter is running in this thread (one thread-local read).
-Scope.make_rng = _make_rng  # type: ignore[method-assign]
-Scope.variable = _variable  # type: ignore[method-assign]
-Scope.put_variable = _put_variable  # type: ignore[method-assign]
+# ``_patches`` puts them on ``Scope`` only while the adapter is in use.
+
+
+def wrap_make_rng(original: Callable[..., Any]) -> Callable[..., Any]:
+    """``Scope.make_rng`` drawing from the step key of a threaded body, if one runs."""
+
+    def make_rng(self: Scope, name: str = "params") -> Any:
+        stack = getattr(_local, "steps", None)
+        if not stack:
+            return original(self, name)
+        rngs: Any = self.rngs  # LazyRng values, though Flax annotates them as keys
+        resolved = name if name in rngs or "params" not in rngs else "params"
+        lazy = rngs.get(resolved)
+        if lazy is None:
+            return original(self, name)
+        step = stack[-1].get(id(lazy.rng))
+        if step is None or step.root is not lazy.rng:
+            return original(self, name)
+        step.used = True
+        rngs[resolved] = LazyRng(step.key, lazy.suffix)
+        try:
+            return original(self, name)
+        finally:
+            rngs[resolved] = lazy
+
+    return make_rng
+
+
+def wrap_variable(original: Callable[..., Any]) -> Callable[..., Any]:
+    """``Scope.variable`` recording the initial value of what a creation pass creates."""
+
+    def variable(self: Scope, col: str, name: str, *args: Any, **kwargs: Any) -> Any:
+        recorder = getattr(_local, "created", None)
+        if recorder is None or self.has_variable(col, name):
+            return original(self, col, name, *args, **kwargs)
+        result = original(self, col, name, *args, **kwargs)
+        key = (id(self.root._variables), col, (*self.path, name))
+        recorder[key] = self.get_variable(col, name)
+        return result
+
+    return variable
+
+
+def wrap_put_variable(original: Callable[..., Any]) -> Callable[..., Any]:
+    """``Scope.put_variable`` refusing, in a traced body, a write no threading carries."""
+
+    def put_variable(self: Scope, col: str, name: str, value: Any) -> Any:
+        threaded = getattr(_local, "roots", None)
+        if threaded:
+            root = self.root
+            if id(root._variables) not in threaded[-1] and root.trace_level != (
+                core_tracers.current_trace()
+            ):
+                raise LinenStateError(
+                    f"Linen variable {col}/{'/'.join((*self.path, name))} was written inside "
+                    "a traced body, but its module is bound to a scope that does not run here "
+                    "(for example a module from .bind() or a module of another model): its "
+                    "variables are not threaded, so the write would leak a tracer. Call the "
+                    "module from a method of the model that runs the loop (a submodule "
+                    "attribute or an nn.compact submodule), or make the collection immutable."
+                )
+        return original(self, col, name, value)
+
+    return put_variable
 
 
 def _threaded_roots() -> list[set[int]]:
@@ -156,44 +195,13 @@ def _threaded_roots() -> list[set[int]]:
 # -- variable trees --------------------------------------------------------------------
 
 
-def _copy_dicts(tree: Any) -> Any:
-    if isinstance(tree, dict):
-        return {k: _copy_dicts(v) for k, v in tree.items()}
-    return tree
-
-
-def _paths(tree: Any, prefix: tuple[str, ...] = ()) -> Iterator[tuple[tuple[str, ...], Any]]:
-    for key, value in tree.items():
-        if isinstance(value, dict) and value:
-            yield from _paths(value, (*prefix, key))
-        else:
-            yield (*prefix, key), value
-
-
-def _lookup(tree: Any, path: tuple[str, ...]) -> tuple[dict[str, Any], str]:
-    for key in path[:-1]:
-        tree = tree[key]
-    return tree, path[-1]
-
-
-def _delete(tree: dict[str, Any], path: tuple[str, ...]) -> None:
-    parents = []
-    for key in path[:-1]:
-        parents.append((tree, key))
-        tree = tree[key]
-    del tree[path[-1]]
-    for parent, key in reversed(parents):
-        if parent[key]:
-            break
-        del parent[key]
-
-
 class _Root:
     """One root scope reached from the module stack (rewound copies share its dicts)."""
 
-    __slots__ = ("counters", "rngs", "scope", "variables")
+    __slots__ = ("counters", "modules", "rngs", "scope", "variables")
 
     def __init__(self, scope: Scope):
+        self.modules: list[Any] = []  # the stack's modules bound under this root
         self.scope = scope
         self.variables: dict[str, Any] = scope._variables
         self.counters: dict[Any, Any] = scope.rng_counters
@@ -205,31 +213,32 @@ class _Root:
             col for col in self.variables if col != "params" and scope.is_mutable_collection(col)
         ]
 
+    def evict_stale_caches(self) -> None:
+        """After variables were removed: the scopes of the modules that outlive this call
+        (the stack's, and their submodules) forget the dicts that are gone."""
+        trees.evict_stale_caches(_scopes_under(self.modules), self.variables)
+
     def writable_paths(self) -> set[tuple[str, ...]]:
         scope = self.scope
         return {
             (col, *path)
             for col, tree in self.variables.items()
             if scope.is_mutable_collection(col) and isinstance(tree, dict)
-            for path, _ in _paths(tree)
+            for path, _ in trees.paths(tree)
         }
 
 
-def _copy_counters(counters: dict[Any, Any]) -> dict[Any, Any]:
-    return {k: _copy_counters(v) if isinstance(v, dict) else v for k, v in counters.items()}
-
-
-def _restore_counters(live: dict[Any, Any], saved: dict[Any, Any]) -> None:
-    for key in list(live):
-        if key not in saved:
-            del live[key]
-    for key, value in saved.items():
-        if isinstance(value, dict):
-            if not isinstance(live.get(key), dict):
-                live[key] = {}
-            _restore_counters(live[key], value)
-        else:
-            live[key] = value
+def _scopes_under(modules: list[Any]) -> Iterator[Any]:
+    seen: set[int] = set()
+    pending = list(modules)
+    while pending:
+        module = pending.pop()
+        if id(module) in seen:
+            continue
+        seen.add(id(module))
+        if module.scope is not None:
+            yield module.scope
+        pending.extend(c for c in module._state.children.values() if isinstance(c, _Module))
 
 
 class _Token:
@@ -259,38 +268,20 @@ class LinenStateError(JaxoverrideError, ValueError):
 def _mutable_trees(root: _Root) -> dict[str, Any]:
     scope = root.scope
     return {
-        col: _copy_dicts(tree)
+        col: trees.copy_dicts(tree)
         for col, tree in root.variables.items()
         if isinstance(tree, dict) and scope.is_mutable_collection(col)
     }
 
 
-def _restore_tree(live: dict[str, Any], saved: dict[str, Any]) -> None:
-    """Makes ``live`` equal ``saved`` in place, keeping the dict objects still there."""
-    for key in list(live):
-        if key not in saved:
-            del live[key]
-    for key, value in saved.items():
-        if isinstance(value, dict):
-            if not isinstance(live.get(key), dict):
-                live[key] = {}
-            _restore_tree(live[key], value)
-        else:
-            live[key] = value
-
-
-def _put_path(tree: dict[str, Any], path: tuple[str, ...], value: Any) -> None:
-    for key in path[:-1]:
-        tree = tree.setdefault(key, {})
-    tree[path[-1]] = value
-
-
-def _get_path(tree: Any, path: tuple[str, ...], default: Any) -> Any:
-    for key in path:
-        if not isinstance(tree, dict) or key not in tree:
-            return default
-        tree = tree[key]
-    return tree
+def _restore_variables(root: _Root, saved: dict[str, Any]) -> None:
+    """The root's mutable collections as ``saved`` (``_mutable_trees``), in place."""
+    for col in list(root.variables):
+        if col not in saved and root.scope.is_mutable_collection(col):
+            del root.variables[col]
+    for col, tree in saved.items():
+        trees.restore(root.variables.setdefault(col, {}), tree)
+    root.evict_stale_caches()
 
 
 def _rebuild(live: Any, like: Any) -> Any:
@@ -310,8 +301,11 @@ class LinenSource:
     Variables first written inside a loop body or branch at apply (a ``sow``) are
     *fresh*: the first trace records their shapes and asks the kit to run the call again
     (``retrace()``) with a slot for them, which each iteration refills from an absent
-    entry; what comes out is the last iteration's value, written once per call. In a
-    transform (``allow_fresh=False``) such a write is a ``LinenStateError``.
+    entry; what comes out is the last iteration's value, written once per call. Under a
+    differentiating transform the slot is part of the auxiliary output: what comes out
+    is the primal's value, as under ``nn.grad``; ``vmap`` and ``pmap`` stack it along the
+    mapped axis (``fresh_axes``). Where ``allow_fresh=False`` (``shard_map``, a custom
+    rule) such a write is a ``LinenStateError``.
     """
 
     __slots__ = (
@@ -334,7 +328,7 @@ class LinenSource:
         roots: dict[int, _Root] = {}
         for module in self.modules:
             root = module.scope.root
-            roots.setdefault(id(root._variables), _Root(root))
+            roots.setdefault(id(root._variables), _Root(root)).modules.append(module)
         self.roots = list(roots.values())
         self.fresh: list[dict[tuple[str, ...], Any]] = [{} for _ in self.roots]
         self._counters_at_read: list[dict[Any, Any]] = []
@@ -342,10 +336,11 @@ class LinenSource:
     # -- threaded state ----------------------------------------------------------------
 
     def read(self) -> Any:
-        self._counters_at_read = [_copy_counters(root.counters) for root in self.roots]
+        self._counters_at_read = [trees.copy_dicts(root.counters) for root in self.roots]
         state = []
         for root, fresh in zip(self.roots, self.fresh, strict=True):
-            cols = {col: _copy_dicts(root.variables[col]) for col in root.threaded_collections()}
+            threaded = root.threaded_collections()
+            cols = {col: trees.copy_dicts(root.variables[col]) for col in threaded}
             keys = {name: root.scope.make_rng(name) for name in sorted(root.rngs)}
             slots = {
                 path: jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype), aval)
@@ -361,15 +356,17 @@ class LinenSource:
         for root, (cols, keys, slots) in zip(self.roots, state, strict=True):
             token.roots.append(root)
             token.saved.append(_mutable_trees(root))
-            token.counters.append(_copy_counters(root.counters))
+            token.counters.append(trees.copy_dicts(root.counters))
             token.slots.append(slots)
             for col, tree in cols.items():
                 live = root.variables[col]
-                for path, value in _paths(tree):
-                    _put_path(live, path, value)
+                for path, value in trees.paths(tree):
+                    trees.put_path(live, path, value)
             for path in slots:
-                if _get_path(root.variables, path, _MISSING) is not _MISSING:
-                    _delete(root.variables, path)
+                if trees.get_path(root.variables, path, trees.MISSING) is not trees.MISSING:
+                    trees.delete_path(root.variables, path)
+            if slots:
+                root.evict_stale_caches()
             for name, key in keys.items():
                 lazy = root.rngs[name]
                 steps[id(lazy.rng)] = token.steps[id(lazy.rng)] = _Step(lazy.rng, key)
@@ -382,24 +379,20 @@ class LinenSource:
         _substitutions().pop()
         _threaded_roots().pop()
         for root, saved, counters in zip(token.roots, token.saved, token.counters, strict=True):
-            for col in list(root.variables):
-                if col not in saved and root.scope.is_mutable_collection(col):
-                    del root.variables[col]
-            for col, tree in saved.items():
-                _restore_tree(root.variables.setdefault(col, {}), tree)
-            _restore_counters(root.counters, counters)
+            _restore_variables(root, saved)
+            trees.restore(root.counters, counters, fresh=0)
 
     def leave(self, token: _Token) -> Any:
         after = []
         created: list[tuple[Any, ...]] = []
         state = []
         for index, (root, saved) in enumerate(zip(token.roots, token.saved, strict=True)):
-            known = {(col, *path) for col, tree in saved.items() for path, _ in _paths(tree)}
+            known = {(col, *path) for col, tree in saved.items() for path, _ in trees.paths(tree)}
             fresh = self.fresh[index]
             for path in sorted(root.writable_paths() - known - set(fresh)):
                 created.append((index, path))
             cols = {
-                col: _rebuild(root.variables[col], _copy_dicts(tree))
+                col: _rebuild(root.variables[col], trees.copy_dicts(tree))
                 for col, tree in saved.items()
                 if col in root.threaded_collections()
             }
@@ -407,11 +400,11 @@ class LinenSource:
             for name in sorted(root.rngs):
                 step = token.steps[id(root.rngs[name].rng)]
                 keys[name] = jax.random.fold_in(step.key, _NEXT_STEP) if step.used else step.key
-            slots = {path: _get_path(root.variables, path, _MISSING) for path in fresh}
+            slots = {path: trees.get_path(root.variables, path, trees.MISSING) for path in fresh}
             state.append((root, cols, keys, slots))
         # Values of created variables, read before the caller's values come back.
         values = {
-            (index, path): _get_path(token.roots[index].variables, path, None)
+            (index, path): trees.get_path(token.roots[index].variables, path, None)
             for index, path in created
         }
         self._undo(token)
@@ -424,9 +417,15 @@ class LinenSource:
                 self.fresh[index][path] = _aval(values[(index, path)])
             self._retrace = True
         for (_, cols, keys, slots), entered in zip(state, token.slots, strict=True):
-            slots = {p: entered[p] if v is _MISSING else v for p, v in slots.items()}
+            slots = {p: entered[p] if v is trees.MISSING else v for p, v in slots.items()}
             after.append((cols, keys, slots))
         return after
+
+    def fresh_axes(self, axis: int) -> list[Any]:
+        """A prefix of the threaded state for ``vmap``'s ``out_axes``: the fresh slots
+        mapped along ``axis`` (stacked, as ``nn.vmap`` stacks a collection it is given
+        ``variable_axes={collection: axis}`` for), everything else unmapped (shared)."""
+        return [(None, None, dict.fromkeys(fresh, axis)) for fresh in self.fresh]
 
     def retrace(self) -> bool:
         """True once after a trace met fresh variables; restores the draws of ``read()``."""
@@ -434,7 +433,7 @@ class LinenSource:
             return False
         self._retrace = False
         for root, counters in zip(self.roots, self._counters_at_read, strict=True):
-            _restore_counters(root.counters, counters)
+            trees.restore(root.counters, counters, fresh=0)
         return True
 
     def abandon(self, token: _Token) -> None:
@@ -444,10 +443,10 @@ class LinenSource:
         for root, (cols, _, slots) in zip(self.roots, state, strict=True):
             for col, tree in cols.items():
                 live = root.variables[col]
-                for path, value in _paths(tree):
-                    _put_path(live, path, value)
+                for path, value in trees.paths(tree):
+                    trees.put_path(live, path, value)
             for path, value in slots.items():
-                _put_path(root.variables, path, value)
+                trees.put_path(root.variables, path, value)
 
     # -- names -------------------------------------------------------------------------
 
@@ -480,8 +479,10 @@ class LinenSource:
 
     def create(self, thunk: Callable[[], Any]) -> None:
         names = self.names()
-        before = [(root, _copy_dicts(root.variables), root.writable_paths()) for root in self.roots]
-        counters = [_copy_counters(root.counters) for root in self.roots]
+        before = [
+            (root, trees.copy_dicts(root.variables), root.writable_paths()) for root in self.roots
+        ]
+        counters = [trees.copy_dicts(root.counters) for root in self.roots]
         steps: dict[int, _Step] = {}
         for root in self.roots:
             for lazy in root.rngs.values():
@@ -502,7 +503,7 @@ class LinenSource:
             outer.pop()
             for (root, saved, paths), saved_counters in zip(before, counters, strict=True):
                 _restore_after_creation(root, saved, paths, recorded, keep_new=not failed)
-                _restore_counters(root.counters, saved_counters)
+                trees.restore(root.counters, saved_counters, fresh=0)
                 if not failed:
                     self._created.append((root, root.writable_paths() - paths))
             self.restore_names(names)
@@ -511,8 +512,9 @@ class LinenSource:
         """Removes what ``create`` kept, when the call after it failed."""
         for root, paths in self._created:
             for path in paths:
-                if _get_path(root.variables, path, _MISSING) is not _MISSING:
-                    _delete(root.variables, path)
+                if trees.get_path(root.variables, path, trees.MISSING) is not trees.MISSING:
+                    trees.delete_path(root.variables, path)
+            root.evict_stale_caches()
         self._created = []
 
 
@@ -526,24 +528,20 @@ def _restore_after_creation(
     """Keeps what the pass created (params; other variables at their initial value)."""
     for path in root.writable_paths() - paths_before:
         col, *rest = path
-        initial = recorded.get((id(root.variables), col, tuple(rest)), _MISSING)
+        initial = recorded.get((id(root.variables), col, tuple(rest)), trees.MISSING)
         if keep_new and col == "params":
             continue
-        if keep_new and initial is not _MISSING:
-            parent, key = _lookup(root.variables[col], tuple(rest))
-            parent[key] = initial
+        if keep_new and initial is not trees.MISSING:
+            trees.put_path(root.variables[col], tuple(rest), initial)
             continue
         # Written without an initializer (``sow``): the apply pass writes it again.
-        _delete(root.variables, path)
+        trees.delete_path(root.variables, path)
     for col, tree in saved.items():
         if col not in root.variables or not isinstance(tree, dict):
             continue
-        for path, value in _paths(tree):
-            parent, key = _lookup(root.variables[col], path)
-            parent[key] = value
-
-
-_MISSING: Any = object()
+        for path, value in trees.paths(tree):
+            trees.put_path(root.variables[col], path, value)
+    root.evict_stale_caches()
 
 
 def _created_error(where: str, created: list[tuple[str, ...]]) -> LinenStateError:
@@ -559,4 +557,17 @@ def _created_error(where: str, created: list[tuple[str, ...]]) -> LinenStateErro
 
 def source(where: str, *, allow_fresh: bool = False) -> LinenSource:
     """The state source of the Linen modules running now."""
+    if not _in_use:
+        raise LinenStateError(
+            f"{where}: the Linen overrides run, but jaxoverride_linen is not in use: they "
+            "were entered as a plain mapping (override_context({**jaxoverride_linen."
+            "context(), ...}) or a layer copied elsewhere), so Linen's scopes are not "
+            "prepared and the state would not be threaded. Enter jaxoverride_linen.context() "
+            "itself (it can be nested inside or around other contexts), or call "
+            "jaxoverride_linen.install()."
+        )
     return LinenSource(where, allow_fresh=allow_fresh)
+
+
+# Set by ``_patches`` while Linen's scopes carry this adapter's wrappers.
+_in_use: list[bool] = []

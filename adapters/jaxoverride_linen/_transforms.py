@@ -35,12 +35,17 @@ def _wraps(fun: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
 
 
 class _Call:
-    """One call of a transformed function, with the modules' state threaded."""
+    """One call of a transformed function, with the modules' state threaded.
+
+    ``state_source`` (default: a new one) is the source of a call that may meet variables
+    first written inside the function (a ``sow``): that source records them, and the kit
+    runs the call again with a slot for them (``kit.init_safe`` retries).
+    """
 
     __slots__ = ("source", "state", "thread")
 
-    def __init__(self, where: str):
-        self.source = source(where)
+    def __init__(self, where: str, state_source: Any = None):
+        self.source = source(where) if state_source is None else state_source
         self.thread = kit.Threaded(self.source, 1, where)
         self.state = self.source.read()
 
@@ -60,6 +65,13 @@ class _Call:
 
 def _init_safe(where: str, creation: Callable[[], Any], call: Callable[[], Any]) -> Any:
     return kit.init_safe(source(where), creation, call)
+
+
+def _init_safe_fresh(where: str, creation: Callable[[], Any], call: Callable[[Any], Any]) -> Any:
+    """``_init_safe`` for a function that may ``sow``: ``call(state_source)`` gets one
+    source that keeps, across the kit's retries, the variables first written inside."""
+    state_source = source(where, allow_fresh=True)
+    return kit.init_safe(state_source, creation, lambda: call(state_source))
 
 
 def _concrete(tree: Any) -> Any:
@@ -120,11 +132,15 @@ def _mapping(name: str) -> Callable[..., Callable[..., Any]]:
             if not in_bound_module():
                 return plain(*call_args, **call_kwargs)
 
-            def call() -> Any:
-                state_call = _Call(where)
+            def call(state_source: Any) -> Any:
+                state_call = _Call(where, state_source)
                 pure = _wraps(fun)(lambda *a, **k: state_call.run(fun, a, k))
+                # Variables first written inside (a sow) come out stacked along the mapped
+                # axis, as nn.vmap's with variable_axes={collection: 0}; the others are
+                # shared across the batch.
+                state_axes = state_source.fresh_axes(0)
                 try:
-                    out, after = lower(pure, **{**options, "out_axes": (out_axes, None)})(
+                    out, after = lower(pure, **{**options, "out_axes": (out_axes, state_axes)})(
                         *call_args, **call_kwargs
                     )
                 except ValueError as err:
@@ -135,7 +151,7 @@ def _mapping(name: str) -> Callable[..., Callable[..., Any]]:
                 return out
 
             creation = lambda: fun(*_unbatched(call_args, in_axes), **call_kwargs)
-            return _init_safe(where, creation, call)
+            return _init_safe_fresh(where, creation, call)
 
         return mapped
 
@@ -169,8 +185,8 @@ def _differentiating(name: str, value_first: bool) -> Callable[..., Callable[...
             if not in_bound_module():
                 return plain(*call_args, **call_kwargs)
 
-            def call() -> Any:
-                state_call = _Call(where)
+            def call(state_source: Any) -> Any:
+                state_call = _Call(where, state_source)
 
                 @_wraps(fun)
                 def pure(*a: Any, **k: Any) -> Any:
@@ -187,7 +203,7 @@ def _differentiating(name: str, value_first: bool) -> Callable[..., Callable[...
                 state_call.finish(after)
                 return (derivative, aux) if has_aux else derivative
 
-            return _init_safe(where, lambda: fun(*call_args, **call_kwargs), call)
+            return _init_safe_fresh(where, lambda: fun(*call_args, **call_kwargs), call)
 
         return differentiated
 
@@ -213,8 +229,8 @@ def _with_aux(name: str) -> Callable[..., Any]:
             return lower(fun, *primals, has_aux=has_aux, **kwargs)
         where = f"jaxoverride.{name}"
 
-        def call() -> Any:
-            state_call = _Call(where)
+        def call(state_source: Any) -> Any:
+            state_call = _Call(where, state_source)
 
             @_wraps(fun)
             def pure(*a: Any) -> Any:
@@ -226,7 +242,7 @@ def _with_aux(name: str) -> Callable[..., Any]:
             state_call.finish(after)
             return (out, function, aux) if has_aux else (out, function)
 
-        return _init_safe(where, lambda: fun(*primals), call)
+        return _init_safe_fresh(where, lambda: fun(*primals), call)
 
     call_impl.__name__ = call_impl.__qualname__ = name
     return call_impl
@@ -242,8 +258,8 @@ def jvp(fun: Callable[..., Any], primals: Any, tangents: Any, has_aux: bool = Fa
         return lower(fun, primals, tangents, has_aux=has_aux)
     where = "jaxoverride.jvp"
 
-    def call() -> Any:
-        state_call = _Call(where)
+    def call(state_source: Any) -> Any:
+        state_call = _Call(where, state_source)
 
         @_wraps(fun)
         def pure(*a: Any) -> Any:
@@ -255,7 +271,7 @@ def jvp(fun: Callable[..., Any], primals: Any, tangents: Any, has_aux: bool = Fa
         state_call.finish(after)
         return (out, tangent_out, aux) if has_aux else (out, tangent_out)
 
-    return _init_safe(where, lambda: fun(*primals), call)
+    return _init_safe_fresh(where, lambda: fun(*primals), call)
 
 
 # -- checkpoint / remat ----------------------------------------------------------------
@@ -382,12 +398,19 @@ def shard_map(f: Any = None, /, **options: Any) -> Any:
     def sharded(*call_args: Any, **call_kwargs: Any) -> Any:
         if not in_bound_module():
             return plain(*call_args, **call_kwargs)
-        state_call = _Call(where)
-        pure = _wraps(f)(lambda *a, **k: state_call.run(f, a, k))
-        specs = {**options, "out_specs": (options["out_specs"], jax.sharding.PartitionSpec())}
-        out, after = lower(pure, **specs)(*call_args, **call_kwargs)
-        state_call.finish(after)
-        return out
+
+        def call() -> Any:
+            state_call = _Call(where)
+            pure = _wraps(f)(lambda *a, **k: state_call.run(f, a, k))
+            specs = {**options, "out_specs": (options["out_specs"], jax.sharding.PartitionSpec())}
+            out, after = lower(pure, **specs)(*call_args, **call_kwargs)
+            state_call.finish(after)
+            return out
+
+        # At init, the first device's block creates the variables, once.
+        in_specs = options.get("in_specs", kit.INFER_SPECS)
+        block = lambda: kit.shard_block_arguments(call_args, in_specs, options.get("mesh"))
+        return _init_safe(where, lambda: f(*block(), **call_kwargs), call)
 
     return sharded
 
