@@ -9,7 +9,7 @@ At init the loop is traced once, as at apply, and a parameter that a body or bra
 creates is made at the call's site (``_site``): outside the trace, under the name Haiku
 gives it there, so that init returns what apply returns and a loop that runs zero times
 has still created its parameters. Only where a body creates Haiku *state* (which would
-change the carry) does init fall back to ``jaxoverride_plain``'s creation pass first.
+change the carry) does init fall back to the kit's creation pass (``init_safe_*``) first.
 
 At apply the functions handed to JAX are reused across calls (``_reuse``) and params
 ride in the carry instead of being closed over, so that an identical eager call hits
@@ -28,7 +28,6 @@ import jax.numpy as jnp
 from haiku._src import stateful
 
 import jaxoverride as jo
-import jaxoverride_plain as plain
 from jaxoverride import adapter_kit as kit, lax as jlax
 from jaxoverride.adapter_kit import NO_OPERAND as _NO_OPERAND
 from jaxoverride_haiku._creation import create
@@ -145,7 +144,7 @@ def scan(
     threaded = functools.partial(_threaded_scan, lower)
     return init_once(
         lambda: threaded(f, init, xs, length, reverse, unroll, _split_transpose),
-        lambda: plain.init_safe_scan(
+        lambda: kit.init_safe_scan(
             f, init, xs, length, reverse, unroll, _split_transpose, default_scan=threaded, **_HOOKS
         ),
     )
@@ -240,7 +239,7 @@ def while_loop(cond_fun: Callable[..., Any], body_fun: Callable[..., Any], init_
     threaded = functools.partial(_threaded_while, lower)
     return init_once(
         lambda: threaded(cond_fun, body_fun, init_val),
-        lambda: plain.init_safe_while_loop(
+        lambda: kit.init_safe_while_loop(
             cond_fun, body_fun, init_val, default_while_loop=threaded, **_HOOKS
         ),
     )
@@ -300,7 +299,7 @@ def fori_loop(
     threaded = functools.partial(_threaded_fori, lower)
     return init_once(
         lambda: threaded(lower_bound, upper_bound, body_fun, init_val, unroll=unroll),
-        lambda: plain.init_safe_fori_loop(
+        lambda: kit.init_safe_fori_loop(
             lower_bound,
             upper_bound,
             body_fun,
@@ -343,7 +342,7 @@ def _threaded_branches(
 ) -> Any:
     # One wrapper per distinct branch object, so JAX traces a repeated branch once, as
     # it does without the adapter.
-    distinct = plain.distinct_functions(branches)
+    distinct = kit.distinct_functions(branches)
     carry_params = not creating_site()
     wrappers = _wrappers(where, distinct, _branches_build(carry_params))
     by_id = {id(fun): handed for fun, handed in zip(distinct, wrappers.functions, strict=True)}
@@ -389,7 +388,7 @@ def cond(
     threaded = functools.partial(_threaded_cond, lower)
     return init_once(
         lambda: threaded(pred, true_fun, false_fun, *operands, **keywords),
-        lambda: plain.init_safe_cond(
+        lambda: kit.init_safe_cond(
             pred, true_fun, false_fun, *operands, **keywords, default_cond=threaded, **_HOOKS
         ),
     )
@@ -429,7 +428,7 @@ def switch(
     threaded = functools.partial(_threaded_switch, lower)
     return init_once(
         lambda: threaded(index, branches, *operands, **keywords),
-        lambda: plain.init_safe_switch(
+        lambda: kit.init_safe_switch(
             index, branches, *operands, **keywords, default_switch=threaded, **_HOOKS
         ),
     )

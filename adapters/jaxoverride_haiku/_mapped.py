@@ -27,7 +27,6 @@ from haiku._src import base, stateful
 from jax.sharding import PartitionSpec
 
 import jaxoverride as jo
-import jaxoverride_plain as plain
 from jaxoverride import adapter_kit as kit
 from jaxoverride_haiku._creation import create
 from jaxoverride_haiku._frames import Threaded, initializing, state_usable
@@ -41,7 +40,7 @@ _INFER: Any = kit.INFER_SPECS
 def _init_exact(
     creation: Callable[[], Any], apply: Callable[[], Any], axis_names: Sequence[Hashable]
 ) -> Any:
-    return plain.init_safe_call(
+    return kit.init_safe_call(
         creation,
         apply,
         initializing=initializing,

@@ -24,10 +24,9 @@ from collections.abc import Callable
 from typing import Any
 
 import jaxoverride as jo
-from jaxoverride.adapter_kit import applying, is_applying
+from jaxoverride.adapter_kit import init_safe, zeros_for
 from jaxoverride_linen import _scope
 from jaxoverride_linen._guards import discarding, pure
-from jaxoverride_plain import zeros_for
 
 CONVERTED = (
     "{where} turns the function into a pure jaxpr of its inputs, so nothing it writes or "
@@ -39,15 +38,6 @@ CONVERTED = (
     "optimistix, lineax and diffrax (with its default adjoint) convert their callbacks, so "
     "there this is the only way."
 )
-
-
-def init_safe(source: Any, creation: Callable[[], Any], call: Callable[[], Any]) -> Any:
-    """At init, ``creation()`` as a creation pass first; then ``call()`` as at apply."""
-    if is_applying() or not source.initializing():
-        return call()
-    source.create(creation)
-    with applying():
-        return call()
 
 
 def pure_scope(

@@ -41,12 +41,8 @@ from typing import Any
 import jax
 
 import jaxoverride as jo
-from jaxoverride.adapter_kit import Threaded
-from jaxoverride_linen import _convert, _scope
-from jaxoverride_linen._convert import init_safe, pure_scope
-from jaxoverride_linen._errors import DifferentiatedStateError
-from jaxoverride_linen._guards import hidden_rngs, lifted_params, lifted_reads, pure
-from jaxoverride_plain import (
+from jaxoverride.adapter_kit import (
+    Threaded,
     bwd_cotangents,
     fwd_output_pair,
     instantiate_zeros,
@@ -56,6 +52,10 @@ from jaxoverride_plain import (
     unwrap_primals,
     zero_tangents,
 )
+from jaxoverride_linen import _convert, _scope
+from jaxoverride_linen._convert import init_safe, pure_scope
+from jaxoverride_linen._errors import DifferentiatedStateError
+from jaxoverride_linen._guards import hidden_rngs, lifted_params, lifted_reads, pure
 
 _BACKWARD = (
     "the backward rule (bwd)",

@@ -14,13 +14,14 @@ from jaxoverride.adapter_kit import (
     INFER_SPECS,
     as_jax_operands,
     create_binding_axes,
+    create_by_calling,
     infer_argnums_and_argnames,
+    init_safe_call,
     shard_block_arguments,
     unbatched_arguments,
     zeros_for,
 )
-from jaxoverride_plain import _combinators as c, _rules
-from jaxoverride_plain._combinators import create_by_calling, init_safe_call
+from jaxoverride_plain import _rules
 from jaxoverride_plain._transforms import init_safe_transform
 
 
@@ -33,39 +34,39 @@ def _scan(
     unroll: Any = 1,
     _split_transpose: bool = False,
 ) -> Any:
-    return c.init_safe_scan(
+    return kit.init_safe_scan(
         f, init, xs, length, reverse, unroll, _split_transpose,
         default_scan=jo.next_impl("lax.scan"),
     )  # fmt: skip
 
 
 def _while_loop(cond_fun: Any, body_fun: Any, init_val: Any) -> Any:
-    return c.init_safe_while_loop(
+    return kit.init_safe_while_loop(
         cond_fun, body_fun, init_val, default_while_loop=jo.next_impl("lax.while_loop")
     )
 
 
 def _fori_loop(lower: Any, upper: Any, body_fun: Any, init_val: Any, *, unroll: Any = None) -> Any:
-    return c.init_safe_fori_loop(
+    return kit.init_safe_fori_loop(
         lower, upper, body_fun, init_val, unroll=unroll,
         default_fori_loop=jo.next_impl("lax.fori_loop"),
     )  # fmt: skip
 
 
 def _cond(pred: Any, true_fun: Any, false_fun: Any, *operands: Any, **operand: Any) -> Any:
-    return c.init_safe_cond(
+    return kit.init_safe_cond(
         pred, true_fun, false_fun, *operands, **operand, default_cond=jo.next_impl("lax.cond")
     )
 
 
 def _switch(index: Any, branches: Any, *operands: Any, **operand: Any) -> Any:
-    return c.init_safe_switch(
+    return kit.init_safe_switch(
         index, branches, *operands, **operand, default_switch=jo.next_impl("lax.switch")
     )
 
 
 def _map(f: Any, xs: Any, *, batch_size: Any = None) -> Any:
-    return c.init_safe_map(f, xs, batch_size=batch_size, default_map=jo.next_impl("lax.map"))
+    return kit.init_safe_map(f, xs, batch_size=batch_size, default_map=jo.next_impl("lax.map"))
 
 
 def _same_arguments(name: str) -> Callable[..., Any]:

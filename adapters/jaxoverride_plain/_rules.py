@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 import jaxoverride as jo
-from jaxoverride_plain._combinators import init_safe_call
+from jaxoverride.adapter_kit import init_safe_call
 
 
 class InitSafeRule:

@@ -23,6 +23,9 @@ needs lives here, once:
   ``shift_argnums``), a weak-keyed wrapper cache (``WrapperCache``), the replay
   that raises JAX's own error (``raise_as_jax``), batched ``lax.map``
   (``batched_map``) and the ``NO_OPERAND`` sentinel;
+- the init phase (``init_context``, ``is_initializing``, ``applying``,
+  ``is_applying``) and the init-safe combinators on which adapters without a state
+  source build their creation pass (``init_safe_call``, ``init_safe_scan``, ...);
 - operands and mapped arguments as JAX hands them to a body (``as_jax_operands``,
   ``unbatched_arguments``, ``shard_block_arguments``, ...);
 - state threading through JAX's control flow and transforms, for any framework that
@@ -74,6 +77,16 @@ from jaxoverride.adapter_kit._batched_map import (
 )
 from jaxoverride.adapter_kit._cache import WrapperCache as WrapperCache
 from jaxoverride.adapter_kit._frameworks import declare_handler as declare_handler
+from jaxoverride.adapter_kit._init_safe import (
+    create_by_calling as create_by_calling,
+    init_safe_call as init_safe_call,
+    init_safe_cond as init_safe_cond,
+    init_safe_fori_loop as init_safe_fori_loop,
+    init_safe_map as init_safe_map,
+    init_safe_scan as init_safe_scan,
+    init_safe_switch as init_safe_switch,
+    init_safe_while_loop as init_safe_while_loop,
+)
 from jaxoverride.adapter_kit._leaks import (
     escaped_tracers as escaped_tracers,
     raw_transform_error as raw_transform_error,
@@ -92,6 +105,12 @@ from jaxoverride.adapter_kit._operands import (
     distinct_functions as distinct_functions,
     unbatched_arguments as unbatched_arguments,
     zeros_for as zeros_for,
+)
+from jaxoverride.adapter_kit._phase import (
+    applying as applying,
+    init_context as init_context,
+    is_applying as is_applying,
+    is_initializing as is_initializing,
 )
 from jaxoverride.adapter_kit._position import (
     OverridePosition as OverridePosition,
@@ -150,6 +169,7 @@ __all__ = [
     "check_name",
     "check_scan_output",
     "create_binding_axes",
+    "create_by_calling",
     "declare_handler",
     "declared_adapters",
     "describe_impl",
@@ -158,10 +178,19 @@ __all__ = [
     "fwd_output_pair",
     "get_opaque_trace_state",
     "infer_argnums_and_argnames",
+    "init_context",
     "init_safe",
+    "init_safe_call",
+    "init_safe_cond",
+    "init_safe_fori_loop",
+    "init_safe_map",
+    "init_safe_scan",
+    "init_safe_switch",
+    "init_safe_while_loop",
     "instantiate_zeros",
     "interpose_fix",
     "is_applying",
+    "is_initializing",
     "jit_name",
     "join_batches",
     "mesh_axis_sizes",
@@ -197,9 +226,7 @@ from jaxoverride.adapter_kit._state_threading import (
     StateSource as StateSource,
     StateStructureError as StateStructureError,
     Threaded as Threaded,
-    applying as applying,
     init_safe as init_safe,
-    is_applying as is_applying,
     threaded_call as threaded_call,
     threaded_cond as threaded_cond,
     threaded_fori_loop as threaded_fori_loop,

@@ -47,24 +47,22 @@ Example:
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import functools
-import inspect
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 import jax
 import jax.numpy as jnp
+
+from jaxoverride.adapter_kit._operands import NO_OPERAND as _NO_OPERAND, distinct_functions
+from jaxoverride.adapter_kit._phase import applying, is_applying
 
 __all__ = [
     "DictStateSource",
     "StateSource",
     "StateStructureError",
     "Threaded",
-    "applying",
     "init_safe",
-    "is_applying",
     "threaded_call",
     "threaded_cond",
     "threaded_fori_loop",
@@ -73,44 +71,6 @@ __all__ = [
     "threaded_switch",
     "threaded_while_loop",
 ]
-
-_NO_OPERAND: Any = inspect.signature(jax.lax.cond).parameters["operand"].default
-
-_applying: contextvars.ContextVar[bool] = contextvars.ContextVar(
-    "jaxoverride_kit_applying", default=False
-)
-
-
-@contextlib.contextmanager
-def applying() -> Iterator[None]:
-    """Marks the apply pass that follows a creation pass (nested loops skip creation).
-
-    Example:
-      >>> from jaxoverride.adapter_kit import applying, is_applying
-      >>> with applying():
-      ...     inside = is_applying()
-      >>> inside, is_applying()
-      (True, False)
-    """
-    token = _applying.set(True)
-    try:
-        yield
-    finally:
-        _applying.reset(token)
-
-
-def is_applying() -> bool:
-    """Whether code runs in the apply pass of a threaded combinator at init.
-
-    Returns:
-      True inside ``applying()``: every parameter already exists, create none.
-
-    Example:
-      >>> from jaxoverride.adapter_kit import is_applying
-      >>> is_applying()
-      False
-    """
-    return _applying.get()
 
 
 @runtime_checkable
@@ -496,13 +456,6 @@ def threaded_fori_loop(
     return init_safe(source, creation, call)
 
 
-def _distinct(functions: Sequence[Callable[..., Any]]) -> list[Callable[..., Any]]:
-    seen: dict[int, Callable[..., Any]] = {}
-    for fun in functions:
-        seen.setdefault(id(fun), fun)
-    return list(seen.values())
-
-
 def _threaded_branches(
     source: StateSource,
     where: str,
@@ -512,7 +465,7 @@ def _threaded_branches(
 ) -> Any:
     def run() -> Any:
         # One wrapper per distinct branch object: JAX traces a repeated branch once.
-        distinct = _distinct(branches)
+        distinct = distinct_functions(branches)
         thread = Threaded(source, len(distinct), where)
 
         def wrap(index: int, fun: Callable[..., Any]) -> Callable[..., Any]:
@@ -529,7 +482,7 @@ def _threaded_branches(
         return out
 
     arguments = _as_operands(operands)
-    return init_safe(source, lambda: [b(*arguments) for b in _distinct(branches)], run)
+    return init_safe(source, lambda: [b(*arguments) for b in distinct_functions(branches)], run)
 
 
 def threaded_cond(
