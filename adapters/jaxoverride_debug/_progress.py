@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 from jax.core import Tracer
 
-from jaxoverride.adapter_kit import get_opaque_trace_state
+from jaxoverride.adapter_kit import get_opaque_trace_state, scan_arguments
 from jaxoverride_debug._describe import function_name
 
 _NEEDS_TQDM = (
@@ -118,18 +118,6 @@ def _leading(xs: Any) -> int | None:
     return int(leaves[0].shape[0])
 
 
-def _bound_scan(
-    f: Any,
-    init: Any,
-    xs: Any = None,
-    length: Any = None,
-    reverse: bool = False,
-    unroll: Any = 1,
-    _split_transpose: bool = False,
-) -> tuple[Any, ...]:
-    return f, init, xs, length, reverse, unroll, _split_transpose
-
-
 def _bound_fori(
     lower: Any, upper: Any, body_fun: Any, init_val: Any, **kwargs: Any
 ) -> tuple[Any, ...]:
@@ -155,7 +143,7 @@ def with_progress(
     """
     try:
         if name == "lax.scan":
-            bound = _bound_scan(*args, **kwargs)
+            bound = scan_arguments(*args, **kwargs)
             return _scan(*bound, min_steps=min_steps, options=options)
         if name == "lax.fori_loop":
             bound = _bound_fori(*args, **kwargs)

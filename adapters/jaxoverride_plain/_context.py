@@ -25,19 +25,8 @@ from jaxoverride_plain import _rules
 from jaxoverride_plain._transforms import init_safe_transform
 
 
-def _scan(
-    f: Any,
-    init: Any,
-    xs: Any = None,
-    length: Any = None,
-    reverse: bool = False,
-    unroll: Any = 1,
-    _split_transpose: bool = False,
-) -> Any:
-    return kit.init_safe_scan(
-        f, init, xs, length, reverse, unroll, _split_transpose,
-        default_scan=jo.next_impl("lax.scan"),
-    )  # fmt: skip
+def _scan(*args: Any, **kwargs: Any) -> Any:
+    return kit.init_safe_scan(*args, **kwargs, default_scan=jo.next_impl("lax.scan"))
 
 
 def _while_loop(cond_fun: Any, body_fun: Any, init_val: Any) -> Any:
@@ -248,9 +237,9 @@ TABLE = kit.OverrideTable(
         "make_jaxpr": _primal_transform("make_jaxpr"),
         "custom_vjp": _rules.rule("custom_vjp"),
         "custom_jvp": _rules.rule("custom_jvp"),
-        "closure_convert": _rules.closure_convert,
-        "lax.custom_root": _rules.custom_root,
-        "lax.custom_linear_solve": _rules.custom_linear_solve,
+        "closure_convert": _rules.CONVERSIONS["closure_convert"],
+        "lax.custom_root": _rules.CONVERSIONS["lax.custom_root"],
+        "lax.custom_linear_solve": _rules.CONVERSIONS["lax.custom_linear_solve"],
     },
 )
 _CONTEXT = TABLE.context()

@@ -26,13 +26,22 @@ needs lives here, once:
 - the init phase (``init_context``, ``is_initializing``, ``applying``,
   ``is_applying``) and the init-safe combinators on which adapters without a state
   source build their creation pass (``init_safe_call``, ``init_safe_scan``, ...);
+- the overrides of the names that convert a function into a jaxpr
+  (``conversion_overrides``: ``closure_convert``, ``make_jaxpr``, the custom solves);
+- the process-wide, scoped installation of an adapter entered by a hook in its
+  framework (``ScopedInstaller``: ``install``, ``uninstall``, ``is_installed``);
 - operands and mapped arguments as JAX hands them to a body (``as_jax_operands``,
   ``unbatched_arguments``, ``shard_block_arguments``, ...);
 - state threading through JAX's control flow and transforms, for any framework that
   describes its state as a ``StateSource`` (read it, make it explicit, write it back):
   ``threaded_scan``, ``threaded_while_loop``, ``threaded_fori_loop``, ``threaded_cond``,
   ``threaded_switch``, ``threaded_map`` and ``threaded_call`` (the Linen adapter is
-  written on them).
+  written on them), and ``control_flow_overrides`` / ``threaded_control_flow``, which
+  make an adapter's control-flow overrides, with JAX's signatures, from them;
+- the transforms that trace their function once per call (``vmap``, ``grad``-like,
+  ``jvp``/``vjp``/``linearize``, ``checkpoint``), for a framework that describes one
+  such call as a ``TransformState`` (``stateful_mapping``, ``stateful_differentiation``,
+  ...).
 
 **Stability.** Semi-public, in the way ``equinox.internal`` is: every name here is
 documented and tested, and the adapters in this repository reach the core's internals
@@ -76,6 +85,12 @@ from jaxoverride.adapter_kit._batched_map import (
     split_batches as split_batches,
 )
 from jaxoverride.adapter_kit._cache import WrapperCache as WrapperCache
+from jaxoverride.adapter_kit._control_overrides import (
+    control_flow_overrides as control_flow_overrides,
+    scan_arguments as scan_arguments,
+    threaded_control_flow as threaded_control_flow,
+)
+from jaxoverride.adapter_kit._conversion import conversion_overrides as conversion_overrides
 from jaxoverride.adapter_kit._frameworks import declare_handler as declare_handler
 from jaxoverride.adapter_kit._init_safe import (
     create_by_calling as create_by_calling,
@@ -87,6 +102,7 @@ from jaxoverride.adapter_kit._init_safe import (
     init_safe_switch as init_safe_switch,
     init_safe_while_loop as init_safe_while_loop,
 )
+from jaxoverride.adapter_kit._installer import ScopedInstaller as ScopedInstaller
 from jaxoverride.adapter_kit._leaks import (
     escaped_tracers as escaped_tracers,
     raw_transform_error as raw_transform_error,
@@ -155,9 +171,12 @@ __all__ = [
     "LiftedRule",
     "OverridePosition",
     "OverrideTable",
+    "ScopedInstaller",
     "StateSource",
     "StateStructureError",
+    "StatefulCall",
     "Threaded",
+    "TransformState",
     "WrapperCache",
     "applying",
     "as_index_tuple",
@@ -168,6 +187,8 @@ __all__ = [
     "check_loop_carry",
     "check_name",
     "check_scan_output",
+    "control_flow_overrides",
+    "conversion_overrides",
     "create_binding_axes",
     "create_by_calling",
     "declare_handler",
@@ -204,11 +225,20 @@ __all__ = [
     "raw_import_time_transforms",
     "raw_transform_error",
     "resolve_argnums",
+    "scan_arguments",
     "shard_block_arguments",
     "shift_argnums",
+    "source_transform_state",
     "split_batches",
+    "stateful_differentiation",
+    "stateful_jvp",
+    "stateful_mapping",
+    "stateful_rematerialization",
+    "stateful_transforms",
+    "stateful_with_aux",
     "threaded_call",
     "threaded_cond",
+    "threaded_control_flow",
     "threaded_fori_loop",
     "threaded_map",
     "threaded_scan",
@@ -218,6 +248,7 @@ __all__ = [
     "unhandled_names",
     "unwrap_primals",
     "varying_axes",
+    "wraps",
     "zero_tangents",
     "zeros_for",
 ]
@@ -234,4 +265,16 @@ from jaxoverride.adapter_kit._state_threading import (
     threaded_scan as threaded_scan,
     threaded_switch as threaded_switch,
     threaded_while_loop as threaded_while_loop,
+)
+from jaxoverride.adapter_kit._stateful_transforms import (
+    StatefulCall as StatefulCall,
+    TransformState as TransformState,
+    source_transform_state as source_transform_state,
+    stateful_differentiation as stateful_differentiation,
+    stateful_jvp as stateful_jvp,
+    stateful_mapping as stateful_mapping,
+    stateful_rematerialization as stateful_rematerialization,
+    stateful_transforms as stateful_transforms,
+    stateful_with_aux as stateful_with_aux,
+    wraps as wraps,
 )
