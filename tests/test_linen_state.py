@@ -11,7 +11,6 @@ import numpy as np
 import pytest
 from flax import errors as flax_errors
 
-import jaxoverride_linen as jol
 from _linen_models import assert_trees_close, leaves_are_arrays, shapes
 from jaxoverride import lax as jlax
 

@@ -12,7 +12,6 @@ and the outputs are those of the loop without it.
 
 from __future__ import annotations
 
-import inspect
 import threading
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -21,7 +20,7 @@ import jax
 import jax.numpy as jnp
 from jax.core import Tracer
 
-from jaxoverride.adapter_kit import get_opaque_trace_state
+from jaxoverride.adapter_kit import get_opaque_trace_state, scan_arguments
 from jaxoverride_debug._describe import function_name
 
 _NEEDS_TQDM = (
@@ -119,16 +118,6 @@ def _leading(xs: Any) -> int | None:
     return int(leaves[0].shape[0])
 
 
-_SCAN_SIGNATURE = inspect.signature(jax.lax.scan)
-
-
-def _bound_scan(*args: Any, **kwargs: Any) -> tuple[Any, ...]:
-    """``jax.lax.scan``'s arguments in order, bound by its own signature."""
-    bound = _SCAN_SIGNATURE.bind(*args, **kwargs)
-    bound.apply_defaults()
-    return tuple(bound.arguments.values())
-
-
 def _bound_fori(
     lower: Any, upper: Any, body_fun: Any, init_val: Any, **kwargs: Any
 ) -> tuple[Any, ...]:
@@ -154,7 +143,7 @@ def with_progress(
     """
     try:
         if name == "lax.scan":
-            bound = _bound_scan(*args, **kwargs)
+            bound = scan_arguments(*args, **kwargs)
             return _scan(*bound, min_steps=min_steps, options=options)
         if name == "lax.fori_loop":
             bound = _bound_fori(*args, **kwargs)

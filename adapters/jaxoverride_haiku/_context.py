@@ -17,29 +17,16 @@ TABLE = kit.OverrideTable(
     {
         **kit.overrides_in(_jit, "jit"),
         **kit.overrides_in(_mapped, "pmap", "shard_map"),
-        **kit.overrides_in(
-            _transforms,
-            *("vmap", "grad", "value_and_grad", "jacfwd", "jacrev", "hessian"),
-            *("checkpoint", "remat", "jvp", "vjp", "linearize", "eval_shape"),
-        ),
-        **kit.overrides_in(
-            _control,
-            *("lax.scan", "lax.while_loop", "lax.fori_loop", "lax.cond", "lax.switch"),
-        ),
-        "lax.map": _control.lax_map,  # not ``map``: no override shadows a builtin
-        **kit.overrides_in(
-            _convert,
-            *("closure_convert", "make_jaxpr", "lax.custom_root", "lax.custom_linear_solve"),
-        ),
+        **_transforms.TRANSFORMS,
+        "eval_shape": _transforms.eval_shape,
+        **_control.OVERRIDES,
+        **_convert.CONVERSIONS,
         **kit.overrides_in(_rules, "custom_vjp", "custom_jvp"),
     },
 )
 
 # One layer for the whole process: re-entering it finds the builds made for it before.
 _CONTEXT = TABLE.context()
-
-_lock = threading.Lock()
-_installation: jo.Installation | None = None
 
 # install() enters the installation's scope whenever Haiku enters a transform's context
 # (HaikuContext.__enter__, the one place where Haiku pushes a transform frame) and leaves
@@ -65,13 +52,13 @@ def _thread_scopes() -> list[tuple[base.HaikuContext, Any]]:
 def _enter_transform(context: base.HaikuContext) -> base.HaikuContext:
     global _open_scopes
     result = _haiku_enter(context)
-    installation = _installation
+    installation = _INSTALLER.installation
     if installation is None:
         return result
     if not installation.installed:
         # Removed through the handle (``with joh.install():``, ``handle.uninstall()``),
         # not ``uninstall()``: a stale installation must not activate the adapter.
-        _forget(installation)
+        _INSTALLER.forget(installation)
         return result
     scope = installation.scope()
     try:
@@ -80,21 +67,9 @@ def _enter_transform(context: base.HaikuContext) -> base.HaikuContext:
         _haiku_exit(context, None, None, None)
         raise
     _thread_scopes().append((context, scope))
-    with _lock:
+    with _INSTALLER.lock:
         _open_scopes += 1
     return result
-
-
-def _forget(installation: jo.Installation) -> None:
-    """Unhooks Haiku's transform context from an installation removed via its handle."""
-    global _installation
-    with _lock:
-        if _installation is installation:
-            _installation = None
-            if base.HaikuContext.__enter__ is _enter_transform:
-                base.HaikuContext.__enter__ = _haiku_enter  # type: ignore[method-assign]
-            if _open_scopes == 0 and base.HaikuContext.__exit__ is _exit_transform:
-                base.HaikuContext.__exit__ = _haiku_exit  # type: ignore[method-assign]
 
 
 def _escaped_state() -> int:
@@ -114,9 +89,9 @@ def _exit_transform(context: base.HaikuContext, *exc_info: Any) -> None:
                 # A library never interposed ran Haiku code inside its raw transform.
                 escaped = _escaped_state()
             _, scope = stack.pop()
-            with _lock:
+            with _INSTALLER.lock:
                 _open_scopes -= 1
-                if _installation is None and _open_scopes == 0:
+                if _INSTALLER.installation is None and _open_scopes == 0:
                     base.HaikuContext.__exit__ = _haiku_exit  # type: ignore[method-assign]
             scope.__exit__(None, None, None)
     finally:
@@ -182,13 +157,7 @@ def install() -> jo.Installation:
       >>> joh.uninstall()
       True
     """
-    global _installation
-    with _lock:
-        if _installation is None or not _installation.installed:
-            _installation = jo.install(_CONTEXT, scoped=True, name="jaxoverride_haiku")
-            base.HaikuContext.__enter__ = _enter_transform  # type: ignore[method-assign]
-            base.HaikuContext.__exit__ = _exit_transform  # type: ignore[method-assign]
-        return _installation
+    return _INSTALLER.install()
 
 
 def uninstall() -> bool:
@@ -202,14 +171,7 @@ def uninstall() -> bool:
       >>> joh.uninstall()
       False
     """
-    global _installation
-    with _lock:
-        installation, _installation = _installation, None
-        if base.HaikuContext.__enter__ is _enter_transform:
-            base.HaikuContext.__enter__ = _haiku_enter  # type: ignore[method-assign]
-        if _open_scopes == 0 and base.HaikuContext.__exit__ is _exit_transform:
-            base.HaikuContext.__exit__ = _haiku_exit  # type: ignore[method-assign]
-    return installation is not None and installation.uninstall()
+    return _INSTALLER.uninstall()
 
 
 def is_installed() -> bool:
@@ -223,8 +185,22 @@ def is_installed() -> bool:
       >>> joh.is_installed()
       False
     """
-    installation = _installation
-    return installation is not None and installation.installed
+    return _INSTALLER.is_installed()
 
+
+def _hook() -> None:
+    base.HaikuContext.__enter__ = _enter_transform  # type: ignore[method-assign]
+    base.HaikuContext.__exit__ = _exit_transform  # type: ignore[method-assign]
+
+
+def _unhook() -> None:
+    # The exit hook stays while a transform entered with the installation is still open.
+    if base.HaikuContext.__enter__ is _enter_transform:
+        base.HaikuContext.__enter__ = _haiku_enter  # type: ignore[method-assign]
+    if _open_scopes == 0 and base.HaikuContext.__exit__ is _exit_transform:
+        base.HaikuContext.__exit__ = _haiku_exit  # type: ignore[method-assign]
+
+
+_INSTALLER = kit.ScopedInstaller(_CONTEXT, "jaxoverride_haiku", hook=_hook, unhook=_unhook)
 
 _layer.record(_CONTEXT, is_installed)

@@ -9,7 +9,7 @@ At init the loop is traced once, as at apply, and a parameter that a body or bra
 creates is made at the call's site (``_site``): outside the trace, under the name Haiku
 gives it there, so that init returns what apply returns and a loop that runs zero times
 has still created its parameters. Only where a body creates Haiku *state* (which would
-change the carry) does init fall back to ``jaxoverride_plain``'s creation pass first.
+change the carry) does init fall back to the kit's creation pass (``init_safe_*``) first.
 
 At apply the functions handed to JAX are reused across calls (``_reuse``) and params
 ride in the carry instead of being closed over, so that an identical eager call hits
@@ -28,9 +28,7 @@ import jax.numpy as jnp
 from haiku._src import stateful
 
 import jaxoverride as jo
-import jaxoverride_plain as plain
 from jaxoverride import adapter_kit as kit, lax as jlax
-from jaxoverride.adapter_kit import NO_OPERAND as _NO_OPERAND
 from jaxoverride_haiku._creation import create
 from jaxoverride_haiku._frames import (
     InternalState,
@@ -130,27 +128,6 @@ def _threaded_scan(
     return value, ys
 
 
-def scan(
-    f: Callable[..., Any],
-    init: Any,
-    xs: Any = None,
-    length: Any = None,
-    reverse: bool = False,
-    unroll: Any = 1,
-    _split_transpose: bool = False,
-) -> Any:
-    lower = jo.next_impl("lax.scan")
-    if not state_usable() or not callable(f):
-        return lower(f, init, xs, length, reverse, unroll, _split_transpose)
-    threaded = functools.partial(_threaded_scan, lower)
-    return init_once(
-        lambda: threaded(f, init, xs, length, reverse, unroll, _split_transpose),
-        lambda: plain.init_safe_scan(
-            f, init, xs, length, reverse, unroll, _split_transpose, default_scan=threaded, **_HOOKS
-        ),
-    )
-
-
 # -- while_loop ------------------------------------------------------------------------
 
 
@@ -233,19 +210,6 @@ def _threaded_while(
     return value
 
 
-def while_loop(cond_fun: Callable[..., Any], body_fun: Callable[..., Any], init_val: Any) -> Any:
-    lower = jo.next_impl("lax.while_loop")
-    if not state_usable() or not (callable(cond_fun) and callable(body_fun)):
-        return lower(cond_fun, body_fun, init_val)
-    threaded = functools.partial(_threaded_while, lower)
-    return init_once(
-        lambda: threaded(cond_fun, body_fun, init_val),
-        lambda: plain.init_safe_while_loop(
-            cond_fun, body_fun, init_val, default_while_loop=threaded, **_HOOKS
-        ),
-    )
-
-
 # -- fori_loop -------------------------------------------------------------------------
 
 
@@ -286,32 +250,6 @@ def _threaded_fori(
     return value
 
 
-def fori_loop(
-    lower_bound: Any,
-    upper_bound: Any,
-    body_fun: Callable[..., Any],
-    init_val: Any,
-    *,
-    unroll: Any = None,
-) -> Any:
-    lower = jo.next_impl("lax.fori_loop")
-    if not state_usable() or not callable(body_fun):
-        return lower(lower_bound, upper_bound, body_fun, init_val, unroll=unroll)
-    threaded = functools.partial(_threaded_fori, lower)
-    return init_once(
-        lambda: threaded(lower_bound, upper_bound, body_fun, init_val, unroll=unroll),
-        lambda: plain.init_safe_fori_loop(
-            lower_bound,
-            upper_bound,
-            body_fun,
-            init_val,
-            unroll=unroll,
-            default_fori_loop=threaded,
-            **_HOOKS,
-        ),
-    )
-
-
 # -- cond and switch -------------------------------------------------------------------
 
 
@@ -343,7 +281,7 @@ def _threaded_branches(
 ) -> Any:
     # One wrapper per distinct branch object, so JAX traces a repeated branch once, as
     # it does without the adapter.
-    distinct = plain.distinct_functions(branches)
+    distinct = kit.distinct_functions(branches)
     carry_params = not creating_site()
     wrappers = _wrappers(where, distinct, _branches_build(carry_params))
     by_id = {id(fun): handed for fun, handed in zip(distinct, wrappers.functions, strict=True)}
@@ -351,88 +289,6 @@ def _threaded_branches(
     out, state = call(lower, selector, wrapped, (loop_state(carry_params), operands))
     _finish(wrappers.thread, state)
     return out
-
-
-def _threaded_cond(
-    lower: Callable[..., Any],
-    pred: Any,
-    true_fun: Callable[..., Any],
-    false_fun: Callable[..., Any],
-    *operands: Any,
-    operand: Any = _NO_OPERAND,
-) -> Any:
-    if operand is not _NO_OPERAND:
-        operands = (operand,)
-    return _threaded_branches(
-        lower,
-        "jaxoverride.lax.cond",
-        pred,
-        (true_fun, false_fun),
-        operands,
-        lambda lower, pred, fns, packed: lower(pred, fns[0], fns[1], packed),
-    )
-
-
-def cond(
-    pred: Any, true_fun: Any, false_fun: Any, *operands: Any, operand: Any = _NO_OPERAND
-) -> Any:
-    lower = jo.next_impl("lax.cond")
-    if not (callable(true_fun) and callable(false_fun)):
-        if callable(false_fun) and len(operands) == 2 and callable(operands[1]):
-            # JAX's deprecated cond(pred, x_true, f_true, x_false, f_false), as JAX recasts it.
-            x_true, f_true, x_false, f_false = true_fun, false_fun, *operands
-            return cond(pred, lambda x, _: f_true(x), lambda _, x: f_false(x), x_true, x_false)
-        return lower(pred, true_fun, false_fun, *operands, operand=operand)
-    keywords = {} if operand is _NO_OPERAND else {"operand": operand}
-    if not state_usable() or (operands and keywords):
-        return lower(pred, true_fun, false_fun, *operands, **keywords)
-    threaded = functools.partial(_threaded_cond, lower)
-    return init_once(
-        lambda: threaded(pred, true_fun, false_fun, *operands, **keywords),
-        lambda: plain.init_safe_cond(
-            pred, true_fun, false_fun, *operands, **keywords, default_cond=threaded, **_HOOKS
-        ),
-    )
-
-
-def _threaded_switch(
-    lower: Callable[..., Any],
-    index: Any,
-    branches: Sequence[Callable[..., Any]],
-    *operands: Any,
-    operand: Any = _NO_OPERAND,
-) -> Any:
-    if operand is not _NO_OPERAND:
-        operands = (operand,)
-    return _threaded_branches(
-        lower,
-        "jaxoverride.lax.switch",
-        index,
-        tuple(branches),
-        operands,
-        lambda lower, index, fns, packed: lower(index, fns, packed),
-    )
-
-
-def switch(
-    index: Any, branches: Sequence[Callable[..., Any]], *operands: Any, operand: Any = _NO_OPERAND
-) -> Any:
-    lower = jo.next_impl("lax.switch")
-    keywords = {} if operand is _NO_OPERAND else {"operand": operand}
-    if (
-        not state_usable()
-        or (operands and keywords)
-        or not branches
-        or not all(callable(b) for b in branches)
-    ):
-        return lower(index, branches, *operands, **keywords)
-    threaded = functools.partial(_threaded_switch, lower)
-    return init_once(
-        lambda: threaded(index, branches, *operands, **keywords),
-        lambda: plain.init_safe_switch(
-            index, branches, *operands, **keywords, default_switch=threaded, **_HOOKS
-        ),
-    )
 
 
 # -- map -------------------------------------------------------------------------------
@@ -464,18 +320,77 @@ def _map_step(f: Callable[..., Any], batched: bool) -> Callable[..., Any]:
     return step
 
 
-def lax_map(f: Callable[..., Any], xs: Any, *, batch_size: int | None = None) -> Any:
+def _lax_map(
+    lower: Callable[..., Any], f: Callable[..., Any], xs: Any, *, batch_size: int | None
+) -> Any:
     """``lax.map`` as JAX writes it, in terms of the neutral ``scan`` and ``vmap``.
 
     JAX's map has no carry to thread state through; like ``hk.map``, this one is a scan
     (each element sees the state the previous one left), and with ``batch_size`` a scan
     of ``vmap``s (state is shared across a batch, as in ``jaxoverride.vmap``).
     """
-    lower = jo.next_impl("lax.map")
-    if not state_usable():
-        return lower(f, xs, batch_size=batch_size)
+    del lower
     if batch_size is None:
         _, ys = jlax.scan(_map_step(f, batched=False), (), xs)
         return ys
     blocks = lambda xs: jlax.scan(_map_step(f, batched=True), (), xs)[1]
     return kit.batched_map(blocks, jo.vmap(f), xs, batch_size)
+
+
+def _init_exact(
+    threaded: Callable[..., Any], init_safe: Callable[..., Any], default: str
+) -> Callable[..., Any]:
+    """``threaded`` (given ``lower`` first) at apply and at init where the site creates the
+    parameters; else the kit's ``init_safe`` combinator around it, with Haiku's hooks."""
+
+    def run(lower: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        below = functools.partial(threaded, lower)
+        return init_once(
+            lambda: below(*args, **kwargs),
+            lambda: init_safe(*args, **kwargs, **{default: below}, **_HOOKS),
+        )
+
+    return run
+
+
+def _threaded_cond(
+    lower: Callable[..., Any],
+    pred: Any,
+    true_fun: Callable[..., Any],
+    false_fun: Callable[..., Any],
+    *operands: Any,
+) -> Any:
+    return _threaded_branches(
+        lower,
+        "jaxoverride.lax.cond",
+        pred,
+        (true_fun, false_fun),
+        operands,
+        lambda lower, pred, fns, packed: lower(pred, fns[0], fns[1], packed),
+    )
+
+
+def _threaded_switch(
+    lower: Callable[..., Any], index: Any, branches: Sequence[Callable[..., Any]], *operands: Any
+) -> Any:
+    return _threaded_branches(
+        lower,
+        "jaxoverride.lax.switch",
+        index,
+        tuple(branches),
+        operands,
+        lambda lower, index, fns, packed: lower(index, fns, packed),
+    )
+
+
+OVERRIDES: dict[str, Callable[..., Any]] = kit.control_flow_overrides(
+    state_usable,
+    scan=_init_exact(_threaded_scan, kit.init_safe_scan, "default_scan"),
+    while_loop=_init_exact(_threaded_while, kit.init_safe_while_loop, "default_while_loop"),
+    fori_loop=_init_exact(_threaded_fori, kit.init_safe_fori_loop, "default_fori_loop"),
+    cond=_init_exact(_threaded_cond, kit.init_safe_cond, "default_cond"),
+    switch=_init_exact(_threaded_switch, kit.init_safe_switch, "default_switch"),
+    lax_map=_lax_map,
+    module=__name__,
+)
+"""Neutral name -> Haiku override, for the control flow."""

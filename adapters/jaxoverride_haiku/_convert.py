@@ -21,9 +21,7 @@ from typing import Any
 import haiku as hk
 from haiku._src import base, stateful
 
-import jaxoverride as jo
-from jaxoverride import errors
-from jaxoverride.adapter_kit import zeros_for
+from jaxoverride import adapter_kit as kit, errors
 from jaxoverride_haiku._creation import init_safe_call
 from jaxoverride_haiku._frames import Threaded, state_names, state_usable
 from jaxoverride_haiku._site import current_site, init_once
@@ -113,8 +111,8 @@ def pure_frame(
 
 
 def _converting(
-    fun: Callable[..., Any],
     where: str,
+    fun: Callable[..., Any],
     trace: Callable[[Callable[..., Any]], Any],
     creation: Callable[[], Any],
 ) -> Any:
@@ -142,64 +140,7 @@ def _converting(
     return init_once(apply, lambda: init_safe_call(creation, apply))
 
 
-def closure_convert(fun: Callable[..., Any], *example_args: Any) -> Any:
-    below = jo.next_impl("closure_convert")
-    if not state_usable():
-        return below(fun, *example_args)
-    return _converting(
-        fun,
-        "jaxoverride.closure_convert",
-        lambda traced: below(traced, *example_args),
-        lambda: fun(*example_args),
-    )
-
-
-def make_jaxpr(fun: Callable[..., Any], *args: Any, **kwargs: Any) -> Callable[..., Any]:
-    lower = jo.next_impl("make_jaxpr")
-    plain = lower(fun, *args, **kwargs)
-
-    def traced_jaxpr(*call_args: Any, **call_kwargs: Any) -> Any:
-        if not state_usable():
-            return plain(*call_args, **call_kwargs)
-        return _converting(
-            fun,
-            "jaxoverride.make_jaxpr",
-            lambda traced: lower(traced, *args, **kwargs)(*call_args, **call_kwargs),
-            lambda: fun(*zeros_for(call_args), **zeros_for(call_kwargs)),
-        )
-
-    return traced_jaxpr
-
-
-def custom_root(
-    f: Callable[..., Any], initial_guess: Any, solve: Any, tangent_solve: Any, has_aux: bool = False
-) -> Any:
-    below = jo.next_impl("lax.custom_root")
-    if not state_usable():
-        return below(f, initial_guess, solve, tangent_solve, has_aux=has_aux)
-    return _converting(
-        f,
-        "jaxoverride.lax.custom_root",
-        lambda traced: below(traced, initial_guess, solve, tangent_solve, has_aux=has_aux),
-        lambda: f(initial_guess),
-    )
-
-
-def custom_linear_solve(
-    matvec: Callable[..., Any],
-    b: Any,
-    solve: Any,
-    transpose_solve: Any = None,
-    symmetric: bool = False,
-    has_aux: bool = False,
-) -> Any:
-    below = jo.next_impl("lax.custom_linear_solve")
-    options = {"symmetric": symmetric, "has_aux": has_aux}
-    if not state_usable():
-        return below(matvec, b, solve, transpose_solve, **options)
-    return _converting(
-        matvec,
-        "jaxoverride.lax.custom_linear_solve",
-        lambda traced: below(traced, b, solve, transpose_solve, **options),
-        lambda: matvec(b),
-    )
+CONVERSIONS: dict[str, Callable[..., Any]] = kit.conversion_overrides(
+    state_usable, _converting, module=__name__
+)
+"""Neutral name -> Haiku override, for the names that convert a function into a jaxpr."""

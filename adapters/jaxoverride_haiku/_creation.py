@@ -24,8 +24,8 @@ import haiku as hk
 import jax
 from haiku._src import base
 
+from jaxoverride.adapter_kit import init_safe_call as kit_init_safe_call
 from jaxoverride_haiku._frames import Names, current_frame, initializing
-from jaxoverride_plain import init_safe_call as plain_init_safe_call
 
 
 class _SaltedSequence(hk.PRNGSequence):
@@ -154,5 +154,5 @@ def create(thunk: Callable[[], Any]) -> None:
 
 
 def init_safe_call(creation: Callable[[], Any], apply: Callable[[], Any]) -> Any:
-    """``jaxoverride_plain.init_safe_call`` with Haiku's hooks (for ``eval_shape``)."""
-    return plain_init_safe_call(creation, apply, initializing=initializing, create=create)
+    """``jaxoverride.adapter_kit.init_safe_call`` with Haiku's hooks (for ``eval_shape``)."""
+    return kit_init_safe_call(creation, apply, initializing=initializing, create=create)

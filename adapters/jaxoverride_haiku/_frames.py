@@ -20,7 +20,7 @@ from typing import Any
 import jax
 from haiku._src import base, stateful
 
-from jaxoverride.adapter_kit import get_opaque_trace_state
+from jaxoverride.adapter_kit import get_opaque_trace_state, is_applying
 
 InternalState = stateful.InternalState
 
@@ -79,8 +79,6 @@ def current_frame() -> base.Frame:
 
 def initializing() -> bool:
     """True while Haiku creates parameters and no init-safe apply pass is running."""
-    from jaxoverride_plain import is_applying
-
     return not current_frame().freeze_params and not is_applying()
 
 

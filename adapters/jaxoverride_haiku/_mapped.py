@@ -23,15 +23,14 @@ from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
 import jax
-from haiku._src import base, stateful
+from haiku._src import base
 from jax.sharding import PartitionSpec
 
 import jaxoverride as jo
-import jaxoverride_plain as plain
 from jaxoverride import adapter_kit as kit
 from jaxoverride_haiku._creation import create
-from jaxoverride_haiku._frames import Threaded, initializing, state_usable
-from jaxoverride_haiku._transforms import _wraps
+from jaxoverride_haiku._frames import initializing, state_usable
+from jaxoverride_haiku._transforms import TracedCall
 
 _PMAP = inspect.signature(jax.pmap)
 _SHARD_MAP = inspect.signature(jax.shard_map)
@@ -41,31 +40,12 @@ _INFER: Any = kit.INFER_SPECS
 def _init_exact(
     creation: Callable[[], Any], apply: Callable[[], Any], axis_names: Sequence[Hashable]
 ) -> Any:
-    return plain.init_safe_call(
+    return kit.init_safe_call(
         creation,
         apply,
         initializing=initializing,
         create=kit.create_binding_axes(create, axis_names, inside=base.push_jax_trace_level),
     )
-
-
-class _Mapped:
-    """One call of a device-mapped function: state is an argument, changes an output."""
-
-    __slots__ = ("thread",)
-
-    def __init__(self, where: str):
-        self.thread = Threaded(1, where, check_params=False)
-
-    def run(self, fun: Callable[..., Any], state: Any, args: Any, kwargs: Any) -> Any:
-        with self.thread.frame(0, state):
-            out = fun(*args, **kwargs)
-            changed = stateful.difference(state, stateful.internal_state())
-        return out, changed
-
-    def finish(self, changed: Any) -> None:
-        stateful.update_internal_state(changed)
-        self.thread.finish()
 
 
 def _as_tuple(value: Any) -> tuple[int, ...]:
@@ -88,7 +68,7 @@ def pmap(fun: Callable[..., Any], *args: Any, **kwargs: Any) -> Callable[..., An
     static = _as_tuple(options.get("static_broadcasted_argnums", ()))
     donate = _as_tuple(options.get("donate_argnums", ()))
 
-    @_wraps(fun)
+    @kit.wraps(fun)
     def mapped(*call_args: Any, **call_kwargs: Any) -> Any:
         if not state_usable():
             return plain_mapped(*call_args, **call_kwargs)
@@ -101,18 +81,18 @@ def pmap(fun: Callable[..., Any], *args: Any, **kwargs: Any) -> Callable[..., An
             fun(*one, **dict(zip(call_kwargs, keywords, strict=True)))
 
         def apply() -> Any:
-            call = _Mapped("jaxoverride.pmap")
+            call = TracedCall("jaxoverride.pmap")
 
             def pure(state: Any, *a: Any, **k: Any) -> Any:
-                return call.run(fun, state, a, k)
+                return call.run(fun, a, k, state)
 
             inner_options = dict(options)
             inner_options["in_axes"] = _with_state_axis(in_axes, len(call_args), static)
             inner_options["out_axes"] = (out_axes, None)
             inner_options["static_broadcasted_argnums"] = tuple(i + 1 for i in static)
             inner_options["donate_argnums"] = tuple(i + 1 for i in donate)
-            inner = lower(_wraps(fun)(pure), **inner_options)
-            out, changed = inner(stateful.internal_state(), *call_args, **call_kwargs)
+            inner = lower(kit.wraps(fun)(pure), **inner_options)
+            out, changed = inner(call.state, *call_args, **call_kwargs)
             call.finish(changed)
             return out
 
@@ -182,7 +162,7 @@ def shard_map(fun: Callable[..., Any], *args: Any, **kwargs: Any) -> Callable[..
     axis_names = options.get("axis_names") or frozenset()
     check_vma = options.get("check_vma", True)
 
-    @_wraps(fun)
+    @kit.wraps(fun)
     def mapped(*call_args: Any, **call_kwargs: Any) -> Any:
         if not state_usable():
             return plain_mapped(*call_args, **call_kwargs)
@@ -191,10 +171,10 @@ def shard_map(fun: Callable[..., Any], *args: Any, **kwargs: Any) -> Callable[..
             fun(*kit.shard_block_arguments(call_args, in_specs, mesh), **call_kwargs)
 
         def apply() -> Any:
-            call = _Mapped("jaxoverride.shard_map")
+            call = TracedCall("jaxoverride.shard_map")
 
             def pure(state: Any, *a: Any, **k: Any) -> Any:
-                out, changed = call.run(fun, state, a, k)
+                out, changed = call.run(fun, a, k, state)
                 if check_vma:
                     _check_replicated(changed)
                 return out, changed
@@ -202,8 +182,8 @@ def shard_map(fun: Callable[..., Any], *args: Any, **kwargs: Any) -> Callable[..
             inner_options = dict(options)
             inner_options["in_specs"] = _with_state_spec(in_specs, len(call_args))
             inner_options["out_specs"] = (out_specs, PartitionSpec())
-            inner = lower(_wraps(fun)(pure), **inner_options)
-            out, changed = inner(stateful.internal_state(), *call_args, **call_kwargs)
+            inner = lower(kit.wraps(fun)(pure), **inner_options)
+            out, changed = inner(call.state, *call_args, **call_kwargs)
             call.finish(changed)
             return out
 

@@ -35,8 +35,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import contextvars
-import functools
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import haiku as hk
@@ -52,7 +51,6 @@ from jaxoverride.adapter_kit import (
     instantiate_zeros,
     perturbed_leaves,
     positional_arguments,
-    shift_argnums,
     unwrap_primals,
     zero_tangents,
 )
@@ -326,12 +324,6 @@ class HaikuRule(LiftedRule):
     below; inside, Haiku's values are lifted into an explicit argument (module docstring).
     """
 
-    @functools.cached_property
-    def _lifted_nondiff(self) -> tuple[int, ...]:
-        # Past the leading values argument; a negative position counts from the end, as
-        # before (JAX then treats the argument as JAX does for the user's function).
-        return shift_argnums(self._nondiff)
-
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if self._rule is None or not state_usable():
             return self._plain(*args, **kwargs)
@@ -351,16 +343,6 @@ class HaikuRule(LiftedRule):
                 return out, _after(frame)
 
         return primal
-
-    def _in_order(self, count: int, static: list[Any], primals: list[Any]) -> list[Any]:
-        """The user's arguments from a JVP rule's nondiff and primal ones, in call order."""
-        lifted = count + 1  # Haiku's values come first
-        positions = [n % lifted - 1 for n in self._lifted_nondiff]
-        ordered: list[Any] = [None] * count
-        for position, value in zip(positions, static, strict=True):
-            ordered[position] = value
-        rest = iter(primals)
-        return [ordered[i] if i in positions else next(rest) for i in range(count)]
 
     def _lifted_vjp(self, args: tuple[Any, ...]) -> Any:
         call = _RuleCall(self._where)
@@ -427,17 +409,6 @@ class HaikuRule(LiftedRule):
         return _run(rule, call, args)
 
 
-def custom_vjp(
-    fun: Callable[..., Any], nondiff_argnums: Sequence[int] = (),
-    nondiff_argnames: Sequence[str] = (),
-) -> HaikuRule:  # fmt: skip
-    """The Haiku override of ``custom_vjp``: JAX's constructor arguments, a ``HaikuRule``."""
-    return HaikuRule("custom_vjp", fun, nondiff_argnums, nondiff_argnames)
-
-
-def custom_jvp(
-    fun: Callable[..., Any], nondiff_argnums: Sequence[int] = (),
-    nondiff_argnames: Sequence[str] = (),
-) -> HaikuRule:  # fmt: skip
-    """The Haiku override of ``custom_jvp``: JAX's constructor arguments, a ``HaikuRule``."""
-    return HaikuRule("custom_jvp", fun, nondiff_argnums, nondiff_argnames)
+_BUILDERS = HaikuRule.overrides()
+custom_vjp = _BUILDERS["custom_vjp"]
+custom_jvp = _BUILDERS["custom_jvp"]

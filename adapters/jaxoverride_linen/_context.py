@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import threading
 from typing import Any
 
 from flax.linen import module as linen_module
@@ -16,11 +15,7 @@ TABLE = kit.OverrideTable(
     "jaxoverride_linen",
     {
         **_transforms.OVERRIDES,
-        **kit.overrides_in(
-            _control,
-            *("lax.scan", "lax.while_loop", "lax.fori_loop", "lax.cond", "lax.switch"),
-        ),
-        "lax.map": _control.lax_map,  # not ``map``: no override shadows a builtin
+        **_control.OVERRIDES,
         **_rules.IMPLICIT_OVERRIDES,
     },
 )
@@ -49,9 +44,6 @@ class _LinenContext(jo.OverrideContext):
 # One layer for the whole process: re-entering it finds the builds made for it before.
 _CONTEXT = _LinenContext(TABLE.overrides, name=TABLE.label)
 
-_lock = threading.Lock()
-_installation: jo.Installation | None = None
-
 # install() enters the installation's scope around every method call of a bound Linen
 # module (Module._call_wrapped_method, the one place where Linen runs a module's method:
 # __call__, setup, nn.compact and any other method) and leaves it on return. Outside
@@ -63,7 +55,7 @@ _linen_call = _Module._call_wrapped_method
 
 
 def _call_in_scope(module: Any, fun: Any, args: Any, kwargs: Any) -> Any:
-    installation = _installation
+    installation = _INSTALLER.installation
     if installation is None or module.scope is None or not installation.installed:
         return _linen_call(module, fun, args, kwargs)
     with installation.scope():
@@ -127,19 +119,7 @@ def install() -> jo.Installation:
       >>> jol.uninstall()
       True
     """
-    global _installation
-    with _lock:
-        if _installation is None or not _installation.installed:
-            if _installation is not None:  # removed through its handle: hooks still on
-                _unhook()
-            _patches.acquire()
-            try:
-                _installation = jo.install(_CONTEXT, scoped=True, name="jaxoverride_linen")
-            except BaseException:
-                _patches.release()
-                raise
-            _Module._call_wrapped_method = _call_in_scope  # type: ignore[method-assign]
-        return _installation
+    return _INSTALLER.install()
 
 
 def uninstall() -> bool:
@@ -153,20 +133,7 @@ def uninstall() -> bool:
       >>> jol.uninstall()
       False
     """
-    global _installation
-    with _lock:
-        installation, _installation = _installation, None
-        if installation is not None:
-            _unhook()
-    return installation is not None and installation.uninstall()
-
-
-def _unhook() -> None:
-    """Linen's own method runner and ``Scope`` back (the lock held)."""
-    if _Module._call_wrapped_method is _call_in_scope:
-        # Method calls running now keep the scope they entered until they return.
-        _Module._call_wrapped_method = _linen_call  # type: ignore[method-assign]
-    _patches.release()
+    return _INSTALLER.uninstall()
 
 
 def is_installed() -> bool:
@@ -180,5 +147,21 @@ def is_installed() -> bool:
       >>> jol.is_installed()
       False
     """
-    installation = _installation
-    return installation is not None and installation.installed
+    return _INSTALLER.is_installed()
+
+
+def _hook() -> None:
+    """Linen's ``Scope`` patched, and method calls entering the installation's scope."""
+    _patches.acquire()
+    _Module._call_wrapped_method = _call_in_scope  # type: ignore[method-assign]
+
+
+def _unhook() -> None:
+    """Linen's own method runner and ``Scope`` back (the installer's lock held)."""
+    if _Module._call_wrapped_method is _call_in_scope:
+        # Method calls running now keep the scope they entered until they return.
+        _Module._call_wrapped_method = _linen_call  # type: ignore[method-assign]
+    _patches.release()
+
+
+_INSTALLER = kit.ScopedInstaller(_CONTEXT, "jaxoverride_linen", hook=_hook, unhook=_unhook)

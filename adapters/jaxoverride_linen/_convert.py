@@ -24,10 +24,10 @@ from collections.abc import Callable
 from typing import Any
 
 import jaxoverride as jo
-from jaxoverride.adapter_kit import applying, is_applying
+from jaxoverride import adapter_kit as kit
+from jaxoverride.adapter_kit import init_safe, zeros_for
 from jaxoverride_linen import _scope
 from jaxoverride_linen._guards import discarding, pure
-from jaxoverride_plain import zeros_for
 
 CONVERTED = (
     "{where} turns the function into a pure jaxpr of its inputs, so nothing it writes or "
@@ -39,15 +39,6 @@ CONVERTED = (
     "optimistix, lineax and diffrax (with its default adjoint) convert their callbacks, so "
     "there this is the only way."
 )
-
-
-def init_safe(source: Any, creation: Callable[[], Any], call: Callable[[], Any]) -> Any:
-    """At init, ``creation()`` as a creation pass first; then ``call()`` as at apply."""
-    if is_applying() or not source.initializing():
-        return call()
-    source.create(creation)
-    with applying():
-        return call()
 
 
 def pure_scope(
@@ -72,67 +63,10 @@ def _converting(
     return init_safe(source, creation, lambda: trace(traced))
 
 
-def closure_convert(fun: Callable[..., Any], *example_args: Any) -> Any:
-    below = jo.next_impl("closure_convert")
-    if not _scope.in_bound_module():
-        return below(fun, *example_args)
-    return _converting(
-        "jaxoverride.closure_convert",
-        fun,
-        lambda traced: below(traced, *example_args),
-        lambda: fun(*example_args),
-    )
-
-
-def make_jaxpr(fun: Callable[..., Any], *args: Any, **kwargs: Any) -> Callable[..., Any]:
-    lower = jo.next_impl("make_jaxpr")
-    plain = lower(fun, *args, **kwargs)
-
-    def traced_jaxpr(*call_args: Any, **call_kwargs: Any) -> Any:
-        if not _scope.in_bound_module():
-            return plain(*call_args, **call_kwargs)
-        return _converting(
-            "jaxoverride.make_jaxpr",
-            fun,
-            lambda traced: lower(traced, *args, **kwargs)(*call_args, **call_kwargs),
-            lambda: fun(*zeros_for(call_args), **zeros_for(call_kwargs)),
-        )
-
-    return traced_jaxpr
-
-
-def custom_root(
-    f: Callable[..., Any], initial_guess: Any, solve: Any, tangent_solve: Any, has_aux: bool = False
-) -> Any:
-    below = jo.next_impl("lax.custom_root")
-    if not _scope.in_bound_module():
-        return below(f, initial_guess, solve, tangent_solve, has_aux=has_aux)
-    return _converting(
-        "jaxoverride.lax.custom_root",
-        f,
-        lambda traced: below(traced, initial_guess, solve, tangent_solve, has_aux=has_aux),
-        lambda: f(initial_guess),
-    )
-
-
-def custom_linear_solve(
-    matvec: Callable[..., Any],
-    b: Any,
-    solve: Any,
-    transpose_solve: Any = None,
-    symmetric: bool = False,
-    has_aux: bool = False,
-) -> Any:
-    below = jo.next_impl("lax.custom_linear_solve")
-    options = {"symmetric": symmetric, "has_aux": has_aux}
-    if not _scope.in_bound_module():
-        return below(matvec, b, solve, transpose_solve, **options)
-    return _converting(
-        "jaxoverride.lax.custom_linear_solve",
-        matvec,
-        lambda traced: below(traced, b, solve, transpose_solve, **options),
-        lambda: matvec(b),
-    )
+CONVERSIONS: dict[str, Callable[..., Any]] = kit.conversion_overrides(
+    _scope.in_bound_module, _converting, module=__name__
+)
+"""Neutral name -> Linen override, for the names that convert a function into a jaxpr."""
 
 
 def eval_shape(fun: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:

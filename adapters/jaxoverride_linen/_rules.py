@@ -40,22 +40,11 @@ from typing import Any
 
 import jax
 
-import jaxoverride as jo
-from jaxoverride.adapter_kit import Threaded
+from jaxoverride import adapter_kit as kit
 from jaxoverride_linen import _convert, _scope, _trees as trees
 from jaxoverride_linen._convert import init_safe, pure_scope
 from jaxoverride_linen._errors import DifferentiatedStateError
 from jaxoverride_linen._guards import hidden_rngs, lifted_params, lifted_reads, pure
-from jaxoverride_plain import (
-    bwd_cotangents,
-    fwd_output_pair,
-    instantiate_zeros,
-    nondiff_positions,
-    perturbed_leaves,
-    positional_arguments,
-    unwrap_primals,
-    zero_tangents,
-)
 
 _BACKWARD = (
     "the backward rule (bwd)",
@@ -99,13 +88,15 @@ def _differentiated(values: Any) -> list[frozenset[tuple[str, ...]]]:
     for tree, root_state in zip(params, state, strict=True):
         collections = root_state[0]  # the source's state per root: collections first
         paths = {
-            ("params", *path) for path, value in trees.paths(tree) if any(perturbed_leaves(value))
+            ("params", *path)
+            for path, value in trees.paths(tree)
+            if any(kit.perturbed_leaves(value))
         }
         paths |= {
             (col, *path)
             for col, col_tree in collections.items()
             for path, value in trees.paths(col_tree)
-            if any(perturbed_leaves(value))
+            if any(kit.perturbed_leaves(value))
         }
         refused.append(frozenset(paths))
     return refused
@@ -142,8 +133,8 @@ class _Call:
         self.source = source
         self.where = where
         self.roots = [root.variables for root in source.roots]
-        self.forward = Threaded(source, 1, where)
-        self.backward = Threaded(source, 1, where)
+        self.forward = kit.Threaded(source, 1, where)
+        self.backward = kit.Threaded(source, 1, where)
 
     @contextlib.contextmanager
     def reading(self, params: Any, refused: Sequence[frozenset] | None = None) -> Iterator[None]:
@@ -187,7 +178,7 @@ def _refuse_differentiated_state(call: _Call, state_cotangent: Any) -> None:
         for root_state in state_cotangent
         for col, tree in root_state[0].items()
         for path, value in trees.paths(tree)
-        if any(perturbed_leaves(value))
+        if any(kit.perturbed_leaves(value))
     )
     if names:
         raise DifferentiatedStateError(
@@ -199,62 +190,17 @@ def _refuse_differentiated_state(call: _Call, state_cotangent: Any) -> None:
         )
 
 
-class LinenRule:
+class LinenRule(kit.LiftedRule):
     """What the Linen override of ``custom_vjp``/``custom_jvp`` builds for one stack.
 
     Outside a bound module a call is a call of the rule below; inside, Linen's values
     are lifted into an explicit argument (module docstring).
     """
 
-    def __init__(
-        self,
-        name: str,
-        fun: Callable[..., Any],
-        nondiff_argnums: Sequence[int] = (),
-        nondiff_argnames: Sequence[str] = (),
-    ):
-        below = jo.next_impl(name)
-        self._name = name
-        self._where = f"jaxoverride.{name}"
-        self._below = below
-        self._plain = below(fun, nondiff_argnums=nondiff_argnums, nondiff_argnames=nondiff_argnames)
-        self._fun = fun
-        # Past the leading values argument; a negative position counts from the end.
-        self._lifted_nondiff = tuple(
-            n + 1 if n >= 0 else n
-            for n in nondiff_positions(fun, nondiff_argnums, nondiff_argnames)
-        )
-        self._rule: tuple[Any, ...] | None = None
-
-    def defvjp(
-        self,
-        fwd: Callable[..., Any],
-        bwd: Callable[..., Any],
-        symbolic_zeros: bool = False,
-        optimize_remat: bool = False,
-    ) -> None:
-        self._plain.defvjp(fwd, bwd, symbolic_zeros=symbolic_zeros, optimize_remat=optimize_remat)
-        self._rule = (fwd, bwd, symbolic_zeros, optimize_remat)
-
-    def defjvp(self, jvp: Callable[..., Any], symbolic_zeros: bool = False) -> Callable[..., Any]:
-        self._plain.defjvp(jvp, symbolic_zeros=symbolic_zeros)
-        self._rule = (jvp, symbolic_zeros)
-        return jvp
-
-    def defjvps(self, *jvps: Callable[..., Any] | None) -> None:
-        # JAX combines per-argument JVPs into one rule, which it keeps as ``.jvp``.
-        self._plain.defjvps(*jvps)
-        self._rule = (self._plain.jvp, False)
-
-    def __getattr__(self, attribute: str) -> Any:
-        if attribute.startswith("_"):
-            raise AttributeError(attribute)
-        return getattr(self._plain, attribute)
-
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if self._rule is None or not _scope.in_bound_module():
             return self._plain(*args, **kwargs)
-        args = positional_arguments(self._fun, args, kwargs)
+        args = kit.positional_arguments(self._fun, args, kwargs)
         source = _scope.source(self._where)
         lifted = self._lifted_vjp if self._name == "custom_vjp" else self._lifted_jvp
         return init_safe(source, lambda: self._fun(*args), lambda: lifted(source, args))
@@ -266,16 +212,6 @@ class LinenRule:
             return call.run(values, fun, *args)
 
         return primal
-
-    def _in_order(self, count: int, static: list[Any], primals: list[Any]) -> list[Any]:
-        """The user's arguments from a JVP rule's nondiff and primal ones, in call order."""
-        lifted = count + 1  # Linen's values come first
-        positions = [n % lifted - 1 for n in self._lifted_nondiff]
-        ordered: list[Any] = [None] * count
-        for position, value in zip(positions, static, strict=True):
-            ordered[position] = value
-        rest = iter(primals)
-        return [ordered[i] if i in positions else next(rest) for i in range(count)]
 
     def _call(self, rule: Any, call: _Call, source: Any, args: tuple[Any, ...]) -> Any:
         with hidden_rngs(source.roots):  # the state without keys (see _DRAW)
@@ -296,20 +232,20 @@ class LinenRule:
 
         def lifted_fwd(values: Any, *args: Any) -> Any:
             refused = _differentiated(values)
-            values = unwrap_primals(values)
+            values = kit.unwrap_primals(values)
             if not symbolic_zeros:
-                args = unwrap_primals(args)
+                args = kit.unwrap_primals(args)
             pair, after = call.run(values, fwd, *args, refused=refused)
-            out, residuals = fwd_output_pair(pair, fwd, fun)
+            out, residuals = kit.fwd_output_pair(pair, fwd, fun)
             return (out, after), (residuals, (values[0], after))
 
         def lifted_bwd(*rest: Any) -> Any:
             *nondiff, (residuals, forward_values), (out_cotangent, state_cotangent) = rest
             _refuse_differentiated_state(call, state_cotangent)
             if not symbolic_zeros:
-                out_cotangent = instantiate_zeros(out_cotangent)
+                out_cotangent = kit.instantiate_zeros(out_cotangent)
             cotangents = call.run_pure(forward_values, bwd, *nondiff, residuals, out_cotangent)
-            return (None, *bwd_cotangents(cotangents, primal_tree))
+            return (None, *kit.bwd_cotangents(cotangents, primal_tree))
 
         rule = self._below(self._primal(call), nondiff_argnums=self._lifted_nondiff)
         # Symbolic zeros tell which of Linen's values are being differentiated; the user's
@@ -326,51 +262,31 @@ class LinenRule:
         def lifted_jvp(*rest: Any) -> Any:
             *nondiff, (values, *primals), (value_tangents, *tangents) = rest
             refused = _differentiated(value_tangents)
-            if not any(perturbed_leaves(tangents)):
+            if not any(kit.perturbed_leaves(tangents)):
                 # Only Linen's values are differentiated, and the rule gives no tangent for
                 # them (a read of one is refused): as JAX, which calls no rule when none of
                 # the function's own arguments is perturbed (equinox's ``nondifferentiable``
                 # raises in its rule), run the primal function instead.
                 ordered = self._in_order(count, nondiff, primals)
                 out, after = call.run(values, self._fun, *ordered, refused=refused)
-                return (out, after), (zero_tangents(out), zero_tangents(after))
+                return (out, after), (kit.zero_tangents(out), kit.zero_tangents(after))
             if not symbolic_zeros:
-                tangents = instantiate_zeros(tangents)
+                tangents = kit.instantiate_zeros(tangents)
             pair, after = call.run(
                 values, jvp, *nondiff, tuple(primals), tuple(tangents), refused=refused
             )
             out, out_tangent = pair
-            return (out, after), (out_tangent, zero_tangents(after))
+            return (out, after), (out_tangent, kit.zero_tangents(after))
 
         rule = self._below(self._primal(call), nondiff_argnums=self._lifted_nondiff)
         rule.defjvp(lifted_jvp, symbolic_zeros=True)
         return self._call(rule, call, source, args)
 
 
-def custom_vjp(
-    fun: Callable[..., Any], nondiff_argnums: Sequence[int] = (),
-    nondiff_argnames: Sequence[str] = (),
-) -> LinenRule:  # fmt: skip
-    """The Linen override of ``custom_vjp``: JAX's constructor arguments, a ``LinenRule``."""
-    return LinenRule("custom_vjp", fun, nondiff_argnums, nondiff_argnames)
-
-
-def custom_jvp(
-    fun: Callable[..., Any], nondiff_argnums: Sequence[int] = (),
-    nondiff_argnames: Sequence[str] = (),
-) -> LinenRule:  # fmt: skip
-    """The Linen override of ``custom_jvp``: JAX's constructor arguments, a ``LinenRule``."""
-    return LinenRule("custom_jvp", fun, nondiff_argnums, nondiff_argnames)
-
-
 IMPLICIT_OVERRIDES: dict[str, Callable[..., Any]] = {
-    "custom_vjp": custom_vjp,
-    "custom_jvp": custom_jvp,
-    "closure_convert": _convert.closure_convert,
+    **LinenRule.overrides(),
     # Listed after the transforms' make_jaxpr in the layer: a write inside is refused.
-    "make_jaxpr": _convert.make_jaxpr,
-    "lax.custom_root": _convert.custom_root,
-    "lax.custom_linear_solve": _convert.custom_linear_solve,
+    **_convert.CONVERSIONS,
     # Replaces the transforms' eval_shape, which threads (and so draws a key): equinox
     # calls eval_shape inside its loops' conditions, where no key may be drawn.
     "eval_shape": _convert.eval_shape,

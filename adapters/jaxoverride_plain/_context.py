@@ -14,48 +14,48 @@ from jaxoverride.adapter_kit import (
     INFER_SPECS,
     as_jax_operands,
     create_binding_axes,
+    create_by_calling,
     infer_argnums_and_argnames,
+    init_safe_call,
     shard_block_arguments,
     unbatched_arguments,
     zeros_for,
 )
-from jaxoverride_plain import _combinators as c, _rules
-from jaxoverride_plain._combinators import create_by_calling, init_safe_call
+from jaxoverride_plain import _rules
 from jaxoverride_plain._transforms import init_safe_transform
 
 
 def _scan(*args: Any, **kwargs: Any) -> Any:
-    # jax.lax.scan's arguments, as init_safe_scan takes them.
-    return c.init_safe_scan(*args, **kwargs, default_scan=jo.next_impl("lax.scan"))
+    return kit.init_safe_scan(*args, **kwargs, default_scan=jo.next_impl("lax.scan"))
 
 
 def _while_loop(cond_fun: Any, body_fun: Any, init_val: Any) -> Any:
-    return c.init_safe_while_loop(
+    return kit.init_safe_while_loop(
         cond_fun, body_fun, init_val, default_while_loop=jo.next_impl("lax.while_loop")
     )
 
 
 def _fori_loop(lower: Any, upper: Any, body_fun: Any, init_val: Any, *, unroll: Any = None) -> Any:
-    return c.init_safe_fori_loop(
+    return kit.init_safe_fori_loop(
         lower, upper, body_fun, init_val, unroll=unroll,
         default_fori_loop=jo.next_impl("lax.fori_loop"),
     )  # fmt: skip
 
 
 def _cond(pred: Any, true_fun: Any, false_fun: Any, *operands: Any, **operand: Any) -> Any:
-    return c.init_safe_cond(
+    return kit.init_safe_cond(
         pred, true_fun, false_fun, *operands, **operand, default_cond=jo.next_impl("lax.cond")
     )
 
 
 def _switch(index: Any, branches: Any, *operands: Any, **operand: Any) -> Any:
-    return c.init_safe_switch(
+    return kit.init_safe_switch(
         index, branches, *operands, **operand, default_switch=jo.next_impl("lax.switch")
     )
 
 
 def _map(f: Any, xs: Any, *, batch_size: Any = None) -> Any:
-    return c.init_safe_map(f, xs, batch_size=batch_size, default_map=jo.next_impl("lax.map"))
+    return kit.init_safe_map(f, xs, batch_size=batch_size, default_map=jo.next_impl("lax.map"))
 
 
 def _same_arguments(name: str) -> Callable[..., Any]:
@@ -237,9 +237,9 @@ TABLE = kit.OverrideTable(
         "make_jaxpr": _primal_transform("make_jaxpr"),
         "custom_vjp": _rules.rule("custom_vjp"),
         "custom_jvp": _rules.rule("custom_jvp"),
-        "closure_convert": _rules.closure_convert,
-        "lax.custom_root": _rules.custom_root,
-        "lax.custom_linear_solve": _rules.custom_linear_solve,
+        "closure_convert": _rules.CONVERSIONS["closure_convert"],
+        "lax.custom_root": _rules.CONVERSIONS["lax.custom_root"],
+        "lax.custom_linear_solve": _rules.CONVERSIONS["lax.custom_linear_solve"],
     },
 )
 _CONTEXT = TABLE.context()

@@ -12,7 +12,8 @@ from collections.abc import Callable
 from typing import Any
 
 import jaxoverride as jo
-from jaxoverride_plain._combinators import init_safe_call
+from jaxoverride import adapter_kit as kit
+from jaxoverride.adapter_kit import init_safe_call
 
 
 class InitSafeRule:
@@ -46,31 +47,9 @@ def rule(name: str) -> Callable[..., InitSafeRule]:
     return build
 
 
-def closure_convert(fun: Callable[..., Any], *example_args: Any) -> Any:
-    below = jo.next_impl("closure_convert")
-    return init_safe_call(lambda: fun(*example_args), lambda: below(fun, *example_args))
-
-
-def custom_root(
-    f: Callable[..., Any], initial_guess: Any, solve: Any, tangent_solve: Any, has_aux: bool = False
-) -> Any:
-    below = jo.next_impl("lax.custom_root")
-    return init_safe_call(
-        lambda: f(initial_guess),
-        lambda: below(f, initial_guess, solve, tangent_solve, has_aux=has_aux),
-    )
-
-
-def custom_linear_solve(
-    matvec: Callable[..., Any],
-    b: Any,
-    solve: Any,
-    transpose_solve: Any = None,
-    symmetric: bool = False,
-    has_aux: bool = False,
-) -> Any:
-    below = jo.next_impl("lax.custom_linear_solve")
-    return init_safe_call(
-        lambda: matvec(b),
-        lambda: below(matvec, b, solve, transpose_solve, symmetric=symmetric, has_aux=has_aux),
-    )
+CONVERSIONS: dict[str, Callable[..., Any]] = kit.conversion_overrides(
+    lambda: True,
+    lambda where, fun, trace, creation: kit.init_safe_call(creation, lambda: trace(fun)),
+    module=__name__,
+)
+"""Neutral name -> init-safe override, for the names that convert a function."""

@@ -11,8 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 import jaxoverride as jo
-from jaxoverride_plain._combinators import Thunk, create_by_calling, init_safe_call
-from jaxoverride_plain._phase import is_initializing
+from jaxoverride.adapter_kit import create_by_calling, init_safe_call, is_initializing
 
 # What ``transformed`` must have to be treated as a jitted function.
 _JITTED = ("lower", "trace", "eval_shape", "clear_cache", "_cache_size")
@@ -23,7 +22,7 @@ def init_safe_transform(
     creation: Callable[..., Any],
     *,
     initializing: Callable[[], bool] = is_initializing,
-    create: Callable[[Thunk], Any] = create_by_calling,
+    create: Callable[[Callable[[], Any]], Any] = create_by_calling,
 ) -> Callable[..., Any]:
     """Wraps a transformed function so that calling it at init creates parameters first.
 

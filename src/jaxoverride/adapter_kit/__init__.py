@@ -24,13 +24,25 @@ needs lives here, once:
   ``shift_argnums``), a weak-keyed wrapper cache (``WrapperCache``), the replay
   that raises JAX's own error (``raise_as_jax``), batched ``lax.map``
   (``batched_map``) and the ``NO_OPERAND`` sentinel;
+- the init phase (``init_context``, ``is_initializing``, ``applying``,
+  ``is_applying``) and the init-safe combinators on which adapters without a state
+  source build their creation pass (``init_safe_call``, ``init_safe_scan``, ...);
+- the overrides of the names that convert a function into a jaxpr
+  (``conversion_overrides``: ``closure_convert``, ``make_jaxpr``, the custom solves);
+- the process-wide, scoped installation of an adapter entered by a hook in its
+  framework (``ScopedInstaller``: ``install``, ``uninstall``, ``is_installed``);
 - operands and mapped arguments as JAX hands them to a body (``as_jax_operands``,
   ``unbatched_arguments``, ``shard_block_arguments``, ...);
 - state threading through JAX's control flow and transforms, for any framework that
   describes its state as a ``StateSource`` (read it, make it explicit, write it back):
   ``threaded_scan``, ``threaded_while_loop``, ``threaded_fori_loop``, ``threaded_cond``,
   ``threaded_switch``, ``threaded_map`` and ``threaded_call`` (the Linen adapter is
-  written on them).
+  written on them), and ``control_flow_overrides`` / ``threaded_control_flow``, which
+  make an adapter's control-flow overrides, with JAX's signatures, from them;
+- the transforms that trace their function once per call (``vmap``, ``grad``-like,
+  ``jvp``/``vjp``/``linearize``, ``checkpoint``), for a framework that describes one
+  such call as a ``TransformState`` (``stateful_mapping``, ``stateful_differentiation``,
+  ...).
 
 **Stability.** Semi-public, in the way ``equinox.internal`` is: every name here is
 documented and tested, and the adapters in this repository reach the core's internals
@@ -75,7 +87,24 @@ from jaxoverride.adapter_kit._batched_map import (
     split_batches as split_batches,
 )
 from jaxoverride.adapter_kit._cache import WrapperCache as WrapperCache
+from jaxoverride.adapter_kit._control_overrides import (
+    control_flow_overrides as control_flow_overrides,
+    scan_arguments as scan_arguments,
+    threaded_control_flow as threaded_control_flow,
+)
+from jaxoverride.adapter_kit._conversion import conversion_overrides as conversion_overrides
 from jaxoverride.adapter_kit._frameworks import declare_handler as declare_handler
+from jaxoverride.adapter_kit._init_safe import (
+    create_by_calling as create_by_calling,
+    init_safe_call as init_safe_call,
+    init_safe_cond as init_safe_cond,
+    init_safe_fori_loop as init_safe_fori_loop,
+    init_safe_map as init_safe_map,
+    init_safe_scan as init_safe_scan,
+    init_safe_switch as init_safe_switch,
+    init_safe_while_loop as init_safe_while_loop,
+)
+from jaxoverride.adapter_kit._installer import ScopedInstaller as ScopedInstaller
 from jaxoverride.adapter_kit._leaks import (
     escaped_tracers as escaped_tracers,
     raw_transform_error as raw_transform_error,
@@ -94,6 +123,12 @@ from jaxoverride.adapter_kit._operands import (
     distinct_functions as distinct_functions,
     unbatched_arguments as unbatched_arguments,
     zeros_for as zeros_for,
+)
+from jaxoverride.adapter_kit._phase import (
+    applying as applying,
+    init_context as init_context,
+    is_applying as is_applying,
+    is_initializing as is_initializing,
 )
 from jaxoverride.adapter_kit._position import (
     OverridePosition as OverridePosition,
@@ -138,9 +173,12 @@ __all__ = [
     "LiftedRule",
     "OverridePosition",
     "OverrideTable",
+    "ScopedInstaller",
     "StateSource",
     "StateStructureError",
+    "StatefulCall",
     "Threaded",
+    "TransformState",
     "WrapperCache",
     "applying",
     "as_index_tuple",
@@ -152,7 +190,10 @@ __all__ = [
     "check_loop_carry",
     "check_name",
     "check_scan_output",
+    "control_flow_overrides",
+    "conversion_overrides",
     "create_binding_axes",
+    "create_by_calling",
     "declare_handler",
     "declared_adapters",
     "describe_impl",
@@ -161,10 +202,19 @@ __all__ = [
     "fwd_output_pair",
     "get_opaque_trace_state",
     "infer_argnums_and_argnames",
+    "init_context",
     "init_safe",
+    "init_safe_call",
+    "init_safe_cond",
+    "init_safe_fori_loop",
+    "init_safe_map",
+    "init_safe_scan",
+    "init_safe_switch",
+    "init_safe_while_loop",
     "instantiate_zeros",
     "interpose_fix",
     "is_applying",
+    "is_initializing",
     "jit_name",
     "join_batches",
     "mesh_axis_sizes",
@@ -178,11 +228,20 @@ __all__ = [
     "raw_import_time_transforms",
     "raw_transform_error",
     "resolve_argnums",
+    "scan_arguments",
     "shard_block_arguments",
     "shift_argnums",
+    "source_transform_state",
     "split_batches",
+    "stateful_differentiation",
+    "stateful_jvp",
+    "stateful_mapping",
+    "stateful_rematerialization",
+    "stateful_transforms",
+    "stateful_with_aux",
     "threaded_call",
     "threaded_cond",
+    "threaded_control_flow",
     "threaded_fori_loop",
     "threaded_map",
     "threaded_scan",
@@ -192,6 +251,7 @@ __all__ = [
     "unhandled_names",
     "unwrap_primals",
     "varying_axes",
+    "wraps",
     "zero_tangents",
     "zeros_for",
 ]
@@ -200,9 +260,7 @@ from jaxoverride.adapter_kit._state_threading import (
     StateSource as StateSource,
     StateStructureError as StateStructureError,
     Threaded as Threaded,
-    applying as applying,
     init_safe as init_safe,
-    is_applying as is_applying,
     threaded_call as threaded_call,
     threaded_cond as threaded_cond,
     threaded_fori_loop as threaded_fori_loop,
@@ -210,4 +268,16 @@ from jaxoverride.adapter_kit._state_threading import (
     threaded_scan as threaded_scan,
     threaded_switch as threaded_switch,
     threaded_while_loop as threaded_while_loop,
+)
+from jaxoverride.adapter_kit._stateful_transforms import (
+    StatefulCall as StatefulCall,
+    TransformState as TransformState,
+    source_transform_state as source_transform_state,
+    stateful_differentiation as stateful_differentiation,
+    stateful_jvp as stateful_jvp,
+    stateful_mapping as stateful_mapping,
+    stateful_rematerialization as stateful_rematerialization,
+    stateful_transforms as stateful_transforms,
+    stateful_with_aux as stateful_with_aux,
+    wraps as wraps,
 )

@@ -9,10 +9,12 @@ attributes users read), and the rule functions the user defined, to lift at call
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import jaxoverride as jo
+from jaxoverride.adapter_kit._argnums import shift_argnums
 from jaxoverride.adapter_kit._rule_args import nondiff_positions
 
 
@@ -95,3 +97,54 @@ class LiftedRule:
         if attribute.startswith("_"):
             raise AttributeError(attribute)
         return getattr(self._plain, attribute)
+
+    @functools.cached_property
+    def _lifted_nondiff(self) -> tuple[int, ...]:
+        """``_nondiff`` for the lifted function, whose first argument is the state.
+
+        A negative position counts from the end, as before (JAX then treats the argument
+        as it does for the user's function).
+        """
+        return shift_argnums(self._nondiff)
+
+    def _in_order(self, count: int, static: Sequence[Any], primals: Sequence[Any]) -> list[Any]:
+        """The user's ``count`` arguments from a lifted JVP rule's nondiff ones (``static``)
+        and primal ones, in call order."""
+        lifted = count + 1  # the state comes first
+        positions = [n % lifted - 1 for n in self._lifted_nondiff]
+        ordered: list[Any] = [None] * count
+        for position, value in zip(positions, static, strict=True):
+            ordered[position] = value
+        rest = iter(primals)
+        return [ordered[i] if i in positions else next(rest) for i in range(count)]
+
+    @classmethod
+    def overrides(cls) -> dict[str, Callable[..., Any]]:
+        """The overrides of ``custom_vjp`` and ``custom_jvp`` that build this class.
+
+        Returns:
+          ``{"custom_vjp": ..., "custom_jvp": ...}``, each taking JAX's constructor
+          arguments and named after the class's module.
+
+        Example:
+          >>> from jaxoverride import adapter_kit as kit
+          >>> sorted(kit.LiftedRule.overrides())
+          ['custom_jvp', 'custom_vjp']
+        """
+
+        def builder(name: str) -> Callable[..., Any]:
+            def build(
+                fun: Callable[..., Any],
+                nondiff_argnums: Sequence[int] = (),
+                nondiff_argnames: Sequence[str] = (),
+            ) -> Any:
+                return cls(name, fun, nondiff_argnums, nondiff_argnames)
+
+            build.__name__ = build.__qualname__ = name
+            build.__module__ = cls.__module__
+            build.__doc__ = (
+                f"The override of ``{name}``: JAX's constructor arguments, a ``{cls.__name__}``."
+            )
+            return build
+
+        return {name: builder(name) for name in ("custom_vjp", "custom_jvp")}

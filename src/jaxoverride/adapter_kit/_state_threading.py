@@ -47,52 +47,15 @@ Example:
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import functools
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 import jax
 import jax.numpy as jnp
 
-from jaxoverride.adapter_kit._operands import NO_OPERAND as _NO_OPERAND
-
-_applying: contextvars.ContextVar[bool] = contextvars.ContextVar(
-    "jaxoverride_kit_applying", default=False
-)
-
-
-@contextlib.contextmanager
-def applying() -> Iterator[None]:
-    """Marks the apply pass that follows a creation pass (nested loops skip creation).
-
-    Example:
-      >>> from jaxoverride.adapter_kit import applying, is_applying
-      >>> with applying():
-      ...     inside = is_applying()
-      >>> inside, is_applying()
-      (True, False)
-    """
-    token = _applying.set(True)
-    try:
-        yield
-    finally:
-        _applying.reset(token)
-
-
-def is_applying() -> bool:
-    """Whether code runs in the apply pass of a threaded combinator at init.
-
-    Returns:
-      True inside ``applying()``: every parameter already exists, create none.
-
-    Example:
-      >>> from jaxoverride.adapter_kit import is_applying
-      >>> is_applying()
-      False
-    """
-    return _applying.get()
+from jaxoverride.adapter_kit._operands import NO_OPERAND as _NO_OPERAND, distinct_functions
+from jaxoverride.adapter_kit._phase import applying, is_applying
 
 
 @runtime_checkable
@@ -479,13 +442,6 @@ def threaded_fori_loop(
     return init_safe(source, creation, call)
 
 
-def _distinct(functions: Sequence[Callable[..., Any]]) -> list[Callable[..., Any]]:
-    seen: dict[int, Callable[..., Any]] = {}
-    for fun in functions:
-        seen.setdefault(id(fun), fun)
-    return list(seen.values())
-
-
 def _threaded_branches(
     source: StateSource,
     where: str,
@@ -499,7 +455,7 @@ def _threaded_branches(
 
     def run() -> Any:
         # One wrapper per distinct branch object: JAX traces a repeated branch once.
-        distinct = _distinct(branches)
+        distinct = distinct_functions(branches)
         thread = Threaded(source, len(distinct), where)
 
         def wrap(index: int, fun: Callable[..., Any]) -> Callable[..., Any]:
@@ -516,7 +472,7 @@ def _threaded_branches(
         return out
 
     arguments = _as_operands(operands)
-    return init_safe(source, lambda: [b(*arguments) for b in _distinct(branches)], run)
+    return init_safe(source, lambda: [b(*arguments) for b in distinct_functions(branches)], run)
 
 
 def threaded_cond(

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 # True inside init_context(), False inside init_context(False) and inside the apply pass
 # of an init-safe combinator, None when nobody said.
 _phase: contextvars.ContextVar[bool | None] = contextvars.ContextVar(
-    "jaxoverride_plain_phase", default=None
+    "jaxoverride_phase", default=None
 )
 
 
@@ -25,7 +25,7 @@ def init_context(initializing: bool = True) -> Iterator[None]:
       initializing: the value ``is_initializing()`` reports inside the block.
 
     Example:
-      >>> from jaxoverride_plain import init_context, is_initializing
+      >>> from jaxoverride.adapter_kit import init_context, is_initializing
       >>> with init_context():
       ...     inner = is_initializing()
       ...     with init_context(False):
@@ -47,7 +47,7 @@ def is_initializing() -> bool:
       Whether code running here should create the parameters it uses.
 
     Example:
-      >>> from jaxoverride_plain import init_context, is_initializing
+      >>> from jaxoverride.adapter_kit import init_context, is_initializing
       >>> is_initializing()
       False
     """
@@ -61,7 +61,7 @@ def is_applying() -> bool:
     plain initialising call: see ``jaxoverride_haiku``.
 
     Example:
-      >>> from jaxoverride_plain import applying, init_context, is_applying
+      >>> from jaxoverride.adapter_kit import applying, init_context, is_applying
       >>> with init_context(), applying():
       ...     inside = is_applying()
       >>> inside, is_applying()
@@ -76,7 +76,7 @@ def applying() -> Iterator[None]:
     ``is_applying()`` true inside it.
 
     Example:
-      >>> from jaxoverride_plain import applying, init_context, is_initializing
+      >>> from jaxoverride.adapter_kit import applying, init_context, is_initializing
       >>> with init_context(), applying():
       ...     inside = is_initializing()
       >>> inside

@@ -18,8 +18,12 @@ from typing import Any, TypeVar
 import jax
 import jax.numpy as jnp
 
-from jaxoverride.adapter_kit import NO_OPERAND as _NO_OPERAND, as_jax_operands, distinct_functions
-from jaxoverride_plain._phase import applying, is_initializing
+from jaxoverride.adapter_kit._operands import (
+    NO_OPERAND as _NO_OPERAND,
+    as_jax_operands,
+    distinct_functions,
+)
+from jaxoverride.adapter_kit._phase import applying, is_initializing
 
 T = TypeVar("T")
 Thunk = Callable[[], Any]
@@ -32,7 +36,7 @@ def create_by_calling(thunk: Thunk) -> None:
       thunk: the creation pass.
 
     Example:
-      >>> from jaxoverride_plain import create_by_calling
+      >>> from jaxoverride.adapter_kit import create_by_calling
       >>> created = []
       >>> create_by_calling(lambda: created.append("w"))
       >>> created
@@ -59,7 +63,7 @@ def init_safe_call(
       What ``apply()`` returns; at init it runs under ``applying()``.
 
     Example:
-      >>> from jaxoverride_plain import init_context, init_safe_call
+      >>> from jaxoverride.adapter_kit import init_context, init_safe_call
       >>> log = []
       >>> with init_context():
       ...     out = init_safe_call(lambda: log.append("create"), lambda: log.append("apply"))
@@ -143,7 +147,7 @@ def init_safe_scan(
 
     Example:
       >>> import jax.numpy as jnp
-      >>> from jaxoverride_plain import init_context, init_safe_scan, is_initializing
+      >>> from jaxoverride.adapter_kit import init_context, init_safe_scan, is_initializing
       >>> params = {}
       >>> def body(carry, x):
       ...     if is_initializing():
@@ -196,7 +200,7 @@ def init_safe_while_loop(
       The final loop value, from ``default_while_loop``.
 
     Example:
-      >>> from jaxoverride_plain import init_context, init_safe_while_loop
+      >>> from jaxoverride.adapter_kit import init_context, init_safe_while_loop
       >>> with init_context():
       ...     out = init_safe_while_loop(lambda x: x < 0, lambda x: x + 1, 5)
       >>> int(out)
@@ -233,7 +237,7 @@ def init_safe_fori_loop(
       The loop value after ``body_fun`` ran for every ``i`` in ``[lower, upper)``.
 
     Example:
-      >>> from jaxoverride_plain import init_context, init_safe_fori_loop
+      >>> from jaxoverride.adapter_kit import init_context, init_safe_fori_loop
       >>> with init_context():
       ...     out = init_safe_fori_loop(0, 3, lambda i, x: x + i, 0)
       >>> int(out)
@@ -267,7 +271,7 @@ def init_safe_cond(
       The output of ``true_fun`` if ``pred`` holds, else of ``false_fun``.
 
     Example:
-      >>> from jaxoverride_plain import init_context, init_safe_cond
+      >>> from jaxoverride.adapter_kit import init_context, init_safe_cond
       >>> with init_context():
       ...     out = init_safe_cond(True, lambda x: x + 1, lambda x: x - 1, 1)
       >>> int(out)
@@ -296,7 +300,7 @@ def init_safe_switch(
       The output of ``branches[index]``, ``index`` clamped into range as JAX clamps it.
 
     Example:
-      >>> from jaxoverride_plain import init_context, init_safe_switch
+      >>> from jaxoverride.adapter_kit import init_context, init_safe_switch
       >>> with init_context():
       ...     out = init_safe_switch(1, [lambda x: x, lambda x: x * 10], 2)
       >>> int(out)
@@ -327,7 +331,7 @@ def init_safe_map(
 
     Example:
       >>> import jax.numpy as jnp
-      >>> from jaxoverride_plain import init_context, init_safe_map
+      >>> from jaxoverride.adapter_kit import init_context, init_safe_map
       >>> with init_context():
       ...     out = init_safe_map(lambda x: x * 2, jnp.arange(3))
       >>> out.tolist()

@@ -1,0 +1,240 @@
+"""Overrides of the neutral control flow, with JAX's signatures, written once.
+
+Every stateful adapter overrides ``lax.scan``, ``lax.while_loop``, ``lax.fori_loop``,
+``lax.cond``, ``lax.switch`` and ``lax.map`` the same way: where its framework's state is
+not usable, or the call is one it cannot thread (a non-callable body, both ``operands``
+and ``operand``), the override is the implementation below it, untouched; otherwise it
+runs the adapter's threaded implementation. ``control_flow_overrides`` writes that once;
+an adapter gives only the threaded implementations, and ``threaded_control_flow`` gives
+those for a framework that describes its state as a ``StateSource``.
+
+Each threaded implementation receives ``lower`` (the implementation below) first, then
+JAX's arguments, normalised: positional for ``scan`` and ``while_loop``, ``unroll`` by
+keyword for ``fori_loop``, ``operand`` folded into the operands for ``cond`` and
+``switch``, ``batch_size`` by keyword for ``map``.
+
+Stability: semi-public, as the rest of the kit.
+
+Example:
+  >>> import jax.numpy as jnp
+  >>> import jaxoverride as jo
+  >>> from jaxoverride import adapter_kit as kit
+  >>> store = {"steps": jnp.int32(0)}
+  >>> table = kit.threaded_control_flow(lambda: True, lambda where: kit.DictStateSource(store))
+  >>> def body(i, x):
+  ...     store["steps"] = store["steps"] + 1
+  ...     return x + i
+  >>> with jo.override_context(table):
+  ...     out = jo.lax.fori_loop(0, 4, body, 0)
+  >>> int(out), int(store["steps"])
+  (6, 4)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jaxoverride as jo
+from jaxoverride.adapter_kit._operands import NO_OPERAND
+from jaxoverride.adapter_kit._state_threading import (
+    StateSource,
+    threaded_cond,
+    threaded_fori_loop,
+    threaded_map,
+    threaded_scan,
+    threaded_switch,
+    threaded_while_loop,
+)
+
+
+def scan_arguments(
+    f: Any,
+    init: Any,
+    xs: Any = None,
+    length: Any = None,
+    reverse: bool = False,
+    unroll: Any = 1,
+    _split_transpose: bool = False,
+) -> tuple[Any, ...]:
+    """The arguments of a ``jax.lax.scan`` call, positional and with JAX's defaults.
+
+    Args:
+      f, init, xs, length, reverse, unroll, _split_transpose: as for ``jax.lax.scan``.
+
+    Returns:
+      ``(f, init, xs, length, reverse, unroll, _split_transpose)``.
+
+    Example:
+      >>> from jaxoverride.adapter_kit import scan_arguments
+      >>> scan_arguments(abs, 0, length=3)
+      (<built-in function abs>, 0, None, 3, False, 1, False)
+    """
+    return f, init, xs, length, reverse, unroll, _split_transpose
+
+
+def control_flow_overrides(
+    active: Callable[[], bool],
+    *,
+    scan: Callable[..., Any],
+    while_loop: Callable[..., Any],
+    fori_loop: Callable[..., Any],
+    cond: Callable[..., Any],
+    switch: Callable[..., Any],
+    lax_map: Callable[..., Any],
+    module: str | None = None,
+) -> dict[str, Callable[..., Any]]:
+    """The control-flow overrides of an adapter, from its threaded implementations.
+
+    Args:
+      active: whether the framework's state is usable here.
+      scan: ``scan(lower, f, init, xs, length, reverse, unroll, _split_transpose)``.
+      while_loop: ``while_loop(lower, cond_fun, body_fun, init_val)``.
+      fori_loop: ``fori_loop(lower, lower_bound, upper_bound, body_fun, init_val,
+        unroll=unroll)``.
+      cond: ``cond(lower, pred, true_fun, false_fun, *operands)``.
+      switch: ``switch(lower, index, branches, *operands)``.
+      lax_map: ``lax_map(lower, f, xs, batch_size=batch_size)``.
+      module: the adapter's module, which call logs (``jaxoverride_debug``) then name
+        as the overrides' (``module.scan``); the kit's own if None.
+
+    Returns:
+      ``{"lax.scan": ..., "lax.while_loop": ..., "lax.fori_loop": ..., "lax.cond": ...,
+      "lax.switch": ..., "lax.map": ...}``, each with the signature of JAX's function.
+      JAX's deprecated ``cond(pred, true_operand, true_fun, false_operand, false_fun)``
+      is recast as JAX recasts it, and then threaded.
+
+    Example:
+      >>> import jax
+      >>> from jaxoverride import adapter_kit as kit
+      >>> plain = lambda lower, *args, **kwargs: lower(*args, **kwargs)
+      >>> table = kit.control_flow_overrides(
+      ...     lambda: False, scan=plain, while_loop=plain, fori_loop=plain, cond=plain,
+      ...     switch=plain, lax_map=plain)
+      >>> sorted(table)
+      ['lax.cond', 'lax.fori_loop', 'lax.map', 'lax.scan', 'lax.switch', 'lax.while_loop']
+    """
+
+    def scan_override(*args: Any, **kwargs: Any) -> Any:
+        lower = jo.next_impl("lax.scan")
+        if not active():
+            return lower(*args, **kwargs)
+        arguments = scan_arguments(*args, **kwargs)
+        if not callable(arguments[0]):
+            return lower(*args, **kwargs)
+        return scan(lower, *arguments)
+
+    def while_override(
+        cond_fun: Callable[..., Any], body_fun: Callable[..., Any], init_val: Any
+    ) -> Any:
+        lower = jo.next_impl("lax.while_loop")
+        if not active() or not (callable(cond_fun) and callable(body_fun)):
+            return lower(cond_fun, body_fun, init_val)
+        return while_loop(lower, cond_fun, body_fun, init_val)
+
+    def fori_override(
+        lower_bound: Any,
+        upper_bound: Any,
+        body_fun: Callable[..., Any],
+        init_val: Any,
+        *,
+        unroll: Any = None,
+    ) -> Any:
+        lower = jo.next_impl("lax.fori_loop")
+        if not active() or not callable(body_fun):
+            return lower(lower_bound, upper_bound, body_fun, init_val, unroll=unroll)
+        return fori_loop(lower, lower_bound, upper_bound, body_fun, init_val, unroll=unroll)
+
+    def cond_override(
+        pred: Any, true_fun: Any, false_fun: Any, *operands: Any, operand: Any = NO_OPERAND
+    ) -> Any:
+        lower = jo.next_impl("lax.cond")
+        keywords = {} if operand is NO_OPERAND else {"operand": operand}
+        if not active() or (operands and keywords):
+            return lower(pred, true_fun, false_fun, *operands, **keywords)
+        if not (callable(true_fun) and callable(false_fun)):
+            if callable(false_fun) and len(operands) == 2 and callable(operands[1]):
+                # JAX's deprecated cond(pred, x_true, f_true, x_false, f_false), as JAX recasts it.
+                x_true, f_true, x_false, f_false = true_fun, false_fun, *operands
+                recast = (lambda x, _: f_true(x), lambda _, x: f_false(x), x_true, x_false)
+                return cond_override(pred, *recast)
+            return lower(pred, true_fun, false_fun, *operands, **keywords)
+        return cond(lower, pred, true_fun, false_fun, *(operands or keywords.values()))
+
+    def switch_override(
+        index: Any,
+        branches: Sequence[Callable[..., Any]],
+        *operands: Any,
+        operand: Any = NO_OPERAND,
+    ) -> Any:
+        lower = jo.next_impl("lax.switch")
+        keywords = {} if operand is NO_OPERAND else {"operand": operand}
+        if (
+            not active()
+            or (operands and keywords)
+            or not branches
+            or not all(callable(b) for b in branches)
+        ):
+            return lower(index, branches, *operands, **keywords)
+        return switch(lower, index, branches, *(operands or keywords.values()))
+
+    def map_override(f: Callable[..., Any], xs: Any, *, batch_size: int | None = None) -> Any:
+        lower = jo.next_impl("lax.map")
+        if not active():
+            return lower(f, xs, batch_size=batch_size)
+        return lax_map(lower, f, xs, batch_size=batch_size)
+
+    overrides = {
+        "lax.scan": scan_override,
+        "lax.while_loop": while_override,
+        "lax.fori_loop": fori_override,
+        "lax.cond": cond_override,
+        "lax.switch": switch_override,
+        "lax.map": map_override,
+    }
+    for name, override in overrides.items():
+        override.__name__ = override.__qualname__ = name.removeprefix("lax.")
+        if module is not None:
+            override.__module__ = module
+    return overrides
+
+
+def threaded_control_flow(
+    active: Callable[[], bool], source: Callable[[str], StateSource], module: str | None = None
+) -> dict[str, Callable[..., Any]]:
+    """``control_flow_overrides`` on the kit's ``threaded_*`` combinators.
+
+    Args:
+      active: whether the framework's state is usable here.
+      source: ``source(where)``, the state source of the code running now.
+      module: as for ``control_flow_overrides``.
+
+    Returns:
+      The control-flow overrides, as ``control_flow_overrides`` returns them; ``lax.map``
+      is a scan of the neutral ``jaxoverride.lax.scan`` (``threaded_map``).
+
+    Example:
+      >>> import jaxoverride as jo
+      >>> from jaxoverride import adapter_kit as kit
+      >>> table = kit.threaded_control_flow(lambda: False, lambda w: kit.DictStateSource({}))
+      >>> with jo.override_context(table):
+      ...     out = jo.lax.cond(True, lambda: 1, lambda: 2)
+      >>> int(out)
+      1
+    """
+
+    def through(combinator: Callable[..., Any], where: str) -> Callable[..., Any]:
+        return lambda lower, *args, **kwargs: combinator(source(where), lower, *args, **kwargs)
+
+    return control_flow_overrides(
+        active,
+        scan=through(threaded_scan, "jaxoverride.lax.scan"),
+        while_loop=through(threaded_while_loop, "jaxoverride.lax.while_loop"),
+        fori_loop=through(threaded_fori_loop, "jaxoverride.lax.fori_loop"),
+        cond=through(threaded_cond, "jaxoverride.lax.cond"),
+        switch=through(threaded_switch, "jaxoverride.lax.switch"),
+        lax_map=lambda lower, f, xs, batch_size: threaded_map(
+            jo.lax.scan, jo.vmap, f, xs, batch_size=batch_size
+        ),
+        module=module,
+    )

@@ -1,0 +1,135 @@
+"""Overrides of the names that convert a function into a pure jaxpr, written once.
+
+``closure_convert``, ``make_jaxpr``, ``lax.custom_root`` and ``lax.custom_linear_solve``
+each trace a user's function into a jaxpr whose inputs and outputs are fixed. An adapter
+differs only in how it runs that function (``converting``): in which frame or scope,
+what it refuses inside, and what its creation pass at init does. The overrides around
+it, with JAX's signatures, are the same for every adapter and live here.
+
+Stability: semi-public, as the rest of the kit.
+
+Example:
+  >>> import jaxoverride as jo
+  >>> from jaxoverride import adapter_kit as kit
+  >>> seen = []
+  >>> def converting(where, fun, trace, creation):
+  ...     seen.append(where)
+  ...     return trace(fun)
+  >>> with jo.override_context(kit.conversion_overrides(lambda: True, converting)):
+  ...     jaxpr = jo.make_jaxpr(lambda x: x + 1)(1.0)
+  >>> seen
+  ['jaxoverride.make_jaxpr']
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import jaxoverride as jo
+from jaxoverride.adapter_kit._operands import zeros_for
+
+
+def conversion_overrides(
+    active: Callable[[], bool],
+    converting: Callable[[str, Callable[..., Any], Callable[..., Any], Callable[[], Any]], Any],
+    module: str | None = None,
+) -> dict[str, Callable[..., Any]]:
+    """The overrides of the converting names, from an adapter's ``converting``.
+
+    Args:
+      active: whether the framework's state is usable here (else each override is the
+        implementation below it, untouched).
+      converting: ``converting(where, fun, trace, creation)`` runs ``trace(traced)``,
+        where ``traced`` is ``fun`` as the framework runs it inside the conversion, and
+        returns its result; at init it may first run the creation pass ``creation()``.
+        ``where`` is the neutral name, for messages.
+      module: the adapter's module, which call logs then name as the overrides'.
+
+    Returns:
+      ``{"closure_convert": ..., "make_jaxpr": ..., "lax.custom_root": ...,
+      "lax.custom_linear_solve": ...}``, each with the signature of JAX's function.
+      ``make_jaxpr``'s creation pass calls the function on zeros for every
+      ``ShapeDtypeStruct`` argument; ``custom_root``'s on ``f(initial_guess)``;
+      ``custom_linear_solve``'s on ``matvec(b)``.
+
+    Example:
+      >>> from jaxoverride import adapter_kit as kit
+      >>> table = kit.conversion_overrides(lambda: False, None)
+      >>> sorted(table)
+      ['closure_convert', 'lax.custom_linear_solve', 'lax.custom_root', 'make_jaxpr']
+    """
+
+    def closure_convert(fun: Callable[..., Any], *example_args: Any) -> Any:
+        below = jo.next_impl("closure_convert")
+        if not active():
+            return below(fun, *example_args)
+        return converting(
+            "jaxoverride.closure_convert",
+            fun,
+            lambda traced: below(traced, *example_args),
+            lambda: fun(*example_args),
+        )
+
+    def make_jaxpr(fun: Callable[..., Any], *args: Any, **kwargs: Any) -> Callable[..., Any]:
+        lower = jo.next_impl("make_jaxpr")
+        plain = lower(fun, *args, **kwargs)
+
+        def traced_jaxpr(*call_args: Any, **call_kwargs: Any) -> Any:
+            if not active():
+                return plain(*call_args, **call_kwargs)
+            return converting(
+                "jaxoverride.make_jaxpr",
+                fun,
+                lambda traced: lower(traced, *args, **kwargs)(*call_args, **call_kwargs),
+                lambda: fun(*zeros_for(call_args), **zeros_for(call_kwargs)),
+            )
+
+        return traced_jaxpr
+
+    def custom_root(
+        f: Callable[..., Any],
+        initial_guess: Any,
+        solve: Any,
+        tangent_solve: Any,
+        has_aux: bool = False,
+    ) -> Any:
+        below = jo.next_impl("lax.custom_root")
+        if not active():
+            return below(f, initial_guess, solve, tangent_solve, has_aux=has_aux)
+        return converting(
+            "jaxoverride.lax.custom_root",
+            f,
+            lambda traced: below(traced, initial_guess, solve, tangent_solve, has_aux=has_aux),
+            lambda: f(initial_guess),
+        )
+
+    def custom_linear_solve(
+        matvec: Callable[..., Any],
+        b: Any,
+        solve: Any,
+        transpose_solve: Any = None,
+        symmetric: bool = False,
+        has_aux: bool = False,
+    ) -> Any:
+        below = jo.next_impl("lax.custom_linear_solve")
+        options = {"symmetric": symmetric, "has_aux": has_aux}
+        if not active():
+            return below(matvec, b, solve, transpose_solve, **options)
+        return converting(
+            "jaxoverride.lax.custom_linear_solve",
+            matvec,
+            lambda traced: below(traced, b, solve, transpose_solve, **options),
+            lambda: matvec(b),
+        )
+
+    overrides: dict[str, Callable[..., Any]] = {
+        "closure_convert": closure_convert,
+        "make_jaxpr": make_jaxpr,
+        "lax.custom_root": custom_root,
+        "lax.custom_linear_solve": custom_linear_solve,
+    }
+    if module is not None:
+        for override in overrides.values():
+            override.__module__ = module
+    return overrides

@@ -1,0 +1,553 @@
+"""Transforms that trace their function once per call, a framework's state passed through.
+
+``vmap``, ``pmap``, the ``grad``-like transforms, ``checkpoint``/``remat`` and the calls
+``jvp``, ``vjp`` and ``linearize`` all have one shape: the function runs with the
+framework's state installed, and returns what it left as an auxiliary output that JAX
+does not map, differentiate or batch; after the JAX call the caller's state is updated
+once. So a counter increments once per call, not once per basis vector. A framework
+describes how it does that with a ``TransformState``; the builders here make the
+overrides, with the signatures of JAX's transforms.
+
+Stability: semi-public, as the rest of the kit.
+
+Example:
+  A framework whose state is a dict of arrays (``DictStateSource``):
+
+  >>> import jax, jax.numpy as jnp
+  >>> from jaxoverride import adapter_kit as kit
+  >>> store = {"calls": jnp.int32(0)}
+  >>> import jaxoverride as jo
+  >>> state = kit.source_transform_state(lambda: True, lambda where: kit.DictStateSource(store))
+  >>> def loss(x):
+  ...     store["calls"] = store["calls"] + 1
+  ...     return x**2
+  >>> with jo.override_context({"grad": kit.stateful_differentiation(state, "grad", False)}):
+  ...     slope = jo.grad(loss)(3.0)
+  >>> float(slope), int(store["calls"])
+  (6.0, 1)
+"""
+
+from __future__ import annotations
+
+import contextvars
+import functools
+import inspect
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import jax
+
+import jaxoverride as jo
+from jaxoverride.adapter_kit._argnums import shift_argnums
+from jaxoverride.adapter_kit._operands import unbatched_arguments
+from jaxoverride.adapter_kit._state_threading import StateSource, Threaded, init_safe
+
+Thunk = Callable[[], Any]
+
+
+def wraps(fun: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """``functools.wraps(fun)``, or no wrapping where ``fun`` cannot be wrapped.
+
+    Args:
+      fun: the user's function.
+
+    Returns:
+      A decorator that copies ``fun``'s name, docstring and ``__wrapped__``.
+
+    Example:
+      >>> from jaxoverride.adapter_kit import wraps
+      >>> def f(x):
+      ...     return x
+      >>> wraps(f)(lambda x: x).__name__
+      'f'
+    """
+    try:
+        return functools.wraps(fun)
+    except (AttributeError, TypeError):  # pragma: no cover - exotic callables
+        return lambda f: f
+
+
+class StatefulCall:
+    """One call of a function that a JAX transform traces, the framework's state passed.
+
+    A framework subclasses it and defines ``traced`` and ``finish``; ``state`` is the
+    caller's state when the call began.
+
+    Example:
+      >>> from jaxoverride.adapter_kit import StatefulCall
+      >>> class Stateless(StatefulCall):
+      ...     def traced(self, state, thunk):
+      ...         return thunk(), state
+      >>> Stateless({}).run(len, ("abc",), {})
+      (3, {})
+    """
+
+    __slots__ = ("state",)
+
+    def __init__(self, state: Any):
+        self.state = state
+
+    def run(
+        self,
+        fun: Callable[..., Any],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        state: Any = None,
+    ) -> tuple[Any, Any]:
+        """``fun(*args, **kwargs)`` with ``state`` (``self.state`` if None) installed;
+        returns ``(out, what_it_left)``."""
+        return self.traced(self.state if state is None else state, lambda: fun(*args, **kwargs))
+
+    def traced(self, state: Any, thunk: Thunk) -> tuple[Any, Any]:
+        """``thunk()`` with ``state`` installed; returns ``(out, what_it_left)``."""
+        raise NotImplementedError
+
+    def finish(self, left: Any) -> None:
+        """Updates the caller's state with what the traced function left."""
+        raise NotImplementedError
+
+    def left_axes(self, axis: int) -> Any:
+        """``vmap``'s ``out_axes`` for the state left: None (shared across the batch),
+        or a prefix of it that maps the state first written inside along ``axis``."""
+        del axis
+        return None
+
+
+class TransformState(NamedTuple):
+    """How a framework passes its state through a transform that traces once per call.
+
+    Attributes:
+      active: whether the framework's state is usable here (else the override is the
+        implementation below it, untouched).
+      begin: ``begin(where)`` starts one call (``where`` is the neutral name).
+      init_safe: ``init_safe(where, creation, apply)`` returns ``apply()``, after the
+        creation pass ``creation()`` where the framework needs one.
+      init_safe_fresh: as ``init_safe``, for the transforms whose function may write
+        state that did not exist before (Linen's ``sow``): the calls begun inside
+        ``apply`` record such writes, and ``apply`` runs again with a place for them. None:
+        ``init_safe``.
+    """
+
+    active: Callable[[], bool]
+    begin: Callable[[str], StatefulCall]
+    init_safe: Callable[[str, Thunk, Thunk], Any]
+    init_safe_fresh: Callable[[str, Thunk, Thunk], Any] | None = None
+
+    def init_safe_allowing_fresh(self, where: str, creation: Thunk, apply: Thunk) -> Any:
+        """``init_safe_fresh`` where the framework has one, else ``init_safe``."""
+        run = self.init_safe_fresh or self.init_safe
+        return run(where, creation, apply)
+
+
+class _SourceCall(StatefulCall):
+    """A ``StatefulCall`` over a ``StateSource``."""
+
+    __slots__ = ("thread",)
+
+    def __init__(self, source: StateSource, where: str):
+        self.thread = Threaded(source, 1, where)
+        super().__init__(source.read())
+
+    def traced(self, state: Any, thunk: Thunk) -> tuple[Any, Any]:
+        return self.thread.run(0, state, thunk)
+
+    def finish(self, left: Any) -> None:
+        self.thread.finish(left)
+
+    def left_axes(self, axis: int) -> Any:
+        fresh_axes = getattr(self.thread.source, "fresh_axes", None)
+        return None if fresh_axes is None else fresh_axes(axis)
+
+
+# The source that init_safe_fresh shares across its retries, for the next call begun.
+_shared_source: contextvars.ContextVar[StateSource | None] = contextvars.ContextVar(
+    "jaxoverride_kit_shared_source", default=None
+)
+
+
+def source_transform_state(
+    active: Callable[[], bool],
+    source: Callable[[str], StateSource],
+    fresh_source: Callable[[str], StateSource] | None = None,
+) -> TransformState:
+    """The ``TransformState`` of a framework that describes its state as a ``StateSource``.
+
+    Args:
+      active: whether the framework's state is usable here.
+      source: ``source(where)`` is the state source of the code running now.
+      fresh_source: ``fresh_source(where)``, a source that records state first written
+        inside a transformed function (and, if it has ``fresh_axes(axis)``, maps it along
+        ``vmap``'s axis), for ``init_safe_fresh``; None: no such state.
+
+    Returns:
+      Calls threaded by the kit's ``Threaded``, with the source's creation pass at init.
+
+    Example:
+      >>> from jaxoverride import adapter_kit as kit
+      >>> state = kit.source_transform_state(lambda: False, lambda where: kit.DictStateSource({}))
+      >>> state.active()
+      False
+    """
+
+    def begin(where: str) -> StatefulCall:
+        shared = _shared_source.get()
+        if shared is None:
+            return _SourceCall(source(where), where)
+        _shared_source.set(None)  # for this call only: calls nested in it read their own
+        return _SourceCall(shared, where)
+
+    def init_safe_fresh(where: str, creation: Thunk, apply: Thunk) -> Any:
+        assert fresh_source is not None
+        shared = fresh_source(where)
+
+        def apply_sharing() -> Any:
+            token = _shared_source.set(shared)
+            try:
+                return apply()
+            finally:
+                _shared_source.reset(token)
+
+        return init_safe(shared, creation, apply_sharing)
+
+    return TransformState(
+        active,
+        begin,
+        lambda where, creation, apply: init_safe(source(where), creation, apply),
+        None if fresh_source is None else init_safe_fresh,
+    )
+
+
+def _named(transform: Callable[..., Any], name: str) -> Callable[..., Any]:
+    transform.__name__ = transform.__qualname__ = name
+    return transform
+
+
+Prepare = Callable[
+    [Callable[..., Any], Callable[..., Any], tuple[Any, ...], dict[str, Any]],
+    Callable[[tuple[Any, ...], dict[str, Any]], Any],
+]
+
+
+def _function_transform(state: TransformState, name: str, prepare: Prepare) -> Callable[..., Any]:
+    """The override of ``name(fun, *args, **kwargs)``, which returns a function: JAX's
+    (the one below) where ``state`` is not active, else the function that
+    ``prepare(lower, fun, args, kwargs)`` returns, given ``(call_args, call_kwargs)``."""
+
+    def transform(fun: Callable[..., Any], *args: Any, **kwargs: Any) -> Callable[..., Any]:
+        lower = jo.next_impl(name)
+        plain = lower(fun, *args, **kwargs)
+        active_call = prepare(lower, fun, args, kwargs)
+
+        @wraps(fun)
+        def transformed(*call_args: Any, **call_kwargs: Any) -> Any:
+            if not state.active():
+                return plain(*call_args, **call_kwargs)
+            return active_call(call_args, call_kwargs)
+
+        return transformed
+
+    return _named(transform, name)
+
+
+def _options(
+    signature: inspect.Signature, fun: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> inspect.BoundArguments:
+    """The transform's arguments bound to ``signature``, all but the function."""
+    bound = signature.bind(fun, *args, **kwargs)
+    del bound.arguments[next(iter(signature.parameters))]
+    return bound
+
+
+def stateful_mapping(
+    state: TransformState, name: str, batched_state_error: Callable[[str, Exception], Exception]
+) -> Callable[..., Callable[..., Any]]:
+    """The override of ``vmap`` or ``pmap``: the state passed in unmapped and out unbatched.
+
+    At init the creation pass calls the function on the first slice of its mapped
+    arguments.
+
+    Args:
+      state: the framework's ``TransformState``.
+      name: ``"vmap"`` or ``"pmap"``.
+      batched_state_error: ``batched_state_error(where, err)``, the error to raise when
+        JAX says that the state left depends on the mapped axis.
+
+    Returns:
+      The override, with ``jax.vmap``'s (or ``jax.pmap``'s) signature.
+
+    Example:
+      >>> import jax.numpy as jnp
+      >>> import jaxoverride as jo
+      >>> from jaxoverride import adapter_kit as kit
+      >>> state = kit.source_transform_state(lambda: True, lambda w: kit.DictStateSource({}))
+      >>> vmap = kit.stateful_mapping(state, "vmap", lambda where, err: err)
+      >>> with jo.override_context({"vmap": vmap}):
+      ...     out = jo.vmap(lambda x: x * 2)(jnp.arange(3.0))
+      >>> out.tolist()
+      [0.0, 2.0, 4.0]
+    """
+    signature = inspect.signature(getattr(jax, name))
+    where = f"jaxoverride.{name}"
+
+    def prepare(lower: Callable[..., Any], fun: Any, args: Any, kwargs: Any) -> Any:
+        bound = _options(signature, fun, args, kwargs)
+        bound.apply_defaults()
+        options = dict(bound.arguments)
+        in_axes, out_axes = options["in_axes"], options["out_axes"]
+
+        def mapped(call_args: tuple[Any, ...], call_kwargs: dict[str, Any]) -> Any:
+            def call() -> Any:
+                traced = state.begin(where)
+                pure = wraps(fun)(lambda *a, **k: traced.run(fun, a, k))
+                try:
+                    left_axes = traced.left_axes(0)
+                    out, left = lower(pure, **{**options, "out_axes": (out_axes, left_axes)})(
+                        *call_args, **call_kwargs
+                    )
+                except ValueError as err:
+                    if "out_axes" in str(err) and "None" in str(err):
+                        raise batched_state_error(where, err) from err
+                    raise
+                traced.finish(left)
+                return out
+
+            creation = lambda: fun(*unbatched_arguments(call_args, in_axes), **call_kwargs)
+            return state.init_safe_allowing_fresh(where, creation, call)
+
+        return mapped
+
+    return _function_transform(state, name, prepare)
+
+
+def _split_aux(has_aux: bool, out: Any, left: Any) -> tuple[Any, Any]:
+    value, aux = out if has_aux else (out, None)
+    return value, (aux, left)
+
+
+def stateful_differentiation(
+    state: TransformState, name: str, value_first: bool
+) -> Callable[..., Callable[..., Any]]:
+    """The override of a ``grad``-like transform: run with ``has_aux=True``, state in aux.
+
+    Args:
+      state: the framework's ``TransformState``.
+      name: ``"grad"``, ``"value_and_grad"``, ``"jacfwd"``, ``"jacrev"`` or ``"hessian"``.
+      value_first: True for ``value_and_grad`` (whose result is ``(value, grads)``).
+
+    Returns:
+      The override, with the JAX transform's signature.
+
+    Example:
+      >>> import jaxoverride as jo
+      >>> from jaxoverride import adapter_kit as kit
+      >>> state = kit.source_transform_state(lambda: True, lambda w: kit.DictStateSource({}))
+      >>> jacfwd = kit.stateful_differentiation(state, "jacfwd", value_first=False)
+      >>> with jo.override_context({"jacfwd": jacfwd}):
+      ...     slope = jo.jacfwd(lambda x: 3 * x)(1.0)
+      >>> float(slope)
+      3.0
+    """
+    signature = inspect.signature(getattr(jax, name))
+    where = f"jaxoverride.{name}"
+
+    def prepare(lower: Callable[..., Any], fun: Any, args: Any, kwargs: Any) -> Any:
+        bound = _options(signature, fun, args, kwargs)
+        has_aux = bool(bound.arguments.get("has_aux", False))
+        options = {**bound.arguments, "has_aux": True}
+
+        def differentiated(call_args: tuple[Any, ...], call_kwargs: dict[str, Any]) -> Any:
+            def call() -> Any:
+                traced = state.begin(where)
+                pure = wraps(fun)(lambda *a, **k: _split_aux(has_aux, *traced.run(fun, a, k)))
+                result = lower(pure, **options)(*call_args, **call_kwargs)
+                if value_first:  # value_and_grad: ((value, (aux, left)), grads)
+                    (value, (aux, left)), grads = result
+                    traced.finish(left)
+                    return ((value, aux), grads) if has_aux else (value, grads)
+                derivative, (aux, left) = result
+                traced.finish(left)
+                return (derivative, aux) if has_aux else derivative
+
+            return state.init_safe_allowing_fresh(
+                where, lambda: fun(*call_args, **call_kwargs), call
+            )
+
+        return differentiated
+
+    return _function_transform(state, name, prepare)
+
+
+def stateful_with_aux(state: TransformState, name: str) -> Callable[..., Any]:
+    """The override of ``vjp`` or ``linearize``: ``(out, fn[, aux])``, the state in aux.
+
+    Args:
+      state: the framework's ``TransformState``.
+      name: ``"vjp"`` or ``"linearize"``.
+
+    Returns:
+      The override, with the JAX function's signature.
+
+    Example:
+      >>> import jaxoverride as jo
+      >>> from jaxoverride import adapter_kit as kit
+      >>> state = kit.source_transform_state(lambda: True, lambda w: kit.DictStateSource({}))
+      >>> with jo.override_context({"vjp": kit.stateful_with_aux(state, "vjp")}):
+      ...     out, pullback = jo.vjp(lambda x: 2 * x, 1.0)
+      >>> float(pullback(1.0)[0])
+      2.0
+    """
+    where = f"jaxoverride.{name}"
+
+    def call_impl(
+        fun: Callable[..., Any], *primals: Any, has_aux: bool = False, **kwargs: Any
+    ) -> Any:
+        lower = jo.next_impl(name)
+        if not state.active():
+            return lower(fun, *primals, has_aux=has_aux, **kwargs)
+
+        def call() -> Any:
+            traced = state.begin(where)
+            pure = wraps(fun)(lambda *a: _split_aux(has_aux, *traced.run(fun, a, {})))
+            out, function, (aux, left) = lower(pure, *primals, has_aux=True, **kwargs)
+            traced.finish(left)
+            return (out, function, aux) if has_aux else (out, function)
+
+        return state.init_safe_allowing_fresh(where, lambda: fun(*primals), call)
+
+    return _named(call_impl, name)
+
+
+def stateful_jvp(state: TransformState) -> Callable[..., Any]:
+    """The override of ``jvp``: ``(out, tangent_out[, aux])``, the state in aux.
+
+    Args:
+      state: the framework's ``TransformState``.
+
+    Returns:
+      The override, with ``jax.jvp``'s signature.
+
+    Example:
+      >>> import jaxoverride as jo
+      >>> from jaxoverride import adapter_kit as kit
+      >>> state = kit.source_transform_state(lambda: True, lambda w: kit.DictStateSource({}))
+      >>> with jo.override_context({"jvp": kit.stateful_jvp(state)}):
+      ...     out, tangent = jo.jvp(lambda x: x * x, (3.0,), (1.0,))
+      >>> float(out), float(tangent)
+      (9.0, 6.0)
+    """
+    where = "jaxoverride.jvp"
+
+    def jvp(fun: Callable[..., Any], primals: Any, tangents: Any, has_aux: bool = False) -> Any:
+        lower = jo.next_impl("jvp")
+        if not state.active():
+            return lower(fun, primals, tangents, has_aux=has_aux)
+
+        def call() -> Any:
+            traced = state.begin(where)
+            pure = wraps(fun)(lambda *a: _split_aux(has_aux, *traced.run(fun, a, {})))
+            out, tangent_out, (aux, left) = lower(pure, primals, tangents, has_aux=True)
+            traced.finish(left)
+            return (out, tangent_out, aux) if has_aux else (out, tangent_out)
+
+        return state.init_safe_allowing_fresh(where, lambda: fun(*primals), call)
+
+    return jvp
+
+
+def _after_state(
+    lower: Callable[..., Any], fun: Callable[..., Any], args: Any, kwargs: Any
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """``checkpoint``'s options for a function given one extra leading argument."""
+    bound = inspect.signature(lower).bind_partial(fun, *args, **kwargs)
+    static = bound.arguments.get("static_argnums")
+    if static is not None:
+        numbers = (static,) if isinstance(static, int) else tuple(static)
+        bound.arguments["static_argnums"] = shift_argnums(numbers)
+    return bound.args[1:], bound.kwargs
+
+
+def stateful_rematerialization(state: TransformState, name: str) -> Callable[..., Any]:
+    """The override of ``checkpoint`` or ``remat``: the state an argument, as ``hk.remat``.
+
+    Closed over, JAX's rematerialisation could rebuild a scalar integer state value as a
+    Python literal; passed as the first argument it stays an array.
+
+    Args:
+      state: the framework's ``TransformState``.
+      name: ``"checkpoint"`` or ``"remat"``.
+
+    Returns:
+      The override, with ``jax.checkpoint``'s signature.
+
+    Example:
+      >>> import jaxoverride as jo
+      >>> from jaxoverride import adapter_kit as kit
+      >>> state = kit.source_transform_state(lambda: True, lambda w: kit.DictStateSource({}))
+      >>> checkpoint = kit.stateful_rematerialization(state, "checkpoint")
+      >>> with jo.override_context({"checkpoint": checkpoint}):
+      ...     out = jo.checkpoint(lambda x: x + 1)(1.0)
+      >>> float(out)
+      2.0
+    """
+    where = f"jaxoverride.{name}"
+
+    def prepare(lower: Callable[..., Any], fun: Any, args: Any, kwargs: Any) -> Any:
+        shifted_args, shifted_kwargs = _after_state(lower, fun, args, kwargs)
+
+        def rematerialized(call_args: tuple[Any, ...], call_kwargs: dict[str, Any]) -> Any:
+            def call() -> Any:
+                traced = state.begin(where)
+                pure = wraps(fun)(lambda given, *a, **k: traced.run(fun, a, k, given))
+                out, left = lower(pure, *shifted_args, **shifted_kwargs)(
+                    traced.state, *call_args, **call_kwargs
+                )
+                traced.finish(left)
+                return out
+
+            return state.init_safe(where, lambda: fun(*call_args, **call_kwargs), call)
+
+        return rematerialized
+
+    return _function_transform(state, name, prepare)
+
+
+def stateful_transforms(
+    state: TransformState,
+    batched_state_error: Callable[[str, Exception], Exception],
+    mapped: tuple[str, ...] = ("vmap",),
+    module: str | None = None,
+) -> dict[str, Callable[..., Any]]:
+    """Every override built here, for one framework: ``{neutral name: override}``.
+
+    Args:
+      state: the framework's ``TransformState``.
+      batched_state_error: as for ``stateful_mapping``.
+      mapped: the mapping transforms to include (``"vmap"``, ``"pmap"``).
+      module: the adapter's module, which call logs (``jaxoverride_debug``) then name
+        as the overrides' (``module.grad``); the kit's own if None.
+
+    Returns:
+      The overrides of ``mapped``, ``grad``, ``value_and_grad``, ``jacfwd``, ``jacrev``,
+      ``hessian``, ``vjp``, ``linearize``, ``jvp``, ``checkpoint`` and ``remat``.
+
+    Example:
+      >>> import jaxoverride as jo
+      >>> from jaxoverride import adapter_kit as kit
+      >>> state = kit.source_transform_state(lambda: True, lambda w: kit.DictStateSource({}))
+      >>> sorted(kit.stateful_transforms(state, lambda where, err: err))[:4]
+      ['checkpoint', 'grad', 'hessian', 'jacfwd']
+    """
+    table: dict[str, Callable[..., Any]] = {
+        name: stateful_mapping(state, name, batched_state_error) for name in mapped
+    }
+    for name in ("grad", "value_and_grad", "jacfwd", "jacrev", "hessian"):
+        table[name] = stateful_differentiation(state, name, value_first=name == "value_and_grad")
+    for name in ("vjp", "linearize"):
+        table[name] = stateful_with_aux(state, name)
+    table["jvp"] = stateful_jvp(state)
+    for name in ("checkpoint", "remat"):
+        table[name] = stateful_rematerialization(state, name)
+    if module is not None:
+        for override in table.values():
+            override.__module__ = module
+    return table
