@@ -21,6 +21,7 @@ other ``jo.jit`` keeps JAX's own dispatch.
 from __future__ import annotations
 
 import functools
+import inspect
 import os
 import sys
 import types
@@ -28,6 +29,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from jaxoverride import _frameworks, _stack
+from jaxoverride._compat import jit_name
 from jaxoverride._frameworks import ALL, HAIKU, LINEN, MODULES, NNX, SCOPED, Framework
 from jaxoverride.errors import MissingAdapterError
 
@@ -68,6 +70,8 @@ def set_adapter_check(on: bool) -> bool:
     if not isinstance(on, bool):
         raise TypeError(f"jaxoverride.set_adapter_check expects True or False, got {on!r}.")
     previous, enabled = enabled, on
+    if on and not previous:
+        _stack.modules_seen = -1  # the first-call check looks at the solver libraries again
     return previous
 
 
@@ -378,3 +382,81 @@ def transform_check(name: str, fun: Any) -> TransformCheck | None:
 def frameworks() -> dict[str, Framework]:
     """The frameworks the check knows, by key."""
     return dict(ALL)
+
+
+def _qualified_name(fun: Any) -> str:
+    while isinstance(fun, functools.partial):
+        if hasattr(fun, "__qualname__"):
+            break
+        fun = fun.func
+    name = getattr(fun, "__qualname__", None)
+    return name if isinstance(name, str) else jit_name(fun)
+
+
+def _check_trace(name: str, fun: Callable[..., Any], args: Any, kwargs: Any) -> Any:
+    """Traces ``fun`` under the check: the trace-time half of ``traced_check``."""
+    scopes = [f for f in SCOPED if f.inside()]
+    nnx_loaded = NNX.loaded() is not None
+    if not scopes and not nnx_loaded:
+        return fun(*args, **kwargs)
+    snapshot = _stack.effective_snapshot()
+    if nnx_loaded and not _handled(NNX, snapshot):
+        refusal = _nnx_refusal(name, captured_state(fun), snapshot, None)
+        if refusal is not None:
+            raise MissingAdapterError(f"jaxoverride.{name} met {NNX.title}: {refusal}{_HATCH}")
+    scopes = [f for f in scopes if not _handled(f, snapshot)]
+    if not scopes:
+        return fun(*args, **kwargs)
+    before = {f.key: f.state_leaves() for f in scopes}
+    out = fun(*args, **kwargs)
+    for framework in scopes:
+        leaked = _frameworks.new_tracers(before[framework.key], framework.state_leaves())
+        if leaked:
+            _raise(
+                framework,
+                "the function, traced by JAX's own jit while no adapter was active, created "
+                f"parameters or wrote state, so {len(leaked)} of them would be tracers (the "
+                "first use then fails far from here, or the result is silently wrong).",
+                name,
+            )
+    return out
+
+
+TRACE_CHECKED = frozenset({"jit"})
+
+
+def traced_check(name: str, fun: Any) -> Any:
+    """What a neutral ``jit`` hands JAX's own ``jax.jit`` instead of ``fun``.
+
+    ``jo.jit(f)`` built outside every framework scope (at import time, say) keeps JAX's
+    own dispatch, so a call pays nothing for the check; the check runs where JAX traces
+    ``f``: inside ``hk.transform`` or a bound Linen module with no adapter active, state
+    that ``f`` creates or writes under the trace raises ``MissingAdapterError``, and so
+    does NNX state that ``f`` captures with no NNX adapter active. The wrapper carries
+    ``f``'s name, qualified name and ``__wrapped__``, so JAX names, signatures and
+    jaxprs are ``jax.jit(f)``'s. Any other transform, a generator function (JAX's own
+    error) or a non-callable gets ``fun`` back unchanged.
+
+    Args:
+      name: the neutral transform's name, such as ``"jit"``.
+      fun: the function given to it.
+
+    Returns:
+      The function to give JAX.
+    """
+    if name not in TRACE_CHECKED or not callable(fun) or inspect.isgeneratorfunction(fun):
+        return fun
+
+    def traced(*args: Any, **kwargs: Any) -> Any:
+        if not watching():
+            return fun(*args, **kwargs)
+        return _check_trace(name, fun, args, kwargs)
+
+    traced.__name__ = jit_name(fun)
+    traced.__qualname__ = _qualified_name(fun)
+    for attribute in ("__module__", "__doc__"):
+        value = getattr(fun, attribute, None)
+        if isinstance(value, str):
+            setattr(traced, attribute, value)
+    traced.__wrapped__ = fun  # type: ignore[attr-defined]
+    return traced
