@@ -25,6 +25,7 @@ import inspect
 import os
 import sys
 import types
+import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -425,6 +426,49 @@ def _check_trace(name: str, fun: Callable[..., Any], args: Any, kwargs: Any) -> 
 TRACE_CHECKED = frozenset({"jit"})
 
 
+class _Traced:
+    """What ``jax.jit`` traces in place of ``fun``: the check, then ``fun``.
+
+    It holds ``fun`` weakly (the neutral transform holds it strongly), so that the one
+    ``_Traced`` kept per function never keeps the function alive; ``__wrapped__``,
+    ``__name__`` and ``__qualname__`` make JAX name it, read its signature and locate its
+    source exactly as ``fun``'s.
+    """
+
+    __slots__ = ("__name__", "__qualname__", "__weakref__", "_fun", "_name")
+
+    def __init__(self, name: str, fun: Any, ref: Any):
+        self._name = name
+        self._fun = ref
+        self.__name__ = jit_name(fun)
+        self.__qualname__ = _qualified_name(fun)
+
+    @property
+    def __wrapped__(self) -> Any:
+        return self._fun()
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        fun = self._fun()
+        if not watching():
+            return fun(*args, **kwargs)
+        return _check_trace(self._name, fun, args, kwargs)
+
+
+# id(fun) -> (weak reference to fun, its _Traced): one per function, so that jo.jit(f)
+# built again hits the compiled code of the first, as jax.jit(f) does.
+_traced: dict[int, tuple[Any, _Traced]] = {}
+
+
+def _forget(key: int, table: dict[int, tuple[Any, _Traced]] = _traced) -> Callable[[Any], None]:
+    # ``table`` is bound now: at interpreter shutdown the module's globals may be gone.
+    def callback(dead: Any) -> None:
+        entry = table.get(key)
+        if entry is not None and entry[0] is dead:
+            del table[key]
+
+    return callback
+
+
 def traced_check(name: str, fun: Any) -> Any:
     """What a neutral ``jit`` hands JAX's own ``jax.jit`` instead of ``fun``.
 
@@ -432,10 +476,11 @@ def traced_check(name: str, fun: Any) -> Any:
     own dispatch, so a call pays nothing for the check; the check runs where JAX traces
     ``f``: inside ``hk.transform`` or a bound Linen module with no adapter active, state
     that ``f`` creates or writes under the trace raises ``MissingAdapterError``, and so
-    does NNX state that ``f`` captures with no NNX adapter active. The wrapper carries
-    ``f``'s name, qualified name and ``__wrapped__``, so JAX names, signatures and
-    jaxprs are ``jax.jit(f)``'s. Any other transform, a generator function (JAX's own
-    error) or a non-callable gets ``fun`` back unchanged.
+    does NNX state that ``f`` captures with no NNX adapter active. What JAX sees carries
+    ``f``'s name, qualified name and ``__wrapped__``, so JAX's names, signatures, jaxprs
+    and compile cache are ``jax.jit(f)``'s. Any other transform, a generator function
+    (JAX's own error), a non-callable or an object that cannot be weakly referenced gets
+    ``fun`` back unchanged.
 
     Args:
       name: the neutral transform's name, such as ``"jit"``.
@@ -446,17 +491,14 @@ def traced_check(name: str, fun: Any) -> Any:
     """
     if name not in TRACE_CHECKED or not callable(fun) or inspect.isgeneratorfunction(fun):
         return fun
-
-    def traced(*args: Any, **kwargs: Any) -> Any:
-        if not watching():
-            return fun(*args, **kwargs)
-        return _check_trace(name, fun, args, kwargs)
-
-    traced.__name__ = jit_name(fun)
-    traced.__qualname__ = _qualified_name(fun)
-    for attribute in ("__module__", "__doc__"):
-        value = getattr(fun, attribute, None)
-        if isinstance(value, str):
-            setattr(traced, attribute, value)
-    traced.__wrapped__ = fun  # type: ignore[attr-defined]
+    key = id(fun)
+    entry = _traced.get(key)
+    if entry is not None and entry[0]() is fun:
+        return entry[1]
+    try:
+        ref = weakref.ref(fun, _forget(key))
+    except TypeError:  # a builtin, say: it runs no framework code
+        return fun
+    traced = _Traced(name, fun, ref)
+    _traced[key] = (ref, traced)
     return traced
