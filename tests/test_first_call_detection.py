@@ -243,6 +243,9 @@ def test_the_fix_in_the_error_works_and_the_guard_keeps_reports_truthful():
             pass
         assert type(diffrax.diffeqsolve).__name__ == "RawGuard"
         assert adapter_kit.raw_import_time_transforms(["diffrax"])["diffrax"] == before
+        report = jo.self_check(["diffrax"])
+        assert f"diffrax: {len(before)} (" in report, report
+        assert f"{len(before)} of them are checked at each call" in report, report
         try:
             jo.interpose_on_import("diffrax")
         except jo.ImportOrderError as error:
