@@ -230,6 +230,14 @@ def _write_error(trace_context_error: type[BaseException]) -> type[MissingAdapte
     return type("MissingAdapterError", (MissingAdapterError, trace_context_error), {})
 
 
+def _write_message(name: str, captured: Captured) -> str:
+    return (
+        f"jaxoverride.{name} ran a function that writes a Variable of the NNX state it "
+        f"captures ({_describe(captured)}), which raw JAX cannot thread, and no NNX adapter "
+        f"is active. Fix: {_track_fix(captured)}.{_HATCH}"
+    )
+
+
 def _run_checked(
     name: str,
     run: Callable[..., Any],
@@ -263,11 +271,7 @@ def _run_checked(
                 captured = [found for value in search for found in captured_state(value)]
             if not captured:
                 raise
-            raise _write_error(trace_context_error)(
-                f"jaxoverride.{name} ran a function that writes a Variable of the NNX state "
-                f"it captures ({_describe(captured)}), which raw JAX cannot thread, and no "
-                f"NNX adapter is active. Fix: {_track_fix(captured)}.{_HATCH}"
-            ) from error
+            raise _write_error(trace_context_error)(_write_message(name, captured)) from error
         raise
     if nnx_handled:
         refusal = _nnx_refusal(name, captured, snapshot, differentiated)
@@ -303,11 +307,7 @@ def _write_refusal(name: str, error: BaseException, search: tuple[Any, ...]) -> 
     captured = [found for value in search for found in captured_state(value)]
     if not captured:
         return None
-    return _write_error(trace_context_error)(
-        f"jaxoverride.{name} ran a function that writes a Variable of the NNX state it "
-        f"captures ({_describe(captured)}), which raw JAX cannot thread, and no NNX adapter "
-        f"is active. Fix: {_track_fix(captured)}.{_HATCH}"
-    )
+    return _write_error(trace_context_error)(_write_message(name, captured))
 
 
 def run_call(
