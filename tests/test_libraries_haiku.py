@@ -23,6 +23,7 @@ import optax
 import optimistix as optx
 import pytest
 
+import jaxoverride as jo
 import jaxoverride_haiku as joh
 from _libraries import EQUINOX_FAMILY, eager_calls, interposed
 
@@ -263,13 +264,21 @@ def test_optimistix_fails_at_init_even_interposed():
     """``optx.fixed_point`` is ``eqx.filter_jit``-compiled at import: the raw ``jax.jit`` lives
     inside an equinox ``_JitWrapper``, out of interposition's reach, and inside it the callback
     is closure-converted with ``jax.make_jaxpr``. Haiku creates the parameters inside that
-    trace, and they leak out of init."""
+    trace; the first-call check refuses the call instead of letting them leak out of init,
+    and names the fix."""
     model = hk.transform(optimistix_forward)
     with interposed(*EQUINOX_FAMILY), joh.context():
-        params = model.init(RNG, X)
-        assert isinstance(params["cell"]["w"], jax.core.Tracer)  # leaked out of init
-        with pytest.raises(jax.errors.UnexpectedTracerError):
-            model.apply(params, None, X)
+        with pytest.raises(jo.errors.MissingAdapterError, match="interpose_on_import"):
+            model.init(RNG, X)
+    jo.set_adapter_check(False)  # the escape hatch shows the silent failure it stood for
+    try:
+        with interposed(*EQUINOX_FAMILY), joh.context():
+            params = model.init(RNG, X)
+            assert isinstance(params["cell"]["w"], jax.core.Tracer)  # leaked out of init
+            with pytest.raises(jax.errors.UnexpectedTracerError):
+                model.apply(params, None, X)
+    finally:
+        jo.set_adapter_check(True)
 
 
 def diffrax_forward(x: jax.Array) -> jax.Array:

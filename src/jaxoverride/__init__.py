@@ -7,7 +7,11 @@ functions in results, jaxprs and speed. Adapters (``jaxoverride_haiku``,
 stack and make the same calls stateful, init-safe or identity-preserving.
 """
 
-from jaxoverride import errors as errors, lax as lax
+from jaxoverride import (
+    _first_call as _first_call,  # checks raw import-time transforms from a context entry on
+    errors as errors,
+    lax as lax,
+)
 from jaxoverride._api import (
     checkpoint as checkpoint,
     closure_convert as closure_convert,

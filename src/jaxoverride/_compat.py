@@ -216,8 +216,31 @@ core uses a private name not listed here, or one that has a public name.
 """
 
 
+PRIVATE_ATTRIBUTES: dict[str, str] = {
+    "OpaqueTraceState._trace_ref": (
+        "the trace behind jax.extend.core.get_opaque_trace_state(), which is public but "
+        "opaque; adapter_kit.escaped_tracers walks it to the traces live now"
+    ),
+    "Trace.parent_trace": (
+        "the trace a trace runs inside (escaped_tracers: the live chain); JAX has no accessor"
+    ),
+    "Tracer._trace": (
+        "the trace a tracer belongs to (escaped_tracers: is it still live); JAX has no accessor"
+    ),
+}
+"""Private attributes read off public JAX objects, with why no public name serves.
+
+Only ``adapter_kit.escaped_tracers`` reads them: the Haiku adapter's check, at the end of
+``hk.transform``, for state that a raw transform (one it never saw) left as tracers of an
+ended trace. It returns nothing where they are missing (``_leaks._live_traces``). The
+check that catches a never-interposed library at its call (``_first_call``) needs none of
+them: it compares the framework state before and after the call, by identity.
+"""
+
+
 __all__ = [
     "JIT_WRAPPER_TYPE",
+    "PRIVATE_ATTRIBUTES",
     "ShardingTypeError",
     "get_opaque_trace_state",
     "jaxprs_in_params",

@@ -21,13 +21,16 @@ other ``jo.jit`` keeps JAX's own dispatch.
 from __future__ import annotations
 
 import functools
+import inspect
 import os
 import sys
 import types
+import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
 from jaxoverride import _frameworks, _stack
+from jaxoverride._compat import jit_name
 from jaxoverride._frameworks import ALL, HAIKU, LINEN, MODULES, NNX, SCOPED, Framework
 from jaxoverride.errors import MissingAdapterError
 
@@ -68,6 +71,8 @@ def set_adapter_check(on: bool) -> bool:
     if not isinstance(on, bool):
         raise TypeError(f"jaxoverride.set_adapter_check expects True or False, got {on!r}.")
     previous, enabled = enabled, on
+    if on and not previous:
+        _stack.modules_seen = -1  # the first-call check looks at the solver libraries again
     return previous
 
 
@@ -225,6 +230,14 @@ def _write_error(trace_context_error: type[BaseException]) -> type[MissingAdapte
     return type("MissingAdapterError", (MissingAdapterError, trace_context_error), {})
 
 
+def _write_message(name: str, captured: Captured) -> str:
+    return (
+        f"jaxoverride.{name} ran a function that writes a Variable of the NNX state it "
+        f"captures ({_describe(captured)}), which raw JAX cannot thread, and no NNX adapter "
+        f"is active. Fix: {_track_fix(captured)}.{_HATCH}"
+    )
+
+
 def _run_checked(
     name: str,
     run: Callable[..., Any],
@@ -258,11 +271,7 @@ def _run_checked(
                 captured = [found for value in search for found in captured_state(value)]
             if not captured:
                 raise
-            raise _write_error(trace_context_error)(
-                f"jaxoverride.{name} ran a function that writes a Variable of the NNX state "
-                f"it captures ({_describe(captured)}), which raw JAX cannot thread, and no "
-                f"NNX adapter is active. Fix: {_track_fix(captured)}.{_HATCH}"
-            ) from error
+            raise _write_error(trace_context_error)(_write_message(name, captured)) from error
         raise
     if nnx_handled:
         refusal = _nnx_refusal(name, captured, snapshot, differentiated)
@@ -298,11 +307,7 @@ def _write_refusal(name: str, error: BaseException, search: tuple[Any, ...]) -> 
     captured = [found for value in search for found in captured_state(value)]
     if not captured:
         return None
-    return _write_error(trace_context_error)(
-        f"jaxoverride.{name} ran a function that writes a Variable of the NNX state it "
-        f"captures ({_describe(captured)}), which raw JAX cannot thread, and no NNX adapter "
-        f"is active. Fix: {_track_fix(captured)}.{_HATCH}"
-    )
+    return _write_error(trace_context_error)(_write_message(name, captured))
 
 
 def run_call(
@@ -378,3 +383,122 @@ def transform_check(name: str, fun: Any) -> TransformCheck | None:
 def frameworks() -> dict[str, Framework]:
     """The frameworks the check knows, by key."""
     return dict(ALL)
+
+
+def _qualified_name(fun: Any) -> str:
+    while isinstance(fun, functools.partial):
+        if hasattr(fun, "__qualname__"):
+            break
+        fun = fun.func
+    name = getattr(fun, "__qualname__", None)
+    return name if isinstance(name, str) else jit_name(fun)
+
+
+def _check_trace(name: str, fun: Callable[..., Any], args: Any, kwargs: Any) -> Any:
+    """Traces ``fun`` under the check: the trace-time half of ``traced_check``."""
+    scopes = [f for f in SCOPED if f.inside()]
+    nnx_loaded = NNX.loaded() is not None
+    if not scopes and not nnx_loaded:
+        return fun(*args, **kwargs)
+    snapshot = _stack.effective_snapshot()
+    if nnx_loaded and not _handled(NNX, snapshot):
+        refusal = _nnx_refusal(name, captured_state(fun), snapshot, None)
+        if refusal is not None:
+            raise MissingAdapterError(f"jaxoverride.{name} met {NNX.title}: {refusal}{_HATCH}")
+    scopes = [f for f in scopes if not _handled(f, snapshot)]
+    if not scopes:
+        return fun(*args, **kwargs)
+    before = {f.key: f.state_leaves() for f in scopes}
+    out = fun(*args, **kwargs)
+    for framework in scopes:
+        leaked = _frameworks.new_tracers(before[framework.key], framework.state_leaves())
+        if leaked:
+            _raise(
+                framework,
+                "the function, traced by JAX's own jit while no adapter was active, created "
+                f"parameters or wrote state, so {len(leaked)} of them would be tracers (the "
+                "first use then fails far from here, or the result is silently wrong).",
+                name,
+            )
+    return out
+
+
+TRACE_CHECKED = frozenset({"jit"})
+
+
+class _Traced:
+    """What ``jax.jit`` traces in place of ``fun``: the check, then ``fun``.
+
+    It holds ``fun`` weakly (the neutral transform holds it strongly), so that the one
+    ``_Traced`` kept per function never keeps the function alive; ``__wrapped__``,
+    ``__name__`` and ``__qualname__`` make JAX name it, read its signature and locate its
+    source exactly as ``fun``'s.
+    """
+
+    __slots__ = ("__name__", "__qualname__", "__weakref__", "_fun", "_name")
+
+    def __init__(self, name: str, fun: Any, ref: Any):
+        self._name = name
+        self._fun = ref
+        self.__name__ = jit_name(fun)
+        self.__qualname__ = _qualified_name(fun)
+
+    @property
+    def __wrapped__(self) -> Any:
+        return self._fun()
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        fun = self._fun()
+        if not watching():
+            return fun(*args, **kwargs)
+        return _check_trace(self._name, fun, args, kwargs)
+
+
+# id(fun) -> (weak reference to fun, its _Traced): one per function, so that jo.jit(f)
+# built again hits the compiled code of the first, as jax.jit(f) does.
+_traced: dict[int, tuple[Any, _Traced]] = {}
+
+
+def _forget(key: int, table: dict[int, tuple[Any, _Traced]] = _traced) -> Callable[[Any], None]:
+    # ``table`` is bound now: at interpreter shutdown the module's globals may be gone.
+    def callback(dead: Any) -> None:
+        entry = table.get(key)
+        if entry is not None and entry[0] is dead:
+            del table[key]
+
+    return callback
+
+
+def traced_check(name: str, fun: Any) -> Any:
+    """What a neutral ``jit`` hands JAX's own ``jax.jit`` instead of ``fun``.
+
+    ``jo.jit(f)`` built outside every framework scope (at import time, say) keeps JAX's
+    own dispatch, so a call pays nothing for the check; the check runs where JAX traces
+    ``f``: inside ``hk.transform`` or a bound Linen module with no adapter active, state
+    that ``f`` creates or writes under the trace raises ``MissingAdapterError``, and so
+    does NNX state that ``f`` captures with no NNX adapter active. What JAX sees carries
+    ``f``'s name, qualified name and ``__wrapped__``, so JAX's names, signatures, jaxprs
+    and compile cache are ``jax.jit(f)``'s. Any other transform, a generator function
+    (JAX's own error), a non-callable or an object that cannot be weakly referenced gets
+    ``fun`` back unchanged.
+
+    Args:
+      name: the neutral transform's name, such as ``"jit"``.
+      fun: the function given to it.
+
+    Returns:
+      The function to give JAX.
+    """
+    if name not in TRACE_CHECKED or not callable(fun) or inspect.isgeneratorfunction(fun):
+        return fun
+    key = id(fun)
+    entry = _traced.get(key)
+    if entry is not None and entry[0]() is fun:
+        return entry[1]
+    try:
+        ref = weakref.ref(fun, _forget(key))
+    except TypeError:  # a builtin, say: it runs no framework code
+        return fun
+    traced = _Traced(name, fun, ref)
+    _traced[key] = (ref, traced)
+    return traced

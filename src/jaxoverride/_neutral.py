@@ -189,7 +189,10 @@ class Transformed(functools.partial):  # type: ignore[type-arg]
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
     ) -> Transformed:
-        plain = default(fun, *args, **kwargs)
+        # The missing-adapter check of a trace (see ``_detect.traced_check``): it costs
+        # nothing per call, so the idle dispatch stays JAX's.
+        given = _detect.traced_check(name, fun)
+        plain = default(given, *args, **kwargs)
         self = super().__new__(cls, plain)
         state = _TransformState(name, default, fun, args, kwargs, plain)
         state.owner = weakref.ref(self)
@@ -198,7 +201,8 @@ class Transformed(functools.partial):  # type: ignore[type-arg]
             value = getattr(plain, attribute, None) or getattr(fun, attribute, None)
             if value is not None:
                 attributes[attribute] = value
-        attributes["__wrapped__"] = getattr(plain, "__wrapped__", fun)
+        wrapped = getattr(plain, "__wrapped__", fun)
+        attributes["__wrapped__"] = fun if wrapped is given and given is not fun else wrapped
         attributes["_jaxoverride_state"] = state
         if _detect.watching():
             state.check = _detect.transform_check(name, fun)

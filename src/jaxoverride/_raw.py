@@ -15,10 +15,48 @@ from typing import Any
 
 import jax
 
+from jaxoverride import _stack
 from jaxoverride._compat import JIT_WRAPPER_TYPE
 
 # The libraries the self-check and the debug trace look at when asked for no package.
 SOLVER_LIBRARIES = ("equinox", "optimistix", "lineax", "diffrax", "jaxopt", "optax")
+
+
+class RawGuard:
+    """A raw import-time transform of a solver library, rebound where the library holds it
+    so that its calls can be checked while an adapter is active (see ``_first_call``).
+
+    While the process is idle a call costs one Python frame more than the raw object's;
+    everything else (attributes, ``__wrapped__``, the signature) is the raw object's.
+    """
+
+    check: Any = None  # set by ``_first_call``: check(guard, args, kwargs)
+
+    def __init__(self, raw: Any, where: str):
+        self.__wrapped__ = raw
+        self.where = where  # ``module.attribute`` that messages name
+        for attribute in ("__module__", "__name__", "__qualname__", "__doc__"):
+            value = getattr(raw, attribute, None)
+            if isinstance(value, str):
+                setattr(self, attribute, value)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if _stack.idle or RawGuard.check is None:
+            return self.__wrapped__(*args, **kwargs)
+        return RawGuard.check(self, args, kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "__wrapped__":  # not set yet (copy, unpickling): no recursion
+            raise AttributeError(name)
+        return getattr(self.__wrapped__, name)
+
+    def __repr__(self) -> str:
+        return repr(self.__wrapped__)
+
+
+def unguarded(value: Any) -> Any:
+    """The raw transform behind a ``RawGuard``; any other value as it is."""
+    return value.__wrapped__ if type(value) is RawGuard else value
 
 
 def _is_jit(value: Any) -> bool:
@@ -27,6 +65,7 @@ def _is_jit(value: Any) -> bool:
 
 def holds_raw_transform(value: Any) -> bool:
     """Whether ``value`` is, or directly holds, a transform built with raw JAX."""
+    value = unguarded(value)
     if _is_jit(value) or isinstance(value, (jax.custom_vjp, jax.custom_jvp)):
         return True
     state = getattr(value, "__dict__", None)
@@ -41,6 +80,7 @@ def within(module_name: str, packages: Iterable[str]) -> bool:
 
 def defined_in(value: Any, packages: Iterable[str]) -> bool:
     """Whether ``value`` (or what it wraps) was defined in one of ``packages``."""
+    value = unguarded(value)
     module = getattr(getattr(value, "__wrapped__", value), "__module__", None)
     return isinstance(module, str) and within(module, packages)
 
@@ -48,6 +88,7 @@ def defined_in(value: Any, packages: Iterable[str]) -> bool:
 def builder(value: Any) -> str | None:
     """The top-level package whose code built the raw transform ``value`` holds, when that
     is not the package that defined the function (``eqx.filter_jit`` builds optimistix's)."""
+    value = unguarded(value)
     if _is_jit(value) or isinstance(value, (jax.custom_vjp, jax.custom_jvp)):
         return None
     module = type(value).__module__

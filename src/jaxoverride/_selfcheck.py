@@ -110,7 +110,19 @@ def _raw_transforms(packages: Sequence[str]) -> list[str]:
         "  These keep calling raw JAX: adapters do not apply inside them. Fix: call "
         f"{_raw.fix_for([*held, *builders])}, at the top of the program."
     )
+    guarded = sum(_guarded(name) for names in held.values() for name in names)
+    if guarded:
+        lines.append(
+            f"  {guarded} of them are checked at each call while an adapter is active: one "
+            "that runs framework code raises MissingAdapterError."
+        )
     return lines
+
+
+def _guarded(dotted: str) -> bool:
+    module_name, _, attribute = dotted.rpartition(".")
+    module = sys.modules.get(module_name)
+    return type(getattr(module, attribute, None)) is _raw.RawGuard
 
 
 def _check() -> list[str]:

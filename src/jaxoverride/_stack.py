@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextvars
 import itertools
+import sys
 import threading
 import weakref
 from collections.abc import Callable
@@ -215,6 +216,18 @@ def context_snapshot() -> Snapshot:
     return _current.get().snapshot
 
 
+def _no_check() -> None:
+    global modules_seen
+    modules_seen = len(sys.modules)
+
+
+# Called on a context entry when modules were imported since the last call: the
+# first-call check (``_first_call``) then looks for new raw import-time transforms.
+# An entry otherwise pays one length comparison for it.
+modules_seen = -1
+on_new_modules: Callable[[], None] = _no_check
+
+
 def enter(snapshot: Snapshot, owner: object) -> None:
     activation = Activation(snapshot, owner)
     activation.token = _current.set(activation)
@@ -225,6 +238,8 @@ def enter(snapshot: Snapshot, owner: object) -> None:
         _current.reset(activation.token)
         raise
     activation.jax_key = key
+    if modules_seen != len(sys.modules):
+        on_new_modules()
 
 
 def leave(owner: object) -> None:

@@ -1,0 +1,180 @@
+"""The first-call check: a solver library never interposed, called while an adapter is active.
+
+A transform that a library built with raw JAX while it was imported (``optx.fixed_point``,
+an ``eqx.filter_jit`` wrapper; see ``_raw``) keeps calling raw JAX whatever is active, so
+framework code that it runs is out of the adapter's reach: Haiku or Linen parameters
+created inside it are tracers of its trace, and NNX modules that its function captures
+are baked in as constants. Such a call is caught when it happens, not where the leaked
+tracer is used later:
+
+- When an adapter's context is entered (``context()``, ``track`` or an installed
+  adapter's scope) and modules were imported since the last entry, the imported solver
+  libraries' raw import-time transforms are rebound, where those modules hold them, to a
+  ``RawGuard``. Nothing happens while no framework is imported or the check is off.
+- A guard called while the process is idle runs the raw transform at once. Otherwise, if
+  an adapter that handles the framework is active, it refuses a function that captures
+  NNX state (under ``jaxoverride_nnx.track``), and inside a Haiku transform or a bound
+  Linen module it compares the framework's state before and after the call: a new tracer
+  there is state written under the raw trace. Either raises ``MissingAdapterError``,
+  naming the transform, the packages and the ``interpose_on_import`` call that fixes it.
+
+Only public JAX is read (``jax.core.Tracer``, ``jax.tree_util``). A guard is a module
+attribute: code that took the raw object by name before the first entry (``from
+optimistix import fixed_point``) keeps the raw object; the Haiku adapter's check at the
+end of ``hk.transform`` still catches what such a call leaves behind.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import types
+import warnings
+from typing import Any
+
+import jax
+
+from jaxoverride import _detect, _interpose, _raw, _stack
+from jaxoverride._frameworks import ALL, NNX, SCOPED, new_tracers
+from jaxoverride.errors import MissingAdapterError
+
+_local = threading.local()  # .running: a guard's raw transform runs in this thread
+# id(raw object) -> its guard; the guard holds the object, so the id stays valid.
+_guards: dict[int, _raw.RawGuard] = {}
+_scanned: set[str] = set()  # modules whose attributes were looked at once imported
+
+
+def _package_modules(packages: list[str]) -> list[tuple[str, types.ModuleType]]:
+    found = []
+    # A copy, not iteration: another thread may import meanwhile (see _interpose).
+    for name, module in sys.modules.copy().items():
+        if name in _scanned or not isinstance(module, types.ModuleType):
+            continue
+        if not _raw.within(name, packages):
+            continue
+        spec = getattr(module, "__spec__", None)
+        if getattr(spec, "_initializing", False):  # its body still runs: look again later
+            continue
+        found.append((name, module))
+    return found
+
+
+def guard_imported() -> int:
+    """Rebinds the raw import-time transforms of the imported solver libraries to guards.
+
+    Returns:
+      How many module attributes were rebound by this call.
+    """
+    packages = [p for p in _raw.SOLVER_LIBRARIES if p in sys.modules]
+    if not packages:
+        return 0
+    rebound = 0
+    with _interpose._lock:
+        for name, module in _package_modules(packages):
+            _scanned.add(name)
+            package = name.partition(".")[0]
+            for attribute, value in vars(module).copy().items():
+                if type(value) is _raw.RawGuard or not _raw.holds_raw_transform(value):
+                    continue
+                if not _raw.defined_in(value, (package,)):
+                    continue
+                where = f"{name}.{attribute}"
+                guard = _guards.get(id(value))
+                if guard is None:
+                    guard = _guards[id(value)] = _raw.RawGuard(value, where)
+                elif len(where) < len(guard.where):  # messages name the shortest path
+                    guard.where = where
+                setattr(module, attribute, guard)
+                rebound += 1
+    return rebound
+
+
+def _adapter_entered() -> bool:
+    """Whether the innermost entered context holds an adapter of a watched framework."""
+    layers = _stack.context_snapshot().layers
+    return any(layer.label in f.labels for f in ALL.values() for layer in layers)
+
+
+def refresh() -> None:
+    """What a context entry runs when modules were imported since the last one."""
+    if not _detect.watching():
+        _stack.modules_seen = len(sys.modules)
+        return
+    if not _adapter_entered():  # another context (dag, plain): look again at the next entry
+        return
+    _stack.modules_seen = len(sys.modules)
+    try:
+        guard_imported()
+    except Exception as error:  # a library's odd module must not break a context entry
+        _stack.on_new_modules = _stack._no_check
+        warnings.warn(
+            f"jaxoverride: the first-call check of raw import-time transforms stopped: "
+            f"{type(error).__name__}: {error}. Other checks still run.",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+
+
+def _captured(args: tuple[Any, ...], kwargs: dict[str, Any]) -> _detect.Captured:
+    """NNX modules and Variables captured by the functions among the arguments."""
+    leaves = jax.tree_util.tree_leaves((args, kwargs), is_leaf=NNX.is_state)
+    found: _detect.Captured = []
+    for leaf in leaves:
+        if callable(leaf) and not isinstance(leaf, type) and not NNX.is_state(leaf):
+            found += _detect.captured_state(leaf)
+    return found
+
+
+def _refusal(guard: _raw.RawGuard, what: str) -> MissingAdapterError:
+    package = guard.where.partition(".")[0]
+    packages = [package, *_raw.builders([guard.where])]
+    return MissingAdapterError(
+        f"{guard.where} is a transform that {package!r} built with raw JAX while it was "
+        f"imported, so the active adapter cannot reach inside it, and {what} Fix: call "
+        f"{_raw.fix_for(packages)}, at the top of the program.{_detect._HATCH}"
+    )
+
+
+def _run(guard: _raw.RawGuard, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    _local.running = True
+    try:
+        return guard.__wrapped__(*args, **kwargs)
+    finally:
+        _local.running = False
+
+
+def check_call(guard: _raw.RawGuard, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """Runs a guarded raw transform while something is active; see the module docstring."""
+    # A guard inside another guard's call: the outer one checks, and names the call the
+    # program made rather than a library's inner helper.
+    if not _detect.enabled or getattr(_local, "running", False):
+        return guard.__wrapped__(*args, **kwargs)
+    snapshot = _stack.effective_snapshot()
+    if NNX.loaded() is not None and _detect._handled(NNX, snapshot):
+        captured = _captured(args, kwargs)
+        if captured:
+            raise _refusal(
+                guard,
+                f"a function given to it captures {_detect._describe(captured)}: raw JAX "
+                "would bake their current weights in as constants (a write raises Flax's "
+                "TraceContextError), where the active NNX adapter would thread them.",
+            )
+    scopes = [f for f in SCOPED if _detect._handled(f, snapshot) and f.inside()]
+    if not scopes:
+        return _run(guard, args, kwargs)
+    before = {f.key: f.state_leaves() for f in scopes}
+    out = _run(guard, args, kwargs)
+    for framework in scopes:
+        leaked = new_tracers(before[framework.key], framework.state_leaves())
+        if leaked:
+            raise _refusal(
+                guard,
+                f"it ran {framework.title.split(' (', 1)[0]} code that created parameters "
+                f"or wrote state under its raw trace: {len(leaked)} of them would be tracers "
+                "that fail far from here, or give a silently wrong result.",
+            )
+    return out
+
+
+_raw.RawGuard.check = check_call
+_stack.on_new_modules = refresh

@@ -1,0 +1,409 @@
+"""The missing-adapter check catches a silent failure at its first call, in Haiku, Linen and NNX.
+
+Two cases of issue 20 that used to pass silently or be caught far from their cause:
+
+- a solver library never interposed (optimistix imported before ``interpose_on_import``),
+  called while an adapter is active: its import-time ``eqx.filter_jit`` runs framework
+  code under raw JAX. The call itself now raises ``MissingAdapterError`` naming the
+  transform, the packages and ``interpose_on_import``, under ``install()`` and
+  ``context()`` alike. These cases run in fresh interpreters: import order is the point.
+- a ``jo.jit`` built at import time (before any framework scope), called inside a
+  transform with no adapter: its trace now raises with the fix, though its dispatch is
+  JAX's own.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import haiku as hk
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import linen as nn, nnx
+from jax.core import Tracer
+
+import jaxoverride as jo
+import jaxoverride_haiku
+import jaxoverride_linen
+import jaxoverride_nnx
+from jaxoverride.errors import MissingAdapterError
+
+ROOT = Path(__file__).resolve().parents[1]
+X = jnp.ones((1, 2))
+HATCH = "jaxoverride.set_adapter_check(False)"
+
+
+def _run(source: str) -> str:
+    environment = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT / "adapters")]),
+    }
+    result = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(source)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=environment,
+        cwd=ROOT,
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    return result.stdout
+
+
+def _tracers(tree: object) -> list[object]:
+    return [leaf for leaf in jax.tree_util.tree_leaves(tree) if isinstance(leaf, Tracer)]
+
+
+# -- 1. A never-interposed solver library, called while an adapter is active ---------------
+
+# Shared by the subprocesses: asserts the error of a never-interposed optx.fixed_point.
+_EXPECT = """
+def expect_first_call_error(run, framework):
+    reached.clear()
+    try:
+        run()
+    except jo.errors.MissingAdapterError as error:
+        message = str(error)
+    else:
+        raise AssertionError(f"{framework}: the raw transform ran framework code silently")
+    assert reached == [], f"{framework}: caught only after the call returned to the model"
+    assert message.startswith("optimistix.fixed_point is a transform"), message
+    assert "jaxoverride.interpose_on_import('equinox', 'optimistix')" in message, message
+    assert framework in message, message
+    assert "jaxoverride.set_adapter_check(False)" in message, message
+    from jaxoverride import _stack
+    assert _stack.context_snapshot() is _stack.ROOT, "a context was left entered"
+"""
+
+
+def test_haiku_never_interposed_solver_is_caught_at_its_call_under_install_and_context():
+    out = _run(
+        """
+        import jax, jax.numpy as jnp, haiku as hk
+        import optimistix as optx  # before any interpose_on_import
+        import jaxoverride as jo, jaxoverride_haiku
+        import sys
+        flax_modules = {name for name in sys.modules if name.startswith("flax")}
+        reached = []
+        """
+        + textwrap.indent(_EXPECT, " " * 8)
+        + """
+        solver = optx.FixedPointIteration(rtol=1e-6, atol=1e-6)
+
+        def forward(x):
+            layer = hk.Linear(2, w_init=hk.initializers.RandomNormal(0.1), name="cell")
+            fun = lambda z, _: jnp.tanh(layer(z) + x)
+            z = optx.fixed_point(fun, solver, jnp.zeros(2), max_steps=50, throw=False).value
+            reached.append(True)
+            return z
+
+        model = hk.transform(forward)
+        key, x = jax.random.PRNGKey(0), jnp.ones(2)
+
+        def init_in_context():
+            with jaxoverride_haiku.context():
+                model.init(key, x)
+
+        expect_first_call_error(init_in_context, "Haiku")
+        jaxoverride_haiku.install()
+        expect_first_call_error(lambda: model.init(key, x), "Haiku")
+
+        # A never-interposed solver over a function that touches no Haiku state is right
+        # as raw JAX: it runs, with the adapter active.
+        def pure(x):
+            fun = lambda z, _: jnp.tanh(0.5 * z + x)
+            return optx.fixed_point(fun, solver, jnp.zeros(2), max_steps=200).value
+
+        out = hk.transform(pure).apply({}, None, x)
+        expected = optx.fixed_point(
+            lambda z, _: jnp.tanh(0.5 * z + x), solver, jnp.zeros(2), max_steps=200
+        ).value
+        assert jnp.allclose(out, expected), (out, expected)
+        jaxoverride_haiku.uninstall()
+        now = {name for name in sys.modules if name.startswith("flax")}
+        assert now == flax_modules, now - flax_modules  # the check imported no framework
+        print("ok")
+        """
+    )
+    assert out.strip() == "ok"
+
+
+def test_linen_never_interposed_solver_is_caught_at_its_call_under_install_and_context():
+    out = _run(
+        """
+        import jax, jax.numpy as jnp, flax.linen as nn
+        import optimistix as optx
+        import jaxoverride as jo, jaxoverride_linen
+        reached = []
+        """
+        + textwrap.indent(_EXPECT, " " * 8)
+        + """
+        solver = optx.FixedPointIteration(rtol=1e-6, atol=1e-6)
+
+        class Deq(nn.Module):
+            @nn.compact
+            def __call__(self, x):
+                dense = nn.Dense(2)
+                fun = lambda z, _: jnp.tanh(dense(z) + x)
+                z = optx.fixed_point(fun, solver, jnp.zeros(2), max_steps=50, throw=False).value
+                reached.append(True)
+                return z
+
+        key, x = jax.random.PRNGKey(0), jnp.ones(2)
+
+        def init_in_context():
+            with jaxoverride_linen.context():
+                Deq().init(key, x)
+
+        expect_first_call_error(init_in_context, "Flax Linen")
+        jaxoverride_linen.install()
+        expect_first_call_error(lambda: Deq().init(key, x), "Flax Linen")
+        # The escape hatch: the silent failure it stood for (tracers as parameters).
+        jo.set_adapter_check(False)
+        variables = Deq().init(key, x)
+        jo.set_adapter_check(True)
+        leaves = jax.tree_util.tree_leaves(variables)
+        assert any(isinstance(leaf, jax.core.Tracer) for leaf in leaves), leaves
+        jaxoverride_linen.uninstall()
+        assert "haiku" not in __import__("sys").modules
+        print("ok")
+        """
+    )
+    assert out.strip() == "ok"
+
+
+def test_nnx_never_interposed_solver_over_a_tracked_module_is_caught_at_its_call():
+    out = _run(
+        """
+        import jax, jax.numpy as jnp
+        from flax import nnx
+        import optimistix as optx
+        import jaxoverride as jo, jaxoverride_nnx
+        reached = []
+        """
+        + textwrap.indent(_EXPECT, " " * 8)
+        + """
+        solver = optx.FixedPointIteration(rtol=1e-6, atol=1e-6)
+        model = nnx.Linear(2, 2, rngs=nnx.Rngs(0))
+
+        def solve():
+            fun = lambda z, _: jnp.tanh(model(z))
+            z = optx.fixed_point(fun, solver, jnp.zeros(2), max_steps=50, throw=False).value
+            reached.append(True)
+            return z
+
+        def tracked():
+            with jaxoverride_nnx.track(model):
+                return solve()
+
+        expect_first_call_error(tracked, "model")
+        # Without track, no NNX adapter is active: raw JAX's behaviour, as before.
+        assert solve().shape == (2,)
+        assert "haiku" not in __import__("sys").modules
+        print("ok")
+        """
+    )
+    assert out.strip() == "ok"
+
+
+def test_the_fix_in_the_error_works_and_the_guard_keeps_reports_truthful():
+    """``interpose_on_import`` before the import makes the same model right; a guard put on
+    a raw transform still counts as raw for ``ImportOrderError`` and the self-check."""
+    out = _run(
+        """
+        import jax, jax.numpy as jnp, haiku as hk, sys
+        import jaxoverride as jo, jaxoverride_haiku
+        from jaxoverride import adapter_kit
+
+        handle = jo.interpose_on_import("equinox", "optimistix")
+        import optimistix as optx
+        solver = optx.FixedPointIteration(rtol=1e-6, atol=1e-6)
+
+        def forward(x):
+            layer = hk.Linear(2, w_init=hk.initializers.RandomNormal(0.1), name="cell")
+            fun = lambda z, _: jnp.tanh(layer(z) + x)
+            return optx.fixed_point(fun, solver, jnp.zeros(2), max_steps=200).value
+
+        with jaxoverride_haiku.context():
+            params = hk.transform(forward).init(jax.random.PRNGKey(0), jnp.ones(2))
+        leaves = jax.tree_util.tree_leaves(params)
+        assert leaves and not any(isinstance(l, jax.core.Tracer) for l in leaves), leaves
+        assert adapter_kit.raw_import_time_transforms(["optimistix"]) == {}
+        handle.restore()
+
+        import diffrax  # imported without interposition: raw, then guarded on entry
+        before = adapter_kit.raw_import_time_transforms(["diffrax"])["diffrax"]
+        with jaxoverride_haiku.context():
+            pass
+        assert type(diffrax.diffeqsolve).__name__ == "RawGuard"
+        assert adapter_kit.raw_import_time_transforms(["diffrax"])["diffrax"] == before
+        report = jo.self_check(["diffrax"])
+        assert f"diffrax: {len(before)} (" in report, report
+        assert f"{len(before)} of them are checked at each call" in report, report
+        try:
+            jo.interpose_on_import("diffrax")
+        except jo.ImportOrderError as error:
+            assert f"'diffrax' {len(before)} (" in str(error), error
+        else:
+            raise AssertionError("a guarded raw transform was not reported")
+        # Idle, the guard is the raw transform: same result, its attributes forwarded.
+        assert diffrax.diffeqsolve.__wrapped__.__name__ == "diffeqsolve"
+        print("ok")
+        """
+    )
+    assert out.strip() == "ok"
+
+
+def test_a_process_without_frameworks_guards_nothing_and_imports_no_framework():
+    out = _run(
+        """
+        import sys
+        import jax.numpy as jnp
+        import optimistix as optx
+        import jaxoverride as jo, jaxoverride_plain
+        raw = optx.fixed_point
+        with jaxoverride_plain.context():
+            z = optx.fixed_point(
+                lambda z, _: jnp.tanh(0.5 * z),
+                optx.FixedPointIteration(rtol=1e-6, atol=1e-6),
+                jnp.ones(2),
+            ).value
+        assert optx.fixed_point is raw, "rebound in a process that imports no framework"
+        assert not {"haiku", "flax"} & set(sys.modules), sorted(sys.modules)
+        print("ok")
+        """
+    )
+    assert out.strip() == "ok"
+
+
+# -- 2. A jo.jit built at import time, called inside a transform with no adapter -------------
+
+
+@jo.jit
+def _haiku_layer(x: jax.Array) -> jax.Array:
+    return hk.Linear(2, name="dense")(x)
+
+
+@jo.jit
+def _linen_layer(x: jax.Array) -> jax.Array:
+    return nn.Dense(2)(x)
+
+
+@jo.jit
+def _nnx_layer(x: jax.Array) -> jax.Array:
+    return _NNX_MODEL(x)
+
+
+@jo.jit
+def _reads_nothing(x: jax.Array) -> jax.Array:
+    return jnp.tanh(x) * 2
+
+
+# Assigned after the jit was built: creating it could not see the module it captures.
+_NNX_MODEL = nnx.Linear(2, 2, rngs=nnx.Rngs(0))
+
+
+class _LinenModel(nn.Module):
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        return _linen_layer(x)
+
+
+def _haiku_model() -> hk.Transformed:
+    return hk.transform(lambda x: _haiku_layer(x))
+
+
+def test_module_level_jit_in_haiku_without_the_adapter_raises_with_the_fix():
+    assert _haiku_layer.func is _haiku_layer.__dict__["_jaxoverride_state"].plain  # JAX's path
+    with pytest.raises(MissingAdapterError) as info:
+        _haiku_model().init(jax.random.PRNGKey(0), X)
+    message = str(info.value)
+    assert "jaxoverride.jit met Haiku" in message
+    assert "jaxoverride_haiku.install()" in message and HATCH in message
+
+
+def test_module_level_jit_in_haiku_with_the_adapter_gives_arrays():
+    with jaxoverride_haiku.context():
+        params = _haiku_model().init(jax.random.PRNGKey(0), X)
+        out = _haiku_model().apply(params, None, X)
+    assert sorted(params) == ["dense"] and not _tracers(params)
+    expected = X @ params["dense"]["w"] + params["dense"]["b"]
+    np.testing.assert_allclose(out, expected, rtol=1e-6)
+
+
+def test_module_level_jit_in_linen_without_the_adapter_raises_with_the_fix():
+    with pytest.raises(MissingAdapterError) as info:
+        _LinenModel().init(jax.random.PRNGKey(0), X)
+    message = str(info.value)
+    assert "jaxoverride.jit met Flax Linen" in message
+    assert "jaxoverride_linen.install()" in message and HATCH in message
+
+
+def test_module_level_jit_in_linen_with_the_adapter_gives_arrays():
+    with jaxoverride_linen.context():
+        variables = _LinenModel().init(jax.random.PRNGKey(0), X)
+        out = _LinenModel().apply(variables, X)
+    dense = variables["params"]["Dense_0"]
+    assert not _tracers(variables)
+    np.testing.assert_allclose(out, X @ dense["kernel"] + dense["bias"], rtol=1e-6)
+
+
+def test_module_level_jit_over_an_nnx_module_without_track_raises_with_the_fix():
+    with pytest.raises(MissingAdapterError) as info:
+        _nnx_layer(X)
+    message = str(info.value)
+    assert "bake their current weights" in message
+    assert "jaxoverride_nnx.track(" in message and HATCH in message
+
+
+def test_module_level_jit_over_an_nnx_module_under_track_sees_new_weights():
+    with jaxoverride_nnx.track(_NNX_MODEL):
+        first = _nnx_layer(X)
+        _NNX_MODEL.bias.value = _NNX_MODEL.bias.value + 1.0
+        second = _nnx_layer(X)
+    np.testing.assert_allclose(second, first + 1.0, rtol=1e-6)
+
+
+def test_module_level_jit_that_touches_no_framework_runs_as_jax_inside_transforms():
+    haiku_out = hk.transform(lambda x: _reads_nothing(x)).apply({}, None, X)
+    np.testing.assert_allclose(haiku_out, jnp.tanh(X) * 2, rtol=1e-6)
+
+    class Plain(nn.Module):
+        def __call__(self, x: jax.Array) -> jax.Array:
+            return _reads_nothing(x)
+
+    np.testing.assert_allclose(Plain().apply({}, X), jnp.tanh(X) * 2, rtol=1e-6)
+
+
+def test_the_trace_time_check_keeps_jax_names_jaxprs_and_one_compile():
+    def scaled(x: jax.Array, n: int) -> jax.Array:
+        return x * n
+
+    ours, theirs = jo.jit(scaled, static_argnums=1), jax.jit(scaled, static_argnums=1)
+    assert ours.__wrapped__ is scaled
+    assert (ours.__name__, ours.__qualname__) == (theirs.__name__, theirs.__qualname__)
+    assert str(jax.make_jaxpr(ours, static_argnums=1)(1.0, 2)) == str(
+        jax.make_jaxpr(theirs, static_argnums=1)(1.0, 2)
+    )
+    assert ours.trace(1.0, 2).jaxpr.jaxpr.debug_info == theirs.trace(1.0, 2).jaxpr.jaxpr.debug_info
+    compiles: list[str] = []
+    np.asarray(X)  # made before counting
+
+    def listener(event: str, *args: object, **kwargs: object) -> None:
+        if event == "/jax/core/compile/backend_compile_duration":
+            compiles.append(event)
+
+    jax.monitoring.register_event_duration_secs_listener(listener)
+    try:
+        fresh = jo.jit(lambda x: x * 3)
+        for _ in range(3):
+            fresh(X)
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listener)
+    assert len(compiles) == 1
