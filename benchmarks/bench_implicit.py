@@ -240,7 +240,8 @@ def _guarded(case: str, measure: Callable[[bool], list[Row]], quick: bool) -> li
     try:
         return measure(quick)
     except Exception as error:  # a suite must report, not crash, when a case cannot run
-        why = f"{type(error).__name__}: {str(error).splitlines()[0][:160]}"
+        first_line = next(iter(str(error).splitlines()), "(no message)")  # an assert has none
+        why = f"{type(error).__name__}: {first_line[:160]}"
         return [Row(SUITE, case, "-", "-", float("nan"), float("nan"), float("nan"),
                     note=f"not measured: {why}")]  # fmt: skip
 

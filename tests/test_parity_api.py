@@ -4,6 +4,7 @@ method binding, donation), each idle and under a pass-through override."""
 
 from __future__ import annotations
 
+import copy
 import functools
 import inspect
 
@@ -449,3 +450,25 @@ def test_custom_jvp_around_jo_jit_accepts_keyword_arguments():
     wrapped = jax.custom_jvp(jo.jit(f))
     wrapped.defjvp(lambda primals, tangents: (f(*primals), tangents[0] * primals[1]))
     assert float(wrapped(2.0, y=3.0)) == 6.0
+
+
+def _copied_gradient(api, name: str):
+    """``copy.deepcopy`` of a defined rule, then its gradient at 1: what JAX's copy gives, or
+    the error JAX raises (JAX 0.11.1 gave ``__new__`` a default ``fun=None`` for copying)."""
+    rule = getattr(api, name)(jnp.sin)
+    if name == "custom_vjp":
+        rule.defvjp(lambda x: (jnp.sin(x), jnp.cos(x)), lambda cos_x, g: (cos_x * g,))
+    else:
+        rule.defjvps(lambda t, out, x: jnp.cos(x) * t)
+    try:
+        return float(jax.grad(copy.deepcopy(rule))(1.0))
+    except Exception as error:
+        return type(error)
+
+
+@pytest.mark.parametrize("name", ["custom_vjp", "custom_jvp"])
+@pytest.mark.parametrize("mode", MODES)
+def test_a_deep_copied_rule_works_where_jaxs_does(mode, name):
+    expected = _copied_gradient(jax, name)
+    with active(mode):
+        assert _copied_gradient(jo, name) == expected

@@ -41,7 +41,7 @@ from typing import Any
 import jax
 
 import jaxoverride as jo
-from jaxoverride.adapter_kit import Threaded
+from jaxoverride.adapter_kit import Threaded, rule_jvp
 from jaxoverride_linen import _convert, _scope
 from jaxoverride_linen._convert import init_safe, pure_scope
 from jaxoverride_linen._errors import DifferentiatedStateError
@@ -248,9 +248,9 @@ class LinenRule:
         return jvp
 
     def defjvps(self, *jvps: Callable[..., Any] | None) -> None:
-        # JAX combines per-argument JVPs into one rule, which it keeps as ``.jvp``.
+        # JAX combines per-argument JVPs into one rule, which it keeps (``rule_jvp``).
         self._plain.defjvps(*jvps)
-        self._rule = (self._plain.jvp, False)
+        self._rule = (rule_jvp(self._plain), False)
 
     def __getattr__(self, attribute: str) -> Any:
         if attribute.startswith("_"):

@@ -16,7 +16,8 @@ needs lives here, once:
   ``check_name``;
 - where the running override sits in the stack (``override_position``), and
   ``describe_impl``, ``jit_name`` and ``get_opaque_trace_state``;
-- custom-rule lifting (``LiftedRule``) and the arguments of lifted rules
+- custom-rule lifting (``LiftedRule``), the rule a JAX ``custom_jvp`` holds
+  (``rule_jvp``) and the arguments of lifted rules
   (``positional_arguments``, ``fwd_output_pair``, ``bwd_cotangents``, the
   symbolic-zero helpers);
 - argnum inference (``infer_argnums_and_argnames``, ``resolve_argnums``,
@@ -46,7 +47,11 @@ Example:
   'lax.scan'
 """
 
-from jaxoverride._compat import jit_name as jit_name, resolve_argnums as resolve_argnums
+from jaxoverride._compat import (
+    jit_name as jit_name,
+    resolve_argnums as resolve_argnums,
+    rule_jvp as rule_jvp,
+)
 from jaxoverride._names import (
     CALLS as CALLS,
     JAX_IMPLS as JAX_IMPLS,
@@ -175,6 +180,7 @@ __all__ = [
     "raw_import_time_transforms",
     "raw_transform_error",
     "resolve_argnums",
+    "rule_jvp",
     "shard_block_arguments",
     "shift_argnums",
     "split_batches",
