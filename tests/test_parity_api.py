@@ -7,10 +7,12 @@ from __future__ import annotations
 import copy
 import functools
 import inspect
+import re
 
 import jax
 import jax.numpy as jnp
 import pytest
+from jax.extend import source_info_util
 
 import jaxoverride as jo
 from _parity import (
@@ -472,3 +474,25 @@ def test_a_deep_copied_rule_works_where_jaxs_does(mode, name):
     expected = _copied_gradient(jax, name)
     with active(mode):
         assert _copied_gradient(jo, name) == expected
+
+
+def _source_of_first_equation(api) -> str:
+    """Where JAX says the first equation of a program comes from (file and function)."""
+
+    def program(x):
+        return api.jit(jnp.sin)(x)
+
+    jaxpr = jax.make_jaxpr(program)(1.0)
+    where = source_info_util.summarize(jaxpr.eqns[0].source_info)
+    return re.sub(r":\d+(:\d+)? ", " ", where)  # the line differs, not the file or function
+
+
+@pytest.mark.parametrize("mode", ["idle", "context", "plain", "nnx_track", "dag"])
+def test_equations_and_errors_name_the_users_line_as_jaxs_do(mode):
+    """The neutral wrapper and the adapters count as JAX for source info: an equation (and
+    an error, such as JAX 0.11's "This error occurs at source: ...") names the user's
+    frame, as JAX's own function does, not jaxoverride's."""
+    expected = _source_of_first_equation(jax)
+    assert expected.startswith(__file__) and "program" in expected
+    with active(mode):
+        assert _source_of_first_equation(jo) == expected

@@ -31,13 +31,15 @@ than from JAX, so a JAX release that moves one is handled by this file alone:
 from __future__ import annotations
 
 import functools
+import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
-from jax._src import api_util
+from jax._src import api_util, traceback_util
 from jax._src.core import ShardingTypeError as ShardingTypeError
 from jax._src.util import fun_name
+from jax.extend import source_info_util
 
 try:
     from jax.extend.core import (
@@ -261,6 +263,38 @@ def resolve_argnums(
     return tuple(donated), tuple(donated_names), tuple(static), tuple(static_names)
 
 
+def hide_frames_under(directory: str) -> None:
+    """Makes JAX treat the frames of files under ``directory`` as its own, not the user's.
+
+    JAX names the innermost frame outside its own files as the source of an equation
+    and of an error ("This error occurs at source: ...", from JAX 0.11), and drops its own
+    frames from the tracebacks of errors that pass through it. A neutral function is
+    JAX's stand-in, so its frames must count as JAX's for both, as Equinox and Flax do
+    for theirs: ``jax.extend.source_info_util.register_exclusion`` for the first, and
+    the private ``jax._src.traceback_util.register_exclusion`` for the second.
+
+    Args:
+      directory: a package's directory.
+
+    Returns:
+      None.
+
+    Example:
+      >>> import os, jaxoverride
+      >>> from jaxoverride._compat import hide_frames_under
+      >>> hide_frames_under(os.path.dirname(jaxoverride.__file__))  # done at import
+    """
+    directory = os.path.join(os.path.abspath(directory), "")  # not its longer siblings
+    if directory in _hidden:
+        return
+    _hidden.add(directory)
+    source_info_util.register_exclusion(directory)
+    traceback_util.register_exclusion(directory)
+
+
+_hidden: set[str] = set()
+
+
 JIT_WRAPPER_TYPE: type = type(jax.jit(lambda x: x))
 """The type of what ``jax.jit`` returns (``PjitFunction``, from jaxlib's C++): found from the
 object itself, since its module path moves between jaxlib releases."""
@@ -273,6 +307,10 @@ PRIVATE_SYMBOLS: dict[str, str] = {
         "the name jax.jit gives a callable's program (jit_name); JAX has no public helper"
     ),
     "jax._src.api_util.fun_signature": "jit's own reading of a signature (resolve_argnums)",
+    "jax._src.traceback_util.register_exclusion": (
+        "hides jaxoverride's frames from the tracebacks JAX filters, as Equinox and Flax do "
+        "(hide_frames_under)"
+    ),
     "jax._src.api_util.resolve_argnums": "jit's own resolution of static and donated arguments",
     "jax._src.lax.control_flow.loops._batch_and_remainder": (
         "lax.map's batch_size split, exactly as each JAX version makes it (adapter_kit.batched_map)"
@@ -293,6 +331,7 @@ __all__ = [
     "NO_TRACE",
     "ShardingTypeError",
     "get_opaque_trace_state",
+    "hide_frames_under",
     "jaxprs_in_params",
     "PRIVATE_SYMBOLS",
     "jit_name",
