@@ -21,7 +21,11 @@ ROOT = Path(__file__).resolve().parents[1]
 def _run(source: str) -> str:
     environment = {
         **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT / "adapters")]),
+        # The checkout first; what the caller's PYTHONPATH adds (frameworks outside
+        # site-packages) stays reachable.
+        "PYTHONPATH": os.pathsep.join(
+            [str(ROOT / "src"), str(ROOT / "adapters"), os.environ.get("PYTHONPATH", "")]
+        ),
     }
     result = subprocess.run(
         [sys.executable, "-c", textwrap.dedent(source)],

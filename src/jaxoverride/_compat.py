@@ -318,8 +318,8 @@ PRIVATE_SYMBOLS: dict[str, str] = {
 }
 """Every private upstream name the core uses, with why no public name serves.
 
-Each was read, with the same signature, in JAX 0.8.1 and 0.10.2 (tested), 0.11.0 and main
-at 0.11.1.dev (read on 2026-08-08); ``ci/private_symbols.py`` re-checks them against JAX,
+Each was read, with the same signature, in JAX 0.8.1, 0.10.2 and 0.11.2 (tested), 0.11.0,
+main at 0.11.1.dev (read on 2026-08-08) and 0.12.0 (its wheel, 2026-11-26); ``ci/private_symbols.py`` re-checks them against JAX,
 Haiku and Flax git checkouts. See "Private symbols and supported versions" on the
 "Design" page. ``tests/test_private_symbols.py`` fails when the
 core uses a private name not listed here, or one that has a public name.
