@@ -108,7 +108,8 @@ def guarded(suite: str, case: str, measure: Callable[[bool], list[Row]], quick: 
     try:
         return measure(quick)
     except Exception as error:
-        why = f"{type(error).__name__}: {str(error).splitlines()[0][:160]}"
+        first_line = next(iter(str(error).splitlines()), "(no message)")  # an assert has none
+        why = f"{type(error).__name__}: {first_line[:160]}"
         return [Row(suite, case, "-", "-", float("nan"), float("nan"), float("nan"),
                     note=f"not measured: {why}")]  # fmt: skip
 

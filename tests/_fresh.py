@@ -23,7 +23,11 @@ def run_source(source: str, **env: str) -> subprocess.CompletedProcess[str]:
     """
     environment = {
         **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT / "adapters")]),
+        # The checkout first; what the caller's PYTHONPATH adds (frameworks outside
+        # site-packages) stays reachable.
+        "PYTHONPATH": os.pathsep.join(
+            [str(ROOT / "src"), str(ROOT / "adapters"), os.environ.get("PYTHONPATH", "")]
+        ),
         **env,
     }
     return subprocess.run(

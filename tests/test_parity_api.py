@@ -4,12 +4,15 @@ method binding, donation), each idle and under a pass-through override."""
 
 from __future__ import annotations
 
+import copy
 import functools
 import inspect
+import re
 
 import jax
 import jax.numpy as jnp
 import pytest
+from jax.extend import source_info_util
 
 import jaxoverride as jo
 from _parity import (
@@ -449,3 +452,47 @@ def test_custom_jvp_around_jo_jit_accepts_keyword_arguments():
     wrapped = jax.custom_jvp(jo.jit(f))
     wrapped.defjvp(lambda primals, tangents: (f(*primals), tangents[0] * primals[1]))
     assert float(wrapped(2.0, y=3.0)) == 6.0
+
+
+def _copied_gradient(api, name: str):
+    """``copy.deepcopy`` of a defined rule, then its gradient at 1: what JAX's copy gives, or
+    the error JAX raises (JAX 0.11.1 gave ``__new__`` a default ``fun=None`` for copying)."""
+    rule = getattr(api, name)(jnp.sin)
+    if name == "custom_vjp":
+        rule.defvjp(lambda x: (jnp.sin(x), jnp.cos(x)), lambda cos_x, g: (cos_x * g,))
+    else:
+        rule.defjvps(lambda t, out, x: jnp.cos(x) * t)
+    try:
+        return float(jax.grad(copy.deepcopy(rule))(1.0))
+    except Exception as error:
+        return type(error)
+
+
+@pytest.mark.parametrize("name", ["custom_vjp", "custom_jvp"])
+@pytest.mark.parametrize("mode", MODES)
+def test_a_deep_copied_rule_works_where_jaxs_does(mode, name):
+    expected = _copied_gradient(jax, name)
+    with active(mode):
+        assert _copied_gradient(jo, name) == expected
+
+
+def _source_of_first_equation(api) -> str:
+    """Where JAX says the first equation of a program comes from (file and function)."""
+
+    def program(x):
+        return api.jit(jnp.sin)(x)
+
+    jaxpr = jax.make_jaxpr(program)(1.0)
+    where = source_info_util.summarize(jaxpr.eqns[0].source_info)
+    return re.sub(r":\d+(:\d+)? ", " ", where)  # the line differs, not the file or function
+
+
+@pytest.mark.parametrize("mode", ["idle", "context", "plain", "nnx_track", "dag"])
+def test_equations_and_errors_name_the_users_line_as_jaxs_do(mode):
+    """The neutral wrapper and the adapters count as JAX for source info: an equation (and
+    an error, such as JAX 0.11's "This error occurs at source: ...") names the user's
+    frame, as JAX's own function does, not jaxoverride's."""
+    expected = _source_of_first_equation(jax)
+    assert expected.startswith(__file__) and "program" in expected
+    with active(mode):
+        assert _source_of_first_equation(jo) == expected

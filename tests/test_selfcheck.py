@@ -17,7 +17,11 @@ ROOT = Path(__file__).resolve().parents[1]
 def _command(*arguments: str) -> subprocess.CompletedProcess[str]:
     environment = {
         **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT / "adapters")]),
+        # The checkout first; what the caller's PYTHONPATH adds (frameworks outside
+        # site-packages) stays reachable.
+        "PYTHONPATH": os.pathsep.join(
+            [str(ROOT / "src"), str(ROOT / "adapters"), os.environ.get("PYTHONPATH", "")]
+        ),
     }
     return subprocess.run(
         [sys.executable, "-m", "jaxoverride", *arguments],

@@ -20,8 +20,10 @@ PRIVATE_SYMBOLS: dict[str, str] = {
 }
 """Every private upstream name the DAG adapter uses, with why no public name serves.
 
-Read, with the same constructor, in JAX 0.8.1 and 0.10.2 (tested), 0.11.0 and main at
-0.11.1.dev (2026-08-08). ``ci/private_symbols.py`` re-checks them against a JAX checkout;
+Read, with the same constructor, in JAX 0.8.1, 0.10.2 and 0.11.2 (tested), 0.11.0, main at
+0.11.1.dev (2026-08-08) and 0.12.0 (where the Python class only states the signature of
+jaxlib's C++ one; a failure falls back to a copy). ``ci/private_symbols.py`` re-checks
+them against a JAX checkout;
 ``tests/test_private_symbols.py`` fails when the adapter uses a private name not listed
 here, or one that has a public name.
 """

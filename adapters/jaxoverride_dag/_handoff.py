@@ -35,18 +35,22 @@ class MismatchError(Exception):
 
 
 def call_user(fun: Callable[..., Any], *args: Any) -> Any:
-    # Every call of user code goes through this frame: an error whose traceback holds it
-    # was raised by user code, not by JAX's checks of what the user code returned.
-    return fun(*args)
+    # Every call of user code goes through here: an error that passed through was raised
+    # by user code, not by JAX's checks of what the user code returned. It is marked, not
+    # found by this frame in its traceback: JAX drops jaxoverride's frames from the
+    # tracebacks of errors that pass through it (``jaxoverride._compat.hide_frames_under``).
+    try:
+        return fun(*args)
+    except Exception as error:
+        error.__dict__[_FROM_USER] = True
+        raise
+
+
+_FROM_USER = "_jaxoverride_dag_from_user"
 
 
 def from_user(error: BaseException) -> bool:
-    tb = error.__traceback__
-    while tb is not None:
-        if tb.tb_frame.f_code is call_user.__code__:
-            return True
-        tb = tb.tb_next
-    return False
+    return error.__dict__.get(_FROM_USER, False)
 
 
 def raise_handoff_error(raw: Callable[[], Any], error: BaseException) -> NoReturn:

@@ -15,6 +15,7 @@ from typing import Any
 import jax
 
 import jaxoverride as jo
+from jaxoverride.adapter_kit import raise_as_jax
 from jaxoverride_dag._axes import spread, spread_splitting
 from jaxoverride_dag._out import packing_outputs, unforward_tree
 from jaxoverride_dag._plan import Plan, encode
@@ -23,27 +24,48 @@ from jaxoverride_dag._reshare import rebase
 _LABEL = "vmap arguments"
 
 
+def _ignore(*args: Any, **kwargs: Any) -> None:
+    """What JAX's checks replay on: never called, since JAX checks ``in_axes`` first."""
+
+
 def check_in_axes(api: str, in_axes: Any) -> Any:
-    """``in_axes`` as JAX canonicalises it (a list becomes a tuple), or a clear error."""
+    """``in_axes`` as JAX canonicalises it (a list becomes a tuple), or JAX's error.
+
+    ``jax.vmap`` refuses a bad ``in_axes`` when it is built, and its own error is raised;
+    ``jax.pmap`` only when it is called, so the adapter's own error stands for it.
+    """
     if isinstance(in_axes, list):
         in_axes = tuple(in_axes)
     if not (in_axes is None or isinstance(in_axes, int | tuple)):
-        raise TypeError(
-            f"jaxoverride_dag.{api}: {api} in_axes must be an int, None, or a tuple of entries "
-            f"corresponding to the positional arguments passed to the function, but got "
-            f"{in_axes}."
+        raw = jax.vmap if api == "vmap" else jax.pmap
+        raise_as_jax(
+            lambda: raw(_ignore, in_axes=in_axes),
+            TypeError(
+                f"jaxoverride_dag.{api}: in_axes must be an int, None, or a tuple with one "
+                f"entry per positional argument of the function, but got {in_axes}."
+            ),
         )
     return in_axes
 
 
-def call_prefix(api: str, in_axes: Any, args: tuple[Any, ...]) -> Any:
-    """The prefix of the ``(args, kwargs)`` pair: keyword arguments are mapped on axis 0."""
+def call_prefix(
+    api: str, in_axes: Any, args: tuple[Any, ...], kwargs: dict[str, Any] | None = None
+) -> Any:
+    """The prefix of the ``(args, kwargs)`` pair: keyword arguments are mapped on axis 0.
+
+    A tuple ``in_axes`` of the wrong length raises JAX's own error for ``vmap`` (replayed
+    on a function that JAX never calls: it checks the length first), and the adapter's
+    for ``pmap``, whose ``args`` here are placeholders.
+    """
     if isinstance(in_axes, tuple) and len(in_axes) != len(args):
-        raise ValueError(
-            f"jaxoverride_dag.{api}: {api} in_axes must be an int, None, or a tuple of entries "
-            "corresponding to the positional arguments passed to the function, but got "
-            f"len(in_axes)={len(in_axes)}, len(args)={len(args)}"
+        ours = ValueError(
+            f"jaxoverride_dag.{api}: in_axes must be an int, None, or a tuple with one "
+            f"entry per positional argument of the function, but got {len(in_axes)} "
+            f"entries for {len(args)} positional arguments."
         )
+        if api != "vmap":
+            raise ours
+        raise_as_jax(lambda: jax.vmap(_ignore, in_axes=in_axes)(*args, **(kwargs or {})), ours)
     return (in_axes, 0)
 
 
@@ -131,7 +153,7 @@ def dag_vmap(
         return output_axes(out_plan, out_axes, "vmap")
 
     def mapped(*args: Any, **kwargs: Any) -> Any:
-        prefix = call_prefix("vmap", in_axes, args)
+        prefix = call_prefix("vmap", in_axes, args, kwargs)
         call_plan, dyn = encode((args, kwargs), _LABEL, "call")
         plan, axes = cache.get(call_plan, len(args), prefix, "vmap")
         if plan is not call_plan:

@@ -83,9 +83,10 @@ PRIVATE_SYMBOLS: dict[str, str] = {
 }
 """Every private upstream name the NNX adapter uses, with why no public name serves.
 
-Read in Flax 0.12.0 (``graph``), 0.12.7, 0.12.8 (tested) and main at 0.12.8 (2026-07-02),
-and for the JAX names in JAX 0.8.1 and 0.10.2 (tested), 0.11.0 and main at 0.11.1.dev
-(2026-08-08). ``ci/private_symbols.py`` re-checks them against git checkouts;
+Read in Flax 0.12.0 (``graph``), 0.12.7, 0.12.8 and 0.12.10 (tested) and main at 0.12.8
+(2026-07-02), and for the JAX names in JAX 0.8.1, 0.10.2 and 0.11.2 (tested), 0.11.0, main
+at 0.11.1.dev (2026-08-08) and 0.12.0. ``ci/private_symbols.py`` re-checks them against
+git checkouts;
 ``tests/test_private_symbols.py`` fails when the adapter uses a private name not listed
 here, or one that has a public name.
 """

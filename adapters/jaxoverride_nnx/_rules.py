@@ -34,6 +34,7 @@ from jaxoverride.adapter_kit import (
     nondiff_positions,
     perturbed_leaves,
     positional_arguments,
+    rule_jvp,
     unwrap_primals,
 )
 from jaxoverride_nnx._compat import chain_on_get_value
@@ -514,7 +515,7 @@ class LiftedJVP(_LiftedRule):
             ]
             return primal_out, jax.tree.map(_sum_tangents, primal_out, *each)
 
-        self._rule = (_named_as(jvp, self._plain.jvp), False)
+        self._rule = (_named_as(jvp, rule_jvp(self._plain)), False)
 
     def _define(self, rule: Any, probing: Callable[..., Any]) -> None:
         assert self._rule is not None

@@ -51,8 +51,11 @@ from jaxoverride._introspect import Stack as Stack, current_stack as current_sta
 from jaxoverride._jitapi import jit_api as jit_api, reuse_jit as reuse_jit
 from jaxoverride._names import OVERRIDEABLE as OVERRIDEABLE
 from jaxoverride._neutral import NeutralRule as NeutralRule, Transformed as Transformed
+from jaxoverride._own_frames import hide_own_frames as _hide_own_frames
 from jaxoverride._selfcheck import self_check as self_check
 from jaxoverride.errors import ImportOrderError as ImportOrderError
+
+_hide_own_frames()  # errors and equations name the user's line, as JAX's own would
 
 
 def _installed_version() -> str:

@@ -48,6 +48,21 @@ eval_shape = cast("EvalShape", neutral_call("eval_shape", jax.eval_shape))
 closure_convert = neutral_call("closure_convert", jax.closure_convert)
 
 
+def _jax_constructor_signature(jax_class: type) -> inspect.Signature:
+    """What ``inspect.signature(jax_class)`` shows, as the signature of an ``__init__``.
+
+    ``inspect.signature`` of a neutral class must equal JAX's class's, which moves between
+    releases: read from an annotated ``__init__`` (JAX 0.8; ``custom_jvp`` until 0.11.0,
+    and both again in 0.12), or from a ``__new__`` without annotations (``custom_vjp``
+    0.9 to 0.11, whose ``fun`` defaults to None from 0.11.1 so that ``copy.deepcopy``
+    can make the object; ``custom_jvp`` in 0.11.1 and 0.11.2). Set on ``__init__``, not
+    the class, so that an instance's signature is still that of the function it wraps.
+    """
+    theirs = inspect.signature(jax_class)
+    self = inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    return theirs.replace(parameters=[self, *theirs.parameters.values()])
+
+
 class custom_vjp(NeutralRule[ReturnValue]):  # noqa: N801  (JAX's name)
     _name = "custom_vjp"
     _default = jax.custom_vjp
@@ -56,15 +71,7 @@ class custom_vjp(NeutralRule[ReturnValue]):  # noqa: N801  (JAX's name)
     def __init__(self, fun, nondiff_argnums=(), nondiff_argnames=()):
         super().__init__(fun, nondiff_argnums, nondiff_argnames)
 
-    # ``inspect.signature`` of the class must equal JAX's, which is annotated in some
-    # releases (0.8) and not in others (0.10). Set on ``__init__``, not the class, so that
-    # an instance's signature is still that of the function it wraps.
-    __init__.__signature__ = inspect.signature(jax.custom_vjp).replace(  # type: ignore[attr-defined]
-        parameters=[
-            inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD),
-            *inspect.signature(jax.custom_vjp).parameters.values(),
-        ]
-    )
+    __init__.__signature__ = _jax_constructor_signature(jax.custom_vjp)  # type: ignore[attr-defined]
 
     def defvjp(
         self,
@@ -75,7 +82,9 @@ class custom_vjp(NeutralRule[ReturnValue]):  # noqa: N801  (JAX's name)
     ) -> Any:
         """Defines the forward and backward rules, as ``jax.custom_vjp.defvjp``.
 
-        Returns what JAX's returns: ``None``, or under ``jax_custom_vjp3`` the rule itself.
+        Returns what JAX's returns, with JAX's object replaced by this one: ``None``, or
+        under ``jax_custom_vjp3`` in JAX 0.8.1 to 0.11.0 the rule itself (for chaining;
+        ``custom_vjp3.defvjp`` returns ``None`` again in 0.11.2).
         """
         _check_rule_function(
             fwd,
@@ -93,7 +102,7 @@ class custom_vjp(NeutralRule[ReturnValue]):  # noqa: N801  (JAX's name)
         return self._define("defvjp", (fwd, bwd), options)
 
     # JAX's own signature (annotated ``-> None``): what ``inspect.signature`` shows is JAX's,
-    # although under ``jax_custom_vjp3`` both return the rule.
+    # although under ``jax_custom_vjp3`` some releases return the rule.
     defvjp.__signature__ = inspect.signature(jax.custom_vjp.defvjp)  # type: ignore[attr-defined]
 
 
@@ -101,6 +110,11 @@ class custom_jvp(NeutralRule[ReturnValue]):  # noqa: N801  (JAX's name)
     _name = "custom_jvp"
     _default = jax.custom_jvp
     _kind = "JVP"
+
+    def __init__(self, fun, nondiff_argnums=(), nondiff_argnames=()):
+        super().__init__(fun, nondiff_argnums, nondiff_argnames)
+
+    __init__.__signature__ = _jax_constructor_signature(jax.custom_jvp)  # type: ignore[attr-defined]
 
     def defjvp(
         self,

@@ -1,10 +1,14 @@
-"""Every JAX difference across the supported range (``jax>=0.8.1,<0.11``), in one place.
+"""Every JAX difference across the supported range (``jax>=0.8.1``), in one place.
 
 The core, the adapters, the tests and the benchmarks import these names from here rather
 than from JAX, so a JAX release that moves one is handled by this file alone:
 
 - ``get_opaque_trace_state`` and ``jaxprs_in_params``: public in ``jax.extend.core``
   from JAX 0.9; before that only in ``jax.core`` (where JAX 0.9+ deprecates them).
+  From JAX 0.11 a primitive's rules (abstract evaluation, ``impl``) run with *no* current
+  trace (JAX commit "take_current_trace should leave no trace"), where JAX's accessor
+  fails an ``assert``; before, they ran under the eval trace. There the token is
+  ``NO_TRACE``, which equals no trace's token.
 - ``set_user_context_global``: the context made by ``jax.make_user_context`` (new in JAX
   0.7.2, the oldest thing the core needs) has ``set_global`` only from JAX 0.9; in 0.8
   the same setter exists on the config object that the context wraps.
@@ -12,6 +16,10 @@ than from JAX, so a JAX release that moves one is handled by this file alone:
   ``jax_custom_vjp3`` is on (JAX 0.8.1 onwards; its planned default), and that object keeps
   the positions as a frozenset ``static_argnums`` instead of the sorted tuple
   ``nondiff_argnums``.
+- ``rule_jvp``: a ``custom_jvp`` object keeps its JVP rule (the one ``defjvps``
+  composes, too) as ``jvp``; the ``custom_jvp3`` object that ``jax.custom_jvp(f)``
+  returns under the flag ``jax_custom_jvp3`` (JAX 0.11.1 and 0.11.2) keeps it as
+  ``jvp_fun``.
 - ``jit_name``: ``jax.jit`` names the program of a callable without ``__name__``
   ``<unnamed wrapped function>`` before JAX 0.10 and ``<unnamed function>`` after.
 - ``resolve_argnums``: JAX's private ``api_util.resolve_argnums`` returns the donated
@@ -23,24 +31,60 @@ than from JAX, so a JAX release that moves one is handled by this file alone:
 from __future__ import annotations
 
 import functools
+import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
-from jax._src import api_util
+from jax._src import api_util, traceback_util
 from jax._src.core import ShardingTypeError as ShardingTypeError
 from jax._src.util import fun_name
+from jax.extend import source_info_util
 
 try:
     from jax.extend.core import (
-        get_opaque_trace_state as get_opaque_trace_state,
+        get_opaque_trace_state as _jax_opaque_trace_state,
         jaxprs_in_params as jaxprs_in_params,
     )
 except ImportError:  # JAX < 0.9: the same functions, only under jax.core.
     from jax.core import (  # type: ignore[no-redef]
-        get_opaque_trace_state as get_opaque_trace_state,
+        get_opaque_trace_state as _jax_opaque_trace_state,
         jaxprs_in_params as jaxprs_in_params,
     )
+
+
+class _NoTrace:
+    """The trace token while JAX has no current trace (inside a primitive's rules, JAX 0.11+)."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "<no current JAX trace>"
+
+
+NO_TRACE: Any = _NoTrace()
+"""What ``get_opaque_trace_state`` returns where JAX has no current trace: equal only to
+itself, so never to the token of a trace that some code was entered in."""
+
+
+def get_opaque_trace_state(convention: str | None = None) -> Any:
+    """JAX's opaque token of the current trace, or ``NO_TRACE`` where there is none.
+
+    Args:
+      convention: passed to JAX, which ignores it (Haiku passes ``"haiku"``).
+
+    Returns:
+      The token, equal to another while the trace is the same.
+
+    Example:
+      >>> from jaxoverride._compat import NO_TRACE, get_opaque_trace_state
+      >>> get_opaque_trace_state() == get_opaque_trace_state() != NO_TRACE
+      True
+    """
+    try:
+        return _jax_opaque_trace_state(convention)
+    except (AssertionError, AttributeError):  # no current trace (asserted; None under -O)
+        return NO_TRACE
 
 
 def set_user_context_global(context: Any, value: Any) -> None:
@@ -87,6 +131,36 @@ def rule_nondiff_argnums(rule: Any) -> tuple[int, ...]:
     if argnums is None:  # custom_vjp3: a frozenset, under another name
         argnums = sorted(rule.static_argnums)
     return tuple(argnums)
+
+
+def rule_jvp(rule: Any) -> Callable[..., Any] | None:
+    """The JVP rule that a JAX ``custom_jvp`` object holds, or None before one is defined.
+
+    After ``defjvps`` it is the single rule that JAX composed from the per-argument ones.
+
+    Args:
+      rule: what ``jax.custom_jvp(f, ...)`` returned (a ``custom_jvp3`` object under
+        ``jax_custom_jvp3``), or an adapter's rule object that forwards to one.
+
+    Returns:
+      The rule, as JAX calls it: ``jvp(primals, tangents) -> (out, tangent_out)``.
+
+    Example:
+      >>> import jax
+      >>> from jaxoverride.adapter_kit import rule_jvp
+      >>> f = jax.custom_jvp(lambda x: 2.0 * x)
+      >>> jvp = lambda primals, tangents: (f(*primals), 2.0 * tangents[0])
+      >>> _ = f.defjvp(jvp)
+      >>> rule_jvp(f) is jvp
+      True
+    """
+    if isinstance(rule, jax.custom_jvp):
+        return rule.jvp
+    composed = getattr(rule, "jvp_fun", _MISSING)  # custom_jvp3, or a wrapper of one
+    return getattr(rule, "jvp", None) if composed is _MISSING else composed
+
+
+_MISSING = object()
 
 
 @functools.cache
@@ -189,6 +263,38 @@ def resolve_argnums(
     return tuple(donated), tuple(donated_names), tuple(static), tuple(static_names)
 
 
+def hide_frames_under(directory: str) -> None:
+    """Makes JAX treat the frames of files under ``directory`` as its own, not the user's.
+
+    JAX names the innermost frame outside its own files as the source of an equation
+    and of an error ("This error occurs at source: ...", from JAX 0.11), and drops its own
+    frames from the tracebacks of errors that pass through it. A neutral function is
+    JAX's stand-in, so its frames must count as JAX's for both, as Equinox and Flax do
+    for theirs: ``jax.extend.source_info_util.register_exclusion`` for the first, and
+    the private ``jax._src.traceback_util.register_exclusion`` for the second.
+
+    Args:
+      directory: a package's directory.
+
+    Returns:
+      None.
+
+    Example:
+      >>> import os, jaxoverride
+      >>> from jaxoverride._compat import hide_frames_under
+      >>> hide_frames_under(os.path.dirname(jaxoverride.__file__))  # done at import
+    """
+    directory = os.path.join(os.path.abspath(directory), "")  # not its longer siblings
+    if directory in _hidden:
+        return
+    _hidden.add(directory)
+    source_info_util.register_exclusion(directory)
+    traceback_util.register_exclusion(directory)
+
+
+_hidden: set[str] = set()
+
+
 JIT_WRAPPER_TYPE: type = type(jax.jit(lambda x: x))
 """The type of what ``jax.jit`` returns (``PjitFunction``, from jaxlib's C++): found from the
 object itself, since its module path moves between jaxlib releases."""
@@ -201,6 +307,10 @@ PRIVATE_SYMBOLS: dict[str, str] = {
         "the name jax.jit gives a callable's program (jit_name); JAX has no public helper"
     ),
     "jax._src.api_util.fun_signature": "jit's own reading of a signature (resolve_argnums)",
+    "jax._src.traceback_util.register_exclusion": (
+        "hides jaxoverride's frames from the tracebacks JAX filters, as Equinox and Flax do "
+        "(hide_frames_under)"
+    ),
     "jax._src.api_util.resolve_argnums": "jit's own resolution of static and donated arguments",
     "jax._src.lax.control_flow.loops._batch_and_remainder": (
         "lax.map's batch_size split, exactly as each JAX version makes it (adapter_kit.batched_map)"
@@ -208,8 +318,9 @@ PRIVATE_SYMBOLS: dict[str, str] = {
 }
 """Every private upstream name the core uses, with why no public name serves.
 
-Each was read, with the same signature, in JAX 0.8.1 and 0.10.2 (tested), 0.11.0 and main
-at 0.11.1.dev (read on 2026-08-08); ``ci/private_symbols.py`` re-checks them against JAX,
+Each was read, with the same signature, in JAX 0.8.1, 0.10.2 and 0.11.2 (tested), 0.11.0,
+main at 0.11.1.dev (read on 2026-08-08) and 0.12.0 (its wheel, 2026-11-26);
+``ci/private_symbols.py`` re-checks them against JAX,
 Haiku and Flax git checkouts. See "Private symbols and supported versions" on the
 "Design" page. ``tests/test_private_symbols.py`` fails when the
 core uses a private name not listed here, or one that has a public name.
@@ -241,12 +352,15 @@ them: it compares the framework state before and after the call, by identity.
 __all__ = [
     "JIT_WRAPPER_TYPE",
     "PRIVATE_ATTRIBUTES",
+    "NO_TRACE",
     "ShardingTypeError",
     "get_opaque_trace_state",
+    "hide_frames_under",
     "jaxprs_in_params",
     "PRIVATE_SYMBOLS",
     "jit_name",
     "resolve_argnums",
+    "rule_jvp",
     "rule_nondiff_argnums",
     "set_user_context_global",
 ]

@@ -97,7 +97,8 @@ class _Nnx(Framework):
         variablelib = self.loaded()
         if variablelib is None or not isinstance(value, variablelib.Variable):
             return False
-        # ref=True and hijax=True Variables already work inside raw JAX transforms.
+        # ref=True Variables already work inside raw JAX transforms, and hijax=True ones
+        # either work (Flax 0.12.8) or raise Flax's own error when written (0.12.10).
         metadata = getattr(value, "_var_metadata", None) or {}
         return not (metadata.get("ref") or metadata.get("hijax"))
 

@@ -17,7 +17,8 @@ needs lives here, once:
 - where the running override sits in the stack (``override_position``), and
   ``describe_impl``, ``jit_name`` and ``get_opaque_trace_state``; ``calls_inside``,
   for a context that is also a decorator;
-- custom-rule lifting (``LiftedRule``) and the arguments of lifted rules
+- custom-rule lifting (``LiftedRule``), the rule a JAX ``custom_jvp`` holds
+  (``rule_jvp``) and the arguments of lifted rules
   (``positional_arguments``, ``fwd_output_pair``, ``bwd_cotangents``, the
   symbolic-zero helpers);
 - argnum inference (``infer_argnums_and_argnames``, ``resolve_argnums``,
@@ -59,7 +60,11 @@ Example:
   'lax.scan'
 """
 
-from jaxoverride._compat import jit_name as jit_name, resolve_argnums as resolve_argnums
+from jaxoverride._compat import (
+    jit_name as jit_name,
+    resolve_argnums as resolve_argnums,
+    rule_jvp as rule_jvp,
+)
 from jaxoverride._context import calls_inside as calls_inside
 from jaxoverride._names import (
     CALLS as CALLS,
@@ -228,6 +233,7 @@ __all__ = [
     "raw_import_time_transforms",
     "raw_transform_error",
     "resolve_argnums",
+    "rule_jvp",
     "scan_arguments",
     "shard_block_arguments",
     "shift_argnums",

@@ -8,14 +8,17 @@ import jax
 from jax.core import Tracer
 
 from jaxoverride import _raw
-from jaxoverride._compat import get_opaque_trace_state
+from jaxoverride._compat import NO_TRACE, get_opaque_trace_state
 from jaxoverride.errors import MissingAdapterError
 
 
 def _live_traces() -> set[int] | None:
     """Ids of the current JAX trace and the traces it runs inside; None if JAX won't say."""
+    token = get_opaque_trace_state(convention="jaxoverride")
+    if token is NO_TRACE:  # inside a primitive's rules (JAX 0.11+): no trace to start from
+        return None
     try:
-        trace = get_opaque_trace_state(convention="jaxoverride")._trace_ref()
+        trace = token._trace_ref()
     except (AssertionError, AttributeError, TypeError):  # JAX changed a private name
         return None
     live: set[int] = set()

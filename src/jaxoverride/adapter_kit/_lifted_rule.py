@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import jaxoverride as jo
+from jaxoverride._compat import rule_jvp
 from jaxoverride.adapter_kit._argnums import shift_argnums
 from jaxoverride.adapter_kit._rule_args import nondiff_positions
 
@@ -91,7 +92,7 @@ class LiftedRule:
     def defjvps(self, *jvps: Callable[..., Any] | None) -> None:
         """JAX's ``custom_jvp.defjvps``: JAX combines them into one rule, recorded."""
         self._plain.defjvps(*jvps)
-        self._rule = (self._plain.jvp, False)
+        self._rule = (rule_jvp(self._plain), False)
 
     def __getattr__(self, attribute: str) -> Any:
         if attribute.startswith("_"):

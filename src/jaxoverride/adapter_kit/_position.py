@@ -96,10 +96,14 @@ def get_opaque_trace_state(convention: str | None = None) -> Any:
 
     A framework that keeps state per trace level (Haiku's frames) compares these to tell
     whether it runs under the trace it was entered in. JAX's public
-    ``jax.extend.core.get_opaque_trace_state`` (``jax.core``'s before JAX 0.9).
+    ``jax.extend.core.get_opaque_trace_state`` (``jax.core``'s before JAX 0.9), except
+    where JAX has no current trace: from JAX 0.11 a primitive's own rules (its abstract
+    evaluation, as when Equinox's primitives call ``eqx.filter_eval_shape``) run with
+    none, and JAX's accessor fails there. This one then returns a token equal to no
+    trace's, so framework state entered in any trace reads as not usable there.
 
     Args:
-      convention: passed to JAX (Haiku passes ``"haiku"``).
+      convention: passed to JAX, which ignores it (Haiku passes ``"haiku"``).
 
     Returns:
       The token.

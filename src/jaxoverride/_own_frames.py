@@ -1,0 +1,35 @@
+"""The frames of jaxoverride and its adapters count as JAX's in source info and tracebacks.
+
+With nothing active a neutral function is JAX's function, so an error or an equation must
+name the user's line as JAX's would, not the neutral wrapper or an adapter that stands
+between (JAX 0.11 appends "This error occurs at source: <the first frame outside JAX>" to
+some errors). The adapters' directories are found without importing them.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+
+from jaxoverride._compat import hide_frames_under
+from jaxoverride._selfcheck import ADAPTERS
+
+
+def hide_own_frames() -> None:
+    """Registers the core's directory and each installed adapter's with JAX's exclusions.
+
+    Returns:
+      None.
+
+    Example:
+      >>> from jaxoverride._own_frames import hide_own_frames
+      >>> hide_own_frames()  # done once by ``import jaxoverride``; again is harmless
+    """
+    hide_frames_under(os.path.dirname(__file__))
+    for name in ADAPTERS:
+        spec = importlib.util.find_spec(name)
+        for directory in (spec and spec.submodule_search_locations) or ():
+            hide_frames_under(directory)
+
+
+__all__ = ["hide_own_frames"]
