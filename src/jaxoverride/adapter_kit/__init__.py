@@ -18,7 +18,8 @@ needs lives here, once:
   ``describe_impl``, ``jit_name`` and ``get_opaque_trace_state``;
 - custom-rule lifting (``LiftedRule``) and the arguments of lifted rules
   (``positional_arguments``, ``fwd_output_pair``, ``bwd_cotangents``, the
-  symbolic-zero helpers);
+  symbolic-zero helpers), and JAX's checks of the user's part of a lifted rule's
+  output (``jvp_output_pair``, ``argument_types``, ``check_bwd_types``);
 - argnum inference (``infer_argnums_and_argnames``, ``resolve_argnums``,
   ``shift_argnums``), a weak-keyed wrapper cache (``WrapperCache``), the replay
   that raises JAX's own error (``raise_as_jax``), batched ``lax.map``
@@ -121,6 +122,11 @@ from jaxoverride.adapter_kit._rule_args import (
     unwrap_primals as unwrap_primals,
     zero_tangents as zero_tangents,
 )
+from jaxoverride.adapter_kit._rule_checks import (
+    argument_types as argument_types,
+    check_bwd_types as check_bwd_types,
+    jvp_output_pair as jvp_output_pair,
+)
 
 __all__ = [
     "CALLS",
@@ -141,11 +147,13 @@ __all__ = [
     "Threaded",
     "WrapperCache",
     "applying",
+    "argument_types",
     "as_index_tuple",
     "as_jax_operands",
     "batched_map",
     "branch_error",
     "bwd_cotangents",
+    "check_bwd_types",
     "check_loop_carry",
     "check_name",
     "check_scan_output",
@@ -164,6 +172,7 @@ __all__ = [
     "is_applying",
     "jit_name",
     "join_batches",
+    "jvp_output_pair",
     "mesh_axis_sizes",
     "nondiff_positions",
     "output_shapes",
