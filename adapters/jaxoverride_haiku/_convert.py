@@ -26,6 +26,7 @@ from jaxoverride import errors
 from jaxoverride.adapter_kit import zeros_for
 from jaxoverride_haiku._creation import init_safe_call
 from jaxoverride_haiku._frames import Threaded, state_names, state_usable
+from jaxoverride_haiku._rng import CheckedSequence
 from jaxoverride_haiku._site import current_site, init_once
 
 
@@ -71,7 +72,7 @@ def _refusal(where: str, what: str, why: tuple[str, str]) -> PureFunctionWriteEr
     return PureFunctionWriteError(f"{where}: {what} inside {inside}. " + reason.format(where=where))
 
 
-class _RefusingSequence(hk.PRNGSequence):
+class _RefusingSequence(CheckedSequence):
     """An rng sequence that refuses every draw; loops may still carry its state."""
 
     def __init__(self, state: Any, where: str, why: tuple[str, str]):

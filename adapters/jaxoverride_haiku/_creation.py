@@ -25,6 +25,7 @@ import jax
 from haiku._src import base
 
 from jaxoverride_haiku._frames import Names, current_frame, initializing
+from jaxoverride_haiku._rng import CheckedSequence
 from jaxoverride_plain import init_safe_call as plain_init_safe_call
 
 
@@ -137,7 +138,7 @@ def create(thunk: Callable[[], Any]) -> None:
     state_before = _copy_bundles(frame.state)
     params_before = _copy_bundles(frame.params)
     sequence = frame.rng_stack.peek()
-    sandbox = None if sequence is None else hk.PRNGSequence(sequence.internal_state)
+    sandbox = None if sequence is None else CheckedSequence(sequence.internal_state)
     try:
         with (
             frame.rng_stack(sandbox),

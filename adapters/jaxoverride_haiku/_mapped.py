@@ -31,6 +31,7 @@ import jaxoverride_plain as plain
 from jaxoverride import adapter_kit as kit
 from jaxoverride_haiku._creation import create
 from jaxoverride_haiku._frames import Threaded, initializing, state_usable
+from jaxoverride_haiku._rng import update_state
 from jaxoverride_haiku._transforms import _wraps
 
 _PMAP = inspect.signature(jax.pmap)
@@ -64,7 +65,7 @@ class _Mapped:
         return out, changed
 
     def finish(self, changed: Any) -> None:
-        stateful.update_internal_state(changed)
+        update_state(changed)
         self.thread.finish()
 
 
