@@ -25,7 +25,6 @@ from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 import jax.numpy as jnp
-from haiku._src import stateful
 
 import jaxoverride as jo
 from jaxoverride import adapter_kit as kit, lax as jlax
@@ -41,6 +40,7 @@ from jaxoverride_haiku._frames import (
     state_usable,
 )
 from jaxoverride_haiku._reuse import Build, Getter, Handed, Wrappers, fresh, reused
+from jaxoverride_haiku._rng import update_state
 from jaxoverride_haiku._site import creating_site, current_site, init_once
 
 _HOOKS: dict[str, Any] = {"initializing": initializing, "create": create}
@@ -49,7 +49,7 @@ T = TypeVar("T")
 
 def _finish(thread: Threaded, state: InternalState) -> None:
     # Params are read-only in a loop: what came out of the carry is not written back.
-    stateful.update_internal_state(state._replace(params=None))
+    update_state(state._replace(params=None))
     thread.finish()
 
 

@@ -24,6 +24,7 @@ from haiku._src import base, stateful
 from jaxoverride import adapter_kit as kit, errors
 from jaxoverride_haiku._creation import init_safe_call
 from jaxoverride_haiku._frames import Threaded, state_names, state_usable
+from jaxoverride_haiku._rng import CheckedSequence
 from jaxoverride_haiku._site import current_site, init_once
 
 
@@ -69,7 +70,7 @@ def _refusal(where: str, what: str, why: tuple[str, str]) -> PureFunctionWriteEr
     return PureFunctionWriteError(f"{where}: {what} inside {inside}. " + reason.format(where=where))
 
 
-class _RefusingSequence(hk.PRNGSequence):
+class _RefusingSequence(CheckedSequence):
     """An rng sequence that refuses every draw; loops may still carry its state."""
 
     def __init__(self, state: Any, where: str, why: tuple[str, str]):

@@ -26,6 +26,7 @@ from haiku._src import base
 
 from jaxoverride.adapter_kit import init_safe_call as kit_init_safe_call
 from jaxoverride_haiku._frames import Names, current_frame, initializing
+from jaxoverride_haiku._rng import CheckedSequence
 
 
 class _SaltedSequence(hk.PRNGSequence):
@@ -137,7 +138,7 @@ def create(thunk: Callable[[], Any]) -> None:
     state_before = _copy_bundles(frame.state)
     params_before = _copy_bundles(frame.params)
     sequence = frame.rng_stack.peek()
-    sandbox = None if sequence is None else hk.PRNGSequence(sequence.internal_state)
+    sandbox = None if sequence is None else CheckedSequence(sequence.internal_state)
     try:
         with (
             frame.rng_stack(sandbox),

@@ -21,6 +21,7 @@ import jax
 from haiku._src import base, stateful
 
 from jaxoverride.adapter_kit import get_opaque_trace_state, is_applying
+from jaxoverride_haiku._rng import temporary_state
 
 InternalState = stateful.InternalState
 
@@ -158,7 +159,7 @@ class Threaded:
     def frame(self, index: int, state: InternalState) -> Iterator[base.Frame]:
         """A Haiku frame holding ``state`` for function ``index``, at the current trace level."""
         start = self._start(index)
-        with stateful.temporary_internal_state(state), base.push_jax_trace_level():
+        with temporary_state(state), base.push_jax_trace_level():
             inner = current_frame()
             start.restore_into(inner)
             before = base.param_names() if self.check_params else None

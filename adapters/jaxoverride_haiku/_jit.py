@@ -34,6 +34,7 @@ from jaxoverride_haiku._frames import (
     state_usable,
     submodule_sets,
 )
+from jaxoverride_haiku._rng import temporary_state, update_state
 
 _KEY_LIMIT = 1024
 
@@ -161,7 +162,7 @@ class HaikuJit:
         fun = self._fun
 
         def pure(key: _Key, state: stateful.InternalState, *args: Any, **kwargs: Any) -> Any:
-            with stateful.temporary_internal_state(state), base.push_jax_trace_level():
+            with temporary_state(state), base.push_jax_trace_level():
                 inner = current_frame()
                 submodules_before = [
                     set(s) if s is not None else None for s in submodule_sets(inner)
@@ -202,7 +203,7 @@ class HaikuJit:
         key = self._key(frame)
         inner = self._inner if self._single_in_sharding is None else self._inner_for(len(args))
         out, changed = inner(key, stateful.internal_state(), *args, **kwargs)
-        stateful.update_internal_state(changed)
+        update_state(changed)
         key.replay(frame)
         return out
 

@@ -64,6 +64,7 @@ from jaxoverride_haiku._frames import (
     new_parameters_error,
     state_usable,
 )
+from jaxoverride_haiku._rng import CheckedSequence, update_state
 from jaxoverride_haiku._site import current_site, init_once
 
 
@@ -248,7 +249,7 @@ class _RuleCall:
         ``refused``: names of differentiated values whose reads are refused. ``forward``:
         whether this run's naming state is the one the caller continues from.
         """
-        rng = None if values.rng is None else hk.PRNGSequence(values.rng)
+        rng = None if values.rng is None else CheckedSequence(values.rng)
         frame = self.template.evolve(
             params=_mutable(values.params), state=_mutable(values.state), rng=rng
         )
@@ -283,7 +284,7 @@ class _RuleCall:
         changed: dict[str, dict[str, Any]] = {}
         for module, name in self.changed:
             changed.setdefault(module, {})[name] = state[module][name]
-        stateful.update_internal_state(InternalState(params=None, state=changed, rng=rng))
+        update_state(InternalState(params=None, state=changed, rng=rng))
         self.finished = True
         if self.end is not None:
             self.end.restore_into(current_frame())

@@ -31,6 +31,7 @@ from haiku._src import base
 from jaxoverride_haiku._compat import set_current_trace, take_current_trace
 from jaxoverride_haiku._creation import _salt, _SaltedSequence
 from jaxoverride_haiku._frames import Names, current_frame, initializing
+from jaxoverride_haiku._rng import CheckedSequence
 
 T = TypeVar("T")
 
@@ -53,7 +54,7 @@ class Site:
         the key of a new sequence with an ``eval_shape``: a call that creates nothing
         should not pay for it)."""
         if self._sandbox is None and self._rng is not None:
-            self._sandbox = hk.PRNGSequence(self._rng)
+            self._sandbox = CheckedSequence(self._rng)
         return self._sandbox
 
 

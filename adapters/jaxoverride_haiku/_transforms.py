@@ -21,6 +21,7 @@ import jaxoverride as jo
 from jaxoverride import adapter_kit as kit
 from jaxoverride_haiku._creation import init_safe_call
 from jaxoverride_haiku._frames import Threaded, state_usable
+from jaxoverride_haiku._rng import update_state
 
 
 class TracedCall(kit.StatefulCall):
@@ -40,7 +41,7 @@ class TracedCall(kit.StatefulCall):
         return out, changed
 
     def finish(self, changed: Any) -> None:
-        stateful.update_internal_state(changed)
+        update_state(changed)
         self.thread.finish()
 
 

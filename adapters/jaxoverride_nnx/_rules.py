@@ -25,13 +25,15 @@ import jax
 from jax._src.custom_derivatives import _sum_tangents, _zeros_like_pytree
 from jax.custom_derivatives import SymbolicZero
 
-import jaxoverride as jo
 from jaxoverride import errors
 from jaxoverride.adapter_kit import (
+    LiftedRule,
+    argument_types,
     bwd_cotangents,
+    check_bwd_types,
     fwd_output_pair,
     instantiate_zeros,
-    nondiff_positions,
+    jvp_output_pair,
     perturbed_leaves,
     positional_arguments,
     rule_jvp,
@@ -160,6 +162,7 @@ class _SameWrites:
         self._rule = rule
         self._order = order  # the given Variables' indices, in the outputs' order
         self._first: tuple[str, frozenset[int]] | None = None
+        self.primal_out: Any = None  # the primal function's output types, once traced
 
     def conform(self, role: str, given: dict[int, Any], after: Sequence[Any]) -> list[Any]:
         written = _written(self._order, given, after)
@@ -183,29 +186,19 @@ class _SameWrites:
         ]
 
 
-class _LiftedRule:
-    """What ``LiftedVJP`` and ``LiftedJVP`` share: JAX's rule below for the untracked
-    path, and one call of a rule over the lifted function on the tracked path."""
+class _LiftedRule(LiftedRule):
+    """What ``LiftedVJP`` and ``LiftedJVP`` share: the kit's ``LiftedRule`` (JAX's rule
+    below for the untracked path, the user's rule functions recorded), and one call of a
+    rule over the lifted function on the tracked path."""
 
     _kind = ""
-    _where = ""
 
     def __init__(
         self, fun: Callable[..., Any], nondiff_argnums: Sequence[int] = (),
         nondiff_argnames: Sequence[str] = (),
     ):  # fmt: skip
-        below = jo.next_impl(self._kind)
-        self._plain = below(fun, nondiff_argnums=nondiff_argnums, nondiff_argnames=nondiff_argnames)
-        self._below = below
-        self._fun = fun
-        self._nondiff = _nondiff(self._plain, fun, nondiff_argnums, nondiff_argnames)
-        self._rule: tuple[Any, ...] | None = None
+        super().__init__(self._kind, fun, nondiff_argnums, nondiff_argnames)
         self._threads = Threads()  # the modules that the rule's functions touch
-
-    def __getattr__(self, attribute: str) -> Any:
-        if attribute.startswith("_"):
-            raise AttributeError(attribute)
-        return getattr(self._plain, attribute)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         tracked = current()
@@ -281,6 +274,8 @@ class _LiftedRule:
 
         def lifted(values: dict[int, Any], *inner: Any) -> Any:
             out, after = live.run(tracked, values, fun, inner, where, "primal function")
+            with contextlib.suppress(TypeError):  # not JAX types: JAX's own error follows
+                same.primal_out = jax.tree.map(jax.typeof, out)
             return out, same.conform("primal function", values, after)
 
         return _named_as(lifted, fun)
@@ -326,21 +321,6 @@ class _Live:
             ) from None
 
 
-def _nondiff(
-    plain: Any, fun: Callable[..., Any], argnums: Sequence[int], argnames: Sequence[str]
-) -> set[int]:
-    """JAX's own resolution of the non-differentiable positions, as the rule below made it
-    (a name that is no parameter is ignored); JAX's next ``custom_vjp`` keeps none."""
-    resolved = getattr(plain, "nondiff_argnums", None)
-    if resolved is not None:
-        return set(resolved)
-    try:
-        names = set(inspect.signature(fun).parameters)
-    except (TypeError, ValueError):
-        names = set()
-    return set(nondiff_positions(fun, argnums, [n for n in argnames if n in names]))
-
-
 def _named_as(lifted: Callable[..., Any], user: Callable[..., Any]) -> Callable[..., Any]:
     """``lifted`` under the user's function's name and source location, so that JAX's
     errors and jaxprs name the user's function, not the adapter's. Its own signature
@@ -371,17 +351,6 @@ class LiftedVJP(_LiftedRule):
     """What the NNX override of ``custom_vjp`` builds: JAX's rule, Variables lifted."""
 
     _kind = "custom_vjp"
-    _where = WHERE
-
-    def defvjp(
-        self,
-        fwd: Callable[..., Any],
-        bwd: Callable[..., Any],
-        symbolic_zeros: bool = False,
-        optimize_remat: bool = False,
-    ) -> None:
-        self._plain.defvjp(fwd, bwd, symbolic_zeros=symbolic_zeros, optimize_remat=optimize_remat)
-        self._rule = (fwd, bwd, symbolic_zeros, optimize_remat)
 
     def _define(self, rule: Any, probing: Callable[..., Any]) -> None:
         assert self._rule is not None
@@ -399,9 +368,8 @@ class LiftedVJP(_LiftedRule):
         assert self._rule is not None
         fun, (fwd, bwd, symbolic_zeros, optimize_remat) = self._fun, self._rule
         count = len(tracked.variables)
-        primal_tree = jax.tree.structure(
-            tuple(arg for index, arg in enumerate(args) if index not in self._nondiff)
-        )
+        primals = tuple(arg for index, arg in enumerate(args) if index not in self._nondiff)
+        primal_tree, primal_types = jax.tree.structure(primals), argument_types(primals)
         # Symbolic zeros tell which Variables are being differentiated (see
         # _refusing_reads); the user's rules see them only if they asked. JAX's remat
         # optimisation takes no symbolic zeros: there, as with JAX's own rule, nothing
@@ -421,7 +389,7 @@ class LiftedVJP(_LiftedRule):
                 inner = unwrap_primals(inner)
             with _refusing_reads(tracked, perturbed):
                 pair, after = live.run(tracked, values, fwd, inner, WHERE, "forward rule (fwd)")
-            out, residuals = fwd_output_pair(pair, fwd, fun)
+            out, residuals = fwd_output_pair(pair, fwd, fun, same.primal_out)
             written = same.conform("forward rule (fwd)", values, after)
             return (out, written), (values, residuals)
 
@@ -447,7 +415,9 @@ class LiftedVJP(_LiftedRule):
                     "jaxopt's implicit_diff=True does), or use the library's "
                     "non-implicit mode (jaxopt's implicit_diff=False).",
                 )
-            return (None, *bwd_cotangents(cotangents, primal_tree))
+            cotangents = bwd_cotangents(cotangents, primal_tree)
+            check_bwd_types(cotangents, primal_types)  # JAX's check, the user's indices
+            return (None, *cotangents)
 
         rule = self._below(
             self._primal(tracked, same, live), nondiff_argnums=self._lifted_nondiff()
@@ -461,11 +431,8 @@ class LiftedVJP(_LiftedRule):
         return rule
 
 
-def custom_vjp(
-    fun: Callable[..., Any], nondiff_argnums: Sequence[int] = (),
-    nondiff_argnames: Sequence[str] = (),
-) -> LiftedVJP:  # fmt: skip
-    return LiftedVJP(fun, nondiff_argnums, nondiff_argnames)
+# The override takes JAX's constructor arguments, as ``LiftedVJP`` does.
+custom_vjp = LiftedVJP
 
 
 WHERE_JVP = "jaxoverride.custom_jvp"
@@ -493,12 +460,6 @@ class LiftedJVP(_LiftedRule):
     """
 
     _kind = "custom_jvp"
-    _where = WHERE_JVP
-
-    def defjvp(self, jvp: Callable[..., Any], symbolic_zeros: bool = False) -> Callable[..., Any]:
-        self._plain.defjvp(jvp, symbolic_zeros=symbolic_zeros)
-        self._rule = (jvp, symbolic_zeros)
-        return jvp
 
     def defjvps(self, *jvps: Callable[..., Any] | None) -> None:
         self._plain.defjvps(*jvps)  # JAX's checks (no nondiff_argnums)
@@ -556,7 +517,7 @@ class LiftedJVP(_LiftedRule):
             if not symbolic_zeros:
                 tangents = instantiate_zeros(tangents)
             with _refusing_reads(tracked, perturbed, WHERE_JVP):
-                (out, out_dot), after = live.run(
+                pair, after = live.run(
                     tracked,
                     values,
                     jvp,
@@ -564,6 +525,7 @@ class LiftedJVP(_LiftedRule):
                     WHERE_JVP,
                     "JVP rule",
                 )
+            out, out_dot = jvp_output_pair(pair, jvp, fun, same.primal_out)
             written = same.conform("JVP rule", values, after)
             return (out, written), (
                 out_dot,
@@ -579,8 +541,5 @@ class LiftedJVP(_LiftedRule):
         return rule
 
 
-def custom_jvp(
-    fun: Callable[..., Any], nondiff_argnums: Sequence[int] = (),
-    nondiff_argnames: Sequence[str] = (),
-) -> LiftedJVP:  # fmt: skip
-    return LiftedJVP(fun, nondiff_argnums, nondiff_argnames)
+# The override takes JAX's constructor arguments, as ``LiftedJVP`` does.
+custom_jvp = LiftedJVP

@@ -149,6 +149,56 @@ def _values_of(fun: Any, label: str = "the function") -> Iterator[tuple[str, Any
         ]
 
 
+_WALKED = (functools.partial, types.MethodType, types.FunctionType, list, tuple, dict)
+
+
+@functools.lru_cache(maxsize=1024)
+def _global_names(code: types.CodeType) -> tuple[str, ...]:
+    """The names that ``code`` and the code nested in it look up, as ``_values_of`` reads
+    them (code objects are immutable)."""
+    names: list[str] = []
+    codes = [code]
+    while codes:
+        each = codes.pop()
+        names += each.co_names
+        codes += [c for c in each.co_consts if isinstance(c, types.CodeType)]
+    return tuple(names)
+
+
+def _shallow_values(fun: Any) -> list[tuple[str, Any]] | None:
+    """What ``_values_of(fun)`` yields, in its order, for a function none of whose direct
+    values is searched further (the usual ``lambda x: model(x)``), without its search
+    machinery; None where the full search is needed."""
+    if type(fun) is not types.FunctionType:
+        return None
+    inner: list[tuple[str, Any]] = []
+    cells = fun.__closure__
+    if cells:
+        for free, cell in zip(fun.__code__.co_freevars, cells, strict=False):
+            try:
+                inner.append((free, cell.cell_contents))
+            except ValueError:  # an empty cell
+                pass
+    if fun.__defaults__:
+        inner += [("default", item) for item in fun.__defaults__]
+    if fun.__kwdefaults__:
+        inner += list(fun.__kwdefaults__.items())
+    names_of = fun.__globals__
+    inner += [(n, names_of[n]) for n in _global_names(fun.__code__) if n in names_of]
+    if len(inner) >= _SEARCH_LIMIT or getattr(fun, "__wrapped__", None) is not None:
+        return None
+    seen = {id(fun)}
+    values = []
+    for name, value in reversed(inner):  # the search pops its pending list from the end
+        if isinstance(value, _WALKED):
+            return None
+        if isinstance(value, types.ModuleType) or id(value) in seen:
+            continue
+        seen.add(id(value))
+        values.append((name, value))
+    return values
+
+
 Captured = list[tuple[str, Any]]
 
 
@@ -157,7 +207,9 @@ def captured_state(fun: Any) -> Captured:
     while NNX is not imported)."""
     if NNX.loaded() is None:
         return []
-    return [(name, value) for name, value in _values_of(fun) if NNX.is_state(value)]
+    values = _shallow_values(fun)
+    found = _values_of(fun) if values is None else values
+    return [(name, value) for name, value in found if NNX.is_state(value)]
 
 
 def _holds_state(values: Any) -> bool:

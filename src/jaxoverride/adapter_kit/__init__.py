@@ -20,7 +20,8 @@ needs lives here, once:
 - custom-rule lifting (``LiftedRule``), the rule a JAX ``custom_jvp`` holds
   (``rule_jvp``) and the arguments of lifted rules
   (``positional_arguments``, ``fwd_output_pair``, ``bwd_cotangents``, the
-  symbolic-zero helpers);
+  symbolic-zero helpers), and JAX's checks of the user's part of a lifted rule's
+  output (``jvp_output_pair``, ``argument_types``, ``check_bwd_types``);
 - argnum inference (``infer_argnums_and_argnames``, ``resolve_argnums``,
   ``shift_argnums``), a weak-keyed wrapper cache (``WrapperCache``), the replay
   that raises JAX's own error (``raise_as_jax``), batched ``lax.map``
@@ -163,6 +164,11 @@ from jaxoverride.adapter_kit._rule_args import (
     unwrap_primals as unwrap_primals,
     zero_tangents as zero_tangents,
 )
+from jaxoverride.adapter_kit._rule_checks import (
+    argument_types as argument_types,
+    check_bwd_types as check_bwd_types,
+    jvp_output_pair as jvp_output_pair,
+)
 
 __all__ = [
     "CALLS",
@@ -186,12 +192,14 @@ __all__ = [
     "TransformState",
     "WrapperCache",
     "applying",
+    "argument_types",
     "as_index_tuple",
     "as_jax_operands",
     "batched_map",
     "branch_error",
     "bwd_cotangents",
     "calls_inside",
+    "check_bwd_types",
     "check_loop_carry",
     "check_name",
     "check_scan_output",
@@ -222,6 +230,7 @@ __all__ = [
     "is_initializing",
     "jit_name",
     "join_batches",
+    "jvp_output_pair",
     "mesh_axis_sizes",
     "nondiff_positions",
     "output_shapes",

@@ -10,6 +10,7 @@ attributes users read), and the rule functions the user defined, to lift at call
 from __future__ import annotations
 
 import functools
+import inspect
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -69,7 +70,7 @@ class LiftedRule:
             fun, nondiff_argnums=nondiff_argnums, nondiff_argnames=nondiff_argnames
         )
         self._fun = fun
-        self._nondiff = nondiff_positions(fun, nondiff_argnums, nondiff_argnames)
+        self._nondiff = _resolved_nondiff(self._plain, fun, nondiff_argnums, nondiff_argnames)
         self._rule: tuple[Any, ...] | None = None
 
     def defvjp(
@@ -149,3 +150,22 @@ class LiftedRule:
             return build
 
         return {name: builder(name) for name in ("custom_vjp", "custom_jvp")}
+
+
+def _resolved_nondiff(
+    plain: Any, fun: Callable[..., Any], argnums: Sequence[int], argnames: Sequence[str]
+) -> tuple[int, ...]:
+    """The non-differentiable positions as the rule below resolved them.
+
+    JAX ignores a name that is no parameter; its next ``custom_vjp`` keeps the positions
+    as ``static_argnums``. A rule below that keeps neither gets the same resolution here.
+    """
+    for attribute in ("nondiff_argnums", "static_argnums"):
+        resolved = getattr(plain, attribute, None)
+        if resolved is not None:
+            return tuple(sorted(resolved))
+    try:
+        names = set(inspect.signature(fun).parameters)
+    except (TypeError, ValueError):
+        names = set()
+    return nondiff_positions(fun, argnums, [name for name in argnames if name in names])

@@ -19,6 +19,7 @@ import numpy as np
 from jax.custom_derivatives import CustomVJPPrimal, SymbolicZero
 
 from jaxoverride._compat import jit_name
+from jaxoverride.adapter_kit._rule_checks import check_primal_out
 
 
 def positional_arguments(
@@ -178,8 +179,11 @@ def zero_tangents(tree: Any) -> Any:
     return jax.tree.map(zero, tree)
 
 
-def fwd_output_pair(result: Any, fwd: Callable[..., Any], fun: Callable[..., Any]) -> Any:
-    """``result`` of a user's ``fwd`` rule, checked as JAX checks it: a pair.
+def fwd_output_pair(
+    result: Any, fwd: Callable[..., Any], fun: Callable[..., Any], primal_out: Any = None
+) -> Any:
+    """``result`` of a user's ``fwd`` rule, checked as JAX checks it: a pair, whose first
+    element agrees with the primal function's output where that was traced.
 
     An adapter unpacks ``fwd``'s output before JAX sees it, so it must refuse a non-pair
     with JAX's own error, not Python's unpacking one.
@@ -188,6 +192,8 @@ def fwd_output_pair(result: Any, fwd: Callable[..., Any], fun: Callable[..., Any
       result: what the user's ``fwd`` returned.
       fwd: the user's ``fwd`` rule.
       fun: the user's primal function.
+      primal_out: the types (``jax.typeof`` of each leaf) of the primal function's output
+        where JAX traced it before the rule (as it does inside a loop), else ``None``.
 
     Returns:
       ``result``, a list or tuple of length two.
@@ -204,9 +210,21 @@ def fwd_output_pair(result: Any, fwd: Callable[..., Any], fun: Callable[..., Any
       Traceback (most recent call last):
       TypeError: Custom VJP fwd rule f_fwd for function f must produce a pair ...
     """
-    if isinstance(result, (list, tuple)) and len(result) == 2:
-        return result
     fwd_name, primal_name = jit_name(fwd), jit_name(fun)
+    if isinstance(result, (list, tuple)) and len(result) == 2:
+        if primal_out is not None:
+
+            def lead(what: str) -> str:
+                return (
+                    f"Custom VJP fwd rule {fwd_name} for function {primal_name} must produce "
+                    "a pair (list or tuple of length two) where the first element represents "
+                    "the primal output (equal to the output of the custom_vjp-decorated "
+                    f"function {primal_name}) and the second element represents residuals "
+                    "(i.e. values stored from the forward pass for use on the backward pass)"
+                )
+
+            check_primal_out(result[0], primal_out, lead, "fwd rule", primal_name)
+        return result
     raise TypeError(
         f"Custom VJP fwd rule {fwd_name} for function {primal_name} "
         "must produce a pair (list or tuple of length two) where the first "
