@@ -38,7 +38,7 @@ def call_user(fun: Callable[..., Any], *args: Any) -> Any:
     # Every call of user code goes through here: an error that passed through was raised
     # by user code, not by JAX's checks of what the user code returned. It is marked, not
     # found by this frame in its traceback: JAX drops jaxoverride's frames from the
-    # tracebacks of errors that pass through it (``jaxoverride._compat.hide_frames_under``).
+    # tracebacks of errors that pass through it (the core's ``hide_frames_under``).
     try:
         return fun(*args)
     except Exception as error:

@@ -43,6 +43,9 @@ class TracedCall(kit.StatefulCall):
     def finish(self, changed: Any) -> None:
         update_state(changed)
         self.thread.finish()
+        # JAX may keep the traced function (pmap's cache of its shard_map), and with it
+        # this call: it must not keep the caller's trace's values.
+        self.state = None
 
 
 _STATE = kit.TransformState(

@@ -483,17 +483,19 @@ class _Traced:
 
     It holds ``fun`` weakly (the neutral transform holds it strongly), so that the one
     ``_Traced`` kept per function never keeps the function alive; ``__wrapped__``,
-    ``__name__`` and ``__qualname__`` make JAX name it, read its signature and locate its
-    source exactly as ``fun``'s.
+    ``__name__``, ``__qualname__``, ``__module__`` and ``__doc__`` make JAX name it, read
+    its signature and locate its source exactly as ``fun``'s.
     """
 
-    __slots__ = ("__name__", "__qualname__", "__weakref__", "_fun", "_name")
+    # No __slots__: ``__module__`` and ``__doc__`` are the function's, per instance.
 
     def __init__(self, name: str, fun: Any, ref: Any):
         self._name = name
         self._fun = ref
         self.__name__ = jit_name(fun)
         self.__qualname__ = _qualified_name(fun)
+        self.__module__ = getattr(fun, "__module__", None)
+        self.__doc__ = getattr(fun, "__doc__", None)
 
     @property
     def __wrapped__(self) -> Any:

@@ -153,6 +153,7 @@ class _SourceCall(StatefulCall):
 
     def finish(self, left: Any) -> None:
         self.thread.finish(left)
+        self.state = None  # JAX may cache the traced function, and so this call
 
     def left_axes(self, axis: int) -> Any:
         fresh_axes = getattr(self.thread.source, "fresh_axes", None)
