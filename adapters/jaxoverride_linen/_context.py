@@ -116,36 +116,43 @@ def install() -> jo.Installation:
       >>> variables = Scan().init(jax.random.key(0), jnp.ones(2))
       >>> list(variables["params"])
       ['Dense_0']
-      >>> jol.uninstall()
-      True
+      >>> jol.uninstall(), jol.is_installed()
+      (True, False)
     """
     return _INSTALLER.install()
 
 
 def uninstall() -> bool:
-    """Removes what ``install()`` registered.
+    """Takes the Linen overrides out of the process, and puts Flax's ``Scope`` back.
+
+    Method calls of bound modules that are running keep the scope they entered until
+    they return.
 
     Returns:
-      True if it was installed, False if there was nothing to remove.
+      True if ``install()`` was in effect, False if there was nothing to remove.
 
     Example:
       >>> import jaxoverride_linen as jol
-      >>> jol.uninstall()
-      False
+      >>> handle = jol.install()
+      >>> jol.uninstall(), jol.uninstall()
+      (True, False)
     """
     return _INSTALLER.uninstall()
 
 
 def is_installed() -> bool:
-    """Whether ``install()`` is in effect.
+    """Whether ``install()`` is in effect; entering ``context()`` does not count.
 
     Returns:
-      True between ``install()`` and ``uninstall()``.
+      True from ``install()`` until ``uninstall()`` or the handle's own ``uninstall()``.
 
     Example:
       >>> import jaxoverride_linen as jol
-      >>> jol.is_installed()
-      False
+      >>> with jol.context():
+      ...     inside = jol.is_installed()
+      >>> handle = jol.install()
+      >>> inside, jol.is_installed(), jol.uninstall(), jol.is_installed()
+      (False, True, True, False)
     """
     return _INSTALLER.is_installed()
 
