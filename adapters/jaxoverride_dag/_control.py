@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 
 import jaxoverride as jo
-from jaxoverride.adapter_kit import NO_OPERAND as _NO_OPERAND
+from jaxoverride.adapter_kit import NO_OPERAND as _NO_OPERAND, scan_arguments
 from jaxoverride_dag._errors import SharingError, pattern_mismatch
 from jaxoverride_dag._handoff import (
     MAX_PER_FUNCTION,
@@ -103,20 +103,13 @@ def _nothing_to_map(plan: Plan, dyn: Sequence[Any]) -> bool:
     return not dyn and bool(plan.statics)
 
 
-def dag_scan(
-    f: Callable[[Any, Any], tuple[Any, Any]],
-    init: Any,
-    xs: Any = None,
-    length: int | None = None,
-    reverse: bool = False,
-    unroll: int | bool = 1,
-    _split_transpose: bool = False,
-) -> tuple[Any, Any]:
-    """The ``"lax.scan"`` override: ``jax.lax.scan``'s signature.
+def dag_scan(*args: Any, **kwargs: Any) -> tuple[Any, Any]:
+    """The ``"lax.scan"`` override: ``jax.lax.scan``'s arguments (``scan_arguments``).
 
     The body sees the carry and each slice of ``xs`` as fresh objects, shared as the
     caller's were; ``ys`` come back with the sharing the body gave them.
     """
+    f, init, xs, length, reverse, unroll, _split_transpose = scan_arguments(*args, **kwargs)
     lower = jo.next_impl("lax.scan")
     if not callable(f):  # JAX's own error
         return lower(f, init, xs, length, reverse, unroll, _split_transpose)

@@ -35,6 +35,7 @@ from jaxoverride.adapter_kit import (
     check_scan_output,
     join_batches,
     output_shapes,
+    scan_arguments,
     split_batches,
 )
 from jaxoverride_nnx._lift import (
@@ -263,16 +264,9 @@ def _scan_body(self: _Lifted, fns: list[Any], carry: Any, x: Any) -> Any:
     return (new_carry, after, constants), y
 
 
-def scan(
-    f: Callable[[Any, Any], tuple[Any, Any]],
-    init: Any,
-    xs: Any = None,
-    length: int | None = None,
-    reverse: bool = False,
-    unroll: int | bool = 1,
-    _split_transpose: bool = False,
-) -> tuple[Any, Any]:
-    """The ``"lax.scan"`` override."""
+def scan(*args: Any, **kwargs: Any) -> tuple[Any, Any]:
+    """The ``"lax.scan"`` override: ``jax.lax.scan``'s arguments (``scan_arguments``)."""
+    f, init, xs, length, reverse, unroll, _split_transpose = scan_arguments(*args, **kwargs)
     below = jo.next_impl("lax.scan")
     _no_modules_in(xs, _SCAN)
     tracked = with_arguments(current(), init)
