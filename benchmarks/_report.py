@@ -111,7 +111,7 @@ CONTENT_PIXELS = 688
 _WIDTH_INCHES = 6.88
 _SMALLEST_POINTS = 8
 _LABEL_CHARACTERS = 96  # about the widest 8 pt line that fits in the axes
-_ROW_INCHES = 0.42
+_ROW_INCHES = 0.38
 _LINE_ROWS = 0.45  # the height of one more label line, in rows
 
 
