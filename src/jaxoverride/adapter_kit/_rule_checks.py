@@ -165,7 +165,7 @@ def check_bwd_types(cotangents: tuple[Any, ...], types: Any) -> None:
       >>> check_bwd_types((jnp.zeros(3), None), types)
       >>> check_bwd_types((jnp.zeros(3), jnp.zeros(3)), types)
       Traceback (most recent call last):
-      ValueError: Custom VJP bwd rule must produce an output with the same type as the ...
+      ValueError: Custom VJP bwd rule must produce an output with the same ...
     """
     pairs: list[tuple[Any, Any]] = []
 
