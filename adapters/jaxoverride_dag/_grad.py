@@ -135,6 +135,7 @@ def _lowered(
             out = split.call(fun, dvals, dyn, rest_dyn)
             if has_aux and not _is_pair(out):
                 return out  # JAX's own error names what was returned
+            aux: Any = None
             if has_aux:
                 out, aux = out
             if pack_outputs:

@@ -64,4 +64,6 @@ def update_state(state: InternalState) -> None:
     """``stateful.update_internal_state(state)``, its rng written without a check."""
     stateful.update_internal_state(state._replace(rng=None))
     if state.rng is not None:
-        write_state(base.current_frame().rng_stack.peek(), state.rng)
+        sequence = base.current_frame().rng_stack.peek()
+        assert sequence is not None  # the frame holds rng state, so it holds a sequence
+        write_state(sequence, state.rng)

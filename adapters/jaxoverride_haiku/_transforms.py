@@ -40,8 +40,8 @@ class TracedCall(kit.StatefulCall):
             changed = stateful.difference(state, stateful.internal_state())
         return out, changed
 
-    def finish(self, changed: Any) -> None:
-        update_state(changed)
+    def finish(self, left: Any) -> None:
+        update_state(left)
         self.thread.finish()
         # JAX may keep the traced function (pmap's cache of its shard_map), and with it
         # this call: it must not keep the caller's trace's values.

@@ -280,7 +280,7 @@ class _LiftedRule(LiftedRule):
 
         return _named_as(lifted, fun)
 
-    def _lifted_nondiff(self) -> tuple[int, ...]:
+    def _shifted_nondiff(self) -> tuple[int, ...]:
         return tuple(n + 1 for n in sorted(self._nondiff))
 
 
@@ -420,7 +420,7 @@ class LiftedVJP(_LiftedRule):
             return (None, *cotangents)
 
         rule = self._below(
-            self._primal(tracked, same, live), nondiff_argnums=self._lifted_nondiff()
+            self._primal(tracked, same, live), nondiff_argnums=self._shifted_nondiff()
         )
         rule.defvjp(
             _named_as(lifted_fwd, fwd),
@@ -476,7 +476,9 @@ class LiftedJVP(_LiftedRule):
             ]
             return primal_out, jax.tree.map(_sum_tangents, primal_out, *each)
 
-        self._rule = (_named_as(jvp, rule_jvp(self._plain)), False)
+        composed = rule_jvp(self._plain)
+        assert composed is not None  # JAX's defjvps just defined it
+        self._rule = (_named_as(jvp, composed), False)
 
     def _define(self, rule: Any, probing: Callable[..., Any]) -> None:
         assert self._rule is not None
@@ -533,7 +535,7 @@ class LiftedJVP(_LiftedRule):
             )
 
         rule = self._below(
-            self._primal(tracked, same, live), nondiff_argnums=self._lifted_nondiff()
+            self._primal(tracked, same, live), nondiff_argnums=self._shifted_nondiff()
         )
         # Symbolic zeros tell which Variables are being differentiated; given no Variable,
         # the rule is the user's.

@@ -157,7 +157,7 @@ def rule_jvp(rule: Any) -> Callable[..., Any] | None:
     if isinstance(rule, jax.custom_jvp):
         return rule.jvp
     composed = getattr(rule, "jvp_fun", _MISSING)  # custom_jvp3, or a wrapper of one
-    return getattr(rule, "jvp", None) if composed is _MISSING else composed
+    return getattr(rule, "jvp", None) if composed is _MISSING else composed  # type: ignore[return-value]
 
 
 _MISSING = object()

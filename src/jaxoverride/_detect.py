@@ -494,7 +494,7 @@ class _Traced:
         self._fun = ref
         self.__name__ = jit_name(fun)
         self.__qualname__ = _qualified_name(fun)
-        self.__module__ = getattr(fun, "__module__", None)
+        self.__module__ = getattr(fun, "__module__", None)  # pyright: ignore[reportAttributeAccessIssue]
         self.__doc__ = getattr(fun, "__doc__", None)
 
     @property

@@ -127,7 +127,7 @@ def snapshot_of(layers: tuple[Layer, ...]) -> Snapshot:
 
 
 ROOT = Snapshot(())
-_ALWAYS_INTERNED = {(): ROOT}
+_ALWAYS_INTERNED: dict[tuple[Layer, ...], Snapshot] = {(): ROOT}
 _snapshots.update(_ALWAYS_INTERNED)
 
 # The jax.jit cache key includes these values, so a raw jax.jit around code that calls
