@@ -427,6 +427,52 @@ def test_primitive_rules_inside_a_bound_module_run_as_jax():
     _close(jit_grads["params"]["Dense_0"], expected, 1e-5)
 
 
+class JitInCustomVjp(nn.Module):
+    """jaxopt's shape with ``implicit_diff=True``: a ``custom_vjp`` whose primal function
+    calls a neutral ``jit`` of a map that calls a submodule and writes a counter."""
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        dense = nn.Dense(3)
+        calls = self.variable("counters", "calls", lambda: jnp.zeros((), jnp.int32))
+
+        def step(z: jax.Array) -> jax.Array:
+            calls.value += 1
+            return jnp.tanh(dense(z) + x)
+
+        @jo.custom_vjp
+        def solve(z: jax.Array) -> jax.Array:
+            return jo.jit(step)(jo.jit(step)(z))
+
+        solve.defvjp(lambda z: (solve(z), None), lambda _, g: (g,))
+        return solve(jnp.zeros(3))
+
+
+def test_a_neutral_jit_in_a_custom_vjp_primal_threads_the_module_under_jit_init():
+    """JAX traces a ``custom_vjp``'s primal function under a fresh trace, which the trace
+    of ``jax.jit(model.init)`` (holding the scope's parameters) is not a parent of; reads
+    there see the rule's own argument, so the module is not detached: the ``jit`` inside
+    threads the counter (no leaked tracer) and init, eager or jitted, counts both calls."""
+    x = jnp.linspace(-1.0, 1.0, 3)
+    model = JitInCustomVjp()
+    with jol.context():
+        with jax.checking_leaks():
+            variables = model.init(RNG, x)
+            out, after = model.apply(variables, x, mutable=["counters"])
+        jit_variables = jax.jit(model.init)(RNG, x)
+        jit_out, jit_after = jax.jit(lambda v: model.apply(v, x, mutable=["counters"]))(variables)
+    _no_tracers((variables, jit_variables, jit_out, jit_after))
+    _close(jit_variables, variables, 1e-6)
+    assert int(variables["counters"]["calls"]) == int(jit_variables["counters"]["calls"]) == 2
+    assert int(after["counters"]["calls"]) == int(jit_after["counters"]["calls"]) == 4
+    p = variables["params"]["Dense_0"]
+    expected = jnp.zeros(3)
+    for _ in range(2):
+        expected = jnp.tanh(expected @ p["kernel"] + p["bias"] + x)
+    _close(out, expected)
+    _close(jit_out, expected)
+
+
 # -- Flax unpatched until the adapter is used (fresh interpreters) -------------------------
 
 PATCH_CHECK = """

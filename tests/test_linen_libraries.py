@@ -77,23 +77,7 @@ def _close(a: Any, b: Any, tol: float = 1e-5) -> None:
     jax.tree.map(lambda u, v: np.testing.assert_allclose(u, v, rtol=tol, atol=tol), a, b)
 
 
-JAXOPT_IMPLICIT_REGRESSION = pytest.mark.xfail(
-    reason=(
-        "known regression of this stop, not yet fixed: jaxopt with implicit_diff=True whose "
-        "map writes a Linen collection leaks a tracer since in_bound_module() treats a "
-        "module whose values are out of the current trace's reach as detached (the change "
-        "that made jit(init) with optimistix Newton and lineax GMRES gradients work)"
-    ),
-    raises=(jax.errors.UnexpectedTracerError, AssertionError),
-    strict=False,
-)
-
-
-@pytest.mark.parametrize(
-    "implicit_diff",
-    [False, pytest.param(True, marks=JAXOPT_IMPLICIT_REGRESSION)],
-    ids=["unrolled", "implicit"],
-)
+@pytest.mark.parametrize("implicit_diff", [False, True], ids=["unrolled", "implicit"])
 @pytest.mark.parametrize("solver", list(SOLVERS))
 def test_jaxopt_works_inside_linen(solver, implicit_diff):
     """Init and apply, eager and jitted, equal the explicit solve; the counter written in
@@ -195,7 +179,6 @@ def test_jaxopt_implicit_gradient_wrt_closed_over_params_is_refused(jit):
             (jax.jit(grad) if jit else grad)(variables["params"])
 
 
-@JAXOPT_IMPLICIT_REGRESSION
 def test_jaxopt_implicit_gradient_with_a_writing_function_is_refused():
     """jaxopt's ``bwd`` calls the map again; a write there could never come out of a
     backward pass: refused at the write, naming the unrolled mode."""

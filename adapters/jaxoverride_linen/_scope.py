@@ -33,6 +33,7 @@ from flax.linen import module as linen_module
 from jaxoverride import adapter_kit as kit
 from jaxoverride.errors import JaxoverrideError
 from jaxoverride_linen import _trees as trees
+from jaxoverride_linen._guards import lifted_params
 
 Scope = core_scope.Scope
 LazyRng = core_scope.LazyRng
@@ -73,6 +74,12 @@ def _detached(stack: list[Any]) -> bool:
     is still on the Python stack. Such a rule is a pure function of its operands: it can
     use no Linen value (JAX would refuse the tracer), and threading the module's state
     into its loops would leak one. So neutral calls there are JAX's own.
+
+    The values checked are those the module's reads see now: inside a function of a
+    lifted custom rule, ``params`` reads see the rule's argument (``_guards``), while the
+    scope's dict still holds the caller's values, which belong to a trace that the rule's
+    own trace does not run inside (JAX traces a ``custom_vjp``'s primal function under a
+    fresh trace) and so look out of reach though the module's method can use its params.
     """
     seen: set[int] = set()
     for module in stack:
@@ -81,7 +88,12 @@ def _detached(stack: list[Any]) -> bool:
             continue
         root = scope.root
         seen.add(id(root))
-        if kit.escaped_tracers((root._variables, [lazy.rng for lazy in root.rngs.values()])):
+        variables: Any = root._variables
+        lifted = lifted_params(variables)
+        if lifted is not None:
+            variables = {col: tree for col, tree in variables.items() if col != "params"}
+            variables["params"] = lifted
+        if kit.escaped_tracers((variables, [lazy.rng for lazy in root.rngs.values()])):
             return True
     return False
 
