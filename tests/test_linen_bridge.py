@@ -175,8 +175,10 @@ def test_to_linen_nnx_layer_in_a_neutral_solver_inside_linen(method):
     "map (a pure jaxpr of its inputs), so after the adapter's creation pass the traced pass "
     "at init draws and writes where nothing can come out: PureFunctionWriteError. Accepting "
     "it would need is_initializing() to be False in that pass (for every module, not only "
-    "ToLinen) and same-value writes and unused draws to pass the guards. Unrolled "
-    "(implicit=False) init works: tests/test_linen_gaps.py",
+    "ToLinen: BatchNorm would then update its statistics at init) so that the write repeats "
+    "the current value, and a draw whose key the NNX constructor does use (its result is "
+    "overwritten by nnx.update: dead code, which the draw cannot tell from a real use) to "
+    "pass the guards. Unrolled (implicit=False) init works: tests/test_linen_gaps.py",
 )
 def test_to_linen_init_inside_a_neutral_solver():
     shapes = jax.tree.map(jnp.shape, _to_linen_variables())
