@@ -74,19 +74,33 @@ def guard_imported() -> int:
             _scanned.add(name)
             package = name.partition(".")[0]
             for attribute, value in vars(module).copy().items():
-                if type(value) is _raw.RawGuard or not _raw.holds_raw_transform(value):
+                if not _raw.holds_raw_transform(value):
                     continue
                 if not _raw.defined_in(value, (package,)):
                     continue
                 where = f"{name}.{attribute}"
-                guard = _guards.get(id(value))
-                if guard is None:
-                    guard = _guards[id(value)] = _raw.RawGuard(value, where)
-                elif len(where) < len(guard.where):  # messages name the shortest path
-                    guard.where = where
-                setattr(module, attribute, guard)
-                rebound += 1
+                raw = _raw.unguarded(value)
+                # The wrapper object itself is shared by every name bound to it, the
+                # program's own ``from optimistix import fixed_point`` made before this
+                # entry included: guarding the jit it holds reaches them all.
+                state = vars(raw) if _raw.held_jits(raw) else {}
+                for inner in _raw.held_jits(raw):
+                    state[inner] = _guard_for(_raw.unguarded(state[inner]), where)
+                guard = _guard_for(raw, where)
+                if value is not guard:
+                    setattr(module, attribute, guard)
+                    rebound += 1
     return rebound
+
+
+def _guard_for(raw: Any, where: str) -> _raw.RawGuard:
+    """The one guard of ``raw``; messages name the shortest ``module.attribute`` seen."""
+    guard = _guards.get(id(raw))
+    if guard is None:
+        guard = _guards[id(raw)] = _raw.RawGuard(raw, where)
+    elif len(where) < len(guard.where):
+        guard.where = where
+    return guard
 
 
 def _adapter_entered() -> bool:
