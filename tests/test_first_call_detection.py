@@ -212,6 +212,99 @@ def test_nnx_never_interposed_solver_over_a_tracked_module_is_caught_at_its_call
     assert out.strip() == "ok"
 
 
+def test_a_solver_bound_by_name_before_the_first_adapter_entry_is_caught_at_its_call():
+    """``from optimistix import fixed_point`` at the top of a script binds the raw
+    ``eqx.filter_jit`` wrapper itself, which no rebinding of ``optimistix.fixed_point``
+    reaches. The guard on the jit the wrapper holds does: under Haiku's ``context()`` and
+    ``install()``, Linen's ``context()`` and ``install()`` and NNX's ``track``, the call
+    raises with the fix, as ``optx.fixed_point(...)`` does, instead of tracer parameters
+    (Haiku ``context()``, Linen) or stale weights served from raw JAX's cache (NNX)."""
+    out = _run(
+        """
+        import jax, jax.numpy as jnp, haiku as hk, flax.linen as nn
+        from flax import nnx
+        from optimistix import FixedPointIteration, fixed_point  # before any adapter
+        import jaxoverride as jo, jaxoverride_haiku, jaxoverride_linen, jaxoverride_nnx
+        reached = []
+        """
+        + textwrap.indent(_EXPECT, " " * 8)
+        + """
+        solver = FixedPointIteration(rtol=1e-6, atol=1e-6)
+        key, x = jax.random.PRNGKey(0), jnp.ones(2)
+
+        def forward(x):
+            layer = hk.Linear(2, w_init=hk.initializers.RandomNormal(0.1), name="cell")
+            fun = lambda z, _: jnp.tanh(layer(z) + x)
+            z = fixed_point(fun, solver, jnp.zeros(2), max_steps=50, throw=False).value
+            reached.append(True)
+            return z
+
+        haiku_model = hk.transform(forward)
+
+        def haiku_in_context():
+            with jaxoverride_haiku.context():
+                haiku_model.init(key, x)
+
+        expect_first_call_error(haiku_in_context, "Haiku")
+        jaxoverride_haiku.install()
+        expect_first_call_error(lambda: haiku_model.init(key, x), "Haiku")
+        jaxoverride_haiku.uninstall()
+
+        class Deq(nn.Module):
+            @nn.compact
+            def __call__(self, x):
+                dense = nn.Dense(2)
+                fun = lambda z, _: jnp.tanh(dense(z) + x)
+                z = fixed_point(fun, solver, jnp.zeros(2), max_steps=50, throw=False).value
+                reached.append(True)
+                return z
+
+        def linen_in_context():
+            with jaxoverride_linen.context():
+                Deq().init(key, x)
+
+        expect_first_call_error(linen_in_context, "Flax Linen")
+        jaxoverride_linen.install()
+        expect_first_call_error(lambda: Deq().init(key, x), "Flax Linen")
+        jaxoverride_linen.uninstall()
+
+        model = nnx.Linear(2, 2, rngs=nnx.Rngs(0))
+        cell = lambda z, _: jnp.tanh(model(z) + 1.0)  # one function: raw JAX caches it
+
+        def nnx_tracked():
+            with jaxoverride_nnx.track(model):
+                fixed_point(cell, solver, jnp.zeros(2), max_steps=50, throw=False)
+                reached.append(True)
+
+        expect_first_call_error(nnx_tracked, "model")
+
+        # The escape hatch: the silent failures it stood for.
+        jo.set_adapter_check(False)
+        with jaxoverride_haiku.context():
+            params = haiku_model.init(key, x)
+        leaves = jax.tree_util.tree_leaves(params)
+        assert leaves and all(isinstance(l, jax.core.Tracer) for l in leaves), leaves
+        with jaxoverride_nnx.track(model):
+            before = fixed_point(cell, solver, jnp.zeros(2), max_steps=50, throw=False).value
+            model.kernel[...] = jnp.zeros((2, 2))
+            stale = fixed_point(cell, solver, jnp.zeros(2), max_steps=50, throw=False).value
+        assert jnp.allclose(stale, before) and not jnp.allclose(stale, jnp.tanh(1.0))
+        jo.set_adapter_check(True)
+
+        # With an adapter active, a solver over a function that touches no framework
+        # state is right as raw JAX: the guard runs it.
+        pure = lambda z, _: jnp.tanh(0.5 * z + x)
+        expected = fixed_point(pure, solver, jnp.zeros(2), max_steps=200).value
+        with jaxoverride_haiku.context():
+            out = hk.transform(lambda: fixed_point(pure, solver, jnp.zeros(2), max_steps=200))
+            out = out.apply({}, None).value
+        assert jnp.allclose(out, expected), (out, expected)
+        print("ok")
+        """
+    )
+    assert out.strip() == "ok"
+
+
 def test_the_fix_in_the_error_works_and_the_guard_keeps_reports_truthful():
     """``interpose_on_import`` before the import makes the same model right; a guard put on
     a raw transform still counts as raw for ``ImportOrderError`` and the self-check."""
