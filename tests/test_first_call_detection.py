@@ -14,11 +14,13 @@ Two cases of issue 20 that used to pass silently or be caught far from their cau
 
 from __future__ import annotations
 
+import functools
 import os
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import haiku as hk
 import jax
@@ -32,6 +34,7 @@ import jaxoverride as jo
 import jaxoverride_haiku
 import jaxoverride_linen
 import jaxoverride_nnx
+from jaxoverride import adapter_kit
 from jaxoverride.errors import MissingAdapterError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -503,3 +506,46 @@ def test_the_trace_time_check_keeps_jax_names_jaxprs_and_one_compile():
     finally:
         jax.monitoring.unregister_event_duration_listener(listener)
     assert len(compiles) == 1
+
+
+# -- 3. What no guard reaches: the end-of-transform check, and what it reads -----------------
+
+
+def test_escaped_tracers_finds_tracers_of_ended_traces_not_of_live_ones():
+    leaked: list[jax.Array] = []
+    jax.make_jaxpr(lambda x: leaked.append(x) or x)(1.0)
+    assert len(adapter_kit.escaped_tracers({"w": leaked[0], "b": jnp.ones(2)})) == 1
+    seen: list[list[object]] = []
+
+    def outer(x: jax.Array) -> jax.Array:
+        # x's trace runs around the inner one: live, not escaped; the leaked one is.
+        jax.make_jaxpr(lambda y: seen.append(adapter_kit.escaped_tracers([x, y, *leaked])) or y)(x)
+        return x
+
+    jax.make_jaxpr(outer)(2.0)
+    assert len(seen[0]) == 1 and seen[0][0] is leaked[0]
+
+
+def test_a_raw_jit_the_guards_cannot_reach_is_caught_when_an_installed_transform_ends():
+    """A bare ``jax.jit`` object (JAX's C++ object, which no guard can wrap from inside) that
+    creates Haiku parameters under its raw trace: ``install()``'s check at the end of
+    ``hk.transform`` raises with the fix instead of returning tracers as parameters."""
+
+    @functools.partial(jax.jit, static_argnums=0)
+    def solve(fun: Any, x: jax.Array) -> jax.Array:
+        return fun(x)
+
+    def forward(x: jax.Array) -> jax.Array:
+        layer = hk.Linear(2, name="cell")
+        return solve(lambda z: layer(z), x)
+
+    jaxoverride_haiku.install()
+    try:
+        with pytest.raises(MissingAdapterError) as info:
+            hk.transform(forward).init(jax.random.PRNGKey(0), X)
+    finally:
+        jaxoverride_haiku.uninstall()
+    message = str(info.value)
+    assert message.startswith("hk.transform ended with 2 Haiku parameter"), message
+    assert "tracers of a JAX trace that has ended" in message
+    assert "interpose_on_import" in message

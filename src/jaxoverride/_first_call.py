@@ -18,10 +18,16 @@ tracer is used later:
   there is state written under the raw trace. Either raises ``MissingAdapterError``,
   naming the transform, the packages and the ``interpose_on_import`` call that fixes it.
 
-Only public JAX is read (``jax.core.Tracer``, ``jax.tree_util``). A guard is a module
-attribute: code that took the raw object by name before the first entry (``from
-optimistix import fixed_point``) keeps the raw object; the Haiku adapter's check at the
-end of ``hk.transform`` still catches what such a call leaves behind.
+Only public JAX is read (``jax.core.Tracer``, ``jax.tree_util``). A program may hold the
+raw object under a name of its own, bound before the first entry (``from optimistix import
+fixed_point`` at the top of a script), which rebinding the library's attribute does not
+reach. So an ``eqx.filter_jit`` wrapper (every solver entry point a model passes its
+function to) is guarded from inside as well: the ``jax.jit`` object it holds and calls is
+rebound, in the wrapper itself, to a guard, and every name bound to the wrapper reaches it.
+A bare ``jax.jit`` or ``custom_jvp`` object bound by name stays raw (JAX's C++ object cannot
+be changed); those of the solver libraries take arrays, not the model's function, and the
+Haiku adapter's check at the end of an installed ``hk.transform`` still catches what such a
+call leaves behind.
 """
 
 from __future__ import annotations
