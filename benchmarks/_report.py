@@ -14,7 +14,19 @@ from typing import Any
 
 _AT_MOST = re.compile(r"<= ([\d.]+)x$")
 _FASTER = re.compile(r">= ([\d.]+)x faster$")
-_MILLISECONDS = re.compile(r"<= ([\d.]+) ms$")
+# An absolute budget for ours, in a unit of its own: ``<= 30 ms``, ``<= 5 MiB``.
+_ABSOLUTE = re.compile(r"<= ([\d.]+) ?([^\d\s.]+)$")
+# Microseconds per unit of the time budgets; ``ours_us`` holds every time in microseconds.
+_MICROSECONDS = {"ns": 1e-3, "µs": 1.0, "μs": 1.0, "us": 1.0, "ms": 1e3, "s": 1e6, "min": 6e7}
+_UNIT_NAMES = {
+    "ns": "nanoseconds",
+    "µs": "microseconds",
+    "μs": "microseconds",
+    "us": "microseconds",
+    "ms": "milliseconds",
+    "s": "seconds",
+    "min": "minutes",
+}
 _MET = {True: "yes", False: "**no**", None: ""}
 
 
@@ -27,10 +39,30 @@ def target_ratio(row: dict[str, Any]) -> float | None:
         return float(match[1])
     if match := _FASTER.match(target):
         return 1.0 / float(match[1])
-    if match := _MILLISECONDS.match(target):
-        # An absolute budget for ours, put on the ratio scale of this row's baseline.
-        return float(match[1]) * 1e3 / row["baseline_us"]
+    budget = absolute_budget(row)
+    if budget is not None and budget[1] in _MICROSECONDS:
+        # An absolute time budget for ours, put on the ratio scale of this row's baseline.
+        return budget[0] * _MICROSECONDS[budget[1]] / row["baseline_us"]
     return None
+
+
+def absolute_budget(row: dict[str, Any]) -> tuple[float, str] | None:
+    """``(amount, unit)`` of a row whose target is an absolute budget for ours (``<= 30 ms``,
+    ``<= 5 MiB``), not a ratio (``<= 1.05x``, ``>= 10x faster``, ``equal``); else None."""
+    match = _ABSOLUTE.match(row["target"])
+    if match is None or match[2] == "x":
+        return None
+    return float(match[1]), match[2]
+
+
+def measured(row: dict[str, Any]) -> float:
+    """Ours, in the unit of the row's absolute budget. ``ours_us`` holds a time in
+    microseconds; a row with a budget in another unit (memory: ``<= 5 MiB``) keeps its
+    measurement there in that unit, as its note says."""
+    budget = absolute_budget(row)
+    if budget is None:
+        raise ValueError(f"{row['case']!r}: target {row['target']!r} is not an absolute budget")
+    return row["ours_us"] / _MICROSECONDS.get(budget[1], 1.0)
 
 
 def summary(rows: list[dict[str, Any]]) -> str:
@@ -134,13 +166,15 @@ def bar_charts(
     return written
 
 
-def is_time_budget(row: dict[str, Any]) -> bool:
-    """Whether the row's target is an absolute time (``<= 30 ms``), not a ratio."""
-    return bool(_MILLISECONDS.match(row["target"]))
+def budget_unit(row: dict[str, Any]) -> str | None:
+    """The unit of the row's absolute budget (``"ms"``, ``"MiB"``), or None for a ratio
+    target or none: the chart draws each unit on an axis of its own."""
+    budget = absolute_budget(row)
+    return None if budget is None else budget[1]
 
 
 def _label(row: dict[str, Any]) -> str:
-    compared = row["ours"] if is_time_budget(row) else f"{row['ours']} / {row['baseline']}"
+    compared = row["ours"] if budget_unit(row) else f"{row['ours']} / {row['baseline']}"
     return textwrap.fill(f"{row['case']} ({compared})", _LABEL_CHARACTERS)
 
 
@@ -154,16 +188,16 @@ def _positions(labels: list[str]) -> tuple[list[float], float]:
     return positions, top
 
 
-def _panel(axes: Any, rows: list[dict[str, Any]], *, time: bool) -> None:
+def _panel(axes: Any, rows: list[dict[str, Any]], *, unit: str | None) -> None:
     """Bars with their labels, values and target ticks: ratios on a log axis with parity
-    dashed, or (``time``) our time in milliseconds against its absolute budget."""
+    dashed, or (``unit``) ours in that unit against its absolute budget."""
     from matplotlib.ticker import FuncFormatter, NullFormatter
     from matplotlib.transforms import blended_transform_factory
 
     small = _SMALLEST_POINTS
     labels = [_label(row) for row in rows]
     positions, top = _positions(labels)
-    values = [row["ours_us"] / 1e3 if time else row["ratio"] for row in rows]
+    values = [measured(row) if unit else row["ratio"] for row in rows]
     axes.barh(positions, values, height=0.45, color=[_COLOURS[r["met"]] for r in rows])
     label_at = blended_transform_factory(axes.transAxes, axes.transData)
     for position, row, label, value in zip(positions, rows, labels, values, strict=True):
@@ -177,17 +211,18 @@ def _panel(axes: Any, rows: list[dict[str, Any]], *, time: bool) -> None:
             # The label stays legible where it crosses the parity line or a target tick.
             bbox={"facecolor": "white", "edgecolor": "none", "pad": 0.5, "alpha": 0.85},
         )
-        target = (_budget(row) or None) if time else target_ratio(row)
+        target = _budget(row) if unit else target_ratio(row)
         if target is not None:
             axes.plot([target], [position], marker="|", markersize=11, color="black", mew=2)
-        shown = f"  {value:.3g} ms" if time else f"  {value:.3g}"
+        shown = f"  {value:.3g} {unit}" if unit else f"  {value:.3g}"
         axes.annotate(shown, (max(value, target or 0.0), position), va="center", fontsize=small)
     axes.set_yticks([])
     axes.set_ylim(-0.6, top - 0.1)
     axes.tick_params(axis="x", labelsize=small)
-    if time:
-        axes.set_xlim(0, 1.25 * max([*values, *(_budget(r) for r in rows)]))
-        axes.set_xlabel("milliseconds (ours; the tick is the budget)", fontsize=small + 1)
+    if unit:
+        axes.set_xlim(min(0.0, *values), 1.25 * max([*values, *(_budget(r) for r in rows)]))
+        name = _UNIT_NAMES.get(unit, unit)
+        axes.set_xlabel(f"{name} (ours; the tick is the budget)", fontsize=small + 1)
     else:
         axes.axvline(1.0, color="black", linestyle="--", linewidth=0.8)
         axes.set_xscale("log")
@@ -215,8 +250,8 @@ def _log_ticks(low: float, high: float) -> list[float]:
 
 
 def _budget(row: dict[str, Any]) -> float:
-    match = _MILLISECONDS.match(row["target"])
-    return float(match[1]) if match else 0.0
+    budget = absolute_budget(row)
+    return budget[0] if budget else 0.0
 
 
 _COLOURS = {True: "#2e7d32", False: "#c62828", None: "#9e9e9e"}
@@ -225,30 +260,31 @@ _COLOURS = {True: "#2e7d32", False: "#c62828", None: "#9e9e9e"}
 def chart_figure(rows: list[dict[str, Any]], title: str) -> Any:
     """One suite's rows as horizontal bars coloured by whether their target is met, with
     each target as a black tick: ratios on a log axis with parity (1.0) dashed, and rows
-    whose target is an absolute time in a panel of their own, in milliseconds. Every panel
-    has its own labelled axis."""
+    whose target is an absolute budget in a panel per unit (milliseconds, MiB), so that no
+    axis mixes units. Every panel has its own labelled axis."""
     import matplotlib
 
     matplotlib.use("Agg")  # files only; no display on CI machines
     import matplotlib.pyplot as plt
 
+    units = [None, *dict.fromkeys(u for row in rows if (u := budget_unit(row)) is not None)]
     groups = [
-        (time, chosen)
-        for time in (False, True)
-        if (chosen := [row for row in rows if is_time_budget(row) == time])
+        (unit, chosen)
+        for unit in units
+        if (chosen := [row for row in rows if budget_unit(row) == unit])
     ]
     heights = [_positions([_label(row) for row in chosen])[1] for _, chosen in groups]
     # Each panel: its rows, plus room for its axis and label.
-    inches = [_ROW_INCHES * height + 0.6 for height in heights]
+    inches = [_ROW_INCHES * height + 0.55 for height in heights]
     figure, panels = plt.subplots(
         len(groups),
         1,
-        figsize=(_WIDTH_INCHES, sum(inches) + 0.5),
+        figsize=(_WIDTH_INCHES, sum(inches) + 0.35),
         gridspec_kw={"height_ratios": inches},
         squeeze=False,
     )
-    for axes, (time, chosen) in zip(panels[:, 0], groups, strict=True):
-        _panel(axes, chosen, time=time)
+    for axes, (unit, chosen) in zip(panels[:, 0], groups, strict=True):
+        _panel(axes, chosen, unit=unit)
     panels[0, 0].set_title(title, fontsize=_SMALLEST_POINTS + 2)
     figure.tight_layout()
     return figure

@@ -9,11 +9,13 @@ from pathlib import Path
 import pytest
 from benchmarks._report import (
     CONTENT_PIXELS,
+    absolute_budget,
     bar_charts,
+    budget_unit,
     chart_figure,
     chart_path,
-    is_time_budget,
     markdown,
+    measured,
     suites,
     summary,
     target_ratio,
@@ -41,7 +43,16 @@ def row(target: str, ratio: float = 1.0, met: bool | None = None, **extra: objec
 
 @pytest.mark.parametrize(
     ("target", "limit"),
-    [("<= 1.05x", 1.05), (">= 10x faster", 0.1), ("equal", 1.0), ("<= 30 ms", 15.0), ("", None)],
+    [
+        ("<= 1.05x", 1.05),
+        (">= 10x faster", 0.1),
+        ("equal", 1.0),
+        ("<= 30 ms", 15.0),
+        ("<= 500 µs", 0.25),
+        ("<= 2 s", 1000.0),
+        ("<= 5 MiB", None),  # not a time: no ratio to the baseline's microseconds
+        ("", None),
+    ],
 )
 def test_targets_become_ratio_limits(target, limit):
     assert target_ratio(row(target)) == (pytest.approx(limit) if limit is not None else None)
@@ -129,7 +140,7 @@ def test_times_and_ratios_are_on_separate_axes():
     import matplotlib.pyplot as plt
 
     rows = [r for r in ROWS if r["suite"] == "core"]
-    timed = [r for r in rows if is_time_budget(r)]
+    timed = [r for r in rows if budget_unit(r)]
     assert [r["target"] for r in timed] == ["<= 30 ms"]
     figure = chart_figure(rows, "title")
     try:
@@ -168,3 +179,87 @@ def test_committed_gpu_report_is_drawn_from_its_own_rows():
     committed = sorted(p.name for p in assets.glob("benchmark-gpu-*.png"))
     expected = sorted(Path(chart_path("assets", s, "benchmark-gpu")).name for s in suites(rows))
     assert committed == expected
+
+
+@pytest.mark.parametrize(
+    ("target", "budget"),
+    [
+        ("<= 30 ms", (30.0, "ms")),
+        ("<= 5 MiB", (5.0, "MiB")),
+        ("<= 64 KiB", (64.0, "KiB")),
+        ("<= 500 µs", (500.0, "µs")),
+        ("<= 2 s", (2.0, "s")),
+        ("<= 1.05x", None),
+        (">= 10x faster", None),
+        ("equal", None),
+        ("", None),
+    ],
+)
+def test_absolute_budgets_are_read_with_their_unit(target, budget):
+    assert absolute_budget(row(target)) == budget
+
+
+def _cases(axes: object) -> list[str]:
+    """The cases a panel labels (each value written after a bar starts with spaces)."""
+    texts = [t.get_text() for t in axes.texts]  # type: ignore[attr-defined]
+    return [text.split(" (")[0] for text in texts if not text.startswith(" ")]
+
+
+def test_every_absolute_unit_is_drawn_on_an_axis_of_its_own():
+    """Rows with budgets in ms, MiB, KiB, µs and s: one panel per unit, each labelled with
+    its unit and holding only its rows, the bar in that unit; ratios stay on their own."""
+    import matplotlib.pyplot as plt
+
+    rows = [
+        row("<= 1.05x", 1.02, True, case="ratio"),
+        row("<= 30 ms", 0.1, True, case="import", ours_us=12_000.0),
+        row("<= 5 MiB", 1.8, True, case="memory", ours_us=0.28),
+        row("<= 64 KiB", 1.0, False, case="buffer", ours_us=80.0),
+        row("<= 500 µs", 0.5, True, case="dispatch", ours_us=120.0),
+        row("<= 2 s", 0.5, True, case="compile", ours_us=1.5e6),
+        row("<= 40 ms", 0.1, False, case="import 2", ours_us=45_000.0),
+    ]
+    figure = chart_figure(rows, "title")
+    try:
+        panels = figure.axes
+        assert len(panels) == 6
+        ratios, *absolute = panels
+        assert ratios.get_xscale() == "log" and "ratio" in ratios.get_xlabel()
+        assert _cases(ratios) == ["ratio"]
+        expected = {
+            "milliseconds": (["import", "import 2"], [12.0, 45.0]),
+            "MiB": (["memory"], [0.28]),
+            "KiB": (["buffer"], [80.0]),
+            "microseconds": (["dispatch"], [120.0]),
+            "seconds": (["compile"], [1.5]),
+        }
+        for axes in absolute:
+            unit = axes.get_xlabel().split(" (")[0]
+            cases, widths = expected.pop(unit)
+            assert axes.get_xscale() == "linear"
+            assert _cases(axes) == cases
+            assert [p.get_width() for p in axes.patches] == pytest.approx(widths)
+        assert not expected, f"units without a panel: {sorted(expected)}"
+    finally:
+        plt.close(figure)
+
+
+def test_memory_budget_is_drawn_in_mib_not_on_the_ratio_axis():
+    """The Haiku suite's memory row (``<= 5 MiB``) gets a MiB panel, its bar in MiB."""
+    import matplotlib.pyplot as plt
+
+    rows = [r for r in ROWS if r["suite"] == "haiku"]
+    memory = [r for r in rows if budget_unit(r) == "MiB"]
+    assert len(memory) == 1 and budget_unit(memory[0]) == "MiB"
+    figure = chart_figure(rows, "title")
+    try:
+        ratios, mebibytes = figure.axes
+        assert "ratio" in ratios.get_xlabel() and mebibytes.get_xlabel().startswith("MiB")
+        labels = lambda axes: " ".join(t.get_text() for t in axes.texts)
+        assert memory[0]["case"] in labels(mebibytes)
+        assert memory[0]["case"] not in labels(ratios)
+        (bar,) = mebibytes.patches
+        assert bar.get_width() == pytest.approx(measured(memory[0])) == memory[0]["ours_us"]
+        assert len(ratios.patches) == len(rows) - 1
+    finally:
+        plt.close(figure)

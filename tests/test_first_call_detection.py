@@ -14,11 +14,13 @@ Two cases of issue 20 that used to pass silently or be caught far from their cau
 
 from __future__ import annotations
 
+import functools
 import os
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import haiku as hk
 import jax
@@ -32,6 +34,7 @@ import jaxoverride as jo
 import jaxoverride_haiku
 import jaxoverride_linen
 import jaxoverride_nnx
+from jaxoverride import adapter_kit
 from jaxoverride.errors import MissingAdapterError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -206,6 +209,99 @@ def test_nnx_never_interposed_solver_over_a_tracked_module_is_caught_at_its_call
         # Without track, no NNX adapter is active: raw JAX's behaviour, as before.
         assert solve().shape == (2,)
         assert "haiku" not in __import__("sys").modules
+        print("ok")
+        """
+    )
+    assert out.strip() == "ok"
+
+
+def test_a_solver_bound_by_name_before_the_first_adapter_entry_is_caught_at_its_call():
+    """``from optimistix import fixed_point`` at the top of a script binds the raw
+    ``eqx.filter_jit`` wrapper itself, which no rebinding of ``optimistix.fixed_point``
+    reaches. The guard on the jit the wrapper holds does: under Haiku's ``context()`` and
+    ``install()``, Linen's ``context()`` and ``install()`` and NNX's ``track``, the call
+    raises with the fix, as ``optx.fixed_point(...)`` does, instead of tracer parameters
+    (Haiku ``context()``, Linen) or stale weights served from raw JAX's cache (NNX)."""
+    out = _run(
+        """
+        import jax, jax.numpy as jnp, haiku as hk, flax.linen as nn
+        from flax import nnx
+        from optimistix import FixedPointIteration, fixed_point  # before any adapter
+        import jaxoverride as jo, jaxoverride_haiku, jaxoverride_linen, jaxoverride_nnx
+        reached = []
+        """
+        + textwrap.indent(_EXPECT, " " * 8)
+        + """
+        solver = FixedPointIteration(rtol=1e-6, atol=1e-6)
+        key, x = jax.random.PRNGKey(0), jnp.ones(2)
+
+        def forward(x):
+            layer = hk.Linear(2, w_init=hk.initializers.RandomNormal(0.1), name="cell")
+            fun = lambda z, _: jnp.tanh(layer(z) + x)
+            z = fixed_point(fun, solver, jnp.zeros(2), max_steps=50, throw=False).value
+            reached.append(True)
+            return z
+
+        haiku_model = hk.transform(forward)
+
+        def haiku_in_context():
+            with jaxoverride_haiku.context():
+                haiku_model.init(key, x)
+
+        expect_first_call_error(haiku_in_context, "Haiku")
+        jaxoverride_haiku.install()
+        expect_first_call_error(lambda: haiku_model.init(key, x), "Haiku")
+        jaxoverride_haiku.uninstall()
+
+        class Deq(nn.Module):
+            @nn.compact
+            def __call__(self, x):
+                dense = nn.Dense(2)
+                fun = lambda z, _: jnp.tanh(dense(z) + x)
+                z = fixed_point(fun, solver, jnp.zeros(2), max_steps=50, throw=False).value
+                reached.append(True)
+                return z
+
+        def linen_in_context():
+            with jaxoverride_linen.context():
+                Deq().init(key, x)
+
+        expect_first_call_error(linen_in_context, "Flax Linen")
+        jaxoverride_linen.install()
+        expect_first_call_error(lambda: Deq().init(key, x), "Flax Linen")
+        jaxoverride_linen.uninstall()
+
+        model = nnx.Linear(2, 2, rngs=nnx.Rngs(0))
+        cell = lambda z, _: jnp.tanh(model(z) + 1.0)  # one function: raw JAX caches it
+
+        def nnx_tracked():
+            with jaxoverride_nnx.track(model):
+                fixed_point(cell, solver, jnp.zeros(2), max_steps=50, throw=False)
+                reached.append(True)
+
+        expect_first_call_error(nnx_tracked, "model")
+
+        # The escape hatch: the silent failures it stood for.
+        jo.set_adapter_check(False)
+        with jaxoverride_haiku.context():
+            params = haiku_model.init(key, x)
+        leaves = jax.tree_util.tree_leaves(params)
+        assert leaves and all(isinstance(l, jax.core.Tracer) for l in leaves), leaves
+        with jaxoverride_nnx.track(model):
+            before = fixed_point(cell, solver, jnp.zeros(2), max_steps=50, throw=False).value
+            model.kernel[...] = jnp.zeros((2, 2))
+            stale = fixed_point(cell, solver, jnp.zeros(2), max_steps=50, throw=False).value
+        assert jnp.allclose(stale, before) and not jnp.allclose(stale, jnp.tanh(1.0))
+        jo.set_adapter_check(True)
+
+        # With an adapter active, a solver over a function that touches no framework
+        # state is right as raw JAX: the guard runs it.
+        pure = lambda z, _: jnp.tanh(0.5 * z + x)
+        expected = fixed_point(pure, solver, jnp.zeros(2), max_steps=200).value
+        with jaxoverride_haiku.context():
+            out = hk.transform(lambda: fixed_point(pure, solver, jnp.zeros(2), max_steps=200))
+            out = out.apply({}, None).value
+        assert jnp.allclose(out, expected), (out, expected)
         print("ok")
         """
     )
@@ -410,3 +506,46 @@ def test_the_trace_time_check_keeps_jax_names_jaxprs_and_one_compile():
     finally:
         jax.monitoring.unregister_event_duration_listener(listener)
     assert len(compiles) == 1
+
+
+# -- 3. What no guard reaches: the end-of-transform check, and what it reads -----------------
+
+
+def test_escaped_tracers_finds_tracers_of_ended_traces_not_of_live_ones():
+    leaked: list[jax.Array] = []
+    jax.make_jaxpr(lambda x: leaked.append(x) or x)(1.0)
+    assert len(adapter_kit.escaped_tracers({"w": leaked[0], "b": jnp.ones(2)})) == 1
+    seen: list[list[object]] = []
+
+    def outer(x: jax.Array) -> jax.Array:
+        # x's trace runs around the inner one: live, not escaped; the leaked one is.
+        jax.make_jaxpr(lambda y: seen.append(adapter_kit.escaped_tracers([x, y, *leaked])) or y)(x)
+        return x
+
+    jax.make_jaxpr(outer)(2.0)
+    assert len(seen[0]) == 1 and seen[0][0] is leaked[0]
+
+
+def test_a_raw_jit_the_guards_cannot_reach_is_caught_when_an_installed_transform_ends():
+    """A bare ``jax.jit`` object (JAX's C++ object, which no guard can wrap from inside) that
+    creates Haiku parameters under its raw trace: ``install()``'s check at the end of
+    ``hk.transform`` raises with the fix instead of returning tracers as parameters."""
+
+    @functools.partial(jax.jit, static_argnums=0)
+    def solve(fun: Any, x: jax.Array) -> jax.Array:
+        return fun(x)
+
+    def forward(x: jax.Array) -> jax.Array:
+        layer = hk.Linear(2, name="cell")
+        return solve(lambda z: layer(z), x)
+
+    jaxoverride_haiku.install()
+    try:
+        with pytest.raises(MissingAdapterError) as info:
+            hk.transform(forward).init(jax.random.PRNGKey(0), X)
+    finally:
+        jaxoverride_haiku.uninstall()
+    message = str(info.value)
+    assert message.startswith("hk.transform ended with 2 Haiku parameter"), message
+    assert "tracers of a JAX trace that has ended" in message
+    assert "interpose_on_import" in message

@@ -51,6 +51,10 @@ except ImportError:  # JAX < 0.9: the same functions, only under jax.core.
         get_opaque_trace_state as _jax_opaque_trace_state,
         jaxprs_in_params as jaxprs_in_params,
     )
+try:
+    from jax.extend.core import find_top_trace as _find_top_trace
+except ImportError:  # JAX < 0.9: only under jax.core.
+    from jax.core import find_top_trace as _find_top_trace  # type: ignore[no-redef]
 
 
 class _NoTrace:
@@ -85,6 +89,26 @@ def get_opaque_trace_state(convention: str | None = None) -> Any:
         return _jax_opaque_trace_state(convention)
     except (AssertionError, AttributeError):  # no current trace (asserted; None under -O)
         return NO_TRACE
+
+
+def current_trace() -> Any:
+    """The JAX trace running now, or None where JAX has none (a primitive's rules, 0.11+).
+
+    JAX's public ``find_top_trace`` (``jax.extend.core`` from JAX 0.9, ``jax.core`` before)
+    ignores its argument in every supported JAX (the stackless core) and returns this.
+
+    Returns:
+      The trace object: the eval trace outside every transform.
+
+    Example:
+      >>> import jax
+      >>> from jaxoverride._compat import current_trace
+      >>> seen = [current_trace()]
+      >>> _ = jax.make_jaxpr(lambda x: seen.append(current_trace()) or x)(1.0)
+      >>> seen[1] is not seen[0], type(seen[1]).__name__
+      (True, 'DynamicJaxprTrace')
+    """
+    return _find_top_trace(())
 
 
 def set_user_context_global(context: Any, value: Any) -> None:
@@ -328,10 +352,6 @@ core uses a private name not listed here, or one that has a public name.
 
 
 PRIVATE_ATTRIBUTES: dict[str, str] = {
-    "OpaqueTraceState._trace_ref": (
-        "the trace behind jax.extend.core.get_opaque_trace_state(), which is public but "
-        "opaque; adapter_kit.escaped_tracers walks it to the traces live now"
-    ),
     "Trace.parent_trace": (
         "the trace a trace runs inside (escaped_tracers: the live chain); JAX has no accessor"
     ),
@@ -343,9 +363,23 @@ PRIVATE_ATTRIBUTES: dict[str, str] = {
 
 Only ``adapter_kit.escaped_tracers`` reads them: the Haiku adapter's check, at the end of
 ``hk.transform``, for state that a raw transform (one it never saw) left as tracers of an
-ended trace. It returns nothing where they are missing (``_leaks._live_traces``). The
-check that catches a never-interposed library at its call (``_first_call``) needs none of
-them: it compares the framework state before and after the call, by identity.
+ended trace, and the Linen adapter's test for a module whose values are out of reach of the
+trace running now (a primitive's rule). It returns nothing where they are missing
+(``_leaks._live_traces``). The check that catches a never-interposed library at its call
+(``_first_call``) needs none of them: it compares the framework state before and after the
+call, by identity.
+
+No public route answers "is this tracer's trace the current one or one it runs inside"
+(JAX 0.8.1 to 0.12.0, read for issue 20): ``jax.core.Tracer`` has no accessor for its
+trace; ``jax.extend.core.find_top_trace(xs)`` ignores ``xs`` since the stackless core and
+returns the current trace, which is how ``current_trace`` gets the start of the chain
+(the opaque token's private ``_trace_ref`` is no longer read); a trace's parent is kept
+only by the trace types that have one, with no accessor (JAX's own
+``unsafe_get_trace_stack`` is private and reads ``parent_trace`` too); the public
+``Trace.is_valid()`` cannot say a jit trace has ended (``DynamicJaxprTrace.invalidate``
+leaves it valid in 0.10.2, a TODO there), nor that a live trace is out of reach, which is
+what Linen needs; ``jax.checking_leaks()`` is a global mode that searches the garbage
+collector's referrers when a trace ends, for any tracer, and raises JAX's own error.
 """
 
 
@@ -358,6 +392,7 @@ __all__ = [
     "hide_frames_under",
     "jaxprs_in_params",
     "PRIVATE_SYMBOLS",
+    "current_trace",
     "jit_name",
     "resolve_argnums",
     "rule_jvp",

@@ -18,10 +18,16 @@ tracer is used later:
   there is state written under the raw trace. Either raises ``MissingAdapterError``,
   naming the transform, the packages and the ``interpose_on_import`` call that fixes it.
 
-Only public JAX is read (``jax.core.Tracer``, ``jax.tree_util``). A guard is a module
-attribute: code that took the raw object by name before the first entry (``from
-optimistix import fixed_point``) keeps the raw object; the Haiku adapter's check at the
-end of ``hk.transform`` still catches what such a call leaves behind.
+Only public JAX is read (``jax.core.Tracer``, ``jax.tree_util``). A program may hold the
+raw object under a name of its own, bound before the first entry (``from optimistix import
+fixed_point`` at the top of a script), which rebinding the library's attribute does not
+reach. So an ``eqx.filter_jit`` wrapper (every solver entry point a model passes its
+function to) is guarded from inside as well: the ``jax.jit`` object it holds and calls is
+rebound, in the wrapper itself, to a guard, and every name bound to the wrapper reaches it.
+A bare ``jax.jit`` or ``custom_jvp`` object bound by name stays raw (JAX's C++ object cannot
+be changed); those of the solver libraries take arrays, not the model's function, and the
+Haiku adapter's check at the end of an installed ``hk.transform`` still catches what such a
+call leaves behind.
 """
 
 from __future__ import annotations
@@ -74,19 +80,33 @@ def guard_imported() -> int:
             _scanned.add(name)
             package = name.partition(".")[0]
             for attribute, value in vars(module).copy().items():
-                if type(value) is _raw.RawGuard or not _raw.holds_raw_transform(value):
+                if not _raw.holds_raw_transform(value):
                     continue
                 if not _raw.defined_in(value, (package,)):
                     continue
                 where = f"{name}.{attribute}"
-                guard = _guards.get(id(value))
-                if guard is None:
-                    guard = _guards[id(value)] = _raw.RawGuard(value, where)
-                elif len(where) < len(guard.where):  # messages name the shortest path
-                    guard.where = where
-                setattr(module, attribute, guard)
-                rebound += 1
+                raw = _raw.unguarded(value)
+                # The wrapper object itself is shared by every name bound to it, the
+                # program's own ``from optimistix import fixed_point`` made before this
+                # entry included: guarding the jit it holds reaches them all.
+                state = vars(raw) if _raw.held_jits(raw) else {}
+                for inner in _raw.held_jits(raw):
+                    state[inner] = _guard_for(_raw.unguarded(state[inner]), where)
+                guard = _guard_for(raw, where)
+                if value is not guard:
+                    setattr(module, attribute, guard)
+                    rebound += 1
     return rebound
+
+
+def _guard_for(raw: Any, where: str) -> _raw.RawGuard:
+    """The one guard of ``raw``; messages name the shortest ``module.attribute`` seen."""
+    guard = _guards.get(id(raw))
+    if guard is None:
+        guard = _guards[id(raw)] = _raw.RawGuard(raw, where)
+    elif len(where) < len(guard.where):
+        guard.where = where
+    return guard
 
 
 def _adapter_entered() -> bool:

@@ -71,7 +71,20 @@ def holds_raw_transform(value: Any) -> bool:
     state = getattr(value, "__dict__", None)
     if isinstance(value, (type, types.ModuleType)) or not isinstance(state, dict):
         return False
-    return any(_is_jit(inner) for inner in state.values())
+    return any(_is_jit(unguarded(inner)) for inner in state.values())
+
+
+def held_jits(value: Any) -> list[str]:
+    """The attributes of ``value``'s instance dict that hold a raw ``jax.jit`` object (the
+    compiled core of an ``eqx.filter_jit`` wrapper), guarded or not; none for a raw
+    ``jax.jit``, ``custom_vjp`` or ``custom_jvp`` object itself, or for a type or module."""
+    value = unguarded(value)
+    state = getattr(value, "__dict__", None)
+    if _is_jit(value) or isinstance(value, (type, types.ModuleType)):
+        return []
+    if not isinstance(state, dict):
+        return []
+    return [name for name, inner in state.copy().items() if _is_jit(unguarded(inner))]
 
 
 def within(module_name: str, packages: Iterable[str]) -> bool:

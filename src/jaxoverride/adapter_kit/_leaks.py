@@ -8,18 +8,14 @@ import jax
 from jax.core import Tracer
 
 from jaxoverride import _raw
-from jaxoverride._compat import NO_TRACE, get_opaque_trace_state
+from jaxoverride._compat import current_trace
 from jaxoverride.errors import MissingAdapterError
 
 
 def _live_traces() -> set[int] | None:
     """Ids of the current JAX trace and the traces it runs inside; None if JAX won't say."""
-    token = get_opaque_trace_state(convention="jaxoverride")
-    if token is NO_TRACE:  # inside a primitive's rules (JAX 0.11+): no trace to start from
-        return None
-    try:
-        trace = token._trace_ref()
-    except (AssertionError, AttributeError, TypeError):  # JAX changed a private name
+    trace = current_trace()
+    if trace is None:  # inside a primitive's rules (JAX 0.11+): no trace to start from
         return None
     live: set[int] = set()
     while trace is not None and id(trace) not in live:
