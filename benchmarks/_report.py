@@ -128,8 +128,8 @@ def markdown(
 LEGEND = (
     "Each suite's chart has a bar per row: green where its target is met, red where it is "
     "missed, grey for information without a target; the black tick is the target. Ratios "
-    "(ours / baseline, log scale, the dashed line at 1) and absolute budgets (milliseconds) "
-    "are drawn on separate axes."
+    "(ours / baseline, log scale, the dashed line at 1) and absolute budgets are drawn on "
+    "separate axes, one per unit (ms, MiB, ...)."
 )
 
 
