@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import functools
 import inspect
+import itertools
+import operator
 import os
 import sys
 import types
@@ -399,14 +401,65 @@ class TransformCheck:
     """What a neutral transform built where the check applies checks at each call.
 
     It keeps no captured object: what the function captures is looked up again at each
-    call (a module replaced in a closure is seen; a deleted one is not kept alive).
+    call (a module replaced in a closure is seen; a deleted one is not kept alive). For
+    a plain function that the shallow lookup serves, a call reads the objects that
+    lookup reads (closure cells, defaults, the globals its code names) and, where each
+    is the previous call's object (same identity and type), reuses the previous answer's
+    positions instead of searching again: only identities, types and the code object
+    are kept.
     """
 
-    __slots__ = ("fun", "name")
+    __slots__ = ("_code", "_found", "_ids", "_names", "_types", "fun", "name")
 
     def __init__(self, name: str, fun: Any):
         self.name = name
         self.fun = fun  # the transform's state holds it already
+        self._code: Any = None  # the code object of the remembered lookup; None: none
+        self._names: tuple[str, ...] = ()  # the globals that code names
+        self._ids: tuple[int, ...] = ()  # of the objects _direct_values read
+        self._types: tuple[type, ...] = ()
+        self._found: tuple[tuple[str, int], ...] = ()  # (name, position among them)
+
+    def captured(self) -> Captured:
+        """``captured_state(self.fun)``, from the last lookup's answer where every object
+        it read is the same one."""
+        fun = self.fun
+        if type(fun) is not types.FunctionType:
+            return captured_state(fun)
+        if (
+            fun.__code__ is self._code
+            and not fun.__kwdefaults__
+            and "__wrapped__" not in fun.__dict__
+        ):
+            # What _direct_values reads, inline and without comprehensions: this runs at
+            # every call under ``track``.
+            cells = fun.__closure__
+            try:
+                direct = list(map(_CELL_CONTENTS, cells)) if cells else []
+            except ValueError:  # an empty cell
+                direct = None
+            if direct is not None and NNX.loaded() is not None:
+                if fun.__defaults__:
+                    direct += fun.__defaults__
+                if self._names:
+                    direct += map(fun.__globals__.get, self._names, _EMPTIES)
+                if tuple(map(id, direct)) == self._ids and tuple(map(type, direct)) == self._types:
+                    # Same objects, so the same answer (``is_state`` reads only the type).
+                    return [(name, direct[at]) for name, at in self._found]
+        captured = captured_state(fun)
+        self._code = None
+        direct = _direct_values(fun)
+        if direct is not None and NNX.loaded() is not None and _shallow_values(fun) is not None:
+            # The shallow lookup's answer depends on ``direct`` alone.
+            positions = {id(value): position for position, value in enumerate(direct)}
+            found = [(name, positions.get(id(value))) for name, value in captured]
+            if all(at is not None for _, at in found):
+                self._found = tuple(found)  # type: ignore[arg-type]
+                self._ids = tuple(map(id, direct))
+                self._types = tuple(map(type, direct))
+                self._names = _global_names(fun.__code__)
+                self._code = fun.__code__
+        return captured
 
     def run(
         self,
@@ -417,8 +470,82 @@ class TransformCheck:
     ) -> Any:
         if not enabled:
             return target(*args, **kwargs)
-        captured = captured_state(self.fun)
+        captured = self.captured()
+        if captured and _nnx_handled(snapshot) and not _scope_inside():
+            # The usual call under ``track``: what ``_run_checked`` does with NNX handled
+            # and no Haiku or Linen scope running, without its bookkeeping.
+            out = target(*args, **kwargs)
+            predicates = _frameworks.covers.get(NNX.key)
+            if predicates:
+                for _, value in captured:
+                    for predicate in predicates:
+                        if predicate(value):
+                            break
+                    else:
+                        refusal = _nnx_refusal(self.name, captured, snapshot, None)
+                        assert refusal is not None
+                        raise MissingAdapterError(
+                            f"jaxoverride.{self.name} met {NNX.title}: {refusal}{_HATCH}"
+                        )
+            return out
         return _run_checked(self.name, target, args, kwargs, snapshot, captured, (args, kwargs))
+
+
+_EMPTY = object()  # an empty closure cell or an absent global, in _direct_values
+_EMPTIES = itertools.repeat(_EMPTY)
+_CELL_CONTENTS = operator.attrgetter("cell_contents")
+
+
+def _direct_values(fun: types.FunctionType) -> list[Any] | None:
+    """Every object ``_shallow_values(fun)`` reads, in a fixed order (``_EMPTY`` for an
+    empty cell or an absent global); None where it reads more (keyword defaults, which
+    can change in place, or ``__wrapped__``)."""
+    if fun.__kwdefaults__ or getattr(fun, "__wrapped__", None) is not None:
+        return None
+    direct: list[Any] = []
+    cells = fun.__closure__
+    if cells:
+        for cell in cells:
+            try:
+                direct.append(cell.cell_contents)
+            except ValueError:  # an empty cell
+                direct.append(_EMPTY)
+    defaults = fun.__defaults__
+    if defaults:
+        direct += defaults
+    names = _global_names(fun.__code__)
+    if names:
+        get = fun.__globals__.get
+        direct += [get(name, _EMPTY) for name in names]
+    return direct
+
+
+# snapshot -> whether an NNX adapter's layer is in it; snapshots are interned, and the
+# labels only grow, so an entry is stale only once a new label is declared.
+_nnx_layers: dict[_stack.Snapshot, bool] = {}
+_nnx_labels_seen = 0
+_NNX_LAYERS_LIMIT = 256
+
+
+def _nnx_handled(snapshot: _stack.Snapshot) -> bool:
+    """``_handled(NNX, snapshot)``, remembered per snapshot."""
+    global _nnx_labels_seen
+    handled = _nnx_layers.get(snapshot)
+    if handled is not None and _nnx_labels_seen == len(NNX.labels):
+        return handled
+    if _nnx_labels_seen != len(NNX.labels) or len(_nnx_layers) >= _NNX_LAYERS_LIMIT:
+        _nnx_layers.clear()
+        _nnx_labels_seen = len(NNX.labels)
+    handled = _nnx_layers[snapshot] = _handled(NNX, snapshot)
+    return handled
+
+
+def _scope_inside() -> bool:
+    """Whether a Haiku transform or a bound Linen module is running now."""
+    modules = sys.modules
+    return (_HAIKU_MODULE in modules and HAIKU.inside()) or (
+        _LINEN_MODULE in modules and LINEN.inside()
+    )
 
 
 def transform_check(name: str, fun: Any) -> TransformCheck | None:

@@ -74,7 +74,12 @@ class _Linen(Framework):
         return None if top is None else getattr(top, "scope", None)
 
     def inside(self) -> bool:
-        return self._bound() is not None
+        # Not through ``_bound``: this runs at every checked call while Flax is imported.
+        module = sys.modules.get(self.module)
+        if module is None:
+            return False
+        top = module._context.module_stack[-1]
+        return top is not None and getattr(top, "scope", None) is not None
 
     def state_leaves(self) -> list[Any]:
         scope = self._bound()
