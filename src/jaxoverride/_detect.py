@@ -461,6 +461,80 @@ class TransformCheck:
                 self._code = fun.__code__
         return captured
 
+    def checked_call(
+        self,
+        plain: Callable[..., Any],
+        builds: dict[_stack.Snapshot, Callable[..., Any]],
+        build: Callable[[_stack.Snapshot], Callable[..., Any]],
+    ) -> Callable[..., Any]:
+        """The call of a checked neutral transform: it picks the target for the active
+        stack (``plain`` at the root, else ``builds[snapshot]`` or ``build(snapshot)``)
+        and runs it under the check.
+
+        A call under ``track`` whose function the memo serves (see the class) and that no
+        Haiku or Linen scope encloses checks inline what ``run`` would: that each captured
+        object is covered by the NNX adapter, after the call. Every other call goes
+        through ``run``.
+        """
+        run = self.run
+        memo = self
+        fun = self.fun
+        root, current_get = _stack.ROOT, _stack._current_get
+        handled_here = _frameworks.nnx_handled
+        covers = _frameworks.covers
+
+        def checked_call(*args: Any, **kwargs: Any) -> Any:
+            snapshot = current_get().snapshot
+            if _stack._guards:
+                snapshot = _stack.effective_snapshot()
+            if snapshot is root:
+                return run(plain, snapshot, args, kwargs)
+            target = builds.get(snapshot) or build(snapshot)
+            # Inline, without comprehensions: this is every jitted call under ``track``.
+            if (
+                enabled
+                and memo._code is not None
+                and handled_here.get(snapshot)
+                and fun.__code__ is memo._code
+                and not fun.__kwdefaults__
+                and "__wrapped__" not in fun.__dict__
+            ):
+                cells = fun.__closure__
+                try:
+                    direct = list(map(_CELL_CONTENTS, cells)) if cells else []
+                except ValueError:  # an empty cell
+                    return run(target, snapshot, args, kwargs)
+                if fun.__defaults__:
+                    direct += fun.__defaults__
+                if memo._names:
+                    direct += map(fun.__globals__.get, memo._names, _EMPTIES)
+                if (
+                    tuple(map(id, direct)) == memo._ids
+                    and tuple(map(type, direct)) == memo._types
+                    and memo._found
+                    and not _frameworks.scope_running()
+                ):
+                    out = target(*args, **kwargs)
+                    predicates = covers.get("nnx")
+                    if predicates:
+                        for _, at in memo._found:
+                            value = direct[at]
+                            for predicate in predicates:
+                                if predicate(value):
+                                    break
+                            else:
+                                found = [(name, direct[at]) for name, at in memo._found]
+                                memo._refuse(found, snapshot)
+                    return out
+            return run(target, snapshot, args, kwargs)
+
+        return checked_call
+
+    def _refuse(self, captured: Captured, snapshot: _stack.Snapshot) -> None:
+        refusal = _nnx_refusal(self.name, captured, snapshot, None)
+        assert refusal is not None
+        raise MissingAdapterError(f"jaxoverride.{self.name} met {NNX.title}: {refusal}{_HATCH}")
+
     def run(
         self,
         target: Callable[..., Any],
@@ -471,22 +545,15 @@ class TransformCheck:
         if not enabled:
             return target(*args, **kwargs)
         captured = self.captured()
-        if captured and _nnx_handled(snapshot) and not _scope_inside():
+        if captured and _nnx_handled(snapshot) and not _frameworks.scope_running():
             # The usual call under ``track``: what ``_run_checked`` does with NNX handled
             # and no Haiku or Linen scope running, without its bookkeeping.
             out = target(*args, **kwargs)
             predicates = _frameworks.covers.get(NNX.key)
             if predicates:
                 for _, value in captured:
-                    for predicate in predicates:
-                        if predicate(value):
-                            break
-                    else:
-                        refusal = _nnx_refusal(self.name, captured, snapshot, None)
-                        assert refusal is not None
-                        raise MissingAdapterError(
-                            f"jaxoverride.{self.name} met {NNX.title}: {refusal}{_HATCH}"
-                        )
+                    if not any(predicate(value) for predicate in predicates):
+                        self._refuse(captured, snapshot)
             return out
         return _run_checked(self.name, target, args, kwargs, snapshot, captured, (args, kwargs))
 
@@ -520,32 +587,17 @@ def _direct_values(fun: types.FunctionType) -> list[Any] | None:
     return direct
 
 
-# snapshot -> whether an NNX adapter's layer is in it; snapshots are interned, and the
-# labels only grow, so an entry is stale only once a new label is declared.
-_nnx_layers: dict[_stack.Snapshot, bool] = {}
-_nnx_labels_seen = 0
-_NNX_LAYERS_LIMIT = 256
-
-
 def _nnx_handled(snapshot: _stack.Snapshot) -> bool:
-    """``_handled(NNX, snapshot)``, remembered per snapshot."""
-    global _nnx_labels_seen
-    handled = _nnx_layers.get(snapshot)
-    if handled is not None and _nnx_labels_seen == len(NNX.labels):
-        return handled
-    if _nnx_labels_seen != len(NNX.labels) or len(_nnx_layers) >= _NNX_LAYERS_LIMIT:
-        _nnx_layers.clear()
-        _nnx_labels_seen = len(NNX.labels)
-    handled = _nnx_layers[snapshot] = _handled(NNX, snapshot)
+    """``_handled(NNX, snapshot)``, remembered per snapshot in ``_frameworks.nnx_handled``."""
+    handled = _frameworks.nnx_handled.get(snapshot)
+    if handled is None:
+        if len(_frameworks.nnx_handled) >= _NNX_HANDLED_LIMIT:
+            _frameworks.nnx_handled.clear()
+        handled = _frameworks.nnx_handled[snapshot] = _handled(NNX, snapshot)
     return handled
 
 
-def _scope_inside() -> bool:
-    """Whether a Haiku transform or a bound Linen module is running now."""
-    modules = sys.modules
-    return (_HAIKU_MODULE in modules and HAIKU.inside()) or (
-        _LINEN_MODULE in modules and LINEN.inside()
-    )
+_NNX_HANDLED_LIMIT = 256  # snapshots are interned: a bound, not a tuning knob
 
 
 def transform_check(name: str, fun: Any) -> TransformCheck | None:

@@ -132,16 +132,7 @@ def _slow_target(state: _TransformState) -> Callable[..., Any]:
     plain, builds, build = state.plain, state.builds, state.build
     check = state.check
     if check is not None:
-        run = check.run
-
-        def checked_call(*args: Any, **kwargs: Any) -> Any:
-            # As slow_call: no extra frame for the stack unless guards exist.
-            snapshot = _stack._current_get().snapshot
-            if _stack._guards:
-                snapshot = effective_snapshot()
-            target = plain if snapshot is ROOT else builds.get(snapshot) or build(snapshot)
-            return run(target, snapshot, args, kwargs)
-
+        checked_call = check.checked_call(plain, builds, build)
         checked_call.__wrapped__ = plain  # type: ignore[attr-defined]
         return checked_call
 
