@@ -96,7 +96,7 @@ def test_the_memo_sees_a_rebound_cell_a_global_and_a_default():
     ]:
         check = _check_of(function)
         check.captured()
-        assert check._code is not None  # the memo is in use
+        assert check._memo is not None  # the memo is in use
         rebind()
         assert [(n, id(v)) for n, v in check.captured()] == [(n, id(v)) for n, v in _full(function)]
     cell = MODEL  # read by ``closure``
@@ -119,7 +119,7 @@ def test_the_memo_keeps_no_module_alive():
 
     check = _check_of(fun)
     assert [v for _, v in check.captured()] == [holder]
-    assert check._code is not None
+    assert check._memo is not None
     holder = None  # the closure cell now holds None
     gc.collect()
     assert ref() is None

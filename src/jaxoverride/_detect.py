@@ -29,7 +29,7 @@ import sys
 import types
 import weakref
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
 from jaxoverride import _frameworks, _stack
 from jaxoverride._compat import jit_name
@@ -397,6 +397,38 @@ def run_call(
     return _run_checked(name, run, args, kwargs, snapshot, captured, (args[1:], kwargs), search)
 
 
+class _Memo(NamedTuple):
+    """The last shallow lookup of a ``TransformCheck``: what it read and what it found."""
+
+    code: types.CodeType  # the function's code then (its global names follow from it)
+    names: tuple[str, ...]  # the globals that code names
+    ids: tuple[int, ...]  # of the objects _direct_values read
+    classes: tuple[type, ...]  # of the same objects
+    found: tuple[tuple[str, int], ...]  # the captured ones: (name, position among them)
+
+
+def _recalled(fun: types.FunctionType, memo: _Memo) -> list[Any] | None:
+    """What ``_direct_values(fun)`` reads now, where each is the object ``memo`` read
+    (same identity and type, so ``captured_state`` would find the same); else None.
+
+    Inline and without comprehensions: it runs at every jitted call under ``track``.
+    """
+    if fun.__code__ is not memo.code or fun.__kwdefaults__ or "__wrapped__" in fun.__dict__:
+        return None
+    cells = fun.__closure__
+    try:
+        direct = list(map(_CELL_CONTENTS, cells)) if cells else []
+    except ValueError:  # an empty cell
+        return None
+    if fun.__defaults__:
+        direct += fun.__defaults__
+    if memo.names:
+        direct += map(fun.__globals__.get, memo.names, _EMPTIES)
+    if tuple(map(id, direct)) == memo.ids and tuple(map(type, direct)) == memo.classes:
+        return direct
+    return None
+
+
 class TransformCheck:
     """What a neutral transform built where the check applies checks at each call.
 
@@ -404,21 +436,18 @@ class TransformCheck:
     call (a module replaced in a closure is seen; a deleted one is not kept alive). For
     a plain function that the shallow lookup serves, a call reads the objects that
     lookup reads (closure cells, defaults, the globals its code names) and, where each
-    is the previous call's object (same identity and type), reuses the previous answer's
-    positions instead of searching again: only identities, types and the code object
-    are kept.
+    is the previous call's object (same identity and type), reuses the previous
+    answer's positions instead of searching again (``_Memo``: only identities, types
+    and the code object are kept).
     """
 
-    __slots__ = ("_code", "_found", "_ids", "_names", "_types", "fun", "name")
+    __slots__ = ("_memo", "fun", "name")
 
     def __init__(self, name: str, fun: Any):
         self.name = name
         self.fun = fun  # the transform's state holds it already
-        self._code: Any = None  # the code object of the remembered lookup; None: none
-        self._names: tuple[str, ...] = ()  # the globals that code names
-        self._ids: tuple[int, ...] = ()  # of the objects _direct_values read
-        self._types: tuple[type, ...] = ()
-        self._found: tuple[tuple[str, int], ...] = ()  # (name, position among them)
+        # One attribute, replaced whole: a thread reads one lookup's memo or another's.
+        self._memo: _Memo | None = None
 
     def captured(self) -> Captured:
         """``captured_state(self.fun)``, from the last lookup's answer where every object
@@ -426,39 +455,27 @@ class TransformCheck:
         fun = self.fun
         if type(fun) is not types.FunctionType:
             return captured_state(fun)
-        if (
-            fun.__code__ is self._code
-            and not fun.__kwdefaults__
-            and "__wrapped__" not in fun.__dict__
-        ):
-            # What _direct_values reads, inline and without comprehensions: this runs at
-            # every call under ``track``.
-            cells = fun.__closure__
-            try:
-                direct = list(map(_CELL_CONTENTS, cells)) if cells else []
-            except ValueError:  # an empty cell
-                direct = None
-            if direct is not None and NNX.loaded() is not None:
-                if fun.__defaults__:
-                    direct += fun.__defaults__
-                if self._names:
-                    direct += map(fun.__globals__.get, self._names, _EMPTIES)
-                if tuple(map(id, direct)) == self._ids and tuple(map(type, direct)) == self._types:
-                    # Same objects, so the same answer (``is_state`` reads only the type).
-                    return [(name, direct[at]) for name, at in self._found]
+        memo = self._memo
+        if memo is not None and NNX.loaded() is not None:
+            direct = _recalled(fun, memo)
+            if direct is not None:
+                return [(name, direct[at]) for name, at in memo.found]
         captured = captured_state(fun)
-        self._code = None
+        self._memo = None
         direct = _direct_values(fun)
         if direct is not None and NNX.loaded() is not None and _shallow_values(fun) is not None:
             # The shallow lookup's answer depends on ``direct`` alone.
             positions = {id(value): position for position, value in enumerate(direct)}
             found = [(name, positions.get(id(value))) for name, value in captured]
             if all(at is not None for _, at in found):
-                self._found = tuple(found)  # type: ignore[arg-type]
-                self._ids = tuple(map(id, direct))
-                self._types = tuple(map(type, direct))
-                self._names = _global_names(fun.__code__)
-                self._code = fun.__code__
+                code = fun.__code__
+                self._memo = _Memo(
+                    code,
+                    _global_names(code),
+                    tuple(map(id, direct)),
+                    tuple(map(type, direct)),
+                    tuple(found),  # type: ignore[arg-type]
+                )
         return captured
 
     def checked_call(
@@ -477,7 +494,7 @@ class TransformCheck:
         through ``run``.
         """
         run = self.run
-        memo = self
+        check = self
         fun = self.fun
         root, current_get = _stack.ROOT, _stack._current_get
         handled_here = _frameworks.nnx_handled
@@ -490,42 +507,28 @@ class TransformCheck:
             if snapshot is root:
                 return run(plain, snapshot, args, kwargs)
             target = builds.get(snapshot) or build(snapshot)
-            # Inline, without comprehensions: this is every jitted call under ``track``.
+            memo = check._memo
             if (
                 enabled
-                and memo._code is not None
+                and memo is not None
+                and memo.found
                 and handled_here.get(snapshot)
-                and fun.__code__ is memo._code
-                and not fun.__kwdefaults__
-                and "__wrapped__" not in fun.__dict__
+                and (direct := _recalled(fun, memo)) is not None
+                and not _frameworks.scope_running()
             ):
-                cells = fun.__closure__
-                try:
-                    direct = list(map(_CELL_CONTENTS, cells)) if cells else []
-                except ValueError:  # an empty cell
-                    return run(target, snapshot, args, kwargs)
-                if fun.__defaults__:
-                    direct += fun.__defaults__
-                if memo._names:
-                    direct += map(fun.__globals__.get, memo._names, _EMPTIES)
-                if (
-                    tuple(map(id, direct)) == memo._ids
-                    and tuple(map(type, direct)) == memo._types
-                    and memo._found
-                    and not _frameworks.scope_running()
-                ):
-                    out = target(*args, **kwargs)
-                    predicates = covers.get("nnx")
-                    if predicates:
-                        for _, at in memo._found:
-                            value = direct[at]
-                            for predicate in predicates:
-                                if predicate(value):
-                                    break
-                            else:
-                                found = [(name, direct[at]) for name, at in memo._found]
-                                memo._refuse(found, snapshot)
-                    return out
+                # What ``run`` does here, without its look-ups: every jitted call under
+                # ``track`` comes this way.
+                out = target(*args, **kwargs)
+                predicates = covers.get("nnx")
+                if predicates:
+                    for _, at in memo.found:
+                        value = direct[at]
+                        for predicate in predicates:
+                            if predicate(value):
+                                break
+                        else:
+                            check._refuse([(name, direct[at]) for name, at in memo.found], snapshot)
+                return out
             return run(target, snapshot, args, kwargs)
 
         return checked_call
