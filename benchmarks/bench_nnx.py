@@ -12,8 +12,8 @@ For a tiny model (a Linear and a call counter that every call increments) and a
   ``nnx.cached_partial``;
 * ``nnx.jit_partial``: ``nnx.jit_partial(f, model, graph=False)``.
 
-Targets: ``jo.jit + track`` within 1.5x of the floor on both models, and at least 10x
-faster than default ``nnx.jit`` on the MLP.
+Targets (issue 18): ``jo.jit + track`` within 1.2x of the floor on the tiny model and
+1.10x on the MLP, and at least 10x faster than default ``nnx.jit`` on the MLP.
 """
 
 from __future__ import annotations
@@ -107,7 +107,7 @@ def _case(
         f"{name}: cache-hit call",
         samples,
         "jax.jit (flat list)",
-        targets={"jo.jit + track": at_most(1.5)},
+        targets={"jo.jit + track": at_most(1.10 if mlp else 1.2)},
     )
     if mlp:
         pair = {"jo.jit + track": samples["jo.jit + track"], "nnx.jit": samples["nnx.jit"]}

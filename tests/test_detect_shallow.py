@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 import jax.numpy as jnp
+import numpy as np
 import pytest
 from flax import nnx
 
@@ -60,3 +61,89 @@ def test_a_rebound_global_is_seen_at_the_next_call():
     assert [v for _, v in _detect.captured_state(fun)] == [OTHER]
     del namespace["model"]
     assert _detect.captured_state(fun) == []
+
+
+# -- the per-wrapper memo of TransformCheck: a call under track reuses the last answer only
+# while every object the lookup reads is the same one --------------------------------------
+
+
+def _check_of(fun: Any) -> _detect.TransformCheck:
+    check = _detect.TransformCheck("jit", fun)
+    assert [v for _, v in check.captured()] == [v for _, v in _detect.captured_state(fun)]
+    return check
+
+
+def test_the_memo_answers_as_the_lookup_does_for_every_shape():
+    for fun in _cases().values():
+        check = _check_of(fun)
+        for _ in range(2):
+            got = check.captured()
+            assert [(n, id(v)) for n, v in got] == [(n, id(v)) for n, v in _full(fun)]
+
+
+def test_the_memo_sees_a_rebound_cell_a_global_and_a_default():
+    namespace: dict[str, Any] = {"glob": MODEL, "COUNTER": COUNTER}
+    fun = eval("lambda x, d=COUNTER: glob(x) + d[...]", namespace)
+    cell = OTHER
+
+    def closure(x):
+        return cell(x)
+
+    for function, rebind in [
+        (closure, lambda: None),
+        (fun, lambda: namespace.__setitem__("glob", OTHER)),
+        (fun, lambda: setattr(fun, "__defaults__", (OTHER,))),
+    ]:
+        check = _check_of(function)
+        check.captured()
+        assert check._memo is not None  # the memo is in use
+        rebind()
+        assert [(n, id(v)) for n, v in check.captured()] == [(n, id(v)) for n, v in _full(function)]
+    cell = MODEL  # read by ``closure``
+    check = _check_of(closure)
+    cell = nnx.Linear(2, 2, rngs=nnx.Rngs(2))
+    assert [v for _, v in check.captured()] == [cell]
+    cell = None
+    assert check.captured() == []
+
+
+def test_the_memo_keeps_no_module_alive():
+    import gc
+    import weakref
+
+    holder = nnx.Linear(2, 2, rngs=nnx.Rngs(3))
+    ref = weakref.ref(holder)
+
+    def fun(x):
+        return holder(x)
+
+    check = _check_of(fun)
+    assert [v for _, v in check.captured()] == [holder]
+    assert check._memo is not None
+    holder = None  # the closure cell now holds None
+    gc.collect()
+    assert ref() is None
+    assert check.captured() == []
+
+
+def test_under_track_a_cell_rebound_to_an_untracked_module_is_refused_at_the_next_call():
+    import jaxoverride as jo
+    import jaxoverride_nnx
+    from jaxoverride.errors import MissingAdapterError
+
+    first = nnx.Linear(2, 2, rngs=nnx.Rngs(4))
+    second = nnx.Linear(2, 2, rngs=nnx.Rngs(5))
+    model = first
+    jitted = jo.jit(lambda x: model(x))
+    x = jnp.ones(2)
+    with jaxoverride_nnx.track(first):
+        jitted(x)
+        jitted(x)  # served by the memo
+        model = second
+        with pytest.raises(MissingAdapterError, match="track it too"):
+            jitted(x)
+        model = first
+        jitted(x)
+    with jaxoverride_nnx.track(first, second):
+        model = second
+        np.testing.assert_allclose(jitted(x), second(x), rtol=1e-6)

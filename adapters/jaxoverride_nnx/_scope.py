@@ -199,7 +199,12 @@ class Tracked:
         return getattr(self.extra, field)[index - len(paths)]
 
     def contains(self, obj: Any) -> bool:
-        return self.var_index(obj) is not None or self.node_index(obj) is not None
+        # The missing-adapter check asks this at every checked call: dict look-ups only.
+        key = id(obj)
+        graph, extra = self.graph, self.extra
+        if key in graph.node_ids or key in graph.var_ids:
+            return True
+        return extra is not None and (key in extra.node_ids or key in extra.var_ids)
 
     # -- values ---------------------------------------------------------------------
     def read(self) -> list[Any]:

@@ -188,7 +188,11 @@ def tracked_variables() -> list[tuple[str, Any]]:
 def _is_tracked(obj: Any) -> bool:
     """Whether the active track scope threads ``obj`` (for the missing-adapter check)."""
     tracked: Tracked | None = ACTIVE.get()
-    return tracked is not None and tracked.contains(obj)
+    if tracked is None:
+        return False
+    # Tracked.contains, inline: the check asks this at every jitted call under track.
+    key, graph = id(obj), tracked.graph
+    return key in graph.node_ids or key in graph.var_ids or tracked.contains(obj)
 
 
 adapter_kit.declare_handler("nnx", "jaxoverride_nnx", covers=_is_tracked)

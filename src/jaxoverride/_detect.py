@@ -22,12 +22,14 @@ from __future__ import annotations
 
 import functools
 import inspect
+import itertools
+import operator
 import os
 import sys
 import types
 import weakref
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
 from jaxoverride import _frameworks, _stack
 from jaxoverride._compat import jit_name
@@ -395,18 +397,146 @@ def run_call(
     return _run_checked(name, run, args, kwargs, snapshot, captured, (args[1:], kwargs), search)
 
 
+class _Memo(NamedTuple):
+    """The last shallow lookup of a ``TransformCheck``: what it read and what it found."""
+
+    code: types.CodeType  # the function's code then (its global names follow from it)
+    names: tuple[str, ...]  # the globals that code names
+    ids: tuple[int, ...]  # of the objects _direct_values read
+    classes: tuple[type, ...]  # of the same objects
+    found: tuple[tuple[str, int], ...]  # the captured ones: (name, position among them)
+
+
+def _recalled(fun: types.FunctionType, memo: _Memo) -> list[Any] | None:
+    """What ``_direct_values(fun)`` reads now, where each is the object ``memo`` read
+    (same identity and type, so ``captured_state`` would find the same); else None.
+
+    Inline and without comprehensions: it runs at every jitted call under ``track``.
+    """
+    if fun.__code__ is not memo.code or fun.__kwdefaults__ or "__wrapped__" in fun.__dict__:
+        return None
+    cells = fun.__closure__
+    try:
+        direct = list(map(_CELL_CONTENTS, cells)) if cells else []
+    except ValueError:  # an empty cell
+        return None
+    if fun.__defaults__:
+        direct += fun.__defaults__
+    if memo.names:
+        direct += map(fun.__globals__.get, memo.names, _EMPTIES)
+    if tuple(map(id, direct)) == memo.ids and tuple(map(type, direct)) == memo.classes:
+        return direct
+    return None
+
+
 class TransformCheck:
     """What a neutral transform built where the check applies checks at each call.
 
     It keeps no captured object: what the function captures is looked up again at each
-    call (a module replaced in a closure is seen; a deleted one is not kept alive).
+    call (a module replaced in a closure is seen; a deleted one is not kept alive). For
+    a plain function that the shallow lookup serves, a call reads the objects that
+    lookup reads (closure cells, defaults, the globals its code names) and, where each
+    is the previous call's object (same identity and type), reuses the previous
+    answer's positions instead of searching again (``_Memo``: only identities, types
+    and the code object are kept).
     """
 
-    __slots__ = ("fun", "name")
+    __slots__ = ("_memo", "fun", "name")
 
     def __init__(self, name: str, fun: Any):
         self.name = name
         self.fun = fun  # the transform's state holds it already
+        # One attribute, replaced whole: a thread reads one lookup's memo or another's.
+        self._memo: _Memo | None = None
+
+    def captured(self) -> Captured:
+        """``captured_state(self.fun)``, from the last lookup's answer where every object
+        it read is the same one."""
+        fun = self.fun
+        if type(fun) is not types.FunctionType:
+            return captured_state(fun)
+        memo = self._memo
+        if memo is not None and NNX.loaded() is not None:
+            direct = _recalled(fun, memo)
+            if direct is not None:
+                return [(name, direct[at]) for name, at in memo.found]
+        captured = captured_state(fun)
+        self._memo = None
+        direct = _direct_values(fun)
+        if direct is not None and NNX.loaded() is not None and _shallow_values(fun) is not None:
+            # The shallow lookup's answer depends on ``direct`` alone.
+            positions = {id(value): position for position, value in enumerate(direct)}
+            found = [(name, positions.get(id(value))) for name, value in captured]
+            if all(at is not None for _, at in found):
+                code = fun.__code__
+                self._memo = _Memo(
+                    code,
+                    _global_names(code),
+                    tuple(map(id, direct)),
+                    tuple(map(type, direct)),
+                    tuple(found),  # type: ignore[arg-type]
+                )
+        return captured
+
+    def checked_call(
+        self,
+        plain: Callable[..., Any],
+        builds: dict[_stack.Snapshot, Callable[..., Any]],
+        build: Callable[[_stack.Snapshot], Callable[..., Any]],
+    ) -> Callable[..., Any]:
+        """The call of a checked neutral transform: it picks the target for the active
+        stack (``plain`` at the root, else ``builds[snapshot]`` or ``build(snapshot)``)
+        and runs it under the check.
+
+        A call under ``track`` whose function the memo serves (see the class) and that no
+        Haiku or Linen scope encloses checks inline what ``run`` would: that each captured
+        object is covered by the NNX adapter, after the call. Every other call goes
+        through ``run``.
+        """
+        run = self.run
+        check = self
+        fun = self.fun
+        root, current_get = _stack.ROOT, _stack._current_get
+        handled_here = _frameworks.nnx_handled
+        covers = _frameworks.covers
+
+        def checked_call(*args: Any, **kwargs: Any) -> Any:
+            snapshot = current_get().snapshot
+            if _stack._guards:
+                snapshot = _stack.effective_snapshot()
+            if snapshot is root:
+                return run(plain, snapshot, args, kwargs)
+            target = builds.get(snapshot) or build(snapshot)
+            memo = check._memo
+            if (
+                enabled
+                and memo is not None
+                and memo.found
+                and handled_here.get(snapshot)
+                and (direct := _recalled(fun, memo)) is not None
+                and not _frameworks.scope_running()
+            ):
+                # What ``run`` does here, without its look-ups: every jitted call under
+                # ``track`` comes this way.
+                out = target(*args, **kwargs)
+                predicates = covers.get("nnx")
+                if predicates:
+                    for _, at in memo.found:
+                        value = direct[at]
+                        for predicate in predicates:
+                            if predicate(value):
+                                break
+                        else:
+                            check._refuse([(name, direct[at]) for name, at in memo.found], snapshot)
+                return out
+            return run(target, snapshot, args, kwargs)
+
+        return checked_call
+
+    def _refuse(self, captured: Captured, snapshot: _stack.Snapshot) -> None:
+        refusal = _nnx_refusal(self.name, captured, snapshot, None)
+        assert refusal is not None
+        raise MissingAdapterError(f"jaxoverride.{self.name} met {NNX.title}: {refusal}{_HATCH}")
 
     def run(
         self,
@@ -417,8 +547,60 @@ class TransformCheck:
     ) -> Any:
         if not enabled:
             return target(*args, **kwargs)
-        captured = captured_state(self.fun)
+        captured = self.captured()
+        if captured and _nnx_handled(snapshot) and not _frameworks.scope_running():
+            # The usual call under ``track``: what ``_run_checked`` does with NNX handled
+            # and no Haiku or Linen scope running, without its bookkeeping.
+            out = target(*args, **kwargs)
+            predicates = _frameworks.covers.get(NNX.key)
+            if predicates:
+                for _, value in captured:
+                    if not any(predicate(value) for predicate in predicates):
+                        self._refuse(captured, snapshot)
+            return out
         return _run_checked(self.name, target, args, kwargs, snapshot, captured, (args, kwargs))
+
+
+_EMPTY = object()  # an empty closure cell or an absent global, in _direct_values
+_EMPTIES = itertools.repeat(_EMPTY)
+_CELL_CONTENTS = operator.attrgetter("cell_contents")
+
+
+def _direct_values(fun: types.FunctionType) -> list[Any] | None:
+    """Every object ``_shallow_values(fun)`` reads, in a fixed order (``_EMPTY`` for an
+    empty cell or an absent global); None where it reads more (keyword defaults, which
+    can change in place, or ``__wrapped__``)."""
+    if fun.__kwdefaults__ or getattr(fun, "__wrapped__", None) is not None:
+        return None
+    direct: list[Any] = []
+    cells = fun.__closure__
+    if cells:
+        for cell in cells:
+            try:
+                direct.append(cell.cell_contents)
+            except ValueError:  # an empty cell
+                direct.append(_EMPTY)
+    defaults = fun.__defaults__
+    if defaults:
+        direct += defaults
+    names = _global_names(fun.__code__)
+    if names:
+        get = fun.__globals__.get
+        direct += [get(name, _EMPTY) for name in names]
+    return direct
+
+
+def _nnx_handled(snapshot: _stack.Snapshot) -> bool:
+    """``_handled(NNX, snapshot)``, remembered per snapshot in ``_frameworks.nnx_handled``."""
+    handled = _frameworks.nnx_handled.get(snapshot)
+    if handled is None:
+        if len(_frameworks.nnx_handled) >= _NNX_HANDLED_LIMIT:
+            _frameworks.nnx_handled.clear()
+        handled = _frameworks.nnx_handled[snapshot] = _handled(NNX, snapshot)
+    return handled
+
+
+_NNX_HANDLED_LIMIT = 256  # snapshots are interned: a bound, not a tuning knob
 
 
 def transform_check(name: str, fun: Any) -> TransformCheck | None:

@@ -74,7 +74,12 @@ class _Linen(Framework):
         return None if top is None else getattr(top, "scope", None)
 
     def inside(self) -> bool:
-        return self._bound() is not None
+        # Not through ``_bound``: this runs at every checked call while Flax is imported.
+        module = sys.modules.get(self.module)
+        if module is None:
+            return False
+        top = module._context.module_stack[-1]
+        return top is not None and getattr(top, "scope", None) is not None
 
     def state_leaves(self) -> list[Any]:
         scope = self._bound()
@@ -132,6 +137,22 @@ MODULES: tuple[str, ...] = tuple(f.module for f in ALL.values())
 
 # framework key -> predicates from the adapters: does the active adapter cover this object?
 covers: dict[str, list[Callable[[Any], bool]]] = {}
+# snapshot -> whether a layer of an NNX adapter is in it, filled by the missing-adapter
+# check; cleared when a handler is declared (a new label may change an answer).
+nnx_handled: dict[Any, bool] = {}
+
+
+def scope_running() -> bool:
+    """Whether a Haiku transform or a bound Linen module is running now."""
+    modules = sys.modules
+    haiku = modules.get(HAIKU.module)
+    if haiku is not None and haiku.inside_transform():
+        return True
+    linen = modules.get(LINEN.module)
+    if linen is None:
+        return False
+    top = linen._context.module_stack[-1]  # as _Linen.inside, without its frame
+    return top is not None and getattr(top, "scope", None) is not None
 
 
 def declare_handler(
@@ -146,6 +167,7 @@ def declare_handler(
     if not isinstance(label, str) or not label:
         raise TypeError(f"declare_handler: label must be a layer label string, got {label!r}.")
     ALL[framework].labels.add(label)
+    nnx_handled.clear()
     if covers_object is not None:
         if not callable(covers_object):
             raise TypeError(f"declare_handler: covers= must be callable, got {covers_object!r}.")

@@ -132,12 +132,7 @@ def _slow_target(state: _TransformState) -> Callable[..., Any]:
     plain, builds, build = state.plain, state.builds, state.build
     check = state.check
     if check is not None:
-
-        def checked_call(*args: Any, **kwargs: Any) -> Any:
-            snapshot = effective_snapshot()
-            target = plain if snapshot is ROOT else builds.get(snapshot) or build(snapshot)
-            return check.run(target, snapshot, args, kwargs)
-
+        checked_call = check.checked_call(plain, builds, build)
         checked_call.__wrapped__ = plain  # type: ignore[attr-defined]
         return checked_call
 
