@@ -22,7 +22,9 @@ needs lives here, once:
   (``positional_arguments``, ``fwd_output_pair``, ``bwd_cotangents``, the
   symbolic-zero helpers), and JAX's checks of the user's part of a lifted rule's
   output (``jvp_output_pair``, ``argument_types``, ``check_bwd_types``);
-- argnum inference (``infer_argnums_and_argnames``, ``resolve_argnums``,
+- the arguments of a control-flow call as JAX reads them (``scan_arguments``,
+  ``fori_loop_arguments``, ``cond_arguments``, ``switch_arguments``);
+  argnum inference (``infer_argnums_and_argnames``, ``resolve_argnums``,
   ``shift_argnums``), a weak-keyed wrapper cache (``WrapperCache``), the replay
   that raises JAX's own error (``raise_as_jax``), batched ``lax.map``
   (``batched_map``) and the ``NO_OPERAND`` sentinel;
@@ -93,9 +95,14 @@ from jaxoverride.adapter_kit._batched_map import (
     split_batches as split_batches,
 )
 from jaxoverride.adapter_kit._cache import WrapperCache as WrapperCache
+from jaxoverride.adapter_kit._control_arguments import (
+    cond_arguments as cond_arguments,
+    fori_loop_arguments as fori_loop_arguments,
+    scan_arguments as scan_arguments,
+    switch_arguments as switch_arguments,
+)
 from jaxoverride.adapter_kit._control_overrides import (
     control_flow_overrides as control_flow_overrides,
-    scan_arguments as scan_arguments,
     threaded_control_flow as threaded_control_flow,
 )
 from jaxoverride.adapter_kit._conversion import conversion_overrides as conversion_overrides
@@ -203,6 +210,7 @@ __all__ = [
     "check_loop_carry",
     "check_name",
     "check_scan_output",
+    "cond_arguments",
     "control_flow_overrides",
     "conversion_overrides",
     "create_binding_axes",
@@ -212,6 +220,7 @@ __all__ = [
     "describe_impl",
     "distinct_functions",
     "escaped_tracers",
+    "fori_loop_arguments",
     "fwd_output_pair",
     "get_opaque_trace_state",
     "infer_argnums_and_argnames",
@@ -254,6 +263,7 @@ __all__ = [
     "stateful_rematerialization",
     "stateful_transforms",
     "stateful_with_aux",
+    "switch_arguments",
     "threaded_call",
     "threaded_cond",
     "threaded_control_flow",

@@ -32,10 +32,16 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import jaxoverride as jo
+from jaxoverride.adapter_kit._control_arguments import (
+    cond_arguments,
+    fori_loop_arguments,
+    scan_arguments,
+    switch_arguments,
+)
 from jaxoverride.adapter_kit._operands import NO_OPERAND
 from jaxoverride.adapter_kit._state_threading import (
     StateSource,
@@ -46,31 +52,6 @@ from jaxoverride.adapter_kit._state_threading import (
     threaded_switch,
     threaded_while_loop,
 )
-
-
-def scan_arguments(
-    f: Any,
-    init: Any,
-    xs: Any = None,
-    length: Any = None,
-    reverse: bool = False,
-    unroll: Any = 1,
-    _split_transpose: bool = False,
-) -> tuple[Any, ...]:
-    """The arguments of a ``jax.lax.scan`` call, positional and with JAX's defaults.
-
-    Args:
-      f, init, xs, length, reverse, unroll, _split_transpose: as for ``jax.lax.scan``.
-
-    Returns:
-      ``(f, init, xs, length, reverse, unroll, _split_transpose)``.
-
-    Example:
-      >>> from jaxoverride.adapter_kit import scan_arguments
-      >>> scan_arguments(abs, 0, length=3)
-      (<built-in function abs>, 0, None, 3, False, 1, False)
-    """
-    return f, init, xs, length, reverse, unroll, _split_transpose
 
 
 def control_flow_overrides(
@@ -100,7 +81,7 @@ def control_flow_overrides(
 
     Returns:
       ``{"lax.scan": ..., "lax.while_loop": ..., "lax.fori_loop": ..., "lax.cond": ...,
-      "lax.switch": ..., "lax.map": ...}``, each with the signature of JAX's function.
+      "lax.switch": ..., "lax.map": ...}``, each taking the arguments of JAX's function.
       JAX's deprecated ``cond(pred, true_operand, true_fun, false_operand, false_fun)``
       is recast as JAX recasts it, and then threaded.
 
@@ -132,50 +113,40 @@ def control_flow_overrides(
             return lower(cond_fun, body_fun, init_val)
         return while_loop(lower, cond_fun, body_fun, init_val)
 
-    def fori_override(
-        lower_bound: Any,
-        upper_bound: Any,
-        body_fun: Callable[..., Any],
-        init_val: Any,
-        *,
-        unroll: Any = None,
-    ) -> Any:
+    def fori_override(*args: Any, **kwargs: Any) -> Any:
         lower = jo.next_impl("lax.fori_loop")
-        if not active() or not callable(body_fun):
-            return lower(lower_bound, upper_bound, body_fun, init_val, unroll=unroll)
+        if not active():
+            return lower(*args, **kwargs)
+        lower_bound, upper_bound, body_fun, init_val, unroll = fori_loop_arguments(*args, **kwargs)
+        if not callable(body_fun):
+            return lower(*args, **kwargs)
         return fori_loop(lower, lower_bound, upper_bound, body_fun, init_val, unroll=unroll)
 
-    def cond_override(
-        pred: Any, true_fun: Any, false_fun: Any, *operands: Any, operand: Any = NO_OPERAND
-    ) -> Any:
+    def cond_override(*args: Any, **kwargs: Any) -> Any:
         lower = jo.next_impl("lax.cond")
+        if not active():
+            return lower(*args, **kwargs)
+        pred, true_fun, false_fun, operands, operand = cond_arguments(*args, **kwargs)
         keywords = {} if operand is NO_OPERAND else {"operand": operand}
-        if not active() or (operands and keywords):
-            return lower(pred, true_fun, false_fun, *operands, **keywords)
+        if operands and keywords:
+            return lower(*args, **kwargs)
         if not (callable(true_fun) and callable(false_fun)):
             if callable(false_fun) and len(operands) == 2 and callable(operands[1]):
                 # JAX's deprecated cond(pred, x_true, f_true, x_false, f_false), as JAX recasts it.
                 x_true, f_true, x_false, f_false = true_fun, false_fun, *operands
                 recast = (lambda x, _: f_true(x), lambda _, x: f_false(x), x_true, x_false)
                 return cond_override(pred, *recast)
-            return lower(pred, true_fun, false_fun, *operands, **keywords)
+            return lower(*args, **kwargs)
         return cond(lower, pred, true_fun, false_fun, *(operands or keywords.values()))
 
-    def switch_override(
-        index: Any,
-        branches: Sequence[Callable[..., Any]],
-        *operands: Any,
-        operand: Any = NO_OPERAND,
-    ) -> Any:
+    def switch_override(*args: Any, **kwargs: Any) -> Any:
         lower = jo.next_impl("lax.switch")
+        if not active():
+            return lower(*args, **kwargs)
+        index, branches, operands, operand = switch_arguments(*args, **kwargs)
         keywords = {} if operand is NO_OPERAND else {"operand": operand}
-        if (
-            not active()
-            or (operands and keywords)
-            or not branches
-            or not all(callable(b) for b in branches)
-        ):
-            return lower(index, branches, *operands, **keywords)
+        if (operands and keywords) or not branches or not all(callable(b) for b in branches):
+            return lower(*args, **kwargs)
         return switch(lower, index, branches, *(operands or keywords.values()))
 
     def map_override(f: Callable[..., Any], xs: Any, *, batch_size: int | None = None) -> Any:
