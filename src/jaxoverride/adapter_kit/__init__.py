@@ -77,6 +77,7 @@ from jaxoverride._names import (
     TRANSFORMS as TRANSFORMS,
     check_name as check_name,
 )
+from jaxoverride.adapter_kit import _init_safe
 from jaxoverride.adapter_kit._adapter import (
     Adapter as Adapter,
     OverrideTable as OverrideTable,
@@ -107,16 +108,7 @@ from jaxoverride.adapter_kit._control_overrides import (
 )
 from jaxoverride.adapter_kit._conversion import conversion_overrides as conversion_overrides
 from jaxoverride.adapter_kit._frameworks import declare_handler as declare_handler
-from jaxoverride.adapter_kit._init_safe import (
-    create_by_calling as create_by_calling,
-    init_safe_call as init_safe_call,
-    init_safe_cond as init_safe_cond,
-    init_safe_fori_loop as init_safe_fori_loop,
-    init_safe_map as init_safe_map,
-    init_safe_scan as init_safe_scan,
-    init_safe_switch as init_safe_switch,
-    init_safe_while_loop as init_safe_while_loop,
-)
+from jaxoverride.adapter_kit._init_safe import *  # noqa: F403  (its __all__, listed once)
 from jaxoverride.adapter_kit._installer import ScopedInstaller as ScopedInstaller
 from jaxoverride.adapter_kit._leaks import (
     escaped_tracers as escaped_tracers,
@@ -214,7 +206,6 @@ __all__ = [
     "control_flow_overrides",
     "conversion_overrides",
     "create_binding_axes",
-    "create_by_calling",
     "declare_handler",
     "declared_adapters",
     "describe_impl",
@@ -226,13 +217,6 @@ __all__ = [
     "infer_argnums_and_argnames",
     "init_context",
     "init_safe",
-    "init_safe_call",
-    "init_safe_cond",
-    "init_safe_fori_loop",
-    "init_safe_map",
-    "init_safe_scan",
-    "init_safe_switch",
-    "init_safe_while_loop",
     "instantiate_zeros",
     "interpose_fix",
     "is_applying",
@@ -306,3 +290,5 @@ from jaxoverride.adapter_kit._stateful_transforms import (
     stateful_with_aux as stateful_with_aux,
     wraps as wraps,
 )
+
+__all__ += _init_safe.__all__
