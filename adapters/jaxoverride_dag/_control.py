@@ -24,10 +24,8 @@ import jax.numpy as jnp
 import jaxoverride as jo
 from jaxoverride.adapter_kit import (
     NO_OPERAND as _NO_OPERAND,
-    cond_arguments,
-    fori_loop_arguments,
+    jax_arguments,
     scan_arguments,
-    switch_arguments,
 )
 from jaxoverride_dag._errors import SharingError, pattern_mismatch
 from jaxoverride_dag._handoff import (
@@ -188,12 +186,12 @@ def _while_body(get: Callable[[], Any], plan: Plan) -> Callable[..., Any]:
 
 def dag_fori_loop(*args: Any, **kwargs: Any) -> Any:
     """The ``"lax.fori_loop"`` override: ``jax.lax.fori_loop``'s arguments
-    (``fori_loop_arguments``).
+    (``jax_arguments``).
 
     The body sees the carry as fresh objects, shared as the caller's were (arrays
     de-shared where the body splits them, as JAX would run it).
     """
-    lower, upper, body_fun, init_val, unroll = fori_loop_arguments(*args, **kwargs)
+    lower, upper, body_fun, init_val, unroll = jax_arguments("lax.fori_loop", *args, **kwargs)
     below = jo.next_impl("lax.fori_loop")
     if not callable(body_fun):  # JAX's own error
         return below(*args, **kwargs)
@@ -315,8 +313,8 @@ def _common_plan(
 
 
 def dag_cond(*args: Any, **kwargs: Any) -> Any:
-    """The ``"lax.cond"`` override: ``jax.lax.cond``'s arguments (``cond_arguments``)."""
-    pred, true_fun, false_fun, operands, operand = cond_arguments(*args, **kwargs)
+    """The ``"lax.cond"`` override: ``jax.lax.cond``'s arguments (``jax_arguments``)."""
+    pred, true_fun, false_fun, operands, operand = jax_arguments("lax.cond", *args, **kwargs)
     lower = jo.next_impl("lax.cond")
     given = operands if operand is _NO_OPERAND else (*operands, operand)
     both = bool(operands) and operand is not _NO_OPERAND
@@ -336,8 +334,8 @@ def dag_cond(*args: Any, **kwargs: Any) -> Any:
 
 
 def dag_switch(*args: Any, **kwargs: Any) -> Any:
-    """The ``"lax.switch"`` override: ``jax.lax.switch``'s arguments (``switch_arguments``)."""
-    index, branches, operands, operand = switch_arguments(*args, **kwargs)
+    """The ``"lax.switch"`` override: ``jax.lax.switch``'s arguments (``jax_arguments``)."""
+    index, branches, operands, operand = jax_arguments("lax.switch", *args, **kwargs)
     lower = jo.next_impl("lax.switch")
     given = operands if operand is _NO_OPERAND else (*operands, operand)
     both = bool(operands) and operand is not _NO_OPERAND

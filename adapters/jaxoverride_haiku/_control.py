@@ -229,7 +229,9 @@ def _fori_build(carry_params: bool) -> Build:
 
 
 def _threaded_fori(lower: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-    lower_bound, upper_bound, body_fun, init_val, unroll = kit.fori_loop_arguments(*args, **kwargs)
+    lower_bound, upper_bound, body_fun, init_val, unroll = kit.jax_arguments(
+        "lax.fori_loop", *args, **kwargs
+    )
     carry_params = not creating_site()
     wrappers = _wrappers("jaxoverride.lax.fori_loop", [body_fun], _fori_build(carry_params))
     value, state = lower(

@@ -33,13 +33,11 @@ from jaxoverride.adapter_kit import (
     branch_error,
     check_loop_carry,
     check_scan_output,
-    cond_arguments,
-    fori_loop_arguments,
+    jax_arguments,
     join_batches,
     output_shapes,
     scan_arguments,
     split_batches,
-    switch_arguments,
 )
 from jaxoverride_nnx._lift import (
     call_plain,
@@ -416,8 +414,8 @@ def _fori_body(self: _Lifted, fns: list[Any], i: Any, carry: Any) -> Any:
 
 def fori_loop(*args: Any, **kwargs: Any) -> Any:
     """The ``"lax.fori_loop"`` override: ``jax.lax.fori_loop``'s arguments
-    (``fori_loop_arguments``)."""
-    lower, upper, body_fun, init_val, unroll = fori_loop_arguments(*args, **kwargs)
+    (``jax_arguments``)."""
+    lower, upper, body_fun, init_val, unroll = jax_arguments("lax.fori_loop", *args, **kwargs)
     below = jo.next_impl("lax.fori_loop")
     tracked = with_arguments(current(), init_val)
     if tracked is None or not callable(body_fun):
@@ -514,8 +512,8 @@ def _operands(operands: tuple[Any, ...], operand: Any) -> tuple[tuple[Any, ...],
 
 
 def cond(*arguments: Any, **kwargs: Any) -> Any:
-    """The ``"lax.cond"`` override: ``jax.lax.cond``'s arguments (``cond_arguments``)."""
-    pred, true_fun, false_fun, operands, operand = cond_arguments(*arguments, **kwargs)
+    """The ``"lax.cond"`` override: ``jax.lax.cond``'s arguments (``jax_arguments``)."""
+    pred, true_fun, false_fun, operands, operand = jax_arguments("lax.cond", *arguments, **kwargs)
     below = jo.next_impl("lax.cond")
     where = "jaxoverride.lax.cond"
     args, valid = _operands(operands, operand)
@@ -534,8 +532,8 @@ def cond(*arguments: Any, **kwargs: Any) -> Any:
 
 
 def switch(*arguments: Any, **kwargs: Any) -> Any:
-    """The ``"lax.switch"`` override: ``jax.lax.switch``'s arguments (``switch_arguments``)."""
-    index, branches, operands, operand = switch_arguments(*arguments, **kwargs)
+    """The ``"lax.switch"`` override: ``jax.lax.switch``'s arguments (``jax_arguments``)."""
+    index, branches, operands, operand = jax_arguments("lax.switch", *arguments, **kwargs)
     below = jo.next_impl("lax.switch")
     where = "jaxoverride.lax.switch"
     args, valid = _operands(operands, operand)

@@ -22,8 +22,8 @@ needs lives here, once:
   (``positional_arguments``, ``fwd_output_pair``, ``bwd_cotangents``, the
   symbolic-zero helpers), and JAX's checks of the user's part of a lifted rule's
   output (``jvp_output_pair``, ``argument_types``, ``check_bwd_types``);
-- the arguments of a control-flow call as JAX reads them (``scan_arguments``,
-  ``fori_loop_arguments``, ``cond_arguments``, ``switch_arguments``);
+- the arguments of a call as JAX's function reads them (``jax_arguments``,
+  ``scan_arguments``);
   argnum inference (``infer_argnums_and_argnames``, ``resolve_argnums``,
   ``shift_argnums``), a weak-keyed wrapper cache (``WrapperCache``), the replay
   that raises JAX's own error (``raise_as_jax``), batched ``lax.map``
@@ -96,12 +96,6 @@ from jaxoverride.adapter_kit._batched_map import (
     split_batches as split_batches,
 )
 from jaxoverride.adapter_kit._cache import WrapperCache as WrapperCache
-from jaxoverride.adapter_kit._control_arguments import (
-    cond_arguments as cond_arguments,
-    fori_loop_arguments as fori_loop_arguments,
-    scan_arguments as scan_arguments,
-    switch_arguments as switch_arguments,
-)
 from jaxoverride.adapter_kit._control_overrides import (
     control_flow_overrides as control_flow_overrides,
     threaded_control_flow as threaded_control_flow,
@@ -110,6 +104,10 @@ from jaxoverride.adapter_kit._conversion import conversion_overrides as conversi
 from jaxoverride.adapter_kit._frameworks import declare_handler as declare_handler
 from jaxoverride.adapter_kit._init_safe import *  # noqa: F403  (its __all__, listed once)
 from jaxoverride.adapter_kit._installer import ScopedInstaller as ScopedInstaller
+from jaxoverride.adapter_kit._jax_arguments import (
+    jax_arguments as jax_arguments,
+    scan_arguments as scan_arguments,
+)
 from jaxoverride.adapter_kit._leaks import (
     escaped_tracers as escaped_tracers,
     raw_transform_error as raw_transform_error,
@@ -202,7 +200,6 @@ __all__ = [
     "check_loop_carry",
     "check_name",
     "check_scan_output",
-    "cond_arguments",
     "control_flow_overrides",
     "conversion_overrides",
     "create_binding_axes",
@@ -211,7 +208,6 @@ __all__ = [
     "describe_impl",
     "distinct_functions",
     "escaped_tracers",
-    "fori_loop_arguments",
     "fwd_output_pair",
     "get_opaque_trace_state",
     "infer_argnums_and_argnames",
@@ -221,6 +217,7 @@ __all__ = [
     "interpose_fix",
     "is_applying",
     "is_initializing",
+    "jax_arguments",
     "jit_name",
     "join_batches",
     "jvp_output_pair",
@@ -247,7 +244,6 @@ __all__ = [
     "stateful_rematerialization",
     "stateful_transforms",
     "stateful_with_aux",
-    "switch_arguments",
     "threaded_call",
     "threaded_cond",
     "threaded_control_flow",

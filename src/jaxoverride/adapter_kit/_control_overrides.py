@@ -36,12 +36,7 @@ from collections.abc import Callable
 from typing import Any
 
 import jaxoverride as jo
-from jaxoverride.adapter_kit._control_arguments import (
-    cond_arguments,
-    fori_loop_arguments,
-    scan_arguments,
-    switch_arguments,
-)
+from jaxoverride.adapter_kit._jax_arguments import jax_arguments, scan_arguments
 from jaxoverride.adapter_kit._operands import NO_OPERAND
 from jaxoverride.adapter_kit._state_threading import (
     StateSource,
@@ -52,6 +47,25 @@ from jaxoverride.adapter_kit._state_threading import (
     threaded_switch,
     threaded_while_loop,
 )
+
+
+def when_active(
+    name: str, active: Callable[[], bool], override: Callable[..., Any]
+) -> Callable[..., Any]:
+    """The override of ``name`` that runs ``override(lower, *args, **kwargs)`` while
+    ``active()``, ``lower`` the implementation below it; otherwise that implementation,
+    untouched."""
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        lower = jo.next_impl(name)
+        if not active():
+            return lower(*args, **kwargs)
+        return override(lower, *args, **kwargs)
+
+    # Named as ``override``, for call logs (``describe_impl``).
+    call.__module__, call.__name__ = override.__module__, override.__name__
+    call.__qualname__ = override.__qualname__
+    return call
 
 
 def control_flow_overrides(
@@ -96,37 +110,28 @@ def control_flow_overrides(
       ['lax.cond', 'lax.fori_loop', 'lax.map', 'lax.scan', 'lax.switch', 'lax.while_loop']
     """
 
-    def scan_override(*args: Any, **kwargs: Any) -> Any:
-        lower = jo.next_impl("lax.scan")
-        if not active():
-            return lower(*args, **kwargs)
+    def scan_override(lower: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         arguments = scan_arguments(*args, **kwargs)
         if not callable(arguments[0]):
             return lower(*args, **kwargs)
         return scan(lower, *arguments)
 
-    def while_override(
-        cond_fun: Callable[..., Any], body_fun: Callable[..., Any], init_val: Any
-    ) -> Any:
-        lower = jo.next_impl("lax.while_loop")
-        if not active() or not (callable(cond_fun) and callable(body_fun)):
-            return lower(cond_fun, body_fun, init_val)
+    def while_override(lower: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        cond_fun, body_fun, init_val = jax_arguments("lax.while_loop", *args, **kwargs)
+        if not (callable(cond_fun) and callable(body_fun)):
+            return lower(*args, **kwargs)
         return while_loop(lower, cond_fun, body_fun, init_val)
 
-    def fori_override(*args: Any, **kwargs: Any) -> Any:
-        lower = jo.next_impl("lax.fori_loop")
-        if not active():
-            return lower(*args, **kwargs)
-        lower_bound, upper_bound, body_fun, init_val, unroll = fori_loop_arguments(*args, **kwargs)
+    def fori_override(lower: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        lower_bound, upper_bound, body_fun, init_val, unroll = jax_arguments(
+            "lax.fori_loop", *args, **kwargs
+        )
         if not callable(body_fun):
             return lower(*args, **kwargs)
         return fori_loop(lower, lower_bound, upper_bound, body_fun, init_val, unroll=unroll)
 
-    def cond_override(*args: Any, **kwargs: Any) -> Any:
-        lower = jo.next_impl("lax.cond")
-        if not active():
-            return lower(*args, **kwargs)
-        pred, true_fun, false_fun, operands, operand = cond_arguments(*args, **kwargs)
+    def cond_override(lower: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        pred, true_fun, false_fun, operands, operand = jax_arguments("lax.cond", *args, **kwargs)
         keywords = {} if operand is NO_OPERAND else {"operand": operand}
         if operands and keywords:
             return lower(*args, **kwargs)
@@ -135,33 +140,31 @@ def control_flow_overrides(
                 # JAX's deprecated cond(pred, x_true, f_true, x_false, f_false), as JAX recasts it.
                 x_true, f_true, x_false, f_false = true_fun, false_fun, *operands
                 recast = (lambda x, _: f_true(x), lambda _, x: f_false(x), x_true, x_false)
-                return cond_override(pred, *recast)
+                return cond_override(lower, pred, *recast)
             return lower(*args, **kwargs)
         return cond(lower, pred, true_fun, false_fun, *(operands or keywords.values()))
 
-    def switch_override(*args: Any, **kwargs: Any) -> Any:
-        lower = jo.next_impl("lax.switch")
-        if not active():
-            return lower(*args, **kwargs)
-        index, branches, operands, operand = switch_arguments(*args, **kwargs)
+    def switch_override(lower: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        index, branches, operands, operand = jax_arguments("lax.switch", *args, **kwargs)
         keywords = {} if operand is NO_OPERAND else {"operand": operand}
         if (operands and keywords) or not branches or not all(callable(b) for b in branches):
             return lower(*args, **kwargs)
         return switch(lower, index, branches, *(operands or keywords.values()))
 
-    def map_override(f: Callable[..., Any], xs: Any, *, batch_size: int | None = None) -> Any:
-        lower = jo.next_impl("lax.map")
-        if not active():
-            return lower(f, xs, batch_size=batch_size)
+    def map_override(lower: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        f, xs, batch_size = jax_arguments("lax.map", *args, **kwargs)
         return lax_map(lower, f, xs, batch_size=batch_size)
 
     overrides = {
-        "lax.scan": scan_override,
-        "lax.while_loop": while_override,
-        "lax.fori_loop": fori_override,
-        "lax.cond": cond_override,
-        "lax.switch": switch_override,
-        "lax.map": map_override,
+        name: when_active(name, active, override)
+        for name, override in {
+            "lax.scan": scan_override,
+            "lax.while_loop": while_override,
+            "lax.fori_loop": fori_override,
+            "lax.cond": cond_override,
+            "lax.switch": switch_override,
+            "lax.map": map_override,
+        }.items()
     }
     for name, override in overrides.items():
         override.__name__ = override.__qualname__ = name.removeprefix("lax.")
