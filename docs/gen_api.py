@@ -37,7 +37,10 @@ def public_names(package: str) -> list[str]:
     """The names of ``package`` that the reference must document."""
     if package == "jaxoverride.lax":
         return list(NEUTRAL_LAX)
-    return list(importlib.import_module(package).__all__)
+    # Sorted as ruff sorts a literal ``__all__`` (constants, classes, then the rest), so that
+    # names a package adds with ``__all__ += module.__all__`` stand in their place too.
+    names = importlib.import_module(package).__all__
+    return sorted(names, key=lambda name: (not name.isupper(), not name[:1].isupper(), name))
 
 
 def reference_page(package: str) -> Path:

@@ -15,11 +15,7 @@ Two cases of issue 20 that used to pass silently or be caught far from their cau
 from __future__ import annotations
 
 import functools
-import os
-import subprocess
-import sys
 import textwrap
-from pathlib import Path
 from typing import Any
 
 import haiku as hk
@@ -34,27 +30,16 @@ import jaxoverride as jo
 import jaxoverride_haiku
 import jaxoverride_linen
 import jaxoverride_nnx
+from _fresh import run_source
 from jaxoverride import adapter_kit
 from jaxoverride.errors import MissingAdapterError
 
-ROOT = Path(__file__).resolve().parents[1]
 X = jnp.ones((1, 2))
 HATCH = "jaxoverride.set_adapter_check(False)"
 
 
 def _run(source: str) -> str:
-    environment = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT / "adapters")]),
-    }
-    result = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(source)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=environment,
-        cwd=ROOT,
-    )
+    result = run_source(source)
     assert result.returncode == 0, result.stderr[-4000:]
     return result.stdout
 

@@ -22,7 +22,11 @@ import jax
 import jax.numpy as jnp
 
 import jaxoverride as jo
-from jaxoverride.adapter_kit import NO_OPERAND as _NO_OPERAND, scan_arguments
+from jaxoverride.adapter_kit import (
+    NO_OPERAND as _NO_OPERAND,
+    jax_arguments,
+    scan_arguments,
+)
 from jaxoverride_dag._errors import SharingError, pattern_mismatch
 from jaxoverride_dag._handoff import (
     MAX_PER_FUNCTION,
@@ -180,22 +184,17 @@ def _while_body(get: Callable[[], Any], plan: Plan) -> Callable[..., Any]:
     return body
 
 
-def dag_fori_loop(
-    lower: Any,
-    upper: Any,
-    body_fun: Callable[[Any, Any], Any],
-    init_val: Any,
-    *,
-    unroll: int | bool | None = None,
-) -> Any:
-    """The ``"lax.fori_loop"`` override: ``jax.lax.fori_loop``'s signature.
+def dag_fori_loop(*args: Any, **kwargs: Any) -> Any:
+    """The ``"lax.fori_loop"`` override: ``jax.lax.fori_loop``'s arguments
+    (``jax_arguments``).
 
     The body sees the carry as fresh objects, shared as the caller's were (arrays
     de-shared where the body splits them, as JAX would run it).
     """
+    lower, upper, body_fun, init_val, unroll = jax_arguments("lax.fori_loop", *args, **kwargs)
     below = jo.next_impl("lax.fori_loop")
     if not callable(body_fun):  # JAX's own error
-        return below(lower, upper, body_fun, init_val, unroll=unroll)
+        return below(*args, **kwargs)
     init_plan, init_dyn = encode(init_val, "fori_loop carry")
 
     def run(plan: Plan) -> Any:
@@ -313,23 +312,16 @@ def _common_plan(
     return None if all(p == common for p in plans) else common
 
 
-def dag_cond(
-    pred: Any,
-    true_fun: Callable[..., Any],
-    false_fun: Callable[..., Any],
-    *operands: Any,
-    operand: Any = _NO_OPERAND,
-) -> Any:
-    """The ``"lax.cond"`` override: ``jax.lax.cond``'s signature."""
+def dag_cond(*args: Any, **kwargs: Any) -> Any:
+    """The ``"lax.cond"`` override: ``jax.lax.cond``'s arguments (``jax_arguments``)."""
+    pred, true_fun, false_fun, operands, operand = jax_arguments("lax.cond", *args, **kwargs)
     lower = jo.next_impl("lax.cond")
     given = operands if operand is _NO_OPERAND else (*operands, operand)
     both = bool(operands) and operand is not _NO_OPERAND
     if not (callable(true_fun) and callable(false_fun)) or both:
         # Non-callable branches (or JAX's deprecated form), or both kinds of operands:
         # JAX's own behaviour and errors.
-        if operand is _NO_OPERAND:
-            return lower(pred, true_fun, false_fun, *operands)
-        return lower(pred, true_fun, false_fun, *operands, operand=operand)
+        return lower(*args, **kwargs)
     plan, dyn = encode(given, "cond operands")
     return _run_branches(
         "lax.cond",
@@ -341,10 +333,9 @@ def dag_cond(
     )
 
 
-def dag_switch(
-    index: Any, branches: Sequence[Callable[..., Any]], *operands: Any, operand: Any = _NO_OPERAND
-) -> Any:
-    """The ``"lax.switch"`` override: ``jax.lax.switch``'s signature."""
+def dag_switch(*args: Any, **kwargs: Any) -> Any:
+    """The ``"lax.switch"`` override: ``jax.lax.switch``'s arguments (``jax_arguments``)."""
+    index, branches, operands, operand = jax_arguments("lax.switch", *args, **kwargs)
     lower = jo.next_impl("lax.switch")
     given = operands if operand is _NO_OPERAND else (*operands, operand)
     both = bool(operands) and operand is not _NO_OPERAND
@@ -353,9 +344,7 @@ def dag_switch(
         or not all(callable(branch) for branch in branches)
         or both
     ):  # JAX's own behaviour and errors
-        if operand is _NO_OPERAND:
-            return lower(index, branches, *operands)
-        return lower(index, branches, *operands, operand=operand)
+        return lower(*args, **kwargs)
     plan, dyn = encode(given, "switch operands")
     return _run_branches(
         "lax.switch",

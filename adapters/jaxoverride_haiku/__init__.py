@@ -18,12 +18,8 @@ except ImportError as _error:  # pragma: no cover - exercised in a subprocess by
         "jaxoverride_haiku needs dm-haiku: pip install 'jaxoverride[haiku]'"
     ) from _error
 
-from jaxoverride_haiku._context import (
-    context as context,
-    install as install,
-    is_installed as is_installed,
-    uninstall as uninstall,
-)
+from jaxoverride_haiku import _context
+from jaxoverride_haiku._context import *  # noqa: F403  (its __all__: context, install, ...)
 from jaxoverride_haiku._convert import PureFunctionWriteError as PureFunctionWriteError
 from jaxoverride_haiku._frames import in_transform as in_transform, state_usable as state_usable
 from jaxoverride_haiku._rules import (
@@ -35,10 +31,7 @@ __all__ = [
     "ClosedOverDifferentiationError",
     "DifferentiatedStateError",
     "PureFunctionWriteError",
-    "context",
     "in_transform",
-    "install",
-    "is_installed",
     "state_usable",
-    "uninstall",
 ]
+__all__ += _context.__all__

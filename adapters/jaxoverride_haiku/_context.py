@@ -11,6 +11,8 @@ import jaxoverride as jo
 from jaxoverride import adapter_kit as kit
 from jaxoverride_haiku import _control, _convert, _jit, _layer, _mapped, _rules, _transforms
 
+__all__ = ["context", "install", "is_installed", "uninstall"]
+
 # Every overridable name is Haiku-aware; nothing passes through.
 TABLE = kit.OverrideTable(
     "jaxoverride_haiku",

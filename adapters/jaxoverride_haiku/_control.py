@@ -228,15 +228,10 @@ def _fori_build(carry_params: bool) -> Build:
     return build
 
 
-def _threaded_fori(
-    lower: Callable[..., Any],
-    lower_bound: Any,
-    upper_bound: Any,
-    body_fun: Callable[..., Any],
-    init_val: Any,
-    *,
-    unroll: Any = None,
-) -> Any:
+def _threaded_fori(lower: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    lower_bound, upper_bound, body_fun, init_val, unroll = kit.jax_arguments(
+        "lax.fori_loop", *args, **kwargs
+    )
     carry_params = not creating_site()
     wrappers = _wrappers("jaxoverride.lax.fori_loop", [body_fun], _fori_build(carry_params))
     value, state = lower(

@@ -14,12 +14,8 @@ try:
 except ImportError as _error:  # pragma: no cover - exercised in a subprocess by the tests
     raise ImportError("jaxoverride_linen needs flax: pip install 'jaxoverride[linen]'") from _error
 
-from jaxoverride_linen._context import (
-    context as context,
-    install as install,
-    is_installed as is_installed,
-    uninstall as uninstall,
-)
+from jaxoverride_linen import _context
+from jaxoverride_linen._context import *  # noqa: F403  (its __all__: context, install, ...)
 from jaxoverride_linen._errors import (
     ClosedOverDifferentiationError as ClosedOverDifferentiationError,
     DifferentiatedStateError as DifferentiatedStateError,
@@ -35,9 +31,6 @@ __all__ = [
     "DifferentiatedStateError",
     "LinenStateError",
     "PureFunctionWriteError",
-    "context",
     "in_bound_module",
-    "install",
-    "is_installed",
-    "uninstall",
 ]
+__all__ += _context.__all__

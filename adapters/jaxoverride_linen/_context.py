@@ -10,6 +10,8 @@ import jaxoverride as jo
 from jaxoverride import adapter_kit as kit
 from jaxoverride_linen import _control, _patches, _rules, _transforms
 
+__all__ = ["context", "install", "is_installed", "uninstall"]
+
 # Every overridable name is Linen-aware; nothing passes through.
 TABLE = kit.OverrideTable(
     "jaxoverride_linen",

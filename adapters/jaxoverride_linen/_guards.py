@@ -20,7 +20,6 @@ thread-local read when none of this adapter's rules is running:
 from __future__ import annotations
 
 import contextlib
-import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -28,9 +27,9 @@ from flax.core import scope as core_scope
 
 from jaxoverride_linen import _trees as trees
 from jaxoverride_linen._errors import ClosedOverDifferentiationError, PureFunctionWriteError
+from jaxoverride_linen._per_thread import local as _local
 
 Scope = core_scope.Scope
-_local = threading.local()
 
 
 class _Lifted:
@@ -42,14 +41,6 @@ class _Lifted:
         self.params = params
         self.refused = refused
         self.where = where
-
-
-def _lifted_frames() -> list[dict[int, _Lifted]]:
-    try:
-        return _local.lifted
-    except AttributeError:
-        _local.lifted = []
-        return _local.lifted
 
 
 def _refuse_read(lifted: _Lifted, col: str, path: tuple[str, ...]) -> None:
@@ -70,7 +61,7 @@ def guard_get_variable(original: Callable[..., Any]) -> Callable[..., Any]:
     """``Scope.get_variable`` seeing a rule's lifted values, refusing differentiated ones."""
 
     def get_variable(self: Scope, col: str, name: str, default: Any = None) -> Any:
-        frames = getattr(_local, "lifted", None)
+        frames = _local.lifted
         if not frames:
             return original(self, col, name, default)
         lifted = frames[-1].get(id(self.root._variables))
@@ -99,7 +90,7 @@ def lifted_reads(
       refused: each root's paths ``(collection, *path)`` being differentiated.
       where: the neutral name, for the error.
     """
-    frames = _lifted_frames()
+    frames = _local.lifted
     frame = dict(frames[-1]) if frames else {}
     for variables, tree, paths in zip(roots, params, refused, strict=True):
         outer = frame.get(id(variables))
@@ -119,7 +110,7 @@ def lifted_reads(
 def lifted_params(variables: Any) -> Any:
     """The ``params`` that reads of the root with these ``variables`` see now, or ``None``
     outside every rule (a nested rule lifts the values its caller sees, not the scope's)."""
-    frames = getattr(_local, "lifted", None)
+    frames = _local.lifted
     lifted = frames[-1].get(id(variables)) if frames else None
     return None if lifted is None else lifted.params
 
@@ -145,7 +136,7 @@ class _Pure:
 
 def _pure_guard(scope: Scope, writing: bool = False) -> _Pure | None:
     """The innermost guard over ``scope``'s root (that refuses writes, if ``writing``)."""
-    guards = getattr(_local, "pure", None)
+    guards = _local.pure
     if not guards:
         return None
     root = id(scope.root._variables)
@@ -225,9 +216,7 @@ def pure(
         ]
         saved.append((root, dict(root.rngs), leaves))
         root.rngs.clear()  # nothing to draw: loops inside thread no key
-    guards = getattr(_local, "pure", None)
-    if guards is None:
-        guards = _local.pure = []
+    guards = _local.pure
     ids = frozenset(id(root.variables) for root in roots)
     guards.append(_Pure(ids, where, inside, reason, writes))
     try:

@@ -21,7 +21,6 @@ sees none of that as JAX values, so:
 from __future__ import annotations
 
 import collections
-import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -34,6 +33,7 @@ from jaxoverride import adapter_kit as kit
 from jaxoverride.errors import JaxoverrideError
 from jaxoverride_linen import _trees as trees
 from jaxoverride_linen._guards import lifted_params
+from jaxoverride_linen._per_thread import local as _local
 
 Scope = core_scope.Scope
 LazyRng = core_scope.LazyRng
@@ -117,17 +117,6 @@ class _Step:
         self.used = False
 
 
-_local = threading.local()
-
-
-def _substitutions() -> list[dict[int, _Step]]:
-    try:
-        return _local.steps
-    except AttributeError:
-        _local.steps = []
-        return _local.steps
-
-
 # The wrappers below behave exactly as Linen's own methods unless a threaded body or a
 # creation pass of this adapter is running in this thread (one thread-local read).
 # ``_patches`` puts them on ``Scope`` only while the adapter is in use.
@@ -137,7 +126,7 @@ def wrap_make_rng(original: Callable[..., Any]) -> Callable[..., Any]:
     """``Scope.make_rng`` drawing from the step key of a threaded body, if one runs."""
 
     def make_rng(self: Scope, name: str = "params") -> Any:
-        stack = getattr(_local, "steps", None)
+        stack = _local.steps
         if not stack:
             return original(self, name)
         rngs: Any = self.rngs  # LazyRng values, though Flax annotates them as keys
@@ -162,7 +151,7 @@ def wrap_variable(original: Callable[..., Any]) -> Callable[..., Any]:
     """``Scope.variable`` recording the initial value of what a creation pass creates."""
 
     def variable(self: Scope, col: str, name: str, *args: Any, **kwargs: Any) -> Any:
-        recorder = getattr(_local, "created", None)
+        recorder = _local.created
         if recorder is None or self.has_variable(col, name):
             return original(self, col, name, *args, **kwargs)
         result = original(self, col, name, *args, **kwargs)
@@ -177,7 +166,7 @@ def wrap_put_variable(original: Callable[..., Any]) -> Callable[..., Any]:
     """``Scope.put_variable`` refusing, in a traced body, a write no threading carries."""
 
     def put_variable(self: Scope, col: str, name: str, value: Any) -> Any:
-        threaded = getattr(_local, "roots", None)
+        threaded = _local.roots
         if threaded:
             root = self.root
             if id(root._variables) not in threaded[-1] and root.trace_level != (
@@ -194,14 +183,6 @@ def wrap_put_variable(original: Callable[..., Any]) -> Callable[..., Any]:
         return original(self, col, name, value)
 
     return put_variable
-
-
-def _threaded_roots() -> list[set[int]]:
-    try:
-        return _local.roots
-    except AttributeError:
-        _local.roots = []
-        return _local.roots
 
 
 # -- variable trees --------------------------------------------------------------------
@@ -363,7 +344,7 @@ class LinenSource:
 
     def enter(self, state: Any) -> _Token:
         token = _Token()
-        outer = _substitutions()
+        outer = _local.steps
         steps: dict[int, _Step] = dict(outer[-1]) if outer else {}
         for root, (cols, keys, slots) in zip(self.roots, state, strict=True):
             token.roots.append(root)
@@ -383,13 +364,13 @@ class LinenSource:
                 lazy = root.rngs[name]
                 steps[id(lazy.rng)] = token.steps[id(lazy.rng)] = _Step(lazy.rng, key)
         outer.append(steps)
-        roots = _threaded_roots()
+        roots = _local.roots
         roots.append((roots[-1] if roots else set()) | {id(r.variables) for r in self.roots})
         return token
 
     def _undo(self, token: _Token) -> None:
-        _substitutions().pop()
-        _threaded_roots().pop()
+        _local.steps.pop()
+        _local.roots.pop()
         for root, saved, counters in zip(token.roots, token.saved, token.counters, strict=True):
             _restore_variables(root, saved)
             trees.restore(root.counters, counters, fresh=0)
@@ -501,9 +482,9 @@ class LinenSource:
                 # Salted keys: what the pass creates draws keys that no later draw repeats.
                 salted = jax.random.fold_in(lazy.rng, _CREATION_SALT)
                 steps[id(lazy.rng)] = _Step(lazy.rng, salted)
-        outer = _substitutions()
+        outer = _local.steps
         outer.append({**(outer[-1] if outer else {}), **steps})
-        previous = getattr(_local, "created", None)
+        previous = _local.created
         recorded: dict[Any, Any] = {}
         _local.created = recorded
         failed = True

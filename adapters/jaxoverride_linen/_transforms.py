@@ -53,21 +53,29 @@ def _batched_state_error(where: str, err: Exception) -> ValueError:
     )
 
 
+def _in_modules(
+    fun: Callable[..., Any], plain: Callable[..., Any], inside: Callable[..., Any]
+) -> Callable[..., Any]:
+    """A function with ``fun``'s metadata that calls ``plain`` (the transformed function
+    below) outside every bound Linen module, and ``inside`` in one."""
+
+    @kit.wraps(fun)
+    def call(*call_args: Any, **call_kwargs: Any) -> Any:
+        if not in_bound_module():
+            return plain(*call_args, **call_kwargs)
+        return inside(*call_args, **call_kwargs)
+
+    return call
+
+
 # -- jit -------------------------------------------------------------------------------
 
 
 def jit(fun: Callable[..., Any], *args: Any, **kwargs: Any) -> Callable[..., Any]:
-    lower = jo.next_impl("jit")
-    plain = lower(fun, *args, **kwargs)
-
-    @kit.wraps(fun)
-    def inline(*call_args: Any, **call_kwargs: Any) -> Any:
-        if not in_bound_module():
-            return plain(*call_args, **call_kwargs)
-        # Inside a bound module the enclosing computation is what JAX compiles: calling
-        # the function inline keeps Linen's variables, rng and names in one trace.
-        return fun(*call_args, **call_kwargs)
-
+    plain = jo.next_impl("jit")(fun, *args, **kwargs)
+    # Inside a bound module the enclosing computation is what JAX compiles: calling the
+    # function inline keeps Linen's variables, rng and names in one trace.
+    inline = _in_modules(fun, plain, fun)
     for attribute in ("lower", "trace", "eval_shape", "clear_cache"):
         if hasattr(plain, attribute):
             setattr(inline, attribute, getattr(plain, attribute))
@@ -95,12 +103,8 @@ def eval_shape(fun: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
 
 def make_jaxpr(fun: Callable[..., Any], *args: Any, **kwargs: Any) -> Callable[..., Any]:
     lower = jo.next_impl("make_jaxpr")
-    plain = lower(fun, *args, **kwargs)
 
-    @kit.wraps(fun)
     def traced(*call_args: Any, **call_kwargs: Any) -> Any:
-        if not in_bound_module():
-            return plain(*call_args, **call_kwargs)
         where = "jaxoverride.make_jaxpr"
 
         def call() -> Any:
@@ -112,7 +116,7 @@ def make_jaxpr(fun: Callable[..., Any], *args: Any, **kwargs: Any) -> Callable[.
 
         return _STATE.init_safe(where, lambda: fun(*call_args, **call_kwargs), call)
 
-    return traced
+    return _in_modules(fun, lower(fun, *args, **kwargs), traced)
 
 
 # -- shard_map -------------------------------------------------------------------------
@@ -122,14 +126,9 @@ def shard_map(f: Any = None, /, **options: Any) -> Any:
     lower = jo.next_impl("shard_map")
     if f is None:
         return functools.partial(shard_map, **options)
-    plain = lower(f, **options)
     where = "jaxoverride.shard_map"
 
-    @kit.wraps(f)
     def sharded(*call_args: Any, **call_kwargs: Any) -> Any:
-        if not in_bound_module():
-            return plain(*call_args, **call_kwargs)
-
         def call() -> Any:
             state_call = _STATE.begin(where)
             pure = kit.wraps(f)(lambda *a, **k: state_call.run(f, a, k))
@@ -143,7 +142,7 @@ def shard_map(f: Any = None, /, **options: Any) -> Any:
         block = lambda: kit.shard_block_arguments(call_args, in_specs, options.get("mesh"))
         return _STATE.init_safe(where, lambda: f(*block(), **call_kwargs), call)
 
-    return sharded
+    return _in_modules(f, lower(f, **options), sharded)
 
 
 OVERRIDES: dict[str, Callable[..., Any]] = {

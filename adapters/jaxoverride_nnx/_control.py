@@ -33,6 +33,7 @@ from jaxoverride.adapter_kit import (
     branch_error,
     check_loop_carry,
     check_scan_output,
+    jax_arguments,
     join_batches,
     output_shapes,
     scan_arguments,
@@ -411,15 +412,10 @@ def _fori_body(self: _Lifted, fns: list[Any], i: Any, carry: Any) -> Any:
     return new_value, after, constants
 
 
-def fori_loop(
-    lower: Any,
-    upper: Any,
-    body_fun: Callable[[Any, Any], Any],
-    init_val: Any,
-    *,
-    unroll: int | bool | None = None,
-) -> Any:
-    """The ``"lax.fori_loop"`` override."""
+def fori_loop(*args: Any, **kwargs: Any) -> Any:
+    """The ``"lax.fori_loop"`` override: ``jax.lax.fori_loop``'s arguments
+    (``jax_arguments``)."""
+    lower, upper, body_fun, init_val, unroll = jax_arguments("lax.fori_loop", *args, **kwargs)
     below = jo.next_impl("lax.fori_loop")
     tracked = with_arguments(current(), init_val)
     if tracked is None or not callable(body_fun):
@@ -515,19 +511,14 @@ def _operands(operands: tuple[Any, ...], operand: Any) -> tuple[tuple[Any, ...],
     return (operand,), not operands
 
 
-def cond(
-    pred: Any,
-    true_fun: Callable[..., Any],
-    false_fun: Callable[..., Any],
-    *operands: Any,
-    operand: Any = _NO_OPERAND,
-) -> Any:
-    """The ``"lax.cond"`` override."""
+def cond(*arguments: Any, **kwargs: Any) -> Any:
+    """The ``"lax.cond"`` override: ``jax.lax.cond``'s arguments (``jax_arguments``)."""
+    pred, true_fun, false_fun, operands, operand = jax_arguments("lax.cond", *arguments, **kwargs)
     below = jo.next_impl("lax.cond")
     where = "jaxoverride.lax.cond"
     args, valid = _operands(operands, operand)
     if not valid:  # JAX's own error for passing both
-        return below(pred, true_fun, false_fun, *operands, operand=operand)
+        return below(*arguments, **kwargs)
     tracked = with_arguments(current(), args)
     if tracked is None or not (callable(true_fun) and callable(false_fun)):
         return call_plain(below, (pred, true_fun, false_fun, *args), {}, where)
@@ -540,15 +531,14 @@ def cond(
     )
 
 
-def switch(
-    index: Any, branches: Sequence[Callable[..., Any]], *operands: Any, operand: Any = _NO_OPERAND
-) -> Any:
-    """The ``"lax.switch"`` override."""
+def switch(*arguments: Any, **kwargs: Any) -> Any:
+    """The ``"lax.switch"`` override: ``jax.lax.switch``'s arguments (``jax_arguments``)."""
+    index, branches, operands, operand = jax_arguments("lax.switch", *arguments, **kwargs)
     below = jo.next_impl("lax.switch")
     where = "jaxoverride.lax.switch"
     args, valid = _operands(operands, operand)
     if not valid:
-        return below(index, branches, *operands, operand=operand)
+        return below(*arguments, **kwargs)
     tracked = with_arguments(current(), args)
     if tracked is None or not _all_callable(branches):
         return call_plain(below, (index, branches, *args), {}, where)

@@ -23,6 +23,7 @@ from typing import Any
 from flax.errors import TraceContextError
 
 import jaxoverride as jo
+from jaxoverride import adapter_kit as kit
 from jaxoverride_nnx._errors import LevelError
 from jaxoverride_nnx._lift import changed, run_lifted
 from jaxoverride_nnx._rules import PureFunctionWriteError, write_refused
@@ -137,22 +138,14 @@ def _pure(
     return pure
 
 
-# ``solve(f, x)`` and ``tangent_solve(g, y)`` of ``lax.custom_root``; ``solve(matvec, b)``
-# of ``lax.custom_linear_solve``.
-Solver = Callable[[Callable[[Any], Any], Any], Any]
-
-
-def custom_root(
-    f: Callable[[Any], Any],
-    initial_guess: Any,
-    solve: Solver,
-    tangent_solve: Solver,
-    has_aux: bool = False,
-) -> Any:
+def custom_root(*args: Any, **kwargs: Any) -> Any:
     below = jo.next_impl("lax.custom_root")
     tracked = current()
     if tracked is None:
-        return below(f, initial_guess, solve, tangent_solve, has_aux=has_aux)
+        return below(*args, **kwargs)
+    f, initial_guess, solve, tangent_solve, has_aux = kit.jax_arguments(
+        "lax.custom_root", *args, **kwargs
+    )
     where = "jaxoverride.lax.custom_root"
     return below(
         _pure(tracked, f, "f (the function whose root is found)", where),
@@ -163,18 +156,14 @@ def custom_root(
     )
 
 
-def custom_linear_solve(
-    matvec: Callable[[Any], Any],
-    b: Any,
-    solve: Solver,
-    transpose_solve: Solver | None = None,
-    symmetric: bool = False,
-    has_aux: bool = False,
-) -> Any:
+def custom_linear_solve(*args: Any, **kwargs: Any) -> Any:
     below = jo.next_impl("lax.custom_linear_solve")
     tracked = current()
     if tracked is None:
-        return below(matvec, b, solve, transpose_solve, symmetric=symmetric, has_aux=has_aux)
+        return below(*args, **kwargs)
+    matvec, b, solve, transpose_solve, symmetric, has_aux = kit.jax_arguments(
+        "lax.custom_linear_solve", *args, **kwargs
+    )
     where = "jaxoverride.lax.custom_linear_solve"
     return below(
         _pure(tracked, matvec, "matvec", where),

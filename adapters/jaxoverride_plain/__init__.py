@@ -10,21 +10,14 @@ dependency beyond jaxoverride.
 # Helpers this package documented before they moved to ``jaxoverride.adapter_kit``,
 # where new code should import them from; kept here so that existing imports work.
 from jaxoverride.adapter_kit import (
+    _init_safe,
     applying as applying,
     as_jax_operands as as_jax_operands,
     bwd_cotangents as bwd_cotangents,
     create_binding_axes as create_binding_axes,
-    create_by_calling as create_by_calling,
     distinct_functions as distinct_functions,
     fwd_output_pair as fwd_output_pair,
     init_context as init_context,
-    init_safe_call as init_safe_call,
-    init_safe_cond as init_safe_cond,
-    init_safe_fori_loop as init_safe_fori_loop,
-    init_safe_map as init_safe_map,
-    init_safe_scan as init_safe_scan,
-    init_safe_switch as init_safe_switch,
-    init_safe_while_loop as init_safe_while_loop,
     instantiate_zeros as instantiate_zeros,
     is_applying as is_applying,
     is_initializing as is_initializing,
@@ -39,6 +32,7 @@ from jaxoverride.adapter_kit import (
     zero_tangents as zero_tangents,
     zeros_for as zeros_for,
 )
+from jaxoverride.adapter_kit._init_safe import *  # noqa: F403  (the kit's list of them)
 from jaxoverride_plain._context import context as context
 from jaxoverride_plain._transforms import init_safe_transform as init_safe_transform
 
@@ -48,18 +42,10 @@ __all__ = [
     "bwd_cotangents",
     "context",
     "create_binding_axes",
-    "create_by_calling",
     "distinct_functions",
     "fwd_output_pair",
     "init_context",
-    "init_safe_call",
-    "init_safe_cond",
-    "init_safe_fori_loop",
-    "init_safe_map",
-    "init_safe_scan",
-    "init_safe_switch",
     "init_safe_transform",
-    "init_safe_while_loop",
     "instantiate_zeros",
     "is_applying",
     "is_initializing",
@@ -74,3 +60,4 @@ __all__ = [
     "zero_tangents",
     "zeros_for",
 ]
+__all__ += _init_safe.__all__

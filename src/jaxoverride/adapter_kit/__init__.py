@@ -22,7 +22,9 @@ needs lives here, once:
   (``positional_arguments``, ``fwd_output_pair``, ``bwd_cotangents``, the
   symbolic-zero helpers), and JAX's checks of the user's part of a lifted rule's
   output (``jvp_output_pair``, ``argument_types``, ``check_bwd_types``);
-- argnum inference (``infer_argnums_and_argnames``, ``resolve_argnums``,
+- the arguments of a call as JAX's function reads them (``jax_arguments``,
+  ``scan_arguments``);
+  argnum inference (``infer_argnums_and_argnames``, ``resolve_argnums``,
   ``shift_argnums``), a weak-keyed wrapper cache (``WrapperCache``), the replay
   that raises JAX's own error (``raise_as_jax``), batched ``lax.map``
   (``batched_map``) and the ``NO_OPERAND`` sentinel;
@@ -75,6 +77,7 @@ from jaxoverride._names import (
     TRANSFORMS as TRANSFORMS,
     check_name as check_name,
 )
+from jaxoverride.adapter_kit import _init_safe
 from jaxoverride.adapter_kit._adapter import (
     Adapter as Adapter,
     OverrideTable as OverrideTable,
@@ -95,22 +98,16 @@ from jaxoverride.adapter_kit._batched_map import (
 from jaxoverride.adapter_kit._cache import WrapperCache as WrapperCache
 from jaxoverride.adapter_kit._control_overrides import (
     control_flow_overrides as control_flow_overrides,
-    scan_arguments as scan_arguments,
     threaded_control_flow as threaded_control_flow,
 )
 from jaxoverride.adapter_kit._conversion import conversion_overrides as conversion_overrides
 from jaxoverride.adapter_kit._frameworks import declare_handler as declare_handler
-from jaxoverride.adapter_kit._init_safe import (
-    create_by_calling as create_by_calling,
-    init_safe_call as init_safe_call,
-    init_safe_cond as init_safe_cond,
-    init_safe_fori_loop as init_safe_fori_loop,
-    init_safe_map as init_safe_map,
-    init_safe_scan as init_safe_scan,
-    init_safe_switch as init_safe_switch,
-    init_safe_while_loop as init_safe_while_loop,
-)
+from jaxoverride.adapter_kit._init_safe import *  # noqa: F403  (its __all__, listed once)
 from jaxoverride.adapter_kit._installer import ScopedInstaller as ScopedInstaller
+from jaxoverride.adapter_kit._jax_arguments import (
+    jax_arguments as jax_arguments,
+    scan_arguments as scan_arguments,
+)
 from jaxoverride.adapter_kit._leaks import (
     escaped_tracers as escaped_tracers,
     raw_transform_error as raw_transform_error,
@@ -206,7 +203,6 @@ __all__ = [
     "control_flow_overrides",
     "conversion_overrides",
     "create_binding_axes",
-    "create_by_calling",
     "declare_handler",
     "declared_adapters",
     "describe_impl",
@@ -217,17 +213,11 @@ __all__ = [
     "infer_argnums_and_argnames",
     "init_context",
     "init_safe",
-    "init_safe_call",
-    "init_safe_cond",
-    "init_safe_fori_loop",
-    "init_safe_map",
-    "init_safe_scan",
-    "init_safe_switch",
-    "init_safe_while_loop",
     "instantiate_zeros",
     "interpose_fix",
     "is_applying",
     "is_initializing",
+    "jax_arguments",
     "jit_name",
     "join_batches",
     "jvp_output_pair",
@@ -296,3 +286,5 @@ from jaxoverride.adapter_kit._stateful_transforms import (
     stateful_with_aux as stateful_with_aux,
     wraps as wraps,
 )
+
+__all__ += _init_safe.__all__

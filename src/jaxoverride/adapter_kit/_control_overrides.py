@@ -32,10 +32,11 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import jaxoverride as jo
+from jaxoverride.adapter_kit._jax_arguments import jax_arguments, scan_arguments
 from jaxoverride.adapter_kit._operands import NO_OPERAND
 from jaxoverride.adapter_kit._state_threading import (
     StateSource,
@@ -48,29 +49,23 @@ from jaxoverride.adapter_kit._state_threading import (
 )
 
 
-def scan_arguments(
-    f: Any,
-    init: Any,
-    xs: Any = None,
-    length: Any = None,
-    reverse: bool = False,
-    unroll: Any = 1,
-    _split_transpose: bool = False,
-) -> tuple[Any, ...]:
-    """The arguments of a ``jax.lax.scan`` call, positional and with JAX's defaults.
+def when_active(
+    name: str, active: Callable[[], bool], override: Callable[..., Any]
+) -> Callable[..., Any]:
+    """The override of ``name`` that runs ``override(lower, *args, **kwargs)`` while
+    ``active()``, ``lower`` the implementation below it; otherwise that implementation,
+    untouched."""
 
-    Args:
-      f, init, xs, length, reverse, unroll, _split_transpose: as for ``jax.lax.scan``.
+    def call(*args: Any, **kwargs: Any) -> Any:
+        lower = jo.next_impl(name)
+        if not active():
+            return lower(*args, **kwargs)
+        return override(lower, *args, **kwargs)
 
-    Returns:
-      ``(f, init, xs, length, reverse, unroll, _split_transpose)``.
-
-    Example:
-      >>> from jaxoverride.adapter_kit import scan_arguments
-      >>> scan_arguments(abs, 0, length=3)
-      (<built-in function abs>, 0, None, 3, False, 1, False)
-    """
-    return f, init, xs, length, reverse, unroll, _split_transpose
+    # Named as ``override``, for call logs (``describe_impl``).
+    call.__module__, call.__name__ = override.__module__, override.__name__
+    call.__qualname__ = override.__qualname__
+    return call
 
 
 def control_flow_overrides(
@@ -100,7 +95,7 @@ def control_flow_overrides(
 
     Returns:
       ``{"lax.scan": ..., "lax.while_loop": ..., "lax.fori_loop": ..., "lax.cond": ...,
-      "lax.switch": ..., "lax.map": ...}``, each with the signature of JAX's function.
+      "lax.switch": ..., "lax.map": ...}``, each taking the arguments of JAX's function.
       JAX's deprecated ``cond(pred, true_operand, true_fun, false_operand, false_fun)``
       is recast as JAX recasts it, and then threaded.
 
@@ -115,82 +110,61 @@ def control_flow_overrides(
       ['lax.cond', 'lax.fori_loop', 'lax.map', 'lax.scan', 'lax.switch', 'lax.while_loop']
     """
 
-    def scan_override(*args: Any, **kwargs: Any) -> Any:
-        lower = jo.next_impl("lax.scan")
-        if not active():
-            return lower(*args, **kwargs)
+    def scan_override(lower: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         arguments = scan_arguments(*args, **kwargs)
         if not callable(arguments[0]):
             return lower(*args, **kwargs)
         return scan(lower, *arguments)
 
-    def while_override(
-        cond_fun: Callable[..., Any], body_fun: Callable[..., Any], init_val: Any
-    ) -> Any:
-        lower = jo.next_impl("lax.while_loop")
-        if not active() or not (callable(cond_fun) and callable(body_fun)):
-            return lower(cond_fun, body_fun, init_val)
+    def while_override(lower: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        cond_fun, body_fun, init_val = jax_arguments("lax.while_loop", *args, **kwargs)
+        if not (callable(cond_fun) and callable(body_fun)):
+            return lower(*args, **kwargs)
         return while_loop(lower, cond_fun, body_fun, init_val)
 
-    def fori_override(
-        lower_bound: Any,
-        upper_bound: Any,
-        body_fun: Callable[..., Any],
-        init_val: Any,
-        *,
-        unroll: Any = None,
-    ) -> Any:
-        lower = jo.next_impl("lax.fori_loop")
-        if not active() or not callable(body_fun):
-            return lower(lower_bound, upper_bound, body_fun, init_val, unroll=unroll)
+    def fori_override(lower: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        lower_bound, upper_bound, body_fun, init_val, unroll = jax_arguments(
+            "lax.fori_loop", *args, **kwargs
+        )
+        if not callable(body_fun):
+            return lower(*args, **kwargs)
         return fori_loop(lower, lower_bound, upper_bound, body_fun, init_val, unroll=unroll)
 
-    def cond_override(
-        pred: Any, true_fun: Any, false_fun: Any, *operands: Any, operand: Any = NO_OPERAND
-    ) -> Any:
-        lower = jo.next_impl("lax.cond")
+    def cond_override(lower: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        pred, true_fun, false_fun, operands, operand = jax_arguments("lax.cond", *args, **kwargs)
         keywords = {} if operand is NO_OPERAND else {"operand": operand}
-        if not active() or (operands and keywords):
-            return lower(pred, true_fun, false_fun, *operands, **keywords)
+        if operands and keywords:
+            return lower(*args, **kwargs)
         if not (callable(true_fun) and callable(false_fun)):
             if callable(false_fun) and len(operands) == 2 and callable(operands[1]):
                 # JAX's deprecated cond(pred, x_true, f_true, x_false, f_false), as JAX recasts it.
                 x_true, f_true, x_false, f_false = true_fun, false_fun, *operands
                 recast = (lambda x, _: f_true(x), lambda _, x: f_false(x), x_true, x_false)
-                return cond_override(pred, *recast)
-            return lower(pred, true_fun, false_fun, *operands, **keywords)
+                return cond_override(lower, pred, *recast)
+            return lower(*args, **kwargs)
         return cond(lower, pred, true_fun, false_fun, *(operands or keywords.values()))
 
-    def switch_override(
-        index: Any,
-        branches: Sequence[Callable[..., Any]],
-        *operands: Any,
-        operand: Any = NO_OPERAND,
-    ) -> Any:
-        lower = jo.next_impl("lax.switch")
+    def switch_override(lower: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        index, branches, operands, operand = jax_arguments("lax.switch", *args, **kwargs)
         keywords = {} if operand is NO_OPERAND else {"operand": operand}
-        if (
-            not active()
-            or (operands and keywords)
-            or not branches
-            or not all(callable(b) for b in branches)
-        ):
-            return lower(index, branches, *operands, **keywords)
+        if (operands and keywords) or not branches or not all(callable(b) for b in branches):
+            return lower(*args, **kwargs)
         return switch(lower, index, branches, *(operands or keywords.values()))
 
-    def map_override(f: Callable[..., Any], xs: Any, *, batch_size: int | None = None) -> Any:
-        lower = jo.next_impl("lax.map")
-        if not active():
-            return lower(f, xs, batch_size=batch_size)
+    def map_override(lower: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        f, xs, batch_size = jax_arguments("lax.map", *args, **kwargs)
         return lax_map(lower, f, xs, batch_size=batch_size)
 
     overrides = {
-        "lax.scan": scan_override,
-        "lax.while_loop": while_override,
-        "lax.fori_loop": fori_override,
-        "lax.cond": cond_override,
-        "lax.switch": switch_override,
-        "lax.map": map_override,
+        name: when_active(name, active, override)
+        for name, override in {
+            "lax.scan": scan_override,
+            "lax.while_loop": while_override,
+            "lax.fori_loop": fori_override,
+            "lax.cond": cond_override,
+            "lax.switch": switch_override,
+            "lax.map": map_override,
+        }.items()
     }
     for name, override in overrides.items():
         override.__name__ = override.__qualname__ = name.removeprefix("lax.")

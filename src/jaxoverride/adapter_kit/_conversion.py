@@ -27,6 +27,8 @@ from collections.abc import Callable
 from typing import Any
 
 import jaxoverride as jo
+from jaxoverride.adapter_kit._control_overrides import when_active
+from jaxoverride.adapter_kit._jax_arguments import jax_arguments
 from jaxoverride.adapter_kit._operands import zeros_for
 
 
@@ -48,7 +50,7 @@ def conversion_overrides(
 
     Returns:
       ``{"closure_convert": ..., "make_jaxpr": ..., "lax.custom_root": ...,
-      "lax.custom_linear_solve": ...}``, each with the signature of JAX's function.
+      "lax.custom_linear_solve": ...}``, each taking the arguments of JAX's function.
       ``make_jaxpr``'s creation pass calls the function on zeros for every
       ``ShapeDtypeStruct`` argument; ``custom_root``'s on ``f(initial_guess)``;
       ``custom_linear_solve``'s on ``matvec(b)``.
@@ -60,10 +62,9 @@ def conversion_overrides(
       ['closure_convert', 'lax.custom_linear_solve', 'lax.custom_root', 'make_jaxpr']
     """
 
-    def closure_convert(fun: Callable[..., Any], *example_args: Any) -> Any:
-        below = jo.next_impl("closure_convert")
-        if not active():
-            return below(fun, *example_args)
+    def closure_convert(
+        below: Callable[..., Any], fun: Callable[..., Any], *example_args: Any
+    ) -> Any:
         return converting(
             "jaxoverride.closure_convert",
             fun,
@@ -87,16 +88,10 @@ def conversion_overrides(
 
         return traced_jaxpr
 
-    def custom_root(
-        f: Callable[..., Any],
-        initial_guess: Any,
-        solve: Any,
-        tangent_solve: Any,
-        has_aux: bool = False,
-    ) -> Any:
-        below = jo.next_impl("lax.custom_root")
-        if not active():
-            return below(f, initial_guess, solve, tangent_solve, has_aux=has_aux)
+    def custom_root(below: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        f, initial_guess, solve, tangent_solve, has_aux = jax_arguments(
+            "lax.custom_root", *args, **kwargs
+        )
         return converting(
             "jaxoverride.lax.custom_root",
             f,
@@ -104,18 +99,11 @@ def conversion_overrides(
             lambda: f(initial_guess),
         )
 
-    def custom_linear_solve(
-        matvec: Callable[..., Any],
-        b: Any,
-        solve: Any,
-        transpose_solve: Any = None,
-        symmetric: bool = False,
-        has_aux: bool = False,
-    ) -> Any:
-        below = jo.next_impl("lax.custom_linear_solve")
+    def custom_linear_solve(below: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        matvec, b, solve, transpose_solve, symmetric, has_aux = jax_arguments(
+            "lax.custom_linear_solve", *args, **kwargs
+        )
         options = {"symmetric": symmetric, "has_aux": has_aux}
-        if not active():
-            return below(matvec, b, solve, transpose_solve, **options)
         return converting(
             "jaxoverride.lax.custom_linear_solve",
             matvec,
@@ -124,10 +112,12 @@ def conversion_overrides(
         )
 
     overrides: dict[str, Callable[..., Any]] = {
-        "closure_convert": closure_convert,
+        "closure_convert": when_active("closure_convert", active, closure_convert),
         "make_jaxpr": make_jaxpr,
-        "lax.custom_root": custom_root,
-        "lax.custom_linear_solve": custom_linear_solve,
+        "lax.custom_root": when_active("lax.custom_root", active, custom_root),
+        "lax.custom_linear_solve": when_active(
+            "lax.custom_linear_solve", active, custom_linear_solve
+        ),
     }
     if module is not None:
         for override in overrides.values():

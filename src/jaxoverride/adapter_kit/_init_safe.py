@@ -25,6 +25,17 @@ from jaxoverride.adapter_kit._operands import (
 )
 from jaxoverride.adapter_kit._phase import applying, is_initializing
 
+__all__ = [
+    "create_by_calling",
+    "init_safe_call",
+    "init_safe_cond",
+    "init_safe_fori_loop",
+    "init_safe_map",
+    "init_safe_scan",
+    "init_safe_switch",
+    "init_safe_while_loop",
+]
+
 T = TypeVar("T")
 Thunk = Callable[[], Any]
 

@@ -1,0 +1,30 @@
+"""What the Linen adapter keeps per thread: the stacks its wrappers of ``Scope`` read.
+
+Each wrapper costs Linen's own method one read of these while nothing of the adapter runs
+in the thread (an empty stack, or no recorder).
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from jaxoverride_linen._guards import _Lifted, _Pure
+    from jaxoverride_linen._scope import _Step
+
+
+class _PerThread(threading.local):
+    def __init__(self) -> None:
+        # _scope: the step keys substituted for the roots' rngs, by threaded body; the
+        # roots each threaded body carries; the recorder of a running creation pass.
+        self.steps: list[dict[int, _Step]] = []
+        self.roots: list[set[int]] = []
+        self.created: dict[Any, Any] | None = None
+        # _guards: the values custom rules lift, and the guards of pure functions.
+        self.lifted: list[dict[int, _Lifted]] = []
+        self.pure: list[_Pure] = []
+
+
+local = _PerThread()
+"""This thread's stacks."""
