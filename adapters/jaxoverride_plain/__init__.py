@@ -10,7 +10,6 @@ dependency beyond jaxoverride.
 # Helpers this package documented before they moved to ``jaxoverride.adapter_kit``,
 # where new code should import them from; kept here so that existing imports work.
 from jaxoverride.adapter_kit import (
-    _init_safe,
     applying as applying,
     as_jax_operands as as_jax_operands,
     bwd_cotangents as bwd_cotangents,
@@ -18,6 +17,7 @@ from jaxoverride.adapter_kit import (
     distinct_functions as distinct_functions,
     fwd_output_pair as fwd_output_pair,
     init_context as init_context,
+    init_safe_control,
     instantiate_zeros as instantiate_zeros,
     is_applying as is_applying,
     is_initializing as is_initializing,
@@ -32,7 +32,7 @@ from jaxoverride.adapter_kit import (
     zero_tangents as zero_tangents,
     zeros_for as zeros_for,
 )
-from jaxoverride.adapter_kit._init_safe import *  # noqa: F403  (the kit's list of them)
+from jaxoverride.adapter_kit.init_safe_control import *  # noqa: F403  (the kit's list of them)
 from jaxoverride_plain._context import context as context
 from jaxoverride_plain._transforms import init_safe_transform as init_safe_transform
 
@@ -60,4 +60,4 @@ __all__ = [
     "zero_tangents",
     "zeros_for",
 ]
-__all__ += _init_safe.__all__
+__all__ += init_safe_control.__all__

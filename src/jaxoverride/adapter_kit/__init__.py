@@ -77,7 +77,7 @@ from jaxoverride._names import (
     TRANSFORMS as TRANSFORMS,
     check_name as check_name,
 )
-from jaxoverride.adapter_kit import _init_safe
+from jaxoverride.adapter_kit import init_safe_control
 from jaxoverride.adapter_kit._adapter import (
     Adapter as Adapter,
     OverrideTable as OverrideTable,
@@ -102,7 +102,6 @@ from jaxoverride.adapter_kit._control_overrides import (
 )
 from jaxoverride.adapter_kit._conversion import conversion_overrides as conversion_overrides
 from jaxoverride.adapter_kit._frameworks import declare_handler as declare_handler
-from jaxoverride.adapter_kit._init_safe import *  # noqa: F403  (its __all__, listed once)
 from jaxoverride.adapter_kit._installer import ScopedInstaller as ScopedInstaller
 from jaxoverride.adapter_kit._jax_arguments import (
     jax_arguments as jax_arguments,
@@ -166,6 +165,7 @@ from jaxoverride.adapter_kit._rule_checks import (
     check_bwd_types as check_bwd_types,
     jvp_output_pair as jvp_output_pair,
 )
+from jaxoverride.adapter_kit.init_safe_control import *  # noqa: F403  (its __all__, listed once)
 
 __all__ = [
     "CALLS",
@@ -287,4 +287,4 @@ from jaxoverride.adapter_kit._stateful_transforms import (
     wraps as wraps,
 )
 
-__all__ += _init_safe.__all__
+__all__ += init_safe_control.__all__

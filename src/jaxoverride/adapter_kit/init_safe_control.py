@@ -8,6 +8,9 @@ returns, and a loop that runs zero times has still created its parameters.
 
 Adapters customise two hooks: ``initializing`` says whether to make the creation pass,
 and ``create`` runs it (Haiku's keeps new parameters but restores rng and state).
+
+A public submodule of the kit, so that an adapter can re-export exactly its ``__all__``
+(as ``jaxoverride_plain`` does); everything here is also in ``jaxoverride.adapter_kit``.
 """
 
 from __future__ import annotations
