@@ -74,6 +74,29 @@ class FastPathEntry(NamedTuple):
     static_values: tuple[Any, ...]
     dyn_pick: Callable[[Sequence[Any]], Sequence[Any]] | None
     fn: Any
+    # For a call of one dict of traced leaves: its size, and the getter of its values in
+    # JAX's key order (see ``_one_dict``); 0 and None otherwise.
+    dict_size: int
+    dict_values: Callable[[dict[Any, Any]], tuple[Any, ...]] | None
+
+
+def _one_dict(treedef: Any, n_dyn: int) -> Callable[[dict[Any, Any]], tuple[Any, ...]] | None:
+    """The getter of the values of ``treedef``'s only argument, in JAX's key order, if the
+    call is ``f(d)`` with ``d`` a plain dict of ``n_dyn >= 2`` traced leaves.
+
+    Looking ``d``'s keys up costs a small fraction of flattening it, which sorts them.
+    """
+    args, kwargs = treedef.children()
+    if n_dyn < 2 or kwargs.num_nodes != 1 or args.num_nodes != n_dyn + 2:
+        return None
+    children = args.children()
+    if len(children) != 1:
+        return None
+    only = children[0]
+    node_type, keys = only.node_data()
+    if node_type is not dict or only.num_leaves != n_dyn or only.num_nodes != n_dyn + 1:
+        return None
+    return operator.itemgetter(*keys)
 
 
 class _Entry:
@@ -96,6 +119,8 @@ class _Entry:
                 fast.static_values,
                 fast.dyn_pick,
                 fn,
+                plan.n_dyn,
+                _one_dict(fast.treedef, plan.n_dyn) if not fast.static_values else None,
             )
 
 
@@ -176,8 +201,10 @@ class DagJit:
             self.last = hot
             return unpack_output(hot.fn(*prefix, *dyn))
         entry, prefix, dyn = self.resolve(args, kwargs)
+        # A plan that the hot path cannot take leaves none to try: a call like this one
+        # then comes straight here, instead of failing the last entry's checks or trace.
+        self.last = entry.hot
         if entry.hot is not None:
-            self.last = entry.hot
             if len(self._hot) >= _ENTRY_LIMIT:
                 self._hot.clear()
             self._hot[(entry.layout, entry.hot.treedef)] = entry.hot
@@ -376,6 +403,7 @@ def _recover(
 def _hot_path(state: DagJit) -> Callable[..., Any]:
     call_slow = state.call_slow
     dynamic_types = DYNAMIC_TYPES
+    getrefcount = sys.getrefcount
 
     def jitted(*args: Any, **kwargs: Any) -> Any:
         last = state.last
@@ -384,7 +412,7 @@ def _hot_path(state: DagJit) -> Callable[..., Any]:
         if last.flat == 1 and len(args) == 1 and not kwargs and type(args[0]) in dynamic_types:
             out = last.fn(args[0])  # the commonest call: one array
             return out.unpack() if type(out) is Packed else out
-        _, flat, treedef, static_pick, static_values, dyn_pick, fn = last
+        _, flat, treedef, static_pick, static_values, dyn_pick, fn, size, dict_values = last
         dyn: Any = None
         if flat == len(args) and flat <= 8 and not kwargs:
             for arg in args:
@@ -392,13 +420,29 @@ def _hot_path(state: DagJit) -> Callable[..., Any]:
                     break
             else:
                 dyn = args
+                if flat > 1 and len(set(map(id, dyn))) != flat:
+                    return call_slow(args, kwargs)
+        elif (
+            dict_values is not None
+            and len(args) == 1
+            and not kwargs
+            and type(args[0]) is dict
+            and len(args[0]) == size
+        ):
+            # A dict of the last call's keys: its values, in JAX's order, are the traced
+            # leaves if each is one (else the trace raises StructureChangedError). Each
+            # value is held by the dict and the tuple alone unless it occurs twice.
+            try:
+                dyn = dict_values(args[0])
+            except KeyError:
+                return call_slow(args, kwargs)
+            if max(map(getrefcount, dyn)) > _REFS_IN_LIST and len(set(map(id, dyn))) != size:
+                return call_slow(args, kwargs)
         if dyn is None:
             call = (args, kwargs)
             dyn = _dynamic(treedef.flatten_up_to, call, static_pick, static_values, dyn_pick)
             if dyn is None:
                 return call_slow(args, kwargs)
-        elif len(dyn) > 1 and len(set(map(id, dyn))) != len(dyn):
-            return call_slow(args, kwargs)
         try:
             out = fn(*dyn)
         except (StructureChangedError, TypeError) as error:
@@ -416,7 +460,7 @@ def _hot_path_static(state: DagJit) -> Callable[..., Any]:
         last = state.last
         if last is None:
             return call_slow(args, kwargs)
-        layout, _, treedef, static_pick, static_values, dyn_pick, fn = last
+        layout, _, treedef, static_pick, static_values, dyn_pick, fn, _, _ = last
         this_layout, values, rest, rest_kwargs = split(args, kwargs)
         if this_layout != layout:
             return call_slow(args, kwargs)
