@@ -404,6 +404,7 @@ def _hot_path(state: DagJit) -> Callable[..., Any]:
     call_slow = state.call_slow
     dynamic_types = DYNAMIC_TYPES
     getrefcount = sys.getrefcount
+    is_ = operator.is_
 
     def jitted(*args: Any, **kwargs: Any) -> Any:
         last = state.last
@@ -439,9 +440,22 @@ def _hot_path(state: DagJit) -> Callable[..., Any]:
             if max(map(getrefcount, dyn)) > _REFS_IN_LIST and len(set(map(id, dyn))) != size:
                 return call_slow(args, kwargs)
         if dyn is None:
-            call = (args, kwargs)
-            dyn = _dynamic(treedef.flatten_up_to, call, static_pick, static_values, dyn_pick)
-            if dyn is None:
+            # ``_dynamic``, inlined: a frame is a measurable share of a cache hit.
+            try:
+                leaves = treedef.flatten_up_to((args, kwargs))
+            except Exception:
+                return call_slow(args, kwargs)
+            if static_values and not all(map(is_, static_pick(leaves), static_values)):
+                return call_slow(args, kwargs)
+            if dyn_pick is None:
+                dyn, most = leaves, _REFS_IN_LIST
+            else:
+                dyn, most = dyn_pick(leaves), _REFS_IN_LIST + 1
+            if (
+                len(dyn) > 1
+                and max(map(getrefcount, dyn)) > most
+                and len(set(map(id, dyn))) != len(dyn)
+            ):
                 return call_slow(args, kwargs)
         try:
             out = fn(*dyn)
