@@ -144,3 +144,37 @@ def test_jax_errors_on_the_key_lookup_path_are_jax_errors():
         with pytest.raises(TypeError) as theirs:
             g(bad)
         assert str(ours.value).splitlines()[0] == str(theirs.value).splitlines()[0]
+
+
+@pytest.mark.parametrize(
+    "share",
+    [
+        lambda x, y, z: (x, {"a": x, "b": z}),  # an argument that is also nested
+        lambda x, y, z: (x, {"a": y, "b": y}),  # two nested positions
+        lambda x, y, z: (x, {"a": y, "b": z}, x),  # two arguments
+        lambda x, y, z: (x, {"a": y, "b": z}, y),  # a last argument, also nested
+    ],
+    ids=["argument-and-nested", "nested-twice", "arguments-twice", "last-argument-nested"],
+)
+def test_sharing_between_arguments_and_nested_leaves_is_found(share):
+    distinct_inside: list[int] = []
+
+    def leaves(*args):
+        found = jax.tree_util.tree_leaves(args)
+        distinct_inside.append(len({id(leaf) for leaf in found}))
+        return [leaf + 1 for leaf in found]
+
+    def fresh():
+        return jnp.ones(2)
+
+    shared = share(fresh(), fresh(), fresh())
+    unshared = jax.tree_util.tree_map(lambda _: fresh(), shared)  # outside: JAX's own
+    n = len(jax.tree_util.tree_leaves(unshared))
+    assert len({id(leaf) for leaf in jax.tree_util.tree_leaves(shared)}) == n - 1
+    with dag.context():
+        f = jo.jit(leaves)
+        f(*unshared)
+        assert len(f(*unshared)) == n
+        assert len(f(*shared)) == n
+    # One trace per pattern: the shared call was not taken for the unshared one.
+    assert distinct_inside == [n, n - 1]

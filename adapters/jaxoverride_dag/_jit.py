@@ -22,7 +22,7 @@ from jaxoverride.adapter_kit import infer_argnums_and_argnames, jit_name
 from jaxoverride_dag._axes import spread
 from jaxoverride_dag._kinds import ARRAY, DYNAMIC_TYPES, KINDS, SCALAR, kind
 from jaxoverride_dag._out import Packed
-from jaxoverride_dag._plan import Plan, encode
+from jaxoverride_dag._plan import Plan, encode, picker
 from jaxoverride_dag._shardings import positional_prefix, spread_shardings
 from jaxoverride_dag._static_args import Layout, StaticArgs
 from jaxoverride_dag._transfer import transfer_shared
@@ -78,6 +78,21 @@ class FastPathEntry(NamedTuple):
     # JAX's key order (see ``_one_dict``); 0 and None otherwise.
     dict_size: int
     dict_values: Callable[[dict[Any, Any]], tuple[Any, ...]] | None
+    # The traced leaves that are not arguments themselves (all of them if None), and the
+    # number that are: see ``_REFS_IN_LIST``.
+    nested_pick: Callable[[Sequence[Any]], Sequence[Any]] | None
+    arguments: int
+
+
+def _argument_leaves(plan: Plan) -> tuple[int, ...]:
+    """The positions among the traced leaves of those that are arguments themselves."""
+    treedef, slots = plan.root
+    top: list[bool] = []
+    for part in treedef.children():  # the positional arguments, then the keyword ones
+        for child in part.children():
+            top += [child.num_nodes == 1 and child.num_leaves == 1] * child.num_leaves
+    traced = [is_top for is_top, slot in zip(top, slots, strict=True) if slot < plan.n_dyn]
+    return tuple(i for i, is_top in enumerate(traced) if is_top)
 
 
 def _one_dict(treedef: Any, n_dyn: int) -> Callable[[dict[Any, Any]], tuple[Any, ...]] | None:
@@ -97,6 +112,13 @@ def _one_dict(treedef: Any, n_dyn: int) -> Callable[[dict[Any, Any]], tuple[Any,
     if node_type is not dict or only.num_leaves != n_dyn or only.num_nodes != n_dyn + 1:
         return None
     return operator.itemgetter(*keys)
+
+
+def _nested(plan: Plan) -> tuple[Callable[[Sequence[Any]], Sequence[Any]] | None, int]:
+    arguments = _argument_leaves(plan)
+    if not arguments:
+        return None, 0
+    return picker([i for i in range(plan.n_dyn) if i not in arguments]), len(arguments)
 
 
 class _Entry:
@@ -121,6 +143,7 @@ class _Entry:
                 fn,
                 plan.n_dyn,
                 _one_dict(fast.treedef, plan.n_dyn) if not fast.static_values else None,
+                *_nested(plan),
             )
 
 
@@ -413,7 +436,8 @@ def _hot_path(state: DagJit) -> Callable[..., Any]:
         if last.flat == 1 and len(args) == 1 and not kwargs and type(args[0]) in dynamic_types:
             out = last.fn(args[0])  # the commonest call: one array
             return out.unpack() if type(out) is Packed else out
-        _, flat, treedef, static_pick, static_values, dyn_pick, fn, size, dict_values = last
+        (_, flat, treedef, static_pick, static_values, dyn_pick, fn, size, dict_values,
+         nested_pick, arguments) = last  # fmt: skip
         dyn: Any = None
         if flat == len(args) and flat <= 8 and not kwargs:
             for arg in args:
@@ -451,12 +475,14 @@ def _hot_path(state: DagJit) -> Callable[..., Any]:
                 dyn, most = leaves, _REFS_IN_LIST
             else:
                 dyn, most = dyn_pick(leaves), _REFS_IN_LIST + 1
-            if (
-                len(dyn) > 1
-                and max(map(getrefcount, dyn)) > most
-                and len(set(map(id, dyn))) != len(dyn)
-            ):
-                return call_slow(args, kwargs)
+            if len(dyn) > 1:
+                if nested_pick is None:
+                    nested = dyn
+                else:
+                    nested, most = nested_pick(dyn), most + 1
+                maybe_twice = arguments > 1 or max(map(getrefcount, nested), default=0) > most
+                if maybe_twice and len(set(map(id, dyn))) != len(dyn):
+                    return call_slow(args, kwargs)
         try:
             out = fn(*dyn)
         except (StructureChangedError, TypeError) as error:
@@ -474,7 +500,7 @@ def _hot_path_static(state: DagJit) -> Callable[..., Any]:
         last = state.last
         if last is None:
             return call_slow(args, kwargs)
-        layout, _, treedef, static_pick, static_values, dyn_pick, fn, _, _ = last
+        layout, _, treedef, static_pick, static_values, dyn_pick, fn, _, _, _, _ = last
         this_layout, values, rest, rest_kwargs = split(args, kwargs)
         if this_layout != layout:
             return call_slow(args, kwargs)
