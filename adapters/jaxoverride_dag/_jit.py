@@ -115,6 +115,7 @@ def _one_dict(treedef: Any, n_dyn: int) -> Callable[[dict[Any, Any]], tuple[Any,
 
 
 def _nested(plan: Plan) -> tuple[Callable[[Sequence[Any]], Sequence[Any]] | None, int]:
+    """The picker of the traced leaves below the arguments, and the number of the others."""
     arguments = _argument_leaves(plan)
     if not arguments:
         return None, 0
@@ -379,6 +380,11 @@ def dag_jit(fun: Callable[..., Any], /, **options: Any) -> Callable[..., Any]:
 # than that whenever anything at all holds it besides the list, so ``max(refs) <= most``
 # proves that no leaf occurs twice. A larger count (a leaf the caller also holds in a
 # variable, a tracer that JAX holds) only sends the check on to the set of ids.
+# A leaf that is an argument itself is also held by the argument tuples of every frame
+# between the caller and here, so the counts are taken of the other leaves only: an
+# argument that also occurs below an argument raises the count of that occurrence, and
+# two such arguments (``arguments > 1``) are compared by the set of ids. The values of
+# a dict looked up by ``dict_values`` are held by the dict and the tuple alone.
 _REFS_IN_LIST = 3
 
 
