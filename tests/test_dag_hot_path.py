@@ -178,3 +178,19 @@ def test_sharing_between_arguments_and_nested_leaves_is_found(share):
         assert len(f(*shared)) == n
     # One trace per pattern: the shared call was not taken for the unshared one.
     assert distinct_inside == [n, n - 1]
+
+
+def test_the_one_array_path_follows_the_last_entry():
+    body, traces = traced_counting(lambda x: jax.tree.map(lambda a: a * 2, x))
+    with jax.checking_leaks(), dag.context():
+        f = jo.jit(body)
+        x = jnp.ones(2)
+        assert jnp.array_equal(f(x), 2 * x)
+        assert jnp.array_equal(f(x), 2 * x)  # the one-array path
+        out = f({"a": x, "b": x})  # shared: an entry with no hot path
+        assert jnp.array_equal(out["a"], 2 * x) and jnp.array_equal(out["b"], 2 * x)
+        assert jnp.array_equal(f(jnp.zeros(3)), jnp.zeros(3))  # one array again: JAX retraces
+        assert f(3.0) == 6.0  # a Python scalar takes the same path
+        assert jnp.array_equal(f((x,))[0], 2 * x)  # a node of one array: another plan
+        assert jnp.array_equal(f(x), 2 * x)
+    assert len(traces) == 5  # one array (2 shapes), the shared dict, a scalar, a tuple

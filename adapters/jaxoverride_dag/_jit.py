@@ -161,6 +161,7 @@ class DagJit:
         "jit_kwargs",
         "last",
         "lower_jit",
+        "one",
         "out_tree",
         "static",
     )
@@ -191,6 +192,8 @@ class DagJit:
         self._entries: dict[Any, _Entry] = {}
         # The hot path's view of the last entry that has one, and of one per structure.
         self.last: FastPathEntry | None = None
+        # The last entry's ``jax.jit`` if it takes one array, for the commonest call.
+        self.one: Any = None
         self._hot: dict[Any, FastPathEntry] = {}
 
     def resolve(
@@ -222,12 +225,12 @@ class DagJit:
         found = self._hot_for_structure(args, kwargs)
         if found is not None:
             hot, prefix, dyn = found
-            self.last = hot
+            self._set_last(hot)
             return unpack_output(hot.fn(*prefix, *dyn))
         entry, prefix, dyn = self.resolve(args, kwargs)
         # A plan that the hot path cannot take leaves none to try: a call like this one
         # then comes straight here, instead of failing the last entry's checks or trace.
-        self.last = entry.hot
+        self._set_last(entry.hot)
         if entry.hot is not None:
             if len(self._hot) >= _ENTRY_LIMIT:
                 self._hot.clear()
@@ -235,6 +238,10 @@ class DagJit:
         if not entry.plan.unshared:
             dyn = transfer_shared(dyn, self.jit_kwargs)
         return unpack_output(entry.fn(*prefix, *dyn))
+
+    def _set_last(self, hot: FastPathEntry | None) -> None:
+        self.last = hot
+        self.one = hot.fn if hot is not None and hot.flat == 1 else None
 
     def _hot_for_structure(
         self, args: tuple[Any, ...], kwargs: dict[str, Any]
@@ -434,14 +441,16 @@ def _hot_path(state: DagJit) -> Callable[..., Any]:
     dynamic_types = DYNAMIC_TYPES
     getrefcount = sys.getrefcount
     is_ = operator.is_
+    packed = Packed
 
     def jitted(*args: Any, **kwargs: Any) -> Any:
+        one = state.one
+        if one is not None and len(args) == 1 and not kwargs and type(args[0]) in dynamic_types:
+            out = one(args[0])  # the commonest call: one array
+            return out.unpack() if type(out) is packed else out
         last = state.last
         if last is None:
             return call_slow(args, kwargs)
-        if last.flat == 1 and len(args) == 1 and not kwargs and type(args[0]) in dynamic_types:
-            out = last.fn(args[0])  # the commonest call: one array
-            return out.unpack() if type(out) is Packed else out
         (_, flat, treedef, static_pick, static_values, dyn_pick, fn, size, dict_values,
          nested_pick, arguments) = last  # fmt: skip
         dyn: Any = None
