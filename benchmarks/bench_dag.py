@@ -48,7 +48,7 @@ def _case(
             OURS: lambda: block(ours(*args)),
         }
         samples = interleaved(candidates, number=number, rounds=rounds)
-    vs_jax = at_most(1.3) if unshared else at_least_faster(5)
+    vs_jax = at_most(1.05) if unshared else at_least_faster(5)
     rows = ratio_rows(
         SUITE, case, {k: samples[k] for k in ("jax.jit", OURS)}, "jax.jit", {OURS: vs_jax}, note
     )

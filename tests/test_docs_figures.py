@@ -120,17 +120,17 @@ def _dag_pair(case: str) -> tuple[float, float]:
 FIGURES = [
     Figure(
         "dag.md",
-        r"\| \(i\) one array \| ([\d.]+)x \| <= 1\.3x \| ([\d.]+)x \|",
+        r"\| \(i\) one array \| ([\d.]+)x \| <= 1\.05x \| ([\d.]+)x \|",
         lambda: _dag_pair(_DAG["i"]),
     ),
     Figure(
         "dag.md",
-        r"\| \(ii\) a dict of 200 arrays \| ([\d.]+)x \| <= 1\.3x \| ([\d.]+)x \|",
+        r"\| \(ii\) a dict of 200 arrays \| ([\d.]+)x \| <= 1\.05x \| ([\d.]+)x \|",
         lambda: _dag_pair(_DAG["ii"]),
     ),
     Figure(
         "dag.md",
-        r"\| \(iii\) an Equinox MLP of depth 20 \| ([\d.]+)x \| <= 1\.3x \| ([\d.]+)x \|",
+        r"\| \(iii\) an Equinox MLP of depth 20 \| ([\d.]+)x \| <= 1\.05x \| ([\d.]+)x \|",
         lambda: _dag_pair(_DAG["iii"]),
     ),
     Figure(

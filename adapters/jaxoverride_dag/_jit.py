@@ -22,7 +22,7 @@ from jaxoverride.adapter_kit import infer_argnums_and_argnames, jit_name
 from jaxoverride_dag._axes import spread
 from jaxoverride_dag._kinds import ARRAY, DYNAMIC_TYPES, KINDS, SCALAR, kind
 from jaxoverride_dag._out import Packed
-from jaxoverride_dag._plan import Plan, encode
+from jaxoverride_dag._plan import Plan, encode, picker
 from jaxoverride_dag._shardings import positional_prefix, spread_shardings
 from jaxoverride_dag._static_args import Layout, StaticArgs
 from jaxoverride_dag._transfer import transfer_shared
@@ -74,6 +74,52 @@ class FastPathEntry(NamedTuple):
     static_values: tuple[Any, ...]
     dyn_pick: Callable[[Sequence[Any]], Sequence[Any]] | None
     fn: Any
+    # For a call of one dict of traced leaves: its size, and the getter of its values in
+    # JAX's key order (see ``_one_dict``); 0 and None otherwise.
+    dict_size: int
+    dict_values: Callable[[dict[Any, Any]], tuple[Any, ...]] | None
+    # The traced leaves that are not arguments themselves (all of them if None), and the
+    # number that are: see ``_REFS_IN_LIST``.
+    nested_pick: Callable[[Sequence[Any]], Sequence[Any]] | None
+    arguments: int
+
+
+def _argument_leaves(plan: Plan) -> tuple[int, ...]:
+    """The positions among the traced leaves of those that are arguments themselves."""
+    treedef, slots = plan.root
+    top: list[bool] = []
+    for part in treedef.children():  # the positional arguments, then the keyword ones
+        for child in part.children():
+            top += [child.num_nodes == 1 and child.num_leaves == 1] * child.num_leaves
+    traced = [is_top for is_top, slot in zip(top, slots, strict=True) if slot < plan.n_dyn]
+    return tuple(i for i, is_top in enumerate(traced) if is_top)
+
+
+def _one_dict(treedef: Any, n_dyn: int) -> Callable[[dict[Any, Any]], tuple[Any, ...]] | None:
+    """The getter of the values of ``treedef``'s only argument, in JAX's key order, if the
+    call is ``f(d)`` with ``d`` a plain dict of ``n_dyn >= 2`` traced leaves.
+
+    Looking ``d``'s keys up costs a small fraction of flattening it, which sorts them.
+    """
+    args, kwargs = treedef.children()
+    if n_dyn < 2 or kwargs.num_nodes != 1 or args.num_nodes != n_dyn + 2:
+        return None
+    children = args.children()
+    if len(children) != 1:
+        return None
+    only = children[0]
+    node_type, keys = only.node_data()
+    if node_type is not dict or only.num_leaves != n_dyn or only.num_nodes != n_dyn + 1:
+        return None
+    return operator.itemgetter(*keys)
+
+
+def _nested(plan: Plan) -> tuple[Callable[[Sequence[Any]], Sequence[Any]] | None, int]:
+    """The picker of the traced leaves below the arguments, and the number of the others."""
+    arguments = _argument_leaves(plan)
+    if not arguments:
+        return None, 0
+    return picker([i for i in range(plan.n_dyn) if i not in arguments]), len(arguments)
 
 
 class _Entry:
@@ -96,6 +142,9 @@ class _Entry:
                 fast.static_values,
                 fast.dyn_pick,
                 fn,
+                plan.n_dyn,
+                _one_dict(fast.treedef, plan.n_dyn) if not fast.static_values else None,
+                *_nested(plan),
             )
 
 
@@ -112,6 +161,7 @@ class DagJit:
         "jit_kwargs",
         "last",
         "lower_jit",
+        "one",
         "out_tree",
         "static",
     )
@@ -142,6 +192,8 @@ class DagJit:
         self._entries: dict[Any, _Entry] = {}
         # The hot path's view of the last entry that has one, and of one per structure.
         self.last: FastPathEntry | None = None
+        # The last entry's ``jax.jit`` if it takes one array, for the commonest call.
+        self.one: Any = None
         self._hot: dict[Any, FastPathEntry] = {}
 
     def resolve(
@@ -173,17 +225,23 @@ class DagJit:
         found = self._hot_for_structure(args, kwargs)
         if found is not None:
             hot, prefix, dyn = found
-            self.last = hot
+            self._set_last(hot)
             return unpack_output(hot.fn(*prefix, *dyn))
         entry, prefix, dyn = self.resolve(args, kwargs)
+        # A plan that the hot path cannot take leaves none to try: a call like this one
+        # then comes straight here, instead of failing the last entry's checks or trace.
+        self._set_last(entry.hot)
         if entry.hot is not None:
-            self.last = entry.hot
             if len(self._hot) >= _ENTRY_LIMIT:
                 self._hot.clear()
             self._hot[(entry.layout, entry.hot.treedef)] = entry.hot
         if not entry.plan.unshared:
             dyn = transfer_shared(dyn, self.jit_kwargs)
         return unpack_output(entry.fn(*prefix, *dyn))
+
+    def _set_last(self, hot: FastPathEntry | None) -> None:
+        self.last = hot
+        self.one = hot.fn if hot is not None and hot.flat == 1 else None
 
     def _hot_for_structure(
         self, args: tuple[Any, ...], kwargs: dict[str, Any]
@@ -329,6 +387,11 @@ def dag_jit(fun: Callable[..., Any], /, **options: Any) -> Callable[..., Any]:
 # than that whenever anything at all holds it besides the list, so ``max(refs) <= most``
 # proves that no leaf occurs twice. A larger count (a leaf the caller also holds in a
 # variable, a tracer that JAX holds) only sends the check on to the set of ids.
+# A leaf that is an argument itself is also held by the argument tuples of every frame
+# between the caller and here, so the counts are taken of the other leaves only: an
+# argument that also occurs below an argument raises the count of that occurrence, and
+# two such arguments (``arguments > 1``) are compared by the set of ids. The values of
+# a dict looked up by ``dict_values`` are held by the dict and the tuple alone.
 _REFS_IN_LIST = 3
 
 
@@ -376,15 +439,20 @@ def _recover(
 def _hot_path(state: DagJit) -> Callable[..., Any]:
     call_slow = state.call_slow
     dynamic_types = DYNAMIC_TYPES
+    getrefcount = sys.getrefcount
+    is_ = operator.is_
+    packed = Packed
 
     def jitted(*args: Any, **kwargs: Any) -> Any:
+        one = state.one
+        if one is not None and len(args) == 1 and not kwargs and type(args[0]) in dynamic_types:
+            out = one(args[0])  # the commonest call: one array
+            return out.unpack() if type(out) is packed else out
         last = state.last
         if last is None:
             return call_slow(args, kwargs)
-        if last.flat == 1 and len(args) == 1 and not kwargs and type(args[0]) in dynamic_types:
-            out = last.fn(args[0])  # the commonest call: one array
-            return out.unpack() if type(out) is Packed else out
-        _, flat, treedef, static_pick, static_values, dyn_pick, fn = last
+        (_, flat, treedef, static_pick, static_values, dyn_pick, fn, size, dict_values,
+         nested_pick, arguments) = last  # fmt: skip
         dyn: Any = None
         if flat == len(args) and flat <= 8 and not kwargs:
             for arg in args:
@@ -392,13 +460,44 @@ def _hot_path(state: DagJit) -> Callable[..., Any]:
                     break
             else:
                 dyn = args
-        if dyn is None:
-            call = (args, kwargs)
-            dyn = _dynamic(treedef.flatten_up_to, call, static_pick, static_values, dyn_pick)
-            if dyn is None:
+                if flat > 1 and len(set(map(id, dyn))) != flat:
+                    return call_slow(args, kwargs)
+        elif (
+            dict_values is not None
+            and len(args) == 1
+            and not kwargs
+            and type(args[0]) is dict
+            and len(args[0]) == size
+        ):
+            # A dict of the last call's keys: its values, in JAX's order, are the traced
+            # leaves if each is one (else the trace raises StructureChangedError). Each
+            # value is held by the dict and the tuple alone unless it occurs twice.
+            try:
+                dyn = dict_values(args[0])
+            except KeyError:
                 return call_slow(args, kwargs)
-        elif len(dyn) > 1 and len(set(map(id, dyn))) != len(dyn):
-            return call_slow(args, kwargs)
+            if max(map(getrefcount, dyn)) > _REFS_IN_LIST and len(set(map(id, dyn))) != size:
+                return call_slow(args, kwargs)
+        if dyn is None:
+            # ``_dynamic``, inlined: a frame is a measurable share of a cache hit.
+            try:
+                leaves = treedef.flatten_up_to((args, kwargs))
+            except Exception:
+                return call_slow(args, kwargs)
+            if static_values and not all(map(is_, static_pick(leaves), static_values)):
+                return call_slow(args, kwargs)
+            if dyn_pick is None:
+                dyn, most = leaves, _REFS_IN_LIST
+            else:
+                dyn, most = dyn_pick(leaves), _REFS_IN_LIST + 1
+            if len(dyn) > 1:
+                if nested_pick is None:
+                    nested = dyn
+                else:
+                    nested, most = nested_pick(dyn), most + 1
+                maybe_twice = arguments > 1 or max(map(getrefcount, nested), default=0) > most
+                if maybe_twice and len(set(map(id, dyn))) != len(dyn):
+                    return call_slow(args, kwargs)
         try:
             out = fn(*dyn)
         except (StructureChangedError, TypeError) as error:
@@ -416,7 +515,7 @@ def _hot_path_static(state: DagJit) -> Callable[..., Any]:
         last = state.last
         if last is None:
             return call_slow(args, kwargs)
-        layout, _, treedef, static_pick, static_values, dyn_pick, fn = last
+        layout, _, treedef, static_pick, static_values, dyn_pick, fn, _, _, _, _ = last
         this_layout, values, rest, rest_kwargs = split(args, kwargs)
         if this_layout != layout:
             return call_slow(args, kwargs)

@@ -136,19 +136,23 @@ def _slow_target(state: _TransformState) -> Callable[..., Any]:
         checked_call.__wrapped__ = plain  # type: ignore[attr-defined]
         return checked_call
 
+    current_get = _stack._current_get  # the contextvar's bound ``get``: never rebound
+    builds_get = builds.get
+
     def slow_call(*args: Any, **kwargs: Any) -> Any:
-        # Hot while any override is alive anywhere: no extra frame unless guards exist.
-        snapshot = _stack._current_get().snapshot
+        # Hot while any override is alive anywhere: no extra frame unless guards exist,
+        # and no keyword unpacking for a call that has none.
+        snapshot = current_get().snapshot
         if _stack._guards:
             snapshot = effective_snapshot()
         if snapshot is ROOT:
             if _stack.idle and state.owner is not None and (owner := state.owner()) is not None:
                 owner._switch_to_fast()
             return plain(*args, **kwargs)
-        built = builds.get(snapshot)
+        built = builds_get(snapshot)
         if built is None:
             built = build(snapshot)
-        return built(*args, **kwargs)
+        return built(*args, **kwargs) if kwargs else built(*args)
 
     slow_call.__wrapped__ = plain  # type: ignore[attr-defined]
     return slow_call
