@@ -44,7 +44,6 @@ PRIVATE_SYMBOLS: dict[str, str] = {
     "haiku._src.stateful.copy_structure": _STATE,
     "haiku._src.stateful.difference": _STATE,
     "haiku._src.stateful.internal_state": _STATE,
-    "haiku._src.stateful.reserve_up_to_full_rng_block": _STATE,
     "haiku._src.stateful.temporary_internal_state": _STATE,
     "haiku._src.stateful.update_internal_state": _STATE,
 }

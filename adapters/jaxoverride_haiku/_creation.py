@@ -24,14 +24,11 @@ from typing import Any
 import haiku as hk
 import jax
 import numpy as np
-from haiku._src import base, config as haiku_config
+from haiku._src import base
 
 from jaxoverride.adapter_kit import init_safe_call as kit_init_safe_call
 from jaxoverride_haiku._frames import Names, current_frame, initializing
-from jaxoverride_haiku._rng import CheckedSequence
-
-# Sequences whose ``__next__`` is Haiku's own: their draw can be computed in ``_salted_keys``.
-_PLAIN_SEQUENCES = (hk.PRNGSequence, CheckedSequence)
+from jaxoverride_haiku._rng import PLAIN_SEQUENCES, CheckedSequence, block_size
 
 
 @functools.partial(jax.jit, static_argnums=(2, 3))
@@ -80,12 +77,12 @@ class _SaltedSequence(hk.PRNGSequence):
             return
         self._parent = None
         parent_block = 0
-        if type(parent) not in _PLAIN_SEQUENCES:  # its own __next__ (a refusing sequence)
+        if type(parent) not in PLAIN_SEQUENCES:  # its own __next__ (a refusing sequence)
             drawn = next(parent)
         elif parent._subkeys:
             drawn = parent._subkeys.popleft()
         else:  # what parent.__next__ would reserve
-            drawn, parent_block = parent._key, haiku_config.get_config().rng_reserve_size
+            drawn, parent_block = parent._key, block_size()
         parent_keys, own_keys = _salted_keys(drawn, np.uint32(self._salt), parent_block, own_block)
         if parent_keys:
             parent._key = parent_keys[0]
