@@ -21,6 +21,10 @@ _STATE = "Haiku's state threading (what hk.transform does inside), which has no 
 _STACK = "a stack that a jitted call must replay (hk.custom_creator/getter/setter push onto it)"
 
 PRIVATE_SYMBOLS: dict[str, str] = {
+    "haiku._src.config.get_config": (
+        "the size of the rng block that PRNGSequence.__next__ splits (hk.config sets it, "
+        "with no getter): a salted creation key is computed in one call, as Haiku splits"
+    ),
     "haiku._src.base.Frame": "the type of the frame holding a transform's params, state, rng",
     "haiku._src.base.HaikuContext": "the object hk.transform enters; install() hooks its entry",
     "haiku._src.base.StatePair": "the (initial, current) record of a state entry, put back",
@@ -40,7 +44,6 @@ PRIVATE_SYMBOLS: dict[str, str] = {
     "haiku._src.stateful.copy_structure": _STATE,
     "haiku._src.stateful.difference": _STATE,
     "haiku._src.stateful.internal_state": _STATE,
-    "haiku._src.stateful.reserve_up_to_full_rng_block": _STATE,
     "haiku._src.stateful.temporary_internal_state": _STATE,
     "haiku._src.stateful.update_internal_state": _STATE,
 }

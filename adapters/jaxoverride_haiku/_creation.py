@@ -16,23 +16,50 @@ For Haiku the pass must leave no trace but the parameters and state entries it c
 from __future__ import annotations
 
 import collections
+import functools
 import zlib
 from collections.abc import Callable
 from typing import Any
 
 import haiku as hk
 import jax
+import numpy as np
 from haiku._src import base
 
 from jaxoverride.adapter_kit import init_safe_call as kit_init_safe_call
 from jaxoverride_haiku._frames import Names, current_frame, initializing
-from jaxoverride_haiku._rng import CheckedSequence
+from jaxoverride_haiku._rng import PLAIN_SEQUENCES, CheckedSequence, block_size
+
+
+@functools.partial(jax.jit, static_argnums=(2, 3))
+def _salted_keys(parent: Any, salt: Any, parent_block: int, own_block: int) -> Any:
+    """The keys of a salted sequence's first draw, in one call instead of a dozen.
+
+    Exactly what ``PRNGSequence`` computes step by step: with ``parent_block``, the
+    parent's key split into ``parent_block + 1`` keys (Haiku's ``reserve``), the first
+    subkey drawn; then ``fold_in`` of the drawn key and ``salt``; with ``own_block``, that
+    key split into ``own_block + 1`` keys. Traced at init (a ``jax.jit`` call is one
+    cached equation where the steps are some twenty), and bit for bit the same keys.
+
+    Returns:
+      ``(parent_keys, own_keys)``: the parent's split (empty without ``parent_block``),
+      and the salted sequence's split (the salted key alone without ``own_block``).
+    """
+    parent_keys: tuple[Any, ...] = ()
+    if parent_block:
+        parent_keys = tuple(jax.random.split(parent, parent_block + 1))
+        parent = parent_keys[1]
+    salted = jax.random.fold_in(parent, salt)
+    own_keys = tuple(jax.random.split(salted, own_block + 1)) if own_block else (salted,)
+    return parent_keys, own_keys
 
 
 class _SaltedSequence(hk.PRNGSequence):
     """A ``PRNGSequence`` whose key, ``fold_in(next(parent), salt)``, is made on first use.
 
-    Initializers that draw no key (``jnp.zeros``, constants) then cost nothing.
+    Initializers that draw no key (``jnp.zeros``, constants) then cost nothing; the usual
+    first use, one ``hk.next_rng_key()``, computes the parent's draw, the salted key and
+    its first block of keys in one ``_salted_keys`` call.
     """
 
     __slots__ = ("_parent", "_salt")
@@ -43,13 +70,30 @@ class _SaltedSequence(hk.PRNGSequence):
         self._key = None
         self._subkeys = collections.deque()
 
-    def _materialize(self) -> None:
+    def _materialize(self, own_block: int = 0) -> None:
+        """Makes the salted key, and with ``own_block`` splits it as ``reserve`` would."""
         parent = self._parent
-        if parent is not None:
-            self._parent = None
-            self._key = jax.random.fold_in(next(parent), self._salt)
+        if parent is None:
+            return
+        self._parent = None
+        parent_block = 0
+        if type(parent) not in PLAIN_SEQUENCES:  # its own __next__ (a refusing sequence)
+            drawn = next(parent)
+        elif parent._subkeys:
+            drawn = parent._subkeys.popleft()
+        else:  # what parent.__next__ would reserve
+            drawn, parent_block = parent._key, block_size()
+        parent_keys, own_keys = _salted_keys(drawn, np.uint32(self._salt), parent_block, own_block)
+        if parent_keys:
+            parent._key = parent_keys[0]
+            parent._subkeys.extend(parent_keys[2:])
+        self._key = own_keys[0]
+        self._subkeys.extend(own_keys[1:])
 
     def reserve(self, num: int) -> None:
+        if self._parent is not None and num > 0:
+            self._materialize(own_block=num)
+            return
         self._materialize()
         super().reserve(num)
 
@@ -66,11 +110,7 @@ class _SaltedSequence(hk.PRNGSequence):
         self._parent = None
         super().replace_internal_state(state)
 
-    def __next__(self) -> jax.Array:
-        self._materialize()
-        return super().__next__()
-
-    next = __next__
+    # ``__next__`` is Haiku's: with no subkeys yet it calls ``reserve`` (above) for a block.
 
     def take(self, num: int) -> tuple[jax.Array, ...]:
         self._materialize()

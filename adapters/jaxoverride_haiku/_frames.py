@@ -21,7 +21,7 @@ import jax
 from haiku._src import base, stateful
 
 from jaxoverride.adapter_kit import get_opaque_trace_state, is_applying
-from jaxoverride_haiku._rng import temporary_state
+from jaxoverride_haiku._rng import reserve_full_block, temporary_state
 
 InternalState = stateful.InternalState
 
@@ -214,7 +214,7 @@ def loop_state(params: bool = False) -> InternalState:
     Params are carried where the function handed to JAX is reused across calls: a closed
     over value would be baked into JAX's cached trace.
     """
-    stateful.reserve_up_to_full_rng_block()
+    reserve_full_block()
     state = stateful.internal_state(params=params)
     if state.params is not None:  # at init a defaultdict, inside a temporary frame a dict
         state = state._replace(params={m: dict(b) for m, b in state.params.items() if b})

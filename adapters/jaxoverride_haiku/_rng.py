@@ -13,11 +13,13 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import functools
 from collections.abc import Iterator
 from typing import Any
 
 import haiku as hk
-from haiku._src import base, stateful
+import jax
+from haiku._src import base, config as haiku_config, stateful
 
 InternalState = stateful.InternalState
 
@@ -40,6 +42,42 @@ class CheckedSequence(hk.PRNGSequence):
 
     def replace_internal_state(self, state: Any) -> None:
         write_state(self, state)
+
+
+# Sequences whose ``__next__`` and ``reserve`` are Haiku's own: the adapter may compute their
+# splits in one cached call (``split_keys``), with the very keys Haiku's steps make.
+PLAIN_SEQUENCES = (hk.PRNGSequence, CheckedSequence)
+
+
+def block_size() -> int:
+    """The number of keys Haiku's ``PRNGSequence`` reserves at a time (``rng_reserve_size``,
+    which ``hk.config`` sets but has no getter for)."""
+    return haiku_config.get_config().rng_reserve_size
+
+
+@functools.partial(jax.jit, static_argnums=1)
+def split_keys(key: Any, count: int) -> tuple[Any, ...]:
+    """``tuple(jax.random.split(key, count))``, as ``PRNGSequence.reserve`` computes it.
+
+    One cached ``jax.jit`` call: traced at init, a single equation where Haiku's own
+    reservation binds one per key (the split, then a slice and a squeeze per key), and the
+    same keys bit for bit.
+    """
+    return tuple(jax.random.split(key, count))
+
+
+def reserve_full_block() -> None:
+    """``stateful.reserve_up_to_full_rng_block()``, its split computed by ``split_keys``."""
+    sequence = base.current_frame().rng_stack.peek()
+    if sequence is None:
+        return
+    missing = block_size() - len(sequence._subkeys)
+    if missing <= 0 or type(sequence) not in PLAIN_SEQUENCES:
+        sequence.reserve_up_to_full()  # Haiku's own (it also trims an overfull block)
+        return
+    keys = split_keys(sequence._key, missing + 1)
+    sequence._key = keys[0]
+    sequence._subkeys.extend(keys[1:])
 
 
 def write_state(sequence: hk.PRNGSequence, state: Any) -> None:

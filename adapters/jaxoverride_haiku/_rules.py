@@ -64,7 +64,7 @@ from jaxoverride_haiku._frames import (
     new_parameters_error,
     state_usable,
 )
-from jaxoverride_haiku._rng import CheckedSequence, update_state
+from jaxoverride_haiku._rng import CheckedSequence, reserve_full_block, update_state
 from jaxoverride_haiku._site import current_site, init_once
 
 
@@ -308,7 +308,7 @@ def _run(rule: Any, call: _RuleCall, args: tuple[Any, ...]) -> Any:
     sequence = current_frame().rng_stack.peek()
     saved = None if sequence is None else (sequence, sequence.internal_state)
     try:
-        stateful.reserve_up_to_full_rng_block()
+        reserve_full_block()
         out, after = rule(stateful.internal_state(), *args)
     except BaseException:
         if saved is not None:
