@@ -15,8 +15,11 @@ from jaxoverride.errors import MissingAdapterError
 def _live_traces() -> set[int] | None:
     """Ids of the current JAX trace and the traces it runs inside; None if JAX won't say."""
     token = get_opaque_trace_state(convention="jaxoverride")
-    if token is NO_TRACE:  # inside a primitive's rules (JAX 0.11+): no trace to start from
-        return None
+    if token is NO_TRACE:
+        # Inside a primitive's rules (JAX 0.11+) no trace is current, so none is live: a
+        # tracer there belongs to a trace that JAX's rule cannot reach (a Linen module's
+        # rng key under the jit that runs the abstract evaluation), as after its end.
+        return set()
     try:
         trace = token._trace_ref()
     except (AssertionError, AttributeError, TypeError):  # JAX changed a private name
@@ -40,7 +43,8 @@ def escaped_tracers(tree: Any) -> list[Tracer]:
       tree: a pytree, such as ``(frame.params, frame.state)``.
 
     Returns:
-      Those tracers; empty when there are none, or when this JAX does not say.
+      Those tracers; empty when there are none, or when this JAX does not say. Inside a
+      primitive's rules, where JAX 0.11 has no current trace, that is every tracer.
 
     Example:
       >>> import jax.numpy as jnp
