@@ -416,7 +416,7 @@ class LiftedVJP(_LiftedRule):
                     "non-implicit mode (jaxopt's implicit_diff=False).",
                 )
             cotangents = bwd_cotangents(cotangents, primal_tree)
-            check_bwd_types(cotangents, primal_types)  # JAX's check, the user's indices
+            check_bwd_types(cotangents, primal_types, fun)  # JAX's check, the user's indices
             return (None, *cotangents)
 
         rule = self._below(

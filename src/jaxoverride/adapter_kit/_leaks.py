@@ -12,11 +12,14 @@ from jaxoverride._compat import current_trace
 from jaxoverride.errors import MissingAdapterError
 
 
-def _live_traces() -> set[int] | None:
-    """Ids of the current JAX trace and the traces it runs inside; None if JAX won't say."""
+def _live_traces() -> set[int]:
+    """Ids of the current JAX trace and the traces it runs inside."""
     trace = current_trace()
-    if trace is None:  # inside a primitive's rules (JAX 0.11+): no trace to start from
-        return None
+    if trace is None:
+        # Inside a primitive's rules (JAX 0.11+) no trace is current, so none is live: a
+        # tracer there belongs to a trace that JAX's rule cannot reach (a Linen module's
+        # rng key under the jit that runs the abstract evaluation), as after its end.
+        return set()
     live: set[int] = set()
     while trace is not None and id(trace) not in live:
         live.add(id(trace))
@@ -36,7 +39,8 @@ def escaped_tracers(tree: Any) -> list[Tracer]:
       tree: a pytree, such as ``(frame.params, frame.state)``.
 
     Returns:
-      Those tracers; empty when there are none, or when this JAX does not say.
+      Those tracers; empty when there are none, or when this JAX does not say. Inside a
+      primitive's rules, where JAX 0.11 has no current trace, that is every tracer.
 
     Example:
       >>> import jax.numpy as jnp
@@ -48,8 +52,6 @@ def escaped_tracers(tree: Any) -> list[Tracer]:
     if not tracers:
         return []
     live = _live_traces()
-    if live is None:
-        return []
     return [t for t in tracers if id(getattr(t, "_trace", None)) not in live]
 
 

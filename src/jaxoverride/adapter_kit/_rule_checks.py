@@ -9,6 +9,7 @@ user's part only, and raise JAX's exception types with JAX's wording.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from typing import Any
 
@@ -144,7 +145,9 @@ def argument_types(arguments: Any) -> Any:
     return jax.tree.map(type_of, arguments)
 
 
-def check_bwd_types(cotangents: tuple[Any, ...], types: Any) -> None:
+def check_bwd_types(
+    cotangents: tuple[Any, ...], types: Any, fun: Callable[..., Any] | None = None
+) -> None:
     """Checks a user's ``bwd`` cotangents against the primal's argument types, as JAX does.
 
     A cotangent whose shape or dtype differs from its argument's is checked again by
@@ -154,6 +157,9 @@ def check_bwd_types(cotangents: tuple[Any, ...], types: Any) -> None:
     Args:
       cotangents: the user's ``bwd`` output, as ``bwd_cotangents`` returned it.
       types: ``argument_types`` of the differentiable arguments.
+      fun: the user's primal function, which JAX 0.11's message names with its source
+        location ("attached to f at file.py:12"); without it, the message names a
+        function of this module.
 
     Raises:
       ValueError: JAX's message for a cotangent of the wrong type.
@@ -165,7 +171,7 @@ def check_bwd_types(cotangents: tuple[Any, ...], types: Any) -> None:
       >>> check_bwd_types((jnp.zeros(3), None), types)
       >>> check_bwd_types((jnp.zeros(3), jnp.zeros(3)), types)
       Traceback (most recent call last):
-      ValueError: Custom VJP bwd rule must produce an output with the same ...
+      ValueError: Custom VJP bwd rule ...must produce an output with the same ...
     """
     pairs: list[tuple[Any, Any]] = []
 
@@ -176,10 +182,27 @@ def check_bwd_types(cotangents: tuple[Any, ...], types: Any) -> None:
     jax.tree.map(pair, cotangents, types, is_leaf=lambda x: x is None)
     if all(_agrees(cotangent, leaf) for cotangent, leaf in pairs):
         return
-    replayed = jax.custom_vjp(lambda *args: 0.0)
+    replayed = jax.custom_vjp(_standing_in_for(fun))
     shapes = jax.tree.map(_shape_of, cotangents, is_leaf=lambda x: isinstance(x, SymbolicZero))
     replayed.defvjp(lambda *args: (0.0, None), lambda _, g: jax.tree.map(_zeros, shapes))
     jax.eval_shape(lambda *args: jax.vjp(replayed, *args)[1](0.0), *types)
+
+
+def _standing_in_for(fun: Callable[..., Any] | None) -> Callable[..., Any]:
+    """The replay's primal function, which JAX 0.11's message names as the user's ``fun``.
+
+    JAX finds a function's name and location through ``inspect.unwrap``, and its
+    signature through ``inspect.signature``, which stops at ``__signature__``: the
+    replay takes the differentiable arguments alone, whatever ``fun``'s parameters.
+    """
+
+    def primal(*args: Any) -> float:
+        return 0.0
+
+    if fun is not None:
+        primal.__signature__ = inspect.signature(primal)  # type: ignore[attr-defined]
+        primal.__wrapped__ = fun  # type: ignore[attr-defined]
+    return primal
 
 
 def _agrees(cotangent: Any, leaf: jax.ShapeDtypeStruct) -> bool:
