@@ -534,3 +534,13 @@ def test_a_raw_jit_the_guards_cannot_reach_is_caught_when_an_installed_transform
     assert message.startswith("hk.transform ended with 2 Haiku parameter"), message
     assert "tracers of a JAX trace that has ended" in message
     assert "interpose_on_import" in message
+    assert HATCH in message
+    # The escape hatch turns this check off too: the silent failure it stands for comes back.
+    previous = jo.set_adapter_check(False)
+    jaxoverride_haiku.install()
+    try:
+        params = hk.transform(forward).init(jax.random.PRNGKey(0), X)
+    finally:
+        jaxoverride_haiku.uninstall()
+        jo.set_adapter_check(previous)
+    assert _tracers(params), "with the check off, init returns the leaked tracers as before"

@@ -87,7 +87,7 @@ def _exit_transform(context: base.HaikuContext, *exc_info: Any) -> None:
     escaped = 0
     try:
         if stack and stack[-1][0] is context:
-            if exc_info[0] is None:
+            if exc_info[0] is None and kit.adapter_check_on():
                 # A library never interposed ran Haiku code inside its raw transform.
                 escaped = _escaped_state()
             _, scope = stack.pop()

@@ -108,6 +108,7 @@ from jaxoverride.adapter_kit._jax_arguments import (
     scan_arguments as scan_arguments,
 )
 from jaxoverride.adapter_kit._leaks import (
+    adapter_check_on as adapter_check_on,
     escaped_tracers as escaped_tracers,
     raw_transform_error as raw_transform_error,
 )
@@ -231,6 +232,7 @@ __all__ = [
     "raise_as_jax",
     "raw_import_time_transforms",
     "raw_transform_error",
+    "adapter_check_on",
     "resolve_argnums",
     "rule_jvp",
     "scan_arguments",

@@ -7,7 +7,7 @@ from typing import Any
 import jax
 from jax.core import Tracer
 
-from jaxoverride import _raw
+from jaxoverride import _detect, _raw
 from jaxoverride._compat import current_trace
 from jaxoverride.errors import MissingAdapterError
 
@@ -93,5 +93,25 @@ def raw_transform_error(framework: str, where: str, count: int) -> MissingAdapte
         f"{where} ended with {count} {framework} parameter or state value(s) that are "
         "tracers of a JAX trace that has ended: a transform built with raw JAX (not a "
         f"neutral one) ran {framework} code, so the adapter could not thread its state. "
-        f"{culprits}"
+        f"{culprits}{_detect._HATCH}"
     )
+
+
+def adapter_check_on() -> bool:
+    """Whether the missing-adapter check runs (``jaxoverride.set_adapter_check``).
+
+    An adapter's own backstop (such as Haiku's check at the end of ``hk.transform``) asks
+    this first, so that the one escape hatch turns every such check off.
+
+    Returns:
+      True unless the program turned the check off.
+
+    Example:
+      >>> import jaxoverride as jo
+      >>> from jaxoverride import adapter_kit
+      >>> previous = jo.set_adapter_check(False)
+      >>> adapter_kit.adapter_check_on()
+      False
+      >>> _ = jo.set_adapter_check(previous)
+    """
+    return _detect.enabled
