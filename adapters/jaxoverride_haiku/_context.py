@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextvars
 import threading
 from typing import Any
 
@@ -27,8 +28,41 @@ TABLE = kit.OverrideTable(
     },
 )
 
+
+class _HaikuContext(jo.OverrideContext):
+    """The table's layer, with Haiku's transform exit hooked while it is entered.
+
+    ``install()`` checks, when each transform ends, that no parameter or state value is a
+    tracer left behind by a raw JAX transform (a bare ``jax.jit`` object that a library
+    bound by name at import time, which no guard reaches). Entering ``context()`` puts the
+    same check on the transforms that end while it is entered in this thread or task.
+    """
+
+    __slots__ = ()
+
+    def __enter__(self) -> jo.OverrideContext:
+        result = super().__enter__()
+        _entered_depth.set(_entered_depth.get() + 1)
+        _hook_exit_for_context()
+        return result
+
+    def __exit__(self, *exc_info: object) -> None:
+        # Leaving out of order raises with nothing changed: the hook stays counted too.
+        super().__exit__(*exc_info)
+        _entered_depth.set(_entered_depth.get() - 1)
+        _unhook_exit_for_context()
+
+
 # One layer for the whole process: re-entering it finds the builds made for it before.
-_CONTEXT = TABLE.context()
+_CONTEXT = _HaikuContext(TABLE.overrides, name=TABLE.label)
+
+# How deep this thread or task is inside ``context()``; read only by the exit hook.
+_entered_depth: contextvars.ContextVar[int] = contextvars.ContextVar(
+    "jaxoverride_haiku_context_depth", default=0
+)
+# Entries of ``context()`` in all threads and tasks now open: Haiku's transform exit is
+# hooked while any is (a class attribute is process-wide), and put back after the last.
+_context_entries = 0
 
 # install() enters the installation's scope whenever Haiku enters a transform's context
 # (HaikuContext.__enter__, the one place where Haiku pushes a transform frame) and leaves
@@ -84,17 +118,17 @@ def _escaped_state() -> int:
 def _exit_transform(context: base.HaikuContext, *exc_info: Any) -> None:
     global _open_scopes
     stack = _thread_scopes()
+    scoped = bool(stack) and stack[-1][0] is context
     escaped = 0
     try:
-        if stack and stack[-1][0] is context:
-            if exc_info[0] is None and kit.adapter_check_on():
-                # A library never interposed ran Haiku code inside its raw transform.
-                escaped = _escaped_state()
+        if (scoped or _entered_depth.get()) and exc_info[0] is None and kit.adapter_check_on():
+            # A library never interposed ran Haiku code inside its raw transform.
+            escaped = _escaped_state()
+        if scoped:
             _, scope = stack.pop()
             with _INSTALLER.lock:
                 _open_scopes -= 1
-                if _INSTALLER.installation is None and _open_scopes == 0:
-                    base.HaikuContext.__exit__ = _haiku_exit  # type: ignore[method-assign]
+                _restore_exit_if_unused()
             scope.__exit__(None, None, None)
     finally:
         _haiku_exit(context, *exc_info)
@@ -190,17 +224,41 @@ def is_installed() -> bool:
     return _INSTALLER.is_installed()
 
 
+def _restore_exit_if_unused() -> None:
+    """Haiku's own transform exit back once nothing needs the hook (the lock held).
+
+    The exit hook stays while a transform entered with the installation is still open,
+    and while ``context()`` is entered anywhere. A transform that ``with`` entered while
+    hooked still calls the hook, which then checks only what is active in its thread.
+    """
+    unused = _INSTALLER.installation is None and _open_scopes == 0 and _context_entries == 0
+    if unused and base.HaikuContext.__exit__ is _exit_transform:
+        base.HaikuContext.__exit__ = _haiku_exit  # type: ignore[method-assign]
+
+
+def _hook_exit_for_context() -> None:
+    global _context_entries
+    with _INSTALLER.lock:
+        _context_entries += 1
+        base.HaikuContext.__exit__ = _exit_transform  # type: ignore[method-assign]
+
+
+def _unhook_exit_for_context() -> None:
+    global _context_entries
+    with _INSTALLER.lock:
+        _context_entries -= 1
+        _restore_exit_if_unused()
+
+
 def _hook() -> None:
     base.HaikuContext.__enter__ = _enter_transform  # type: ignore[method-assign]
     base.HaikuContext.__exit__ = _exit_transform  # type: ignore[method-assign]
 
 
 def _unhook() -> None:
-    # The exit hook stays while a transform entered with the installation is still open.
     if base.HaikuContext.__enter__ is _enter_transform:
         base.HaikuContext.__enter__ = _haiku_enter  # type: ignore[method-assign]
-    if _open_scopes == 0 and base.HaikuContext.__exit__ is _exit_transform:
-        base.HaikuContext.__exit__ = _haiku_exit  # type: ignore[method-assign]
+    _restore_exit_if_unused()
 
 
 _INSTALLER = kit.ScopedInstaller(_CONTEXT, "jaxoverride_haiku", hook=_hook, unhook=_unhook)

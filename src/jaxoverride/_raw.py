@@ -153,6 +153,35 @@ def held_by_imported(packages: Sequence[str] = SOLVER_LIBRARIES) -> dict[str, li
     return held
 
 
+# Packages whose own import-time transforms are never a solver library's: JAX's jitted
+# functions, the frameworks the adapters handle, jaxoverride itself and the program.
+_NOT_LIBRARIES = frozenset({"__main__", "jax", "jaxlib", "flax", "haiku", "jaxoverride"})
+
+
+def held_by_other_imported() -> dict[str, list[str]]:
+    """``{package: [module.attribute, ...]}`` for each imported package outside
+    ``SOLVER_LIBRARIES`` (and outside JAX, the frameworks, jaxoverride and the standard
+    library) that holds raw import-time transforms: a library of the program's own.
+
+    It reads every imported module once, so only an error path calls it.
+    """
+    held: dict[str, list[str]] = {}
+    for name, module in sys.modules.copy().items():
+        package = name.partition(".")[0]
+        if (
+            not isinstance(module, types.ModuleType)
+            or package in SOLVER_LIBRARIES
+            or package in _NOT_LIBRARIES
+            or package.startswith(("jaxoverride_", "_"))
+            or package in sys.stdlib_module_names
+        ):
+            continue
+        found = module_transforms(module, [package])
+        if found:
+            held.setdefault(package, []).extend(found)
+    return {package: sorted(set(found)) for package, found in sorted(held.items())}
+
+
 def fix_for(packages: Iterable[str]) -> str:
     """The call that makes ``packages`` (and the packages that build their transforms)
     neutral from their first import."""

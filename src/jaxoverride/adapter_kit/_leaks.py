@@ -58,8 +58,10 @@ def escaped_tracers(tree: Any) -> list[Tracer]:
 def raw_transform_error(framework: str, where: str, count: int) -> MissingAdapterError:
     """The error for state that a raw transform captured while an adapter was active.
 
-    Names the imported solver libraries that still hold raw import-time transforms and the
-    ``interpose_on_import`` call that reaches them.
+    Names the imported libraries that still hold raw import-time transforms (the solver
+    libraries, and any other imported package holding one, such as a library of the
+    program's own with a module-level ``jax.jit``) and the ``interpose_on_import`` call
+    that reaches them.
 
     Args:
       framework: the framework's name, such as ``"Haiku"``.
@@ -75,7 +77,7 @@ def raw_transform_error(framework: str, where: str, count: int) -> MissingAdapte
       >>> "interpose_on_import" in str(error)
       True
     """
-    held = _raw.held_by_imported()
+    held = {**_raw.held_by_imported(), **_raw.held_by_other_imported()}
     if held:
         counts = ", ".join(f"{package!r} ({len(names)})" for package, names in held.items())
         builders = _raw.builders([name for names in held.values() for name in names])
