@@ -7,11 +7,9 @@ functions in results, jaxprs and speed. Adapters (``jaxoverride_haiku``,
 stack and make the same calls stateful, init-safe or identity-preserving.
 """
 
-from jaxoverride import (
-    _first_call as _first_call,  # checks raw import-time transforms from a context entry on
-    errors as errors,
-    lax as lax,
-)
+from typing import TYPE_CHECKING, Any
+
+from jaxoverride import errors as errors, lax as lax
 from jaxoverride._api import (
     checkpoint as checkpoint,
     closure_convert as closure_convert,
@@ -42,20 +40,38 @@ from jaxoverride._context import (
 )
 from jaxoverride._detect import set_adapter_check as set_adapter_check
 from jaxoverride._dispatch import next_impl as next_impl, resolve as resolve
-from jaxoverride._import_hook import (
-    ImportInterposition as ImportInterposition,
-    interpose_on_import as interpose_on_import,
-)
-from jaxoverride._interpose import Interposition as Interposition, interpose as interpose
-from jaxoverride._introspect import Stack as Stack, current_stack as current_stack
 from jaxoverride._jitapi import jit_api as jit_api, reuse_jit as reuse_jit
 from jaxoverride._names import OVERRIDEABLE as OVERRIDEABLE
 from jaxoverride._neutral import NeutralRule as NeutralRule, Transformed as Transformed
 from jaxoverride._own_frames import hide_own_frames as _hide_own_frames
-from jaxoverride._selfcheck import self_check as self_check
 from jaxoverride.errors import ImportOrderError as ImportOrderError
 
+if TYPE_CHECKING:  # loaded at first use (``__getattr__``), for ``import jaxoverride``'s time
+    from jaxoverride import adapter_kit as adapter_kit
+    from jaxoverride._import_hook import (
+        ImportInterposition as ImportInterposition,
+        interpose_on_import as interpose_on_import,
+    )
+    from jaxoverride._interpose import Interposition as Interposition, interpose as interpose
+    from jaxoverride._introspect import Stack as Stack, current_stack as current_stack
+    from jaxoverride._selfcheck import self_check as self_check
+
+    __version__: str
+
 _hide_own_frames()  # errors and equations name the user's line, as JAX's own would
+
+# Public names whose modules are imported at their first use, not by ``import
+# jaxoverride``: a program that never interposes, inspects the stack or runs the
+# self-check does not pay for them. ``{name: module that defines it}``.
+_LAZY = {
+    "ImportInterposition": "jaxoverride._import_hook",
+    "interpose_on_import": "jaxoverride._import_hook",
+    "Interposition": "jaxoverride._interpose",
+    "interpose": "jaxoverride._interpose",
+    "Stack": "jaxoverride._introspect",
+    "current_stack": "jaxoverride._introspect",
+    "self_check": "jaxoverride._selfcheck",
+}
 
 
 def _installed_version() -> str:
@@ -68,7 +84,24 @@ def _installed_version() -> str:
         return "0+unknown"
 
 
-__version__ = _installed_version()
+def __getattr__(name: str) -> Any:
+    import importlib
+
+    if name in _LAZY:
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+    elif name == "adapter_kit":
+        value = importlib.import_module("jaxoverride.adapter_kit")
+    elif name == "__version__":
+        value = _installed_version()
+    else:
+        raise AttributeError(f"module 'jaxoverride' has no attribute {name!r}")
+    globals()[name] = value  # found directly from now on
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY, "adapter_kit", "__version__"})
+
 
 __all__ = [
     "OVERRIDEABLE",

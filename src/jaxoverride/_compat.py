@@ -36,25 +36,52 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
-from jax._src import api_util, traceback_util
+from jax._src import api_util, source_info_util, traceback_util
 from jax._src.core import ShardingTypeError as ShardingTypeError
 from jax._src.util import fun_name
-from jax.extend import source_info_util
 
-try:
-    from jax.extend.core import (
-        get_opaque_trace_state as _jax_opaque_trace_state,
-        jaxprs_in_params as jaxprs_in_params,
-    )
-except ImportError:  # JAX < 0.9: the same functions, only under jax.core.
-    from jax.core import (  # type: ignore[no-redef]
-        get_opaque_trace_state as _jax_opaque_trace_state,
-        jaxprs_in_params as jaxprs_in_params,
-    )
-try:
-    from jax.extend.core import find_top_trace as _find_top_trace
-except ImportError:  # JAX < 0.9: only under jax.core.
-    from jax.core import find_top_trace as _find_top_trace  # type: ignore[no-redef]
+# ``jax.extend.core`` is imported at the first call that needs it, not with jaxoverride:
+# importing any ``jax.extend`` module runs ``jax.extend``'s ``__init__``, which imports
+# all of them, Pallas included (20-40 ms, more than ``import jaxoverride``'s budget).
+
+
+def _from_extend_core(name: str, alias: str) -> Callable[..., Any]:
+    """A stand-in for ``jax.extend.core.<name>`` that, at its first call, imports it and
+    puts it in its place (this module's global ``alias``): later calls cost nothing more."""
+
+    def load(*args: Any, **kwargs: Any) -> Any:
+        import jax.extend.core
+
+        # JAX < 0.9: the same functions, only under jax.core.
+        function = getattr(jax.extend.core, name, None) or getattr(jax.core, name)
+        globals()[alias] = function
+        return function(*args, **kwargs)
+
+    return load
+
+
+_jax_opaque_trace_state = _from_extend_core("get_opaque_trace_state", "_jax_opaque_trace_state")
+_find_top_trace = _from_extend_core("find_top_trace", "_find_top_trace")
+_jaxprs_in_params = _from_extend_core("jaxprs_in_params", "_jaxprs_in_params")
+
+
+def jaxprs_in_params(params: Any) -> Any:
+    """JAX's ``jaxprs_in_params`` (``jax.extend.core``): the jaxprs an equation's params hold.
+
+    Args:
+      params: an equation's ``params``.
+
+    Returns:
+      An iterator over the jaxprs found in them.
+
+    Example:
+      >>> import jax
+      >>> from jaxoverride._compat import jaxprs_in_params
+      >>> eqn = jax.make_jaxpr(jax.jit(lambda x: x + 1))(1.0).eqns[0]
+      >>> len(list(jaxprs_in_params(eqn.params)))
+      1
+    """
+    return _jaxprs_in_params(params)
 
 
 class _NoTrace:
@@ -294,8 +321,10 @@ def hide_frames_under(directory: str) -> None:
     and of an error ("This error occurs at source: ...", from JAX 0.11), and drops its own
     frames from the tracebacks of errors that pass through it. A neutral function is
     JAX's stand-in, so its frames must count as JAX's for both, as Equinox and Flax do
-    for theirs: ``jax.extend.source_info_util.register_exclusion`` for the first, and
-    the private ``jax._src.traceback_util.register_exclusion`` for the second.
+    for theirs: ``jax._src.source_info_util.register_exclusion`` (public as
+    ``jax.extend.source_info_util``'s, whose import costs more than all of jaxoverride's)
+    for the first, and the private ``jax._src.traceback_util.register_exclusion`` for
+    the second.
 
     Args:
       directory: a package's directory.
@@ -336,6 +365,12 @@ PRIVATE_SYMBOLS: dict[str, str] = {
         "(hide_frames_under)"
     ),
     "jax._src.api_util.resolve_argnums": "jit's own resolution of static and donated arguments",
+    "jax._src.source_info_util.register_exclusion": (
+        "jaxoverride's frames never named as an equation's source (hide_frames_under); the "
+        "same function as the public jax.extend.source_info_util.register_exclusion, whose "
+        "import runs jax.extend's __init__, which imports Pallas: 20-40 ms at import, more "
+        "than import jaxoverride's whole budget"
+    ),
     "jax._src.lax.control_flow.loops._batch_and_remainder": (
         "lax.map's batch_size split, exactly as each JAX version makes it (adapter_kit.batched_map)"
     ),

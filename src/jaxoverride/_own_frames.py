@@ -12,7 +12,16 @@ import importlib.util
 import os
 
 from jaxoverride._compat import hide_frames_under
-from jaxoverride._selfcheck import ADAPTERS
+
+# The adapters of this repository, by import name.
+ADAPTERS = (
+    "jaxoverride_plain",
+    "jaxoverride_haiku",
+    "jaxoverride_nnx",
+    "jaxoverride_linen",
+    "jaxoverride_dag",
+    "jaxoverride_debug",
+)
 
 
 def hide_own_frames() -> None:
@@ -32,4 +41,4 @@ def hide_own_frames() -> None:
             hide_frames_under(directory)
 
 
-__all__ = ["hide_own_frames"]
+__all__ = ["ADAPTERS", "hide_own_frames"]

@@ -8,6 +8,7 @@ import sys
 from collections.abc import Sequence
 
 from jaxoverride import _detect, _import_hook, _interpose, _introspect, _raw
+from jaxoverride._own_frames import ADAPTERS
 
 # (distribution, import name) of what the report shows the versions of.
 DISTRIBUTIONS = (
@@ -22,14 +23,6 @@ DISTRIBUTIONS = (
     ("diffrax", "diffrax"),
     ("jaxopt", "jaxopt"),
     ("optax", "optax"),
-)
-ADAPTERS = (
-    "jaxoverride_plain",
-    "jaxoverride_haiku",
-    "jaxoverride_nnx",
-    "jaxoverride_linen",
-    "jaxoverride_dag",
-    "jaxoverride_debug",
 )
 
 

@@ -221,11 +221,25 @@ def _no_check() -> None:
     modules_seen = len(sys.modules)
 
 
+def _load_first_call_check() -> None:
+    # ``_first_call`` (and the interposition machinery it reads) is loaded by the first
+    # entry that has something to check, not by ``import jaxoverride``: its import puts
+    # its own ``refresh`` here.
+    from jaxoverride import _detect
+
+    if not _detect.watching():
+        _no_check()
+        return
+    from jaxoverride import _first_call
+
+    _first_call.refresh()
+
+
 # Called on a context entry when modules were imported since the last call: the
 # first-call check (``_first_call``) then looks for new raw import-time transforms.
 # An entry otherwise pays one length comparison for it.
 modules_seen = -1
-on_new_modules: Callable[[], None] = _no_check
+on_new_modules: Callable[[], None] = _load_first_call_check
 
 
 def enter(snapshot: Snapshot, owner: object) -> None:
