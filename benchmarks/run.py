@@ -13,11 +13,16 @@ beside the CPU report and never over it. ``--results PATH`` writes the rows ther
 (after each suite, so that a run stopped part-way keeps the suites it finished).
 ``--deadline SECONDS`` runs the suites that start after that many seconds with ``--quick``
 (fewer rounds), and says so in each of their rows' notes: for a machine lent for minutes.
+``--suite NAME`` (repeatable: ``core``, ``haiku``, ...) runs only those suites and puts
+their rows in place of theirs in the saved results, keeping every other suite's.
+``--help`` lists the options; an unknown one is refused before anything runs or is written.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
+import math
 import os
 import platform
 import re
@@ -66,10 +71,6 @@ def _run_suite(suite: str, quick: bool) -> list[dict]:
         return json.loads(out.read_text())
 
 
-def _option(name: str) -> str | None:
-    return sys.argv[sys.argv.index(name) + 1] if name in sys.argv else None
-
-
 def _machine() -> str:
     import jax
 
@@ -78,20 +79,108 @@ def _machine() -> str:
     return f"{platform.machine()}, {os.cpu_count()} cores; {backend.upper()} backend{kind}"
 
 
-def main() -> None:
-    quick = "--quick" in sys.argv
-    gpu = "--gpu" in sys.argv
+def _suite_module(name: str) -> str:
+    """``core`` or ``bench_core`` to ``bench_core``; any other name is refused with the list."""
+    module = name if name.startswith("bench_") else f"bench_{name}"
+    if module not in SUITES:
+        names = ", ".join(suite.removeprefix("bench_") for suite in SUITES)
+        raise argparse.ArgumentTypeError(f"unknown suite {name!r}; the suites are: {names}")
+    return module
+
+
+def _seconds(text: str) -> float:
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = math.nan
+    if not seconds >= 0:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds >= 0, got {text!r}")
+    return seconds
+
+
+def parser() -> argparse.ArgumentParser:
+    """The command line of ``make bench`` (``python -m benchmarks.run``)."""
+    command = argparse.ArgumentParser(
+        prog="python -m benchmarks.run",
+        description=(
+            "Run every benchmark suite, each in its own process, and write the rows "
+            "(benchmarks/results/results.json), the report (docs/benchmark-report.md) and "
+            "its charts (docs/assets/)."
+        ),
+    )
+    command.add_argument(
+        "--quick", action="store_true", help="fewer rounds in every suite, for smoke tests"
+    )
+    command.add_argument(
+        "--gpu",
+        action="store_true",
+        help="a GPU machine's run: results-gpu.json, docs/benchmark-report-gpu.md and "
+        "benchmark-gpu-*.png, beside the CPU report and never over it",
+    )
+    command.add_argument(
+        "--results",
+        type=Path,
+        metavar="PATH",
+        help="the rows' file, written after each suite (default: results.json, or "
+        "results-gpu.json with --gpu, in benchmarks/results/)",
+    )
+    command.add_argument(
+        "--report-only",
+        action="store_true",
+        help="measure nothing: redraw the report and charts from the saved rows, keeping "
+        "the header of the run that measured them",
+    )
+    command.add_argument(
+        "--deadline",
+        type=_seconds,
+        default=math.inf,
+        metavar="SECONDS",
+        help="suites that start after this many seconds run with --quick, and their rows "
+        "say so: for a machine lent for minutes",
+    )
+    command.add_argument(
+        "--suite",
+        dest="suites",
+        action="append",
+        type=_suite_module,
+        metavar="NAME",
+        help="run only this suite (repeatable; "
+        + ", ".join(suite.removeprefix("bench_") for suite in SUITES)
+        + "); the saved rows of the others are kept",
+    )
+    return command
+
+
+def _ordered(by_suite: dict[str, list[dict]]) -> list[dict]:
+    """The rows, suite by suite in ``SUITES`` order (rows of unknown suites last)."""
+    order = {suite.removeprefix("bench_"): index for index, suite in enumerate(SUITES)}
+    names = sorted(by_suite, key=lambda name: order.get(name, len(order)))
+    return [row for name in names for row in by_suite[name]]
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Runs the suites named on the command line (all by default) and writes the report."""
+    command = parser()
+    options = command.parse_args(argv)
+    if options.report_only and (options.suites or options.quick or options.deadline < math.inf):
+        command.error("--report-only measures nothing: drop --suite, --quick and --deadline")
+    quick, gpu = options.quick, options.gpu
     prefix = "benchmark-gpu" if gpu else "benchmark-report"
     report = DOCS / ("benchmark-report-gpu.md" if gpu else "benchmark-report.md")
     default_results = RESULTS / ("results-gpu.json" if gpu else "results.json")
-    results = Path(_option("--results") or default_results)
-    results.parent.mkdir(parents=True, exist_ok=True)
-    if "--report-only" in sys.argv:
+    results = Path(options.results or default_results)
+    if options.report_only:
         rows = json.loads(results.read_text())
     else:
-        rows = []
-        deadline = time.perf_counter() + float(_option("--deadline") or "inf")
-        for suite in SUITES:
+        results.parent.mkdir(parents=True, exist_ok=True)
+        # With --suite, the saved rows of the suites not run stay (and those of a selected
+        # suite that fails); a full run writes only what it measured.
+        by_suite: dict[str, list[dict]] = {}
+        if options.suites and results.exists():
+            for row in json.loads(results.read_text()):
+                by_suite.setdefault(row["suite"], []).append(row)
+        deadline = time.perf_counter() + options.deadline
+        for suite in options.suites or SUITES:
             start = time.perf_counter()
             late = not quick and start > deadline
             try:
@@ -103,15 +192,17 @@ def main() -> None:
                 continue
             for row in suite_rows if late else []:
                 row["note"] = f"{row['note']}; {QUICK_NOTE}" if row["note"] else QUICK_NOTE
-            rows += suite_rows
+            by_suite[suite.removeprefix("bench_")] = suite_rows
+            rows = _ordered(by_suite)
             results.write_text(json.dumps(rows, indent=1))
             print(f"{suite}: {time.perf_counter() - start:.0f} s", flush=True)
+        rows = _ordered(by_suite)
     import jax
 
     machine = _machine()
     title = "# Benchmark report, GPU" if gpu else "# Benchmark report"
     measured = _MEASURED.match(report.read_text()) if report.exists() else None
-    if "--report-only" in sys.argv and measured and (found := _MACHINE.search(measured[1])):
+    if options.report_only and measured and (found := _MACHINE.search(measured[1])):
         # The rows were measured then and there, not now and here.
         header = f"{title}\n\n{measured[1]}"
         machine = found[1]
