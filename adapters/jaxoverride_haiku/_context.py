@@ -143,7 +143,10 @@ def context() -> jo.OverrideContext:
     control-flow function threads Haiku params, state and rng through JAX, creates
     parameters at init (init returns what apply returns), and names modules built in
     the functions it receives as Haiku would. Outside a transform, and at a JAX trace
-    level where Haiku state is unusable, each neutral function is JAX's own.
+    level where Haiku state is unusable, each neutral function is JAX's own. A transform
+    that ends while it is entered is checked as under ``install()``: parameters or state
+    left as tracers by a raw JAX transform (a library's import-time ``jax.jit``) raise
+    ``MissingAdapterError`` with the fix.
 
     Returns:
       The adapter's ``OverrideContext`` (one object, reusable, reentrant; also a

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextvars
 from typing import Any
 
 from flax.linen import module as linen_module
@@ -24,21 +25,33 @@ TABLE = kit.OverrideTable(
 
 
 class _LinenContext(jo.OverrideContext):
-    """The table's layer, with Linen's ``Scope`` patched while it is entered (``_patches``)."""
+    """The table's layer, with Linen's ``Scope`` patched while it is entered (``_patches``),
+    and Linen's method calls hooked for the end-of-call check (``_call_in_scope``)."""
 
     __slots__ = ()
 
     def __enter__(self) -> jo.OverrideContext:
         _patches.acquire()
         try:
-            return super().__enter__()
+            result = super().__enter__()
         except BaseException:
             _patches.release()
             raise
+        _entered_depth.set(_entered_depth.get() + 1)
+        _hook_calls_for_context()
+        return result
 
     def __exit__(self, *exc_info: object) -> None:
         try:
+            # Leaving out of order raises with nothing changed (the patches stay counted
+            # too, as before); the hook is released only by a real exit.
             super().__exit__(*exc_info)
+        except BaseException:
+            _patches.release()
+            raise
+        _entered_depth.set(_entered_depth.get() - 1)
+        try:
+            _unhook_calls_for_context()
         finally:
             _patches.release()
 
@@ -52,16 +65,68 @@ _CONTEXT = _LinenContext(TABLE.overrides, name=TABLE.label)
 # every module the process stays idle: neutral functions cost exactly what JAX's do, with
 # no per-call predicate. Inside, the cost is one scope entry per method call, which JAX
 # pays only while tracing.
+#
+# The same hook, also while ``context()`` is entered, checks when the outermost method call
+# of a bound module returns that no variable is a tracer of a JAX trace that has ended: a
+# raw JAX transform (a bare ``jax.jit`` object that a library bound by name at import
+# time, which no guard reaches) ran the module's code, and init would return its tracers.
 _Module = linen_module.Module
 _linen_call = _Module._call_wrapped_method
+_linen_context = linen_module._context  # Linen's thread-local module stack
+
+# How deep this thread or task is inside ``context()``; read only by the method hook.
+_entered_depth: contextvars.ContextVar[int] = contextvars.ContextVar(
+    "jaxoverride_linen_context_depth", default=0
+)
+# Entries of ``context()`` in all threads and tasks now open: the method hook stays on
+# while any is (a class attribute is process-wide), and comes off after the last.
+_context_entries = 0
 
 
 def _call_in_scope(module: Any, fun: Any, args: Any, kwargs: Any) -> Any:
+    if module.scope is None:
+        return _linen_call(module, fun, args, kwargs)
     installation = _INSTALLER.installation
-    if installation is None or module.scope is None or not installation.installed:
+    if installation is not None and installation.installed:
+        with installation.scope():
+            out = _linen_call(module, fun, args, kwargs)
+    elif _entered_depth.get():
+        out = _linen_call(module, fun, args, kwargs)
+    else:
         return _linen_call(module, fun, args, kwargs)
-    with installation.scope():
-        return _linen_call(module, fun, args, kwargs)
+    if _linen_context.module_stack[-1] is None and kit.adapter_check_on():
+        _check_escaped(module)
+    return out
+
+
+def _check_escaped(module: Any) -> None:
+    """Raises if the outermost call of a bound module left variables that are tracers of
+    a trace that has ended (see ``adapter_kit.escaped_tracers``)."""
+    escaped = kit.escaped_tracers(module.scope.root._variables)
+    if escaped:
+        raise kit.raw_transform_error("Flax Linen", "A bound Linen module's call", len(escaped))
+
+
+def _restore_calls_if_unused() -> None:
+    """Linen's own method runner back once nothing needs the hook (the lock held)."""
+    unused = _INSTALLER.installation is None and _context_entries == 0
+    if unused and _Module._call_wrapped_method is _call_in_scope:
+        # Method calls running now keep the scope they entered until they return.
+        _Module._call_wrapped_method = _linen_call  # type: ignore[method-assign]
+
+
+def _hook_calls_for_context() -> None:
+    global _context_entries
+    with _INSTALLER.lock:
+        _context_entries += 1
+        _Module._call_wrapped_method = _call_in_scope  # type: ignore[method-assign]
+
+
+def _unhook_calls_for_context() -> None:
+    global _context_entries
+    with _INSTALLER.lock:
+        _context_entries -= 1
+        _restore_calls_if_unused()
 
 
 def context() -> jo.OverrideContext:
@@ -72,7 +137,10 @@ def context() -> jo.OverrideContext:
     mutable variable collections and rng streams through JAX, creates at init the
     variables its functions use (init returns what apply returns), and names the
     submodules made in those functions as Linen would outside them. Outside a bound
-    module each neutral function is JAX's own.
+    module each neutral function is JAX's own. As under ``install()``, the outermost
+    method call of a bound module checks when it returns that no variable was left as a
+    tracer by a raw JAX transform (a library's import-time ``jax.jit``), and raises
+    ``MissingAdapterError`` with the fix.
 
     Returns:
       The adapter's ``OverrideContext`` (one object, reusable, reentrant).
@@ -167,9 +235,7 @@ def _hook() -> None:
 
 def _unhook() -> None:
     """Linen's own method runner and ``Scope`` back (the installer's lock held)."""
-    if _Module._call_wrapped_method is _call_in_scope:
-        # Method calls running now keep the scope they entered until they return.
-        _Module._call_wrapped_method = _linen_call  # type: ignore[method-assign]
+    _restore_calls_if_unused()
     _patches.release()
 
 

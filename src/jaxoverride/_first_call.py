@@ -26,8 +26,8 @@ function to) is guarded from inside as well: the ``jax.jit`` object it holds and
 rebound, in the wrapper itself, to a guard, and every name bound to the wrapper reaches it.
 A bare ``jax.jit`` or ``custom_jvp`` object bound by name stays raw (JAX's C++ object cannot
 be changed); those of the solver libraries take arrays, not the model's function, and the
-Haiku adapter's check at the end of ``hk.transform`` (installed, or under ``context()``)
-catches what such a call leaves behind.
+Haiku and Linen adapters' checks at the end of ``hk.transform`` and of a bound module's
+outermost call (installed, or under ``context()``) catch what such a call leaves behind.
 """
 
 from __future__ import annotations

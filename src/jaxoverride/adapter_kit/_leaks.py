@@ -102,8 +102,9 @@ def raw_transform_error(framework: str, where: str, count: int) -> MissingAdapte
 def adapter_check_on() -> bool:
     """Whether the missing-adapter check runs (``jaxoverride.set_adapter_check``).
 
-    An adapter's own backstop (such as Haiku's check at the end of ``hk.transform``) asks
-    this first, so that the one escape hatch turns every such check off.
+    An adapter's own backstop (Haiku's check at the end of ``hk.transform``, Linen's at the
+    end of a bound module's outermost call) asks this first, so that the one escape hatch
+    turns every such check off.
 
     Returns:
       True unless the program turned the check off.
