@@ -321,3 +321,18 @@ def test_a_wrapper_that_copies_or_forwards_attributes_is_not_skipped():
         double(jnp.ones(2))
     assert state_of(double).direct is None
     assert TALLY == {"wrapper": 2, "dispatched": 2}
+
+
+def test_a_wrapper_under_the_missing_adapter_check_never_goes_direct():
+    from flax import nnx
+
+    from jaxoverride.errors import MissingAdapterError
+
+    layer = nnx.Linear(2, 2, rngs=nnx.Rngs(0))
+    apply = jo.jit(lambda x: layer(x))
+    assert state_of(apply).check is not None
+    with dag.context():
+        for _ in range(2):  # the dag build offers a direct call: the check keeps its frame
+            with pytest.raises(MissingAdapterError, match="bake their current weights"):
+                apply(jnp.ones(2))
+    assert state_of(apply).direct is None and not state_of(apply).directs

@@ -126,8 +126,8 @@ class _TransformState:
         built = dispatch(snapshot, self.name, (self.fun, *self.args), dict(self.kwargs))
         remember_build(self.builds, snapshot, built)
         directs = self.directs
-        for dropped in [old for old in directs if old not in self.builds]:
-            del directs[dropped]
+        for dropped in [old for old in list(directs) if old not in self.builds]:
+            directs.pop(dropped, None)  # another thread may build meanwhile
         if self.direct is not None and self.direct not in directs:
             # The direct target calls a build that was just dropped: back to dispatching.
             owner = self.owner() if self.owner is not None else None
