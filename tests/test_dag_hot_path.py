@@ -194,3 +194,44 @@ def test_the_one_array_path_follows_the_last_entry():
         assert jnp.array_equal(f((x,))[0], 2 * x)  # a node of one array: another plan
         assert jnp.array_equal(f(x), 2 * x)
     assert len(traces) == 5  # one array (2 shapes), the shared dict, a scalar, a tuple
+
+
+@pytest.mark.parametrize("holders", [0, 1, 2, 3])
+@pytest.mark.parametrize(
+    "share",
+    [
+        lambda x, y, z: (x, {"act": jnp.tanh, "a": y, "b": y}),  # two nested positions
+        lambda x, y, z: (x, {"act": jnp.tanh, "a": x, "b": z}),  # an argument, also nested
+    ],
+    ids=["nested-twice", "argument-and-nested"],
+)
+def test_sharing_is_found_past_static_leaves_whoever_else_holds_the_arrays(share, holders):
+    # A static leaf (the function) and an array argument: the hot path counts references
+    # over three containers, and tolerates one holder more than the tree's before it
+    # builds the set of ids. However many hold them, a shared array is still found.
+    distinct_inside: list[int] = []
+
+    def leaves(*args):
+        found = [leaf for leaf in jax.tree_util.tree_leaves(args) if not callable(leaf)]
+        distinct_inside.append(len({id(leaf) for leaf in found}))
+        return [leaf + 1 for leaf in found]
+
+    def fresh():
+        return jnp.ones(2)
+
+    def call(tree):
+        kept = [jax.tree_util.tree_leaves(tree) for _ in range(holders)]
+        out = f(*tree)
+        del kept
+        return out
+
+    with dag.context():
+        f = jo.jit(leaves)
+        unshared = share(fresh(), fresh(), fresh())
+        unshared[1]["a"] = fresh() if unshared[1]["a"] is unshared[0] else unshared[1]["a"]
+        unshared[1]["b"] = fresh()
+        n = len(call(unshared))
+        assert len(call(share(fresh(), fresh(), fresh()))) == n  # shared: another plan
+        assert len(call(unshared)) == n
+        assert len(call(share(fresh(), fresh(), fresh()))) == n
+    assert distinct_inside == [n, n - 1]

@@ -361,14 +361,18 @@ def dag_jit(fun: Callable[..., Any], /, **options: Any) -> Callable[..., Any]:
     # shares its cache): ``jo.jit(f)(x)`` built again compiles nothing again.
     options_key = tuple(sorted(options.items()))
     state = jo.reuse_jit(fun, (DagJit, options_key, below), lambda: DagJit(fun, options, below))
-    jitted = _hot_path(state) if not state.static else _hot_path_static(state)
+    hot_path = _hot_path if not state.static else _hot_path_static
+    jitted = hot_path(state)
+
+    def direct(current: Any, stack: Any, fallback: Callable[..., Any]) -> Callable[..., Any]:
+        return hot_path(state, (current, stack, fallback))
 
     def stage(method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         entry, prefix, dyn = state.resolve(args, kwargs)
         staged = getattr(entry.fn, method)(*prefix, *dyn)
         return unpack_output(staged) if method == "eval_shape" else staged
 
-    jo.jit_api(jitted, fun, stage=stage, jitted=state.compiled)
+    jo.jit_api(jitted, fun, stage=stage, jitted=state.compiled, direct=direct)
     jitted._jaxoverride_dag_state = state  # type: ignore[attr-defined]
     return jitted
 
@@ -392,7 +396,14 @@ def dag_jit(fun: Callable[..., Any], /, **options: Any) -> Callable[..., Any]:
 # argument that also occurs below an argument raises the count of that occurrence, and
 # two such arguments (``arguments > 1``) are compared by the set of ids. The values of
 # a dict looked up by ``dict_values`` are held by the dict and the tuple alone.
+#
+# Counted over three containers (the list, the picked tuple and the tuple of the leaves
+# below the arguments), a leaf that occurs twice has at least 2 x 3 + 1 references from
+# those and ``getrefcount``'s argument alone, where one that occurs once has 5 with the
+# tree's: so up to ``_MOST_OF_THREE`` proves it too, and tolerates one holder more (a
+# model whose arrays ``eqx.partition`` also holds, say) before the set of ids is built.
 _REFS_IN_LIST = 3
+_MOST_OF_THREE = 6
 
 
 def _dynamic(
@@ -436,14 +447,22 @@ def _recover(
     return call_slow(args, kwargs)
 
 
-def _hot_path(state: DagJit) -> Callable[..., Any]:
+# ``(current, stack, fallback)`` of a direct call (see ``jaxoverride.jit_api``): the hot
+# path then first checks that its stack is the caller's, in the same frame.
+Direct = tuple[Callable[[], object], object, Callable[..., Any]]
+
+
+def _hot_path(state: DagJit, direct_to: Direct | None = None) -> Callable[..., Any]:
     call_slow = state.call_slow
     dynamic_types = DYNAMIC_TYPES
     getrefcount = sys.getrefcount
     is_ = operator.is_
     packed = Packed
+    current, stack, fallback = direct_to or (None, None, None)
 
     def jitted(*args: Any, **kwargs: Any) -> Any:
+        if current is not None and current() is not stack:
+            return fallback(*args, **kwargs)
         one = state.one
         if one is not None and len(args) == 1 and not kwargs and type(args[0]) in dynamic_types:
             out = one(args[0])  # the commonest call: one array
@@ -494,7 +513,8 @@ def _hot_path(state: DagJit) -> Callable[..., Any]:
                 if nested_pick is None:
                     nested = dyn
                 else:
-                    nested, most = nested_pick(dyn), most + 1
+                    nested = nested_pick(dyn)
+                    most = _MOST_OF_THREE if dyn_pick is not None else most + 1
                 maybe_twice = arguments > 1 or max(map(getrefcount, nested), default=0) > most
                 if maybe_twice and len(set(map(id, dyn))) != len(dyn):
                     return call_slow(args, kwargs)
@@ -507,11 +527,14 @@ def _hot_path(state: DagJit) -> Callable[..., Any]:
     return jitted
 
 
-def _hot_path_static(state: DagJit) -> Callable[..., Any]:
+def _hot_path_static(state: DagJit, direct_to: Direct | None = None) -> Callable[..., Any]:
     call_slow = state.call_slow
     split = state.static.split
+    current, stack, fallback = direct_to or (None, None, None)
 
     def jitted(*args: Any, **kwargs: Any) -> Any:
+        if current is not None and current() is not stack:
+            return fallback(*args, **kwargs)
         last = state.last
         if last is None:
             return call_slow(args, kwargs)

@@ -24,6 +24,40 @@ T = TypeVar("T")
 STAGES = ("lower", "trace", "eval_shape")
 """The methods of a jitted function that stage it for given arguments."""
 
+_DIRECT = "_jaxoverride_direct"
+"""The attribute of an override's jitted function that holds ``jit_api``'s ``direct``."""
+
+
+class MakeDirect(Protocol):
+    """``direct(current, stack, fallback)``: see ``jit_api``."""
+
+    def __call__(
+        self, current: Callable[[], object], stack: object, fallback: Callable[..., Any]
+    ) -> Callable[..., Any]: ...
+
+
+class _Direct:
+    """``jit_api``'s ``direct``, with a weak reference to the function it was given for."""
+
+    __slots__ = ("make", "owner")
+
+    def __init__(self, make: MakeDirect, owner: weakref.ref[Any]):
+        self.make = make
+        self.owner = owner
+
+
+def direct_of(built: object) -> MakeDirect | None:
+    """The ``direct`` that ``jit_api`` was given for ``built`` itself, if any.
+
+    Only ``built``'s own: a wrapper that forwards attributes to the function it wraps
+    (``__getattr__``), or copied its ``__dict__`` (``functools.wraps``), must not hand the
+    core the inner function's direct call, which would skip the wrapper.
+    """
+    holder = getattr(built, _DIRECT, None)
+    if type(holder) is _Direct and holder.owner() is built:
+        return holder.make
+    return None
+
 
 class Stage(Protocol):
     """``stage(method, args, kwargs)``: see ``jit_api``."""
@@ -50,6 +84,7 @@ def jit_api(
     stage: Stage,
     jitted: Callable[[], Iterable[Any]],
     clear: Callable[[], None] | None = None,
+    direct: MakeDirect | None = None,
 ) -> F:
     """Gives what an override of ``"jit"`` returns the API of a ``jax.jit(fun)`` object.
 
@@ -70,6 +105,15 @@ def jit_api(
         ``clear_cache()`` clears each; ``_cache_size()`` sums theirs.
       clear: called by ``clear_cache()`` after that, for caches of the adapter's own that
         a fresh compilation must not skip.
+      direct: optional, for an override whose call is hot enough that one Python frame
+        matters. ``direct(current, stack, fallback)`` returns a new Python function that
+        behaves exactly as ``call`` while ``current() is stack``, and otherwise returns
+        ``fallback(*args, **kwargs)``, testing that first, in its own frame. The neutral
+        wrapper (``jaxoverride.jit(f)``) built in ``stack`` then calls it directly,
+        without its own dispatch, until the process goes idle, a guarded adapter is
+        installed, or the build is dropped. ``current`` is a C-level getter of the stack
+        of the calling thread or task; ``fallback`` dispatches as the wrapper otherwise
+        would.
 
     Returns:
       ``call``, with the attributes set.
@@ -104,6 +148,11 @@ def jit_api(
     cache_size.__doc__ = "The number of compiled entries, summed over those ``jax.jit``s."
     attributes = {name: _staging(stage, name, fun) for name in STAGES}
     attributes.update(clear_cache=clear_cache, _cache_size=cache_size, __wrapped__=fun)
+    if direct is not None:
+        try:
+            attributes[_DIRECT] = _Direct(direct, weakref.ref(call))
+        except TypeError:
+            pass  # no weak reference to it: it is dispatched, which is as right
     for name, value in attributes.items():
         setattr(call, name, value)
     return call

@@ -21,6 +21,7 @@ from typing import Any, Generic, TypeVar, cast
 from jaxoverride import _detect, _stack
 from jaxoverride._compat import rule_nondiff_argnums
 from jaxoverride._dispatch import dispatch
+from jaxoverride._jitapi import direct_of
 from jaxoverride._stack import ROOT, effective_snapshot
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -95,7 +96,9 @@ class _TransformState:
     """Everything a ``Transformed`` needs off its fast path; it never refers back strongly.
 
     ``check`` is set where the missing-adapter check applies: such a wrapper never goes
-    fast.
+    fast, nor direct. ``directs`` holds, per snapshot whose build offers one (see
+    ``jit_api``'s ``direct``), the build's direct call; ``direct`` is the snapshot whose
+    direct call is the wrapper's target now, if any.
     """
 
     name: str
@@ -107,6 +110,9 @@ class _TransformState:
     builds: dict[_stack.Snapshot, Callable[..., Any]] = dataclasses.field(default_factory=dict)
     owner: weakref.ref[Transformed] | None = None
     check: _detect.TransformCheck | None = None
+    directs: dict[_stack.Snapshot, Callable[..., Any]] = dataclasses.field(default_factory=dict)
+    direct: _stack.Snapshot | None = None
+    fallback: Callable[..., Any] | None = None
 
     def target(self) -> Callable[..., Any]:
         """The transformed function for the stack active here and now."""
@@ -119,7 +125,46 @@ class _TransformState:
     def build(self, snapshot: _stack.Snapshot) -> Callable[..., Any]:
         built = dispatch(snapshot, self.name, (self.fun, *self.args), dict(self.kwargs))
         remember_build(self.builds, snapshot, built)
+        directs = self.directs
+        for dropped in [old for old in list(directs) if old not in self.builds]:
+            directs.pop(dropped, None)  # another thread may build meanwhile
+        if self.direct is not None and self.direct not in directs:
+            # The direct target calls a build that was just dropped: back to dispatching.
+            owner = self.owner() if self.owner is not None else None
+            if owner is not None:
+                owner._switch_to_slow()
+        make = direct_of(built)
+        if make is not None and self.check is None:
+            direct = self._make_direct(make, snapshot)
+            if direct is not None:
+                directs[snapshot] = direct
         return built
+
+    def _make_direct(
+        self, make: Callable[..., Any], snapshot: _stack.Snapshot
+    ) -> Callable[..., Any] | None:
+        if self.fallback is None:
+            self.fallback = _slow_call(self, redirect=False)
+        direct = make(_stack.snapshot_now, snapshot, self.fallback)
+        try:
+            direct.__wrapped__ = self.plain  # as for the slow target: see ``_slow_target``
+        except AttributeError:
+            return None  # not a function: this wrapper keeps dispatching, which is as right
+        return direct
+
+    def go_direct(self, snapshot: _stack.Snapshot) -> None:
+        """Makes the build's direct call for ``snapshot`` the wrapper's target, where it
+        has one and no guarded adapter is installed."""
+        direct = self.directs.get(snapshot)
+        owner = self.owner() if self.owner is not None else None
+        if direct is None or owner is None:
+            return
+
+        def switch() -> None:
+            self.direct = snapshot
+            owner.__setstate__((direct, (), None, owner.__dict__))
+
+        _stack.register_direct(owner, switch)
 
 
 def _slow_target(state: _TransformState) -> Callable[..., Any]:
@@ -135,15 +180,32 @@ def _slow_target(state: _TransformState) -> Callable[..., Any]:
         checked_call = check.checked_call(plain, builds, build)
         checked_call.__wrapped__ = plain  # type: ignore[attr-defined]
         return checked_call
+    return _slow_call(state, redirect=bool(state.directs))
 
+
+def _slow_call(state: _TransformState, *, redirect: bool) -> Callable[..., Any]:
+    """The dispatching call of an unchecked ``Transformed``.
+
+    A build that offers a direct call (see ``jit_api``) becomes the wrapper's target once
+    built, so that later calls in its stack skip this frame. The wrapper is switched back
+    here when a guarded adapter is installed, when the process goes idle, and when that
+    build is dropped. With ``redirect`` (the wrapper's slow target, when some build has a
+    direct call) a call in the stack of such a build makes it the target again; without
+    it (the fallback of a direct call, taken in another stack) a call only builds anew:
+    a wrapper called in two stacks in turn stays direct for the first.
+    """
+    plain, builds, build = state.plain, state.builds, state.build
     current_get = _stack._current_get  # the contextvar's bound ``get``: never rebound
     builds_get = builds.get
+    directs = state.directs
+    go_direct = state.go_direct
 
     def slow_call(*args: Any, **kwargs: Any) -> Any:
         # Hot while any override is alive anywhere: no extra frame unless guards exist,
         # and no keyword unpacking for a call that has none.
         snapshot = current_get().snapshot
-        if _stack._guards:
+        guarded = _stack._guards
+        if guarded:
             snapshot = effective_snapshot()
         if snapshot is ROOT:
             if _stack.idle and state.owner is not None and (owner := state.owner()) is not None:
@@ -152,6 +214,10 @@ def _slow_target(state: _TransformState) -> Callable[..., Any]:
         built = builds_get(snapshot)
         if built is None:
             built = build(snapshot)
+            if snapshot in directs and not guarded:
+                go_direct(snapshot)
+        elif redirect and snapshot in directs and not guarded:
+            go_direct(snapshot)
         return built(*args, **kwargs) if kwargs else built(*args)
 
     slow_call.__wrapped__ = plain  # type: ignore[attr-defined]
@@ -212,11 +278,17 @@ class Transformed(functools.partial):  # type: ignore[type-arg]
     def _switch_to_slow(self) -> None:
         state: _TransformState = self.__dict__["_jaxoverride_state"]
         self.__setstate__((_slow_target(state), (), None, self.__dict__))
+        if state.direct is not None:
+            state.direct = None
+            _stack.forget_direct(self)
 
     def _switch_to_fast(self) -> None:
         state: _TransformState = self.__dict__["_jaxoverride_state"]
         if state.check is None and _stack.register_fast(self):
             self.__setstate__((state.plain, (), None, self.__dict__))
+            if state.direct is not None:
+                state.direct = None
+                _stack.forget_direct(self)
 
     def __get__(self, instance: object, owner: type | None = None) -> Any:
         return self if instance is None else types.MethodType(self, instance)

@@ -144,6 +144,8 @@ class _Switchable(Protocol):
 idle = True
 _live = 0
 _fast: weakref.WeakSet[Any] = weakref.WeakSet()
+# Wrappers whose target is an override's own direct call (see ``register_direct``).
+_direct: weakref.WeakSet[Any] = weakref.WeakSet()
 
 
 def _set_busy_locked() -> None:
@@ -164,6 +166,34 @@ def register_fast(wrapper: _Switchable) -> bool:
         return True
 
 
+def register_direct(wrapper: _Switchable, switch: Callable[[], None]) -> bool:
+    """Runs ``switch()`` (which makes ``wrapper`` call an override's direct call) and
+    records it, unless a guarded adapter is installed: then returns False.
+
+    A direct call tests only the snapshot of this thread or task, so it is right only
+    while no guard's predicate can add a layer under it; installing one switches every
+    recorded wrapper back to its slow target (see ``_set_installed_locked``).
+    """
+    with _lock:
+        if _guards:
+            return False
+        switch()
+        _direct.add(wrapper)
+        return True
+
+
+def forget_direct(wrapper: object) -> None:
+    """Stops recording ``wrapper`` as direct (it was switched to another target)."""
+    with _lock:
+        _direct.discard(wrapper)
+
+
+def _reset_direct_locked() -> None:
+    for wrapper in list(_direct):
+        wrapper._switch_to_slow()
+    _direct.clear()
+
+
 def _recompute_idle_locked() -> None:
     global idle
     if _live == 0 and not _guards:
@@ -175,13 +205,14 @@ def _recompute_idle_locked() -> None:
 class Activation:
     """What ``_current`` holds for one entered context."""
 
-    __slots__ = ("jax_key", "owner", "snapshot", "token")
+    __slots__ = ("jax_key", "owner", "snapshot", "snapshot_token", "token")
 
     def __init__(self, snapshot: Snapshot, owner: object):
         global _live
         self.snapshot = snapshot
         self.owner = owner
         self.token: contextvars.Token[Activation | _RootActivation] | None = None
+        self.snapshot_token: contextvars.Token[Snapshot] | None = None
         self.jax_key: Any = None
         with _lock:
             _live += 1
@@ -209,6 +240,13 @@ _ROOT_ACTIVATION = _RootActivation()  # immutable in practice: never written aft
 _current: contextvars.ContextVar[Activation | _RootActivation] = contextvars.ContextVar(
     "jaxoverride_stack", default=_ROOT_ACTIVATION
 )
+# ``_current.get().snapshot``, kept beside it: set and reset with it, and only by
+# ``enter`` and ``leave``. Its ``get`` is what an override's direct call compares with
+# its snapshot (see ``register_direct``), one C call instead of a call and an attribute.
+_snapshot_now: contextvars.ContextVar[Snapshot] = contextvars.ContextVar(
+    "jaxoverride_snapshot", default=ROOT
+)
+snapshot_now = _snapshot_now.get
 
 
 def context_snapshot() -> Snapshot:
@@ -245,10 +283,12 @@ on_new_modules: Callable[[], None] = _load_first_call_check
 def enter(snapshot: Snapshot, owner: object) -> None:
     activation = Activation(snapshot, owner)
     activation.token = _current.set(activation)
+    activation.snapshot_token = _snapshot_now.set(snapshot)
     try:
         key = _context_key(snapshot.serial)
         key.__enter__()
     except BaseException:
+        _snapshot_now.reset(activation.snapshot_token)
         _current.reset(activation.token)
         raise
     activation.jax_key = key
@@ -264,7 +304,8 @@ def leave(owner: object) -> None:
             f"or task is {activation.owner!r}. Contexts must exit in the reverse order of "
             "entry, in the thread or task that entered them; nothing was changed."
         )
-    assert activation.token is not None
+    assert activation.token is not None and activation.snapshot_token is not None
+    _snapshot_now.reset(activation.snapshot_token)
     _current.reset(activation.token)
     activation.jax_key.__exit__(None, None, None)
     now = _current.get().snapshot.serial
@@ -307,6 +348,8 @@ def _set_installed_locked(entries: tuple[Installed, ...]) -> None:
     set_user_context_global(_installed_key, tuple(entry.layer.serial for entry in entries))
     installed = entries
     _guards = tuple((entry.when, entry.layer) for entry in entries if not entry.scoped)
+    if _guards:
+        _reset_direct_locked()
     _recompute_idle_locked()
 
 
