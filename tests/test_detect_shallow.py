@@ -147,3 +147,48 @@ def test_under_track_a_cell_rebound_to_an_untracked_module_is_refused_at_the_nex
     with jaxoverride_nnx.track(first, second):
         model = second
         np.testing.assert_allclose(jitted(x), second(x), rtol=1e-6)
+
+
+def test_under_track_a_captured_submodule_that_leaves_the_tracked_set_is_refused():
+    """The checked call's fast path (same stack, cell and object) still asks whether the
+    object is tracked after every call: here the graph changes under it."""
+    import jaxoverride as jo
+    import jaxoverride_nnx
+    from jaxoverride.errors import MissingAdapterError
+
+    class Holder(nnx.Module):
+        def __init__(self):
+            self.inner = nnx.Linear(2, 2, rngs=nnx.Rngs(6))
+
+    holder = Holder()
+    inner = holder.inner
+    jitted = jo.jit(lambda x: inner(x))
+    x = jnp.ones(2)
+    with jaxoverride_nnx.track(holder):
+        for _ in range(3):  # the later calls take the fast path
+            jitted(x)
+        holder.inner = nnx.Linear(2, 2, rngs=nnx.Rngs(7))  # ``inner`` is no longer tracked
+        with pytest.raises(MissingAdapterError, match="track it too"):
+            jitted(x)
+        holder.inner = inner
+        np.testing.assert_allclose(jitted(x), inner(x), rtol=1e-6)
+
+
+def test_the_fast_path_obeys_the_escape_hatch():
+    import jaxoverride as jo
+    import jaxoverride_nnx
+
+    first = nnx.Linear(2, 2, rngs=nnx.Rngs(8))
+    second = nnx.Linear(2, 2, rngs=nnx.Rngs(9))
+    model = first
+    jitted = jo.jit(lambda x: model(x))
+    x = jnp.ones(2)
+    with jaxoverride_nnx.track(first):
+        jitted(x)
+        jitted(x)
+        previous = jo.set_adapter_check(False)
+        try:
+            model = second  # refused with the check on; the program means it here
+            jitted(x)
+        finally:
+            jo.set_adapter_check(previous)

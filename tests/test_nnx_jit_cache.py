@@ -313,3 +313,106 @@ def test_cached_loop_bodies_do_not_keep_modules_alive():
     holder.clear()
     gc.collect()
     assert ref() is None
+
+
+# -- the hot path: a call with the tracked set, structure and build of the previous call is
+# served without the general path's look-ups; it still reads every Variable each call ----
+
+
+def _closure(model):
+    return lambda x: model(x)
+
+
+@pytest.mark.parametrize(
+    "write",
+    [
+        "set_raw_value bypassing the check",
+        "object.__setattr__ (as nnx.jit's partials write)",
+        "the slot, as this adapter writes",
+        "index assignment",
+    ],
+)
+def test_a_write_between_hot_calls_is_seen_however_it_is_made(write):
+    model = Counter()
+    f = jo.jit(_closure(model))
+    reference = Counter()
+    new_w = jnp.full(3, 0.5, jnp.float32)
+    with jaxoverride_nnx.track(model):
+        for _ in range(3):  # the later calls are hot
+            f(X)
+            reference(X)
+        if write.startswith("set_raw_value"):
+            model.w.set_raw_value(new_w, _unsafe_bypass_check=True)
+        elif write.startswith("object"):
+            object.__setattr__(model.w, "_raw_value", new_w)
+        elif write.startswith("the slot"):
+            nnx.Variable.__dict__["_raw_value"].__set__(model.w, new_w)
+        else:
+            model.w[...] = new_w
+        reference.w[...] = new_w
+        got = f(X)
+    np.testing.assert_allclose(got, reference(X), rtol=1e-6)  # both at their fourth call
+    assert int(model.count[...]) == 4
+
+
+def test_hot_calls_and_nnx_partials_share_one_counter():
+    model = Counter()
+    f = jo.jit(_closure(model))
+    partial = nnx.jit_partial(lambda m, x: m(x), model, graph=False)
+    cached = nnx.cached_partial(nnx.jit(lambda m, x: m(x)), model)
+    with jaxoverride_nnx.track(model):
+        for _ in range(2):
+            f(X)
+            partial(X)
+            f(X)
+            cached(X)
+            f(X)
+    assert int(model.count[...]) == 10
+
+
+def test_a_structural_change_between_hot_calls_is_walked_again():
+    class Holder(nnx.Module):
+        def __init__(self):
+            self.inner = Counter()
+
+        def __call__(self, x):
+            return self.inner(x)
+
+    model, traces = Holder(), Traces()
+    f = jo.jit(traces.wrap(model))
+    with jaxoverride_nnx.track(model):
+        f(X)
+        f(X)
+        model.inner = Counter(seed=1)  # a new submodule: the old structure is stale
+        got = f(X)
+        f(X)
+    np.testing.assert_allclose(got, Counter(seed=1)(X), rtol=1e-6)
+    assert int(model.inner.count[...]) == 2
+    assert traces.count == 1  # the same structure: the trace is reused
+
+
+def test_a_new_scope_is_never_served_the_previous_scopes_variables():
+    first, second = Counter(), Counter(seed=1)
+    current = first
+    f = jo.jit(lambda x: current(x))
+    with jaxoverride_nnx.track(first):
+        f(X)
+        f(X)
+    current = second
+    with jaxoverride_nnx.track(second):
+        got = f(X)
+    np.testing.assert_allclose(got, Counter(seed=1)(X), rtol=1e-6)
+    assert (int(first.count[...]), int(second.count[...])) == (2, 1)
+
+
+def test_a_hot_call_inside_a_raw_jit_refuses_the_write_as_the_general_path_does():
+    model = Counter()
+    f = jo.jit(_closure(model))
+    with jaxoverride_nnx.track(model):
+        f(X)
+        f(X)  # hot
+        with pytest.raises(jaxoverride_nnx.LevelError, match="not a jaxoverride neutral function"):
+            jax.jit(lambda x: f(x))(X)
+        assert int(model.count[...]) == 2
+        f(X)
+    assert int(model.count[...]) == 3

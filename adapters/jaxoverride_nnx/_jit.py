@@ -46,6 +46,8 @@ _PLAIN_TYPES = frozenset(
     {type(jnp.zeros(())), np.ndarray, int, float, bool, complex, np.float32, np.int32}
 )
 _CLEAN_LIMIT = 256
+# ``hot`` of a call with nothing to serve: no tracked set is this object, no epoch is -1.
+_COLD = (object(), -1, None, ())
 
 
 class NnxJit:
@@ -110,11 +112,52 @@ class NnxJit:
             self._call_with_nodes,
             self._retry,
         )
-        last: list[Any] = [None, None]  # the last key and its jitted function
+        # The last key and its build: one tuple, replaced whole, so that another thread
+        # reads one pair or the other, never a key with another key's build.
+        last: list[Any] = [(None, None)]
+        # The last call that took the general path to the plain jitted call: (tracked
+        # set, structure epoch, build, the Variables it reads). A call with the same
+        # tracked set, no structural change since and plain positional arguments is
+        # served straight from it: it still reads every Variable (a write that bypasses
+        # NNX's checks, or nnx.jit's own, leaves no other trace).
+        hot: list[Any] = [_COLD]
         per_arity = self._per_arity
+        active_get = ACTIVE.get
+        plain_types = _PLAIN_TYPES
 
         def call(*args: Any, **kwargs: Any) -> Any:
-            # A cache hit with plain array arguments: keep it free of calls.
+            tracked = active_get()
+            served = hot[0]
+            if served[0] is tracked and served[1] == _scope._epoch and not kwargs:
+                for arg in args:
+                    if type(arg) not in plain_types:
+                        break
+                else:
+                    build = served[2]
+                    try:
+                        # The attribute, not the slot descriptor's ``__get__``: the
+                        # interpreter's specialised slot read is about twice as fast, and
+                        # ``general`` checked that it reads that very slot.
+                        result = build.jitted([v._raw_value for v in served[3]], *args)
+                    except NeedsState as error:
+                        if error.owner is not build:
+                            raise
+                        hot[0] = _COLD
+                        return general(args, kwargs)
+                    updates = result[1]
+                    if updates:
+                        variables = tracked.variables
+                        for index, value in updates.items():
+                            if isinstance(value, Tracer):  # all or none are
+                                write_back(tracked, updates, _WHERE)
+                                break
+                            _SET(variables[index], value)
+                    if len(result) == 3:  # the output holds tracked modules: map them back
+                        return from_refs(result[0], tracked)
+                    return result[0]
+            return general(args, kwargs)
+
+        def general(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
             tracked = ACTIVE.get()
             if tracked is not None and tracked.epoch != _scope._epoch and tracked.owner:
                 tracked.owner.refresh(tracked)
@@ -130,11 +173,12 @@ class NnxJit:
             if tracked is None:
                 return call_plain(plain, args, kwargs, _WHERE)
             key = tracked.key if per_arity is None else (tracked.key, len(args))
-            if key is last[0]:
-                build = last[1]
+            pair = last[0]
+            if key is pair[0]:
+                build = pair[1]
             else:
                 build = cache.get(key) or compile_(key)
-                last[0], last[1] = key, build
+                last[0] = (key, build)
             variables = tracked.variables
             try:
                 if tracked.owner is None:  # inside a neutral transform: see _call_hidden
@@ -144,14 +188,24 @@ class NnxJit:
                     if build.attrs:
                         values = build.read(tracked)
                     else:
-                        values = list(map(_GET, build.variables))
+                        # A structurally equal tracked set (a submodule replaced by a like
+                        # one) shares the build: read its own Variables, not the build's.
+                        reads = build.variables_of(tracked)
+                        values = list(map(_GET, reads))
+                        if (
+                            per_arity is None
+                            and tracked.epoch == _scope._epoch
+                            and _reads_the_slot(reads)
+                        ):
+                            hot[0] = (tracked, tracked.epoch, build, reads)
                     result = build.jitted(values, *args, **kwargs)
             except NeedsState as error:
                 if error.owner is not build:
                     raise
+                hot[0] = _COLD
                 retry(key, tracked, error)
-                last[0] = None
-                return call(*args, **kwargs)
+                last[0] = (None, None)
+                return general(args, kwargs)
             out, updates = result[0], result[1]
             if updates:
                 # One jitted call's outputs are all concrete or all tracers of one trace.
@@ -361,16 +415,25 @@ class _Build:
     it is given (``given``: indices, Variables first, then array attributes), which it
     takes as a list in ``order``. It marks the probes of its traces (``_threads``)."""
 
-    __slots__ = ("attrs", "given", "jitted", "order", "var_order", "variables")
+    __slots__ = ("attrs", "given", "jitted", "order", "source", "var_order", "variables")
 
     def __init__(self, tracked: Tracked, given: frozenset[int]):
         count = len(tracked.variables)
         self.given = given
         self.order = tuple(sorted(given))
         self.var_order = tuple(i for i in self.order if i < count)
+        self.source = tracked.variables
         self.variables = [tracked.variables[i] for i in self.var_order]
         self.attrs = len(self.var_order) != len(self.order)
         self.jitted: Any = None
+
+    def variables_of(self, tracked: Tracked) -> list[Any]:
+        """The given Variables of ``tracked``: the build is keyed on the tracked set's
+        structure, which a set of other, like Variables shares."""
+        variables = tracked.variables
+        if variables is self.source:
+            return self.variables
+        return [variables[i] for i in self.var_order]
 
     def read(self, tracked: Tracked) -> list[Any]:
         """The given values, now (probes of an enclosing call refused)."""
@@ -413,6 +476,26 @@ def _call_hidden(
     finally:
         ACTIVE.reset(token)
         _HIDDEN.reset(hidden)
+
+
+_SLOT_READERS: dict[type, bool] = {}
+
+
+def _reads_the_slot(variables: list[Any]) -> bool:
+    """Whether ``variable._raw_value`` is the slot ``RAW`` reads, for each of ``variables``
+    (a Variable subclass could shadow the name)."""
+    for kind in {type(variable) for variable in variables}:
+        exact = _SLOT_READERS.get(kind)
+        if exact is None:
+            exact = (
+                inspect.getattr_static(kind, "_raw_value", None) is RAW
+                and kind.__getattribute__ is object.__getattribute__
+            )
+            if len(_SLOT_READERS) < _CLEAN_LIMIT:
+                _SLOT_READERS[kind] = exact
+        if not exact:
+            return False
+    return True
 
 
 def _alive(key: Any) -> bool:

@@ -29,7 +29,7 @@ import sys
 import types
 import weakref
 from collections.abc import Callable, Iterator
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, NoReturn
 
 from jaxoverride import _frameworks, _stack
 from jaxoverride._compat import jit_name
@@ -405,6 +405,9 @@ class _Memo(NamedTuple):
     ids: tuple[int, ...]  # of the objects _direct_values read
     classes: tuple[type, ...]  # of the same objects
     found: tuple[tuple[str, int], ...]  # the captured ones: (name, position among them)
+    # Whether it read no defaults (closure cells and globals only): a call then recalls
+    # it inline, in ``checked_call``.
+    inline: bool = False
 
 
 def _recalled(fun: types.FunctionType, memo: _Memo) -> list[Any] | None:
@@ -475,6 +478,7 @@ class TransformCheck:
                     tuple(map(id, direct)),
                     tuple(map(type, direct)),
                     tuple(found),  # type: ignore[arg-type]
+                    not fun.__defaults__,
                 )
         return captured
 
@@ -491,7 +495,10 @@ class TransformCheck:
         A call under ``track`` whose function the memo serves (see the class) and that no
         Haiku or Linen scope encloses checks inline what ``run`` would: that each captured
         object is covered by the NNX adapter, after the call. Every other call goes
-        through ``run``.
+        through ``run``. A function of one closure cell whose object passed that check
+        under this stack is checked in fewer steps at the next call (``fast``): the same
+        target, code and object there (same identity and type), no defaults and no
+        Haiku or Linen scope, then the one covering predicate, after the call.
         """
         run = self.run
         check = self
@@ -499,41 +506,119 @@ class TransformCheck:
         root, current_get = _stack.ROOT, _stack._current_get
         handled_here = _frameworks.nnx_handled
         covers = _frameworks.covers
+        modules_get = sys.modules.get
+        builds_get = builds.get
+        # A function's cells are fixed for its life (``__closure__`` is read-only), and
+        # so is their count for any code it may be given: only their contents change.
+        plain_function = type(fun) is types.FunctionType
+        cells = fun.__closure__ if plain_function else None
+        one_cell = cells[0] if cells is not None and len(cells) == 1 else None
+        # After an inline check passed for a function of one cell that holds the one
+        # captured object: (snapshot, target, code, id and type of that object, the
+        # predicate covering it). A call that finds all the same checks only that the
+        # object is still covered. One tuple, replaced whole (threads).
+        fast: list[Any] = [_NO_FAST]
 
         def checked_call(*args: Any, **kwargs: Any) -> Any:
             snapshot = current_get().snapshot
             if _stack._guards:
                 snapshot = _stack.effective_snapshot()
+            target = builds_get(snapshot)
+            served = fast[0]
+            if (
+                served[0] is snapshot
+                and served[1] is target  # not dropped from ``builds`` since
+                and fun.__code__ is served[2]
+                and not fun.__defaults__
+                and not fun.__kwdefaults__
+                and "__wrapped__" not in fun.__dict__
+                and enabled
+            ):
+                try:
+                    value = one_cell.cell_contents  # type: ignore[union-attr]
+                except ValueError:  # an empty cell
+                    value = _EMPTY
+                if id(value) == served[3] and type(value) is served[4]:
+                    haiku = modules_get(_HAIKU_MODULE)
+                    linen = modules_get(_LINEN_MODULE)
+                    if (haiku is None or not haiku.inside_transform()) and (
+                        linen is None or linen._context.module_stack[-1] is None
+                    ):
+                        out = target(*args, **kwargs) if kwargs else target(*args)  # type: ignore[misc]
+                        if served[5](value):
+                            return out
+                        fast[0] = _NO_FAST
+                        return check._covered_or_refused(out, value, snapshot)
             if snapshot is root:
                 return run(plain, snapshot, args, kwargs)
-            target = builds.get(snapshot) or build(snapshot)
+            if target is None:
+                target = build(snapshot)
             memo = check._memo
             if (
-                enabled
-                and memo is not None
-                and memo.found
-                and handled_here.get(snapshot)
-                and (direct := _recalled(fun, memo)) is not None
-                and not _frameworks.scope_running()
+                memo is None
+                or not memo.inline
+                or not plain_function
+                or fun.__code__ is not memo.code
+                or fun.__defaults__
+                or fun.__kwdefaults__
+                or "__wrapped__" in fun.__dict__
+                or not enabled
+                or not memo.found
+                or not handled_here.get(snapshot)
             ):
-                # What ``run`` does here, without its look-ups: every jitted call under
-                # ``track`` comes this way.
-                out = target(*args, **kwargs)
-                predicates = covers.get("nnx")
-                if predicates:
-                    for _, at in memo.found:
-                        value = direct[at]
-                        for predicate in predicates:
-                            if predicate(value):
-                                break
-                        else:
-                            check._refuse([(name, direct[at]) for name, at in memo.found], snapshot)
-                return out
-            return run(target, snapshot, args, kwargs)
+                return run(target, snapshot, args, kwargs)
+            # What ``run`` does for a function whose captures the memo serves, under an
+            # NNX adapter and no Haiku or Linen scope, inline: every jitted call under
+            # ``track`` comes this way. Same code, so as many cells as then.
+            names = memo.names
+            try:
+                if one_cell is not None and not names:
+                    direct = [one_cell.cell_contents]
+                else:
+                    direct = [cell.cell_contents for cell in cells] if cells else []
+                    if names:
+                        get = fun.__globals__.get
+                        direct += [get(global_name, _EMPTY) for global_name in names]
+            except ValueError:  # an empty cell
+                return run(target, snapshot, args, kwargs)
+            ids, classes = memo.ids, memo.classes
+            for at, value in enumerate(direct):
+                if id(value) != ids[at] or type(value) is not classes[at]:
+                    return run(target, snapshot, args, kwargs)
+            haiku = modules_get(_HAIKU_MODULE)
+            if haiku is not None and haiku.inside_transform():
+                return run(target, snapshot, args, kwargs)
+            linen = modules_get(_LINEN_MODULE)
+            if linen is not None:  # as ``_frameworks.scope_running``, without its frame
+                top = linen._context.module_stack[-1]
+                if top is not None and getattr(top, "scope", None) is not None:
+                    return run(target, snapshot, args, kwargs)
+            out = target(*args, **kwargs) if kwargs else target(*args)
+            predicates = covers.get("nnx")
+            if predicates:
+                for _, at in memo.found:
+                    value = direct[at]
+                    for predicate in predicates:
+                        if predicate(value):
+                            break
+                    else:
+                        fast[0] = _NO_FAST
+                        check._refuse([(name, direct[i]) for name, i in memo.found], snapshot)
+                if one_cell is not None and not names and len(predicates) == 1:
+                    fast[0] = (snapshot, target, memo.code, ids[0], classes[0], predicates[0])
+            return out
 
         return checked_call
 
-    def _refuse(self, captured: Captured, snapshot: _stack.Snapshot) -> None:
+    def _covered_or_refused(self, out: Any, value: Any, snapshot: _stack.Snapshot) -> Any:
+        """``out`` where an NNX adapter covers ``value``, the one captured object, now."""
+        if not _covered(NNX, value):
+            memo = self._memo
+            name = memo.found[0][0] if memo is not None and memo.found else "the function"
+            self._refuse([(name, value)], snapshot)
+        return out
+
+    def _refuse(self, captured: Captured, snapshot: _stack.Snapshot) -> NoReturn:
         refusal = _nnx_refusal(self.name, captured, snapshot, None)
         assert refusal is not None
         raise MissingAdapterError(f"jaxoverride.{self.name} met {NNX.title}: {refusal}{_HATCH}")
@@ -562,6 +647,7 @@ class TransformCheck:
 
 
 _EMPTY = object()  # an empty closure cell or an absent global, in _direct_values
+_NO_FAST = (object(), None, None, -1, None, None)  # ``checked_call`` with nothing to serve
 _EMPTIES = itertools.repeat(_EMPTY)
 _CELL_CONTENTS = operator.attrgetter("cell_contents")
 
