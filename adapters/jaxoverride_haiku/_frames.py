@@ -17,7 +17,6 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any
 
-import jax
 from haiku._src import base, stateful
 
 from jaxoverride.adapter_kit import get_opaque_trace_state, is_applying
@@ -235,12 +234,3 @@ def check_same_state(where: str, before: InternalState, after: InternalState) ->
             "jaxoverride_haiku creates state before tracing; at apply, pass the state that "
             "init returned (hk.transform_with_state), or create the state before the loop."
         )
-
-
-def leaf_ids(frame: base.Frame) -> tuple[frozenset[int], ...]:
-    """Identities of every state value and rng key of a frame, to detect changes."""
-    collection: Any = frame.state
-    state = frozenset(id(pair) for bundle in collection.values() for pair in bundle.values())
-    rng = frame.rng_stack.peek()
-    keys = frozenset() if rng is None else frozenset(map(id, jax.tree.leaves(rng.internal_state)))
-    return state, keys

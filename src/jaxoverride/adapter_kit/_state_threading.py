@@ -26,7 +26,17 @@ What a framework must provide is a small *state source* (``StateSource``):
   raised;
 * optionally ``retrace()``: True when a traced function met state that ``read()`` did not
   include (Linen's ``sow`` in a loop body). The combinator then discards that JAX call,
-  before writing anything, and runs it again with ``read()`` including the new state.
+  before writing anything, and runs it again with ``read()`` including the new state;
+* optionally ``reuse_key()``: reuse the functions handed to JAX across calls with an
+  equal key, so that an identical eager call compiles once (``_handed``);
+* optionally ``init_call(call, two_pass)``: at init, in place of the creation pass, the
+  source's own way to make parameters (Haiku creates them at the call site, inside the
+  one trace of ``call()``); ``two_pass()`` is the creation pass then ``call()``, for the
+  source to fall back on;
+* optionally ``abort_changed_predicate = True``: a ``while_loop`` whose ``cond_fun``
+  changes the state abandons the first JAX call while JAX traces ``cond_fun`` (before
+  the body is traced or compiled), and reusable wrappers remember to go straight to the
+  form that carries the predicate.
 
 Stability: semi-public, for adapters in this repository and their authors. The protocol
 and the combinators' signatures change only with a note in the changelog.
@@ -54,6 +64,7 @@ from typing import Any, Protocol, runtime_checkable
 import jax
 import jax.numpy as jnp
 
+from jaxoverride.adapter_kit._handed import handed_call
 from jaxoverride.adapter_kit._operands import NO_OPERAND as _NO_OPERAND, distinct_functions
 from jaxoverride.adapter_kit._phase import applying, is_applying
 
@@ -202,6 +213,13 @@ def init_safe(source: StateSource, creation: Callable[[], Any], call: Callable[[
     """
     if is_applying() or not source.initializing():
         return _retrying(call)
+    init_call = getattr(source, "init_call", None)
+    if init_call is not None:
+        return init_call(lambda: _retrying(call), lambda: _two_passes(source, creation, call))
+    return _two_passes(source, creation, call)
+
+
+def _two_passes(source: StateSource, creation: Callable[[], Any], call: Callable[[], Any]) -> Any:
     source.create(creation)
     try:
         with applying():
@@ -280,19 +298,26 @@ def threaded_scan(
       ([0.0, 2.0, 4.0], 3.0)
     """
 
-    def call() -> Any:
-        thread = Threaded(source, 1, "jaxoverride.lax.scan")
-
-        @_wraps(f)
-        def body(carry: Any, x: Any) -> Any:
+    def runs(thread: Threaded) -> list[tuple[int, Any]]:
+        def body(fns: Any, carry: Any, x: Any) -> Any:
             value, state = carry
-            (value, y), state = thread.run(0, state, f, value, x)
+            (value, y), state = thread.run(0, state, fns[0], value, x)
             return (value, state), y
 
+        return [(0, body)]
+
+    def call() -> Any:
+        handed = handed_call(source, "jaxoverride.lax.scan", (f,), 1, runs, Threaded)
         (value, state), ys = lower(
-            body, (init, source.read()), xs, length, reverse, unroll, _split_transpose
+            handed.functions[0],
+            (init, source.read()),
+            xs,
+            length,
+            reverse,
+            unroll,
+            _split_transpose,
         )
-        thread.finish(state)
+        handed.thread.finish(state)
         return value, ys
 
     return init_safe(source, lambda: f(_as_operands(init), _first_slice(xs, reverse)), call)
@@ -334,17 +359,18 @@ def threaded_while_loop(
     """
 
     where = "jaxoverride.lax.while_loop"
+    functions = (cond_fun, body_fun)
+    abort = getattr(source, "abort_changed_predicate", False)
+    cond_changed_state: list[bool] = []
 
-    def call() -> Any:
-        thread = Threaded(source, 2, where)
-        cond_changed_state: list[bool] = []
-
-        @_wraps(cond_fun)
-        def cond(carry: Any) -> Any:
+    def read_only_runs(thread: Threaded) -> list[tuple[int, Any]]:
+        def cond(fns: Any, carry: Any) -> Any:
             value, state = carry
-            pred, after = thread.run(0, state, cond_fun, value)
+            pred, after = thread.run(0, state, fns[0], value)
             pairs = zip(jax.tree.leaves(after), jax.tree.leaves(state), strict=True)
             if any(a is not b for a, b in pairs):
+                if abort:
+                    raise _PredicateChangedStateError
                 # Finish this trace (aborting one that closes over outer tracers leaks
                 # it), then run the loop again with the predicate inside the body.
                 # A false predicate: this discarded loop must not run (eagerly, it would
@@ -353,35 +379,43 @@ def threaded_while_loop(
                 return jnp.zeros(jnp.shape(pred), bool)
             return pred
 
-        @_wraps(body_fun)
-        def body(carry: Any) -> Any:
+        def body(fns: Any, carry: Any) -> Any:
             value, state = carry
-            return thread.run(1, state, body_fun, value)
+            return thread.run(1, state, fns[1], value)
 
-        value, state = lower(cond, body, (init_val, source.read()))
-        if cond_changed_state:
-            return stateful_cond_call()
-        thread.finish(state)
-        return value
+        return [(0, cond), (1, body)]
+
+    def call() -> Any:
+        cond_changed_state.clear()
+        handed = handed_call(source, where, functions, 2, read_only_runs, Threaded)
+        if handed.variant is None:
+            try:
+                value, state = lower(*handed.functions, (init_val, source.read()))
+            except _PredicateChangedStateError:
+                handed.variant = "stateful"  # reused: the next call goes straight there
+            else:
+                if not cond_changed_state:
+                    handed.thread.finish(state)
+                    return value
+        return stateful_cond_call()
+
+    def stateful_runs(thread: Threaded) -> list[tuple[int, Any]]:
+        def body(fns: Any, carry: Any) -> Any:
+            value, state, _ = carry
+            (value, pred), after = thread.run(0, state, _body_then_cond, fns, value)
+            return value, after, pred
+
+        return [(1, body)]
 
     def stateful_cond_call() -> Any:
         # JAX's cond_fun cannot return state, so evaluate the predicate at the end of
         # each body instead, carrying it: cond, body, cond, body, ... as Python would.
         first = jnp.asarray(cond_fun(init_val), dtype=bool)
-        thread = Threaded(source, 1, where)
-
-        def step(value: Any) -> Any:
-            value = body_fun(value)
-            return value, jnp.asarray(cond_fun(value), dtype=bool)
-
-        @_wraps(body_fun)
-        def body(carry: Any) -> Any:
-            value, state, _ = carry
-            (value, pred), after = thread.run(0, state, step, value)
-            return value, after, pred
-
-        value, state, _ = lower(lambda carry: carry[2], body, (init_val, source.read(), first))
-        thread.finish(state)
+        handed = handed_call(source, where, functions, 1, stateful_runs, Threaded)
+        value, state, _ = lower(
+            _carried_predicate, handed.functions[0], (init_val, source.read(), first)
+        )
+        handed.thread.finish(state)
         return value
 
     def creation() -> Any:
@@ -389,6 +423,20 @@ def threaded_while_loop(
         return cond_fun(value), body_fun(value)
 
     return init_safe(source, creation, call)
+
+
+class _PredicateChangedStateError(Exception):
+    """Raised while JAX traces a ``cond_fun`` that changed the state (see
+    ``abort_changed_predicate``)."""
+
+
+def _body_then_cond(fns: Any, value: Any) -> tuple[Any, Any]:
+    value = fns[1](value)
+    return value, jnp.asarray(fns[0](value), dtype=bool)
+
+
+def _carried_predicate(carry: Any) -> Any:
+    return carry[2]
 
 
 def threaded_fori_loop(
@@ -424,18 +472,24 @@ def threaded_fori_loop(
       6
     """
 
-    def call() -> Any:
-        thread = Threaded(source, 1, "jaxoverride.lax.fori_loop")
-
-        @_wraps(body_fun)
-        def body(i: Any, carry: Any) -> Any:
+    def runs(thread: Threaded) -> list[tuple[int, Any]]:
+        def body(fns: Any, i: Any, carry: Any) -> Any:
             value, state = carry
-            return thread.run(0, state, body_fun, i, value)
+            return thread.run(0, state, fns[0], i, value)
 
+        return [(0, body)]
+
+    def call() -> Any:
+        where = "jaxoverride.lax.fori_loop"
+        handed = handed_call(source, where, (body_fun,), 1, runs, Threaded)
         value, state = lower(
-            lower_bound, upper_bound, body, (init_val, source.read()), unroll=unroll
+            lower_bound,
+            upper_bound,
+            handed.functions[0],
+            (init_val, source.read()),
+            unroll=unroll,
         )
-        thread.finish(state)
+        handed.thread.finish(state)
         return value
 
     creation = lambda: body_fun(_as_operands(lower_bound), _as_operands(init_val))
@@ -453,26 +507,31 @@ def _threaded_branches(
     if operand is not _NO_OPERAND:
         operands = (operand,)
 
-    def run() -> Any:
-        # One wrapper per distinct branch object: JAX traces a repeated branch once.
-        distinct = distinct_functions(branches)
-        thread = Threaded(source, len(distinct), where)
+    # One wrapper per distinct branch object: JAX traces a repeated branch once.
+    distinct = distinct_functions(branches)
 
-        def wrap(index: int, fun: Callable[..., Any]) -> Callable[..., Any]:
-            @_wraps(fun)
-            def branch(packed: Any) -> Any:
+    def runs(thread: Threaded) -> list[tuple[int, Any]]:
+        def wrap(index: int) -> Any:
+            def branch(fns: Any, packed: Any) -> Any:
                 state, args = packed
-                return thread.run(index, state, fun, *args)
+                return thread.run(index, state, fns[index], *args)
 
             return branch
 
-        by_id = {id(fun): wrap(i, fun) for i, fun in enumerate(distinct)}
+        return [(index, wrap(index)) for index in range(len(distinct))]
+
+    def run() -> Any:
+        handed = handed_call(source, where, distinct, len(distinct), runs, Threaded)
+        by_id = dict(zip(map(id, distinct), handed.functions, strict=True))
         out, state = call([by_id[id(fun)] for fun in branches], (source.read(), operands))
-        thread.finish(state)
+        handed.thread.finish(state)
         return out
 
-    arguments = _as_operands(operands)
-    return init_safe(source, lambda: [b(*arguments) for b in distinct_functions(branches)], run)
+    def creation() -> Any:
+        arguments = _as_operands(operands)
+        return [branch(*arguments) for branch in distinct]
+
+    return init_safe(source, creation, run)
 
 
 def threaded_cond(

@@ -1,0 +1,183 @@
+"""Haiku's frame as a kit ``StateSource``: the control flow's state, threaded by the kit.
+
+The kit's combinators (``jaxoverride.adapter_kit.threaded_scan`` & co.) carry what
+``read()`` returns: the frame's state and rng, as ``hk.scan`` & co. carry them, and the
+params too where the functions handed to JAX are reused across calls (a closed-over
+value would be baked into JAX's cached trace). Params are read-only in a loop: what comes
+out of the carry is not written back.
+
+Haiku's own needs are the kit's optional hooks:
+
+* ``reuse_key()``: the situation (init or apply, module-naming state, custom creators,
+  getters, setters, interceptors) under which reused wrappers read the frame, so that an
+  identical eager call hits JAX's caches and compiles once; none at init inside a site;
+* ``init_call``: at init, parameters made at the call's site inside the one trace
+  (``_site.init_once``), not by a creation pass, which remains the fallback;
+* ``abort_changed_predicate``: a ``cond_fun`` that sets state or draws rng keys is
+  detected while JAX traces it, and the loop carries the predicate instead.
+
+Module naming: a traced function names modules in its own frame (a decoupled copy of the
+caller's counters), so ``leave`` copies where it ended back into the caller's frame for
+the kit to record. The names also record which submodules each trace registered with the
+modules on the stack, which ``restore_names`` registers again: on a cache hit nothing is
+traced, yet ``params_dict()`` must list them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+from collections.abc import Callable, Hashable
+from typing import Any, NamedTuple
+
+from haiku._src import base
+
+from jaxoverride_haiku._creation import create
+from jaxoverride_haiku._frames import (
+    InternalState,
+    Names,
+    check_same_state,
+    current_frame,
+    initializing,
+    loop_state,
+    naming_signature,
+    new_parameters_error,
+    state_names,
+    submodule_sets,
+)
+from jaxoverride_haiku._jit import customisations
+from jaxoverride_haiku._rng import temporary_state, update_state
+from jaxoverride_haiku._site import creating_site, current_site, init_once
+
+Added = tuple[frozenset[str], ...]
+"""Per level of the module stack, the submodule names that traces registered there."""
+
+
+class Naming(NamedTuple):
+    """What ``HaikuSource.names()`` records: the frame's naming state and the submodules
+    registered by the traces so far."""
+
+    names: Names
+    added: Added
+
+
+def _union(a: Added, b: Added) -> Added:
+    longer, shorter = (a, b) if len(a) >= len(b) else (b, a)
+    return tuple(n | shorter[i] if i < len(shorter) else n for i, n in enumerate(longer))
+
+
+def _check(where: str, before: InternalState, after: InternalState) -> InternalState:
+    """``after``, checked to hold the state entries of ``before``.
+
+    At init, state created inside the body is left out instead (the carry keeps its
+    structure, and the trace completes: an aborted one would keep tracers alive), and
+    the site records it, so that the outermost call starts again with a creation pass.
+    """
+    site = current_site()
+    if site is not None and state_names(after.state) - state_names(before.state):
+        site.state_created = True
+        kept = copy.copy(after.state)  # the mapping types of the carry, kept
+        for module in list(kept):
+            if module not in before.state:
+                del kept[module]
+                continue
+            bundle = kept[module] = copy.copy(kept[module])
+            for name in list(bundle):
+                if name not in before.state[module]:
+                    del bundle[name]
+        return after._replace(state=kept)
+    check_same_state(where, before, after)
+    return after
+
+
+class _Entered(NamedTuple):
+    exits: contextlib.ExitStack
+    outer: base.Frame
+    inner: base.Frame
+    state: InternalState
+    params_before: Any
+    submodules: list[set[str] | None]
+
+
+class HaikuSource:
+    """The kit's ``StateSource`` over the current Haiku frame, for one neutral call.
+
+    Args:
+      where: the neutral name, for error messages.
+    """
+
+    abort_changed_predicate = True
+    __slots__ = ("_added", "_restored", "where")
+
+    def __init__(self, where: str):
+        self.where = where
+        self._restored: Naming | None = None  # the naming the last traced function began from
+        self._added: Added = ()  # what the traced function that just left registered
+
+    @staticmethod
+    def _carry_params() -> bool:
+        # Inside a site (init) functions are traced once and params are closed over, as
+        # Haiku's own loops do; elsewhere they are reused, and params ride in the carry.
+        return not creating_site()
+
+    def read(self) -> InternalState:
+        return loop_state(self._carry_params())
+
+    def enter(self, state: InternalState) -> _Entered:
+        outer = current_frame()
+        exits = contextlib.ExitStack()
+        exits.enter_context(temporary_state(state))
+        exits.enter_context(base.push_jax_trace_level())
+        inner = current_frame()
+        params_before = base.param_names() if self._carry_params() else None
+        submodules = [None if s is None else set(s) for s in submodule_sets(inner)]
+        return _Entered(exits, outer, inner, state, params_before, submodules)
+
+    def leave(self, token: _Entered) -> InternalState:
+        with token.exits:
+            after = loop_state(self._carry_params())
+            if token.params_before is not None:
+                created = base.param_names() - token.params_before
+                if created:
+                    raise new_parameters_error(self.where, created)
+            Names.capture(token.inner).restore_into(token.outer)
+            self._added = tuple(
+                frozenset() if old is None or new is None else frozenset(new - old)
+                for old, new in zip(token.submodules, submodule_sets(token.inner), strict=False)
+            )
+        return _check(self.where, token.state, after)
+
+    def abandon(self, token: _Entered) -> None:
+        token.exits.close()
+
+    def write(self, state: InternalState) -> None:
+        update_state(state._replace(params=None))
+
+    def names(self) -> Naming:
+        earlier = () if self._restored is None else self._restored.added
+        added, self._added = self._added, ()
+        return Naming(Names.capture(current_frame()), _union(earlier, added))
+
+    def restore_names(self, naming: Naming) -> None:
+        frame = current_frame()
+        naming.names.restore_into(frame)
+        stack = frame.module_stack._storage
+        for level, names in enumerate(naming.added):
+            if names and level < len(stack):
+                getattr(stack[level].module, "_submodules", set()).update(names)
+        self._restored = naming
+
+    def initializing(self) -> bool:
+        return initializing()
+
+    def create(self, thunk: Callable[[], Any]) -> None:
+        create(thunk)
+
+    def init_call(self, call: Callable[[], Any], two_pass: Callable[[], Any]) -> Any:
+        return init_once(call, two_pass)
+
+    def reuse_key(self) -> Hashable:
+        if creating_site():  # init: traced once, parameters made at the site
+            return None
+        frame = current_frame()
+        return (frame.freeze_params, naming_signature(frame), customisations())
