@@ -452,13 +452,17 @@ def _recover(
 Direct = tuple[Callable[[], object], object, Callable[..., Any]]
 
 
+def _unreachable(*args: Any, **kwargs: Any) -> Any:
+    raise AssertionError("a DAG hot path without a direct stack has no fallback")
+
+
 def _hot_path(state: DagJit, direct_to: Direct | None = None) -> Callable[..., Any]:
     call_slow = state.call_slow
     dynamic_types = DYNAMIC_TYPES
     getrefcount = sys.getrefcount
     is_ = operator.is_
     packed = Packed
-    current, stack, fallback = direct_to or (None, None, None)
+    current, stack, fallback = direct_to or (None, None, _unreachable)
 
     def jitted(*args: Any, **kwargs: Any) -> Any:
         if current is not None and current() is not stack:
@@ -530,7 +534,7 @@ def _hot_path(state: DagJit, direct_to: Direct | None = None) -> Callable[..., A
 def _hot_path_static(state: DagJit, direct_to: Direct | None = None) -> Callable[..., Any]:
     call_slow = state.call_slow
     split = state.static.split
-    current, stack, fallback = direct_to or (None, None, None)
+    current, stack, fallback = direct_to or (None, None, _unreachable)
 
     def jitted(*args: Any, **kwargs: Any) -> Any:
         if current is not None and current() is not stack:

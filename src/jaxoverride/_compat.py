@@ -31,6 +31,7 @@ than from JAX, so a JAX release that moves one is handled by this file alone:
 from __future__ import annotations
 
 import functools
+import importlib
 import os
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -53,7 +54,9 @@ def _from_extend_core(name: str, alias: str) -> Callable[..., Any]:
         import jax.extend.core
 
         # JAX < 0.9: the same functions, only under jax.core.
-        function = getattr(jax.extend.core, name, None) or getattr(jax.core, name)
+        function = getattr(jax.extend.core, name, None)
+        if function is None:
+            function = getattr(importlib.import_module("jax.core"), name)
         globals()[alias] = function
         return function(*args, **kwargs)
 

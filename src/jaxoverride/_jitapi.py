@@ -146,7 +146,7 @@ def jit_api(
 
     clear_cache.__doc__ = "Clears the compiled code of every ``jax.jit`` this function runs."
     cache_size.__doc__ = "The number of compiled entries, summed over those ``jax.jit``s."
-    attributes = {name: _staging(stage, name, fun) for name in STAGES}
+    attributes: dict[str, Any] = {name: _staging(stage, name, fun) for name in STAGES}
     attributes.update(clear_cache=clear_cache, _cache_size=cache_size, __wrapped__=fun)
     if direct is not None:
         try:
