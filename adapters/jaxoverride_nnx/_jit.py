@@ -129,6 +129,7 @@ class NnxJit:
             tracked = active_get()
             served = hot[0]
             if served[0] is tracked and served[1] == _scope._epoch and not kwargs:
+                assert tracked is not None  # _COLD's first item is no tracked set
                 for arg in args:
                     if type(arg) not in plain_types:
                         break
