@@ -27,6 +27,7 @@ import jax
 from jax.core import Tracer, eval_jaxpr
 
 import jaxoverride as jo
+from jaxoverride import adapter_kit as kit
 from jaxoverride.adapter_kit import (
     NO_OPERAND as _NO_OPERAND,
     WrapperCache,
@@ -80,6 +81,12 @@ class _Lifted:
 
     def __call__(self, *args: Any) -> Any:
         return self.body(self, [ref() for ref in self.refs], *args)
+
+    def step(
+        self, tracked: Tracked, state: dict[int, Any], constants: dict[int, Any], *args: Any
+    ) -> Any:
+        """The kit's step (``_Source.run_scoped``): ``(out, new state)`` of one trace."""
+        return self.body(self, [ref() for ref in self.refs], tracked, state, constants, *args)
 
     def run(
         self,
@@ -252,17 +259,80 @@ def _pair(out: Any, where: str) -> tuple[Any, Any]:
 _SCAN = "jaxoverride.lax.scan"
 
 
-def _scan_body(self: _Lifted, fns: list[Any], carry: Any, x: Any) -> Any:
+class _Source:
+    """The kit's ``StateSource`` for one control-flow call: the tracked values given.
+
+    ``read()`` is the given Variables' values and array attributes; each traced step
+    installs them (``run_scoped``: ``run_lifted`` is a scope); ``write`` stores what some
+    trace of ``wrappers`` wrote. Bodies are cached per ``_Lifted`` (``body_key``), so
+    what a trace found lives on the ``_Lifted``, not here. NNX has no creation pass and
+    no naming state.
+    """
+
+    __slots__ = ("constants", "state", "tracked", "where", "wrappers")
+
+    def __init__(
+        self,
+        tracked: Tracked,
+        state: dict[int, Any],
+        constants: dict[int, Any],
+        wrappers: Sequence[_Lifted],
+        where: str,
+    ):
+        self.tracked = tracked
+        self.state = state
+        self.constants = constants
+        self.wrappers = wrappers
+        self.where = where
+
+    def read(self) -> Any:
+        return self.state, self.constants
+
+    def run_scoped(self, state: Any, fun: _Lifted, *args: Any) -> tuple[Any, Any]:
+        values, constants = state
+        out, after = fun.step(self.tracked, values, constants, *args)
+        return out, (after, constants)
+
+    def enter(self, state: Any) -> Any:  # pragma: no cover - run_scoped is used
+        raise NotImplementedError("jaxoverride_nnx threads state through run_scoped")
+
+    leave = abandon = enter
+
+    def write(self, state: Any) -> None:
+        _store(self.tracked, self.wrappers, state[0], self.where)
+
+    def names(self) -> None:
+        return None
+
+    def restore_names(self, names: Any) -> None:
+        pass
+
+    def initializing(self) -> bool:
+        return False
+
+    def create(self, thunk: Callable[[], Any]) -> None:  # pragma: no cover - never initializing
+        thunk()
+
+    def body_key(self) -> str:
+        return "jaxoverride_nnx"
+
+
+def _scan_step(
+    self: _Lifted,
+    fns: list[Any],
+    tracked: Tracked,
+    state: dict[int, Any],
+    constants: dict[int, Any],
+    user_carry: Any,
+    x: Any,
+) -> Any:
     (f,) = fns
-    tracked = _RUNNING.get()
-    user_carry, state, constants = carry
     out, after = self.run(tracked, state, constants, f, (from_refs(user_carry, tracked), x), _SCAN)
     out = to_refs(out, tracked)[0]
     if isinstance(out, (tuple, list)) and len(out) == 2:
         check_same_refs(user_carry, out[0], "carry", _SCAN)
     check_scan_output(f, _initial_or(user_carry), out)
-    new_carry, y = _pair(out, _SCAN)
-    return (new_carry, after, constants), y
+    return _pair(out, _SCAN), after
 
 
 def scan(*args: Any, **kwargs: Any) -> tuple[Any, Any]:
@@ -275,17 +345,18 @@ def scan(*args: Any, **kwargs: Any) -> tuple[Any, Any]:
         return call_plain(
             below, (f, init, xs, length, reverse, unroll, _split_transpose), {}, _SCAN
         )
-    body = _lifted((f,), ("scan", tracked.key), _scan_body)
+    body = _lifted((f,), ("scan", tracked.key), _scan_step)
     start = to_refs(init, tracked)[0]
     options = (length, reverse, unroll, _split_transpose)
-    (final, state, _), ys = _threaded(
+    final, ys = _threaded(
         tracked,
         [body],
-        lambda state, constants: below(body, (start, state, constants), xs, *options),
+        lambda state, constants: kit.threaded_scan(
+            _Source(tracked, state, constants, [body], _SCAN), below, body, start, xs, *options
+        ),
         init,
         start,
     )
-    _store(tracked, [body], state, _SCAN)
     return from_refs(final, tracked), from_refs(ys, tracked)
 
 
@@ -399,17 +470,23 @@ def _first_test(
 _FORI = "jaxoverride.lax.fori_loop"
 
 
-def _fori_body(self: _Lifted, fns: list[Any], i: Any, carry: Any) -> Any:
+def _fori_step(
+    self: _Lifted,
+    fns: list[Any],
+    tracked: Tracked,
+    state: dict[int, Any],
+    constants: dict[int, Any],
+    i: Any,
+    value: Any,
+) -> Any:
     (body_fun,) = fns
-    tracked = _RUNNING.get()
-    value, state, constants = carry
     new_value, after = self.run(
         tracked, state, constants, body_fun, (i, from_refs(value, tracked)), _FORI
     )
     new_value = to_refs(new_value, tracked)[0]
     check_same_refs(value, new_value, "carry", _FORI)
     check_loop_carry(body_fun, _initial_or(value), new_value, None)
-    return new_value, after, constants
+    return new_value, after
 
 
 def fori_loop(*args: Any, **kwargs: Any) -> Any:
@@ -420,17 +497,23 @@ def fori_loop(*args: Any, **kwargs: Any) -> Any:
     tracked = with_arguments(current(), init_val)
     if tracked is None or not callable(body_fun):
         return call_plain(below, (lower, upper, body_fun, init_val), {"unroll": unroll}, _FORI)
-    body = _lifted((body_fun,), ("fori", tracked.key), _fori_body)
+    body = _lifted((body_fun,), ("fori", tracked.key), _fori_step)
     start = to_refs(init_val, tracked)[0]
-    options = {"unroll": unroll}
-    final, state, _ = _threaded(
+    final = _threaded(
         tracked,
         [body],
-        lambda state, constants: below(lower, upper, body, (start, state, constants), **options),
+        lambda state, constants: kit.threaded_fori_loop(
+            _Source(tracked, state, constants, [body], _FORI),
+            below,
+            lower,
+            upper,
+            body,
+            start,
+            unroll=unroll,
+        ),
         init_val,
         start,
     )
-    _store(tracked, [body], state, _FORI)
     return from_refs(final, tracked)
 
 

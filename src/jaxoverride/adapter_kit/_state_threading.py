@@ -26,7 +26,13 @@ What a framework must provide is a small *state source* (``StateSource``):
   raised;
 * optionally ``retrace()``: True when a traced function met state that ``read()`` did not
   include (Linen's ``sow`` in a loop body). The combinator then discards that JAX call,
-  before writing anything, and runs it again with ``read()`` including the new state.
+  before writing anything, and runs it again with ``read()`` including the new state;
+* optionally ``run_scoped(state, fun, *args)``: ``enter``, ``fun(*args)`` and ``leave`` in
+  one call, returning ``(out, state_after)``, for a framework that installs its state
+  as a scope around the call (NNX's Variables); used in place of the three when present;
+* optionally ``body_key()``: a hashable, to have ``scan`` and ``fori_loop`` hand JAX one
+  cached body per user function (so JAX's trace cache works as for the raw loop), or
+  None for a body per call (``_threaded_bodies``).
 
 Stability: semi-public, for adapters in this repository and their authors. The protocol
 and the combinators' signatures change only with a note in the changelog.
@@ -56,6 +62,7 @@ import jax.numpy as jnp
 
 from jaxoverride.adapter_kit._operands import NO_OPERAND as _NO_OPERAND, distinct_functions
 from jaxoverride.adapter_kit._phase import applying, is_applying
+from jaxoverride.adapter_kit._threaded_bodies import body_key, running, threaded_body
 
 
 @runtime_checkable
@@ -143,18 +150,26 @@ class Threaded:
         """Calls ``fun(*args)`` with ``state`` installed; returns ``(out, state_after)``."""
         source = self.source
         source.restore_names(self._start(index))
-        token = source.enter(state)
-        try:
-            out = fun(*args)
-        except BaseException:
-            source.abandon(token)
-            source.restore_names(self._starts[0])
-            raise
-        try:
-            after = source.leave(token)
-        except BaseException:
-            source.restore_names(self._starts[0])
-            raise
+        scoped = getattr(source, "run_scoped", None)
+        if scoped is not None:
+            try:
+                out, after = scoped(state, fun, *args)
+            except BaseException:
+                source.restore_names(self._starts[0])
+                raise
+        else:
+            token = source.enter(state)
+            try:
+                out = fun(*args)
+            except BaseException:
+                source.abandon(token)
+                source.restore_names(self._starts[0])
+                raise
+            try:
+                after = source.leave(token)
+            except BaseException:
+                source.restore_names(self._starts[0])
+                raise
         self._ends[index] = source.names()
         source.restore_names(self._starts[0])
         before_tree = jax.tree.structure(state)
@@ -280,18 +295,21 @@ def threaded_scan(
       ([0.0, 2.0, 4.0], 3.0)
     """
 
-    def call() -> Any:
-        thread = Threaded(source, 1, "jaxoverride.lax.scan")
-
-        @_wraps(f)
+    def make(fun: Callable[[], Any], thread: Callable[[], Threaded]) -> Callable[..., Any]:
         def body(carry: Any, x: Any) -> Any:
             value, state = carry
-            (value, y), state = thread.run(0, state, f, value, x)
+            (value, y), state = thread().run(0, state, fun(), value, x)
             return (value, state), y
 
-        (value, state), ys = lower(
-            body, (init, source.read()), xs, length, reverse, unroll, _split_transpose
-        )
+        return body
+
+    def call() -> Any:
+        thread = Threaded(source, 1, "jaxoverride.lax.scan")
+        body = threaded_body(body_key(source), thread, "scan", f, make, _wraps)
+        with running(thread):
+            (value, state), ys = lower(
+                body, (init, source.read()), xs, length, reverse, unroll, _split_transpose
+            )
         thread.finish(state)
         return value, ys
 
@@ -424,17 +442,20 @@ def threaded_fori_loop(
       6
     """
 
-    def call() -> Any:
-        thread = Threaded(source, 1, "jaxoverride.lax.fori_loop")
-
-        @_wraps(body_fun)
+    def make(fun: Callable[[], Any], thread: Callable[[], Threaded]) -> Callable[..., Any]:
         def body(i: Any, carry: Any) -> Any:
             value, state = carry
-            return thread.run(0, state, body_fun, i, value)
+            return thread().run(0, state, fun(), i, value)
 
-        value, state = lower(
-            lower_bound, upper_bound, body, (init_val, source.read()), unroll=unroll
-        )
+        return body
+
+    def call() -> Any:
+        thread = Threaded(source, 1, "jaxoverride.lax.fori_loop")
+        body = threaded_body(body_key(source), thread, "fori_loop", body_fun, make, _wraps)
+        with running(thread):
+            value, state = lower(
+                lower_bound, upper_bound, body, (init_val, source.read()), unroll=unroll
+            )
         thread.finish(state)
         return value
 
