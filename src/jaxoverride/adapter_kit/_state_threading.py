@@ -30,9 +30,9 @@ What a framework must provide is a small *state source* (``StateSource``):
 * optionally ``run_scoped(state, fun, *args)``: ``enter``, ``fun(*args)`` and ``leave`` in
   one call, returning ``(out, state_after)``, for a framework that installs its state
   as a scope around the call (NNX's Variables); used in place of the three when present;
-* optionally ``body_key()``: a hashable, to have ``scan`` and ``fori_loop`` hand JAX one
-  cached body per user function (so JAX's trace cache works as for the raw loop), or
-  None for a body per call (``_threaded_bodies``).
+* optionally ``body_key()``: a hashable, to have ``scan``, ``fori_loop``, ``cond`` and
+  ``switch`` hand JAX one cached body (or branch) per user function, so that JAX's trace
+  cache works as for the raw call; or None for a body per call (``_threaded_bodies``).
 
 Stability: semi-public, for adapters in this repository and their authors. The protocol
 and the combinators' signatures change only with a note in the changelog.
@@ -474,26 +474,37 @@ def _threaded_branches(
     if operand is not _NO_OPERAND:
         operands = (operand,)
 
+    key = body_key(source)
+
     def run() -> Any:
         # One wrapper per distinct branch object: JAX traces a repeated branch once.
         distinct = distinct_functions(branches)
         thread = Threaded(source, len(distinct), where)
 
         def wrap(index: int, fun: Callable[..., Any]) -> Callable[..., Any]:
-            @_wraps(fun)
-            def branch(packed: Any) -> Any:
-                state, args = packed
-                return thread.run(index, state, fun, *args)
+            def make(fun: Callable[[], Any], thread: Callable[[], Threaded]) -> Callable[..., Any]:
+                def branch(packed: Any) -> Any:
+                    state, args = packed
+                    return thread().run(index, state, fun(), *args)
 
-            return branch
+                return branch
+
+            return threaded_body(key, thread, f"branch {index}", fun, make, _wraps)
 
         by_id = {id(fun): wrap(i, fun) for i, fun in enumerate(distinct)}
-        out, state = call([by_id[id(fun)] for fun in branches], (source.read(), operands))
+        with running(thread):
+            out, state = call([by_id[id(fun)] for fun in branches], (source.read(), operands))
         thread.finish(state)
         return out
 
-    arguments = _as_operands(operands)
-    return init_safe(source, lambda: [b(*arguments) for b in distinct_functions(branches)], run)
+    # A source with cached bodies converts the operands only for a creation pass.
+    arguments = _as_operands(operands) if key is None else None
+
+    def creation() -> Any:
+        args = _as_operands(operands) if arguments is None else arguments
+        return [b(*args) for b in distinct_functions(branches)]
+
+    return init_safe(source, creation, run)
 
 
 def threaded_cond(
