@@ -7,10 +7,17 @@ Python loop. After the call only the Variables that the body or a branch actuall
 (seen when it was traced) are stored back. Array attributes of modules are read-only
 and ride along unchanged.
 
+``scan``, ``fori_loop``, ``cond``, ``switch`` and the stateful ``map`` are the kit's
+threaded combinators over ``_Source``, a ``StateSource`` of the tracked values given to
+the call (``_threads``: only those of the modules it touches); ``while_loop`` and the
+stateless paths (JAX's own structure when nothing is touched) are written here.
+
 The functions handed to JAX are cached per (user function, tracked set) and close over
-nothing that changes between calls: they find the tracked set of the running call in a
-contextvar. So JAX's own trace cache works as it does for raw ``jax.lax.scan``, and a
-loop called eagerly again with the same body is neither traced nor compiled again.
+nothing that changes between calls: here they find the running call in a contextvar, and
+in the kit's combinators the kit reuses its wrappers of them (``reuse_key``, inherited
+from ``ScopedStateSource``). So JAX's own trace cache works as it does for raw
+``jax.lax.scan``, and a loop called eagerly again with the same body is neither traced
+nor compiled again.
 
 ``while_loop`` evaluates ``cond_fun`` once before the loop and then at the end of each
 body step (the predicate rides in the carry), so a ``cond_fun`` that updates state does
@@ -27,6 +34,7 @@ import jax
 from jax.core import Tracer, eval_jaxpr
 
 import jaxoverride as jo
+from jaxoverride import adapter_kit as kit
 from jaxoverride.adapter_kit import (
     NO_OPERAND as _NO_OPERAND,
     WrapperCache,
@@ -55,6 +63,11 @@ from jaxoverride_nnx._transforms import run_closure, run_mapped
 
 T = TypeVar("T")
 
+# Tracked values by index: those given to a call, or a trace's values of them.
+_Values = dict[int, Any]
+# What a traced step runs with: the tracked set, its Variables' and array attributes' values.
+_Given = tuple[Tracked, _Values, _Values]
+
 # The tracked set of the control-flow call whose functions JAX is tracing right now.
 _RUNNING: contextvars.ContextVar[Tracked] = contextvars.ContextVar("jaxoverride_nnx_running")
 
@@ -80,6 +93,10 @@ class _Lifted:
 
     def __call__(self, *args: Any) -> Any:
         return self.body(self, [ref() for ref in self.refs], *args)
+
+    def step(self, given: _Given, *args: Any) -> Any:
+        """The kit's step (``_Source.run_scoped``): ``(out, new state)`` of one trace."""
+        return self.body(self, [ref() for ref in self.refs], given, *args)
 
     def run(
         self,
@@ -252,17 +269,44 @@ def _pair(out: Any, where: str) -> tuple[Any, Any]:
 _SCAN = "jaxoverride.lax.scan"
 
 
-def _scan_body(self: _Lifted, fns: list[Any], carry: Any, x: Any) -> Any:
+class _Source(kit.ScopedStateSource):
+    """The kit's state source for one control-flow call: the tracked values given.
+
+    ``read()`` is the given Variables' values and array attributes; each traced step
+    installs them for its extent (``run_scoped``, as ``run_lifted`` does); ``write`` stores
+    what some trace of ``wrappers`` wrote (kept on each ``_Lifted``: a cached trace does
+    not run again).
+    """
+
+    __slots__ = ("constants", "state", "tracked", "where", "wrappers")
+
+    def __init__(
+        self, tracked: Tracked, state: _Values, constants: _Values, wrappers: Any, where: str
+    ):
+        self.tracked, self.state, self.constants = tracked, state, constants
+        self.wrappers, self.where = wrappers, where
+
+    def read(self) -> Any:
+        return self.state, self.constants
+
+    def run_scoped(self, state: Any, fun: Any, *args: Any) -> tuple[Any, Any]:
+        values, constants = state
+        out, after = fun.step((self.tracked, values, constants), *args)
+        return out, (after, constants)
+
+    def write(self, state: Any) -> None:
+        _store(self.tracked, self.wrappers, state[0], self.where)
+
+
+def _scan_step(self: _Lifted, fns: list[Any], given: _Given, user_carry: Any, x: Any) -> Any:
     (f,) = fns
-    tracked = _RUNNING.get()
-    user_carry, state, constants = carry
-    out, after = self.run(tracked, state, constants, f, (from_refs(user_carry, tracked), x), _SCAN)
+    tracked = given[0]
+    out, after = self.run(*given, f, (from_refs(user_carry, tracked), x), _SCAN)
     out = to_refs(out, tracked)[0]
     if isinstance(out, (tuple, list)) and len(out) == 2:
         check_same_refs(user_carry, out[0], "carry", _SCAN)
     check_scan_output(f, _initial_or(user_carry), out)
-    new_carry, y = _pair(out, _SCAN)
-    return (new_carry, after, constants), y
+    return _pair(out, _SCAN), after
 
 
 def scan(*args: Any, **kwargs: Any) -> tuple[Any, Any]:
@@ -275,17 +319,18 @@ def scan(*args: Any, **kwargs: Any) -> tuple[Any, Any]:
         return call_plain(
             below, (f, init, xs, length, reverse, unroll, _split_transpose), {}, _SCAN
         )
-    body = _lifted((f,), ("scan", tracked.key), _scan_body)
+    body = _lifted((f,), ("scan", tracked.key), _scan_step)
     start = to_refs(init, tracked)[0]
     options = (length, reverse, unroll, _split_transpose)
-    (final, state, _), ys = _threaded(
+    final, ys = _threaded(
         tracked,
         [body],
-        lambda state, constants: below(body, (start, state, constants), xs, *options),
+        lambda state, constants: kit.threaded_scan(
+            _Source(tracked, state, constants, [body], _SCAN), below, body, start, xs, *options
+        ),
         init,
         start,
     )
-    _store(tracked, [body], state, _SCAN)
     return from_refs(final, tracked), from_refs(ys, tracked)
 
 
@@ -399,17 +444,14 @@ def _first_test(
 _FORI = "jaxoverride.lax.fori_loop"
 
 
-def _fori_body(self: _Lifted, fns: list[Any], i: Any, carry: Any) -> Any:
+def _fori_step(self: _Lifted, fns: list[Any], given: _Given, i: Any, value: Any) -> Any:
     (body_fun,) = fns
-    tracked = _RUNNING.get()
-    value, state, constants = carry
-    new_value, after = self.run(
-        tracked, state, constants, body_fun, (i, from_refs(value, tracked)), _FORI
-    )
+    tracked = given[0]
+    new_value, after = self.run(*given, body_fun, (i, from_refs(value, tracked)), _FORI)
     new_value = to_refs(new_value, tracked)[0]
     check_same_refs(value, new_value, "carry", _FORI)
     check_loop_carry(body_fun, _initial_or(value), new_value, None)
-    return new_value, after, constants
+    return new_value, after
 
 
 def fori_loop(*args: Any, **kwargs: Any) -> Any:
@@ -420,34 +462,49 @@ def fori_loop(*args: Any, **kwargs: Any) -> Any:
     tracked = with_arguments(current(), init_val)
     if tracked is None or not callable(body_fun):
         return call_plain(below, (lower, upper, body_fun, init_val), {"unroll": unroll}, _FORI)
-    body = _lifted((body_fun,), ("fori", tracked.key), _fori_body)
+    body = _lifted((body_fun,), ("fori", tracked.key), _fori_step)
     start = to_refs(init_val, tracked)[0]
-    options = {"unroll": unroll}
-    final, state, _ = _threaded(
+    final = _threaded(
         tracked,
         [body],
-        lambda state, constants: below(lower, upper, body, (start, state, constants), **options),
+        lambda state, constants: kit.threaded_fori_loop(
+            _Source(tracked, state, constants, [body], _FORI),
+            below,
+            lower,
+            upper,
+            body,
+            start,
+            unroll=unroll,
+        ),
         init_val,
         start,
     )
-    _store(tracked, [body], state, _FORI)
     return from_refs(final, tracked)
 
 
 # -- cond and switch ------------------------------------------------------------------
 
 
-def _branch(
-    self: _Lifted,
-    fns: list[Any],
-    where: str,
-    state: dict[int, Any],
-    constants: dict[int, Any],
-    *operands: Any,
-) -> Any:
+class _BranchSource(_Source):
+    """``_Source`` for ``cond`` and ``switch``: the array attributes, read only, are not
+    returned by the branches; they are their first operand (after the state)."""
+
+    __slots__ = ()
+
+    def read(self) -> Any:
+        return self.state
+
+    def run_scoped(self, state: Any, fun: Any, constants: Any, *args: Any) -> tuple[Any, Any]:
+        return fun.step((self.tracked, state, constants), *args)
+
+    def write(self, state: Any) -> None:
+        _store(self.tracked, self.wrappers, state, self.where)
+
+
+def _branch(self: _Lifted, fns: list[Any], where: str, given: _Given, *operands: Any) -> Any:
     (fn,) = fns
-    tracked = _RUNNING.get()
-    out, after = self.run(tracked, state, constants, fn, tuple(from_refs(operands, tracked)), where)
+    tracked = given[0]
+    out, after = self.run(*given, fn, tuple(from_refs(operands, tracked)), where)
     out = to_refs(out, tracked)[0]
     self.outputs = output_shapes(out)
     return out, after
@@ -468,24 +525,24 @@ def _run_branches(
     call: Callable[..., Any],
     switch: bool,
 ) -> Any:
-    """``call(wrapped branches, state, constants, *operands)`` (JAX's cond or switch) with
-    the tracked state passed through the taken branch; stores what a branch wrote."""
+    """``call(source, wrapped branches, constants, *operands)`` (the kit's threaded cond
+    or switch) with the tracked state passed through the taken branch."""
     body = _switch_branch if switch else _cond_branch
+    where = "jaxoverride.lax.switch" if switch else "jaxoverride.lax.cond"
     wrapped = [_lifted((fn,), (body, tracked.key), body) for fn in branches]
     operands = to_refs(args, tracked)[0]
+
+    def run(state: dict[int, Any], constants: dict[int, Any]) -> Any:
+        source = _BranchSource(tracked, state, constants, wrapped, where)
+        return call(source, wrapped, constants, *operands)
+
     try:
-        out, state = _threaded(
-            tracked,
-            wrapped,
-            lambda state, constants: call(wrapped, state, constants, *operands),
-            args,
-        )
+        out = _threaded(tracked, wrapped, run, args)
     except TypeError as error:
         jax_error = branch_error(error, branches, _outputs(wrapped), switch=switch)
         if jax_error is error:
             raise
         raise jax_error from None
-    _store(tracked, wrapped, state, "jaxoverride.lax.switch" if switch else "jaxoverride.lax.cond")
     return from_refs(out, tracked)
 
 
@@ -526,7 +583,7 @@ def cond(*arguments: Any, **kwargs: Any) -> Any:
         tracked,
         [true_fun, false_fun],
         args,
-        lambda fns, *packed: below(pred, *fns, *packed),
+        lambda source, fns, *packed: kit.threaded_cond(source, below, pred, *fns, *packed),
         switch=False,
     )
 
@@ -543,7 +600,11 @@ def switch(*arguments: Any, **kwargs: Any) -> Any:
     if tracked is None or not _all_callable(branches):
         return call_plain(below, (index, branches, *args), {}, where)
     return _run_branches(
-        tracked, list(branches), args, lambda fns, *packed: below(index, fns, *packed), switch=True
+        tracked,
+        list(branches),
+        args,
+        lambda source, fns, *packed: kit.threaded_switch(source, below, index, fns, *packed),
+        switch=True,
     )
 
 
@@ -552,12 +613,11 @@ def switch(*arguments: Any, **kwargs: Any) -> Any:
 _MAP = "jaxoverride.lax.map"
 
 
-def _map_body(self: _Lifted, fns: list[Any], carry: Any, x: Any) -> Any:
+def _map_step(self: _Lifted, fns: list[Any], given: _Given, carry: Any, x: Any) -> Any:
     (f,) = fns
-    tracked = _RUNNING.get()
-    state, constants = carry
-    y, after = self.run(tracked, state, constants, f, (x,), _MAP)
-    return (after, constants), to_refs(y, tracked)[0]
+    tracked = given[0]
+    y, after = self.run(*given, f, (x,), _MAP)
+    return (carry, to_refs(y, tracked)[0]), after
 
 
 def _plain_map(self: _Lifted, fns: list[Any], x: Any) -> Any:
@@ -583,26 +643,28 @@ _VMAP_BELOW: contextvars.ContextVar[Callable[..., Any]] = contextvars.ContextVar
 )
 
 
-def _block_body(self: _Lifted, fns: list[Any], carry: Any, chunk: Any) -> Any:
+def _block_step(self: _Lifted, fns: list[Any], given: _Given, carry: Any, chunk: Any) -> Any:
     (f,) = fns
-    tracked = _RUNNING.get()
+    tracked = given[0]
     vmap_below = _VMAP_BELOW.get()
-    state, constants = carry
 
     def batch(c: Any) -> Any:
         return _vmapped(tracked, f, vmap_below, c, _MAP)
 
-    y, after = self.run(tracked, state, constants, batch, (chunk,), _MAP)
-    return (after, constants), y
+    y, after = self.run(*given, batch, (chunk,), _MAP)
+    return (carry, y), after
 
 
 def _map_scan(tracked: Tracked, body: _Lifted, scan_below: Callable[..., Any], xs: Any) -> Any:
-    """The ``ys`` of ``scan_below(body)`` over ``xs``, the tracked state in the carry;
-    stores what the body wrote."""
-    (state, _), ys = _threaded(
-        tracked, [body], lambda state, constants: scan_below(body, (state, constants), xs)
+    """The ``ys`` of the kit's threaded scan of ``body`` over ``xs`` (no carry of its
+    own: the tracked state is the carry); stores what the body wrote."""
+    _, ys = _threaded(
+        tracked,
+        [body],
+        lambda state, constants: kit.threaded_scan(
+            _Source(tracked, state, constants, [body], _MAP), scan_below, body, (), xs
+        ),
     )
-    _store(tracked, [body], state, _MAP)
     return ys
 
 
@@ -617,14 +679,14 @@ def lax_map(f: Callable[[Any], Any], xs: Any, *, batch_size: int | None = None) 
     scan_below = jo.next_impl("lax.scan")
     each = _lifted((f,), ("map-each", tracked.key), _plain_map)
     then = [
-        _lifted((f,), ("map", tracked.key), _map_body),
-        _lifted((f,), ("map-blocks", tracked.key), _block_body),
+        _lifted((f,), ("map", tracked.key), _map_step),
+        _lifted((f,), ("map-blocks", tracked.key), _block_step),
     ]
     ys = _stateless(tracked, [each], lambda: below(each, xs, batch_size=batch_size), then=then)
     if ys is not _STATEFUL:
         return from_refs(ys, tracked)
     if batch_size is None:
-        body = _lifted((f,), ("map", tracked.key), _map_body)
+        body = _lifted((f,), ("map", tracked.key), _map_step)
         return from_refs(_map_scan(tracked, body, scan_below, xs), tracked)
     vmap_below = jo.next_impl("vmap")
     # JAX's own split, so that every batch size (0 included, which JAX versions read
@@ -632,7 +694,7 @@ def lax_map(f: Callable[[Any], Any], xs: Any, *, batch_size: int | None = None) 
     blocks, rest = split_batches(xs, batch_size)
     ys = None
     if blocks is not None:
-        body = _lifted((f,), ("map-blocks", tracked.key), _block_body)
+        body = _lifted((f,), ("map-blocks", tracked.key), _block_step)
         below_token = _VMAP_BELOW.set(vmap_below)
         try:
             ys = _map_scan(tracked, body, scan_below, blocks)

@@ -183,6 +183,7 @@ __all__ = [
     "OverridePosition",
     "OverrideTable",
     "ScopedInstaller",
+    "ScopedStateSource",
     "StateSource",
     "StateStructureError",
     "StatefulCall",
@@ -262,6 +263,7 @@ __all__ = [
     "zero_tangents",
     "zeros_for",
 ]
+from jaxoverride.adapter_kit._scoped_source import ScopedStateSource as ScopedStateSource
 from jaxoverride.adapter_kit._state_threading import (
     DictStateSource as DictStateSource,
     StateSource as StateSource,

@@ -9,15 +9,26 @@ that JAX does not see as an argument) opts into reuse with an optional hook:
 * ``reuse_key()``: a hashable summary of that situation, or None for wrappers built
   for this call only. Calls with an equal key, the same combinator and the same user
   functions receive the same wrappers, and the same ``Threaded`` (its recorded naming
-  states included: on a cache hit nothing is traced, and ``finish`` replays them).
+  states included: on a cache hit nothing is traced, and ``finish`` replays them),
+  bound to this call's source: a source made per call (NNX's, over the Variables given
+  to the call) is the one that ``run`` and ``finish`` use, and the cache holds no
+  source past its call.
 
 Sources without the hook get fresh wrappers, exactly as before the hook existed.
+
+Branches (``cond``, ``switch``) each call only their own function, and JAX caches each
+branch's trace on its own. With a source without naming state (``names()`` is None: no
+branch's trace depends on where an earlier one ended), each branch's wrapper is reused on
+its own, as JAX reuses each branch: a fresh ``lambda`` beside a reused branch does not
+make that branch traced again. A source with naming state gets its wrappers reused per
+set of functions, since a branch's names depend on the branches traced before it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from typing import Any
 
 from jaxoverride.adapter_kit._cache import Getter, WrapperCache
@@ -66,6 +77,35 @@ class HandedCall:
 _CACHE: WrapperCache[HandedCall] = WrapperCache(limit=32)
 
 
+class _Current:
+    """Stands for the ``Threaded`` of the call that last took a separately reused wrapper."""
+
+    __slots__ = ("thread",)
+
+    def __init__(self) -> None:
+        self.thread: Any = None
+
+    def run(self, *args: Any) -> Any:
+        return self.thread.run(*args)
+
+
+class _Separate:
+    """A wrapper reused on its own (see the module docstring) and its ``_Current``."""
+
+    __slots__ = ("current", "function")
+
+    def __init__(self, current: _Current, function: Callable[..., Any]):
+        self.current = current
+        self.function = function
+
+
+_SEPARATE: WrapperCache[_Separate] = WrapperCache(limit=32)
+
+
+def _none() -> None:
+    return None
+
+
 def _fresh(functions: Sequence[Any], named: int, run: Run) -> Callable[..., Any]:
     fun = functions[named]
 
@@ -78,6 +118,7 @@ def _fresh(functions: Sequence[Any], named: int, run: Run) -> Callable[..., Any]
         return handed
 
 
+@contextlib.contextmanager
 def handed_call(
     source: Any,
     where: str,
@@ -85,8 +126,14 @@ def handed_call(
     count: int,
     runs: Callable[[Any], Sequence[tuple[int, Run]]],
     make_thread: Callable[[Any, int, str], Any],
-) -> HandedCall:
+    separately: bool = False,
+) -> Iterator[HandedCall]:
     """The wrappers of ``functions`` for this call: reused where ``source`` allows it.
+
+    A context: reused wrappers are bound to ``source`` (and to this call's ``Threaded``)
+    within it, and given back their earlier binding after it, so that the cache keeps
+    no source past its call (an NNX source holds the traced values of an enclosing
+    trace) and a nested call with an equal key leaves the outer call's binding as it was.
 
     Args:
       source: the ``StateSource``; its optional ``reuse_key()`` decides reuse.
@@ -96,8 +143,10 @@ def handed_call(
       runs: ``runs(thread)``, one ``(named, run)`` per wrapper: ``run(functions, *args)``
         is its body, ``functions[named]`` the function it is named after.
       make_thread: ``make_thread(source, count, where)``, the ``Threaded``.
+      separately: whether wrapper ``i`` calls only ``functions[i]`` (branches): then,
+        with a source without naming state, each wrapper is reused on its own.
 
-    Returns:
+    Yields:
       The wrappers and their ``Threaded``.
     """
     reuse_key = getattr(source, "reuse_key", None)
@@ -112,5 +161,51 @@ def handed_call(
         return HandedCall(thread, handed)
 
     if situation is None:
-        return build(None)
-    return _CACHE.get(functions, (where, count, situation), build)
+        yield build(None)
+    elif separately and source.names() is None:
+        thread = make_thread(source, count, where)
+        entries = _separately(where, functions, runs, situation)
+        earlier = [entry.current.thread for entry in entries]
+        for entry in entries:
+            entry.current.thread = thread
+        try:
+            yield HandedCall(thread, [entry.function for entry in entries])
+        finally:
+            for entry, bound in zip(entries, earlier, strict=True):
+                entry.current.thread = bound
+    else:
+        built: list[HandedCall] = []
+        handed = _CACHE.get(functions, (where, count, situation), lambda g: _kept(built, build(g)))
+        # Freshly built, the thread has no earlier binding to go back to.
+        earlier_source = None if built else handed.thread.source
+        handed.thread.source = source
+        try:
+            yield handed
+        finally:
+            handed.thread.source = earlier_source
+
+
+def _kept(built: list[HandedCall], handed: HandedCall) -> HandedCall:
+    built.append(handed)
+    return handed
+
+
+def _separately(
+    where: str,
+    functions: Sequence[Any],
+    runs: Callable[[Any], Sequence[tuple[int, Run]]],
+    situation: Hashable,
+) -> list[_Separate]:
+    """The wrappers reused one function at a time, each with its ``_Current``."""
+    entries = []
+    for position, fun in enumerate(functions):
+
+        def build(getters: Sequence[Getter], position: int = position) -> _Separate:
+            current = _Current()
+            named, run = runs(current)[position]
+            resolved: list[Getter] = [_none] * len(functions)
+            resolved[named] = getters[0]
+            return _Separate(current, Handed(resolved, named, run))
+
+        entries.append(_SEPARATE.get((fun,), (where, position, situation), build))
+    return entries

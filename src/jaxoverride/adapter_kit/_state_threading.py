@@ -27,8 +27,15 @@ What a framework must provide is a small *state source* (``StateSource``):
 * optionally ``retrace()``: True when a traced function met state that ``read()`` did not
   include (Linen's ``sow`` in a loop body). The combinator then discards that JAX call,
   before writing anything, and runs it again with ``read()`` including the new state;
-* optionally ``reuse_key()``: reuse the functions handed to JAX across calls with an
-  equal key, so that an identical eager call compiles once (``_handed``);
+* optionally ``run_scoped(state, fun, *args)``: ``enter``, ``fun(*args)`` and ``leave`` in
+  one call, returning ``(out, state_after)``, for a framework that installs its state
+  as a scope around the call (NNX's Variables); used in place of the three when present
+  (``ScopedStateSource`` is a base for such a source);
+* optionally ``reuse_key()``: reuse the functions handed to JAX (loop bodies, branches)
+  across calls with an equal key, so that an identical eager call is traced and compiled
+  once, as the raw JAX call (``_handed``). A reused function runs with the current
+  call's source, but is not traced again on a JAX cache hit: what a trace finds out
+  must be kept with the function, not on the source;
 * optionally ``init_call(call, two_pass)``: at init, in place of the creation pass, the
   source's own way to make parameters (Haiku creates them at the call site, inside the
   one trace of ``call()``); ``two_pass()`` is the creation pass then ``call()``, for the
@@ -154,18 +161,26 @@ class Threaded:
         """Calls ``fun(*args)`` with ``state`` installed; returns ``(out, state_after)``."""
         source = self.source
         source.restore_names(self._start(index))
-        token = source.enter(state)
-        try:
-            out = fun(*args)
-        except BaseException:
-            source.abandon(token)
-            source.restore_names(self._starts[0])
-            raise
-        try:
-            after = source.leave(token)
-        except BaseException:
-            source.restore_names(self._starts[0])
-            raise
+        scoped = getattr(source, "run_scoped", None)
+        if scoped is not None:
+            try:
+                out, after = scoped(state, fun, *args)
+            except BaseException:
+                source.restore_names(self._starts[0])
+                raise
+        else:
+            token = source.enter(state)
+            try:
+                out = fun(*args)
+            except BaseException:
+                source.abandon(token)
+                source.restore_names(self._starts[0])
+                raise
+            try:
+                after = source.leave(token)
+            except BaseException:
+                source.restore_names(self._starts[0])
+                raise
         self._ends[index] = source.names()
         source.restore_names(self._starts[0])
         before_tree = jax.tree.structure(state)
@@ -307,17 +322,17 @@ def threaded_scan(
         return [(0, body)]
 
     def call() -> Any:
-        handed = handed_call(source, "jaxoverride.lax.scan", (f,), 1, runs, Threaded)
-        (value, state), ys = lower(
-            handed.functions[0],
-            (init, source.read()),
-            xs,
-            length,
-            reverse,
-            unroll,
-            _split_transpose,
-        )
-        handed.thread.finish(state)
+        with handed_call(source, "jaxoverride.lax.scan", (f,), 1, runs, Threaded) as handed:
+            (value, state), ys = lower(
+                handed.functions[0],
+                (init, source.read()),
+                xs,
+                length,
+                reverse,
+                unroll,
+                _split_transpose,
+            )
+            handed.thread.finish(state)
         return value, ys
 
     return init_safe(source, lambda: f(_as_operands(init), _first_slice(xs, reverse)), call)
@@ -387,16 +402,16 @@ def threaded_while_loop(
 
     def call() -> Any:
         cond_changed_state.clear()
-        handed = handed_call(source, where, functions, 2, read_only_runs, Threaded)
-        if handed.variant is None:
-            try:
-                value, state = lower(*handed.functions, (init_val, source.read()))
-            except _PredicateChangedStateError:
-                handed.variant = "stateful"  # reused: the next call goes straight there
-            else:
-                if not cond_changed_state:
-                    handed.thread.finish(state)
-                    return value
+        with handed_call(source, where, functions, 2, read_only_runs, Threaded) as handed:
+            if handed.variant is None:
+                try:
+                    value, state = lower(*handed.functions, (init_val, source.read()))
+                except _PredicateChangedStateError:
+                    handed.variant = "stateful"  # reused: the next call goes straight there
+                else:
+                    if not cond_changed_state:
+                        handed.thread.finish(state)
+                        return value
         return stateful_cond_call()
 
     def stateful_runs(thread: Threaded) -> list[tuple[int, Any]]:
@@ -411,11 +426,11 @@ def threaded_while_loop(
         # JAX's cond_fun cannot return state, so evaluate the predicate at the end of
         # each body instead, carrying it: cond, body, cond, body, ... as Python would.
         first = jnp.asarray(cond_fun(init_val), dtype=bool)
-        handed = handed_call(source, where, functions, 1, stateful_runs, Threaded)
-        value, state, _ = lower(
-            _carried_predicate, handed.functions[0], (init_val, source.read(), first)
-        )
-        handed.thread.finish(state)
+        with handed_call(source, where, functions, 1, stateful_runs, Threaded) as handed:
+            value, state, _ = lower(
+                _carried_predicate, handed.functions[0], (init_val, source.read(), first)
+            )
+            handed.thread.finish(state)
         return value
 
     def creation() -> Any:
@@ -481,15 +496,15 @@ def threaded_fori_loop(
 
     def call() -> Any:
         where = "jaxoverride.lax.fori_loop"
-        handed = handed_call(source, where, (body_fun,), 1, runs, Threaded)
-        value, state = lower(
-            lower_bound,
-            upper_bound,
-            handed.functions[0],
-            (init_val, source.read()),
-            unroll=unroll,
-        )
-        handed.thread.finish(state)
+        with handed_call(source, where, (body_fun,), 1, runs, Threaded) as handed:
+            value, state = lower(
+                lower_bound,
+                upper_bound,
+                handed.functions[0],
+                (init_val, source.read()),
+                unroll=unroll,
+            )
+            handed.thread.finish(state)
         return value
 
     creation = lambda: body_fun(_as_operands(lower_bound), _as_operands(init_val))
@@ -521,10 +536,11 @@ def _threaded_branches(
         return [(index, wrap(index)) for index in range(len(distinct))]
 
     def run() -> Any:
-        handed = handed_call(source, where, distinct, len(distinct), runs, Threaded)
-        by_id = dict(zip(map(id, distinct), handed.functions, strict=True))
-        out, state = call([by_id[id(fun)] for fun in branches], (source.read(), operands))
-        handed.thread.finish(state)
+        count = len(distinct)
+        with handed_call(source, where, distinct, count, runs, Threaded, separately=True) as handed:
+            by_id = dict(zip(map(id, distinct), handed.functions, strict=True))
+            out, state = call([by_id[id(fun)] for fun in branches], (source.read(), operands))
+            handed.thread.finish(state)
         return out
 
     def creation() -> Any:
