@@ -494,8 +494,9 @@ class _BranchSource(_Source):
     def read(self) -> Any:
         return self.state
 
-    def run_scoped(self, state: Any, fun: Any, constants: Any, *args: Any) -> tuple[Any, Any]:
-        return fun.step((self.tracked, state, constants), *args)
+    def run_scoped(self, state: Any, fun: Any, *args: Any) -> tuple[Any, Any]:
+        constants, *operands = args
+        return fun.step((self.tracked, state, constants), *operands)
 
     def write(self, state: Any) -> None:
         _store(self.tracked, self.wrappers, state, self.where)

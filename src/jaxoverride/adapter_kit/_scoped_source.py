@@ -67,7 +67,13 @@ class ScopedStateSource:
         """Not used: the combinators call ``run_scoped``."""
         raise TypeError(f"{type(self).__name__} installs its state through run_scoped only.")
 
-    leave = abandon = enter
+    def leave(self, token: Any) -> Any:
+        """Not used: the combinators call ``run_scoped``."""
+        return self.enter(token)
+
+    def abandon(self, token: Any) -> None:
+        """Not used: the combinators call ``run_scoped``."""
+        self.enter(token)
 
     def names(self) -> None:
         """No naming state."""
