@@ -12,7 +12,7 @@ that JAX does not see as an argument) opts into reuse with an optional hook:
   states included: on a cache hit nothing is traced, and ``finish`` replays them),
   bound to this call's source: a source made per call (NNX's, over the Variables given
   to the call) is the one that ``run`` and ``finish`` use, and the cache holds no
-  source past its call.
+  source past its call. Reuse is per Python thread, since that binding is.
 
 Sources without the hook get fresh wrappers, exactly as before the hook existed.
 
@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import threading
 from collections.abc import Callable, Hashable, Iterator, Sequence
 from typing import Any
 
@@ -151,6 +152,10 @@ def handed_call(
     """
     reuse_key = getattr(source, "reuse_key", None)
     situation: Hashable = None if reuse_key is None else reuse_key()
+    if situation is not None:
+        # A reused wrapper is bound to one call's source while that call runs: two
+        # threads running one body at once must not share that binding.
+        situation = (situation, threading.get_ident())
 
     def build(getters: Sequence[Getter] | None) -> HandedCall:
         thread = make_thread(source, count, where)
