@@ -40,8 +40,9 @@ needs lives here, once:
 - state threading through JAX's control flow and transforms, for any framework that
   describes its state as a ``StateSource`` (read it, make it explicit, write it back):
   ``threaded_scan``, ``threaded_while_loop``, ``threaded_fori_loop``, ``threaded_cond``,
-  ``threaded_switch``, ``threaded_map`` and ``threaded_call`` (the Linen and Haiku adapters are
-  written on them), and ``control_flow_overrides`` / ``threaded_control_flow``, which
+  ``threaded_switch``, ``threaded_map`` and ``threaded_call`` (the Linen adapter is written
+  on all of them, Haiku on all but ``map``, NNX on ``scan``, ``fori_loop``, ``cond``,
+  ``switch`` and its stateful ``map``), and ``control_flow_overrides`` / ``threaded_control_flow``, which
   make an adapter's control-flow overrides, with JAX's signatures, from them;
 - the transforms that trace their function once per call (``vmap``, ``grad``-like,
   ``jvp``/``vjp``/``linearize``, ``checkpoint``), for a framework that describes one
