@@ -42,8 +42,9 @@ needs lives here, once:
   ``threaded_scan``, ``threaded_while_loop``, ``threaded_fori_loop``, ``threaded_cond``,
   ``threaded_switch``, ``threaded_map`` and ``threaded_call`` (the Linen adapter is written
   on all of them, Haiku on all but ``map``, NNX on ``scan``, ``fori_loop``, ``cond``,
-  ``switch`` and its stateful ``map``), and ``control_flow_overrides`` / ``threaded_control_flow``, which
-  make an adapter's control-flow overrides, with JAX's signatures, from them;
+  ``switch`` and its stateful ``map``), and ``control_flow_overrides`` /
+  ``threaded_control_flow``, which make an adapter's control-flow overrides, with JAX's
+  signatures, from them;
 - the transforms that trace their function once per call (``vmap``, ``grad``-like,
   ``jvp``/``vjp``/``linearize``, ``checkpoint``), for a framework that describes one
   such call as a ``TransformState`` (``stateful_mapping``, ``stateful_differentiation``,
