@@ -90,3 +90,38 @@ def test_init_call_replaces_the_creation_pass() -> None:
     store = {"n": jnp.int32(0)}
     out = kit.threaded_fori_loop(OwnInit(store), jax.lax.fori_loop, 0, 2, _count_body(store), 0.0)
     assert (float(out), log) == (2.0, ["init_call"])
+
+
+def test_two_threads_in_one_situation_each_thread_through_their_own_source() -> None:
+    # A reused wrapper is bound to its call's source while the call runs: two threads
+    # tracing the same body at once, in an equal situation, must not share that binding.
+    import threading
+
+    stores: dict[int, dict[str, Any]] = {}
+    both_tracing = threading.Barrier(2, timeout=30)
+
+    def body(i: Any, x: Any) -> Any:
+        store = stores[threading.get_ident()]
+        both_tracing.wait()
+        store["n"] = store["n"] + i
+        return x + 1.0
+
+    results: dict[str, Any] = {}
+
+    def run(name: str, start: int) -> None:
+        store = {"n": jnp.int32(start)}
+        stores[threading.get_ident()] = store
+        try:
+            out = kit.threaded_fori_loop(Reusing(store), jax.lax.fori_loop, 0, 3, body, 0.0)
+            results[name] = (float(out), int(store["n"]))
+        except Exception as error:  # reported below, with the thread's name
+            results[name] = error
+
+    threads = [
+        threading.Thread(target=run, args=(name, start)) for name, start in [("a", 0), ("b", 100)]
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert results == {"a": (3.0, 3), "b": (3.0, 103)}
