@@ -28,6 +28,7 @@ from jaxoverride_nnx._errors import LevelError
 from jaxoverride_nnx._lift import changed, run_lifted
 from jaxoverride_nnx._rules import PureFunctionWriteError, write_refused
 from jaxoverride_nnx._scope import current
+from jaxoverride_nnx._stale_reads import own_jit_trace
 
 WHERE = "jaxoverride.make_jaxpr"
 
@@ -69,6 +70,7 @@ def make_jaxpr(fun: Callable[..., Any], *args: Any, **kwargs: Any) -> Callable[.
             return plain(*call_args, **call_kwargs)
         pure = _pure(tracked, fun, _WHAT, WHERE, why=_WHY, fix=_FIX)
 
+        @own_jit_trace  # its constants are read afresh at each call: not stale
         @functools.wraps(fun)
         def fresh(*inner_args: Any, **inner_kwargs: Any) -> Any:
             try:

@@ -20,6 +20,7 @@ from typing import Any
 from flax.nnx import tracers
 from flax.nnx.pytreelib import PytreeState
 
+from jaxoverride_nnx import _stale_reads
 from jaxoverride_nnx._graph import RAW, Graph, walk
 
 _epoch = 0
@@ -273,9 +274,13 @@ def _describe(obj: Any) -> str:
 
 
 class Scope:
-    """One entered ``track``: its roots (weakly), hooks and the ``Tracked`` it published."""
+    """One entered ``track``: its roots (weakly), hooks and the ``Tracked`` it published.
 
-    __slots__ = ("hooked", "names", "refs")
+    ``hooked`` holds the trace-state watches, ``read_checks`` the Variables' read hooks
+    (``_stale_reads``); ``close`` takes both off.
+    """
+
+    __slots__ = ("hooked", "names", "read_checks", "refs")
 
     def __init__(self, roots: Sequence[Any]):
         self.refs = tuple(_ref(root) for root in roots)
@@ -287,6 +292,7 @@ class Scope:
             names.append(name if counts[name] == 1 else f"{name}#{counts[name]}")
         self.names = tuple(names)
         self.hooked: list[int] = []
+        self.read_checks: list[int] = []
 
     def roots(self) -> list[Any]:
         """The roots that are still alive."""
@@ -298,6 +304,7 @@ class Scope:
         roots = [root for root, _ in pairs]
         graph = walk(roots, [name for _, name in pairs])
         self.hooked += _hook(graph.states)
+        self.read_checks += _stale_reads.hook(graph.variables)
         key = TrackKey(
             tuple(map(id, roots)),
             tuple(ref for ref in self.refs if ref() is not None),
@@ -314,5 +321,9 @@ class Scope:
         tracked.frozen = Tracked(fresh.graph, fresh.key, None)
 
     def close(self) -> None:
-        _unhook(self.hooked)
-        self.hooked = []
+        try:
+            _stale_reads.unhook(self.read_checks)
+        finally:
+            self.read_checks = []
+            _unhook(self.hooked)
+            self.hooked = []

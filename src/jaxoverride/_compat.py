@@ -141,6 +141,34 @@ def current_trace() -> Any:
     return _find_top_trace(())
 
 
+def staged_for(trace: Any) -> str | None:
+    """What a staging trace traces for (``"jit"``, ``"scan"``, ...), or None for another trace.
+
+    JAX names it in the debug info of the jaxpr that a ``DynamicJaxprTrace`` builds
+    (``DebugInfo.traced_for``): ``"jit"`` for ``jax.jit`` and for what traces through
+    jit's own cache (``.lower``, ``.trace``, ``jax.eval_shape``, ``jax.make_jaxpr``),
+    the primitive's name for control flow (``"scan"``, ``"while_body"``, ``"cond"``),
+    ``"checkpoint / remat"``, ``"shard_map"`` (``jax.pmap`` too). Read in JAX 0.8.1 and
+    0.10.2 (tested), 0.11.0 and main at 0.11.1.dev.
+
+    Args:
+      trace: a JAX trace, such as ``current_trace()``.
+
+    Returns:
+      The name, or None for a trace that stages nothing (eval, JVP, batching).
+
+    Example:
+      >>> import jax
+      >>> from jaxoverride._compat import current_trace, staged_for
+      >>> seen = []
+      >>> _ = jax.jit(lambda x: seen.append(staged_for(current_trace())) or x)(1.0)
+      >>> seen, staged_for(current_trace())
+      (['jit'], None)
+    """
+    frame = getattr(trace, "frame", None)
+    return getattr(getattr(frame, "debug_info", None), "traced_for", None)
+
+
 def set_user_context_global(context: Any, value: Any) -> None:
     """Sets the value that a ``jax.make_user_context`` context has in every thread.
 
@@ -396,10 +424,18 @@ PRIVATE_ATTRIBUTES: dict[str, str] = {
     "Tracer._trace": (
         "the trace a tracer belongs to (escaped_tracers: is it still live); JAX has no accessor"
     ),
+    "DynamicJaxprTrace.frame": (
+        "the jaxpr a staging trace builds, for its debug info (staged_for: is this a jax.jit "
+        "trace, whose traced function JAX caches with the constants it closed over)"
+    ),
+    "JaxprStackFrame.debug_info": (
+        "the public DebugInfo (jax.extend.core) of that jaxpr, whose traced_for names the "
+        "transform (staged_for); JAX has no accessor from a trace"
+    ),
 }
 """Private attributes read off public JAX objects, with why no public name serves.
 
-Only ``adapter_kit.escaped_tracers`` reads them: the Haiku adapter's check, at the end of
+``adapter_kit.escaped_tracers`` reads the first two: the Haiku adapter's check, at the end of
 ``hk.transform``, for state that a raw transform (one it never saw) left as tracers of an
 ended trace, and the Linen adapter's test for a module whose values are out of reach of the
 trace running now (a primitive's rule). It returns nothing where they are missing
@@ -418,6 +454,15 @@ only by the trace types that have one, with no accessor (JAX's own
 leaves it valid in 0.10.2, a TODO there), nor that a live trace is out of reach, which is
 what Linen needs; ``jax.checking_leaks()`` is a global mode that searches the garbage
 collector's referrers when a trace ends, for any tracer, and raises JAX's own error.
+
+``adapter_kit.jit_traces`` reads ``parent_trace`` and the last two (through
+``staged_for``), each with ``getattr`` and a default, so a JAX that moves them makes it
+find no trace (the check it serves then says nothing) rather than fail. They exist, with
+``traced_for == "jit"`` for ``jax.jit``, ``jax.eval_shape`` and ``jax.make_jaxpr``, in JAX
+0.8.1 and 0.10.2 (tested), 0.11.0 and main at 0.11.1.dev (read for issue 20). No public
+route says which transform a trace stages for: ``jax.core.Tracer`` and ``Trace`` have no
+such accessor, and ``jax.extend.core.DebugInfo`` is reached only from a jaxpr, not from the
+trace that is building it.
 """
 
 
@@ -436,4 +481,5 @@ __all__ = [
     "rule_jvp",
     "rule_nondiff_argnums",
     "set_user_context_global",
+    "staged_for",
 ]

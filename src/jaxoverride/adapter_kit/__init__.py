@@ -112,6 +112,8 @@ from jaxoverride.adapter_kit._jax_arguments import (
 from jaxoverride.adapter_kit._leaks import (
     adapter_check_on as adapter_check_on,
     escaped_tracers as escaped_tracers,
+    jit_traces as jit_traces,
+    raw_read_error as raw_read_error,
     raw_transform_error as raw_transform_error,
 )
 from jaxoverride.adapter_kit._lifted_rule import LiftedRule as LiftedRule
@@ -235,6 +237,8 @@ __all__ = [
     "raise_as_jax",
     "raw_import_time_transforms",
     "raw_transform_error",
+    "raw_read_error",
+    "jit_traces",
     "adapter_check_on",
     "resolve_argnums",
     "rule_jvp",

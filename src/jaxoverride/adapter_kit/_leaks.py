@@ -8,7 +8,7 @@ import jax
 from jax.core import Tracer
 
 from jaxoverride import _detect, _raw
-from jaxoverride._compat import current_trace
+from jaxoverride._compat import current_trace, staged_for
 from jaxoverride.errors import MissingAdapterError
 
 
@@ -55,6 +55,26 @@ def escaped_tracers(tree: Any) -> list[Tracer]:
     return [t for t in tracers if id(getattr(t, "_trace", None)) not in live]
 
 
+def _culprits() -> str:
+    """The imported libraries holding raw import-time transforms, and the call that fixes
+    them (a library of the program's own with a module-level ``jax.jit`` included)."""
+    held = {**_raw.held_by_imported(), **_raw.held_by_other_imported()}
+    if held:
+        counts = ", ".join(f"{package!r} ({len(names)})" for package, names in held.items())
+        builders = _raw.builders([name for names in held.values() for name in names])
+        culprits = (
+            f"These imported libraries hold transforms built with raw JAX while they were "
+            f"imported: {counts}. Fix: call {_raw.fix_for([*held, *builders])}."
+        )
+    else:
+        culprits = (
+            "Fix: make the library that ran it call the neutral API: "
+            "jaxoverride.interpose_on_import('package') before its first import, or "
+            "jaxoverride.interpose(module) for one that calls jax.jit at call time."
+        )
+    return culprits
+
+
 def raw_transform_error(framework: str, where: str, count: int) -> MissingAdapterError:
     """The error for state that a raw transform captured while an adapter was active.
 
@@ -77,20 +97,7 @@ def raw_transform_error(framework: str, where: str, count: int) -> MissingAdapte
       >>> "interpose_on_import" in str(error)
       True
     """
-    held = {**_raw.held_by_imported(), **_raw.held_by_other_imported()}
-    if held:
-        counts = ", ".join(f"{package!r} ({len(names)})" for package, names in held.items())
-        builders = _raw.builders([name for names in held.values() for name in names])
-        culprits = (
-            f"These imported libraries hold transforms built with raw JAX while they were "
-            f"imported: {counts}. Fix: call {_raw.fix_for([*held, *builders])}."
-        )
-    else:
-        culprits = (
-            "Fix: make the library that ran it call the neutral API: "
-            "jaxoverride.interpose_on_import('package') before its first import, or "
-            "jaxoverride.interpose(module) for one that calls jax.jit at call time."
-        )
+    culprits = _culprits()
     return MissingAdapterError(
         f"{where} ended with {count} {framework} parameter or state value(s) that are "
         "tracers of a JAX trace that has ended: a transform built with raw JAX (not a "
@@ -118,3 +125,77 @@ def adapter_check_on() -> bool:
       >>> _ = jo.set_adapter_check(previous)
     """
     return _detect.enabled
+
+
+# Bounds the walk up a trace's parents: a chain is a few traces deep; a cycle would be a
+# JAX bug, and must not hang a Variable read.
+_MAX_DEPTH = 10_000
+
+
+def jit_traces() -> list[Any]:
+    """The traces that ``jax.jit`` started and the code running now runs inside, innermost
+    first; empty outside every such trace.
+
+    ``jax.jit`` caches what it traced, with the constants the function closed over: a
+    framework value read there as a concrete array is baked in, and a later call of the
+    same function silently reuses it. The traces of ``jax.eval_shape`` and
+    ``jax.make_jaxpr`` are listed too (they trace through jit's cache, which a later
+    ``jax.jit`` of the same function reuses), and so are the jits a neutral ``jit`` runs,
+    where an adapter has swapped its tracers in for the framework's values. The traces of
+    ``jax.grad``, ``jax.vmap`` and the other transforms that run each time they are called
+    are not, and neither are the bodies that raw control flow or ``jax.checkpoint`` traces
+    (see "A solver library that was never interposed" on the "Troubleshooting" page).
+
+    Returns:
+      The trace objects, to compare by identity (an adapter may remember the one that
+      its own override started).
+
+    Example:
+      >>> import jax
+      >>> from jaxoverride import adapter_kit
+      >>> seen = []
+      >>> def f(y):
+      ...     seen.append(len(adapter_kit.jit_traces()))
+      ...     return y
+      >>> _ = jax.jit(jax.grad(f))(1.0), jax.grad(f)(1.0)
+      >>> seen, adapter_kit.jit_traces()
+      ([1, 0], [])
+    """
+    found = []
+    trace = current_trace()
+    for _ in range(_MAX_DEPTH):
+        if trace is None:
+            break
+        if staged_for(trace) == "jit":
+            found.append(trace)
+        trace = getattr(trace, "parent_trace", None)
+    return found
+
+
+def raw_read_error(what: str, framework: str) -> MissingAdapterError:
+    """The error for framework state read, as a concrete value, inside a raw ``jax.jit``.
+
+    Names the imported libraries that still hold raw import-time transforms and the
+    ``interpose_on_import`` call that reaches them, as ``raw_transform_error`` does.
+
+    Args:
+      what: what was read, such as ``"the tracked Variable `Linear.kernel`"``.
+      framework: the framework's name, such as ``"Flax NNX"``.
+
+    Returns:
+      A ``jaxoverride.errors.MissingAdapterError`` to raise.
+
+    Example:
+      >>> from jaxoverride import adapter_kit
+      >>> error = adapter_kit.raw_read_error("the tracked Variable `w`", "Flax NNX")
+      >>> "interpose_on_import" in str(error)
+      True
+    """
+    return MissingAdapterError(
+        f"{what} was read inside a trace of jax.jit that no adapter started: a transform "
+        "built with raw JAX (a library's module-level jax.jit, say, or jax.eval_shape or "
+        f"jax.make_jaxpr). Raw JAX bakes the {framework} value it read into what it "
+        "caches, as a constant, and a later call of the same function would silently "
+        "reuse it after the value changes. In code of your own, use jaxoverride.jit "
+        f"instead of jax.jit. {_culprits()}{_detect._HATCH}"
+    )

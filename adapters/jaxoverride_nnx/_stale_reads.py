@@ -1,0 +1,192 @@
+"""Under ``track``: a tracked Variable read inside a raw ``jax.jit`` trace is refused.
+
+A ``jax.jit`` object that the adapter never sees (a library's module-level
+``solve = jax.jit(_solve, static_argnums=0)`` bound before any interposition, a library of
+the program's own) traces a function that reads a tracked module by closure: JAX bakes
+the weights in as constants and a later call of the same function silently returns
+results for the old weights. A write raises Flax's ``TraceContextError``; a read leaves
+nothing behind to check afterwards, so it is checked where it happens.
+
+While a ``track`` scope is entered, each tracked Variable carries an ``on_get_value``
+hook (NNX runs it at every user read: ``v[...]``, ``v.value``, ``jnp.asarray(v)``,
+arithmetic). The hook looks at the Variable's raw value: every neutral transform has
+swapped a tracer in there before it runs user code, so a concrete value read inside a
+``jax.jit`` trace (``adapter_kit.jit_traces``) is one that raw JAX is baking in. The
+adapter's own ``make_jaxpr`` reads the current values on purpose, into a fresh function
+per call: ``own_jit_trace`` marks its trace, and only a jit trace around it counts.
+``jaxoverride``'s own plumbing reads the raw slot, which runs no hook, so the jitted hot
+path pays nothing. The hook is removed when the scope exits, normally or on an error,
+and the Variable's metadata is left as it was.
+
+What it lets through, on purpose: reads under raw ``jax.grad``, ``jax.vmap`` and the other
+transforms that run at each call (nothing is cached: the values are right), and reads
+in the bodies of raw ``lax.scan``, ``while_loop``, ``cond``, ``switch``, ``fori_loop`` and
+``jax.checkpoint`` outside any jit. JAX keys the traces of those bodies on the function
+object: a body built per call (the usual library idiom, a closure over the call's
+arguments) is traced again at each call and reads the current weights, while a body
+object reused across calls would hit the cache with the old constants. The read looks
+the same in both cases, so refusing it would break the correct, common one.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import functools
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+from jax.core import Tracer
+
+from jaxoverride import adapter_kit
+from jaxoverride_nnx._compat import chain_on_get_value
+from jaxoverride_nnx._graph import RAW
+
+_GET = RAW.__get__
+_KEY = "on_get_value"
+_ABSENT = object()
+
+# The jit traces that the adapter's own overrides started, in this thread or task.
+_OWN: contextvars.ContextVar[tuple[Any, ...]] = contextvars.ContextVar(
+    "jaxoverride_nnx_own_jit_traces", default=()
+)
+
+_lock = threading.Lock()
+# id(Variable) -> [Variable, the metadata dict hooked, its previous hook or _ABSENT,
+# the hook installed, holders]
+_hooked: dict[int, list[Any]] = {}
+# One chained hook per previous hook, so a Variable's metadata (part of its pytree
+# structure and of nnx.split's graph definition) is the same at every entry of track:
+# a raw jit or nnx.jit given the module retraces once under track, not at every entry.
+_chained: dict[Any, Callable[[Any, Any], Any]] = {}
+
+
+def _refuse(variable: Any) -> None:
+    """Raises if ``variable``, read here, is a tracked Variable baked in by a raw jit."""
+    from jaxoverride_nnx._scope import ACTIVE  # _scope hooks through this module
+
+    if not adapter_kit.adapter_check_on():
+        return
+    tracked = ACTIVE.get()
+    if tracked is None:
+        return
+    index = tracked.var_index(variable)
+    if index is None:
+        return
+    if all(isinstance(leaf, Tracer) for leaf in jax.tree_util.tree_leaves(_GET(variable))):
+        return
+    raise adapter_kit.raw_read_error(
+        f"jaxoverride_nnx.track: the tracked Variable `{tracked.path(index)}`", "Flax NNX"
+    )
+
+
+def check_read(variable: Any, value: Any) -> Any:
+    """The ``on_get_value`` hook: ``value`` unchanged, unless a raw jit is baking it in.
+
+    Args:
+      variable: the Variable being read.
+      value: what NNX read (after indexing).
+
+    Returns:
+      ``value``.
+
+    Raises:
+      jaxoverride.errors.MissingAdapterError: the read is inside a ``jax.jit`` trace
+        that no adapter started, under the ``track`` scope of this thread or task.
+
+    Example:
+      >>> import jax.numpy as jnp
+      >>> from flax import nnx
+      >>> from jaxoverride_nnx._stale_reads import check_read
+      >>> float(check_read(nnx.Param(jnp.ones(())), 2.0))
+      2.0
+    """
+    # The raw slot, not ``value``: an indexed read (``v[0]``) inside a trace gives a
+    # tracer of that trace even where the Variable holds a constant.
+    if not isinstance(_GET(variable), Tracer):
+        traces = adapter_kit.jit_traces()
+        if traces:
+            own = _OWN.get()
+            if any(all(trace is not mine for mine in own) for trace in traces):
+                _refuse(variable)
+    return value
+
+
+def own_jit_trace(fun: Callable[..., Any]) -> Callable[..., Any]:
+    """``fun``, run with the jit trace that runs it marked as the adapter's own.
+
+    For a function that an override traces afresh at each call (``make_jaxpr`` under
+    ``track``), where reading the current values as constants is right. A raw jit around
+    it, or inside it, still counts.
+    """
+
+    @functools.wraps(fun)
+    def marked(*args: Any, **kwargs: Any) -> Any:
+        traces = adapter_kit.jit_traces()
+        token = _OWN.set((*_OWN.get(), *traces[:1]))
+        try:
+            return fun(*args, **kwargs)
+        finally:
+            _OWN.reset(token)
+
+    return marked
+
+
+def _hook_for(previous: Any) -> Callable[[Any, Any], Any]:
+    if previous is _ABSENT:
+        return check_read
+    try:
+        hook = _chained.get(previous)
+    except TypeError:  # an unhashable hook sequence: chain it afresh
+        return chain_on_get_value(check_read, previous)
+    if hook is None:
+        hook = _chained[previous] = chain_on_get_value(check_read, previous)
+    return hook
+
+
+def hook(variables: Sequence[Any]) -> list[int]:
+    """Puts the read check on ``variables``; returns what ``unhook`` takes off.
+
+    A Variable hooked by several entered scopes (nested ``track``) keeps one hook until
+    the last of them exits.
+    """
+    taken = []
+    with _lock:
+        for variable in variables:
+            entry = _hooked.get(id(variable))
+            if entry is None:
+                metadata = variable._var_metadata
+                previous = metadata.get(_KEY, _ABSENT)
+                installed = _hook_for(previous)
+                metadata[_KEY] = installed
+                _hooked[id(variable)] = entry = [variable, metadata, previous, installed, 0]
+            entry[4] += 1
+            taken.append(id(variable))
+    return taken
+
+
+def unhook(taken: Sequence[int]) -> None:
+    """Takes off the hooks that ``hook`` put on, leaving each Variable's metadata as it was.
+
+    A hook that the program replaced meanwhile (``nnx.update`` with another metadata) is
+    left alone.
+    """
+    with _lock:
+        for ident in reversed(taken):
+            entry = _hooked[ident]
+            entry[4] -= 1
+            if entry[4]:
+                continue
+            del _hooked[ident]
+            variable, metadata, previous, installed = entry[:4]
+            # Flax may have replaced the metadata dict meanwhile (``update_from_state``
+            # with a state taken under track, which carries the hook): restore both.
+            current = variable._var_metadata
+            for held in (metadata,) if current is metadata else (metadata, current):
+                if held.get(_KEY, _ABSENT) is not installed:
+                    continue
+                if previous is _ABSENT:
+                    del held[_KEY]
+                else:
+                    held[_KEY] = previous
