@@ -8,9 +8,9 @@ The adapter reads Flax NNX internals (``graphlib``, ``variablelib``, ``pytreelib
 - ``graphlib.DataElem`` / ``StaticElem`` (0.12.5+) wrap a node's items to mark them as
   data or static. Earlier releases never wrap an item, so here they stand for classes that
   nothing is an instance of, and the ``isinstance`` checks are simply false.
-- A Variable's ``on_get_value`` metadata may be a tuple of hooks in recent releases, but
-  only a single callable in Flax 0.12.1; ``chain_on_get_value`` builds one callable that
-  every release accepts.
+- A Variable's ``on_get_value`` metadata may be a tuple of hooks from Flax 0.12.7, but
+  only a single callable in Flax 0.12.1 to 0.12.6 (read in each tag's ``variablelib``);
+  ``chain_on_get_value`` builds one callable that every release accepts.
 """
 
 from __future__ import annotations
@@ -92,4 +92,35 @@ here, or one that has a public name.
 """
 
 
-__all__ = ["PRIVATE_SYMBOLS", "DataElem", "StaticElem", "chain_on_get_value", "graphlib"]
+PRIVATE_ATTRIBUTES: dict[str, str] = {
+    "Variable._var_metadata": (
+        "the dict that Variable.get_value reads its 'on_get_value' hooks from. A custom "
+        "rule's reads of differentiated Variables (_rules) and, under track, reads inside a "
+        "raw jax.jit trace (_stale_reads) are refused at the read itself; NNX's public "
+        "route (nnx.Variable(..., on_get_value=...)) sets hooks only at construction, and "
+        "warns there that hooks are deprecated. In Flax 0.12.1 to 0.12.8 and main, "
+        "get_value runs the hooks on every user read (v[...], v.value, jnp.asarray(v), "
+        "arithmetic), and get_raw_value and the _raw_value slot run none"
+    ),
+    "Variable._raw_value": (
+        "the slot the adapter reads and writes, which runs no hook and no NNX check "
+        "(_graph.RAW; the jitted hot path reads it as an attribute)"
+    ),
+}
+"""Private attributes of Flax objects that the NNX adapter reads or sets, with why.
+
+Hooks are put on only while a ``track`` scope is entered and taken off at its exit, the
+metadata left as it was. Flax copies a Variable's metadata into the copies it makes
+(``nnx.split``, ``nnx.state``, ``Variable.copy``): a copy made under ``track`` keeps the
+read check, which does nothing outside ``track`` or for a Variable that is not tracked.
+"""
+
+
+__all__ = [
+    "PRIVATE_ATTRIBUTES",
+    "PRIVATE_SYMBOLS",
+    "DataElem",
+    "StaticElem",
+    "chain_on_get_value",
+    "graphlib",
+]

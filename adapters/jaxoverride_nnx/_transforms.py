@@ -43,6 +43,7 @@ from jaxoverride_nnx._lift import (
     write_back,
 )
 from jaxoverride_nnx._scope import Tracked, current
+from jaxoverride_nnx._stale_reads import own_jit_trace
 from jaxoverride_nnx._threads import Threads, given_values
 
 
@@ -406,6 +407,7 @@ def eval_shape(fun: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         return call_plain(below, (fun, *args), kwargs, "jaxoverride.eval_shape")
     view = tracked
 
+    @own_jit_trace  # a fresh function per call, traced through jit: reads are not stale
     def pure(*inner_args: Any, **inner_kwargs: Any) -> Any:
         inner_args, inner_kwargs = from_refs((inner_args, inner_kwargs), view)
         out, _ = run_lifted(view, None, fun, inner_args, inner_kwargs, "jaxoverride.eval_shape")
