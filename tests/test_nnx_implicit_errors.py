@@ -19,6 +19,7 @@ import jaxoverride as jo
 import jaxoverride_nnx
 from jaxoverride import lax as jlax
 from jaxoverride_nnx import ClosedOverDifferentiationError, PureFunctionWriteError
+from jaxoverride_nnx._stale_reads import check_read
 
 
 class Model(nnx.Module):
@@ -133,7 +134,9 @@ def test_bad_input_is_refused_clearly_and_every_variable_is_left_as_it_was(case,
         assert jo.current_stack() == stack
         for variable, value in zip(variables, values, strict=True):
             assert variable.get_raw_value() is value
-            assert "on_get_value" not in variable._var_metadata
+            # The rule's refusing hook is gone; track's own read check stays until exit.
+            assert variable._var_metadata.get("on_get_value") is check_read
         jo.jit(model)(x)  # still tracked, still writable
         assert int(model.calls[...]) == 1
     assert int(model.calls[...]) == 1
+    assert not any("on_get_value" in variable._var_metadata for variable in variables)
