@@ -28,6 +28,8 @@ A bare ``jax.jit`` or ``custom_jvp`` object bound by name stays raw (JAX's C++ o
 be changed); those of the solver libraries take arrays, not the model's function, and the
 Haiku and Linen adapters' checks at the end of ``hk.transform`` and of a bound module's
 outermost call (installed, or under ``context()``) catch what such a call leaves behind.
+Under ``jaxoverride_nnx.track``, a tracked Variable read inside such a jit's trace raises
+where it is read (``jaxoverride_nnx._stale_reads``, on ``adapter_kit.jit_traces``).
 """
 
 from __future__ import annotations

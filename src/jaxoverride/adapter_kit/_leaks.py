@@ -161,14 +161,19 @@ def jit_traces() -> list[Any]:
       >>> seen, adapter_kit.jit_traces()
       ([1, 0], [])
     """
-    found = []
+    # Under ``jaxoverride_nnx.track`` this runs at every eager read of a tracked Variable:
+    # outside every transform the current trace stages nothing and has no parent.
     trace = current_trace()
-    for _ in range(_MAX_DEPTH):
-        if trace is None:
-            break
+    parent = getattr(trace, "parent_trace", None)
+    if parent is None and staged_for(trace) != "jit":
+        return []
+    found = []
+    depth = 0
+    while trace is not None and depth < _MAX_DEPTH:
         if staged_for(trace) == "jit":
             found.append(trace)
         trace = getattr(trace, "parent_trace", None)
+        depth += 1
     return found
 
 
