@@ -60,6 +60,7 @@ _hooked: dict[int, list[Any]] = {}
 # structure and of nnx.split's graph definition) is the same at every entry of track:
 # a raw jit or nnx.jit given the module retraces once under track, not at every entry.
 _chained: dict[Any, Callable[[Any, Any], Any]] = {}
+_CHAINED_LIMIT = 256
 
 
 def _refuse(variable: Any) -> None:
@@ -141,6 +142,8 @@ def _hook_for(previous: Any) -> Callable[[Any, Any], Any]:
     except TypeError:  # an unhashable hook sequence: chain it afresh
         return chain_on_get_value(check_read, previous)
     if hook is None:
+        if len(_chained) >= _CHAINED_LIMIT:  # bounded: hooks made per Variable would grow it
+            _chained.clear()
         hook = _chained[previous] = chain_on_get_value(check_read, previous)
     return hook
 
@@ -151,18 +154,22 @@ def hook(variables: Sequence[Any]) -> list[int]:
     A Variable hooked by several entered scopes (nested ``track``) keeps one hook until
     the last of them exits.
     """
-    taken = []
-    with _lock:
-        for variable in variables:
-            entry = _hooked.get(id(variable))
-            if entry is None:
-                metadata = variable._var_metadata
-                previous = metadata.get(_KEY, _ABSENT)
-                installed = _hook_for(previous)
-                metadata[_KEY] = installed
-                _hooked[id(variable)] = entry = [variable, metadata, previous, installed, 0]
-            entry[4] += 1
-            taken.append(id(variable))
+    taken: list[int] = []
+    try:
+        with _lock:
+            for variable in variables:
+                entry = _hooked.get(id(variable))
+                if entry is None:
+                    metadata = variable._var_metadata
+                    previous = metadata.get(_KEY, _ABSENT)
+                    installed = _hook_for(previous)
+                    metadata[_KEY] = installed
+                    _hooked[id(variable)] = entry = [variable, metadata, previous, installed, 0]
+                entry[4] += 1
+                taken.append(id(variable))
+    except BaseException:
+        unhook(taken)  # a failed entry leaves every Variable as it was
+        raise
     return taken
 
 
