@@ -7,9 +7,9 @@ Python loop. After the call only the Variables that the body or a branch actuall
 (seen when it was traced) are stored back. Array attributes of modules are read-only
 and ride along unchanged.
 
-``scan``, ``fori_loop``, ``cond``, ``switch`` and the stateful ``map`` are the kit's
-threaded combinators over ``_Source``, a ``StateSource`` of the tracked values given to
-the call (``_threads``: only those of the modules it touches); ``while_loop`` and the
+``scan``, ``while_loop``, ``fori_loop``, ``cond``, ``switch`` and the stateful ``map``
+are the kit's threaded combinators over ``_Source``, a ``StateSource`` of the tracked
+values given to the call (``_threads``: only those of the modules it touches); the
 stateless paths (JAX's own structure when nothing is touched) are written here.
 
 The functions handed to JAX are cached per (user function, tracked set) and close over
@@ -19,9 +19,10 @@ from ``ScopedStateSource``). So JAX's own trace cache works as it does for raw
 ``jax.lax.scan``, and a loop called eagerly again with the same body is neither traced
 nor compiled again.
 
-``while_loop`` evaluates ``cond_fun`` once before the loop and then at the end of each
-body step (the predicate rides in the carry), so a ``cond_fun`` that updates state does
-so exactly as often as in ``while cond(x): x = body(x)``.
+A stateful ``while_loop`` evaluates ``cond_fun`` once before the loop and then at the end
+of each body step (the predicate rides in the carry: the kit's ``carried_predicate``), so
+a ``cond_fun`` that updates state does so exactly as often as in
+``while cond(x): x = body(x)``.
 """
 
 from __future__ import annotations

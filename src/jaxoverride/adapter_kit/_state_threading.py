@@ -360,9 +360,10 @@ def threaded_while_loop(
     """``lax.while_loop`` with ``source``'s state in the carry, init-exact.
 
     ``cond_fun`` sees the state; if it changes it (a variable, an rng draw), the loop
-    evaluates it at the end of each body instead, carrying the predicate. The creation
-    pass calls ``cond_fun`` and ``body_fun`` once, so a zero-trip loop still creates its
-    parameters.
+    evaluates it at the end of each body instead, carrying the predicate. A source with
+    ``carried_predicate = True`` always gets that form, its first test threaded too (see
+    the module docstring). The creation pass calls ``cond_fun`` and ``body_fun`` once, so
+    a zero-trip loop still creates its parameters.
 
     Args:
       source: the ``StateSource``.
