@@ -257,3 +257,50 @@ def test_transforms_nest_inside_loops_with_modules_built_inside() -> None:
         ref = jnp.tanh(jax.jacfwd(lin)(ref) @ ref)
     close(out, ref)
     close(state["~"]["out"] if "~" in state else out, out)
+
+
+def _map_by_hand(xs, batch_size):
+    """``jax.lax.map``'s structure over the neutral ``scan`` and ``vmap`` (JAX's split)."""
+    if batch_size is None:
+        return jlax.scan(lambda _, x: ((), counted(x)), (), xs)[1]
+    full = xs.shape[0] // batch_size * batch_size
+    blocks, rest = xs[:full].reshape(-1, batch_size, *xs.shape[1:]), xs[full:]
+    ys = jlax.scan(lambda _, block: ((), jo.vmap(counted)(block)), (), blocks)[1]
+    rest_ys = jo.vmap(counted)(rest)
+    return jax.lax.concatenate([ys.reshape(-1, *ys.shape[2:]), rest_ys], dimension=0)
+
+
+@pytest.mark.parametrize("batch_size", [None, 2])
+def test_map_traces_to_jax_structure_and_an_identical_eager_call_compiles_once(batch_size):
+    xs = X[None] * jnp.arange(1.0, 6.0)[:, None]
+    traces = []
+
+    def f(v):
+        traces.append(None)
+        return counted(v)
+
+    ours = hk.transform_with_state(lambda xs: jlax.map(f, xs, batch_size=batch_size))
+    by_hand = hk.transform_with_state(lambda xs: _map_by_hand(xs, batch_size))
+    compiles = []
+
+    def listen(event, duration, **kwargs):
+        if event == "/jax/core/compile/backend_compile_duration":
+            compiles.append(event)
+
+    with joh.context():
+        params, state = ours.init(RNG, xs)
+        for phase, args in [("init", (RNG, xs)), ("apply", (params, state, RNG, xs))]:
+            traced = jax.make_jaxpr(getattr(ours, phase))(*args)
+            assert str(traced) == str(jax.make_jaxpr(getattr(by_hand, phase))(*args)), phase
+        out, new_state = ours.apply(params, state, RNG, xs)
+        del traces[:]
+        jax.monitoring.register_event_duration_secs_listener(listen)
+        try:
+            again, again_state = ours.apply(params, state, RNG, xs)
+        finally:
+            jax.monitoring.unregister_event_duration_listener(listen)
+    assert compiles == []
+    # The scan's body is not traced again; the remainder's vmap runs eagerly, as jax.vmap.
+    assert len(traces) == (0 if batch_size is None else 1)
+    close((again, again_state), (out, new_state))
+    assert int(new_state["~"]["count"]) == (5 if batch_size is None else 3)

@@ -158,3 +158,41 @@ def test_a_sow_in_a_while_loop_body_comes_out_once():
     with jax.checking_leaks():
         out, state = SowWhile().apply(variables, x, mutable=["intermediates"])
     assert jnp.allclose(state["intermediates"]["h"][0], out)
+
+
+@pytest.mark.parametrize("batch_size", [None, 2, 5])
+def test_a_map_that_only_reads_params_traces_to_jax_lax_map(batch_size: int | None):
+    # The kit's map is JAX's: a scan (of vmaps over JAX's split, then the remainder).
+    class Mapped(nn.Module):
+        @nn.compact
+        def __call__(self, xs: jax.Array) -> jax.Array:
+            return jlax.map(nn.Dense(3), xs, batch_size=batch_size)
+
+    xs, dense = jnp.ones((5, 3)), nn.Dense(3)
+    with jol.context():
+        variables = Mapped().init(jax.random.key(0), xs)
+        ours = jax.make_jaxpr(Mapped().apply)(variables, xs)
+
+    def raw(v: Any, xs: jax.Array) -> jax.Array:
+        params = {"params": v["params"]["Dense_0"]}
+        return jax.lax.map(lambda x: dense.apply(params, x), xs, batch_size=batch_size)
+
+    assert str(ours) == str(jax.make_jaxpr(raw)(variables, xs))
+
+
+@pytest.mark.parametrize(("batch_size", "count"), [(0, 5), (2, 0)])
+def test_a_map_splits_as_jax_does_at_the_edges(batch_size: int, count: int):
+    # A batch size of 0 and an empty xs: what jax.lax.map gives (an error before the kit's
+    # map used JAX's own split).
+    class Mapped(nn.Module):
+        @nn.compact
+        def __call__(self, xs: jax.Array) -> jax.Array:
+            return jlax.map(nn.Dense(3), xs, batch_size=batch_size)
+
+    xs, dense = jnp.ones((count, 3)), nn.Dense(3)
+    with jol.context():
+        variables = Mapped().init(jax.random.key(0), jnp.ones((5, 3)))
+        ours = Mapped().apply(variables, xs)
+    params = {"params": variables["params"]["Dense_0"]}
+    raw = jax.lax.map(lambda x: dense.apply(params, x), xs, batch_size=batch_size)
+    assert ours.shape == raw.shape and jnp.allclose(ours, raw)

@@ -430,3 +430,100 @@ def test_a_hot_call_inside_a_raw_jit_refuses_the_write_as_the_general_path_does(
         assert int(model.count[...]) == 2
         f(X)
     assert int(model.count[...]) == 3
+
+
+_WHILE_CASES = ["body_writes", "cond_reads", "cond_writes", "both_write"]
+
+
+def _while_functions(case, model):
+    """``(cond_fun, body_fun)`` over ``model`` (a ``Counter``) for one case."""
+
+    def cond(x):
+        if case in ("cond_writes", "both_write"):
+            model.count[...] += 1
+        bound = 10.0 + model.count[...] if case == "cond_reads" else 10.0
+        return x.sum() < bound
+
+    def body(x):
+        return model(x) + 1.0 if case in ("body_writes", "both_write") else x * 2.0 + 1.0
+
+    return cond, body
+
+
+def _hand_written_while(case, state, x):
+    """The case in raw JAX over explicit state: test before the loop, then (body, test)
+    per step, the predicate carried (a Python ``while`` loop's order)."""
+    (count, w), tree = jax.tree.flatten(state)
+
+    def cond(x, count, w):
+        if case in ("cond_writes", "both_write"):
+            count = count + 1
+        bound = 10.0 + count if case == "cond_reads" else 10.0
+        return x.sum() < bound, count, w
+
+    def body(x, count, w):
+        if case in ("body_writes", "both_write"):
+            count = count + 1
+            return jnp.sin(x * w) + 0.1 * count + 1.0, count, w
+        return x * 2.0 + 1.0, count, w
+
+    def step(carry):
+        x, count, w, _ = carry
+        x, count, w = body(x, count, w)
+        going, count, w = cond(x, count, w)
+        return x, count, w, going
+
+    going, count, w = cond(x, count, w)
+    x, count, w, _ = jax.lax.while_loop(lambda carry: carry[3], step, (x, count, w, going))
+    return x, jax.tree.unflatten(tree, [count, w])
+
+
+@pytest.mark.parametrize("case", _WHILE_CASES)
+def test_a_stateful_while_loop_traces_to_the_hand_written_loop(case):
+    """Under a trace, a while_loop that touches tracked state is raw JAX's loop over the
+    state made explicit: the first test before the loop, the predicate in the carry."""
+    graphdef, state = nnx.split(Counter())
+
+    def ours(state, x):
+        model = nnx.merge(graphdef, state)
+        cond, body = _while_functions(case, model)
+        with jaxoverride_nnx.track(model):
+            out = jo.lax.while_loop(cond, body, x)
+        return out, nnx.state(model)
+
+    expected = jax.make_jaxpr(lambda s, x: _hand_written_while(case, s, x))(state, X)
+    assert str(jax.make_jaxpr(ours)(state, X)) == str(expected)
+    ref_out, ref_after = _hand_written_while(case, state, X)
+    out, after = ours(state, X)  # eagerly: may write into ``state``'s Variables
+    np.testing.assert_allclose(out, ref_out, rtol=1e-6)
+    assert jax.tree.leaves(after)[0] == jax.tree.leaves(ref_after)[0]
+
+
+@pytest.mark.parametrize("case", _WHILE_CASES)
+def test_an_identical_eager_stateful_while_loop_compiles_once(case):
+    model = Counter()
+    cond, body = _while_functions(case, model)
+    compiles = []
+
+    def listen(event, duration, **kwargs):
+        if event == "/jax/core/compile/backend_compile_duration":
+            compiles.append(event)
+
+    outs = []
+    with jaxoverride_nnx.track(model):
+        outs.append(jo.lax.while_loop(cond, body, X))
+        jax.monitoring.register_event_duration_secs_listener(listen)
+        try:
+            outs += [jo.lax.while_loop(cond, body, X) for _ in range(2)]
+        finally:
+            jax.monitoring.unregister_event_duration_listener(listen)
+    assert compiles == []
+
+    reference = Counter()
+    cond, body = _while_functions(case, reference)
+    for out in outs:
+        x = X
+        while cond(x):
+            x = body(x)
+        np.testing.assert_allclose(out, x, rtol=1e-6)
+    assert int(model.count[...]) == int(reference.count[...])

@@ -7,9 +7,9 @@ Python loop. After the call only the Variables that the body or a branch actuall
 (seen when it was traced) are stored back. Array attributes of modules are read-only
 and ride along unchanged.
 
-``scan``, ``fori_loop``, ``cond``, ``switch`` and the stateful ``map`` are the kit's
-threaded combinators over ``_Source``, a ``StateSource`` of the tracked values given to
-the call (``_threads``: only those of the modules it touches); ``while_loop`` and the
+``scan``, ``while_loop``, ``fori_loop``, ``cond``, ``switch`` and the stateful ``map``
+are the kit's threaded combinators over ``_Source``, a ``StateSource`` of the tracked
+values given to the call (``_threads``: only those of the modules it touches); the
 stateless paths (JAX's own structure when nothing is touched) are written here.
 
 The functions handed to JAX are cached per (user function, tracked set) and close over
@@ -19,9 +19,10 @@ from ``ScopedStateSource``). So JAX's own trace cache works as it does for raw
 ``jax.lax.scan``, and a loop called eagerly again with the same body is neither traced
 nor compiled again.
 
-``while_loop`` evaluates ``cond_fun`` once before the loop and then at the end of each
-body step (the predicate rides in the carry), so a ``cond_fun`` that updates state does
-so exactly as often as in ``while cond(x): x = body(x)``.
+A stateful ``while_loop`` evaluates ``cond_fun`` once before the loop and then at the end
+of each body step (the predicate rides in the carry: the kit's ``carried_predicate``), so
+a ``cond_fun`` that updates state does so exactly as often as in
+``while cond(x): x = body(x)``.
 """
 
 from __future__ import annotations
@@ -31,7 +32,6 @@ from collections.abc import Callable, Hashable, Sequence
 from typing import Any, TypeVar
 
 import jax
-from jax.core import Tracer, eval_jaxpr
 
 import jaxoverride as jo
 from jaxoverride import adapter_kit as kit
@@ -278,6 +278,8 @@ class _Source(kit.ScopedStateSource):
     not run again).
     """
 
+    # A while_loop tests once before the loop and at the end of each step, as Python does.
+    carried_predicate = True
     __slots__ = ("constants", "state", "tracked", "where", "wrappers")
 
     def __init__(
@@ -339,22 +341,19 @@ def scan(*args: Any, **kwargs: Any) -> tuple[Any, Any]:
 _WHILE = "jaxoverride.lax.while_loop"
 
 
-def _while_body(self: _Lifted, fns: list[Any], carry: Any) -> Any:
+def _while_step(self: _Lifted, fns: list[Any], given: _Given, value: Any) -> Any:
     body_fun, cond_fun = fns
-
-    def step(value: Any) -> tuple[Any, Any]:
-        value = body_fun(value)
-        return value, cond_fun(value)
-
-    tracked = _RUNNING.get()
-    value, state, constants, _ = carry
-    (new_value, going), after = self.run(
-        tracked, state, constants, step, (from_refs(value, tracked),), _WHILE
-    )
+    tracked = given[0]
+    new_value, after = self.run(*given, body_fun, (from_refs(value, tracked),), _WHILE)
     new_value = to_refs(new_value, tracked)[0]
     check_same_refs(value, new_value, "carry", _WHILE)
     check_loop_carry(body_fun, _initial_or(value), new_value, cond_fun)
-    return new_value, after, constants, going
+    return new_value, after
+
+
+def _while_test(self: _Lifted, fns: list[Any], given: _Given, value: Any) -> Any:
+    (cond_fun,) = fns
+    return self.run(*given, cond_fun, (from_refs(value, given[0]),), _WHILE)
 
 
 def _plain_test(self: _Lifted, fns: list[Any], value: Any) -> Any:
@@ -373,70 +372,38 @@ def _plain_step(self: _Lifted, fns: list[Any], value: Any) -> Any:
     return new_value
 
 
-def _still_looping(carry: Any) -> Any:
-    return carry[3]
-
-
 def while_loop(
     cond_fun: Callable[[Any], Any], body_fun: Callable[[Any], Any], init_val: Any
 ) -> Any:
-    """The ``"lax.while_loop"`` override."""
+    """The ``"lax.while_loop"`` override: JAX's own loop while nothing tracked is touched,
+    else the kit's, its predicate carried (``_Source.carried_predicate``)."""
     below = jo.next_impl("lax.while_loop")
     tracked = with_arguments(current(), init_val)
     if tracked is None or not (callable(cond_fun) and callable(body_fun)):
         return call_plain(below, (cond_fun, body_fun, init_val), {}, _WHILE)
-    first = _lifted((cond_fun,), ("while-first", tracked.key), _first_test)
-    body = _lifted((body_fun, cond_fun), ("while", tracked.key), _while_body)
+    test = _lifted((cond_fun,), ("while-test", tracked.key), _while_test)
+    body = _lifted((body_fun, cond_fun), ("while", tracked.key), _while_step)
     init = to_refs(init_val, tracked)[0]
-    test = _lifted((cond_fun,), ("while-test", tracked.key), _plain_test)
-    step = _lifted((body_fun, cond_fun), ("while-step", tracked.key), _plain_step)
+    plain_test = _lifted((cond_fun,), ("while-plain-test", tracked.key), _plain_test)
+    plain_step = _lifted((body_fun, cond_fun), ("while-plain-step", tracked.key), _plain_step)
     final = _stateless(
-        tracked, [test, step], lambda: below(test, step, init), [first, body], initial=init
+        tracked,
+        [plain_test, plain_step],
+        lambda: below(plain_test, plain_step, init),
+        [test, body],
+        initial=init,
     )
-    if final is not _STATEFUL:
-        return from_refs(final, tracked)
-
-    def loop(state: dict[int, Any], constants: dict[int, Any]) -> Any:
-        going, state = _run_first_test(first, (state, constants, init))
-        return below(_still_looping, body, (init, state, constants, going))
-
-    final, state, _, _ = _threaded(tracked, [body, first], loop, init_val, init)
-    _store(tracked, [first, body], state, _WHILE)
+    if final is _STATEFUL:
+        final = _threaded(
+            tracked,
+            [body, test],
+            lambda state, constants: kit.threaded_while_loop(
+                _Source(tracked, state, constants, [test, body], _WHILE), below, test, body, init
+            ),
+            init_val,
+            init,
+        )
     return from_refs(final, tracked)
-
-
-def _run_first_test(first: _Lifted, operands: tuple[Any, ...]) -> Any:
-    """The first test of a ``while_loop``, before the loop, as in ``while cond(x): ...``.
-
-    Under a trace it is traced inline (the enclosing trace is what JAX caches). Called
-    eagerly, it is traced once per argument types and its jaxpr evaluated op by op, as
-    JAX traces ``cond_fun`` rather than running it: an identical second call runs no
-    Python, as ``jax.lax.while_loop``'s does, and a fresh ``cond_fun`` (a solver's
-    closure) costs no compilation of its own.
-    """
-    leaves, tree = jax.tree.flatten(operands)
-    if any(isinstance(leaf, Tracer) for leaf in leaves):
-        return first(*operands)
-    try:
-        key = (tree, tuple(map(jax.typeof, leaves)))
-    except TypeError:  # a leaf JAX cannot type: JAX will say so in the loop itself
-        return first(*operands)
-    traced = first.traces.get(key)
-    if traced is None:
-        closed, shapes = jax.make_jaxpr(first, return_shape=True)(*operands)
-        if len(first.traces) >= 16:
-            first.traces.clear()
-        traced = first.traces[key] = (closed, jax.tree.structure(shapes))
-    closed, out_tree = traced
-    return jax.tree.unflatten(out_tree, eval_jaxpr(closed.jaxpr, closed.consts, *leaves))
-
-
-def _first_test(
-    self: _Lifted, fns: list[Any], state: dict[int, Any], constants: dict[int, Any], value: Any
-) -> Any:
-    (cond_fun,) = fns
-    tracked = _RUNNING.get()
-    return self.run(tracked, state, constants, cond_fun, (from_refs(value, tracked),), _WHILE)
 
 
 # -- fori_loop ------------------------------------------------------------------------

@@ -40,11 +40,16 @@ needs lives here, once:
 - state threading through JAX's control flow and transforms, for any framework that
   describes its state as a ``StateSource`` (read it, make it explicit, write it back):
   ``threaded_scan``, ``threaded_while_loop``, ``threaded_fori_loop``, ``threaded_cond``,
-  ``threaded_switch``, ``threaded_map`` and ``threaded_call`` (the Linen adapter is written
-  on all of them, Haiku on all but ``map``, NNX on ``scan``, ``fori_loop``, ``cond``,
-  ``switch`` and its stateful ``map``), and ``control_flow_overrides`` /
+  ``threaded_switch``, ``threaded_map`` and ``threaded_call`` (the Linen and Haiku
+  adapters are written on all of them, NNX on ``scan``, ``while_loop``, ``fori_loop``,
+  ``cond``, ``switch`` and its stateful ``map``), and ``control_flow_overrides`` /
   ``threaded_control_flow``, which make an adapter's control-flow overrides, with JAX's
-  signatures, from them;
+  signatures, from them. Where frameworks differ, the source says so with an optional
+  hook: ``reuse_key`` (hand JAX the same wrappers, and ``threaded_map`` the same scan
+  bodies, on every call, so an identical eager call compiles once: Haiku, NNX),
+  ``carried_predicate`` (``while_loop`` tests before the loop and at the end of each
+  step, as a Python ``while``: NNX), ``abort_changed_predicate`` (Haiku), ``init_call``
+  (Haiku), ``retrace`` (Linen);
 - the transforms that trace their function once per call (``vmap``, ``grad``-like,
   ``jvp``/``vjp``/``linearize``, ``checkpoint``), for a framework that describes one
   such call as a ``TransformState`` (``stateful_mapping``, ``stateful_differentiation``,

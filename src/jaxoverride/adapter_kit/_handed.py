@@ -64,15 +64,17 @@ class Handed:
 
 
 class HandedCall:
-    """The wrappers of one call situation, the ``Threaded`` they share, and a ``variant``
-    the combinator may record (which form of ``while_loop`` worked)."""
+    """The wrappers of one call situation, the ``Threaded`` they share, a ``variant``
+    the combinator may record (which form of ``while_loop`` worked) and ``traces``, what
+    it traced outside JAX's caches (a ``while_loop``'s first test, by argument types)."""
 
-    __slots__ = ("functions", "thread", "variant")
+    __slots__ = ("functions", "thread", "traces", "variant")
 
     def __init__(self, thread: Any, functions: list[Callable[..., Any]]):
         self.thread = thread
         self.functions = functions
         self.variant: Any = None
+        self.traces: dict[Any, Any] = {}
 
 
 _CACHE: WrapperCache[HandedCall] = WrapperCache(limit=32)

@@ -44,6 +44,15 @@ What a framework must provide is a small *state source* (``StateSource``):
   changes the state abandons the first JAX call while JAX traces ``cond_fun`` (before
   the body is traced or compiled), and reusable wrappers remember to go straight to the
   form that carries the predicate.
+* optionally ``carried_predicate = True``: every ``while_loop`` carries its predicate,
+  as ``while cond(x): x = body(x)`` runs: ``cond_fun`` is called once before the loop,
+  with the state threaded (what it writes is kept), and again after ``body_fun`` at the
+  end of each step, each in its own ``run``; the predicate rides in the carry as
+  ``cond_fun`` returns it. Eagerly, the first test is traced once per argument types
+  (kept with reused wrappers) and its jaxpr evaluated, so an identical call runs no
+  Python again. Without it, ``cond_fun`` is traced by JAX's ``while_loop`` as long as it
+  leaves the state alone (JAX's own structure), and only one that changes it is moved
+  into the body (NNX asks for the carried form; Haiku and Linen do not).
 
 Stability: semi-public, for adapters in this repository and their authors. The protocol
 and the combinators' signatures change only with a note in the changelog.
@@ -70,7 +79,10 @@ from typing import Any, Protocol, runtime_checkable
 
 import jax
 import jax.numpy as jnp
+from jax.core import Tracer, eval_jaxpr
 
+from jaxoverride.adapter_kit._batched_map import batched_map
+from jaxoverride.adapter_kit._cache import WrapperCache
 from jaxoverride.adapter_kit._handed import handed_call
 from jaxoverride.adapter_kit._operands import NO_OPERAND as _NO_OPERAND, distinct_functions
 from jaxoverride.adapter_kit._phase import applying, is_applying
@@ -348,9 +360,10 @@ def threaded_while_loop(
     """``lax.while_loop`` with ``source``'s state in the carry, init-exact.
 
     ``cond_fun`` sees the state; if it changes it (a variable, an rng draw), the loop
-    evaluates it at the end of each body instead, carrying the predicate. The creation
-    pass calls ``cond_fun`` and ``body_fun`` once, so a zero-trip loop still creates its
-    parameters.
+    evaluates it at the end of each body instead, carrying the predicate. A source with
+    ``carried_predicate = True`` always gets that form, its first test threaded too (see
+    the module docstring). The creation pass calls ``cond_fun`` and ``body_fun`` once, so
+    a zero-trip loop still creates its parameters.
 
     Args:
       source: the ``StateSource``.
@@ -400,6 +413,26 @@ def threaded_while_loop(
 
         return [(0, cond), (1, body)]
 
+    def carried_runs(thread: Threaded) -> list[tuple[int, Any]]:
+        def test(fns: Any, state: Any, value: Any) -> Any:
+            return thread.run(0, state, fns[0], value)
+
+        def body(fns: Any, carry: Any) -> Any:
+            value, state, _ = carry
+            value, state = thread.run(1, state, fns[1], value)
+            pred, state = thread.run(2, state, fns[0], value)
+            return value, state, pred
+
+        return [(0, test), (1, body)]
+
+    def carried_call() -> Any:
+        with handed_call(source, where, functions, 3, carried_runs, Threaded) as handed:
+            test, body = handed.functions
+            pred, state = _first_test(handed.traces, test, source.read(), init_val)
+            value, state, _ = lower(_carried_predicate, body, (init_val, state, pred))
+            handed.thread.finish(state)
+        return value
+
     def call() -> Any:
         cond_changed_state.clear()
         with handed_call(source, where, functions, 2, read_only_runs, Threaded) as handed:
@@ -437,7 +470,34 @@ def threaded_while_loop(
         value = _as_operands(init_val)
         return cond_fun(value), body_fun(value)
 
-    return init_safe(source, creation, call)
+    carried = getattr(source, "carried_predicate", False)
+    return init_safe(source, creation, carried_call if carried else call)
+
+
+_FIRST_TESTS = 16  # first-test traces kept per reused wrapper, before they are dropped
+
+
+def _first_test(traces: dict[Any, Any], test: Callable[..., Any], *operands: Any) -> Any:
+    """``test(*operands)``: traced inline under a trace; eagerly, its jaxpr evaluated.
+
+    JAX traces ``cond_fun`` rather than running it: an identical eager call runs no
+    Python, and a fresh ``cond_fun`` (a solver's closure) costs no compilation of its own.
+    """
+    leaves, tree = jax.tree.flatten(operands)
+    if any(isinstance(leaf, Tracer) for leaf in leaves):
+        return test(*operands)
+    try:
+        key = (tree, tuple(map(jax.typeof, leaves)))
+    except TypeError:  # a leaf JAX cannot type: JAX will say so in the loop itself
+        return test(*operands)
+    traced = traces.get(key)
+    if traced is None:
+        closed, shapes = jax.make_jaxpr(test, return_shape=True)(*operands)
+        if len(traces) >= _FIRST_TESTS:
+            traces.clear()
+        traced = traces[key] = (closed, jax.tree.structure(shapes))
+    closed, out_tree = traced
+    return jax.tree.unflatten(out_tree, eval_jaxpr(closed.jaxpr, closed.consts, *leaves))
 
 
 class _PredicateChangedStateError(Exception):
@@ -635,7 +695,12 @@ def threaded_map(
     """``lax.map`` written, as JAX writes it, in terms of a (threaded) ``scan`` and ``vmap``.
 
     JAX's map has no carry to thread state through, so this map is a scan: each element
-    sees the state the previous one left; with ``batch_size`` it is a scan of ``vmap``s.
+    sees the state the previous one left; with ``batch_size`` it is a scan of ``vmap``s
+    over JAX's own split (``batched_map``), the remainder one more ``vmap``.
+
+    The scan body is one function per ``f`` (and ``vmap``), held weakly: handed to a
+    ``scan`` whose source reuses its wrappers (``reuse_key``), an identical eager call
+    hits JAX's caches and compiles once.
 
     Args:
       scan: the scan to use (the neutral ``jaxoverride.lax.scan``, so that it threads).
@@ -653,20 +718,25 @@ def threaded_map(
       [0.0, 2.0, 4.0, 6.0, 8.0]
     """
     if batch_size is None:
-        return scan(lambda _, x: ((), f(x)), (), xs)[1]
-    leaves = jax.tree.leaves(xs)
-    total = leaves[0].shape[0] if leaves else 0
-    full = (total // batch_size) * batch_size
-    outs = []
-    if full:
-        batched = jax.tree.map(lambda x: x[:full].reshape(-1, batch_size, *x.shape[1:]), xs)
-        ys = scan(lambda _, x: ((), vmap(f)(x)), (), batched)[1]
-        outs.append(jax.tree.map(lambda y: y.reshape(-1, *y.shape[2:]), ys))
-    if full < total:
-        outs.append(vmap(f)(jax.tree.map(lambda x: x[full:], xs)))
-    if len(outs) == 1:
-        return outs[0]
-    return jax.tree.map(lambda a, b: jnp.concatenate([a, b], axis=0), *outs)
+        return scan(_map_step(f, None), (), xs)[1]
+    blocks = lambda xs: scan(_map_step(f, vmap), (), xs)[1]
+    return batched_map(blocks, vmap(f), xs, batch_size)
+
+
+# The scan bodies of ``threaded_map``, per mapped function (weakly) and ``vmap``.
+_MAP_STEPS: WrapperCache[Callable[..., Any]] = WrapperCache()
+
+
+def _map_step(f: Callable[..., Any], vmap: Callable[..., Any] | None) -> Callable[..., Any]:
+    def make(getters: Sequence[Callable[[], Any]]) -> Callable[..., Any]:
+        get = getters[0]
+
+        def step(_: Any, x: Any) -> Any:
+            return (), (get() if vmap is None else vmap(get()))(x)
+
+        return step
+
+    return _MAP_STEPS.get((f,), ("map", vmap), make)
 
 
 def threaded_call(
