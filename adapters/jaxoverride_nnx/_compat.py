@@ -92,4 +92,37 @@ here, or one that has a public name.
 """
 
 
-__all__ = ["PRIVATE_SYMBOLS", "DataElem", "StaticElem", "chain_on_get_value", "graphlib"]
+RAW_VALUE = "_raw_value"
+"""The name of ``flax.nnx.Variable``'s slot that holds its value (see
+``PRIVATE_ATTRIBUTES``)."""
+
+PRIVATE_ATTRIBUTES: dict[str, str] = {
+    "flax.nnx.Variable._raw_value": (
+        "the value slot, read and written without NNX's per-access checks and hooks: the "
+        "adapter threads the raw values, and a repeated jitted call reads every lifted "
+        "Variable through it (``operator.attrgetter``: ``get_raw_value()`` is a Python "
+        "call, and ``Variable.__getattr__`` keeps Python from specialising the read)"
+    ),
+    "flax.nnx.Variable._trace_state": "the trace a Variable's write is checked against",
+}
+"""Private attributes of Flax objects the NNX adapter uses, with why no public one serves.
+
+They are slots of ``Variable`` (``__slots__ = ('_raw_value', '_trace_state',
+'_var_metadata')``) in every supported release: read in Flax 0.12.8 (installed) and main
+at 0.12.8 (2026-07-02); the oldest set (Flax 0.12.1, ``make test-oldest``) runs the
+adapter's tests over them. ``jaxoverride_nnx._graph`` takes their descriptors from
+``Variable.__dict__``, so a release without them fails at import, not with a wrong value;
+the jit's plan reads ``_raw_value`` by name only for Variable types where that name is
+still the slot (``_jit._reads_the_slot``), and through the slot's descriptor otherwise.
+"""
+
+
+__all__ = [
+    "PRIVATE_ATTRIBUTES",
+    "PRIVATE_SYMBOLS",
+    "RAW_VALUE",
+    "DataElem",
+    "StaticElem",
+    "chain_on_get_value",
+    "graphlib",
+]
