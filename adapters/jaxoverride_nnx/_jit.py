@@ -136,32 +136,77 @@ class NnxJit:
         plain_types = _PLAIN_TYPES
         scope = _scope
 
-        def call(*args: Any, **kwargs: Any) -> Any:
-            tracked, epoch, jitted, reads, writes, refs, build = hot[0]
-            if tracked is active_get() and epoch == scope._epoch and not kwargs:
-                for arg in args:
-                    if type(arg) not in plain_types:
-                        break
-                else:
-                    try:
-                        result = jitted(list(map(_READ, reads)), *args)
-                    except (NeedsState, LayoutChanged) as error:
-                        if error.owner is not build:
-                            raise
-                        hot[0] = _COLD
-                        return general(args, kwargs)
-                    if not writes:
-                        return from_refs(result, tracked) if refs else result
-                    out, values = result
-                    if type(values[0]) is not _ARRAY and isinstance(values[0], Tracer):
-                        write_back(tracked, build.updates(values), _WHERE)  # all or none are
-                    elif len(writes) == 1:  # a counter, a step: the usual case, without a loop
-                        _SET(writes[0], values[0])
+        def serving(
+            miss: Callable[[tuple[Any, ...], dict[str, Any]], Any],
+            current: Callable[[], object] | None = None,
+            stack: object = None,
+            captured: Callable[[], Any] | None = None,
+            mark: list[Any] | None = None,
+            fallback: Callable[..., Any] | None = None,
+        ) -> Callable[..., Any]:
+            """The hot path: ``call``, or with ``current`` a checked direct call (see
+            ``checked_direct``) that serves only in ``stack`` and while ``captured()`` is
+            the object ``mark`` says the check passed for with this very plan."""
+
+            def hot_call(*args: Any, **kwargs: Any) -> Any:
+                plan = hot[0]
+                tracked, epoch, jitted, reads, writes, refs, build = plan
+                if current is not None:
+                    if current() is not stack:
+                        return fallback(*args, **kwargs)  # type: ignore[misc]
+                    value = captured()  # type: ignore[misc]
+                    marked = mark[0]  # type: ignore[index]
+                    if marked[0] is not plan or id(value) != marked[1]:
+                        return miss(args, kwargs)
+                    if type(value) is not marked[2]:
+                        return miss(args, kwargs)
+                if tracked is active_get() and epoch == scope._epoch and not kwargs:
+                    for arg in args:
+                        if type(arg) not in plain_types:
+                            break
                     else:
-                        for variable, value in zip(writes, values, strict=True):
-                            _SET(variable, value)
-                    return from_refs(out, tracked) if refs else out
-            return general(args, kwargs)
+                        try:
+                            result = jitted(list(map(_READ, reads)), *args)
+                        except (NeedsState, LayoutChanged) as error:
+                            if error.owner is not build:
+                                raise
+                            hot[0] = _COLD
+                            return miss(args, kwargs)
+                        if not writes:
+                            return from_refs(result, tracked) if refs else result
+                        out, values = result
+                        if type(values[0]) is not _ARRAY and isinstance(values[0], Tracer):
+                            write_back(tracked, build.updates(values), _WHERE)  # all or none
+                        elif len(writes) == 1:  # a counter, a step: the usual case, no loop
+                            _SET(writes[0], values[0])
+                        else:
+                            for variable, value in zip(writes, values, strict=True):
+                                _SET(variable, value)
+                        return from_refs(out, tracked) if refs else out
+                return miss(args, kwargs)
+
+            return hot_call
+
+        def checked_direct(
+            current: Callable[[], object],
+            stack: object,
+            fallback: Callable[..., Any],
+            captured: Callable[[], Any],
+        ) -> Callable[..., Any]:
+            # (plan, id and type of the captured object) after a call that passed the
+            # check with that plan's tracked set active at its epoch: the object's cover
+            # (``_is_tracked``: its id in that set's graph) is then known for that plan.
+            mark: list[Any] = [(_COLD, -1, None)]
+
+            def checked(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+                out = fallback(*args, **kwargs)
+                value = captured()
+                plan = hot[0]
+                if value is not None and plan[0] is active_get() and plan[1] == scope._epoch:
+                    mark[0] = (plan, id(value), type(value))
+                return out
+
+            return serving(checked, current, stack, captured, mark, fallback)
 
         def general(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
             tracked = ACTIVE.get()
@@ -225,9 +270,16 @@ class NnxJit:
                 hot[0] = _plan(tracked, build, reads)
             return from_refs(out, tracked) if refs else out
 
+        call = serving(general)
         call.tracked_jit = self  # type: ignore[attr-defined]
         functools.update_wrapper(call, self._fun, updated=())
-        return jo.jit_api(call, self._fun, stage=self._stage, jitted=self._jitted)
+        return jo.jit_api(
+            call,
+            self._fun,
+            stage=self._stage,
+            jitted=self._jitted,
+            checked_direct=checked_direct if per_arity is None else None,
+        )
 
     def _retry(self, key: Any, tracked: Tracked, error: NeedsState | LayoutChanged) -> None:
         """The function touched a module it was not given: give it that one too. Or a
