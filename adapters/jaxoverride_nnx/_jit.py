@@ -154,11 +154,8 @@ class NnxJit:
                 if current is not None:
                     if current() is not stack:
                         return fallback(*args, **kwargs)  # type: ignore[misc]
-                    value = captured()  # type: ignore[misc]
                     marked = mark[0]  # type: ignore[index]
-                    if marked[0] is not plan or id(value) != marked[1]:
-                        return miss(args, kwargs)
-                    if type(value) is not marked[2]:
+                    if marked[0] is not plan or marked[1] is not captured():  # type: ignore[misc]
                         return miss(args, kwargs)
                 if tracked is active_get() and epoch == scope._epoch and not kwargs:
                     for arg in args:
@@ -193,17 +190,18 @@ class NnxJit:
             fallback: Callable[..., Any],
             captured: Callable[[], Any],
         ) -> Callable[..., Any]:
-            # (plan, id and type of the captured object) after a call that passed the
-            # check with that plan's tracked set active at its epoch: the object's cover
-            # (``_is_tracked``: its id in that set's graph) is then known for that plan.
-            mark: list[Any] = [(_COLD, -1, None)]
+            # (plan, the check's token for the captured object) after a call that passed
+            # the check with that plan's tracked set active at its epoch: the object's
+            # cover (``_is_tracked``: its id in that set's graph) is then known for that
+            # plan. One tuple, replaced whole (threads).
+            mark: list[Any] = [(_COLD, _COLD)]
 
             def checked(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
                 out = fallback(*args, **kwargs)
-                value = captured()
+                token = captured()
                 plan = hot[0]
-                if value is not None and plan[0] is active_get() and plan[1] == scope._epoch:
-                    mark[0] = (plan, id(value), type(value))
+                if token is not None and plan[0] is active_get() and plan[1] == scope._epoch:
+                    mark[0] = (plan, token)
                 return out
 
             return serving(checked, current, stack, captured, mark, fallback)

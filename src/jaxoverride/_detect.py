@@ -628,12 +628,13 @@ class TransformCheck:
         asks at each call, for ``target`` built in ``snapshot``; None where no call of
         this function can be served so (it is not a plain function of one closure cell).
 
-        ``captured()`` returns the one NNX object the function captures where a call
-        would pass the check exactly as the last inline check did (the state
-        ``checked_call`` keeps after it: same stack and target, same code and cell object,
-        no defaults, no ``__wrapped__``, no Haiku or Linen scope running, the check on),
-        but for its covering predicate; else None. The direct call answers that predicate
-        itself: it serves only while the object is one it covers.
+        ``captured()`` returns a token where a call would pass the check exactly as the
+        last inline check did (the state ``checked_call`` keeps after it: same stack and
+        target, same code and cell object, no defaults, no ``__wrapped__``, no Haiku or
+        Linen scope running, the check on), but for its covering predicate; else None.
+        Equal tokens (the same object) stand for the same captured object. The direct
+        call answers the predicate itself: it serves only under a token it saw a call
+        pass the check with.
         """
         fun = self.fun
         if type(fun) is not types.FunctionType:
@@ -667,7 +668,7 @@ class TransformCheck:
                     linen = modules_get(_LINEN_MODULE)
                     if linen is not None and linen._context.module_stack[-1] is not None:
                         return None
-                    return value
+                    return served  # replaced whole by the next inline check that passes
             return None
 
         return captured

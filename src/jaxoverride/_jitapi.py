@@ -150,10 +150,11 @@ def jit_api(
         (a function that captures Flax NNX state), for an adapter that covers such state:
         ``checked_direct(current, stack, fallback, captured)`` returns a function that
         behaves as ``direct``'s, where ``fallback`` also runs the check, and that may
-        skip the check only while ``captured()`` returns an object whose last check
-        passed (the function's one captured object, where nothing the check reads has
-        changed; None otherwise) and that its adapter still covers, as its ``covers``
-        predicate would answer now. Whatever it does not serve so goes to ``fallback``.
+        skip the check only while ``captured()`` returns the token (not None) of a call
+        that passed the check, where its adapter's ``covers`` predicate would still
+        answer as then (the token stands for the function's one captured object, while
+        nothing the check reads has changed). Whatever it does not serve so goes to
+        ``fallback``.
 
     Returns:
       ``call``, with the attributes set.
