@@ -110,10 +110,11 @@ PRIVATE_ATTRIBUTES: dict[str, str] = {
 They are slots of ``Variable`` (``__slots__ = ('_raw_value', '_trace_state',
 '_var_metadata')``) in every supported release: read in Flax 0.12.8 (installed) and in an
 older and a newer upstream ``variablelib.py``; the oldest set (Flax 0.12.1,
-``make test-oldest``) runs the adapter's tests over them. ``jaxoverride_nnx._graph`` takes their descriptors from
-``Variable.__dict__``, so a release without them fails at import, not with a wrong value;
-the jit's plan reads ``_raw_value`` by name only for Variable types where that name is
-still the slot (``_jit._reads_the_slot``), and through the slot's descriptor otherwise.
+``make test-oldest``) runs the adapter's tests over them. ``jaxoverride_nnx._graph`` takes
+their descriptors from ``Variable.__dict__``, so a release without them fails at import,
+not with a wrong value; the jit's plan reads ``_raw_value`` by name only for Variable
+types where that name is still the slot (``_jit._reads_the_slot``), and through the
+slot's descriptor otherwise.
 """
 
 
