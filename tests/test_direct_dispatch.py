@@ -15,6 +15,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
 import jaxoverride as jo
@@ -336,3 +337,84 @@ def test_a_wrapper_under_the_missing_adapter_check_never_goes_direct():
             with pytest.raises(MissingAdapterError, match="bake their current weights"):
                 apply(jnp.ones(2))
     assert state_of(apply).direct is None and not state_of(apply).directs
+
+
+def _nnx_counter() -> Any:
+    from flax import nnx
+
+    class Counter(nnx.Module):
+        def __init__(self, seed: int) -> None:
+            self.linear = nnx.Linear(2, 2, rngs=nnx.Rngs(seed))
+            self.calls = nnx.Variable(jnp.array(0))
+
+        def __call__(self, x: jax.Array) -> jax.Array:
+            self.calls[...] += 1
+            return self.linear(x)
+
+    return Counter
+
+
+def test_nnx_track_goes_direct_under_the_check_and_every_refusal_still_fires():
+    """Under ``track`` a checked ``jo.jit`` of a one-cell closure is served by the NNX
+    adapter's direct call (no check frame); a rebound cell, a structural change and a
+    tracked set without the module (same stack) each go back through the check, which
+    refuses what it refused before, and the right module serves again after."""
+    import jaxoverride_nnx
+    from jaxoverride.errors import MissingAdapterError
+
+    counter = _nnx_counter()
+    first, second, other = counter(0), counter(1), counter(2)
+    model = first
+    apply = jo.jit(lambda x: model(x))
+    x = jnp.ones(2)
+    with jaxoverride_nnx.track(first):
+        for _ in range(3):
+            apply(x)
+        assert state_of(apply).check is not None and state_of(apply).direct is not None
+        direct = apply.func
+        model = second  # not tracked
+        with pytest.raises(MissingAdapterError, match="track it too"):
+            apply(x)
+        model = first
+        np.testing.assert_allclose(apply(x), first(x), rtol=1e-6)
+        apply(x)
+        assert apply.func is direct  # still direct: the misses went through the check
+        first.linear = counter(3).linear  # ``first`` changes structure: walked again
+        apply(x)
+    with jaxoverride_nnx.track(other):  # the same stack, a tracked set without ``first``
+        assert apply.func is direct
+        # the new tracked set traces anew: the adapter's own, more precise error first
+        with pytest.raises(jaxoverride_nnx.UntrackedModuleError, match="not tracked"):
+            apply(x)
+    with jaxoverride_nnx.track(first):
+        np.testing.assert_allclose(apply(x), counter(3).linear(x), rtol=1e-6)
+    # As without the direct call: each call ran once but the one refused while tracing;
+    # the refused cache hit with ``second`` ran (and wrote) the trace made with ``first``,
+    # and ``first(x)`` itself counts.
+    assert int(first.calls[...]) == 3 + 1 + 2 + 1 + 1 + 1
+    assert int(second.calls[...]) == 0 and int(other.calls[...]) == 0
+
+
+def test_a_checked_direct_call_with_the_check_off_runs_as_the_check_off_does():
+    import jaxoverride_nnx
+
+    counter = _nnx_counter()
+    first, second = counter(0), counter(1)
+    model = first
+    apply = jo.jit(lambda x: model(x))
+    x = jnp.ones(2)
+    with jaxoverride_nnx.track(first):
+        for _ in range(3):
+            apply(x)
+        previous = jo.set_adapter_check(False)
+        try:
+            model = second  # the program means it: run as without the check
+            apply(x)
+            model = first
+            apply(x)
+        finally:
+            jo.set_adapter_check(previous)
+        apply(x)
+    # as with the check off and no direct call: the call with ``second`` ran the trace
+    # made with ``first`` (what the check is there to refuse), nothing was refused
+    assert int(first.calls[...]) == 6 and int(second.calls[...]) == 0

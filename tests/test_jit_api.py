@@ -210,7 +210,7 @@ def test_nnx_lowering_under_track_takes_the_variables():
         assert scope is not None
         values = scope.read()  # what a call passes first
         lowered = jitted.lower(X)
-        compiled_out, updates = lowered.compile()(values, X)
+        compiled_out, written = lowered.compile()(values, X)
         shape = jitted.eval_shape(X)
         invars = len(jitted.trace(X).jaxpr.jaxpr.invars)
         out = jitted(X)
@@ -220,7 +220,7 @@ def test_nnx_lowering_under_track_takes_the_variables():
     expected = reference(X)
     np.testing.assert_allclose(out, expected, rtol=1e-6)
     np.testing.assert_array_equal(compiled_out, out)
-    assert [int(v) for v in updates.values()] == [1]  # the counter's new value, not stored
+    assert [int(v) for v in written] == [1]  # the counter's new value, not stored
     assert "tensor<3xf32>" in lowered.as_text().split("\n")[1]
     assert invars == 3  # count, w and x
     assert shape == jax.ShapeDtypeStruct((3,), jnp.float32)

@@ -92,8 +92,19 @@ here, or one that has a public name.
 """
 
 
+RAW_VALUE = "_raw_value"
+"""The name of ``flax.nnx.Variable``'s slot that holds its value (see
+``PRIVATE_ATTRIBUTES``)."""
+
 PRIVATE_ATTRIBUTES: dict[str, str] = {
-    "Variable._var_metadata": (
+    "flax.nnx.Variable._raw_value": (
+        "the value slot, read and written without NNX's per-access checks and hooks: the "
+        "adapter threads the raw values (_graph.RAW), and a repeated jitted call reads every "
+        "lifted Variable through it (``operator.attrgetter``: ``get_raw_value()`` is a Python "
+        "call, and ``Variable.__getattr__`` keeps Python from specialising the read)"
+    ),
+    "flax.nnx.Variable._trace_state": "the trace a Variable's write is checked against",
+    "flax.nnx.Variable._var_metadata": (
         "the dict that Variable.get_value reads its 'on_get_value' hooks from. A custom "
         "rule's reads of differentiated Variables (_rules) and, under track, reads inside a "
         "raw jax.jit trace (_stale_reads) are refused at the read itself; NNX's public "
@@ -102,12 +113,17 @@ PRIVATE_ATTRIBUTES: dict[str, str] = {
         "get_value runs the hooks on every user read (v[...], v.value, jnp.asarray(v), "
         "arithmetic), and get_raw_value and the _raw_value slot run none"
     ),
-    "Variable._raw_value": (
-        "the slot the adapter reads and writes, which runs no hook and no NNX check "
-        "(_graph.RAW; the jitted hot path reads it as an attribute)"
-    ),
 }
-"""Private attributes of Flax objects that the NNX adapter reads or sets, with why.
+"""Private attributes of Flax objects the NNX adapter uses, with why no public one serves.
+
+They are slots of ``Variable`` (``__slots__ = ('_raw_value', '_trace_state',
+'_var_metadata')``) in every supported release: read in Flax 0.12.8 (installed) and in an
+older and a newer upstream ``variablelib.py``; the oldest set (Flax 0.12.1,
+``make test-oldest``) runs the adapter's tests over them. ``jaxoverride_nnx._graph`` takes
+their descriptors from ``Variable.__dict__``, so a release without them fails at import,
+not with a wrong value; the jit's plan reads ``_raw_value`` by name only for Variable
+types where that name is still the slot (``_jit._reads_the_slot``), and through the
+slot's descriptor otherwise.
 
 Hooks are put on only while a ``track`` scope is entered and taken off at its exit, the
 metadata left as it was. Flax copies a Variable's metadata into the copies it makes
@@ -119,6 +135,7 @@ read check, which does nothing outside ``track`` or for a Variable that is not t
 __all__ = [
     "PRIVATE_ATTRIBUTES",
     "PRIVATE_SYMBOLS",
+    "RAW_VALUE",
     "DataElem",
     "StaticElem",
     "chain_on_get_value",

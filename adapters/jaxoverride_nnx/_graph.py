@@ -19,9 +19,9 @@ from flax.nnx import Pytree, Variable, variablelib
 from flax.nnx.pytreelib import PytreeState
 from flax.nnx.variablelib import HijaxVariable
 
-from jaxoverride_nnx._compat import DataElem, StaticElem, graphlib
+from jaxoverride_nnx._compat import RAW_VALUE, DataElem, StaticElem, graphlib
 
-RAW = Variable.__dict__["_raw_value"]
+RAW = Variable.__dict__[RAW_VALUE]
 """The slot descriptor of ``Variable._raw_value``: reads and writes that skip NNX's checks."""
 TRACE = Variable.__dict__["_trace_state"]
 """The slot descriptor of ``Variable._trace_state``."""

@@ -2,12 +2,19 @@
 
 On a cache hit a call reads the lifted Variables' raw values into a flat list, calls the
 inner jitted function with that list prepended to the arguments, and stores back only
-the values that the trace showed to change (returned as a dict, so an unchanged
-Variable costs nothing on the way out). No graph traversal happens per call: the
+the values that the trace showed to change. No graph traversal happens per call: the
 tracked set was walked when ``track`` was entered. The inner function is keyed on the
 tracked set's ``TrackKey`` (root identities and graph fingerprint) in a table that
 holds no module, so weights are never baked in as constants, a changed tracked set
 gets its own trace and a dead module's entries are pruned.
+
+A repeated call is served from a flat plan, made when the general path last ran: the
+tracked set and structure epoch it is right for, the jitted function, the tuple of
+Variables it reads and the tuple of those it writes. Each trace of a build must return
+the same layout (``_Layout``: which Variables it writes, whether the output holds
+modules); the output is then the bare output, or ``(output, new values)`` in the order
+of that tuple. A trace with another layout gets a build that returns the general,
+self-describing form (``(output, {index: value})``), so no call misreads an output.
 """
 
 from __future__ import annotations
@@ -15,6 +22,8 @@ from __future__ import annotations
 import contextvars
 import functools
 import inspect
+import operator
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -26,6 +35,7 @@ from jax.core import Tracer
 import jaxoverride as jo
 from jaxoverride.adapter_kit import infer_argnums_and_argnames, jit_name, shift_argnums
 from jaxoverride_nnx import _scope
+from jaxoverride_nnx._compat import RAW_VALUE
 from jaxoverride_nnx._graph import RAW, is_graph_object
 from jaxoverride_nnx._lift import (
     call_plain,
@@ -42,12 +52,12 @@ _WHERE = "jaxoverride.jit"
 _GET = RAW.__get__
 _SET = RAW.__set__
 _JIT_SIGNATURE = inspect.signature(jax.jit)
-_PLAIN_TYPES = frozenset(
-    {type(jnp.zeros(())), np.ndarray, int, float, bool, complex, np.float32, np.int32}
-)
+_ARRAY = type(jnp.zeros(()))
+_PLAIN_TYPES = frozenset({_ARRAY, np.ndarray, int, float, bool, complex, np.float32, np.int32})
+_READ = operator.attrgetter(RAW_VALUE)
 _CLEAN_LIMIT = 256
 # ``hot`` of a call with nothing to serve: no tracked set is this object, no epoch is -1.
-_COLD = (object(), -1, None, ())
+_COLD = (object(), -1, None, (), (), False, None)
 
 
 class NnxJit:
@@ -115,48 +125,86 @@ class NnxJit:
         # The last key and its build: one tuple, replaced whole, so that another thread
         # reads one pair or the other, never a key with another key's build.
         last: list[Any] = [(None, None)]
-        # The last call that took the general path to the plain jitted call: (tracked
-        # set, structure epoch, build, the Variables it reads). A call with the same
-        # tracked set, no structural change since and plain positional arguments is
-        # served straight from it: it still reads every Variable (a write that bypasses
-        # NNX's checks, or nnx.jit's own, leaves no other trace).
+        # The plan of the last call that took the general path to the plain jitted call
+        # (see ``_plan``). A call with the same tracked set, no structural change since
+        # and plain positional arguments is served from it: it still reads every
+        # Variable (a write that bypasses NNX's checks, or nnx.jit's own, leaves no
+        # other trace). One tuple, replaced whole (threads).
         hot: list[Any] = [_COLD]
         per_arity = self._per_arity
         active_get = ACTIVE.get
         plain_types = _PLAIN_TYPES
+        scope = _scope
 
-        def call(*args: Any, **kwargs: Any) -> Any:
-            tracked = active_get()
-            served = hot[0]
-            if served[0] is tracked and served[1] == _scope._epoch and not kwargs:
-                assert tracked is not None  # _COLD's first item is no tracked set
-                for arg in args:
-                    if type(arg) not in plain_types:
-                        break
-                else:
-                    build = served[2]
-                    try:
-                        # The attribute, not the slot descriptor's ``__get__``: the
-                        # interpreter's specialised slot read is about twice as fast, and
-                        # ``general`` checked that it reads that very slot.
-                        result = build.jitted([v._raw_value for v in served[3]], *args)
-                    except NeedsState as error:
-                        if error.owner is not build:
-                            raise
-                        hot[0] = _COLD
-                        return general(args, kwargs)
-                    updates = result[1]
-                    if updates:
-                        variables = tracked.variables
-                        for index, value in updates.items():
-                            if isinstance(value, Tracer):  # all or none are
-                                write_back(tracked, updates, _WHERE)
-                                break
-                            _SET(variables[index], value)
-                    if len(result) == 3:  # the output holds tracked modules: map them back
-                        return from_refs(result[0], tracked)
-                    return result[0]
-            return general(args, kwargs)
+        def serving(
+            miss: Callable[[tuple[Any, ...], dict[str, Any]], Any],
+            current: Callable[[], object] | None = None,
+            stack: object = None,
+            captured: Callable[[], Any] | None = None,
+            mark: list[Any] | None = None,
+            fallback: Callable[..., Any] | None = None,
+        ) -> Callable[..., Any]:
+            """The hot path: ``call``, or with ``current`` a checked direct call (see
+            ``checked_direct``) that serves only in ``stack`` and while ``captured()`` is
+            the object ``mark`` says the check passed for with this very plan."""
+
+            def hot_call(*args: Any, **kwargs: Any) -> Any:
+                plan = hot[0]
+                tracked, epoch, jitted, reads, writes, refs, build = plan
+                if current is not None:
+                    if current() is not stack:
+                        return fallback(*args, **kwargs)  # type: ignore[misc]
+                    marked = mark[0]  # type: ignore[index]
+                    if marked[0] is not plan or marked[1] is not captured():  # type: ignore[misc]
+                        return miss(args, kwargs)
+                if tracked is active_get() and epoch == scope._epoch and not kwargs:
+                    for arg in args:
+                        if type(arg) not in plain_types:
+                            break
+                    else:
+                        try:
+                            result = jitted(list(map(_READ, reads)), *args)
+                        except (NeedsState, LayoutChanged) as error:
+                            if error.owner is not build:
+                                raise
+                            hot[0] = _COLD
+                            return miss(args, kwargs)
+                        if not writes:
+                            return from_refs(result, tracked) if refs else result
+                        out, values = result
+                        if type(values[0]) is not _ARRAY and isinstance(values[0], Tracer):
+                            write_back(tracked, build.updates(values), _WHERE)  # all or none
+                        elif len(writes) == 1:  # a counter, a step: the usual case, no loop
+                            _SET(writes[0], values[0])
+                        else:
+                            for variable, value in zip(writes, values, strict=True):
+                                _SET(variable, value)
+                        return from_refs(out, tracked) if refs else out
+                return miss(args, kwargs)
+
+            return hot_call
+
+        def checked_direct(
+            current: Callable[[], object],
+            stack: object,
+            fallback: Callable[..., Any],
+            captured: Callable[[], Any],
+        ) -> Callable[..., Any]:
+            # (plan, the check's token for the captured object) after a call that passed
+            # the check with that plan's tracked set active at its epoch: the object's
+            # cover (``_is_tracked``: its id in that set's graph) is then known for that
+            # plan. One tuple, replaced whole (threads).
+            mark: list[Any] = [(_COLD, _COLD)]
+
+            def checked(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+                out = fallback(*args, **kwargs)
+                token = captured()
+                plan = hot[0]
+                if token is not None and plan[0] is active_get() and plan[1] == scope._epoch:
+                    mark[0] = (plan, token)
+                return out
+
+            return serving(checked, current, stack, captured, mark, fallback)
 
         def general(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
             tracked = ACTIVE.get()
@@ -180,7 +228,7 @@ class NnxJit:
             else:
                 build = cache.get(key) or compile_(key)
                 last[0] = (key, build)
-            variables = tracked.variables
+            reads = None
             try:
                 if tracked.owner is None:  # inside a neutral transform: see _call_hidden
                     values = build.read(tracked)
@@ -193,51 +241,65 @@ class NnxJit:
                         # one) shares the build: read its own Variables, not the build's.
                         reads = build.variables_of(tracked)
                         values = list(map(_GET, reads))
-                        if (
-                            per_arity is None
-                            and tracked.epoch == _scope._epoch
-                            and _reads_the_slot(reads)
-                        ):
-                            hot[0] = (tracked, tracked.epoch, build, reads)
                     result = build.jitted(values, *args, **kwargs)
-            except NeedsState as error:
+            except (NeedsState, LayoutChanged) as error:
                 if error.owner is not build:
                     raise
                 hot[0] = _COLD
                 retry(key, tracked, error)
                 last[0] = (None, None)
                 return general(args, kwargs)
-            out, updates = result[0], result[1]
+            out, updates, refs = build.unpack(result)
             if updates:
                 # One jitted call's outputs are all concrete or all tracers of one trace.
-                for index, value in updates.items():
-                    if isinstance(value, Tracer):
-                        write_back(tracked, updates, _WHERE)  # checks the trace level first
-                        break
-                    _SET(variables[index], value)
-            if len(result) == 3:  # the output holds tracked modules: map them back
-                out = from_refs(out, tracked)
-            return out
+                if isinstance(next(iter(updates.values())), Tracer):
+                    write_back(tracked, updates, _WHERE)  # checks the trace level first
+                else:
+                    variables = tracked.variables
+                    for index, value in updates.items():
+                        _SET(variables[index], value)
+            if (
+                reads is not None
+                and per_arity is None
+                and tracked.epoch == _scope._epoch
+                and build.layout is not None
+                and _reads_the_slot(reads)
+            ):
+                hot[0] = _plan(tracked, build, reads)
+            return from_refs(out, tracked) if refs else out
 
+        call = serving(general)
         call.tracked_jit = self  # type: ignore[attr-defined]
         functools.update_wrapper(call, self._fun, updated=())
-        return jo.jit_api(call, self._fun, stage=self._stage, jitted=self._jitted)
+        return jo.jit_api(
+            call,
+            self._fun,
+            stage=self._stage,
+            jitted=self._jitted,
+            checked_direct=checked_direct if per_arity is None else None,
+        )
 
-    def _retry(self, key: Any, tracked: Tracked, error: NeedsState) -> None:
-        """The function touched a module it was not given: give it that one too."""
+    def _retry(self, key: Any, tracked: Tracked, error: NeedsState | LayoutChanged) -> None:
+        """The function touched a module it was not given: give it that one too. Or a
+        trace returned another layout than the build's first: build it general."""
         build = self._cache[key]
-        self._cache[key] = self._build(key, tracked, build.given | module_of(tracked, error.index))
+        if type(error) is LayoutChanged:
+            self._cache[key] = self._build(key, tracked, build.given, general=True)
+        else:
+            self._cache[key] = self._build(
+                key, tracked, build.given | module_of(tracked, error.index), build.general
+            )
 
     def _call_with_nodes(
         self, tracked: Tracked | None, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> Any:
         originals = (args, kwargs)
         view, args, kwargs = self._lift_arguments(tracked, args, kwargs)
-        result = self._on_build(self._key(view, args), view, None, args, kwargs, originals)
-        out, updates = result[0], result[1]
+        result, build = self._on_build(self._key(view, args), view, None, args, kwargs, originals)
+        out, updates, refs = build.unpack(result)
         if updates:
             write_back(view, updates, _WHERE)
-        return from_refs(out, view) if len(result) == 3 else out
+        return from_refs(out, view) if refs else out
 
     def _lift_arguments(
         self, tracked: Tracked | None, args: tuple[Any, ...], kwargs: dict[str, Any]
@@ -297,16 +359,19 @@ class NnxJit:
         self._cache[key] = build
         return build
 
-    def _build(self, key: Any, tracked: Tracked | None, given: frozenset[int]) -> _Build:
+    def _build(
+        self, key: Any, tracked: Tracked | None, given: frozenset[int], general: bool = False
+    ) -> _Build:
         """A ``jax.jit`` of the function given the tracked values ``given`` (see
-        ``_threads``: at first none; a module it touches is added when found)."""
+        ``_threads``: at first none; a module it touches is added when found), returning
+        the general layout where ``general`` or the output has shardings."""
         options = self._options
         if self._per_arity is not None:
             count = key[1]
             dynamic = count - len(self._static_positions(count))
             options = {**options, "in_shardings": (None, *[self._per_arity] * dynamic)}
         assert tracked is not None
-        build = _Build(tracked, given)
+        build = _Build(tracked, given, general or self._sharded_out)
         build.jitted = self._below(self._lifted(build), **options)
         return build
 
@@ -322,13 +387,16 @@ class NnxJit:
             given = dict(zip(order, values, strict=True))
             out, after = run_lifted(tracked, given, fun, args, kwargs, _WHERE, owner=build)
             out, has_refs = to_refs(out, tracked)
-            updates = {i: after[i] for i in build.var_order if after[i] is not given[i]}
-            # The arity says whether the output holds NodeRefs: a static fact of the trace
-            # that costs nothing to read on a cache hit. With ``out_shardings`` the arity
-            # is fixed (the shardings are a prefix of the output), and ``from_refs`` runs.
-            if has_refs or sharded_out:
-                return out, updates, None
-            return out, updates
+            written = tuple(i for i in build.var_order if after[i] is not given[i])
+            if build.general:
+                updates = {i: after[i] for i in written}
+                # The arity says whether the output holds NodeRefs. With ``out_shardings``
+                # it is fixed (the shardings are a prefix of the output).
+                if has_refs or sharded_out:
+                    return out, updates, None
+                return out, updates
+            build.settle((written, has_refs))
+            return (out, tuple(after[i] for i in written)) if written else out
 
         # Named as JAX names ``fun`` (a partial by its function, an object as unnamed), so
         # compilations and lowerings carry the user's name.
@@ -359,21 +427,20 @@ class NnxJit:
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
         arguments: Any = (),
-    ) -> Any:
+    ) -> tuple[Any, _Build]:
         """``build.jitted(values, ...)`` (or its ``method``), adding each module the function
-        touches; ``arguments``, the call's own, guide a first build (see ``_compile``)."""
+        touches, and the build that ran; ``arguments``, the call's own, guide a first
+        build (see ``_compile``)."""
         while True:
             build = self._cache.get(key) or self._compile(key, view, arguments)
             token = ACTIVE.set(view)
             try:
                 jitted = build.jitted if method is None else getattr(build.jitted, method)
-                return jitted(build.read(view), *args, **kwargs)
-            except NeedsState as error:
+                return jitted(build.read(view), *args, **kwargs), build
+            except (NeedsState, LayoutChanged) as error:
                 if error.owner is not build:
                     raise
-                self._cache[key] = self._build(
-                    key, view, build.given | module_of(view, error.index)
-                )
+                self._retry(key, view, error)
             finally:
                 ACTIVE.reset(token)
 
@@ -382,8 +449,9 @@ class NnxJit:
         key, view, args, kwargs = self._entry(args, kwargs)
         if view is None:
             return self._plain.eval_shape(*args, **kwargs)
-        result = self._on_build(key, view, "eval_shape", args, kwargs)
-        return from_refs(result[0], view) if len(result) == 3 else result[0]
+        result, build = self._on_build(key, view, "eval_shape", args, kwargs)
+        out, _, refs = build.unpack(result)
+        return from_refs(out, view) if refs else out
 
     def lower(self, *args: Any, **kwargs: Any) -> Any:
         """Lowers the lifted function: its first argument is the list of Variable values."""
@@ -405,21 +473,53 @@ class NnxJit:
         key, view, args, kwargs = self._entry(args, kwargs)
         if view is None:
             return getattr(self._plain, method)(*args, **kwargs)
-        return self._on_build(key, view, method, args, kwargs)
+        return self._on_build(key, view, method, args, kwargs)[0]
 
     def __repr__(self) -> str:
         return f"<jaxoverride_nnx jit of {self._fun!r}>"
 
 
+class LayoutChanged(BaseException):
+    """A trace of a build returned another layout than its first (see ``_Build.settle``).
+
+    A ``BaseException``, as ``NeedsState``: it is never seen outside the adapter.
+    """
+
+    def __init__(self, owner: _Build):
+        super().__init__(owner)
+        self.owner = owner
+
+
+_LAYOUT_LOCK = threading.Lock()
+
+
 class _Build:
     """One ``jax.jit`` of the lifted function, for one tracked set and the tracked values
     it is given (``given``: indices, Variables first, then array attributes), which it
-    takes as a list in ``order``. It marks the probes of its traces (``_threads``)."""
+    takes as a list in ``order``. It marks the probes of its traces (``_threads``).
 
-    __slots__ = ("attrs", "given", "jitted", "order", "source", "var_order", "variables")
+    ``layout`` is ``(written, refs)`` of its first trace: the indices of the Variables
+    it writes and whether the output holds tracked modules. Every trace of a build that
+    is not ``general`` has that layout, so a call reads its output by it; a ``general``
+    build returns ``(out, {index: value})`` (and a third item where ``refs``).
+    """
 
-    def __init__(self, tracked: Tracked, given: frozenset[int]):
+    __slots__ = (
+        "attrs",
+        "general",
+        "given",
+        "jitted",
+        "layout",
+        "order",
+        "source",
+        "var_order",
+        "variables",
+    )
+
+    def __init__(self, tracked: Tracked, given: frozenset[int], general: bool = False):
         count = len(tracked.variables)
+        self.general = general
+        self.layout: tuple[tuple[int, ...], bool] | None = None
         self.given = given
         self.order = tuple(sorted(given))
         self.var_order = tuple(i for i in self.order if i < count)
@@ -435,6 +535,30 @@ class _Build:
         if variables is self.source:
             return self.variables
         return [variables[i] for i in self.var_order]
+
+    def settle(self, layout: tuple[tuple[int, ...], bool]) -> None:
+        """Records the layout of a trace; raises ``LayoutChanged`` if it is not the first's."""
+        with _LAYOUT_LOCK:
+            if self.layout is None:
+                self.layout = layout
+                return
+        if self.layout != layout:
+            raise LayoutChanged(self)
+
+    def unpack(self, result: Any) -> tuple[Any, dict[int, Any] | None, bool]:
+        """``(output, {index: new value} or None, whether the output holds refs)``."""
+        if self.general:
+            return result[0], result[1], len(result) == 3
+        assert self.layout is not None  # set by the trace that made ``result``
+        written, refs = self.layout
+        if not written:
+            return result, None, refs
+        return result[0], dict(zip(written, result[1], strict=True)), refs
+
+    def updates(self, values: tuple[Any, ...]) -> dict[int, Any]:
+        """``{index: value}`` of new values in the order of the layout's writes."""
+        assert self.layout is not None
+        return dict(zip(self.layout[0], values, strict=True))
 
     def read(self, tracked: Tracked) -> list[Any]:
         """The given values, now (probes of an enclosing call refused)."""
@@ -479,17 +603,29 @@ def _call_hidden(
         _HIDDEN.reset(hidden)
 
 
+def _plan(tracked: Tracked, build: _Build, reads: list[Any]) -> tuple[Any, ...]:
+    """What a repeated call with ``tracked`` needs, flat: ``(tracked set, epoch, jitted
+    function, Variables read, Variables written in the layout's order, whether the output
+    holds refs, build)``. Only for a build with a layout whose Variables ``_READ`` reads
+    by their slot (see ``_reads_the_slot``)."""
+    assert build.layout is not None
+    written, refs = build.layout
+    variables = tracked.variables
+    writes = tuple(variables[index] for index in written)
+    return (tracked, tracked.epoch, build.jitted, tuple(reads), writes, refs, build)
+
+
 _SLOT_READERS: dict[type, bool] = {}
 
 
 def _reads_the_slot(variables: list[Any]) -> bool:
-    """Whether ``variable._raw_value`` is the slot ``RAW`` reads, for each of ``variables``
-    (a Variable subclass could shadow the name)."""
+    """Whether ``variable._raw_value`` (what ``_READ`` reads) is the slot ``RAW`` reads, for
+    each of ``variables`` (a Variable subclass could shadow the name)."""
     for kind in {type(variable) for variable in variables}:
         exact = _SLOT_READERS.get(kind)
         if exact is None:
             exact = (
-                inspect.getattr_static(kind, "_raw_value", None) is RAW
+                inspect.getattr_static(kind, RAW_VALUE, None) is RAW
                 and kind.__getattribute__ is object.__getattribute__
             )
             if len(_SLOT_READERS) < _CLEAN_LIMIT:

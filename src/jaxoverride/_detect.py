@@ -444,13 +444,18 @@ class TransformCheck:
     and the code object are kept).
     """
 
-    __slots__ = ("_memo", "fun", "name")
+    __slots__ = ("_fast", "_memo", "fun", "name")
 
     def __init__(self, name: str, fun: Any):
         self.name = name
         self.fun = fun  # the transform's state holds it already
         # One attribute, replaced whole: a thread reads one lookup's memo or another's.
         self._memo: _Memo | None = None
+        # After an inline check passed for a function of one cell that holds the one
+        # captured object: (snapshot, target, code, id and type of that object, the
+        # predicate covering it), shared by every ``checked_call`` and ``guard`` of this
+        # check. One tuple, replaced whole (threads).
+        self._fast: list[Any] = [_NO_FAST]
 
     def captured(self) -> Captured:
         """``captured_state(self.fun)``, from the last lookup's answer where every object
@@ -487,10 +492,14 @@ class TransformCheck:
         plain: Callable[..., Any],
         builds: dict[_stack.Snapshot, Callable[..., Any]],
         build: Callable[[_stack.Snapshot], Callable[..., Any]],
+        directs: dict[_stack.Snapshot, Callable[..., Any]] | None = None,
+        go_direct: Callable[[_stack.Snapshot], None] | None = None,
     ) -> Callable[..., Any]:
         """The call of a checked neutral transform: it picks the target for the active
         stack (``plain`` at the root, else ``builds[snapshot]`` or ``build(snapshot)``)
-        and runs it under the check.
+        and runs it under the check. With ``directs`` (the transform's direct calls that
+        serve checked calls, see ``guard``), a call whose check passed inline in a stack
+        that has one makes it the wrapper's target (``go_direct``).
 
         A call under ``track`` whose function the memo serves (see the class) and that no
         Haiku or Linen scope encloses checks inline what ``run`` would: that each captured
@@ -513,11 +522,9 @@ class TransformCheck:
         plain_function = type(fun) is types.FunctionType
         cells = fun.__closure__ if plain_function else None
         one_cell = cells[0] if cells is not None and len(cells) == 1 else None
-        # After an inline check passed for a function of one cell that holds the one
-        # captured object: (snapshot, target, code, id and type of that object, the
-        # predicate covering it). A call that finds all the same checks only that the
-        # object is still covered. One tuple, replaced whole (threads).
-        fast: list[Any] = [_NO_FAST]
+        # A call that finds all of ``_fast`` the same checks only that the object is
+        # still covered.
+        fast = self._fast
 
         def checked_call(*args: Any, **kwargs: Any) -> Any:
             snapshot = current_get().snapshot
@@ -546,6 +553,8 @@ class TransformCheck:
                     ):
                         out = target(*args, **kwargs) if kwargs else target(*args)  # type: ignore[misc]
                         if served[5](value):
+                            if directs and snapshot in directs and not _stack._guards:
+                                go_direct(snapshot)  # type: ignore[misc]
                             return out
                         fast[0] = _NO_FAST
                         return check._covered_or_refused(out, value, snapshot)
@@ -606,9 +615,63 @@ class TransformCheck:
                         check._refuse([(name, direct[i]) for name, i in memo.found], snapshot)
                 if one_cell is not None and not names and len(predicates) == 1:
                     fast[0] = (snapshot, target, memo.code, ids[0], classes[0], predicates[0])
+                    if directs and snapshot in directs and not _stack._guards:
+                        go_direct(snapshot)  # type: ignore[misc]
             return out
 
         return checked_call
+
+    def guard(
+        self, snapshot: _stack.Snapshot, target: Callable[..., Any]
+    ) -> Callable[[], Any] | None:
+        """What a direct call that serves checked calls (``jit_api``'s ``checked_direct``)
+        asks at each call, for ``target`` built in ``snapshot``; None where no call of
+        this function can be served so (it is not a plain function of one closure cell).
+
+        ``captured()`` returns a token where a call would pass the check exactly as the
+        last inline check did (the state ``checked_call`` keeps after it: same stack and
+        target, same code and cell object, no defaults, no ``__wrapped__``, no Haiku or
+        Linen scope running, the check on), but for its covering predicate; else None.
+        Equal tokens (the same object) stand for the same captured object. The direct
+        call answers the predicate itself: it serves only under a token it saw a call
+        pass the check with.
+        """
+        fun = self.fun
+        if type(fun) is not types.FunctionType:
+            return None
+        cells = fun.__closure__
+        if cells is None or len(cells) != 1:
+            return None
+        one_cell = cells[0]
+        fast = self._fast
+        modules_get = sys.modules.get
+
+        def captured() -> Any:
+            served = fast[0]
+            if (
+                served[0] is snapshot
+                and served[1] is target
+                and fun.__code__ is served[2]
+                and not fun.__defaults__
+                and not fun.__kwdefaults__
+                and "__wrapped__" not in fun.__dict__
+                and enabled
+            ):
+                try:
+                    value = one_cell.cell_contents
+                except ValueError:  # an empty cell
+                    return None
+                if id(value) == served[3] and type(value) is served[4]:
+                    haiku = modules_get(_HAIKU_MODULE)
+                    if haiku is not None and haiku.inside_transform():
+                        return None
+                    linen = modules_get(_LINEN_MODULE)
+                    if linen is not None and linen._context.module_stack[-1] is not None:
+                        return None
+                    return served  # replaced whole by the next inline check that passes
+            return None
+
+        return captured
 
     def _covered_or_refused(self, out: Any, value: Any, snapshot: _stack.Snapshot) -> Any:
         """``out`` where an NNX adapter covers ``value``, the one captured object, now."""

@@ -36,18 +36,37 @@ class MakeDirect(Protocol):
     ) -> Callable[..., Any]: ...
 
 
+class MakeCheckedDirect(Protocol):
+    """``checked_direct(current, stack, fallback, captured)``: see ``jit_api``."""
+
+    def __call__(
+        self,
+        current: Callable[[], object],
+        stack: object,
+        fallback: Callable[..., Any],
+        captured: Callable[[], Any],
+    ) -> Callable[..., Any]: ...
+
+
 class _Direct:
-    """``jit_api``'s ``direct``, with a weak reference to the function it was given for."""
+    """``jit_api``'s ``direct`` and ``checked_direct``, with a weak reference to the
+    function they were given for."""
 
-    __slots__ = ("make", "owner")
+    __slots__ = ("checked", "make", "owner")
 
-    def __init__(self, make: MakeDirect, owner: weakref.ref[Any]):
+    def __init__(
+        self,
+        make: MakeDirect | None,
+        checked: MakeCheckedDirect | None,
+        owner: weakref.ref[Any],
+    ):
         self.make = make
+        self.checked = checked
         self.owner = owner
 
 
-def direct_of(built: object) -> MakeDirect | None:
-    """The ``direct`` that ``jit_api`` was given for ``built`` itself, if any.
+def _direct_holder(built: object) -> _Direct | None:
+    """The ``_Direct`` that ``jit_api`` set on ``built`` itself, if any.
 
     Only ``built``'s own: a wrapper that forwards attributes to the function it wraps
     (``__getattr__``), or copied its ``__dict__`` (``functools.wraps``), must not hand the
@@ -55,8 +74,20 @@ def direct_of(built: object) -> MakeDirect | None:
     """
     holder = getattr(built, _DIRECT, None)
     if type(holder) is _Direct and holder.owner() is built:
-        return holder.make
+        return holder
     return None
+
+
+def direct_of(built: object) -> MakeDirect | None:
+    """The ``direct`` that ``jit_api`` was given for ``built`` itself, if any."""
+    holder = _direct_holder(built)
+    return None if holder is None else holder.make
+
+
+def checked_direct_of(built: object) -> MakeCheckedDirect | None:
+    """The ``checked_direct`` that ``jit_api`` was given for ``built`` itself, if any."""
+    holder = _direct_holder(built)
+    return None if holder is None else holder.checked
 
 
 class Stage(Protocol):
@@ -85,6 +116,7 @@ def jit_api(
     jitted: Callable[[], Iterable[Any]],
     clear: Callable[[], None] | None = None,
     direct: MakeDirect | None = None,
+    checked_direct: MakeCheckedDirect | None = None,
 ) -> F:
     """Gives what an override of ``"jit"`` returns the API of a ``jax.jit(fun)`` object.
 
@@ -114,6 +146,15 @@ def jit_api(
         installed, or the build is dropped. ``current`` is a C-level getter of the stack
         of the calling thread or task; ``fallback`` dispatches as the wrapper otherwise
         would.
+      checked_direct: optional, ``direct`` for a wrapper under the missing-adapter check
+        (a function that captures Flax NNX state), for an adapter that covers such state:
+        ``checked_direct(current, stack, fallback, captured)`` returns a function that
+        behaves as ``direct``'s, where ``fallback`` also runs the check, and that may
+        skip the check only while ``captured()`` returns the token (not None) of a call
+        that passed the check, where its adapter's ``covers`` predicate would still
+        answer as then (the token stands for the function's one captured object, while
+        nothing the check reads has changed). Whatever it does not serve so goes to
+        ``fallback``.
 
     Returns:
       ``call``, with the attributes set.
@@ -148,9 +189,9 @@ def jit_api(
     cache_size.__doc__ = "The number of compiled entries, summed over those ``jax.jit``s."
     attributes: dict[str, Any] = {name: _staging(stage, name, fun) for name in STAGES}
     attributes.update(clear_cache=clear_cache, _cache_size=cache_size, __wrapped__=fun)
-    if direct is not None:
+    if direct is not None or checked_direct is not None:
         try:
-            attributes[_DIRECT] = _Direct(direct, weakref.ref(call))
+            attributes[_DIRECT] = _Direct(direct, checked_direct, weakref.ref(call))
         except TypeError:
             pass  # no weak reference to it: it is dispatched, which is as right
     for name, value in attributes.items():

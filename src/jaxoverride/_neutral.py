@@ -21,7 +21,7 @@ from typing import Any, Generic, TypeVar, cast
 from jaxoverride import _detect, _stack
 from jaxoverride._compat import rule_nondiff_argnums
 from jaxoverride._dispatch import dispatch
-from jaxoverride._jitapi import direct_of
+from jaxoverride._jitapi import checked_direct_of, direct_of
 from jaxoverride._stack import ROOT, effective_snapshot
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -133,19 +133,39 @@ class _TransformState:
             owner = self.owner() if self.owner is not None else None
             if owner is not None:
                 owner._switch_to_slow()
-        make = direct_of(built)
-        if make is not None and self.check is None:
-            direct = self._make_direct(make, snapshot)
-            if direct is not None:
-                directs[snapshot] = direct
+        if self.check is None:
+            make = direct_of(built)
+            if make is not None:
+                direct = self._make_direct(make, snapshot)
+                if direct is not None:
+                    directs[snapshot] = direct
+        else:
+            # A checked wrapper goes direct only to an override that answers the check's
+            # covering predicate itself, and only for a function the check can hand it.
+            checked = checked_direct_of(built)
+            guard = self.check.guard(snapshot, built) if checked is not None else None
+            if guard is not None:
+                direct = self._make_direct(checked, snapshot, guard)
+                if direct is not None:
+                    directs[snapshot] = direct
         return built
 
     def _make_direct(
-        self, make: Callable[..., Any], snapshot: _stack.Snapshot
+        self,
+        make: Callable[..., Any],
+        snapshot: _stack.Snapshot,
+        guard: Callable[[], Any] | None = None,
     ) -> Callable[..., Any] | None:
         if self.fallback is None:
-            self.fallback = _slow_call(self, redirect=False)
-        direct = make(_stack.snapshot_now, snapshot, self.fallback)
+            if self.check is None:
+                self.fallback = _slow_call(self, redirect=False)
+            else:  # the check in full, with no redirect (see ``_slow_call``)
+                self.fallback = self.check.checked_call(self.plain, self.builds, self.build)
+                self.fallback.__wrapped__ = self.plain  # type: ignore[attr-defined]
+        if guard is None:
+            direct = make(_stack.snapshot_now, snapshot, self.fallback)
+        else:
+            direct = make(_stack.snapshot_now, snapshot, self.fallback, guard)
         try:
             direct.__wrapped__ = self.plain  # as for the slow target: see ``_slow_target``
         except AttributeError:
@@ -177,7 +197,7 @@ def _slow_target(state: _TransformState) -> Callable[..., Any]:
     plain, builds, build = state.plain, state.builds, state.build
     check = state.check
     if check is not None:
-        checked_call = check.checked_call(plain, builds, build)
+        checked_call = check.checked_call(plain, builds, build, state.directs, state.go_direct)
         checked_call.__wrapped__ = plain  # type: ignore[attr-defined]
         return checked_call
     return _slow_call(state, redirect=bool(state.directs))
