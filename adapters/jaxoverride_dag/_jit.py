@@ -22,7 +22,7 @@ from jaxoverride.adapter_kit import infer_argnums_and_argnames, jit_name
 from jaxoverride_dag._axes import spread
 from jaxoverride_dag._kinds import ARRAY, DYNAMIC_TYPES, KINDS, SCALAR, kind
 from jaxoverride_dag._out import Packed
-from jaxoverride_dag._plan import Plan, encode, picker
+from jaxoverride_dag._plan import Plan, encode, run_picker
 from jaxoverride_dag._shardings import positional_prefix, spread_shardings
 from jaxoverride_dag._static_args import Layout, StaticArgs
 from jaxoverride_dag._transfer import transfer_shared
@@ -119,7 +119,7 @@ def _nested(plan: Plan) -> tuple[Callable[[Sequence[Any]], Sequence[Any]] | None
     arguments = _argument_leaves(plan)
     if not arguments:
         return None, 0
-    return picker([i for i in range(plan.n_dyn) if i not in arguments]), len(arguments)
+    return run_picker([i for i in range(plan.n_dyn) if i not in arguments]), len(arguments)
 
 
 class _Entry:
