@@ -235,3 +235,26 @@ def test_sharing_is_found_past_static_leaves_whoever_else_holds_the_arrays(share
         assert len(call(unshared)) == n
         assert len(call(share(fresh(), fresh(), fresh()))) == n
     assert distinct_inside == [n, n - 1]
+
+
+def test_the_one_array_frame_passes_every_other_call_on_whole():
+    # The hot path takes the first argument apart from the rest: a call by keyword, with
+    # no argument, or with several must reach the function exactly as it was made, in
+    # the DAG's stack and in another.
+    def body(first=None, *rest, **named):
+        return {"first": first, "rest": rest, "named": named}
+
+    x, y = jnp.ones(2), jnp.zeros(2)
+    with jax.checking_leaks(), dag.context():
+        f = jo.jit(body)
+        assert f(x)["first"] is not x and jnp.array_equal(f(x)["first"], x)
+        by_keyword = f(first=x)
+        assert jnp.array_equal(by_keyword["first"], x) and by_keyword["named"] == {}
+        assert f()["first"] is None and f()["rest"] == ()
+        several = f(x, y, z=x)
+        assert jnp.array_equal(several["rest"][0], y) and set(several["named"]) == {"z"}
+        with jo.override_context({"lax.map": jax.lax.map}):  # another stack: dispatched
+            other = f(x, y, z=x)
+            assert jnp.array_equal(other["rest"][0], y) and set(other["named"]) == {"z"}
+            assert f()["first"] is None
+        assert jnp.array_equal(f(x)["first"], x)
