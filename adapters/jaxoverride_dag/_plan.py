@@ -56,7 +56,8 @@ def run_picker(indices: Sequence[int]) -> Callable[[Sequence[Any]], Sequence[Any
         return operator.itemgetter(slice(*runs[0]))
     if len(runs) == 2:
         (start, stop), (start2, stop2) = runs
-        return lambda seq: seq[start:stop] + seq[start2:stop2]
+        # ``seq`` is a tuple or a list, which concatenate; ``Sequence`` does not promise it.
+        return lambda seq: seq[start:stop] + seq[start2:stop2]  # pyright: ignore[reportOperatorIssue]
     return picker(indices)
 
 

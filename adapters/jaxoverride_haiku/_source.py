@@ -158,14 +158,14 @@ class HaikuSource:
         added, self._added = self._added, ()
         return Naming(Names.capture(current_frame()), _union(earlier, added))
 
-    def restore_names(self, naming: Naming) -> None:
+    def restore_names(self, names: Naming) -> None:
         frame = current_frame()
-        naming.names.restore_into(frame)
+        names.names.restore_into(frame)
         stack = frame.module_stack._storage
-        for level, names in enumerate(naming.added):
-            if names and level < len(stack):
-                getattr(stack[level].module, "_submodules", set()).update(names)
-        self._restored = naming
+        for level, added in enumerate(names.added):
+            if added and level < len(stack):
+                getattr(stack[level].module, "_submodules", set()).update(added)
+        self._restored = names
 
     def initializing(self) -> bool:
         return initializing()

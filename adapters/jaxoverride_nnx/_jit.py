@@ -283,7 +283,7 @@ class NnxJit:
         """The function touched a module it was not given: give it that one too. Or a
         trace returned another layout than the build's first: build it general."""
         build = self._cache[key]
-        if type(error) is LayoutChanged:
+        if isinstance(error, LayoutChanged):
             self._cache[key] = self._build(key, tracked, build.given, general=True)
         else:
             self._cache[key] = self._build(

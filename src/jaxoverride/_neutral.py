@@ -144,7 +144,7 @@ class _TransformState:
             # covering predicate itself, and only for a function the check can hand it.
             checked = checked_direct_of(built)
             guard = self.check.guard(snapshot, built) if checked is not None else None
-            if guard is not None:
+            if checked is not None and guard is not None:
                 direct = self._make_direct(checked, snapshot, guard)
                 if direct is not None:
                     directs[snapshot] = direct
