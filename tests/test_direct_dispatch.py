@@ -276,7 +276,7 @@ def test_dag_jit_goes_direct_keeps_identity_and_compiles_once():
         one(w)
         assert state_of(one).direct is _stack.context_snapshot()
         before = len(_COMPILES)
-        with frames("slow_call", "jitted") as counts:
+        with frames("slow_call", "jitted_direct") as counts:
             for _ in range(3):
                 assert one(w).tolist() == [2.0, 2.0, 2.0]
                 a, b = pair({"a": w, "b": w})  # a shared leaf: the hot path's fallback
@@ -285,7 +285,7 @@ def test_dag_jit_goes_direct_keeps_identity_and_compiles_once():
                 assert c is not d
         assert len(_COMPILES) == before  # cache hits only
         assert counts["slow_call"] == 0
-        assert counts["jitted"] == 9
+        assert counts["jitted_direct"] == 9  # each call entered the DAG's direct frame
         with OTHER:  # dag is still the top "jit" here, in another stack
             assert one(w).tolist() == [2.0, 2.0, 2.0]
     assert one(w).tolist() == [2.0, 2.0, 2.0]
