@@ -9,10 +9,6 @@ Variables carry no hook outside ``track``. See ``jaxoverride_nnx._stale_reads``.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-import textwrap
 import threading
 from pathlib import Path
 
@@ -23,8 +19,8 @@ from flax import nnx
 
 import jaxoverride as jo
 import jaxoverride_nnx
+from _fresh import run_source
 
-ROOT = Path(__file__).resolve().parent.parent
 X = jnp.array([1.0, -2.0])
 
 # What a library does at import time: a raw jit object, bound by name before any adapter.
@@ -258,20 +254,9 @@ def package(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return folder
 
 
-def _run(package: Path, interpose: str = "", check: str | None = None) -> str:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT / "adapters")])}
-    env.pop("JAXOVERRIDE_ADAPTER_CHECK", None)
-    if check is not None:
-        env["JAXOVERRIDE_ADAPTER_CHECK"] = check
+def _run(package: Path, interpose: str = "", check: str = "1") -> str:
     source = _PROGRAM.format(tmp=str(package), interpose=interpose)
-    result = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(source)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=env,
-        cwd=ROOT,
-    )
+    result = run_source(source, JAXOVERRIDE_ADAPTER_CHECK=check)
     assert result.returncode == 0, result.stderr[-3000:]
     return result.stdout
 

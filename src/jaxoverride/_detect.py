@@ -238,6 +238,22 @@ def _raise(framework: Framework, what: str, name: str) -> None:
     )
 
 
+def _raise_on_new_tracers(
+    scopes: list[Framework], before: dict[str, Any], name: str, when: str
+) -> None:
+    """Raises for the first framework whose state gained tracers since ``before``."""
+    for framework in scopes:
+        leaked = _frameworks.new_tracers(before[framework.key], framework.state_leaves())
+        if leaked:
+            _raise(
+                framework,
+                f"the function created parameters or wrote state {when}, so {len(leaked)} of "
+                "them would be tracers (the first use then fails far from here, or the "
+                "result is silently wrong).",
+                name,
+            )
+
+
 def _untracked(captured: Captured) -> Captured:
     return [(name, value) for name, value in captured if not _covered(NNX, value)]
 
@@ -331,16 +347,7 @@ def _run_checked(
         refusal = _nnx_refusal(name, captured, snapshot, differentiated)
         if refusal is not None:
             raise MissingAdapterError(f"jaxoverride.{name} met {NNX.title}: {refusal}{_HATCH}")
-    for framework in scopes:
-        leaked = _frameworks.new_tracers(before[framework.key], framework.state_leaves())
-        if leaked:
-            _raise(
-                framework,
-                "the function created parameters or wrote state under a raw JAX trace, so "
-                f"{len(leaked)} of them would be tracers (the first use then fails far from "
-                "here, or the result is silently wrong).",
-                name,
-            )
+    _raise_on_new_tracers(scopes, before, name, "under a raw JAX trace")
     return out
 
 
@@ -793,16 +800,7 @@ def _check_trace(name: str, fun: Callable[..., Any], args: Any, kwargs: Any) -> 
         return fun(*args, **kwargs)
     before = {f.key: f.state_leaves() for f in scopes}
     out = fun(*args, **kwargs)
-    for framework in scopes:
-        leaked = _frameworks.new_tracers(before[framework.key], framework.state_leaves())
-        if leaked:
-            _raise(
-                framework,
-                "the function, traced by JAX's own jit while no adapter was active, created "
-                f"parameters or wrote state, so {len(leaked)} of them would be tracers (the "
-                "first use then fails far from here, or the result is silently wrong).",
-                name,
-            )
+    _raise_on_new_tracers(scopes, before, name, "while JAX's own jit traced it, no adapter active")
     return out
 
 
