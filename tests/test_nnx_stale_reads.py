@@ -275,3 +275,69 @@ def test_fresh_interpreter_the_escape_hatch_runs_it_as_jax(package: Path):
 def test_fresh_interpreter_the_fix_makes_the_library_neutral_and_right(package: Path):
     interpose = "import jaxoverride; jaxoverride.interpose_on_import('mysolver')"
     assert _run(package, interpose=interpose).strip() == "RAN fresh"
+
+
+def _scan(model):
+    return lambda x: jo.lax.scan(lambda c, _: (model(c), None), x, None, length=2)[0]
+
+
+def _while(model):
+    return lambda x: jo.lax.while_loop(lambda c: c.sum() < 50.0, lambda c: model(c) + 1.0, x)
+
+
+@pytest.mark.parametrize("kind", ["scan", "while_loop", "jit"])
+def test_a_neutral_call_inside_a_raw_jit_carrying_tracked_values_raises(kind):
+    """The adapter reads what a neutral call carries from the raw slot (no hook): those
+    values are checked, so a raw jit around the call cannot bake them in."""
+    model = _model()
+    neutral = {"scan": _scan, "while_loop": _while, "jit": lambda m: jo.jit(lambda x: m(x))}
+    call = neutral[kind](model)
+    with jax.checking_leaks(), jaxoverride_nnx.track(model):
+        with pytest.raises(jo.errors.MissingAdapterError) as caught:
+            jax.jit(call)(X)
+        message = str(caught.value)
+        assert message.startswith("jaxoverride_nnx.track: the tracked Variable `Linear.")
+        assert "(carried by a neutral call made there)" in message
+        assert "jaxoverride.jit instead of jax.jit" in message
+        previous = jo.set_adapter_check(False)
+        try:
+            stale = jax.jit(call)  # the program means it: as JAX, constants baked in
+            before = stale(X)
+            model.bias[...] = model.bias[...] + 1.0
+            assert jnp.array_equal(stale(X), before)
+        finally:
+            jo.set_adapter_check(previous)
+        assert jnp.allclose(call(X), _reference(kind, model)(X))  # eager: current values
+
+
+def _reference(kind, model):
+    graphdef, state = nnx.split(model)
+
+    def step(x):
+        return nnx.merge(graphdef, state)(x)
+
+    if kind == "scan":
+        return lambda x: step(step(x))
+    if kind == "while_loop":
+
+        def loop(x):
+            while x.sum() < 50.0:
+                x = step(x) + 1.0
+            return x
+
+        return loop
+    return step
+
+
+def test_neutral_calls_inside_neutral_jit_and_raw_grad_carry_tracers_and_run():
+    model = _model()
+    with jax.checking_leaks(), jaxoverride_nnx.track(model):
+        inside = jo.jit(_scan(model))(X)
+        grads = jax.grad(lambda x: _scan(model)(x).sum())(X)
+        # A raw jit around a neutral call that carries nothing tracked is JAX's.
+        pure = jax.jit(lambda x: jo.lax.scan(lambda c, _: (c * 2.0, None), x, None, length=2)[0])
+        doubled = pure(X)
+    reference = _reference("scan", model)
+    assert jnp.allclose(inside, reference(X))
+    assert jnp.allclose(grads, jax.grad(lambda x: reference(x).sum())(X))
+    assert jnp.array_equal(doubled, X * 4.0)

@@ -46,6 +46,7 @@ from jaxoverride_nnx._lift import (
     write_back,
 )
 from jaxoverride_nnx._scope import ACTIVE, Tracked
+from jaxoverride_nnx._stale_reads import check_lifted
 from jaxoverride_nnx._threads import NeedsState, check_given, module_of, referenced
 
 _WHERE = "jaxoverride.jit"
@@ -241,6 +242,7 @@ class NnxJit:
                         # one) shares the build: read its own Variables, not the build's.
                         reads = build.variables_of(tracked)
                         values = list(map(_GET, reads))
+                        check_lifted(tracked, build.var_order, values)
                     result = build.jitted(values, *args, **kwargs)
             except (NeedsState, LayoutChanged) as error:
                 if error.owner is not build:
@@ -571,6 +573,7 @@ class _Build:
             values = [_GET(tracked.variables[i]) for i in self.order]
         if tracked.owner is None:
             check_given(values)
+        check_lifted(tracked, self.order, values)
         return values
 
 

@@ -16,7 +16,9 @@ adapter's own ``make_jaxpr`` reads the current values on purpose, into a fresh f
 per call: ``own_jit_trace`` marks its trace, and only a jit trace around it counts.
 ``jaxoverride``'s own plumbing reads the raw slot, which runs no hook, so the jitted hot
 path pays nothing. The hook is removed when the scope exits, normally or on an error,
-and the Variable's metadata is left as it was.
+and the Variable's metadata is left as it was. A neutral call made inside a raw jit reads
+what it carries from the raw slot too: ``check_lifted`` checks those values (not on the
+jit's hot path, where a call with only concrete arguments inside a raw jit goes unseen).
 
 What it lets through, on purpose: reads under raw ``jax.grad``, ``jax.vmap`` and the other
 transforms that run at each call (nothing is cached: the values are right), and reads
@@ -33,7 +35,7 @@ from __future__ import annotations
 import contextvars
 import functools
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import jax
@@ -112,6 +114,48 @@ def check_read(variable: Any, value: Any) -> Any:
             if any(all(trace is not mine for mine in own) for trace in traces):
                 _refuse(variable)
     return value
+
+
+def check_lifted(tracked: Any, indices: Iterable[int], values: Iterable[Any]) -> None:
+    """Raises if a neutral call inside a raw ``jax.jit`` trace is about to carry tracked
+    Variables' concrete values into it.
+
+    The adapter reads the values it threads from the raw slot, which runs no hook: a
+    neutral call (``jo.lax.scan``, ``jo.jit``, ...) made inside a raw ``jax.jit`` would
+    hand that jit the current weights as constants, which it caches. The values the
+    call carries are checked instead, as ``check_read`` checks one user read.
+
+    Args:
+      tracked: the tracked set the call lifts from.
+      indices: the positions in ``tracked`` of the values carried.
+      values: those values, now.
+
+    Raises:
+      jaxoverride.errors.MissingAdapterError: one of them is a concrete Variable value
+        and the call runs inside a ``jax.jit`` trace that no adapter started.
+
+    Example:
+      >>> import jax.numpy as jnp
+      >>> from jaxoverride_nnx._stale_reads import check_lifted
+      >>> check_lifted(None, [0], [jnp.ones(())])  # outside every jit: nothing to check
+    """
+    traces = adapter_kit.jit_traces()
+    if not traces:
+        return
+    own = _OWN.get()
+    if not any(all(trace is not mine for mine in own) for trace in traces):
+        return
+    if not adapter_kit.adapter_check_on():
+        return
+    count = len(tracked.variables)
+    for index, value in zip(indices, values, strict=True):
+        leaves = jax.tree_util.tree_leaves(value)
+        if index < count and not all(isinstance(leaf, Tracer) for leaf in leaves):
+            raise adapter_kit.raw_read_error(
+                f"jaxoverride_nnx.track: the tracked Variable `{tracked.path(index)}` "
+                "(carried by a neutral call made there)",
+                "Flax NNX",
+            )
 
 
 def own_jit_trace(fun: Callable[..., Any]) -> Callable[..., Any]:

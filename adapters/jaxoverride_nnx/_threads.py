@@ -26,6 +26,7 @@ import numpy as np
 
 from jaxoverride_nnx._graph import is_graph_object
 from jaxoverride_nnx._scope import Tracked
+from jaxoverride_nnx._stale_reads import check_lifted
 
 T = TypeVar("T")
 
@@ -255,6 +256,7 @@ def given_values(tracked: Tracked, given: frozenset[int]) -> dict[int, Any]:
     values = tracked.read()
     picked = {i: values[i] for i in sorted(given)}
     check_given(list(picked.values()))
+    check_lifted(tracked, picked.keys(), picked.values())
     return picked
 
 
