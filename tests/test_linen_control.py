@@ -190,6 +190,13 @@ def test_a_map_splits_as_jax_does_at_the_edges(batch_size: int, count: int):
             return jlax.map(nn.Dense(3), xs, batch_size=batch_size)
 
     xs, dense = jnp.ones((count, 3)), nn.Dense(3)
+    params = {"params": dense.init(jax.random.key(0), jnp.ones((1, 3)))["params"]}
+    try:
+        raw = jax.lax.map(lambda x: dense.apply(params, x), xs, batch_size=batch_size)
+    except Exception as error:  # JAX 0.8 divides by a batch size of 0: so must we
+        with jol.context(), pytest.raises(type(error)):
+            Mapped().apply({"params": {"Dense_0": params["params"]}}, xs)
+        return
     with jol.context():
         variables = Mapped().init(jax.random.key(0), jnp.ones((5, 3)))
         ours = Mapped().apply(variables, xs)
