@@ -341,3 +341,38 @@ def test_neutral_calls_inside_neutral_jit_and_raw_grad_carry_tracers_and_run():
     assert jnp.allclose(inside, reference(X))
     assert jnp.allclose(grads, jax.grad(lambda x: reference(x).sum())(X))
     assert jnp.array_equal(doubled, X * 4.0)
+
+
+def _shared_jit():
+    return jo.jit(lambda f, x: f(x), static_argnums=0)
+
+
+def _shared_rule():
+    def apply(f, x):
+        return f(x)
+
+    rule = jo.custom_vjp(apply, nondiff_argnums=(0,))
+    rule.defvjp(lambda f, x: (f(x), x), lambda f, res, g: (2.0 * g,))
+    return rule
+
+
+@pytest.mark.parametrize("shared", [_shared_jit, _shared_rule], ids=["jit", "custom_vjp"])
+def test_a_shared_neutral_call_inside_a_raw_jit_that_does_not_reach_the_model_runs(shared):
+    """A library's one neutral function (a ``jo.jit``, a ``jo.custom_vjp``) first called
+    with a function that uses the tracked model threads the model for every later call,
+    since it keeps one build per tracked set. Inside a raw jit, a call whose functions and
+    arguments do not reach the model carries those values unused: nothing can go stale,
+    so it runs as in JAX (the DEQ baselines of ``make bench`` do this)."""
+    model = _model()
+    weights = jnp.array([[0.5, -1.0], [2.0, 0.25]])
+    solve = shared()
+    explicit = jax.jit(lambda x: solve(lambda v: jnp.tanh(v @ weights), x))
+    expected = jnp.tanh(X @ weights)
+    with jax.checking_leaks(), jaxoverride_nnx.track(model):
+        assert jnp.allclose(solve(lambda v: model(v), X), model(X))  # threads the model
+        assert jnp.allclose(explicit(X), expected)
+        model.bias[...] = model.bias[...] + 1.0
+        assert jnp.allclose(explicit(X), expected)
+        reaching = jax.jit(lambda x: solve(lambda v: model(v), x))
+        with pytest.raises(jo.errors.MissingAdapterError, match="carried by a neutral call"):
+            reaching(X)

@@ -126,9 +126,12 @@ def _lifted(fns: Sequence[Any], key: Hashable, body: Callable[..., Any]) -> _Lif
     return _wrappers.get(fns, key, lambda refs: _Lifted(body, refs))
 
 
-def _start(tracked: Tracked, given: frozenset[int]) -> tuple[dict[int, Any], dict[int, Any]]:
-    """The given Variables' values to carry and the given array attributes to pass along."""
-    values = given_values(tracked, given)
+def _start(
+    tracked: Tracked, given: frozenset[int], reach: Sequence[Any]
+) -> tuple[dict[int, Any], dict[int, Any]]:
+    """The given Variables' values to carry and the given array attributes to pass along,
+    for a call whose functions and operands are ``reach``."""
+    values = given_values(tracked, given, reach)
     count = len(tracked.variables)
     return (
         {i: v for i, v in values.items() if i < count},
@@ -167,7 +170,8 @@ def _threaded(
     def attempt(given: frozenset[int], owner: object) -> T:
         for wrapper in wrappers:
             wrapper.threads.found[tracked.key] = given
-        state, constants = _start(tracked, given)
+        reach = [*(fn for wrapper in wrappers for fn in _users(wrapper)), operands]
+        state, constants = _start(tracked, given, reach)
         token = _OWNER.set(owner)
         try:
             return call(state, constants)

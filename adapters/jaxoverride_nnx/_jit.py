@@ -115,7 +115,8 @@ class NnxJit:
     def _make_call(self) -> Callable[..., Any]:
         """The callable that ``jaxoverride.jit`` runs: the hot path as a plain closure
         (cheaper to call than an object), with JAX's jitted-function API."""
-        plain, cache, compile_, clean, with_nodes, retry = (
+        fun, plain, cache, compile_, clean, with_nodes, retry = (
+            self._fun,
             self._plain,
             self._cache,
             self._compile,
@@ -230,19 +231,23 @@ class NnxJit:
                 build = cache.get(key) or compile_(key)
                 last[0] = (key, build)
             reads = None
+
+            def reached() -> frozenset[int]:  # asked inside a raw jit only: check_lifted
+                return referenced(tracked, (fun, args, kwargs))
+
             try:
                 if tracked.owner is None:  # inside a neutral transform: see _call_hidden
-                    values = build.read(tracked)
+                    values = build.read(tracked, reached)
                     result = _call_hidden(build.jitted, tracked, values, args, kwargs)
                 else:
                     if build.attrs:
-                        values = build.read(tracked)
+                        values = build.read(tracked, reached)
                     else:
                         # A structurally equal tracked set (a submodule replaced by a like
                         # one) shares the build: read its own Variables, not the build's.
                         reads = build.variables_of(tracked)
                         values = list(map(_GET, reads))
-                        check_lifted(tracked, build.var_order, values)
+                        check_lifted(tracked, build.var_order, values, reached)
                     result = build.jitted(values, *args, **kwargs)
             except (NeedsState, LayoutChanged) as error:
                 if error.owner is not build:
@@ -433,12 +438,16 @@ class NnxJit:
         """``build.jitted(values, ...)`` (or its ``method``), adding each module the function
         touches, and the build that ran; ``arguments``, the call's own, guide a first
         build (see ``_compile``)."""
+
+        def reached() -> frozenset[int]:
+            return referenced(view, (self._fun, args, kwargs))
+
         while True:
             build = self._cache.get(key) or self._compile(key, view, arguments)
             token = ACTIVE.set(view)
             try:
                 jitted = build.jitted if method is None else getattr(build.jitted, method)
-                return jitted(build.read(view), *args, **kwargs), build
+                return jitted(build.read(view, reached), *args, **kwargs), build
             except (NeedsState, LayoutChanged) as error:
                 if error.owner is not build:
                     raise
@@ -562,8 +571,9 @@ class _Build:
         assert self.layout is not None
         return dict(zip(self.layout[0], values, strict=True))
 
-    def read(self, tracked: Tracked) -> list[Any]:
-        """The given values, now (probes of an enclosing call refused)."""
+    def read(self, tracked: Tracked, reached: Callable[[], frozenset[int]]) -> list[Any]:
+        """The given values, now (probes of an enclosing call refused); ``reached``: see
+        ``check_lifted``."""
         if not self.order:
             return []
         if self.attrs:
@@ -573,7 +583,7 @@ class _Build:
             values = [_GET(tracked.variables[i]) for i in self.order]
         if tracked.owner is None:
             check_given(values)
-        check_lifted(tracked, self.order, values)
+        check_lifted(tracked, self.order, values, reached)
         return values
 
 

@@ -144,7 +144,7 @@ def _threaded(
     def attempt(given: frozenset[int], owner: object) -> Any:
         token, owner_token = ACTIVE.set(view), _OWNER.set(owner)
         try:
-            return call(given_values(view, given))
+            return call(given_values(view, given, (fun, arguments)))
         finally:
             _OWNER.reset(owner_token)
             ACTIVE.reset(token)

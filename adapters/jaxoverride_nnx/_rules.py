@@ -208,6 +208,7 @@ class _LiftedRule(LiftedRule):
             return self._plain(*args, **kwargs)
         args = positional_arguments(self._fun, args, kwargs)
         count = len(tracked.variables)
+        functions = (self._fun, *self._rule[:2])
 
         def attempt(given: frozenset[int], owner: object) -> Any:
             live = _Live(owner)
@@ -216,7 +217,7 @@ class _LiftedRule(LiftedRule):
                     return self._probing_rule(tracked, live)(*args), {}
                 finally:
                     live.done = True
-            values = given_values(tracked, given)
+            values = given_values(tracked, given, (*functions, args))
             order = [i for i in sorted(given) if i < count]
             rule = self._lifted_rule(tracked, order, live, args)
             try:
@@ -226,7 +227,7 @@ class _LiftedRule(LiftedRule):
             pairs = zip(order, written, strict=True)
             return out, {i: value for i, value in pairs if value is not None}
 
-        out, updates = self._threads.run(tracked, attempt, (self._fun, *self._rule[:2]))
+        out, updates = self._threads.run(tracked, attempt, functions)
         write_back(tracked, updates, self._where)
         return out
 

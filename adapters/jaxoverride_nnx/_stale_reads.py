@@ -17,8 +17,9 @@ per call: ``own_jit_trace`` marks its trace, and only a jit trace around it coun
 ``jaxoverride``'s own plumbing reads the raw slot, which runs no hook, so the jitted hot
 path pays nothing. The hook is removed when the scope exits, normally or on an error,
 and the Variable's metadata is left as it was. A neutral call made inside a raw jit reads
-what it carries from the raw slot too: ``check_lifted`` checks those values (not on the
-jit's hot path, where a call with only concrete arguments inside a raw jit goes unseen).
+what it carries from the raw slot too: ``check_lifted`` checks those values, for the
+modules that the call's functions and arguments refer to (not on the jit's hot path,
+where a call with only concrete arguments inside a raw jit goes unseen).
 
 What it lets through, on purpose: reads under raw ``jax.grad``, ``jax.vmap`` and the other
 transforms that run at each call (nothing is cached: the values are right), and reads
@@ -35,7 +36,7 @@ from __future__ import annotations
 import contextvars
 import functools
 import threading
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from typing import Any
 
 import jax
@@ -116,28 +117,42 @@ def check_read(variable: Any, value: Any) -> Any:
     return value
 
 
-def check_lifted(tracked: Any, indices: Iterable[int], values: Iterable[Any]) -> None:
+def check_lifted(
+    tracked: Any,
+    indices: Iterable[int],
+    values: Iterable[Any],
+    reached: Callable[[], Collection[int]],
+) -> None:
     """Raises if a neutral call inside a raw ``jax.jit`` trace is about to carry tracked
-    Variables' concrete values into it.
+    Variables' concrete values into it, for a module that the call's functions reach.
 
     The adapter reads the values it threads from the raw slot, which runs no hook: a
     neutral call (``jo.lax.scan``, ``jo.jit``, ...) made inside a raw ``jax.jit`` would
     hand that jit the current weights as constants, which it caches. The values the
     call carries are checked instead, as ``check_read`` checks one user read.
 
+    Only the values of the modules that the call's functions and arguments refer to
+    (``reached``, asked only inside a raw jit trace) count. A library's one ``jo.jit``
+    or ``jo.custom_vjp`` keeps one build per tracked set, so after a call with a function
+    that uses the model it carries the model's values into every later call, also one
+    whose function never reads them: baked in unused, nothing can go stale.
+
     Args:
       tracked: the tracked set the call lifts from.
       indices: the positions in ``tracked`` of the values carried.
       values: those values, now.
+      reached: returns the positions of the tracked values of the modules that the
+        call's functions and arguments refer to (``_threads.referenced``).
 
     Raises:
       jaxoverride.errors.MissingAdapterError: one of them is a concrete Variable value
-        and the call runs inside a ``jax.jit`` trace that no adapter started.
+        of a module the call reaches, and the call runs inside a ``jax.jit`` trace that
+        no adapter started.
 
     Example:
       >>> import jax.numpy as jnp
       >>> from jaxoverride_nnx._stale_reads import check_lifted
-      >>> check_lifted(None, [0], [jnp.ones(())])  # outside every jit: nothing to check
+      >>> check_lifted(None, [0], [jnp.ones(())], frozenset)  # outside every jit: nothing
     """
     traces = adapter_kit.jit_traces()
     if not traces:
@@ -148,9 +163,14 @@ def check_lifted(tracked: Any, indices: Iterable[int], values: Iterable[Any]) ->
     if not adapter_kit.adapter_check_on():
         return
     count = len(tracked.variables)
+    near: Collection[int] | None = None
     for index, value in zip(indices, values, strict=True):
         leaves = jax.tree_util.tree_leaves(value)
-        if index < count and not all(isinstance(leaf, Tracer) for leaf in leaves):
+        if index >= count or all(isinstance(leaf, Tracer) for leaf in leaves):
+            continue
+        if near is None:
+            near = reached()
+        if index in near:
             raise adapter_kit.raw_read_error(
                 f"jaxoverride_nnx.track: the tracked Variable `{tracked.path(index)}` "
                 "(carried by a neutral call made there)",

@@ -251,12 +251,13 @@ class Threads:
                 self.found[tracked.key] = given
 
 
-def given_values(tracked: Tracked, given: frozenset[int]) -> dict[int, Any]:
-    """The current values of the tracked values ``given`` (probes refused)."""
+def given_values(tracked: Tracked, given: frozenset[int], reach: Sequence[Any]) -> dict[int, Any]:
+    """The current values of the tracked values ``given`` (probes refused), for a call
+    whose functions and arguments are ``reach`` (see ``check_lifted``)."""
     values = tracked.read()
     picked = {i: values[i] for i in sorted(given)}
     check_given(list(picked.values()))
-    check_lifted(tracked, picked.keys(), picked.values())
+    check_lifted(tracked, picked.keys(), picked.values(), lambda: referenced(tracked, reach))
     return picked
 
 

@@ -379,7 +379,7 @@ def _checkpointing(name: str, default: Callable[..., Any]) -> Callable[..., Any]
                     }
                     return out, updates, HAS_REFS if has_refs else NO_REFS
 
-                values = given_values(view, given)
+                values = given_values(view, given, (fun, call_args, call_kwargs))
                 return below(pure, **shifted)(values, *args_, **kwargs_)
 
             out, updates, refs = threads.run(view, attempt, (fun, call_args, call_kwargs))
