@@ -19,6 +19,7 @@ mode, each adapter active with nothing to do:
 - ``plain``: ``jaxoverride_plain.context()``;
 - ``haiku``: ``jaxoverride_haiku.install()`` (outside any ``hk.transform``);
 - ``nnx``: ``jaxoverride_nnx.track(m)`` of a module that no test uses;
+- ``linen``: ``jaxoverride_linen.context()`` (outside any Linen module);
 - ``dag``: ``jaxoverride_dag.context()``;
 - ``debug``: ``jaxoverride_debug.trace()``.
 
@@ -45,7 +46,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 SUITES = ("custom_api_test", "custom_root_test", "custom_linear_solve_test")
-MODES = ("idle", "plain", "haiku", "nnx", "dag", "debug")
+MODES = ("idle", "plain", "haiku", "nnx", "linen", "dag", "debug")
 _MODE_VARIABLE = "JAXOVERRIDE_SUITE_MODE"
 _REBIND_LINE = "import jax_suites as _jaxoverride_suites; _jaxoverride_suites.rebind(globals())\n"
 _CONFTEST = '''"""Written by jaxoverride's ci/jax_suites.py: activates the mode per test."""
@@ -116,6 +117,10 @@ def _activated(mode: str) -> Any:
         import jaxoverride_nnx
 
         return jaxoverride_nnx.track(_unused_nnx_module())
+    if mode == "linen":
+        import jaxoverride_linen
+
+        return jaxoverride_linen.context()
     if mode == "dag":
         import jaxoverride_dag
 

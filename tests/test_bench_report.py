@@ -263,3 +263,10 @@ def test_memory_budget_is_drawn_in_mib_not_on_the_ratio_axis():
         assert len(ratios.patches) == len(rows) - 1
     finally:
         plt.close(figure)
+
+
+def test_every_suite_is_described_on_the_benchmarks_page():
+    page = (ROOT / "docs" / "benchmarks.md").read_text()
+    described = {line.split("`")[1] for line in page.splitlines() if line.startswith("| `bench_")}
+    on_disk = {path.stem for path in (ROOT / "benchmarks").glob("bench_*.py")}
+    assert on_disk == described, f"docs/benchmarks.md's suite table differs: {on_disk ^ described}"

@@ -22,7 +22,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
 ROWS: list[dict] = json.loads((ROOT / "benchmarks" / "results" / "results.json").read_text())
-TOLERANCE = 0.10  # relative
+TOLERANCE = 0.05  # relative
 # Pages that are generated from the results, or that quote no measurement.
 GENERATED = {"benchmark-report.md", "benchmark-report-gpu.md", "api.md"}
 CODE = re.compile(r"^```.*?^```", re.DOTALL | re.MULTILINE)
