@@ -24,7 +24,7 @@ import functools
 import inspect
 import operator
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -46,8 +46,13 @@ from jaxoverride_nnx._lift import (
     write_back,
 )
 from jaxoverride_nnx._scope import ACTIVE, Tracked
-from jaxoverride_nnx._stale_reads import check_lifted
-from jaxoverride_nnx._threads import NeedsState, check_given, module_of, referenced
+from jaxoverride_nnx._threads import (
+    NeedsState,
+    check_carried,
+    check_given,
+    module_of,
+    referenced,
+)
 
 _WHERE = "jaxoverride.jit"
 _GET = RAW.__get__
@@ -231,23 +236,19 @@ class NnxJit:
                 build = cache.get(key) or compile_(key)
                 last[0] = (key, build)
             reads = None
-
-            def reached() -> frozenset[int]:  # asked inside a raw jit only: check_lifted
-                return referenced(tracked, (fun, args, kwargs))
-
             try:
                 if tracked.owner is None:  # inside a neutral transform: see _call_hidden
-                    values = build.read(tracked, reached)
+                    values = build.read(tracked, (fun, args, kwargs))
                     result = _call_hidden(build.jitted, tracked, values, args, kwargs)
                 else:
                     if build.attrs:
-                        values = build.read(tracked, reached)
+                        values = build.read(tracked, (fun, args, kwargs))
                     else:
                         # A structurally equal tracked set (a submodule replaced by a like
                         # one) shares the build: read its own Variables, not the build's.
                         reads = build.variables_of(tracked)
                         values = list(map(_GET, reads))
-                        check_lifted(tracked, build.var_order, values, reached)
+                        check_carried(tracked, build.var_order, values, (fun, args, kwargs))
                     result = build.jitted(values, *args, **kwargs)
             except (NeedsState, LayoutChanged) as error:
                 if error.owner is not build:
@@ -438,16 +439,12 @@ class NnxJit:
         """``build.jitted(values, ...)`` (or its ``method``), adding each module the function
         touches, and the build that ran; ``arguments``, the call's own, guide a first
         build (see ``_compile``)."""
-
-        def reached() -> frozenset[int]:
-            return referenced(view, (self._fun, args, kwargs))
-
         while True:
             build = self._cache.get(key) or self._compile(key, view, arguments)
             token = ACTIVE.set(view)
             try:
                 jitted = build.jitted if method is None else getattr(build.jitted, method)
-                return jitted(build.read(view, reached), *args, **kwargs), build
+                return jitted(build.read(view, (self._fun, args, kwargs)), *args, **kwargs), build
             except (NeedsState, LayoutChanged) as error:
                 if error.owner is not build:
                     raise
@@ -571,9 +568,9 @@ class _Build:
         assert self.layout is not None
         return dict(zip(self.layout[0], values, strict=True))
 
-    def read(self, tracked: Tracked, reached: Callable[[], frozenset[int]]) -> list[Any]:
-        """The given values, now (probes of an enclosing call refused); ``reached``: see
-        ``check_lifted``."""
+    def read(self, tracked: Tracked, reach: Sequence[Any]) -> list[Any]:
+        """The given values, now (probes of an enclosing call refused), for a call whose
+        function and arguments are ``reach`` (see ``check_carried``)."""
         if not self.order:
             return []
         if self.attrs:
@@ -583,7 +580,7 @@ class _Build:
             values = [_GET(tracked.variables[i]) for i in self.order]
         if tracked.owner is None:
             check_given(values)
-        check_lifted(tracked, self.order, values, reached)
+        check_carried(tracked, self.order, values, reach)
         return values
 
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import functools
 import types
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, TypeVar
 
 import jax
@@ -257,14 +257,23 @@ def given_values(tracked: Tracked, given: frozenset[int], reach: Sequence[Any]) 
     values = tracked.read()
     picked = {i: values[i] for i in sorted(given)}
     check_given(list(picked.values()))
-    check_lifted(tracked, picked.keys(), picked.values(), lambda: referenced(tracked, reach))
+    check_carried(tracked, picked.keys(), picked.values(), reach)
     return picked
+
+
+def check_carried(
+    tracked: Tracked, indices: Iterable[int], values: Iterable[Any], reach: Sequence[Any]
+) -> None:
+    """``check_lifted`` of the values a call carries, for a call whose functions and
+    arguments are ``reach``: what they refer to is looked up only inside a raw jit."""
+    check_lifted(tracked, indices, values, lambda: referenced(tracked, reach))
 
 
 __all__ = [
     "NeedsState",
     "Probe",
     "Threads",
+    "check_carried",
     "check_given",
     "given_values",
     "is_probe",
