@@ -3,9 +3,10 @@
 JAX is moving ``jax.custom_vjp`` to ``custom_vjp3`` (flag ``jax_custom_vjp3``, with
 ``upgrade=True``: it becomes the default one day) and will do the same for ``custom_jvp``
 (``jax_custom_jvp3``). Under the flag ``jax.custom_vjp(f)`` returns a different object, with
-other attributes and a ``defvjp`` that returns the rule (until JAX 0.11.0). Every case of
-``test_parity_rules`` runs here with each flag this JAX has turned on (and put back after
-the module), idle, under pass-through stacks and under every adapter.
+other attributes and a ``defvjp`` that returns the rule (until JAX 0.11.0), up to JAX 0.11;
+from JAX 0.12 it returns the usual object, which runs the next implementation at its call.
+Every case of ``test_parity_rules`` runs here with each flag this JAX has turned on (and put
+back after the module), idle, under pass-through stacks and under every adapter.
 """
 
 from __future__ import annotations
@@ -53,9 +54,15 @@ test_parity_next = parity_tests(CASES)
 test_parity_next_under_adapter = adapter_parity_tests(CASES)
 
 
-def test_the_flag_is_on_and_jax_returns_its_next_object():
+def test_the_flag_is_on_and_jax_runs_its_next_implementation():
+    """Under the flag JAX 0.8.1 to 0.11 return a ``custom_vjp3`` object from
+    ``jax.custom_vjp``; JAX 0.12 returns a ``custom_vjp`` that switches to ``custom_vjp3`` at
+    the call. Either way the rule is staged as a hijax primitive, not ``custom_vjp_call``."""
     assert "jax_custom_vjp3" in NEXT_FLAGS
-    assert not isinstance(jax.custom_vjp(_sin_times), jax.custom_vjp)
+    rule = jax.custom_vjp(_sin_times)
+    rule.defvjp(_sin_times_fwd, _sin_times_bwd)
+    staged = [eqn.primitive.name for eqn in jax.make_jaxpr(rule)(1.0, 2.0).eqns]
+    assert staged == ["call_hi_primitive"]
 
 
 @pytest.mark.parametrize("mode", ALL_MODES)

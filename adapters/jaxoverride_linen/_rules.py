@@ -127,7 +127,7 @@ class _Call:
     JAX value: the caller's values are the rule's leading argument.
     """
 
-    __slots__ = ("backward", "forward", "roots", "source", "where")
+    __slots__ = ("backward", "forward", "kept", "roots", "source", "where")
 
     def __init__(self, source: Any, where: str):
         self.source = source
@@ -135,6 +135,38 @@ class _Call:
         self.roots = [root.variables for root in source.roots]
         self.forward = kit.Threaded(source, 1, where)
         self.backward = kit.Threaded(source, 1, where)
+        # Per leaf of the threaded state: left as it came in by every forward run so far.
+        self.kept: list[bool] | None = None
+
+    def note_kept(self, state: Any, after: Any) -> None:
+        """Records which leaves of ``state`` a forward run left as they were (the same
+        object in ``after``)."""
+        kept = [a is b for a, b in zip(jax.tree.leaves(state), jax.tree.leaves(after), strict=True)]
+        self.kept = (
+            kept if self.kept is None else [k and o for k, o in zip(kept, self.kept, strict=True)]
+        )
+
+    def written(self, before: Any, after: Any) -> Any:
+        """``after``, the rule's state output, with each leaf that no forward run wrote
+        taken from ``before`` (the caller's value, which the rule was given).
+
+        JAX 0.12 stages a ``custom_jvp`` call met in a partial evaluation with an unknown
+        input as one equation whose outputs are all unknown (``JaxprTrace
+        .process_custom_jvp_call``; before, it inlined the function, and a value passed
+        through stayed known). So inside ``jax.linearize`` (optimistix's Newton step) a
+        rule called on a tangent would turn every Linen variable it merely carried into an
+        unknown, and the enclosing rule's primal output with it: JAX's "Linearization
+        failed to produce known values". The unwritten leaves are the same values either
+        way.
+        """
+        kept = self.kept
+        if kept is None or not any(kept):
+            return after
+        leaves, tree = jax.tree.flatten(after)
+        old = jax.tree.leaves(before)
+        return jax.tree.unflatten(
+            tree, [o if k else a for o, k, a in zip(old, kept, leaves, strict=True)]
+        )
 
     @contextlib.contextmanager
     def reading(self, params: Any, refused: Sequence[frozenset] | None = None) -> Iterator[None]:
@@ -155,7 +187,9 @@ class _Call:
                 return fun(*args)
 
         with self.reading(params, refused), hidden_rngs(source.roots), _valid(source):
-            return self.forward.run(0, state, drawing_refused)
+            out, after = self.forward.run(0, state, drawing_refused)
+        self.note_kept(state, after)
+        return out, after
 
     def run_pure(self, values: Any, fun: Callable[..., Any], *args: Any) -> Any:
         """``fun(*args)`` as ``run``, every write and draw refused; returns ``out``."""
@@ -217,7 +251,7 @@ class LinenRule(kit.LiftedRule):
         with hidden_rngs(source.roots):  # the state without keys (see _DRAW)
             state = source.read()
         out, after = rule((_params(source), state), *args)
-        call.forward.finish(after)
+        call.forward.finish(call.written(state, after))
         return out
 
     def _lifted_vjp(self, source: Any, args: tuple[Any, ...]) -> Any:

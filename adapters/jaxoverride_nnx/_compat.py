@@ -11,6 +11,12 @@ The adapter reads Flax NNX internals (``graphlib``, ``variablelib``, ``pytreelib
 - A Variable's ``on_get_value`` metadata may be a tuple of hooks from Flax 0.12.7, but
   only a single callable in Flax 0.12.1 to 0.12.6 (read in each tag's ``variablelib``);
   ``chain_on_get_value`` builds one callable that every release accepts.
+
+And one JAX difference that the adapter handles without a branch: from JAX 0.12,
+``lax.custom_root`` traces ``f``, ``solve`` and ``tangent_solve`` through ``jax.jit``'s
+cache (``jax.jit(f).trace``, a hijax primitive; before, control-flow traces of their own),
+so a tracked Variable read there is inside a jit trace. The adapter hands JAX a fresh
+function per call, whose jit trace is marked as its own (``_convert._pure``): never stale.
 """
 
 from __future__ import annotations

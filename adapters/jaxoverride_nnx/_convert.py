@@ -116,6 +116,7 @@ def _pure(
     why: str = "JAX traces it into a pure jaxpr of its inputs",
     fix: str = "Move the write out of the solve (before or after the call), or use the "
     "library's non-implicit mode (jaxopt's implicit_diff=False).",
+    jitted: bool = False,
 ) -> Any:
     """``fn`` run with the tracked Variables readable and any write refused.
 
@@ -124,9 +125,11 @@ def _pure(
     need the adapter. JAX caches those traces by the function's identity, closed-over values
     included: a function defined once and called again after the weights changed (or under
     ``jo.grad``, whose values are other tracers) would get the old values, a silently wrong
-    gradient or a leaked tracer. A fresh wrapper per call never hits that cache. And a write
-    inside could never come out of the jaxpr: it is refused with the fix, every Variable left
-    as it was.
+    gradient or a leaked tracer. A fresh wrapper per call never hits that cache, so where
+    JAX traces it through ``jax.jit`` (``jitted``: ``lax.custom_root`` from JAX 0.12, see
+    ``jaxoverride_nnx._compat``) that trace is marked as the adapter's own, where reading
+    the current values is right. And a write inside could never come out of the jaxpr: it
+    is refused with the fix, every Variable left as it was.
     """
     if fn is None or not callable(fn):
         return fn  # JAX's own error for JAX's misuse, as with nothing active
@@ -137,7 +140,7 @@ def _pure(
             raise write_refused(tracked, written, role, why, fix, where)
         return out
 
-    return pure
+    return own_jit_trace(pure) if jitted else pure
 
 
 def custom_root(*args: Any, **kwargs: Any) -> Any:
@@ -150,10 +153,10 @@ def custom_root(*args: Any, **kwargs: Any) -> Any:
     )
     where = "jaxoverride.lax.custom_root"
     return below(
-        _pure(tracked, f, "f (the function whose root is found)", where),
+        _pure(tracked, f, "f (the function whose root is found)", where, jitted=True),
         initial_guess,
-        _pure(tracked, solve, "solve", where),
-        _pure(tracked, tangent_solve, "tangent_solve", where),
+        _pure(tracked, solve, "solve", where, jitted=True),
+        _pure(tracked, tangent_solve, "tangent_solve", where, jitted=True),
         has_aux=has_aux,
     )
 

@@ -26,6 +26,10 @@ than from JAX, so a JAX release that moves one is handled by this file alone:
   positions counted among the *dynamic* arguments in JAX 0.8 (it rebases them past the
   static ones), and counted among *all* arguments from JAX 0.9 on. Adapters need the
   latter, so the former is converted back here.
+- ``NEGATIVE_ARGNUMS_NAME_PARAMETERS``: given only positions, ``jax.jit`` names the
+  parameters at them (``static_argnums`` adds ``static_argnames``); from JAX 0.12 a
+  negative position names the parameter it counts back to (``api_util
+  .infer_argnums_and_argnames``: ``i - num_params in argnums``), before it names none.
 """
 
 from __future__ import annotations
@@ -278,6 +282,11 @@ def jit_name(fun: Callable[..., Any]) -> str:
     return fun_name(fun, _unnamed())
 
 
+NEGATIVE_ARGNUMS_NAME_PARAMETERS: bool = jax.__version_info__ >= (0, 12, 0)
+"""Whether ``jax.jit(f, static_argnums=-1)`` also makes ``f``'s last positional-or-keyword
+parameter static by name (JAX 0.12 onwards)."""
+
+
 def _probe(static: Any, donated: Any) -> None:
     """A two-argument function for telling the two conventions apart."""
 
@@ -469,6 +478,7 @@ trace that is building it.
 __all__ = [
     "JIT_WRAPPER_TYPE",
     "PRIVATE_ATTRIBUTES",
+    "NEGATIVE_ARGNUMS_NAME_PARAMETERS",
     "NO_TRACE",
     "ShardingTypeError",
     "get_opaque_trace_state",

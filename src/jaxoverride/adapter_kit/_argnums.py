@@ -11,6 +11,8 @@ import inspect
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from jaxoverride._compat import NEGATIVE_ARGNUMS_NAME_PARAMETERS
+
 _POSITIONAL_OR_KEYWORD = inspect.Parameter.POSITIONAL_OR_KEYWORD
 
 
@@ -43,8 +45,9 @@ def infer_argnums_and_argnames(
     """Completes ``argnums`` from ``argnames`` or back, through ``fun``'s signature, as JAX does.
 
     Given only one of the two, ``jax.jit`` adds the other: the positional-or-keyword
-    parameters named, or at the given (non-negative) positions. Given both, or a function
-    without a signature, it takes them as they are.
+    parameters named, or at the given positions (non-negative ones; from JAX 0.12 negative
+    ones too, counted from the end of the signature). Given both, or a function without a
+    signature, it takes them as they are.
 
     Args:
       fun: the user's function.
@@ -72,7 +75,11 @@ def infer_argnums_and_argnames(
     positional = [(i, p.name) for i, p in enumerate(parameters) if p.kind is _POSITIONAL_OR_KEYWORD]
     if argnums is None:
         return tuple(i for i, name in positional if name in names), names
-    return nums, tuple(name for i, name in positional if i in nums)
+    # JAX < 0.12 names no parameter for a negative position (see jaxoverride._compat).
+    end = len(parameters) if NEGATIVE_ARGNUMS_NAME_PARAMETERS else None
+    return nums, tuple(
+        name for i, name in positional if i in nums or (end is not None and i - end in nums)
+    )
 
 
 def shift_argnums(argnums: Iterable[int], by: int = 1) -> tuple[int, ...]:
