@@ -2,7 +2,12 @@
 # it needs: `make demo` the library with the Haiku and NNX extras; `make test` the test
 # dependencies; `make lint`, `make docs` and `make bench` the development tools. One stamp
 # per install set, so any order of targets works. `make test-oldest` runs the suite in a
-# second environment, .venv-oldest, on the oldest supported versions (ci/oldest.txt).
+# second environment, .venv-oldest, on the oldest supported versions (ci/oldest.txt);
+# `make test-newest` in .venv-newest, on Python 3.12 with the newest (ci/newest.txt);
+# `make test-py313` a smoke selection in .venv-py313, on Python 3.13.
+#
+# The default environment is python3's (3.11 on CI): the quick start needs nothing but
+# python3 and pip, and every version in the range installs on 3.10 and 3.11.
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
@@ -10,8 +15,27 @@ PIP    := $(PY) -m pip install --quiet --disable-pip-version-check
 PYTEST_ARGS ?=
 
 OLDEST := .venv-oldest
+NEWEST := .venv-newest
+PY313  := .venv-py313
 
-.PHONY: demo test test-slow test-oldest lint bench docs serve screenshots clean
+# An interpreter of Python $(1): pyenv's newest $(1).x, else python$(1) on PATH; empty if
+# neither (the targets that need it then stop with the fix). PYTHON312=/path overrides.
+find-python = $(or $(shell ls -d "$$(pyenv root 2>/dev/null)"/versions/$(1).*/bin/python$(1) \
+	2>/dev/null | sort -V | tail -n 1),$(shell command -v python$(1) 2>/dev/null))
+PYTHON312 ?= $(call find-python,3.12)
+PYTHON313 ?= $(call find-python,3.13)
+need-python = @test -n "$(2)" || { echo "make $(or $(MAKECMDGOALS),$@): needs Python $(1), and found none: \
+	neither through pyenv ($$(pyenv root 2>/dev/null || echo "pyenv: not installed")/versions/$(1).*) \
+	nor python$(1) on PATH. Install it (pyenv install $(1)), or name it: \
+	make $(MAKECMDGOALS) PYTHON$(subst .,,$(1))=/path/to/python$(1)" >&2; exit 1; }
+
+# pytest, where exit status 5 (no test selected: a PYTEST_ARGS file without slow tests,
+# say) is not a failure; every other status is passed on.
+pytest = $(1) -m pytest $(2) $(PYTEST_ARGS) || { status=$$?; [ $$status -eq 5 ] && \
+	echo "(pytest: no test selected here)"; [ $$status -eq 5 ]; }
+
+.PHONY: demo test test-slow test-oldest test-newest test-py313 lint bench docs serve \
+	screenshots clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -33,12 +57,12 @@ demo: $(VENV)/.installed-demo
 
 # `make test` runs everything but the tests marked slow (fresh interpreters that import the
 # solver libraries, long runs, the wheel, multi-host); `make test-slow` runs those. CI runs
-# both, and `make test-oldest` runs the whole suite.
+# both, and `make test-oldest` and `make test-newest` run both selections too.
 test: $(VENV)/.installed-test
-	$(PY) -m pytest -n 2 -m "not slow" $(PYTEST_ARGS)
+	$(call pytest,$(PY),-n 2 -m "not slow")
 
 test-slow: $(VENV)/.installed-test
-	$(PY) -m pytest -n 2 -m slow $(PYTEST_ARGS)
+	$(call pytest,$(PY),-n 2 -m slow)
 
 # The constraints pin jax, Flax, Haiku and the test libraries at the lower bounds of
 # pyproject.toml; everything else resolves as usual.
@@ -49,7 +73,37 @@ $(OLDEST)/.installed-test: pyproject.toml ci/oldest.txt
 	@touch $@
 
 test-oldest: $(OLDEST)/.installed-test
-	$(OLDEST)/bin/python -m pytest -n 2 $(PYTEST_ARGS)
+	$(call pytest,$(OLDEST)/bin/python,-n 2)
+
+# The newest set (ci/newest.txt: jax 0.12, Flax 0.12.12, the newest Haiku and solver
+# libraries) on Python 3.12; make test's and make test-slow's selections in one run.
+$(NEWEST)/.installed-test: pyproject.toml ci/newest.txt
+	$(call need-python,3.12,$(PYTHON312))
+	$(PYTHON312) -m venv $(NEWEST)
+	$(NEWEST)/bin/python -m pip install --quiet --disable-pip-version-check \
+		-c ci/newest.txt -e ".[test]"
+	@touch $@
+
+test-newest: $(NEWEST)/.installed-test
+	$(call pytest,$(NEWEST)/bin/python,-n 2)
+
+# Python 3.13, with whatever versions pip resolves there: the library and every adapter
+# install and import, and a smoke selection runs (the API parity, the registry, one file
+# per adapter).
+PY313_SMOKE := tests/test_parity_api.py tests/test_registry.py tests/test_plain.py \
+	tests/test_haiku_rules.py tests/test_nnx_graph.py tests/test_linen_state.py \
+	tests/test_dag_grad.py tests/test_debug.py
+
+$(PY313)/.installed-test: pyproject.toml
+	$(call need-python,3.13,$(PYTHON313))
+	$(PYTHON313) -m venv $(PY313)
+	$(PY313)/bin/python -m pip install --quiet --disable-pip-version-check -e ".[test]"
+	@touch $@
+
+test-py313: $(PY313)/.installed-test
+	$(PY313)/bin/python -c "import jaxoverride, jaxoverride_plain, jaxoverride_haiku, \
+		jaxoverride_nnx, jaxoverride_linen, jaxoverride_dag, jaxoverride_debug"
+	$(call pytest,$(PY313)/bin/python,-n 2 $(PY313_SMOKE))
 
 lint: $(VENV)/.installed-dev
 	$(VENV)/bin/ruff check .
@@ -74,4 +128,4 @@ bench: $(VENV)/.installed-test
 	$(PY) -m benchmarks.run
 
 clean:
-	rm -rf $(VENV) $(OLDEST) .pytest_cache .ruff_cache .hypothesis site site-screenshots
+	rm -rf $(VENV) $(OLDEST) $(NEWEST) $(PY313) .pytest_cache .ruff_cache .hypothesis site site-screenshots

@@ -80,6 +80,15 @@ def test_wheel_holds_license_and_every_package_typed(wheel: Path):
     assert tops == {*PACKAGES, dist_info}, tops - {*PACKAGES, dist_info}
 
 
+def _pins(constraints: Path) -> dict[str, str]:
+    """The ``name==version`` lines of a pip constraints file."""
+    return dict(
+        line.split("==")
+        for line in constraints.read_text().splitlines()
+        if "==" in line and not line.startswith("#")
+    )
+
+
 def test_wheel_metadata_states_the_supported_range(wheel: Path):
     archive = zipfile.ZipFile(wheel)
     metadata = email.parser.Parser().parsestr(
@@ -94,14 +103,17 @@ def test_wheel_metadata_states_the_supported_range(wheel: Path):
         lower.setdefault(requirement.name, set()).update(
             s.version for s in requirement.specifier if s.operator == ">="
         )
-    oldest = dict(
-        line.split("==")
-        for line in (ROOT / "ci" / "oldest.txt").read_text().splitlines()
-        if "==" in line and not line.startswith("#")
-    )
+    oldest = _pins(ROOT / "ci" / "oldest.txt")
     # The oldest set that CI tests is exactly the lower bound that the wheel declares.
     for name in ("jax", "jaxlib", "flax", "dm-haiku"):
         assert lower[name] == {oldest[name]}, (name, lower[name], oldest[name])
+    # The newest set that CI tests (make test-newest) is inside the declared range.
+    newest = _pins(ROOT / "ci" / "newest.txt")
+    for line in metadata.get_all("Requires-Dist") or []:
+        requirement = Requirement(line)
+        if requirement.name in newest:
+            assert requirement.specifier.contains(newest[requirement.name]), (line, newest)
+    assert {"jax", "jaxlib", "flax", "dm-haiku"} <= newest.keys()
 
 
 @pytest.mark.slow
