@@ -13,9 +13,10 @@ than from JAX, so a JAX release that moves one is handled by this file alone:
   0.7.2, the oldest thing the core needs) has ``set_global`` only from JAX 0.9; in 0.8
   the same setter exists on the config object that the context wraps.
 - ``rule_nondiff_argnums``: ``jax.custom_vjp(f)`` is a ``custom_vjp3`` object when the flag
-  ``jax_custom_vjp3`` is on (JAX 0.8.1 onwards; its planned default), and that object keeps
+  ``jax_custom_vjp3`` is on (JAX 0.8.1 to 0.11; its planned default), and that object keeps
   the positions as a frozenset ``static_argnums`` instead of the sorted tuple
-  ``nondiff_argnums``.
+  ``nondiff_argnums``. From JAX 0.12 it returns its usual ``custom_vjp`` object, which
+  switches to ``custom_vjp3`` at the call.
 - ``rule_jvp``: a ``custom_jvp`` object keeps its JVP rule (the one ``defjvps``
   composes, too) as ``jvp``; the ``custom_jvp3`` object that ``jax.custom_jvp(f)``
   returns under the flag ``jax_custom_jvp3`` (JAX 0.11.1 and 0.11.2) keeps it as
