@@ -29,6 +29,13 @@ need-python = @test -n "$(2)" || { echo "make $(or $(MAKECMDGOALS),$@): needs Py
 	nor python$(1) on PATH. Install it (pyenv install $(1)), or name it: \
 	make $(MAKECMDGOALS) PYTHON$(subst .,,$(1))=/path/to/python$(1)" >&2; exit 1; }
 
+# A second test environment: interpreter $(1), folder $(2), pip options $(3) (constraints).
+define test-venv
+	$(1) -m venv $(2)
+	$(2)/bin/python -m pip install --quiet --disable-pip-version-check $(3) -e ".[test]"
+	@touch $(2)/.installed-test
+endef
+
 # pytest, where exit status 5 (no test selected: a PYTEST_ARGS file without slow tests,
 # say) is not a failure; every other status is passed on.
 pytest = $(1) -m pytest $(2) $(PYTEST_ARGS) || { status=$$?; [ $$status -eq 5 ] && \
@@ -67,10 +74,7 @@ test-slow: $(VENV)/.installed-test
 # The constraints pin jax, Flax, Haiku and the test libraries at the lower bounds of
 # pyproject.toml; everything else resolves as usual.
 $(OLDEST)/.installed-test: pyproject.toml ci/oldest.txt
-	$(PYTHON) -m venv $(OLDEST)
-	$(OLDEST)/bin/python -m pip install --quiet --disable-pip-version-check \
-		-c ci/oldest.txt -e ".[test]"
-	@touch $@
+	$(call test-venv,$(PYTHON),$(OLDEST),-c ci/oldest.txt)
 
 test-oldest: $(OLDEST)/.installed-test
 	$(call pytest,$(OLDEST)/bin/python,-n 2)
@@ -79,10 +83,7 @@ test-oldest: $(OLDEST)/.installed-test
 # libraries) on Python 3.12; make test's and make test-slow's selections in one run.
 $(NEWEST)/.installed-test: pyproject.toml ci/newest.txt
 	$(call need-python,3.12,$(PYTHON312))
-	$(PYTHON312) -m venv $(NEWEST)
-	$(NEWEST)/bin/python -m pip install --quiet --disable-pip-version-check \
-		-c ci/newest.txt -e ".[test]"
-	@touch $@
+	$(call test-venv,$(PYTHON312),$(NEWEST),-c ci/newest.txt)
 
 test-newest: $(NEWEST)/.installed-test
 	$(call pytest,$(NEWEST)/bin/python,-n 2)
@@ -96,9 +97,7 @@ PY313_SMOKE := tests/test_parity_api.py tests/test_registry.py tests/test_plain.
 
 $(PY313)/.installed-test: pyproject.toml
 	$(call need-python,3.13,$(PYTHON313))
-	$(PYTHON313) -m venv $(PY313)
-	$(PY313)/bin/python -m pip install --quiet --disable-pip-version-check -e ".[test]"
-	@touch $@
+	$(call test-venv,$(PYTHON313),$(PY313))
 
 test-py313: $(PY313)/.installed-test
 	$(PY313)/bin/python -c "import jaxoverride, jaxoverride_plain, jaxoverride_haiku, \
