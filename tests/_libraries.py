@@ -38,7 +38,8 @@ EQUINOX_FAMILY = ("optimistix", "diffrax", "lineax", "equinox")
 
 UPSTREAM_LEAK_UNDER_JAX_011 = (
     "upstream, not jaxoverride: equinox's lru-cached filter_eval_shape keeps a jaxpr with "
-    "tracers under jax 0.11. jax 0.11 merged ClosedJaxpr into Jaxpr (jax/_src/core.py: "
+    "tracers from jax 0.11 (0.11.2 and 0.12.0.1 run). jax 0.11 merged ClosedJaxpr into "
+    "Jaxpr (jax/_src/core.py: "
     "`ClosedJaxpr = Jaxpr`, `Jaxpr.jaxpr` returns self with its consts), so the `jaxpr` leaf "
     "of equinox 0.13's `filter_closure_convert` (`closed_jaxpr.jaxpr`) carries the tracers "
     "closed over in a while-loop body; `equinox._eval_shape._cached_filter_eval_shape` (for "
@@ -46,7 +47,7 @@ UPSTREAM_LEAK_UNDER_JAX_011 = (
     "after the trace, so jax.checking_leaks() raises inside the library, without "
     "jaxoverride too"
 )
-"""Why ``jax.checking_leaks()`` is off for ``UPSTREAM_LEAK_CASES`` under jax 0.11."""
+"""Why ``jax.checking_leaks()`` is off for ``UPSTREAM_LEAK_CASES`` from jax 0.11 on."""
 
 UPSTREAM_LEAK_CASES = (
     {"fixed_point_newton", "root_find_newton", "neural_ode_tsit5", "diffrax_115"}
