@@ -220,3 +220,25 @@ def test_a_custom_rule_creates_at_init_and_its_rule_is_used():
         out, (params, _) = model.init_with_output(jax.random.key(0), 2.0)
         applied, _ = jax.jit(model.apply)(params, {}, None, 2.0)
     assert sorted(params) == ["w"] and float(out) == float(applied) == 9.0
+
+
+PAGE = (ROOT / "docs" / "writing-an-adapter.md").read_text()
+
+
+def test_the_walkthrough_lists_every_neutral_name_once_by_kind():
+    section = PAGE[PAGE.index("## The three kinds of names") :]
+    section = section[: section.index("\n## ", 1)]
+    listed = re.findall(r'`"([\w.]+)"`', section)
+    assert sorted(listed) == sorted(jo.OVERRIDEABLE)
+    assert f"{len(jo.OVERRIDEABLE)} names" in section
+
+
+def test_the_walkthrough_shows_the_example_files_as_they_are():
+    sources = "\n".join(
+        (EXAMPLES / name).read_text()
+        for name in ("tinystate.py", "tinystate_adapter.py", "tinystate_record.py")
+    )
+    excerpts = re.findall(r"^```py\n(.*?)^```", PAGE, re.DOTALL | re.MULTILINE)
+    assert len(excerpts) >= 6
+    for excerpt in excerpts:
+        assert excerpt in sources, excerpt
