@@ -199,6 +199,7 @@ def _sealed(refuse: Callable[[str], Exception] | None) -> Iterator[None]:
     draws inside are refused (nothing written there could come out)."""
     frame = tinystate.current_frame()
     saved = frame.state, frame.rng, frame.refuse
+    frame.state = dict(frame.state)  # written in place by set_state: a copy, dropped after
     frame.refuse = refuse if refuse is not None else frame.refuse
     try:
         yield
@@ -238,9 +239,12 @@ def eval_shape(fun: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     if not active():
         return lower(fun, *args, **kwargs)
 
-    def call() -> Any:
-        with _sealed(None):
-            return lower(fun, *args, **kwargs)
+    @kit.wraps(fun)
+    def discarding(*inner_args: Any, **inner_kwargs: Any) -> Any:
+        with _sealed(None):  # put back before JAX's trace ends: no tracer stays behind
+            return fun(*inner_args, **inner_kwargs)
+
+    call = lambda: lower(discarding, *args, **kwargs)
 
     creation = lambda: fun(*kit.zeros_for(args), **kit.zeros_for(kwargs))
     return kit.init_safe(Source("jaxoverride.eval_shape"), creation, call)

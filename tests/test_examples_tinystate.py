@@ -242,3 +242,61 @@ def test_the_walkthrough_shows_the_example_files_as_they_are():
     assert len(excerpts) >= 6
     for excerpt in excerpts:
         assert excerpt in sources, excerpt
+
+
+def _step(x):
+    """Reads a parameter (created at init), writes state and draws a key."""
+    ts.set_state("n", ts.get_state("n", (), jnp.zeros) + 1)
+    noise = 0.1 * jax.random.normal(ts.next_key(), jnp.shape(x))
+    return x * ts.param("w", (), jax.nn.initializers.normal(1.0)) + noise
+
+
+def _reads(x):
+    """Reads a parameter only: what a function converted into a jaxpr may do."""
+    return x * ts.param("w", (), jax.nn.initializers.normal(1.0))
+
+
+def _custom(kind):
+    rule = jo.custom_vjp(_reads) if kind == "vjp" else jo.custom_jvp(_reads)
+    if kind == "vjp":
+        rule.defvjp(lambda x: (rule(x), None), lambda _, g: (2.0 * g,))
+    else:
+        rule.defjvp(lambda p, t: (rule(*p), 2.0 * t[0]))
+    return rule
+
+
+_MESH = jax.sharding.Mesh(np.array(jax.devices()[:1]), ("d",))
+_P = jax.sharding.PartitionSpec
+USES = {
+    "lax.fori_loop": lambda x: jlax.fori_loop(0, 2, lambda i, h: _step(h), x),
+    "lax.switch": lambda x: jlax.switch(1, [lambda h: -h, _step], x),
+    "lax.map": lambda x: jlax.map(_step, x),
+    "vmap": lambda x: jo.vmap(_step)(x),
+    "pmap": lambda x: jo.pmap(_step)(x[None])[0],
+    "shard_map": lambda x: jo.shard_map(_step, mesh=_MESH, in_specs=_P(), out_specs=_P())(x),
+    "value_and_grad": lambda x: jo.value_and_grad(lambda h: jnp.sum(_step(h)))(x)[1],
+    "jacfwd": lambda x: jo.jacfwd(_step)(x),
+    "jacrev": lambda x: jo.jacrev(_step)(x),
+    "hessian": lambda x: jo.hessian(lambda h: jnp.sum(_step(h) ** 2))(x),
+    "jvp": lambda x: jo.jvp(_step, (x,), (jnp.ones_like(x),))[1],
+    "vjp": lambda x: jo.vjp(_step, x)[1](jnp.ones_like(x))[0],
+    "linearize": lambda x: jo.linearize(_step, x)[1](jnp.ones_like(x)),
+    "checkpoint": lambda x: jo.checkpoint(_step)(x),
+    "remat": lambda x: jo.remat(_step)(x),
+    "eval_shape": lambda x: x + jnp.zeros(jo.eval_shape(_step, x).shape),
+    "make_jaxpr": lambda x: x * len(jo.make_jaxpr(_reads)(x).eqns),
+    "closure_convert": lambda x: (lambda c: c[0](x, *c[1]))(jo.closure_convert(_reads, x)),
+    "lax.custom_linear_solve": lambda x: jlax.custom_linear_solve(_reads, x, lambda m, b: b),
+    "custom_jvp": lambda x: jo.grad(lambda h: jnp.sum(_custom("jvp")(h)))(x),
+}
+
+
+@pytest.mark.parametrize("name", sorted(USES))
+def test_each_neutral_function_works_inside_the_transform(name):
+    model = ts.transform(lambda x: (USES[name](x), ts.get_state("n", (), jnp.zeros)))
+    x = jnp.arange(1.0, 3.0)
+    with jax.checking_leaks(), tinystate_adapter.context():
+        out, (params, state) = model.init_with_output(jax.random.key(0), x)
+        applied, _ = model.apply(params, _zeros(state), jax.random.key(0), x)
+    assert sorted(params) == ["w"]
+    _close(out, applied, 1e-6)
