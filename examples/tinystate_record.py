@@ -29,13 +29,14 @@ class TinyState(kit.Framework):
 
     key = "tinystate"
     module = "tinystate"
-    title = "tinystate"
-    fix = "with tinystate_adapter.context():"
+    title = "tinystate (a neutral function ran inside tinystate.transform)"
+    fix = "run the transform inside `with tinystate_adapter.context():`"
     label = "tinystate_adapter"
 
     def running(self) -> bool:
         """Whether a transformed function is running in this thread."""
-        return sys.modules[self.module].in_transform()
+        framework = sys.modules.get(self.module)
+        return framework is not None and framework.in_transform()
 
     def leaked_state(self) -> list[Any]:
         """The leaves a raw JAX transform would leak: the running frame's values."""
