@@ -55,7 +55,7 @@ def test_the_framework_needs_only_jax_and_the_adapter_only_public_names():
 
 def test_the_adapter_is_small_and_decides_every_name():
     assert len((EXAMPLES / "tinystate_adapter.py").read_text().splitlines()) <= 300
-    assert len((EXAMPLES / "tinystate.py").read_text().splitlines()) <= 160
+    assert len((EXAMPLES / "tinystate.py").read_text().splitlines()) <= 170
     assert not kit.unhandled_names(tinystate_adapter.TABLE)
     assert set(tinystate_adapter.TABLE.overrides) == set(jo.OVERRIDEABLE)
 
