@@ -276,7 +276,7 @@ def jit_name(fun: Callable[..., Any]) -> str:
 
     Example:
       >>> import functools
-      >>> from jaxoverride._compat import jit_name
+      >>> from jaxoverride.adapter_kit import jit_name
       >>> jit_name(functools.partial(max, 1))
       'max'
     """

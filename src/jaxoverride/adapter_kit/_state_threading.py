@@ -8,51 +8,8 @@ install the traced values as the framework's state while the body runs, read bac
 the body left, restore the caller's values, and write the loop's result back after the
 JAX call.
 
-What a framework must provide is a small *state source* (``StateSource``):
-
-* ``read()``: the state the call threads, as a pytree of arrays;
-* ``enter(state)`` / ``leave(token)``: make ``state`` the framework's current state for a
-  function that JAX traces here, and afterwards return the state that function left (same
-  tree structure) while restoring the caller's values;
-* ``write(state)``: store the loop's final state, after the JAX call;
-* ``names()`` / ``restore_names(names)``: the Python-level state that decides how the
-  framework names what it creates (module counters), so that every trace of a body starts
-  from the same names and the caller continues from where the last trace ended;
-* ``initializing()`` and ``create(thunk)``: the creation pass. At init the combinator first
-  runs each body or branch once, outside JAX control flow, inside ``create``; the source
-  keeps the parameters that pass created and undoes everything else. Then the threaded
-  call runs as at apply, under ``applying()``, so init returns what apply returns;
-* optionally ``undo_creation()``: removes what ``create`` kept, when the call after it
-  raised;
-* optionally ``retrace()``: True when a traced function met state that ``read()`` did not
-  include (Linen's ``sow`` in a loop body). The combinator then discards that JAX call,
-  before writing anything, and runs it again with ``read()`` including the new state;
-* optionally ``run_scoped(state, fun, *args)``: ``enter``, ``fun(*args)`` and ``leave`` in
-  one call, returning ``(out, state_after)``, for a framework that installs its state
-  as a scope around the call (NNX's Variables); used in place of the three when present
-  (``ScopedStateSource`` is a base for such a source);
-* optionally ``reuse_key()``: reuse the functions handed to JAX (loop bodies, branches)
-  across calls with an equal key, so that an identical eager call is traced and compiled
-  once, as the raw JAX call (``_handed``). A reused function runs with the current
-  call's source, but is not traced again on a JAX cache hit: what a trace finds out
-  must be kept with the function, not on the source;
-* optionally ``init_call(call, two_pass)``: at init, in place of the creation pass, the
-  source's own way to make parameters (Haiku creates them at the call site, inside the
-  one trace of ``call()``); ``two_pass()`` is the creation pass then ``call()``, for the
-  source to fall back on;
-* optionally ``abort_changed_predicate = True``: a ``while_loop`` whose ``cond_fun``
-  changes the state abandons the first JAX call while JAX traces ``cond_fun`` (before
-  the body is traced or compiled), and reusable wrappers remember to go straight to the
-  form that carries the predicate.
-* optionally ``carried_predicate = True``: every ``while_loop`` carries its predicate,
-  as ``while cond(x): x = body(x)`` runs: ``cond_fun`` is called once before the loop,
-  with the state threaded (what it writes is kept), and again after ``body_fun`` at the
-  end of each step, each in its own ``run``; the predicate rides in the carry as
-  ``cond_fun`` returns it. Eagerly, the first test is traced once per argument types
-  (kept with reused wrappers) and its jaxpr evaluated, so an identical call runs no
-  Python again. Without it, ``cond_fun`` is traced by JAX's ``while_loop`` as long as it
-  leaves the state alone (JAX's own structure), and only one that changes it is moved
-  into the body (NNX asks for the carried form; Haiku and Linen do not).
+What a framework provides is a *state source*: ``StateSource``, whose docstring is the
+contract (its required methods, its optional hooks, and what a combinator does with them).
 
 Stability: semi-public, for adapters in this repository and their authors. The protocol
 and the combinators' signatures change only with a note in the changelog.
@@ -90,42 +47,140 @@ from jaxoverride.adapter_kit._phase import applying, is_applying
 
 @runtime_checkable
 class StateSource(Protocol):
-    """What a framework gives the threading combinators (see the module docstring)."""
+    """The state contract: how a framework lets the kit thread its implicit state.
+
+    A source is made per neutral call (``source(where)`` in ``threaded_control_flow``
+    and ``source_transform_state``) and describes the framework's state *as it is at
+    that call*. The kit's combinators (``threaded_scan``, ``threaded_while_loop``,
+    ``threaded_fori_loop``, ``threaded_cond``, ``threaded_switch``, ``threaded_call``, and
+    the transforms of ``stateful_transforms``) use it in this order:
+
+    1. ``initializing()``: at init, and not already inside the apply part of an init
+       (``is_applying()``), a *creation pass* runs first: ``create(thunk)``, where
+       ``thunk`` calls each body or branch once, outside JAX control flow, on the
+       call's operands (a scan's first slice, both branches of a ``cond``). Then the call
+       below runs as at apply, under ``applying()``, so init returns what apply returns.
+    2. ``read()``: the state to thread, a pytree of arrays, put into the carry (loops),
+       the operands (branches) or a leading argument (transforms).
+    3. For each function that JAX traces (a loop body, a branch, a transformed
+       function): ``restore_names(start)``, then ``enter(state)`` with the traced state,
+       the user's function, and ``leave(token)``, which returns the state the function
+       left; ``abandon(token)`` instead of ``leave`` when the function raised. Then
+       ``names()`` records where its naming ended, and the caller's names are restored.
+       The state left must have the tree structure of the state entered, or the
+       combinator raises ``StateStructureError``.
+    4. ``write(state)``: the JAX call's final state becomes the framework's state, and
+       the caller's names continue from where the last traced function ended.
+
+    Required methods (below): ``read``, ``enter``, ``leave``, ``abandon``, ``write``,
+    ``names``, ``restore_names``, ``initializing``, ``create``. A framework without
+    naming state returns None from ``names()`` and ignores ``restore_names``; one that
+    never initialises returns False from ``initializing()``.
+
+    Optional hooks, each read with ``getattr`` and used only when present:
+
+    * ``run_scoped(state, fun, *args) -> (out, state_after)``: ``enter``, ``fun(*args)``
+      and ``leave`` in one call, for a framework that installs its state as a scope
+      around the call (NNX's Variables); used in place of the three
+      (``ScopedStateSource`` is a base for such a source).
+    * ``undo_creation()``: removes what ``create`` kept, when the call after it raised.
+    * ``retrace() -> bool``: True when a traced function met state that ``read()`` did
+      not include (Linen's ``sow`` in a loop body). The combinator then discards that
+      JAX call, before writing anything, and runs it again with ``read()`` including
+      the new state (at most three times).
+    * ``reuse_key() -> Hashable | None``: reuse the functions handed to JAX (loop bodies,
+      branches) across calls with an equal key, so that an identical eager call is
+      traced and compiled once, as the raw JAX call; ``threaded_map`` hands its scan the
+      same body on every call, so the reuse reaches it too. A reused function runs with
+      the current call's source but is not traced again on a JAX cache hit: what a trace
+      finds out must be kept with the function, not on the source. None: fresh
+      wrappers for this call.
+    * ``init_call(call, two_pass)``: at init, in place of the creation pass, the source's
+      own way to make parameters (Haiku creates them at the call site, inside the one
+      trace of ``call()``); ``two_pass()`` is the creation pass then ``call()``, to fall
+      back on.
+    * ``abort_changed_predicate = True``: a ``while_loop`` whose ``cond_fun`` changes the
+      state abandons the first JAX call while JAX traces ``cond_fun`` (before the body is
+      traced or compiled), and reused wrappers go straight to the form that carries the
+      predicate.
+    * ``carried_predicate = True``: every ``while_loop`` carries its predicate, as
+      ``while cond(x): x = body(x)`` runs: ``cond_fun`` is called once before the loop,
+      with the state threaded (what it writes is kept), and again after ``body_fun`` at
+      the end of each step. Without it, ``cond_fun`` is traced by JAX's ``while_loop`` as
+      long as it leaves the state alone, and only one that changes it is moved into the
+      body (NNX asks for the carried form; Haiku and Linen do not).
+    * ``fresh_axes(axis)``: for ``source_transform_state``'s ``fresh_source``, the
+      ``vmap`` ``out_axes`` of state first written inside the mapped function.
+
+    Example:
+      A source over a dict of arrays (``DictStateSource`` is this one); the state is
+      threaded through ``jax.lax.scan``'s carry:
+
+      >>> import jax, jax.numpy as jnp
+      >>> from jaxoverride.adapter_kit import StateSource, threaded_scan
+      >>> store = {"count": jnp.int32(0)}
+      >>> class Source:
+      ...     def read(self): return dict(store)
+      ...     def enter(self, state):
+      ...         saved = dict(store); store.update(state); return saved
+      ...     def leave(self, token):
+      ...         after = dict(store); self.abandon(token); return after
+      ...     def abandon(self, token): store.clear(); store.update(token)
+      ...     def write(self, state): store.update(state)
+      ...     def names(self): return None
+      ...     def restore_names(self, names): pass
+      ...     def initializing(self): return False
+      ...     def create(self, thunk): thunk()
+      >>> isinstance(Source(), StateSource)
+      True
+      >>> def body(c, x):
+      ...     store["count"] = store["count"] + 1
+      ...     return c + x, None
+      >>> out, _ = threaded_scan(Source(), jax.lax.scan, body, 0.0, jnp.ones(3))
+      >>> float(out), int(store["count"])
+      (3.0, 3)
+    """
 
     def read(self) -> Any:
-        """The state to thread, as a pytree of arrays."""
+        """The state to thread now, as a pytree of arrays (or tracers)."""
         ...
 
     def enter(self, state: Any) -> Any:
-        """Installs ``state`` as the current state; returns a token for ``leave``."""
+        """Makes ``state`` (traced values, of ``read()``'s structure) the framework's
+        current state for a function that JAX traces; returns a token for ``leave``."""
         ...
 
     def leave(self, token: Any) -> Any:
-        """Returns the state left since ``enter``, and restores the caller's values."""
+        """Returns the state the traced function left (the structure that ``enter``
+        received), and puts the caller's values back."""
         ...
 
     def abandon(self, token: Any) -> None:
-        """Restores the caller's values after the traced function raised."""
+        """Puts the caller's values back after the traced function raised."""
         ...
 
     def write(self, state: Any) -> None:
-        """Stores ``state`` (the result of the JAX call) as the current state."""
+        """Stores ``state`` (the JAX call's result) as the framework's current state."""
         ...
 
     def names(self) -> Any:
-        """A copy of the Python-level naming state."""
+        """A copy of the Python-level state that decides how the framework names what it
+        creates (module counters), or None for a framework without one."""
         ...
 
     def restore_names(self, names: Any) -> None:
-        """Puts a copy made by ``names()`` back."""
+        """Puts a copy made by ``names()`` back, so that every trace of a function starts
+        from the same names."""
         ...
 
     def initializing(self) -> bool:
-        """Whether a creation pass must run first."""
+        """Whether the framework is initialising, so that a creation pass runs first."""
         ...
 
     def create(self, thunk: Callable[[], Any]) -> None:
-        """Runs the creation pass ``thunk``, keeping only what it created."""
+        """Runs the creation pass ``thunk`` (the functions called once, outside JAX
+        control flow), keeping what it created (parameters, new state entries) and
+        undoing everything else (state values, rng draws, naming counters)."""
         ...
 
 
