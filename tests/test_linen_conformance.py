@@ -8,6 +8,7 @@ Each test runs eager and under ``jax.jit`` where that applies, inside
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import flax.linen as nn
@@ -315,3 +316,60 @@ def test_the_creation_pass_gets_arrays_as_jax_passes_them(transform: str):
     )
     outs = _eager_and_jitted(model.apply, variables, X)
     np.testing.assert_allclose(outs[0], outs[1], rtol=1e-6)
+
+
+# -- 6 and 7: documented behaviour (docs/linen.md) --------------------------------------
+
+_ADD = {"reduce_fn": lambda a, b: a + b, "init_fn": lambda: jnp.zeros(())}
+
+
+class SumSow(nn.Module):
+    sow_before: bool
+
+    @nn.compact
+    def __call__(self, xs: jax.Array) -> jax.Array:
+        if self.sow_before:
+            self.sow("intermediates", "total", jnp.zeros(()), **_ADD)
+
+        def body(c: jax.Array, x: jax.Array) -> Any:
+            self.sow("intermediates", "total", x, **_ADD)
+            return c, None
+
+        return jlax.scan(body, 0.0, xs)[0]
+
+
+@pytest.mark.parametrize(("sow_before", "total"), [(False, 4.0), (True, 7.0)])
+def test_a_reducing_sow_in_a_loop_keeps_the_last_step_unless_sown_before_as_documented(
+    sow_before: bool, total: float
+):
+    xs = jnp.array([1.0, 2.0, 4.0])
+    apply = lambda xs: SumSow(sow_before).apply({}, xs, mutable=["intermediates"])
+    for _, state in _eager_and_jitted(apply, xs):
+        assert float(state["intermediates"]["total"]) == total
+    text = (Path(__file__).parents[1] / "docs" / "linen.md").read_text()
+    assert "sow an initial value before the loop" in text
+
+
+def test_init_values_differ_from_a_python_loop_by_the_creation_salt_as_documented():
+    class Neutral(nn.Module):
+        @nn.compact
+        def __call__(self, x: jax.Array) -> jax.Array:
+            dense = nn.Dense(2)
+            return jlax.fori_loop(0, 2, lambda i, h: dense(h), x)
+
+    class Python(nn.Module):
+        @nn.compact
+        def __call__(self, x: jax.Array) -> jax.Array:
+            dense = nn.Dense(2)
+            for _ in range(2):
+                x = dense(x)
+            return x
+
+    neutral = Neutral().init(jax.random.key(0), X)
+    python = Python().init(jax.random.key(0), X)
+    assert shapes(neutral) == shapes(python)  # the names and shapes are Linen's
+    assert not np.allclose(
+        neutral["params"]["Dense_0"]["kernel"], python["params"]["Dense_0"]["kernel"]
+    )
+    text = (Path(__file__).parents[1] / "docs" / "linen.md").read_text()
+    assert "salted" in text and "not the initial *values*" in text
