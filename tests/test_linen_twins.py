@@ -713,8 +713,17 @@ class LearnScale(nn.Module):
         return (out, p) if self.aux else out
 
 
-def _xy() -> tuple[jax.Array, jax.Array]:
-    return random.uniform(random.key(1), (4,)), random.uniform(random.key(2), (4,))
+def _differentiated(transform: Callable[..., Any], has_aux: bool) -> tuple[Any, Any, Any]:
+    """``((x, y), variables, out)``: ``LearnScale`` under ``transform`` in a module, applied."""
+
+    class Foo(nn.Module):
+        @nn.compact
+        def __call__(self, x: jax.Array, y: jax.Array) -> Any:
+            return transform(LearnScale(has_aux), argnums=(0, 1), has_aux=has_aux)(x, y)
+
+    x, y = random.uniform(random.key(1), (4,)), random.uniform(random.key(2), (4,))
+    variables = Foo().init(random.key(0), x, y)
+    return (x, y), variables, Foo().apply(variables, x, y)
 
 
 @pytest.mark.parametrize("has_aux", [False, True])
@@ -722,15 +731,7 @@ def test_grad_simple(has_aux: bool):
     """Twin of TransformTest.test_grad_simple (and, with ``has_aux``, of
     test_grad_simple_with_aux)."""
 
-    class Foo(nn.Module):
-        @nn.compact
-        def __call__(self, x: jax.Array, y: jax.Array) -> Any:
-            scale = LearnScale(has_aux)
-            return jo.grad(scale, argnums=(0, 1), has_aux=has_aux)(x, y)
-
-    x, y = _xy()
-    variables = Foo().init(random.key(0), x, y)
-    out = Foo().apply(variables, x, y)
+    (x, y), variables, out = _differentiated(jo.grad, has_aux)
     (x_grad, y_grad), aux = out if has_aux else (out, None)
     np.testing.assert_allclose(x_grad, y, rtol=1e-6)
     np.testing.assert_allclose(y_grad, x, rtol=1e-6)
@@ -743,15 +744,7 @@ def test_value_and_grad_simple(has_aux: bool):
     """Twin of TransformTest.test_value_and_grad_simple (and, with ``has_aux``, of
     test_value_and_grad_simple_with_aux)."""
 
-    class Foo(nn.Module):
-        @nn.compact
-        def __call__(self, x: jax.Array, y: jax.Array) -> Any:
-            scale = LearnScale(has_aux)
-            return jo.value_and_grad(scale, argnums=(0, 1), has_aux=has_aux)(x, y)
-
-    x, y = _xy()
-    variables = Foo().init(random.key(0), x, y)
-    value, (x_grad, y_grad) = Foo().apply(variables, x, y)
+    (x, y), variables, (value, (x_grad, y_grad)) = _differentiated(jo.value_and_grad, has_aux)
     np.testing.assert_allclose(x_grad, y, rtol=1e-6)
     np.testing.assert_allclose(y_grad, x, rtol=1e-6)
     z = value[0] if has_aux else value
@@ -782,7 +775,7 @@ def test_value_and_grad_multiscope():
         def __call__(self, x: jax.Array, y: jax.Array) -> Any:
             return Foo(bar=nn.Dense(y.shape[-1]))(x, y)
 
-    x, y = _xy()
+    x, y = random.uniform(random.key(1), (4,)), random.uniform(random.key(2), (4,))
     variables = Baz().init(random.key(0), x, y)
     z, x_grad, y_grad = Baz().apply(variables, x, y)
 
