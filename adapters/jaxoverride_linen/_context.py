@@ -5,11 +5,13 @@ from __future__ import annotations
 import contextvars
 from typing import Any
 
+from flax.core import tracers as core_tracers
 from flax.linen import module as linen_module
 
 import jaxoverride as jo
 from jaxoverride import adapter_kit as kit
 from jaxoverride_linen import _control, _patches, _rules, _transforms
+from jaxoverride_linen._per_thread import local as _local
 
 __all__ = ["context", "install", "is_installed", "uninstall"]
 
@@ -89,14 +91,35 @@ def _call_in_scope(module: Any, fun: Any, args: Any, kwargs: Any) -> Any:
     installation = _INSTALLER.installation
     if installation is not None and installation.installed:
         with installation.scope():
-            out = _linen_call(module, fun, args, kwargs)
+            out = _call_marked(module, fun, args, kwargs)
     elif _entered_depth.get():
-        out = _linen_call(module, fun, args, kwargs)
+        out = _call_marked(module, fun, args, kwargs)
     else:
         return _linen_call(module, fun, args, kwargs)
     if _linen_context.module_stack[-1] is None and kit.adapter_check_on():
         _check_escaped(module)
     return out
+
+
+def _call_marked(module: Any, fun: Any, args: Any, kwargs: Any) -> Any:
+    """Linen's call; an outermost call inside a JAX trace that the module's root was not
+    bound in (a module from ``.bind()`` used in a free function's loop) is marked, so
+    that a write of its variables is refused (``_scope``) instead of leaking a tracer:
+    the trace was started by no method of the module, so nothing threads its state."""
+    root = module.scope.root
+    if _linen_context.module_stack[-1] is not None or root.trace_level == (
+        core_tracers.current_trace()
+    ):
+        return _linen_call(module, fun, args, kwargs)
+    foreign = _local.foreign
+    foreign.append(id(root._variables))
+    try:
+        return _linen_call(module, fun, args, kwargs)
+    finally:
+        foreign.pop()
+        # Linen rewinds a compact module's scope after each call, and the new root takes
+        # the trace running now as its own: it keeps the one it was bound in instead.
+        module.scope.root.trace_level = root.trace_level
 
 
 def _check_escaped(module: Any) -> None:

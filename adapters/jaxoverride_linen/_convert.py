@@ -25,7 +25,7 @@ from typing import Any
 
 import jaxoverride as jo
 from jaxoverride import adapter_kit as kit
-from jaxoverride.adapter_kit import init_safe, zeros_for
+from jaxoverride.adapter_kit import init_safe, traced_arguments, zeros_for
 from jaxoverride_linen import _scope
 from jaxoverride_linen._guards import discarding, pure
 
@@ -88,5 +88,5 @@ def eval_shape(fun: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         with discarding(source.roots):
             return lower(lambda *a, **k: fun(*a, **k), *args, **kwargs)
 
-    creation = lambda: fun(*zeros_for(args), **zeros_for(kwargs))
+    creation = lambda: fun(*traced_arguments(zeros_for(args)), **zeros_for(kwargs))
     return init_safe(source, creation, call)

@@ -21,6 +21,10 @@ class _PerThread(threading.local):
         self.steps: list[dict[int, _Step]] = []
         self.roots: list[set[int]] = []
         self.created: dict[Any, Any] | None = None
+        # _context: the roots (ids of their variable dicts) of bound modules whose
+        # outermost call runs inside a JAX trace they were not bound in (a module from
+        # .bind() called in a free function's loop): _scope refuses their writes.
+        self.foreign: list[int] = []
         # _guards: the values custom rules lift, and the guards of pure functions.
         self.lifted: list[dict[int, _Lifted]] = []
         self.pure: list[_Pure] = []

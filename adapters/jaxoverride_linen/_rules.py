@@ -237,7 +237,10 @@ class LinenRule(kit.LiftedRule):
         args = kit.positional_arguments(self._fun, args, kwargs)
         source = _scope.source(self._where)
         lifted = self._lifted_vjp if self._name == "custom_vjp" else self._lifted_jvp
-        return init_safe(source, lambda: self._fun(*args), lambda: lifted(source, args))
+        # The creation pass sees the arguments as JAX's rule does: arrays, nondiff ones
+        # as given.
+        creation = lambda: self._fun(*kit.traced_arguments(args, self._nondiff))
+        return init_safe(source, creation, lambda: lifted(source, args))
 
     def _primal(self, call: _Call) -> Callable[..., Any]:
         fun = self._fun

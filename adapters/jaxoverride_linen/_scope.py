@@ -166,6 +166,9 @@ def wrap_put_variable(original: Callable[..., Any]) -> Callable[..., Any]:
     """``Scope.put_variable`` refusing, in a traced body, a write no threading carries."""
 
     def put_variable(self: Scope, col: str, name: str, value: Any) -> Any:
+        foreign = _local.foreign
+        if foreign and id(self.root._variables) in foreign and self.is_mutable_collection(col):
+            raise _foreign_write_error(f"{col}/{'/'.join((*self.path, name))}")
         threaded = _local.roots
         if threaded:
             root = self.root
@@ -305,6 +308,7 @@ class LinenSource:
         "_counters_at_read",
         "_created",
         "_retrace",
+        "_written",
         "allow_fresh",
         "fresh",
         "modules",
@@ -325,18 +329,23 @@ class LinenSource:
         self.roots = list(roots.values())
         self.fresh: list[dict[tuple[str, ...], Any]] = [{} for _ in self.roots]
         self._counters_at_read: list[dict[Any, Any]] = []
+        # Per traced function since ``read()``: the fresh paths it wrote (``join_names``).
+        self._written: list[frozenset[tuple[int, tuple[str, ...]]]] = []
 
     # -- threaded state ----------------------------------------------------------------
 
     def read(self) -> Any:
         self._counters_at_read = [trees.copy_dicts(root.counters) for root in self.roots]
+        self._written = []
         state = []
         for root, fresh in zip(self.roots, self.fresh, strict=True):
             threaded = root.threaded_collections()
             cols = {col: trees.copy_dicts(root.variables[col]) for col in threaded}
             keys = {name: root.scope.make_rng(name) for name in sorted(root.rngs)}
+            # A slot: the value, and whether it was written (a loop may run zero
+            # times, a branch may not be taken): only a written slot comes out.
             slots = {
-                path: jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype), aval)
+                path: (jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype), aval), jnp.bool_(False))
                 for path, aval in fresh.items()
             }
             state.append((cols, keys, slots))
@@ -378,6 +387,7 @@ class LinenSource:
     def leave(self, token: _Token) -> Any:
         after = []
         created: list[tuple[Any, ...]] = []
+        written: set[tuple[int, tuple[str, ...]]] = set()
         state = []
         for index, (root, saved) in enumerate(zip(token.roots, token.saved, strict=True)):
             known = {(col, *path) for col, tree in saved.items() for path, _ in trees.paths(tree)}
@@ -393,7 +403,17 @@ class LinenSource:
             for name in sorted(root.rngs):
                 step = token.steps[id(root.rngs[name].rng)]
                 keys[name] = jax.random.fold_in(step.key, _NEXT_STEP) if step.used else step.key
-            slots = {path: trees.get_path(root.variables, path, trees.MISSING) for path in fresh}
+            # The slots this trace entered with (a path found in this trace is kept for
+            # the retrace, which reads it), each the value written, or the one entered.
+            slots = {
+                path: trees.get_path(root.variables, path, trees.MISSING)
+                for path in token.slots[index]
+            }
+            written.update(
+                (index, path)
+                for path in fresh
+                if trees.get_path(root.variables, path, trees.MISSING) is not trees.MISSING
+            )
             state.append((root, cols, keys, slots))
         # Values of created variables, read before the caller's values come back.
         values = {
@@ -401,6 +421,7 @@ class LinenSource:
             for index, path in created
         }
         self._undo(token)
+        self._written.append(frozenset(written.union(created)))
         if created:
             if not self.allow_fresh or any(path[0] == "params" for _, path in created):
                 raise _created_error(self.where, [p for _, p in created])
@@ -410,7 +431,10 @@ class LinenSource:
                 self.fresh[index][path] = _aval(values[(index, path)])
             self._retrace = True
         for (_, cols, keys, slots), entered in zip(state, token.slots, strict=True):
-            slots = {p: entered[p] if v is trees.MISSING else v for p, v in slots.items()}
+            slots = {
+                p: entered[p] if v is trees.MISSING else (v, jnp.bool_(True))
+                for p, v in slots.items()
+            }
             after.append((cols, keys, slots))
         return after
 
@@ -418,7 +442,7 @@ class LinenSource:
         """A prefix of the threaded state for ``vmap``'s ``out_axes``: the fresh slots
         mapped along ``axis`` (stacked, as ``nn.vmap`` stacks a collection it is given
         ``variable_axes={collection: axis}`` for), everything else unmapped (shared)."""
-        return [(None, None, dict.fromkeys(fresh, axis)) for fresh in self.fresh]
+        return [(None, None, dict.fromkeys(fresh, (axis, None))) for fresh in self.fresh]
 
     def retrace(self) -> bool:
         """True once after a trace met fresh variables; restores the draws of ``read()``."""
@@ -438,8 +462,11 @@ class LinenSource:
                 live = root.variables[col]
                 for path, value in trees.paths(tree):
                     trees.put_path(live, path, value)
-            for path, value in slots.items():
-                trees.put_path(root.variables, path, value)
+            for path, (value, written) in slots.items():
+                # Under a trace whether it was written is known only at run time (a loop
+                # with a traced trip count): the value is written, as the body wrote it.
+                if isinstance(written, jax.core.Tracer) or bool(written):
+                    trees.put_path(root.variables, path, value)
 
     # -- names -------------------------------------------------------------------------
 
@@ -464,6 +491,36 @@ class LinenSource:
             scope.reservations = collections.defaultdict(
                 set, {k: set(v) for k, v in reservations.items()}
             )
+
+    def join_names(self, ends: list[Any]) -> Any:
+        """The naming state after a ``cond``/``switch`` whose branches ended in ``ends``.
+
+        Each branch started from the caller's names, as an arm of a Python ``if``/``else``
+        does; after the call every name that any branch took stays taken (autoname
+        cursors at their furthest, children and reservations united), so nothing created
+        after the branch can take a name a branch created.
+
+        Called before anything is written: branches that first write different Linen
+        variables (``sow`` ``"a"`` in one, ``"b"`` in the other, or in one only) are
+        refused, as ``nn.cond`` refuses them: which of them comes out would depend on
+        the branch taken, and JAX fixes a call's outputs when it traces it.
+        """
+        if len(set(self._written)) > 1:
+            raise _branch_writes_error(self.where, self._written)
+        joined = []
+        for entries in zip(*ends, strict=True):
+            module, cursor, children, scope, reservations = entries[0]
+            cursor, children = dict(cursor), dict(children)
+            reservations = {k: set(v) for k, v in reservations.items()}
+            for _, other_cursor, other_children, _, other_reservations in entries[1:]:
+                for key, count in other_cursor.items():
+                    cursor[key] = max(cursor.get(key, 0), count)
+                for name, child in other_children.items():
+                    children.setdefault(name, child)
+                for key, names in other_reservations.items():
+                    reservations.setdefault(key, set()).update(names)
+            joined.append((module, cursor, children, scope, reservations))
+        return joined
 
     # -- creation ----------------------------------------------------------------------
 
@@ -535,6 +592,33 @@ def _restore_after_creation(
         for path, value in trees.paths(tree):
             trees.put_path(root.variables[col], path, value)
     root.evict_stale_caches()
+
+
+def _foreign_write_error(variable: str) -> LinenStateError:
+    return LinenStateError(
+        f"Linen variable {variable} was written by a module bound outside the JAX trace "
+        "that runs it: a module from .bind() (or one of its submodules) was called inside "
+        "a transform or loop that no method of the module started (a jaxoverride.lax.scan "
+        "or jax.jit in a free function), so nothing threads its variables and the write "
+        "would leave a tracer in module.variables. Run the loop inside a method of the "
+        "module (jaxoverride_linen then threads its state), use Flax's nn.scan, or bind "
+        "without that collection mutable."
+    )
+
+
+def _branch_writes_error(
+    where: str, written: list[frozenset[tuple[int, tuple[str, ...]]]]
+) -> LinenStateError:
+    described = "; ".join(
+        f"branch {i} writes " + (", ".join(sorted("/".join(p) for _, p in w)) or "none")
+        for i, w in enumerate(written)
+    )
+    return LinenStateError(
+        f"{where}: the branches first write different Linen variables ({described}). "
+        "Which of them comes out would depend on the branch taken, but JAX fixes what a "
+        "cond or switch returns when it traces it (nn.cond refuses this too). Write (sow) "
+        "the same names in every branch, or sow the branch's result after the call."
+    )
 
 
 def _created_error(where: str, created: list[tuple[str, ...]]) -> LinenStateError:

@@ -98,7 +98,8 @@ def eval_shape(fun: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         state_call.finish(state_call.state)
         return out
 
-    return _STATE.init_safe(where, lambda: fun(*_concrete(args), **_concrete(kwargs)), call)
+    creation = lambda: fun(*kit.traced_arguments(_concrete(args)), **_concrete(kwargs))
+    return _STATE.init_safe(where, creation, call)
 
 
 def make_jaxpr(fun: Callable[..., Any], *args: Any, **kwargs: Any) -> Callable[..., Any]:
@@ -114,7 +115,10 @@ def make_jaxpr(fun: Callable[..., Any], *args: Any, **kwargs: Any) -> Callable[.
             state_call.finish(state_call.state)
             return out
 
-        return _STATE.init_safe(where, lambda: fun(*call_args, **call_kwargs), call)
+        # As JAX hands them: arrays, but for the static arguments.
+        static = kwargs.get("static_argnums", args[0] if args else ())
+        traced = lambda: kit.traced_arguments(call_args, static)
+        return _STATE.init_safe(where, lambda: fun(*traced(), **call_kwargs), call)
 
     return _in_modules(fun, lower(fun, *args, **kwargs), traced)
 
@@ -140,7 +144,8 @@ def shard_map(f: Any = None, /, **options: Any) -> Any:
         # At init, the first device's block creates the variables, once.
         in_specs = options.get("in_specs", kit.INFER_SPECS)
         block = lambda: kit.shard_block_arguments(call_args, in_specs, options.get("mesh"))
-        return _STATE.init_safe(where, lambda: f(*block(), **call_kwargs), call)
+        creation = lambda: f(*kit.traced_arguments(block()), **call_kwargs)
+        return _STATE.init_safe(where, creation, call)
 
     return _in_modules(f, lower(f, **options), sharded)
 

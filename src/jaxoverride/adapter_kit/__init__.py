@@ -133,6 +133,7 @@ from jaxoverride.adapter_kit._operands import (
     NO_OPERAND as NO_OPERAND,
     as_jax_operands as as_jax_operands,
     distinct_functions as distinct_functions,
+    traced_arguments as traced_arguments,
     unbatched_arguments as unbatched_arguments,
     zeros_for as zeros_for,
 )
@@ -203,6 +204,7 @@ __all__ = [
     "argument_types",
     "as_index_tuple",
     "as_jax_operands",
+    "traced_arguments",
     "batched_map",
     "branch_error",
     "bwd_cotangents",

@@ -50,6 +50,33 @@ def as_jax_operands(tree: Any) -> Any:
     return jax.tree_util.tree_map(_as_array, tree)
 
 
+def traced_arguments(args: tuple[Any, ...], static: Any = ()) -> tuple[Any, ...]:
+    """``args`` as a JAX transform hands them to the function it traces: every argument
+    but those at the positions ``static`` (``static_argnums``, or the arguments that
+    ``grad`` does not differentiate, which JAX passes as given) as arrays.
+
+    A creation pass calls the function outside the transform: so that it sees at init
+    what it sees when JAX traces it (``x.astype`` on a Python ``2.0``).
+
+    Args:
+      args: the positional arguments of the call.
+      static: an int or a collection of ints, the positions JAX passes unconverted
+        (negative ones count from the end).
+
+    Returns:
+      The arguments, converted by ``as_jax_operands`` where JAX would trace them.
+
+    Example:
+      >>> from jaxoverride.adapter_kit import traced_arguments
+      >>> x, n = traced_arguments((2.0, 3), static=1)
+      >>> x.dtype, n
+      (dtype('float32'), 3)
+    """
+    numbers = {static} if isinstance(static, int) else set(static)
+    kept = {n % len(args) for n in numbers if -len(args) <= n < len(args)}
+    return tuple(a if i in kept else as_jax_operands(a) for i, a in enumerate(args))
+
+
 def distinct_functions(functions: Sequence[Callable[..., Any]]) -> list[Callable[..., Any]]:
     """``functions`` without repeats of one object, first occurrence first.
 

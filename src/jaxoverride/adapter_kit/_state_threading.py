@@ -84,6 +84,12 @@ class StateSource(Protocol):
       around the call (NNX's Variables); used in place of the three
       (``ScopedStateSource`` is a base for such a source).
     * ``undo_creation()``: removes what ``create`` kept, when the call after it raised.
+    * ``join_names(ends)``: the branches of a ``cond`` or ``switch`` are alternatives, as
+      the arms of a Python ``if``/``else``: each starts from the caller's naming state (so
+      two branches that create the same named submodule, or sow the same name, share it,
+      as Linen's ``nn.cond`` does), in the creation pass too, and the caller continues
+      from ``join_names`` of the states the branches ended in. Without it, branch ``i``
+      starts where branch ``i - 1`` ended (Haiku's order of tracing).
     * ``retrace() -> bool``: True when a traced function met state that ``read()`` did
       not include (Linen's ``sow`` in a loop body). The combinator then discards that
       JAX call, before writing anything, and runs it again with ``read()`` including
@@ -201,23 +207,29 @@ class Threaded:
     Function ``i`` starts from the naming state in which function ``i - 1`` ended (the
     first from the caller's), and a retrace starts from the same state again;
     ``finish(state)`` writes the JAX call's state and leaves the caller's naming state
-    where the last traced function ended.
+    where the last traced function ended. With ``alternatives=True`` (branches, for a
+    source with ``join_names``) every function starts from the caller's naming state
+    and ``finish`` leaves the join of their ends.
 
     Args:
       source: the ``StateSource``.
       count: how many distinct functions the JAX call traces.
       where: the neutral name, for error messages.
+      alternatives: whether the functions are alternatives (see above).
     """
 
-    __slots__ = ("_ends", "_starts", "source", "where")
+    __slots__ = ("_alternatives", "_ends", "_starts", "source", "where")
 
-    def __init__(self, source: StateSource, count: int, where: str):
+    def __init__(self, source: StateSource, count: int, where: str, alternatives: bool = False):
         self.source = source
         self.where = where
+        self._alternatives = alternatives
         self._starts: list[Any] = [source.names()] + [None] * (count - 1)
         self._ends: list[Any] = [None] * count
 
     def _start(self, index: int) -> Any:
+        if self._alternatives:
+            return self._starts[0]
         start = self._starts[index]
         if start is None:
             earlier = (e for e in reversed(self._ends[:index]) if e is not None)
@@ -260,20 +272,28 @@ class Threaded:
             )
         return out, after
 
-    def finish(self, state: Any) -> None:
+    def finish(self, state: Any, ran: bool = True) -> None:
         """Writes the JAX call's final ``state`` and advances the caller's names.
+
+        ``ran=False`` (a loop whose trip count is 0 when it is traced) writes nothing: the
+        state after a loop that did not run is the state before it, and a variable that
+        its body would write first (a ``sow``) must not appear.
 
         If the source has a ``retrace()`` method and it returns True (a traced function
         met state that ``read()`` did not include), nothing is written: the combinator
         discards the JAX call's result and runs it again, ``read()`` now including it.
         """
+        ends = [e for e in self._ends if e is not None]
+        names = ends[-1] if ends else None
+        if ends and self._alternatives:
+            names = self.source.join_names(ends)  # type: ignore[attr-defined]
         retrace = getattr(self.source, "retrace", None)
         if retrace is not None and retrace():
             raise _RetraceRequestedError
-        self.source.write(state)
-        last = next((e for e in reversed(self._ends) if e is not None), None)
-        if last is not None:
-            self.source.restore_names(last)
+        if ran:
+            self.source.write(state)
+        if names is not None:
+            self.source.restore_names(names)
 
 
 def init_safe(source: StateSource, creation: Callable[[], Any], call: Callable[[], Any]) -> Any:
@@ -340,6 +360,22 @@ def _first_slice(xs: Any, reverse: bool) -> Any:
     return jax.tree.map(first, xs)
 
 
+def _scan_length(xs: Any, length: Any) -> int | None:
+    """A scan's trip count as it is traced (None where JAX will refuse the call)."""
+    if length is not None:
+        return int(length)
+    leaves = jax.tree.leaves(xs)
+    return int(jnp.shape(leaves[0])[0]) if leaves and jnp.ndim(leaves[0]) else None
+
+
+def _may_run(lower_bound: Any, upper_bound: Any) -> bool:
+    """False for a ``fori_loop`` whose bounds are known at trace time to give no trip."""
+    try:
+        return bool(upper_bound > lower_bound)
+    except jax.errors.ConcretizationTypeError:
+        return True
+
+
 def _wraps(fun: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     try:
         return functools.wraps(fun)
@@ -399,7 +435,7 @@ def threaded_scan(
                 unroll,
                 _split_transpose,
             )
-            handed.thread.finish(state)
+            handed.thread.finish(state, ran=_scan_length(xs, length) != 0)
         return value, ys
 
     return init_safe(source, lambda: f(_as_operands(init), _first_slice(xs, reverse)), call)
@@ -619,7 +655,7 @@ def threaded_fori_loop(
                 (init_val, source.read()),
                 unroll=unroll,
             )
-            handed.thread.finish(state)
+            handed.thread.finish(state, ran=_may_run(lower_bound, upper_bound))
         return value
 
     creation = lambda: body_fun(_as_operands(lower_bound), _as_operands(init_val))
@@ -650,17 +686,26 @@ def _threaded_branches(
 
         return [(index, wrap(index)) for index in range(len(distinct))]
 
+    alternatives = getattr(source, "join_names", None) is not None
+    make_thread = functools.partial(Threaded, alternatives=alternatives)
+
     def run() -> Any:
         count = len(distinct)
-        with handed_call(source, where, distinct, count, runs, Threaded, separately=True) as handed:
-            by_id = dict(zip(map(id, distinct), handed.functions, strict=True))
+        with handed_call(source, where, distinct, count, runs, make_thread, separately=True) as h:
+            by_id = dict(zip(map(id, distinct), h.functions, strict=True))
             out, state = call([by_id[id(fun)] for fun in branches], (source.read(), operands))
-            handed.thread.finish(state)
+            h.thread.finish(state)
         return out
 
     def creation() -> Any:
         arguments = _as_operands(operands)
-        return [branch(*arguments) for branch in distinct]
+        start = source.names() if alternatives else None
+        outs = []
+        for branch in distinct:
+            if alternatives:
+                source.restore_names(start)  # each arm from the caller's names
+            outs.append(branch(*arguments))
+        return outs
 
     return init_safe(source, creation, run)
 

@@ -39,7 +39,7 @@ import jax
 
 import jaxoverride as jo
 from jaxoverride.adapter_kit._argnums import shift_argnums
-from jaxoverride.adapter_kit._operands import unbatched_arguments
+from jaxoverride.adapter_kit._operands import traced_arguments, unbatched_arguments
 from jaxoverride.adapter_kit._state_threading import StateSource, Threaded, init_safe
 
 Thunk = Callable[[], Any]
@@ -355,6 +355,8 @@ def stateful_differentiation(
         bound = _options(signature, fun, args, kwargs)
         has_aux = bool(bound.arguments.get("has_aux", False))
         options = {**bound.arguments, "has_aux": True}
+        argnums = bound.arguments.get("argnums", 0)
+        differentiated_at = {argnums} if isinstance(argnums, int) else set(argnums)
 
         def differentiated(call_args: tuple[Any, ...], call_kwargs: dict[str, Any]) -> Any:
             def call() -> Any:
@@ -369,9 +371,11 @@ def stateful_differentiation(
                 traced.finish(left)
                 return (derivative, aux) if has_aux else derivative
 
-            return state.init_safe_allowing_fresh(
-                where, lambda: fun(*call_args, **call_kwargs), call
-            )
+            # As JAX hands them: the differentiated arguments as arrays, the rest as given.
+            count = len(call_args)
+            given = [i for i in range(count) if not {i, i - count} & differentiated_at]
+            creation = lambda: fun(*traced_arguments(call_args, given), **call_kwargs)
+            return state.init_safe_allowing_fresh(where, creation, call)
 
         return differentiated
 
@@ -413,7 +417,8 @@ def stateful_with_aux(state: TransformState, name: str) -> Callable[..., Any]:
             traced.finish(left)
             return (out, function, aux) if has_aux else (out, function)
 
-        return state.init_safe_allowing_fresh(where, lambda: fun(*primals), call)
+        creation = lambda: fun(*traced_arguments(primals))
+        return state.init_safe_allowing_fresh(where, creation, call)
 
     return _named(call_impl, name)
 
@@ -450,7 +455,8 @@ def stateful_jvp(state: TransformState) -> Callable[..., Any]:
             traced.finish(left)
             return (out, tangent_out, aux) if has_aux else (out, tangent_out)
 
-        return state.init_safe_allowing_fresh(where, lambda: fun(*primals), call)
+        creation = lambda: fun(*traced_arguments(tuple(primals)))
+        return state.init_safe_allowing_fresh(where, creation, call)
 
     return jvp
 
@@ -494,6 +500,8 @@ def stateful_rematerialization(state: TransformState, name: str) -> Callable[...
 
     def prepare(lower: Callable[..., Any], fun: Any, args: Any, kwargs: Any) -> Any:
         shifted_args, shifted_kwargs = _after_state(lower, fun, args, kwargs)
+        static = inspect.signature(lower).bind_partial(fun, *args, **kwargs).arguments
+        static_argnums = static.get("static_argnums") or ()
 
         def rematerialized(call_args: tuple[Any, ...], call_kwargs: dict[str, Any]) -> Any:
             def call() -> Any:
@@ -505,7 +513,9 @@ def stateful_rematerialization(state: TransformState, name: str) -> Callable[...
                 traced.finish(left)
                 return out
 
-            return state.init_safe(where, lambda: fun(*call_args, **call_kwargs), call)
+            # As JAX hands them: arrays, but for the static arguments.
+            traced = lambda: traced_arguments(call_args, static_argnums)
+            return state.init_safe(where, lambda: fun(*traced(), **call_kwargs), call)
 
         return rematerialized
 
