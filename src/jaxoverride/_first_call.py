@@ -42,8 +42,8 @@ from typing import Any
 
 import jax
 
-from jaxoverride import _detect, _interpose, _raw, _stack
-from jaxoverride._frameworks import ALL, NNX, SCOPED, new_tracers
+from jaxoverride import _detect, _frameworks, _interpose, _raw, _stack
+from jaxoverride._frameworks import new_tracers
 from jaxoverride.errors import MissingAdapterError
 
 _local = threading.local()  # .running: a guard's raw transform runs in this thread
@@ -114,7 +114,8 @@ def _guard_for(raw: Any, where: str) -> _raw.RawGuard:
 def _adapter_entered() -> bool:
     """Whether the innermost entered context holds an adapter of a watched framework."""
     layers = _stack.context_snapshot().layers
-    return any(layer.label in f.labels for f in ALL.values() for layer in layers)
+    labels = _frameworks.labels
+    return any(layer.label in labels[f.key] for f in _frameworks.live for layer in layers)
 
 
 def refresh() -> None:
@@ -137,13 +138,15 @@ def refresh() -> None:
         )
 
 
-def _captured(args: tuple[Any, ...], kwargs: dict[str, Any]) -> _detect.Captured:
-    """NNX modules and Variables captured by the functions among the arguments."""
-    leaves = jax.tree_util.tree_leaves((args, kwargs), is_leaf=NNX.is_state)
+def _captured(
+    framework: _frameworks.Framework, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> _detect.Captured:
+    """``framework``'s state captured by the functions among the arguments."""
+    leaves = jax.tree_util.tree_leaves((args, kwargs), is_leaf=framework.is_state)
     found: _detect.Captured = []
     for leaf in leaves:
-        if callable(leaf) and not isinstance(leaf, type) and not NNX.is_state(leaf):
-            found += _detect.captured_state(leaf)
+        if callable(leaf) and not isinstance(leaf, type) and not framework.is_state(leaf):
+            found += _detect._owned(framework, _detect.captured_state(leaf))
     return found
 
 
@@ -172,22 +175,25 @@ def check_call(guard: _raw.RawGuard, args: tuple[Any, ...], kwargs: dict[str, An
     if not _detect.enabled or getattr(_local, "running", False):
         return guard.__wrapped__(*args, **kwargs)
     snapshot = _stack.effective_snapshot()
-    if NNX.loaded() is not None and _detect._handled(NNX, snapshot):
-        captured = _captured(args, kwargs)
+    for framework in _frameworks.capturing:
+        if not _detect._handled(framework, snapshot):
+            continue
+        captured = _captured(framework, args, kwargs)
         if captured:
             raise _refusal(
                 guard,
                 f"a function given to it captures {_detect._describe(captured)}: raw JAX "
-                "would bake their current weights in as constants (a write raises Flax's "
-                "TraceContextError), where the active NNX adapter would thread them.",
+                "would bake their current weights in as constants (a write raises the "
+                f"framework's own error), where the active adapter of {framework.key} "
+                "would thread them.",
             )
-    scopes = [f for f in SCOPED if _detect._handled(f, snapshot) and f.inside()]
+    scopes = [f for f in _frameworks.scoped if _detect._handled(f, snapshot) and f.running()]
     if not scopes:
         return _run(guard, args, kwargs)
-    before = {f.key: f.state_leaves() for f in scopes}
+    before = {f.key: f.leaked_state() for f in scopes}
     out = _run(guard, args, kwargs)
     for framework in scopes:
-        leaked = new_tracers(before[framework.key], framework.state_leaves())
+        leaked = new_tracers(before[framework.key], framework.leaked_state())
         if leaked:
             raise _refusal(
                 guard,
