@@ -344,8 +344,8 @@ def _write_errors() -> list[tuple[Framework, type[BaseException]]]:
 
 @functools.cache
 def _write_error(framework_error: type[BaseException]) -> type[MissingAdapterError]:
-    """``MissingAdapterError`` that is also the framework's own error (Flax's
-    ``TraceContextError``), so handlers written for the error it replaces still catch it;
+    """``MissingAdapterError`` that is also the framework's own error (its record's
+    ``write_error()``), so handlers written for the error it replaces still catch it;
     made only once the framework is imported."""
     return type("MissingAdapterError", (MissingAdapterError, framework_error), {})
 

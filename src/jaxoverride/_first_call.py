@@ -2,19 +2,20 @@
 
 A transform that a library built with raw JAX while it was imported (``optx.fixed_point``,
 an ``eqx.filter_jit`` wrapper; see ``_raw``) keeps calling raw JAX whatever is active, so
-framework code that it runs is out of the adapter's reach: Haiku or Linen parameters
-created inside it are tracers of its trace, and NNX modules that its function captures
-are baked in as constants. Such a call is caught when it happens, not where the leaked
-tracer is used later:
+framework code that it runs is out of the adapter's reach: parameters created inside it
+by a scoped framework are tracers of its trace, and the state of a closure-captured
+framework that its function captures is baked in as constants. Such a call is caught when
+it happens, not where the leaked tracer is used later. The frameworks are the registered
+records (``_frameworks``); this module names none.
 
-- When an adapter's context is entered (``context()``, ``track`` or an installed
-  adapter's scope) and modules were imported since the last entry, the imported solver
-  libraries' raw import-time transforms are rebound, where those modules hold them, to a
-  ``RawGuard``. Nothing happens while no framework is imported or the check is off.
+- When an adapter's context is entered (``context()`` or an installed adapter's scope)
+  and modules were imported since the last entry, the imported solver libraries' raw
+  import-time transforms are rebound, where those modules hold them, to a ``RawGuard``.
+  Nothing happens while no framework is imported or the check is off.
 - A guard called while the process is idle runs the raw transform at once. Otherwise, if
-  an adapter that handles the framework is active, it refuses a function that captures
-  NNX state (under ``jaxoverride_nnx.track``), and inside a Haiku transform or a bound
-  Linen module it compares the framework's state before and after the call: a new tracer
+  an adapter that handles a framework is active, it refuses a function that captures
+  that framework's state (a closure-captured one), and inside a running scope of a scoped
+  framework it compares the framework's state before and after the call: a new tracer
   there is state written under the raw trace. Either raises ``MissingAdapterError``,
   naming the transform, the packages and the ``interpose_on_import`` call that fixes it.
 
@@ -26,10 +27,9 @@ function to) is guarded from inside as well: the ``jax.jit`` object it holds and
 rebound, in the wrapper itself, to a guard, and every name bound to the wrapper reaches it.
 A bare ``jax.jit`` or ``custom_jvp`` object bound by name stays raw (JAX's C++ object cannot
 be changed); those of the solver libraries take arrays, not the model's function, and the
-Haiku and Linen adapters' checks at the end of ``hk.transform`` and of a bound module's
-outermost call (installed, or under ``context()``) catch what such a call leaves behind.
-Under ``jaxoverride_nnx.track``, a tracked Variable read inside such a jit's trace raises
-where it is read (``jaxoverride_nnx._stale_reads``, on ``adapter_kit.jit_traces``).
+adapters' own checks at the end of a framework scope catch what such a call leaves behind
+(a read of captured state inside such a jit's trace is the adapter's to refuse, on
+``adapter_kit.jit_traces``).
 """
 
 from __future__ import annotations

@@ -32,10 +32,10 @@ class Framework:
     """A framework the missing-adapter check watches: subclass it, fill it in, register it.
 
     Attributes:
-      key: the short name adapters declare themselves for (``"haiku"``).
+      key: the short name adapters declare themselves for (``"toy"``).
       module: the ``sys.modules`` entry whose presence makes the record live.
-      title: how messages name it, e.g. ``"Haiku (a neutral function ran inside
-        hk.transform)"``.
+      title: how messages name it, e.g. ``"Toy (a neutral function ran inside
+        toy.transform)"``.
       fix: the call that activates the adapter that handles it, as messages print it.
       label: the override-layer label of that adapter (its ``name=``).
 
