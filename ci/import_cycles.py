@@ -26,6 +26,7 @@ import sys
 
 # Lowest first. A module's layer is that of the first pattern it matches.
 LAYERS: tuple[tuple[str, ...], ...] = (
+    ("jaxoverride._tree_diff",),
     # what everything stands on: errors, JAX's private names, the override names
     ("jaxoverride.errors", "jaxoverride._compat", "jaxoverride._names", "jaxoverride._signatures"),
     ("jaxoverride._own_frames",),
