@@ -53,17 +53,10 @@ class Framework:
         written under a raw JAX trace, re-raised with the fix. Default None.
 
     Example:
-      >>> import sys
       >>> from jaxoverride import adapter_kit
-      >>> class Toy(adapter_kit.Framework):
-      ...     key, module, label = "toy", "toy.core", "toy_adapter"
-      ...     title = "Toy (a neutral function ran inside toy.transform)"
-      ...     fix = "toy_adapter.install()"
-      ...     def running(self):
-      ...         core = sys.modules.get(self.module)
-      ...         return core is not None and core.depth > 0
-      >>> Toy().running()  # adapter_kit.register_framework(Toy()) registers it
-      False
+      >>> record = adapter_kit.Framework()  # defaults; register_framework shows a record
+      >>> record.running(), record.leaked_state(), record.is_state(object())
+      (False, [], False)
     """
 
     key: str = ""
@@ -137,7 +130,18 @@ def _read_entry_points() -> dict[str, list[str]]:
     from importlib.metadata import entry_points  # loaded by JAX already
 
     pending: dict[str, list[str]] = {}
-    for point in entry_points(group=GROUP):
+    try:
+        points = list(entry_points(group=GROUP))
+    except Exception as error:  # broken metadata of some distribution
+        warnings.warn(
+            f"jaxoverride: the entry-point group {GROUP!r} could not be read: "
+            f"{type(error).__name__}: {error}. The missing-adapter check watches only the "
+            "frameworks registered with adapter_kit.register_framework.",
+            RuntimeWarning,
+            stacklevel=5,
+        )
+        return pending
+    for point in points:
         values = pending.setdefault(point.name, [])
         if point.value not in values:
             values.append(point.value)
