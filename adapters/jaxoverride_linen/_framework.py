@@ -37,7 +37,12 @@ class LinenFramework(adapter_kit.Framework):
         return None if top is None else getattr(top, "scope", None)
 
     def running(self) -> bool:
-        return self._bound_scope() is not None
+        # ``_bound_scope``, inline: the check asks this at neutral calls.
+        module = sys.modules.get(self.module)
+        if module is None:
+            return False
+        top = module._context.module_stack[-1]
+        return top is not None and getattr(top, "scope", None) is not None
 
     def leaked_state(self) -> list[Any]:
         scope = self._bound_scope()

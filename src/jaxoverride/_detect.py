@@ -88,9 +88,12 @@ def watching() -> bool:
     """
     if not enabled:
         return False
-    if len(sys.modules) != _frameworks.seen:
+    if len(_MODULES) != _frameworks.seen:
         _frameworks.refresh()
-    return bool(_frameworks.live)
+    return _frameworks.watched
+
+
+_MODULES = sys.modules  # one object for the life of the interpreter
 
 
 _HATCH = (
@@ -426,10 +429,15 @@ def run_call(
     """Runs a neutral call (``lax.scan``, ``jvp``, ...) under the check."""
     unhandled = False
     for framework in _frameworks.capturing:
-        if not _handled(framework, snapshot):
+        if not _handled_cached(framework, snapshot):
             unhandled = True
             break
-    if name not in _DIFFERENTIATES and not _frameworks.scope_running():
+    running = False
+    for probe in _frameworks.probes:  # ``scope_running``, without its frame
+        if probe():
+            running = True
+            break
+    if name not in _DIFFERENTIATES and not running:
         # The common case: nothing to compare afterwards, nothing to search beforehand.
         if not unhandled:
             return run(*args, **kwargs)

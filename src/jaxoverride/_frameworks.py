@@ -103,6 +103,7 @@ handled_by: dict[str, dict[Any, bool]] = {}
 # The live view: worked out again when ``len(sys.modules)`` is no longer ``seen``. Each
 # tuple is replaced whole (threads read one view or the other).
 seen = -1
+watched = False  # whether any record is live
 live: tuple[Framework, ...] = ()  # registered records whose module is imported
 scoped: tuple[Framework, ...] = ()  # the live ones that override ``running``
 probes: tuple[Callable[[], bool], ...] = ()  # their ``running``, bound
@@ -118,12 +119,13 @@ def _overrides(record: Framework, method: str) -> bool:
 
 
 def _set_live_locked() -> None:
-    global live, scoped, probes, capturing
+    global live, scoped, probes, capturing, watched
     modules = sys.modules
     live = tuple(record for record in registered.values() if record.module in modules)
     scoped = tuple(record for record in live if _overrides(record, "running"))
     probes = tuple(record.running for record in scoped)
     capturing = tuple(record for record in live if _overrides(record, "is_state"))
+    watched = bool(live)
 
 
 def _read_entry_points() -> dict[str, list[str]]:
