@@ -17,7 +17,7 @@ import textwrap
 import pytest
 
 from _fresh import ROOT, run_source
-from jaxoverride import adapter_kit
+from jaxoverride import _frameworks, adapter_kit
 from jaxoverride.errors import MissingAdapterError
 
 # A framework of one module: ``depth`` counts the running scopes, ``params`` is its state.
@@ -28,7 +28,7 @@ params = []
 # Its record: imports only the kit, reads the framework from sys.modules.
 TOY_RECORD = """
 import sys
-from jaxoverride import adapter_kit
+from jaxoverride import _frameworks, adapter_kit
 
 class Toy(adapter_kit.Framework):
     key = "toy"
@@ -220,6 +220,23 @@ def test_the_built_in_frameworks_are_checked_with_the_adapter_never_imported(key
     assert FIXES[key] in message and loaded == "True", result.stdout
 
 
+@pytest.fixture
+def registry():
+    """The registry as it was, back after the test: records registered here go."""
+    saved = [
+        (table, dict(table))
+        for table in (_frameworks.registered, _frameworks.labels, _frameworks.covers)
+    ]
+    labels = {key: set(value) for key, value in _frameworks.labels.items()}
+    yield
+    for table, before in saved:
+        table.clear()
+        table.update(before)
+    _frameworks.labels.update(labels)
+    with _frameworks._lock:
+        _frameworks._set_live_locked()
+
+
 class _Unwatched(adapter_kit.Framework):
     key = "registry_test_unwatched"
     module = "registry_test_module_never_imported"
@@ -228,7 +245,7 @@ class _Unwatched(adapter_kit.Framework):
     label = "registry_test_adapter"
 
 
-def test_declare_handler_accepts_a_registered_key_and_lists_them_for_an_unknown_one():
+def test_declare_handler_accepts_a_registered_key_and_lists_them_for_an_unknown_one(registry):
     adapter_kit.register_framework(_Unwatched())
     adapter_kit.register_framework(_Unwatched())  # idempotent per key
     adapter_kit.declare_handler("registry_test_unwatched", "registry_test_other_label")
@@ -240,7 +257,7 @@ def test_declare_handler_accepts_a_registered_key_and_lists_them_for_an_unknown_
     assert "register_framework" in str(info.value) and "jaxoverride.frameworks" in str(info.value)
 
 
-def test_register_framework_refuses_an_incomplete_record_or_a_taken_key():
+def test_register_framework_refuses_an_incomplete_record_or_a_taken_key(registry):
     class Incomplete(adapter_kit.Framework):
         key = "registry_test_incomplete"
 
