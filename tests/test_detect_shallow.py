@@ -22,7 +22,7 @@ COUNTER = nnx.Variable(jnp.array(0))
 
 
 def _full(fun: Any) -> list[tuple[str, Any]]:
-    return [(n, v) for n, v in _detect._values_of(fun) if _detect.NNX.is_state(v)]
+    return [(n, v) for n, v in _detect._values_of(fun) if _detect.is_state(v)]
 
 
 def _cases() -> dict[str, Any]:

@@ -150,7 +150,6 @@ def test_each_adapter_error_is_caught_by_the_shared_class(misuse, own, shared):
         (jon.PureFunctionWriteError, RuntimeError),
         (jon.UntrackedModuleError, TraceContextError),
         (jon.LevelError, TraceContextError),
-        (jon.StructureChangeError, ValueError),
         (dag.SharingError, ValueError),
     ],
 )
@@ -158,6 +157,13 @@ def test_the_historical_bases_and_paths_are_kept(own, base):
     assert issubclass(own, base)
     assert issubclass(own, errors.JaxoverrideError)
     assert own.__module__.startswith(("jaxoverride_haiku.", "jaxoverride_nnx.", "jaxoverride_dag."))
+
+
+def test_the_structure_change_error_is_one_class_under_its_old_names():
+    # Not a subclass per adapter: ``jaxoverride_nnx.StructureChangeError`` and the kit's
+    # ``StateStructureError`` are ``jaxoverride.errors.StructureChangeError``.
+    assert jon.StructureChangeError is errors.StructureChangeError
+    assert issubclass(errors.StructureChangeError, ValueError)
 
 
 def test_the_closed_over_message_is_written_once():

@@ -317,4 +317,4 @@ def test_detect_module_reads_frameworks_only_from_sys_modules():
     source += (ROOT / "src" / "jaxoverride" / "_detect.py").read_text()
     for framework in ("haiku", "flax"):
         assert f"import {framework}" not in source and f"from {framework}" not in source
-    assert set(_detect.frameworks()) == {"haiku", "linen", "nnx"}
+    assert {"haiku", "linen", "nnx"} <= set(_detect.frameworks())  # others may register

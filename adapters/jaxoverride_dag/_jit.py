@@ -31,8 +31,10 @@ _ENTRY_LIMIT = 256
 _LABEL = "jit arguments"
 
 
-class StructureChangedError(Exception):
-    """Raised inside a trace when the hot path handed JAX leaves of another structure."""
+class _TraceMismatch(Exception):  # noqa: N818  (a signal, not an error a user sees)
+    """A control-flow signal, not an error: raised inside a trace when the hot path handed
+    JAX leaves of another structure, and always caught by the hot path, which then takes
+    the slow path."""
 
 
 def pack_output(out: Any, label: str) -> Any:
@@ -291,7 +293,7 @@ class DagJit:
         def traced(*inputs: Any) -> Any:
             dyn = inputs[offset:]
             if len(dyn) != n or not all_dynamic(dyn):
-                raise StructureChangedError
+                raise _TraceMismatch
             rest, rest_kwargs = plan.decode_inside(dyn)
             if layout is not None:
                 rest, rest_kwargs = StaticArgs.merge(layout, inputs[:offset], rest, rest_kwargs)
@@ -450,7 +452,7 @@ def _recover(
     """After the compiled call raised ``error``: JAX's own error (every argument was an
     array it accepts) is raised; anything else means that the last trace no longer fits,
     and the slow path decides."""
-    if not isinstance(error, StructureChangedError) and all_dynamic(dyn):
+    if not isinstance(error, _TraceMismatch) and all_dynamic(dyn):
         raise error
     return call_slow(args, kwargs)
 
@@ -536,7 +538,7 @@ def _general_path(state: DagJit) -> Callable[[tuple[Any, ...], dict[str, Any]], 
             and len(args[0]) == size
         ):
             # A dict of the last call's keys: its values, in JAX's order, are the traced
-            # leaves if each is one (else the trace raises StructureChangedError). Each
+            # leaves if each is one (else the trace raises _TraceMismatch). Each
             # value is held by the dict and the tuple alone unless it occurs twice.
             try:
                 dyn = dict_values(args[0])
@@ -567,7 +569,7 @@ def _general_path(state: DagJit) -> Callable[[tuple[Any, ...], dict[str, Any]], 
                     return call_slow(args, kwargs)
         try:
             out = fn(*dyn)
-        except (StructureChangedError, TypeError) as error:
+        except (_TraceMismatch, TypeError) as error:
             return _recover(error, dyn, call_slow, args, kwargs)
         return out.unpack() if type(out) is packed else out
 
@@ -595,7 +597,7 @@ def _hot_path_static(state: DagJit, direct_to: Direct | None = None) -> Callable
             return call_slow(args, kwargs)
         try:
             out = fn(*values, *dyn)
-        except (StructureChangedError, TypeError) as error:
+        except (_TraceMismatch, TypeError) as error:
             return _recover(error, dyn, call_slow, args, kwargs)
         return out.unpack() if type(out) is Packed else out
 

@@ -18,7 +18,7 @@ except ImportError as _error:  # pragma: no cover - exercised in a subprocess by
         "jaxoverride_haiku needs dm-haiku: pip install 'jaxoverride[haiku]'"
     ) from _error
 
-from jaxoverride_haiku import _context
+from jaxoverride_haiku import _context, _framework as _framework  # registers its record
 from jaxoverride_haiku._context import *  # noqa: F403  (its __all__: context, install, ...)
 from jaxoverride_haiku._convert import PureFunctionWriteError as PureFunctionWriteError
 from jaxoverride_haiku._frames import in_transform as in_transform, state_usable as state_usable

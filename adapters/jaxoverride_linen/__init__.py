@@ -14,7 +14,7 @@ try:
 except ImportError as _error:  # pragma: no cover - exercised in a subprocess by the tests
     raise ImportError("jaxoverride_linen needs flax: pip install 'jaxoverride[linen]'") from _error
 
-from jaxoverride_linen import _context
+from jaxoverride_linen import _context, _framework as _framework  # registers its record
 from jaxoverride_linen._context import *  # noqa: F403  (its __all__: context, install, ...)
 from jaxoverride_linen._errors import (
     ClosedOverDifferentiationError as ClosedOverDifferentiationError,

@@ -57,26 +57,9 @@ class UntrackedModuleError(_PlainError, errors.UntrackedModuleError):
     """
 
 
-class StructureChangeError(errors.StructureChangeError):
-    """Traced code tried to change the structure of a tracked module.
-
-    Adding or replacing attributes, or changing the shape or dtype of a Variable, cannot
-    be expressed inside a JAX trace; do it outside the neutral call.
-
-    Example:
-      >>> import jax.numpy as jnp, jaxoverride as jo, jaxoverride_nnx
-      >>> from flax import nnx
-      >>> model = nnx.Linear(2, 2, rngs=nnx.Rngs(0))
-      >>> def grow(x):
-      ...     model.extra = nnx.Variable(x)
-      ...     return x
-      >>> with jaxoverride_nnx.track(model):
-      ...     try:
-      ...         jo.jit(grow)(1.0)
-      ...     except jaxoverride_nnx.StructureChangeError as error:
-      ...         print(str(error)[:78])
-      jaxoverride_nnx: code inside jaxoverride.jit tried to set attribute 'extra' of
-    """
+# Traced code tried to change the structure of a tracked module: the one
+# structure-change error, ``jaxoverride.errors.StructureChangeError``, under its old name.
+StructureChangeError = errors.StructureChangeError
 
 
 class LevelError(_PlainError, errors.JaxoverrideError):

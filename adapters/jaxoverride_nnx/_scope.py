@@ -259,6 +259,7 @@ def empty() -> Tracked:
 ACTIVE: contextvars.ContextVar[Tracked | None] = contextvars.ContextVar(
     "jaxoverride_nnx_tracked", default=None
 )
+_stale_reads.tracked_now = ACTIVE.get
 
 
 def current() -> Tracked | None:

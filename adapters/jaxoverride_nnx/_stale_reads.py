@@ -66,13 +66,20 @@ _chained: dict[Any, Callable[[Any, Any], Any]] = {}
 _CHAINED_LIMIT = 256
 
 
+def _no_tracked_set() -> Any:
+    return None
+
+
+# The tracked set here (``_scope.ACTIVE.get``): set by ``_scope`` at its import, since
+# ``_scope`` hooks through this module and imports point one way.
+tracked_now: Callable[[], Any] = _no_tracked_set
+
+
 def _refuse(variable: Any) -> None:
     """Raises if ``variable``, read here, is a tracked Variable baked in by a raw jit."""
-    from jaxoverride_nnx._scope import ACTIVE  # _scope hooks through this module
-
     if not adapter_kit.adapter_check_on():
         return
-    tracked = ACTIVE.get()
+    tracked = tracked_now()
     if tracked is None:
         return
     index = tracked.var_index(variable)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from jaxoverride import adapter_kit
-from jaxoverride_nnx import _context
+from jaxoverride_nnx import _context, _framework as _framework  # registers "nnx" first
 from jaxoverride_nnx._graph import is_graph_object
 from jaxoverride_nnx._scope import ACTIVE, Scope, Tracked
 

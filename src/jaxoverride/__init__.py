@@ -60,6 +60,31 @@ if TYPE_CHECKING:  # loaded at first use (``__getattr__``), for ``import jaxover
 
 _hide_own_frames()  # errors and equations name the user's line, as JAX's own would
 
+
+def _load_first_call_check() -> None:
+    # ``_first_call`` (and the interposition machinery it reads) is loaded by the first
+    # context entry that has something to check, not by ``import jaxoverride``: its
+    # import puts its own ``refresh`` in ``_stack.on_new_modules``. Here, at the top of
+    # the core, so that the lower layers never import upward, lazily or not.
+    from jaxoverride import _detect, _stack
+
+    if not _detect.watching():
+        _stack._no_check()
+        return
+    from jaxoverride import _first_call
+
+    _first_call.refresh()
+
+
+def _set_first_call_hook() -> None:
+    from jaxoverride import _stack
+
+    if _stack.on_new_modules is _stack._not_set:  # not _first_call's own, if loaded
+        _stack.on_new_modules = _load_first_call_check
+
+
+_set_first_call_hook()
+
 # Public names whose modules are imported at their first use, not by ``import
 # jaxoverride``: a program that never interposes, inspects the stack or runs the
 # self-check does not pay for them. ``{name: module that defines it}``.

@@ -1,21 +1,24 @@
 """The missing-adapter check: a neutral function met framework state no adapter handles.
 
+The frameworks are the registered records (``_frameworks``); this module names none.
 What it catches, once a framework is imported and no adapter that handles it is active:
 
-- Haiku and Flax Linen: a neutral function run inside ``hk.transform`` or a bound Linen
-  module that leaves tracers in the framework's parameters, state or RNG (the body
-  created a parameter or wrote state under a raw JAX trace). Reads are harmless, so a
-  neutral call that only reads runs as JAX.
-- Flax NNX: a neutral transform whose function captures NNX modules or Variables and is
-  jitted (weights baked in as constants) or differentiated with respect to NNX state
-  (the captured copy gets a zero gradient); a write to a captured Variable (Flax's bare
-  ``TraceContextError``) is re-raised with the fix; under ``track`` a captured module
-  the tracked set does not contain is refused.
+- scoped frameworks (a record whose ``running()`` tells that a scope of it runs): a
+  neutral function run inside such a scope that leaves tracers in the state the record's
+  ``leaked_state()`` lists (the body created a parameter or wrote state under a raw JAX
+  trace). Reads are harmless, so a neutral call that only reads runs as JAX.
+- closure-captured frameworks (a record whose ``is_state`` recognises its state): a
+  neutral transform whose function captures such state and is jitted (weights baked in
+  as constants) or differentiated with respect to that state (the captured copy gets a
+  zero gradient); a write to captured state (the record's ``write_error()``) is re-raised
+  with the fix; under an adapter of the framework, captured state its ``covers=``
+  predicate does not cover is refused.
 
-Idle cost: neutral calls (``lax.scan`` and friends, which trace) pay one ``sys.modules``
-look-up per framework. A neutral transform pays only at creation, and is given a checked
-target only if it was created inside a framework scope or captures NNX state; every
-other ``jo.jit`` keeps JAX's own dispatch.
+Idle cost: neutral calls (``lax.scan`` and friends, which trace) pay one length
+comparison of ``sys.modules`` while no registered framework is imported. A neutral
+transform pays only at creation, and is given a checked target only if it was created
+inside a framework scope or captures framework state; every other ``jo.jit`` keeps JAX's
+own dispatch.
 """
 
 from __future__ import annotations
@@ -33,14 +36,14 @@ from typing import Any, NamedTuple, NoReturn
 
 from jaxoverride import _frameworks, _stack
 from jaxoverride._compat import jit_name
-from jaxoverride._frameworks import ALL, HAIKU, LINEN, MODULES, NNX, SCOPED, Framework
+from jaxoverride._frameworks import Framework
 from jaxoverride.errors import MissingAdapterError
 
 ENV_VAR = "JAXOVERRIDE_ADAPTER_CHECK"
 _OFF = {"0", "false", "off", "no"}
 enabled = os.environ.get(ENV_VAR, "1").strip().lower() not in _OFF
 
-# Names whose silent failure with captured NNX state is a wrong result, not an error.
+# Names whose silent failure with captured framework state is a wrong result, not an error.
 _BAKES = frozenset({"jit", "pmap"})
 _DIFFERENTIATES = frozenset(
     {"grad", "value_and_grad", "jacfwd", "jacrev", "hessian", "jvp", "vjp", "linearize"}
@@ -53,7 +56,7 @@ def set_adapter_check(on: bool) -> bool:
     """Turns the missing-adapter check on or off for the whole process.
 
     The check raises ``jaxoverride.errors.MissingAdapterError`` when a neutral function
-    meets Haiku, Flax Linen or Flax NNX state that no active adapter handles, which would
+    meets the state of a registered framework that no active adapter handles, which would
     otherwise give a silently wrong result. Turn it off only for a program that means
     it; the environment variable ``JAXOVERRIDE_ADAPTER_CHECK=0`` does the same at start-up.
 
@@ -79,15 +82,19 @@ def set_adapter_check(on: bool) -> bool:
 
 
 def watching() -> bool:
-    """Whether the check has anything to look at: it is on and a framework is imported."""
+    """Whether the check has anything to look at: it is on and a framework is imported.
+
+    The live records are worked out again only when ``len(sys.modules)`` changed.
+    """
     if not enabled:
         return False
-    modules = sys.modules
-    # Unrolled: this runs on every neutral call once the check is on.
-    return _HAIKU_MODULE in modules or _LINEN_MODULE in modules or _NNX_MODULE in modules
+    if len(_MODULES) != _frameworks.seen:
+        _frameworks.refresh()
+    return _frameworks.watched
 
 
-_HAIKU_MODULE, _LINEN_MODULE, _NNX_MODULE = MODULES
+_MODULES = sys.modules  # one object for the life of the interpreter
+
 
 _HATCH = (
     " If the program means this, turn the check off with jaxoverride.set_adapter_check(False) "
@@ -96,7 +103,8 @@ _HATCH = (
 
 
 def _handled(framework: Framework, snapshot: _stack.Snapshot) -> bool:
-    return any(layer.label in framework.labels for layer in snapshot.layers)
+    labels = _frameworks.labels[framework.key]
+    return any(layer.label in labels for layer in snapshot.layers)
 
 
 def _covered(framework: Framework, value: Any) -> bool:
@@ -204,20 +212,34 @@ def _shallow_values(fun: Any) -> list[tuple[str, Any]] | None:
 Captured = list[tuple[str, Any]]
 
 
+def is_state(value: Any) -> bool:
+    """Whether ``value`` is the state of a live closure-captured framework."""
+    return any(framework.is_state(value) for framework in _frameworks.capturing)
+
+
 def captured_state(fun: Any) -> Captured:
-    """``(name, object)`` for the NNX modules and Variables that ``fun`` captures (empty
-    while NNX is not imported)."""
-    if NNX.loaded() is None:
+    """``(name, object)`` for the framework state that ``fun`` captures (empty while no
+    closure-captured framework is imported)."""
+    capturing = _frameworks.capturing
+    if not capturing:
         return []
     values = _shallow_values(fun)
     found = _values_of(fun) if values is None else values
-    return [(name, value) for name, value in found if NNX.is_state(value)]
+    if len(capturing) == 1:
+        one = capturing[0].is_state
+        return [(name, value) for name, value in found if one(value)]
+    return [(name, value) for name, value in found if is_state(value)]
 
 
-def _holds_state(values: Any) -> bool:
-    if NNX.loaded() is None:
-        return False
-    return any(NNX.is_state(value) for _, value in _values_of(values))
+def _holds_state(framework: Framework, values: Any) -> bool:
+    return any(framework.is_state(value) for _, value in _values_of(values))
+
+
+def _owned(framework: Framework, captured: Captured) -> Captured:
+    """The part of ``captured`` that is ``framework``'s state."""
+    if len(_frameworks.capturing) == 1:
+        return captured
+    return [(name, value) for name, value in captured if framework.is_state(value)]
 
 
 def _describe(captured: Captured) -> str:
@@ -225,10 +247,12 @@ def _describe(captured: Captured) -> str:
     return ", ".join(shown) + (", ..." if len(captured) > 4 else "")
 
 
-def _track_fix(captured: Captured, also: str = "") -> str:
+def _fix(framework: Framework, captured: Captured, active: bool = False) -> str:
+    """The record's fix naming what ``captured`` holds: each name's root, as an
+    identifier (``"model"`` for one that is not)."""
     roots = dict.fromkeys(name.split("[", 1)[0] for name, _ in captured)
-    names = [n if n.isidentifier() else "model" for n in roots]
-    return f"`with jaxoverride_nnx.track({also}{', '.join(dict.fromkeys(names))}):` around the call"
+    names = list(dict.fromkeys(n if n.isidentifier() else "model" for n in roots))
+    return framework.fix_for(names, active=active)
 
 
 def _raise(framework: Framework, what: str, name: str) -> None:
@@ -243,7 +267,7 @@ def _raise_on_new_tracers(
 ) -> None:
     """Raises for the first framework whose state gained tracers since ``before``."""
     for framework in scopes:
-        leaked = _frameworks.new_tracers(before[framework.key], framework.state_leaves())
+        leaked = _frameworks.new_tracers(before[framework.key], framework.leaked_state())
         if leaked:
             _raise(
                 framework,
@@ -254,58 +278,104 @@ def _raise_on_new_tracers(
             )
 
 
-def _untracked(captured: Captured) -> Captured:
-    return [(name, value) for name, value in captured if not _covered(NNX, value)]
-
-
-def _nnx_refusal(
-    name: str, captured: Captured, snapshot: _stack.Snapshot, differentiated: Any
+def _refusal(
+    framework: Framework,
+    name: str,
+    captured: Captured,
+    snapshot: _stack.Snapshot,
+    differentiated: Any,
 ) -> str | None:
-    """Why running ``name`` over captured NNX state would be silently wrong, if it would."""
+    """Why running ``name`` over ``framework``'s captured state would be silently wrong,
+    if it would."""
     if not captured:
         return None
-    if _handled(NNX, snapshot):
-        untracked = _untracked(captured)
-        if untracked:
+    if _handled(framework, snapshot):
+        uncovered = [(n, value) for n, value in captured if not _covered(framework, value)]
+        if uncovered:
             return (
-                f"the function captures {_describe(untracked)}, which the active track scope "
-                "does not hold, so its weights would be baked in or its gradient lost. Fix: "
-                f"track it too, {_track_fix(untracked, 'model, ')}."
+                f"the function captures {_describe(uncovered)}, which the active adapter of "
+                f"{framework.key} does not cover, so its weights would be baked in or its "
+                f"gradient lost. Fix: {_fix(framework, uncovered, active=True)}."
             )
         return None
     if name in _BAKES:
         return (
             f"the function captures {_describe(captured)}; jax.{name} would bake their "
             "current weights in as constants and keep returning them after they change. "
-            f"Fix: {_track_fix(captured)}."
+            f"Fix: {_fix(framework, captured)}."
         )
-    if name in _DIFFERENTIATES and _holds_state(differentiated):
+    if name in _DIFFERENTIATES and _holds_state(framework, differentiated):
         return (
             f"the function captures {_describe(captured)} and is differentiated with respect "
-            "to NNX state; the captured copy is not the one being differentiated, so its "
-            f"gradient would be silently zero. Fix: {_track_fix(captured)}."
+            f"to {framework.key} state; the captured copy is not the one being "
+            f"differentiated, so its gradient would be silently zero. "
+            f"Fix: {_fix(framework, captured)}."
         )
     return None
 
 
-def _trace_context_error() -> type[BaseException] | None:
-    errors = sys.modules.get("flax.errors")
-    return getattr(errors, "TraceContextError", None) if errors is not None else None
+def _refuse_captured(
+    name: str,
+    captured: Captured,
+    snapshot: _stack.Snapshot,
+    differentiated: Any,
+    handled: bool | None = None,
+) -> None:
+    """Raises for the first closure-captured framework whose captured state running
+    ``name`` would get silently wrong; only those whose adapter is active (``handled``
+    True), or not (False), or either (None)."""
+    for framework in _frameworks.capturing:
+        if handled is not None and _handled(framework, snapshot) is not handled:
+            continue
+        owned = _owned(framework, captured)
+        refusal = _refusal(framework, name, owned, snapshot, differentiated)
+        if refusal is not None:
+            raise MissingAdapterError(
+                f"jaxoverride.{name} met {framework.title}: {refusal}{_HATCH}"
+            )
+
+
+def _write_errors() -> list[tuple[Framework, type[BaseException]]]:
+    """The live closure-captured frameworks' errors for a write under a raw trace."""
+    found = []
+    for framework in _frameworks.capturing:
+        error = framework.write_error()
+        if error is not None:
+            found.append((framework, error))
+    return found
 
 
 @functools.cache
-def _write_error(trace_context_error: type[BaseException]) -> type[MissingAdapterError]:
-    """``MissingAdapterError`` that is also Flax's ``TraceContextError``, so handlers
-    written for the error it replaces still catch it; made only once Flax is imported."""
-    return type("MissingAdapterError", (MissingAdapterError, trace_context_error), {})
+def _write_error(framework_error: type[BaseException]) -> type[MissingAdapterError]:
+    """``MissingAdapterError`` that is also the framework's own error (its record's
+    ``write_error()``), so handlers written for the error it replaces still catch it;
+    made only once the framework is imported."""
+    return type("MissingAdapterError", (MissingAdapterError, framework_error), {})
 
 
-def _write_message(name: str, captured: Captured) -> str:
-    return (
-        f"jaxoverride.{name} ran a function that writes a Variable of the NNX state it "
-        f"captures ({_describe(captured)}), which raw JAX cannot thread, and no NNX adapter "
-        f"is active. Fix: {_track_fix(captured)}.{_HATCH}"
-    )
+def _write_refused(
+    name: str,
+    error: BaseException,
+    snapshot: _stack.Snapshot,
+    captured: Captured,
+    search: tuple[Any, ...],
+) -> BaseException | None:
+    """The ``MissingAdapterError`` to raise for ``error``, the own error of a framework no
+    active adapter handles for a write to its state captured (``captured``, or captured by
+    a function in ``search``); None to let ``error`` through."""
+    for framework, framework_error in _write_errors():
+        if not isinstance(error, framework_error) or _handled(framework, snapshot):
+            continue
+        found = captured or [item for value in search for item in captured_state(value)]
+        found = _owned(framework, found)
+        if not found:
+            continue
+        return _write_error(framework_error)(
+            f"jaxoverride.{name} ran a function that writes the {framework.key} state it "
+            f"captures ({_describe(found)}), which raw JAX cannot thread, and no adapter "
+            f"of {framework.key} is active. Fix: {_fix(framework, found)}.{_HATCH}"
+        )
+    return None
 
 
 def _run_checked(
@@ -318,35 +388,25 @@ def _run_checked(
     differentiated: Any,
     search: tuple[Any, ...] = (),
 ) -> Any:
-    """Runs ``run`` under the check. ``search`` holds what to look for captured NNX state
-    in only if the call fails with Flax's ``TraceContextError`` (control flow, where a
-    read is right and a write raises)."""
-    nnx_handled = bool(captured) and _handled(NNX, snapshot)
-    # Under an NNX adapter its own, more precise errors (a write to an untracked module)
-    # come first, so the refusal waits until the call has run.
-    if not nnx_handled:
-        refusal = _nnx_refusal(name, captured, snapshot, differentiated)
-        if refusal is not None:
-            raise MissingAdapterError(f"jaxoverride.{name} met {NNX.title}: {refusal}{_HATCH}")
-    scopes = [f for f in SCOPED if f.inside() and not _handled(f, snapshot)]
-    before = {f.key: f.state_leaves() for f in scopes}
-    trace_context_error = (
-        _trace_context_error() if (captured or search) and not nnx_handled else None
-    )
+    """Runs ``run`` under the check. ``search`` holds what to look for captured framework
+    state in only if the call fails with the framework's own write error (control flow,
+    where a read is right and a write raises)."""
+    # Under a framework's adapter its own, more precise errors (a write to state it does
+    # not cover) come first, so that refusal waits until the call has run.
+    if captured:
+        _refuse_captured(name, captured, snapshot, differentiated, handled=False)
+    scopes = [f for f in _frameworks.scoped if f.running() and not _handled(f, snapshot)]
+    before = {f.key: f.leaked_state() for f in scopes}
     try:
         out = run(*args, **kwargs)
     except BaseException as error:
-        if trace_context_error is not None and isinstance(error, trace_context_error):
-            if not captured:
-                captured = [found for value in search for found in captured_state(value)]
-            if not captured:
-                raise
-            raise _write_error(trace_context_error)(_write_message(name, captured)) from error
+        if captured or search:
+            refusal = _write_refused(name, error, snapshot, captured, search)
+            if refusal is not None:
+                raise refusal from error
         raise
-    if nnx_handled:
-        refusal = _nnx_refusal(name, captured, snapshot, differentiated)
-        if refusal is not None:
-            raise MissingAdapterError(f"jaxoverride.{name} met {NNX.title}: {refusal}{_HATCH}")
+    if captured:
+        _refuse_captured(name, captured, snapshot, differentiated, handled=True)
     _raise_on_new_tracers(scopes, before, name, "under a raw JAX trace")
     return out
 
@@ -359,18 +419,6 @@ def _functions(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]
     )
 
 
-def _write_refusal(name: str, error: BaseException, search: tuple[Any, ...]) -> Any:
-    """The ``MissingAdapterError`` to raise for Flax's ``TraceContextError`` from a write to
-    NNX state that a function in ``search`` captures; None to let ``error`` through."""
-    trace_context_error = _trace_context_error()
-    if trace_context_error is None or not isinstance(error, trace_context_error):
-        return None
-    captured = [found for value in search for found in captured_state(value)]
-    if not captured:
-        return None
-    return _write_error(trace_context_error)(_write_message(name, captured))
-
-
 def run_call(
     name: str,
     run: Callable[..., Any],
@@ -379,22 +427,31 @@ def run_call(
     snapshot: _stack.Snapshot,
 ) -> Any:
     """Runs a neutral call (``lax.scan``, ``jvp``, ...) under the check."""
-    nnx_unhandled = NNX.loaded() is not None and not _handled(NNX, snapshot)
-    if not (HAIKU.inside() or LINEN.inside()) and name not in _DIFFERENTIATES:
+    unhandled = False
+    for framework in _frameworks.capturing:
+        if not _handled_cached(framework, snapshot):
+            unhandled = True
+            break
+    running = False
+    for probe in _frameworks.probes:  # ``scope_running``, without its frame
+        if probe():
+            running = True
+            break
+    if name not in _DIFFERENTIATES and not running:
         # The common case: nothing to compare afterwards, nothing to search beforehand.
-        if not nnx_unhandled:
+        if not unhandled:
             return run(*args, **kwargs)
         try:
             return run(*args, **kwargs)
         except BaseException as error:
-            refusal = _write_refusal(name, error, _functions(args, kwargs))
+            refusal = _write_refused(name, error, snapshot, [], _functions(args, kwargs))
             if refusal is None:
                 raise
             raise refusal from error
     captured: Captured = []
     search: tuple[Any, ...] = ()
-    # Under an NNX adapter, control flow threads what it reaches itself: no search.
-    if nnx_unhandled:
+    # Under a framework's adapter, control flow threads what it reaches itself: no search.
+    if unhandled:
         functions = _functions(args, kwargs)
         if name in _DIFFERENTIATES:
             captured = [found for value in functions for found in captured_state(value)]
@@ -451,11 +508,15 @@ class TransformCheck:
     and the code object are kept).
     """
 
-    __slots__ = ("_fast", "_memo", "fun", "name")
+    __slots__ = ("_fast", "_memo", "framework", "fun", "name")
 
     def __init__(self, name: str, fun: Any):
         self.name = name
         self.fun = fun  # the transform's state holds it already
+        # The closure-captured framework the inline paths serve: the one live at creation;
+        # None (every call through ``run``) where none is or several are.
+        capturing = _frameworks.capturing
+        self.framework: Framework | None = capturing[0] if len(capturing) == 1 else None
         # One attribute, replaced whole: a thread reads one lookup's memo or another's.
         self._memo: _Memo | None = None
         # After an inline check passed for a function of one cell that holds the one
@@ -471,14 +532,14 @@ class TransformCheck:
         if type(fun) is not types.FunctionType:
             return captured_state(fun)
         memo = self._memo
-        if memo is not None and NNX.loaded() is not None:
+        if memo is not None and _frameworks.capturing:
             direct = _recalled(fun, memo)
             if direct is not None:
                 return [(name, direct[at]) for name, at in memo.found]
         captured = captured_state(fun)
         self._memo = None
         direct = _direct_values(fun)
-        if direct is not None and NNX.loaded() is not None and _shallow_values(fun) is not None:
+        if direct is not None and _frameworks.capturing and _shallow_values(fun) is not None:
             # The shallow lookup's answer depends on ``direct`` alone.
             positions = {id(value): position for position, value in enumerate(direct)}
             found = [(name, positions.get(id(value))) for name, value in captured]
@@ -508,21 +569,23 @@ class TransformCheck:
         serve checked calls, see ``guard``), a call whose check passed inline in a stack
         that has one makes it the wrapper's target (``go_direct``).
 
-        A call under ``track`` whose function the memo serves (see the class) and that no
-        Haiku or Linen scope encloses checks inline what ``run`` would: that each captured
-        object is covered by the NNX adapter, after the call. Every other call goes
-        through ``run``. A function of one closure cell whose object passed that check
-        under this stack is checked in fewer steps at the next call (``fast``): the same
-        target, code and object there (same identity and type), no defaults and no
-        Haiku or Linen scope, then the one covering predicate, after the call.
+        A call under an adapter of ``self.framework`` whose function
+        the memo serves (see the class) and that no framework scope encloses checks inline
+        what ``run`` would: that each captured object is covered by the adapter, after the
+        call. Every other call goes through ``run``. A function of one closure cell whose
+        object passed that check under this stack is checked in fewer steps at the next
+        call (``fast``): the same target, code and object there (same identity and type),
+        no defaults and no framework scope, then the one covering predicate, after the call.
         """
         run = self.run
         check = self
         fun = self.fun
         root, current_get = _stack.ROOT, _stack._current_get
-        handled_here = _frameworks.nnx_handled
-        covers = _frameworks.covers
-        modules_get = sys.modules.get
+        framework = self.framework
+        # Empty where no one framework is served: every call then goes through ``run``.
+        handled_here = {} if framework is None else _frameworks.handled_by[framework.key]
+        covers_of = _frameworks.covers
+        key = None if framework is None else framework.key
         builds_get = builds.get
         # A function's cells are fixed for its life (``__closure__`` is read-only), and
         # so is their count for any code it may be given: only their contents change.
@@ -553,11 +616,10 @@ class TransformCheck:
                 except ValueError:  # an empty cell
                     value = _EMPTY
                 if id(value) == served[3] and type(value) is served[4]:
-                    haiku = modules_get(_HAIKU_MODULE)
-                    linen = modules_get(_LINEN_MODULE)
-                    if (haiku is None or not haiku.inside_transform()) and (
-                        linen is None or linen._context.module_stack[-1] is None
-                    ):
+                    for running in _frameworks.probes:
+                        if running():
+                            break
+                    else:
                         out = target(*args, **kwargs) if kwargs else target(*args)  # type: ignore[misc]
                         if served[5](value):
                             if directs and snapshot in directs and not _stack._guards:
@@ -583,9 +645,9 @@ class TransformCheck:
                 or not handled_here.get(snapshot)
             ):
                 return run(target, snapshot, args, kwargs)
-            # What ``run`` does for a function whose captures the memo serves, under an
-            # NNX adapter and no Haiku or Linen scope, inline: every jitted call under
-            # ``track`` comes this way. Same code, so as many cells as then.
+            # What ``run`` does for a function whose captures the memo serves, under the
+            # framework's adapter and no framework scope, inline: every jitted call under
+            # that adapter comes this way. Same code, so as many cells as then.
             names = memo.names
             try:
                 if one_cell is not None and not names:
@@ -601,16 +663,11 @@ class TransformCheck:
             for at, value in enumerate(direct):
                 if id(value) != ids[at] or type(value) is not classes[at]:
                     return run(target, snapshot, args, kwargs)
-            haiku = modules_get(_HAIKU_MODULE)
-            if haiku is not None and haiku.inside_transform():
-                return run(target, snapshot, args, kwargs)
-            linen = modules_get(_LINEN_MODULE)
-            if linen is not None:  # as ``_frameworks.scope_running``, without its frame
-                top = linen._context.module_stack[-1]
-                if top is not None and getattr(top, "scope", None) is not None:
+            for running in _frameworks.probes:  # ``scope_running``, without its frame
+                if running():
                     return run(target, snapshot, args, kwargs)
             out = target(*args, **kwargs) if kwargs else target(*args)
-            predicates = covers.get("nnx")
+            predicates = covers_of.get(key)  # type: ignore[arg-type]
             if predicates:
                 for _, at in memo.found:
                     value = direct[at]
@@ -637,21 +694,20 @@ class TransformCheck:
 
         ``captured()`` returns a token where a call would pass the check exactly as the
         last inline check did (the state ``checked_call`` keeps after it: same stack and
-        target, same code and cell object, no defaults, no ``__wrapped__``, no Haiku or
-        Linen scope running, the check on), but for its covering predicate; else None.
+        target, same code and cell object, no defaults, no ``__wrapped__``, no framework
+        scope running, the check on), but for its covering predicate; else None.
         Equal tokens (the same object) stand for the same captured object. The direct
         call answers the predicate itself: it serves only under a token it saw a call
         pass the check with.
         """
         fun = self.fun
-        if type(fun) is not types.FunctionType:
+        if type(fun) is not types.FunctionType or self.framework is None:
             return None
         cells = fun.__closure__
         if cells is None or len(cells) != 1:
             return None
         one_cell = cells[0]
         fast = self._fast
-        modules_get = sys.modules.get
 
         def captured() -> Any:
             served = fast[0]
@@ -669,29 +725,26 @@ class TransformCheck:
                 except ValueError:  # an empty cell
                     return None
                 if id(value) == served[3] and type(value) is served[4]:
-                    haiku = modules_get(_HAIKU_MODULE)
-                    if haiku is not None and haiku.inside_transform():
-                        return None
-                    linen = modules_get(_LINEN_MODULE)
-                    if linen is not None and linen._context.module_stack[-1] is not None:
-                        return None
+                    for running in _frameworks.probes:
+                        if running():
+                            return None
                     return served  # replaced whole by the next inline check that passes
             return None
 
         return captured
 
     def _covered_or_refused(self, out: Any, value: Any, snapshot: _stack.Snapshot) -> Any:
-        """``out`` where an NNX adapter covers ``value``, the one captured object, now."""
-        if not _covered(NNX, value):
+        """``out`` where the adapter covers ``value``, the one captured object, now."""
+        assert self.framework is not None  # the inline paths run only with one
+        if not _covered(self.framework, value):
             memo = self._memo
             name = memo.found[0][0] if memo is not None and memo.found else "the function"
             self._refuse([(name, value)], snapshot)
         return out
 
     def _refuse(self, captured: Captured, snapshot: _stack.Snapshot) -> NoReturn:
-        refusal = _nnx_refusal(self.name, captured, snapshot, None)
-        assert refusal is not None
-        raise MissingAdapterError(f"jaxoverride.{self.name} met {NNX.title}: {refusal}{_HATCH}")
+        _refuse_captured(self.name, captured, snapshot, None)
+        raise AssertionError("an uncovered captured object passed the check")
 
     def run(
         self,
@@ -703,11 +756,18 @@ class TransformCheck:
         if not enabled:
             return target(*args, **kwargs)
         captured = self.captured()
-        if captured and _nnx_handled(snapshot) and not _frameworks.scope_running():
-            # The usual call under ``track``: what ``_run_checked`` does with NNX handled
-            # and no Haiku or Linen scope running, without its bookkeeping.
+        framework = self.framework
+        if (
+            captured
+            and framework is not None
+            and _handled_cached(framework, snapshot)
+            and not _frameworks.scope_running()
+        ):
+            # The usual call under the framework's adapter (``track``): what
+            # ``_run_checked`` does with it handled and no scope running, without its
+            # bookkeeping.
             out = target(*args, **kwargs)
-            predicates = _frameworks.covers.get(NNX.key)
+            predicates = _frameworks.covers.get(framework.key)
             if predicates:
                 for _, value in captured:
                     if not any(predicate(value) for predicate in predicates):
@@ -746,33 +806,37 @@ def _direct_values(fun: types.FunctionType) -> list[Any] | None:
     return direct
 
 
-def _nnx_handled(snapshot: _stack.Snapshot) -> bool:
-    """``_handled(NNX, snapshot)``, remembered per snapshot in ``_frameworks.nnx_handled``."""
-    handled = _frameworks.nnx_handled.get(snapshot)
+def _handled_cached(framework: Framework, snapshot: _stack.Snapshot) -> bool:
+    """``_handled(framework, snapshot)``, remembered per snapshot in
+    ``_frameworks.handled_by``."""
+    answers = _frameworks.handled_by[framework.key]
+    handled = answers.get(snapshot)
     if handled is None:
-        if len(_frameworks.nnx_handled) >= _NNX_HANDLED_LIMIT:
-            _frameworks.nnx_handled.clear()
-        handled = _frameworks.nnx_handled[snapshot] = _handled(NNX, snapshot)
+        if len(answers) >= _HANDLED_LIMIT:
+            answers.clear()
+        handled = answers[snapshot] = _handled(framework, snapshot)
     return handled
 
 
-_NNX_HANDLED_LIMIT = 256  # snapshots are interned: a bound, not a tuning knob
+_HANDLED_LIMIT = 256  # snapshots are interned: a bound, not a tuning knob
 
 
 def transform_check(name: str, fun: Any) -> TransformCheck | None:
     """The check a new ``jaxoverride.<name>(fun)`` needs, or None for JAX's own dispatch.
 
     Called only while ``watching()``; a transform built inside a framework scope or over
-    captured NNX state gets one.
+    captured framework state gets one.
     """
-    if captured_state(fun) or any(framework.inside() for framework in SCOPED):
+    if captured_state(fun) or _frameworks.scope_running():
         return TransformCheck(name, fun)
     return None
 
 
 def frameworks() -> dict[str, Framework]:
-    """The frameworks the check knows, by key."""
-    return dict(ALL)
+    """The frameworks the check knows, by key: the registered records, after loading
+    those whose watched module is imported."""
+    _frameworks.refresh()
+    return dict(_frameworks.registered)
 
 
 def _qualified_name(fun: Any) -> str:
@@ -786,19 +850,17 @@ def _qualified_name(fun: Any) -> str:
 
 def _check_trace(name: str, fun: Callable[..., Any], args: Any, kwargs: Any) -> Any:
     """Traces ``fun`` under the check: the trace-time half of ``traced_check``."""
-    scopes = [f for f in SCOPED if f.inside()]
-    nnx_loaded = NNX.loaded() is not None
-    if not scopes and not nnx_loaded:
+    scopes = [f for f in _frameworks.scoped if f.running()]
+    capturing = _frameworks.capturing
+    if not scopes and not capturing:
         return fun(*args, **kwargs)
     snapshot = _stack.effective_snapshot()
-    if nnx_loaded and not _handled(NNX, snapshot):
-        refusal = _nnx_refusal(name, captured_state(fun), snapshot, None)
-        if refusal is not None:
-            raise MissingAdapterError(f"jaxoverride.{name} met {NNX.title}: {refusal}{_HATCH}")
+    if capturing:
+        _refuse_captured(name, captured_state(fun), snapshot, None, handled=False)
     scopes = [f for f in scopes if not _handled(f, snapshot)]
     if not scopes:
         return fun(*args, **kwargs)
-    before = {f.key: f.state_leaves() for f in scopes}
+    before = {f.key: f.leaked_state() for f in scopes}
     out = fun(*args, **kwargs)
     _raise_on_new_tracers(scopes, before, name, "while JAX's own jit traced it, no adapter active")
     return out
@@ -857,9 +919,9 @@ def traced_check(name: str, fun: Any) -> Any:
 
     ``jo.jit(f)`` built outside every framework scope (at import time, say) keeps JAX's
     own dispatch, so a call pays nothing for the check; the check runs where JAX traces
-    ``f``: inside ``hk.transform`` or a bound Linen module with no adapter active, state
-    that ``f`` creates or writes under the trace raises ``MissingAdapterError``, and so
-    does NNX state that ``f`` captures with no NNX adapter active. What JAX sees carries
+    ``f``: inside a framework scope with no adapter of it active, state that ``f``
+    creates or writes under the trace raises ``MissingAdapterError``, and so does
+    framework state that ``f`` captures with no adapter of it active. What JAX sees carries
     ``f``'s name, qualified name and ``__wrapped__``, so JAX's names, signatures, jaxprs
     and compile cache are ``jax.jit(f)``'s. Any other transform, a generator function
     (JAX's own error), a non-callable or an object that cannot be weakly referenced gets

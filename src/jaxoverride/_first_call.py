@@ -2,19 +2,20 @@
 
 A transform that a library built with raw JAX while it was imported (``optx.fixed_point``,
 an ``eqx.filter_jit`` wrapper; see ``_raw``) keeps calling raw JAX whatever is active, so
-framework code that it runs is out of the adapter's reach: Haiku or Linen parameters
-created inside it are tracers of its trace, and NNX modules that its function captures
-are baked in as constants. Such a call is caught when it happens, not where the leaked
-tracer is used later:
+framework code that it runs is out of the adapter's reach: parameters created inside it
+by a scoped framework are tracers of its trace, and the state of a closure-captured
+framework that its function captures is baked in as constants. Such a call is caught when
+it happens, not where the leaked tracer is used later. The frameworks are the registered
+records (``_frameworks``); this module names none.
 
-- When an adapter's context is entered (``context()``, ``track`` or an installed
-  adapter's scope) and modules were imported since the last entry, the imported solver
-  libraries' raw import-time transforms are rebound, where those modules hold them, to a
-  ``RawGuard``. Nothing happens while no framework is imported or the check is off.
+- When an adapter's context is entered (``context()`` or an installed adapter's scope)
+  and modules were imported since the last entry, the imported solver libraries' raw
+  import-time transforms are rebound, where those modules hold them, to a ``RawGuard``.
+  Nothing happens while no framework is imported or the check is off.
 - A guard called while the process is idle runs the raw transform at once. Otherwise, if
-  an adapter that handles the framework is active, it refuses a function that captures
-  NNX state (under ``jaxoverride_nnx.track``), and inside a Haiku transform or a bound
-  Linen module it compares the framework's state before and after the call: a new tracer
+  an adapter that handles a framework is active, it refuses a function that captures
+  that framework's state (a closure-captured one), and inside a running scope of a scoped
+  framework it compares the framework's state before and after the call: a new tracer
   there is state written under the raw trace. Either raises ``MissingAdapterError``,
   naming the transform, the packages and the ``interpose_on_import`` call that fixes it.
 
@@ -26,10 +27,9 @@ function to) is guarded from inside as well: the ``jax.jit`` object it holds and
 rebound, in the wrapper itself, to a guard, and every name bound to the wrapper reaches it.
 A bare ``jax.jit`` or ``custom_jvp`` object bound by name stays raw (JAX's C++ object cannot
 be changed); those of the solver libraries take arrays, not the model's function, and the
-Haiku and Linen adapters' checks at the end of ``hk.transform`` and of a bound module's
-outermost call (installed, or under ``context()``) catch what such a call leaves behind.
-Under ``jaxoverride_nnx.track``, a tracked Variable read inside such a jit's trace raises
-where it is read (``jaxoverride_nnx._stale_reads``, on ``adapter_kit.jit_traces``).
+adapters' own checks at the end of a framework scope catch what such a call leaves behind
+(a read of captured state inside such a jit's trace is the adapter's to refuse, on
+``adapter_kit.jit_traces``).
 """
 
 from __future__ import annotations
@@ -42,8 +42,8 @@ from typing import Any
 
 import jax
 
-from jaxoverride import _detect, _interpose, _raw, _stack
-from jaxoverride._frameworks import ALL, NNX, SCOPED, new_tracers
+from jaxoverride import _detect, _frameworks, _interpose, _raw, _stack
+from jaxoverride._frameworks import new_tracers
 from jaxoverride.errors import MissingAdapterError
 
 _local = threading.local()  # .running: a guard's raw transform runs in this thread
@@ -114,7 +114,8 @@ def _guard_for(raw: Any, where: str) -> _raw.RawGuard:
 def _adapter_entered() -> bool:
     """Whether the innermost entered context holds an adapter of a watched framework."""
     layers = _stack.context_snapshot().layers
-    return any(layer.label in f.labels for f in ALL.values() for layer in layers)
+    labels = _frameworks.labels
+    return any(layer.label in labels[f.key] for f in _frameworks.live for layer in layers)
 
 
 def refresh() -> None:
@@ -137,13 +138,15 @@ def refresh() -> None:
         )
 
 
-def _captured(args: tuple[Any, ...], kwargs: dict[str, Any]) -> _detect.Captured:
-    """NNX modules and Variables captured by the functions among the arguments."""
-    leaves = jax.tree_util.tree_leaves((args, kwargs), is_leaf=NNX.is_state)
+def _captured(
+    framework: _frameworks.Framework, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> _detect.Captured:
+    """``framework``'s state captured by the functions among the arguments."""
+    leaves = jax.tree_util.tree_leaves((args, kwargs), is_leaf=framework.is_state)
     found: _detect.Captured = []
     for leaf in leaves:
-        if callable(leaf) and not isinstance(leaf, type) and not NNX.is_state(leaf):
-            found += _detect.captured_state(leaf)
+        if callable(leaf) and not isinstance(leaf, type) and not framework.is_state(leaf):
+            found += _detect._owned(framework, _detect.captured_state(leaf))
     return found
 
 
@@ -172,22 +175,25 @@ def check_call(guard: _raw.RawGuard, args: tuple[Any, ...], kwargs: dict[str, An
     if not _detect.enabled or getattr(_local, "running", False):
         return guard.__wrapped__(*args, **kwargs)
     snapshot = _stack.effective_snapshot()
-    if NNX.loaded() is not None and _detect._handled(NNX, snapshot):
-        captured = _captured(args, kwargs)
+    for framework in _frameworks.capturing:
+        if not _detect._handled(framework, snapshot):
+            continue
+        captured = _captured(framework, args, kwargs)
         if captured:
             raise _refusal(
                 guard,
                 f"a function given to it captures {_detect._describe(captured)}: raw JAX "
-                "would bake their current weights in as constants (a write raises Flax's "
-                "TraceContextError), where the active NNX adapter would thread them.",
+                "would bake their current weights in as constants (a write raises the "
+                f"framework's own error), where the active adapter of {framework.key} "
+                "would thread them.",
             )
-    scopes = [f for f in SCOPED if _detect._handled(f, snapshot) and f.inside()]
+    scopes = [f for f in _frameworks.scoped if _detect._handled(f, snapshot) and f.running()]
     if not scopes:
         return _run(guard, args, kwargs)
-    before = {f.key: f.state_leaves() for f in scopes}
+    before = {f.key: f.leaked_state() for f in scopes}
     out = _run(guard, args, kwargs)
     for framework in scopes:
-        leaked = new_tracers(before[framework.key], framework.state_leaves())
+        leaked = new_tracers(before[framework.key], framework.leaked_state())
         if leaked:
             raise _refusal(
                 guard,

@@ -1,177 +1,268 @@
-"""What the missing-adapter check knows about each stateful framework.
+"""The framework registry: what the missing-adapter check knows, as records frameworks give it.
 
-Core never imports a framework. Every probe here reads a module from ``sys.modules`` and
-does nothing while that module is absent, so a process that never imports Haiku or Flax
-never pays for them and the check never imports them.
+The core names no framework. A framework is described by a ``Framework`` record (the
+adapter kit re-exports the class) that an adapter registers with
+``adapter_kit.register_framework``, or that a distribution declares in the entry-point
+group ``jaxoverride.frameworks``: the entry point's name is the watched module, its value
+``package.module:record``. The group is read once, at the first neutral call that asks,
+and a record is loaded only once its watched module is in ``sys.modules``: so the check
+fires for a framework whose adapter was never imported, and a process that never imports
+the framework never loads the record.
+
+A record's probes read the framework from ``sys.modules`` and never import it; the check
+asks only the *live* records (those whose watched module is imported), which are worked
+out again only when ``len(sys.modules)`` changes.
 """
 
 from __future__ import annotations
 
+import importlib
 import sys
+import threading
+import warnings
 from collections.abc import Callable, Iterable
 from typing import Any
 
-import jax
 from jax.core import Tracer
+
+GROUP = "jaxoverride.frameworks"
 
 
 class Framework:
-    """One framework the check watches.
+    """A framework the missing-adapter check watches: subclass it, fill it in, register it.
 
     Attributes:
-      key: the short name adapters declare themselves for (``"haiku"``, ``"linen"``, ``"nnx"``).
-      title: how messages name it.
-      module: the ``sys.modules`` entry the probes read; while absent the framework is ignored.
-      labels: override-layer labels of the adapters that handle it.
-      fix: the call that activates such an adapter, as messages print it.
+      key: the short name adapters declare themselves for (``"toy"``).
+      module: the ``sys.modules`` entry whose presence makes the record live.
+      title: how messages name it, e.g. ``"Toy (a neutral function ran inside
+        toy.transform)"``.
+      fix: the call that activates the adapter that handles it, as messages print it.
+      label: the override-layer label of that adapter (its ``name=``).
+
+    Methods, overridden as needed (each reads the framework from ``sys.modules``, never
+    imports it, and is fast: the scope probe runs at neutral calls):
+      running: whether a scope of the framework (a transform, a bound module) is running
+        now. Default False.
+      leaked_state: the leaves of framework state a raw JAX transform would leak tracers
+        into (read before and after a call). Default ``[]``.
+      is_state: for frameworks whose state is captured in closures, whether a value is such
+        state. Default False.
+      fix_for: the fix naming the captured state (``names``), where an adapter of the
+        framework is active but does not cover it (``active``). Default ``fix``.
+      write_error: the exception class the framework raises when captured state is
+        written under a raw JAX trace, re-raised with the fix. Default None.
+
+    Example:
+      >>> from jaxoverride import adapter_kit
+      >>> record = adapter_kit.Framework()  # defaults; register_framework shows a record
+      >>> record.running(), record.leaked_state(), record.is_state(object())
+      (False, [], False)
     """
 
-    __slots__ = ("fix", "key", "labels", "module", "title")
+    key: str = ""
+    module: str = ""
+    title: str = ""
+    fix: str = ""
+    label: str = ""
 
-    def __init__(self, key: str, title: str, module: str, label: str, fix: str):
-        self.key = key
-        self.title = title
-        self.module = module
-        self.labels: set[str] = {label}
-        self.fix = fix
-
-    def loaded(self) -> Any:
-        return sys.modules.get(self.module)
-
-    def inside(self) -> bool:
-        """Whether a scope of the framework (a transform, a bound module) is running now."""
+    def running(self) -> bool:
+        """Whether a scope of the framework is running now."""
         return False
 
-    def state_leaves(self) -> list[Any]:
-        """The leaves of the framework state a write inside a raw JAX trace would leak into."""
+    def leaked_state(self) -> list[Any]:
+        """The leaves of framework state a write under a raw JAX trace would leak into."""
         return []
 
-
-class _Haiku(Framework):
-    __slots__ = ()
-
-    def inside(self) -> bool:
-        base = self.loaded()
-        return base is not None and base.inside_transform()
-
-    def state_leaves(self) -> list[Any]:
-        frame = self.loaded().current_frame()
-        leaves = jax.tree_util.tree_leaves((frame.params, frame.state))
-        for sequence in frame.rng_stack:
-            if sequence is not None:
-                leaves += jax.tree_util.tree_leaves(sequence.internal_state)
-        return leaves
-
-
-class _Linen(Framework):
-    __slots__ = ()
-
-    def _bound(self) -> Any:
-        module = self.loaded()
-        if module is None:
-            return None
-        top = module._context.module_stack[-1]
-        return None if top is None else getattr(top, "scope", None)
-
-    def inside(self) -> bool:
-        # Not through ``_bound``: this runs at every checked call while Flax is imported.
-        module = sys.modules.get(self.module)
-        if module is None:
-            return False
-        top = module._context.module_stack[-1]
-        return top is not None and getattr(top, "scope", None) is not None
-
-    def state_leaves(self) -> list[Any]:
-        scope = self._bound()
-        if scope is None:
-            return []
-        return jax.tree_util.tree_leaves(scope.root._variables)
-
-
-class _Nnx(Framework):
-    __slots__ = ()
-
     def is_state(self, value: Any) -> bool:
-        """Whether ``value`` is an NNX graph node or a Variable that raw JAX would not thread."""
-        # The graph module is ``graphlib`` in recent Flax, ``graph`` in Flax 0.12.1.
-        graphlib = sys.modules.get("flax.nnx.graphlib") or sys.modules.get("flax.nnx.graph")
-        if graphlib is None:
-            return False
-        if type(value) in graphlib.GRAPH_REGISTRY:
-            return True
-        variablelib = self.loaded()
-        if variablelib is None or not isinstance(value, variablelib.Variable):
-            return False
-        # ref=True Variables already work inside raw JAX transforms, and hijax=True ones
-        # either work (Flax 0.12.8) or raise Flax's own error when written (0.12.10).
-        metadata = getattr(value, "_var_metadata", None) or {}
-        return not (metadata.get("ref") or metadata.get("hijax"))
+        """Whether ``value`` is framework state that raw JAX would not thread."""
+        return False
+
+    def fix_for(self, names: list[str], *, active: bool = False) -> str:
+        """The fix for captured state named ``names``; ``active``: an adapter of the
+        framework is active but does not cover it."""
+        return self.fix
+
+    def write_error(self) -> type[BaseException] | None:
+        """The framework's error for a write to captured state under a raw JAX trace."""
+        return None
+
+    def __repr__(self) -> str:
+        return f"<Framework {self.key!r} watching {self.module!r}>"
 
 
-HAIKU = _Haiku(
-    "haiku",
-    "Haiku (a neutral function ran inside hk.transform)",
-    "haiku._src.base",
-    "jaxoverride_haiku",
-    "jaxoverride_haiku.install() once at the start of the program "
-    "(or run the transform inside `with jaxoverride_haiku.context():`)",
-)
-LINEN = _Linen(
-    "linen",
-    "Flax Linen (a neutral function ran inside a bound Linen module)",
-    "flax.linen.module",
-    "jaxoverride_linen",
-    "jaxoverride_linen.install() once at the start of the program "
-    "(or run init/apply inside `with jaxoverride_linen.context():`)",
-)
-NNX = _Nnx(
-    "nnx",
-    "Flax NNX (the function captures NNX modules or Variables)",
-    "flax.nnx.variablelib",  # in every supported Flax (the graph module was renamed)
-    "jaxoverride_nnx",
-    "`with jaxoverride_nnx.track(model):` around the call, naming the top-level module",
-)
-SCOPED: tuple[Framework, ...] = (HAIKU, LINEN)
-ALL: dict[str, Framework] = {f.key: f for f in (HAIKU, LINEN, NNX)}
-MODULES: tuple[str, ...] = tuple(f.module for f in ALL.values())
-
-# framework key -> predicates from the adapters: does the active adapter cover this object?
+_lock = threading.RLock()
+registered: dict[str, Framework] = {}  # key -> record
+# key -> override-layer labels of the adapters that handle it (the record's own first)
+labels: dict[str, set[str]] = {}
+# key -> predicates from the adapters: does the active adapter cover this object?
 covers: dict[str, list[Callable[[Any], bool]]] = {}
-# snapshot -> whether a layer of an NNX adapter is in it, filled by the missing-adapter
-# check; cleared when a handler is declared (a new label may change an answer).
-nnx_handled: dict[Any, bool] = {}
+# key -> {snapshot: whether a layer that handles the framework is in it}, filled by the
+# check; each cleared in place when a handler is declared (a label may change an answer).
+handled_by: dict[str, dict[Any, bool]] = {}
+
+# The live view: worked out again when ``len(sys.modules)`` is no longer ``seen``. Each
+# tuple is replaced whole (threads read one view or the other).
+seen = -1
+watched = False  # whether any record is live
+live: tuple[Framework, ...] = ()  # registered records whose module is imported
+scoped: tuple[Framework, ...] = ()  # the live ones that override ``running``
+probes: tuple[Callable[[], bool], ...] = ()  # their ``running``, bound
+capturing: tuple[Framework, ...] = ()  # the live ones that override ``is_state``
+
+# Entry points not loaded yet: watched module -> values ("pkg.mod:record"); None until
+# the group is read.
+_pending: dict[str, list[str]] | None = None
+
+
+def _overrides(record: Framework, method: str) -> bool:
+    return getattr(type(record), method) is not getattr(Framework, method)
+
+
+def _set_live_locked() -> None:
+    global live, scoped, probes, capturing, watched
+    modules = sys.modules
+    live = tuple(record for record in registered.values() if record.module in modules)
+    scoped = tuple(record for record in live if _overrides(record, "running"))
+    probes = tuple(record.running for record in scoped)
+    capturing = tuple(record for record in live if _overrides(record, "is_state"))
+    watched = bool(live)
+
+
+def _read_entry_points() -> dict[str, list[str]]:
+    from importlib.metadata import entry_points  # loaded by JAX already
+
+    pending: dict[str, list[str]] = {}
+    try:
+        points = list(entry_points(group=GROUP))
+    except Exception as error:  # broken metadata of some distribution
+        warnings.warn(
+            f"jaxoverride: the entry-point group {GROUP!r} could not be read: "
+            f"{type(error).__name__}: {error}. The missing-adapter check watches only the "
+            "frameworks registered with adapter_kit.register_framework.",
+            RuntimeWarning,
+            stacklevel=5,
+        )
+        return pending
+    for point in points:
+        values = pending.setdefault(point.name, [])
+        if point.value not in values:
+            values.append(point.value)
+    return pending
+
+
+def _load(module: str, value: str) -> None:
+    """Loads and registers the record at ``value``; a broken one warns and is skipped."""
+    try:
+        where, _, attribute = value.partition(":")
+        record: Any = importlib.import_module(where.strip())
+        for part in attribute.strip().split(".") if attribute else ():
+            record = getattr(record, part)
+        if not isinstance(record, Framework):
+            raise TypeError(f"it is {record!r}, not a jaxoverride.adapter_kit.Framework")
+        if record.module != module:
+            raise ValueError(f"its module is {record.module!r}, not the entry point's name")
+        _register_locked(record)
+    except Exception as error:
+        warnings.warn(
+            f"jaxoverride: the framework record {module} = {value!r} (entry-point group "
+            f"{GROUP!r}) was not loaded: {type(error).__name__}: {error}. The missing-adapter "
+            "check does not watch that framework.",
+            RuntimeWarning,
+            stacklevel=4,
+        )
+
+
+def refresh(load_all: bool = False) -> None:
+    """Reads the entry points once, loads those whose watched module is imported (all of
+    them with ``load_all``), and works out the live view again."""
+    global _pending, seen
+    with _lock:
+        if _pending is None:
+            _pending = _read_entry_points()
+        for module in [m for m in _pending if load_all or _imported(m)]:
+            for value in _pending.pop(module):
+                _load(module, value)
+        _set_live_locked()
+        seen = len(sys.modules)  # after the loads, which import
+
+
+def _imported(name: str) -> bool:
+    """Whether module ``name`` is imported, its body finished (a record loaded while the
+    framework's import still runs would meet a half-made framework)."""
+    module = sys.modules.get(name)
+    spec = getattr(module, "__spec__", None)
+    return module is not None and not getattr(spec, "_initializing", False)
+
+
+def _register_locked(record: Framework) -> None:
+    for attribute in ("key", "module", "title", "fix", "label"):
+        value = getattr(record, attribute, None)
+        if not isinstance(value, str) or not value:
+            raise TypeError(
+                f"register_framework: {record!r} needs a non-empty string {attribute!r}."
+            )
+    existing = registered.get(record.key)
+    if existing is not None:
+        if type(existing) is type(record) and existing.module == record.module:
+            return  # the same record again (idempotent per key)
+        raise ValueError(
+            f"register_framework: the key {record.key!r} is registered already, by "
+            f"{existing!r}; each framework registers one record."
+        )
+    registered[record.key] = record
+    labels.setdefault(record.key, set()).add(record.label)
+    handled_by.setdefault(record.key, {})
+    _clear_handled()
+
+
+def register(record: Framework) -> None:
+    """Registers ``record`` (idempotent per key); see ``adapter_kit.register_framework``."""
+    if not isinstance(record, Framework):
+        raise TypeError(
+            "register_framework expects a jaxoverride.adapter_kit.Framework instance, "
+            f"got {record!r}."
+        )
+    with _lock:
+        _register_locked(record)
+        _set_live_locked()
+
+
+def _clear_handled() -> None:
+    for answers in handled_by.values():
+        answers.clear()
 
 
 def scope_running() -> bool:
-    """Whether a Haiku transform or a bound Linen module is running now."""
-    modules = sys.modules
-    haiku = modules.get(HAIKU.module)
-    if haiku is not None and haiku.inside_transform():
-        return True
-    linen = modules.get(LINEN.module)
-    if linen is None:
-        return False
-    top = linen._context.module_stack[-1]  # as _Linen.inside, without its frame
-    return top is not None and getattr(top, "scope", None) is not None
+    """Whether a scope of a live framework (a transform, a bound module) is running now."""
+    for running in probes:  # noqa: SIM110  (no generator frame: neutral calls ask this)
+        if running():
+            return True
+    return False
 
 
 def declare_handler(
     framework: str, label: str, covers_object: Callable[[Any], bool] | None
 ) -> None:
     """Records that override layers labelled ``label`` handle ``framework``."""
-    if framework not in ALL:
+    if framework not in registered:
+        refresh()
+    if framework not in registered:
+        refresh(load_all=True)  # an adapter may declare before its framework is imported
+    if framework not in registered:
         raise ValueError(
             f"jaxoverride.adapter_kit.declare_handler: unknown framework {framework!r}; "
-            f"expected one of {sorted(ALL)}."
+            f"the registered ones are {sorted(registered)}. A framework registers with "
+            "jaxoverride.adapter_kit.register_framework(record) or the entry-point group "
+            f"{GROUP!r}."
         )
     if not isinstance(label, str) or not label:
         raise TypeError(f"declare_handler: label must be a layer label string, got {label!r}.")
-    ALL[framework].labels.add(label)
-    nnx_handled.clear()
-    if covers_object is not None:
-        if not callable(covers_object):
-            raise TypeError(f"declare_handler: covers= must be callable, got {covers_object!r}.")
-        if covers_object not in covers.setdefault(framework, []):
+    if covers_object is not None and not callable(covers_object):
+        raise TypeError(f"declare_handler: covers= must be callable, got {covers_object!r}.")
+    with _lock:
+        labels[framework].add(label)
+        _clear_handled()
+        if covers_object is not None and covers_object not in covers.setdefault(framework, []):
             covers[framework].append(covers_object)
 
 

@@ -147,7 +147,7 @@ def jit_api(
         of the calling thread or task; ``fallback`` dispatches as the wrapper otherwise
         would.
       checked_direct: optional, ``direct`` for a wrapper under the missing-adapter check
-        (a function that captures Flax NNX state), for an adapter that covers such state:
+        (a function that captures framework state), for an adapter that covers such state:
         ``checked_direct(current, stack, fallback, captured)`` returns a function that
         behaves as ``direct``'s, where ``fallback`` also runs the check, and that may
         skip the check only while ``captured()`` returns the token (not None) of a call

@@ -15,7 +15,7 @@ from typing import Any
 
 import jax
 
-from jaxoverride import _stack
+from jaxoverride import _frameworks, _stack
 from jaxoverride._compat import JIT_WRAPPER_TYPE
 
 # The libraries the self-check and the debug trace look at when asked for no package.
@@ -154,8 +154,15 @@ def held_by_imported(packages: Sequence[str] = SOLVER_LIBRARIES) -> dict[str, li
 
 
 # Packages whose own import-time transforms are never a solver library's: JAX's jitted
-# functions, the frameworks the adapters handle, jaxoverride itself and the program.
-_NOT_LIBRARIES = frozenset({"__main__", "jax", "jaxlib", "flax", "haiku", "jaxoverride"})
+# functions, jaxoverride itself and the program; the registered frameworks' packages too
+# (``_framework_packages``).
+_NOT_LIBRARIES = frozenset({"__main__", "jax", "jaxlib", "jaxoverride"})
+
+
+def _framework_packages() -> set[str]:
+    """The top-level packages of the registered frameworks' watched modules."""
+    _frameworks.refresh()  # the records of the imported frameworks, loaded
+    return {record.module.partition(".")[0] for record in _frameworks.registered.values()}
 
 
 def held_by_other_imported() -> dict[str, list[str]]:
@@ -166,12 +173,14 @@ def held_by_other_imported() -> dict[str, list[str]]:
     It reads every imported module once, so only an error path calls it.
     """
     held: dict[str, list[str]] = {}
+    frameworks = _framework_packages()
     for name, module in sys.modules.copy().items():
         package = name.partition(".")[0]
         if (
             not isinstance(module, types.ModuleType)
             or package in SOLVER_LIBRARIES
             or package in _NOT_LIBRARIES
+            or package in frameworks
             or package.startswith(("jaxoverride_", "_"))
             or package in sys.stdlib_module_names
         ):

@@ -259,25 +259,17 @@ def _no_check() -> None:
     modules_seen = len(sys.modules)
 
 
-def _load_first_call_check() -> None:
-    # ``_first_call`` (and the interposition machinery it reads) is loaded by the first
-    # entry that has something to check, not by ``import jaxoverride``: its import puts
-    # its own ``refresh`` here.
-    from jaxoverride import _detect
-
-    if not _detect.watching():
-        _no_check()
-        return
-    from jaxoverride import _first_call
-
-    _first_call.refresh()
+def _not_set() -> None:
+    """``on_new_modules`` until the package that sets it has finished importing."""
 
 
 # Called on a context entry when modules were imported since the last call: the
 # first-call check (``_first_call``) then looks for new raw import-time transforms.
-# An entry otherwise pays one length comparison for it.
+# An entry otherwise pays one length comparison for it. A hook, set from above (this
+# module imports nothing of the layers over it): ``jaxoverride`` sets the loader of
+# ``_first_call``, whose import puts its own ``refresh`` here.
 modules_seen = -1
-on_new_modules: Callable[[], None] = _load_first_call_check
+on_new_modules: Callable[[], None] = _not_set
 
 
 def enter(snapshot: Snapshot, owner: object) -> None:

@@ -14,7 +14,9 @@ Example:
 
 from __future__ import annotations
 
-from typing import TypeVar
+from typing import Any, TypeVar
+
+from jaxoverride import _tree_diff
 
 _ClosedOver = TypeVar("_ClosedOver", bound="ClosedOverDifferentiationError")
 
@@ -109,11 +111,43 @@ class UntrackedModuleError(JaxoverrideError, RuntimeError):
 
 
 class StructureChangeError(JaxoverrideError, ValueError):
-    """Traced code changed the structure of a module (a new attribute, a new shape).
+    """Traced code changed the structure of state (a new attribute, a new shape).
 
-    A JAX trace has fixed inputs and outputs, so a new attribute or a Variable of a new
-    shape or dtype cannot come out of it; make the change outside the neutral call.
+    A JAX trace has fixed inputs and outputs, so a new attribute, a new variable or a
+    variable of a new shape or dtype cannot come out of it; make the change outside the
+    neutral call (or let init create it). The one error for it: the kit's state threading
+    (``adapter_kit.StateStructureError`` is this class) and every adapter raise it, with
+    the message naming what changed (``between`` writes it for two pytrees). Also a
+    ``ValueError``, as before.
+
+    Example:
+      >>> import jax.numpy as jnp
+      >>> from jaxoverride.errors import StructureChangeError
+      >>> error = StructureChangeError.between(
+      ...     "jaxoverride.lax.scan", {"w": jnp.ones(2)}, {"w": jnp.ones(2), "b": jnp.ones(())},
+      ...     "Create every variable before the loop.")
+      >>> print(str(error).split(": ", 2)[2])
+      ['b'] added (float32[]). Create every variable before the loop.
     """
+
+    @classmethod
+    def between(cls, where: str, before: Any, after: Any, fix: str) -> StructureChangeError:
+        """The error for state that went in as pytree ``before`` and came out as ``after``.
+
+        Args:
+          where: the neutral call, as messages name it (``"jaxoverride.lax.scan"``).
+          before: the state the traced function received.
+          after: the state it left.
+          fix: what to do instead, one or more sentences.
+
+        Returns:
+          The error, its message naming the paths added or removed and the leaves whose
+          shape or dtype changed (not the two raw tree structures).
+        """
+        return cls(
+            f"{where}: the traced function changed the structure of the state it threads: "
+            f"{_tree_diff.describe(before, after)}. {fix}"
+        )
 
 
 class SharingError(JaxoverrideError, ValueError):

@@ -108,7 +108,11 @@ from jaxoverride.adapter_kit._control_overrides import (
     threaded_control_flow as threaded_control_flow,
 )
 from jaxoverride.adapter_kit._conversion import conversion_overrides as conversion_overrides
-from jaxoverride.adapter_kit._frameworks import declare_handler as declare_handler
+from jaxoverride.adapter_kit._frameworks import (
+    Framework as Framework,
+    declare_handler as declare_handler,
+    register_framework as register_framework,
+)
 from jaxoverride.adapter_kit._installer import ScopedInstaller as ScopedInstaller
 from jaxoverride.adapter_kit._jax_arguments import (
     jax_arguments as jax_arguments,
@@ -189,6 +193,7 @@ __all__ = [
     "TRANSFORMS",
     "Adapter",
     "DictStateSource",
+    "Framework",
     "LiftedRule",
     "OverridePosition",
     "OverrideTable",
@@ -247,6 +252,7 @@ __all__ = [
     "raw_read_error",
     "jit_traces",
     "adapter_check_on",
+    "register_framework",
     "resolve_argnums",
     "rule_jvp",
     "scan_arguments",

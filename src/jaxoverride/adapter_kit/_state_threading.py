@@ -43,6 +43,7 @@ from jaxoverride.adapter_kit._cache import WrapperCache
 from jaxoverride.adapter_kit._handed import handed_call
 from jaxoverride.adapter_kit._operands import NO_OPERAND as _NO_OPERAND, distinct_functions
 from jaxoverride.adapter_kit._phase import applying, is_applying
+from jaxoverride.errors import StructureChangeError
 
 
 @runtime_checkable
@@ -190,8 +191,9 @@ class StateSource(Protocol):
         ...
 
 
-class StateStructureError(ValueError):
-    """A traced body left state whose structure differs from the state it received."""
+# A traced body left state whose structure differs from the state it received: the
+# one structure-change error (the kit's name kept for the code that catches it).
+StateStructureError = StructureChangeError
 
 
 class _RetraceRequestedError(Exception):
@@ -262,13 +264,13 @@ class Threaded:
                 raise
         self._ends[index] = source.names()
         source.restore_names(self._starts[0])
-        before_tree = jax.tree.structure(state)
-        after_tree = jax.tree.structure(after)
-        if before_tree != after_tree:
-            raise StateStructureError(
-                f"{self.where}: the traced function changed the structure of the state it "
-                f"threads, from {before_tree} to {after_tree}. Create every variable before "
-                "the loop, or let init create it (the creation pass runs at init)."
+        if jax.tree.structure(state) != jax.tree.structure(after):
+            raise StructureChangeError.between(
+                self.where,
+                state,
+                after,
+                "Create every variable before the loop, or let init create it (the creation "
+                "pass runs at init).",
             )
         return out, after
 
