@@ -249,3 +249,34 @@ def structure_changed(path: str, before: Any, after: Any, where: str) -> Structu
         "code (a trace has fixed types); assign a value of the same shape and dtype, or "
         "resize the Variable outside the neutral call."
     )
+
+
+def untracked_static(
+    where: str, name: str, found: Any, tracked: bool
+) -> errors.MissingAdapterError:
+    """The error for NNX state that a static argument of a ``jit`` reaches, untracked.
+
+    JAX caches a trace by its static arguments: the Variables such an argument reaches
+    are read as constants of the trace, and a later call with the same argument (the
+    same function object, a bound method, the module) returns results for the old
+    values, silently.
+    """
+    label = name if name.isidentifier() else "model"
+    fix = (
+        f"track it too: add `{label}` to the modules given to jaxoverride_nnx.track"
+        if tracked
+        else f"`with jaxoverride_nnx.track({label}): ...` around the call"
+    )
+    scope = "the active track scope does not hold" if tracked else "no track scope holds"
+    what = (
+        f"the {type(found).__name__} `{name}`"
+        if name.isidentifier()
+        else f"a {type(found).__name__}"
+    )
+    return errors.MissingAdapterError(
+        f"jaxoverride_nnx: a static argument of {where} reaches {what}, which {scope}. "
+        "jax.jit caches its trace by the static arguments, so the weights read there "
+        "would be baked in as constants, and a later call with the same argument would "
+        f"silently return results for the old ones. Fix: {fix} (track the top-level "
+        "module; everything it holds is tracked with it)."
+    )
