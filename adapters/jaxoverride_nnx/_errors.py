@@ -24,6 +24,7 @@ from flax.nnx import Pytree, Variable
 import jaxoverride
 from jaxoverride import errors
 from jaxoverride_nnx._graph import node_path
+from jaxoverride_nnx._scope import made_inside_a_transform
 
 if TYPE_CHECKING:
     from jaxoverride_nnx._scope import Tracked
@@ -211,6 +212,17 @@ def explain(error: TraceContextError, tracked: Tracked, where: str) -> BaseExcep
                 "function (a raw jax.* or nnx.* transform). Only neutral calls thread "
                 "tracked state: use jaxoverride.jit, jaxoverride.lax.scan and so on there. "
                 f"{TROUBLESHOOTING}"
+            )
+        if made_inside_a_transform(target):
+            return UntrackedModuleError(
+                f"jaxoverride_nnx: {where} ran code that mutates the {kind} `{name}`{of}, "
+                "which was created inside a transform running within the track scope: an "
+                "NNX transform (nnx.grad, nnx.jit, nnx.vmap, ...) passes its function a "
+                "copy of the module it is given, so the tracked module is not the one "
+                "written here. Track the copy where it exists, inside the function: "
+                f"`with jaxoverride_nnx.track({_root(name)}): ...` around the neutral call; "
+                "or use the neutral transforms (jaxoverride.jit, jaxoverride.grad), which "
+                f"pass the tracked module itself. {TROUBLESHOOTING}"
             )
         return UntrackedModuleError(
             f"jaxoverride_nnx: {where} ran code that mutates the {kind} `{name}`{of}, but "
