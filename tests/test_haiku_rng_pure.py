@@ -20,7 +20,7 @@ import pytest
 
 import jaxoverride as jo
 import jaxoverride_haiku as joh
-from _examples import fixed_point
+from _examples import fixed_point  # pyright: ignore[reportAttributeAccessIssue]
 from jaxoverride import lax as jlax
 
 X = jnp.linspace(-1.0, 1.0, 3)

@@ -52,7 +52,9 @@ class Holder:
 def _layer() -> nnx.Linear:
     layer = nnx.Linear(2, 2, rngs=nnx.Rngs(0))
     layer.kernel[...] = jnp.eye(2) * 0.3
-    layer.bias[...] = jnp.full(2, 0.5)  # a fixed point away from zero for the module itself
+    bias = layer.bias
+    assert bias is not None
+    bias[...] = jnp.full(2, 0.5)  # a fixed point away from zero for the module itself
     return layer
 
 

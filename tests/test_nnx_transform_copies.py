@@ -50,7 +50,9 @@ def _reference(model: Counted) -> jax.Array:
             z = jnp.tanh(z @ kernel + bias)
         return z.sum()
 
-    return jax.grad(unrolled)(model.linear.kernel[...], model.linear.bias[...])
+    bias = model.linear.bias
+    assert bias is not None
+    return jax.grad(unrolled)(model.linear.kernel[...], bias[...])
 
 
 @pytest.mark.parametrize("jitted", [False, True], ids=["nnx.grad", "nnx.jit(nnx.grad)"])

@@ -98,7 +98,7 @@ def placeholder_state(state: Any) -> Any:
     key = state[0]
     if jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key):
         data = jax.random.key_data(key)
-        zeros = np.zeros(data.shape, data.dtype)
+        zeros = jax.numpy.zeros(data.shape, data.dtype)
         return jax.random.wrap_key_data(zeros, impl=jax.random.key_impl(key)), ()
     return np.zeros(key.shape, key.dtype), ()
 

@@ -6,8 +6,9 @@ What it catches, once a framework is imported and no adapter that handles it is 
   module that leaves tracers in the framework's parameters, state or RNG (the body
   created a parameter or wrote state under a raw JAX trace). Reads are harmless, so a
   neutral call that only reads runs as JAX.
-- Flax NNX: a neutral transform whose function captures NNX modules or Variables and is
-  jitted (weights baked in as constants) or differentiated with respect to NNX state
+- Flax NNX: a neutral transform whose function captures NNX modules or Variables (or, for
+  ``jit``, whose static arguments reach them, checked where JAX traces) and is jitted
+  (weights baked in as constants) or differentiated with respect to NNX state
   (the captured copy gets a zero gradient); a write to a captured Variable (Flax's bare
   ``TraceContextError``) is re-raised with the fix; under ``track`` a captured module
   the tracked set does not contain is refused.
@@ -33,6 +34,7 @@ from typing import Any, NamedTuple, NoReturn
 
 import jax
 import numpy as np
+from jax.core import Tracer
 
 from jaxoverride import _frameworks, _stack
 from jaxoverride._compat import jit_name
@@ -178,7 +180,7 @@ def _static_state(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Captured:
     found: Captured = []
     for label, value in [*(("a static argument", arg) for arg in args), *kwargs.items()]:
         leaves = jax.tree_util.tree_leaves(value)
-        if leaves and all(isinstance(leaf, jax.core.Tracer) for leaf in leaves):
+        if leaves and all(isinstance(leaf, Tracer) for leaf in leaves):
             continue
         found += [(n, v) for n, v in _values_of(value, label, deep=True) if NNX.is_state(v)]
     return found
