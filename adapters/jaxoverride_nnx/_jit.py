@@ -357,11 +357,13 @@ class NnxJit:
         function that the untracked path's ``jax.jit`` traces."""
         check = self._check_static
 
-        @functools.wraps(fun)
         def checked(*args: Any, **kwargs: Any) -> Any:
             check(None, args, kwargs)
             return fun(*args, **kwargs)
 
+        # Named as JAX names ``fun`` (a partial by its function), with its signature.
+        checked.__name__ = checked.__qualname__ = jit_name(fun)
+        functools.update_wrapper(checked, fun, updated=())
         return checked
 
     def _static_positions(self, count: int) -> set[int]:
