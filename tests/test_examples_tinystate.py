@@ -25,10 +25,6 @@ sys.path.insert(0, str(EXAMPLES))
 import tinystate as ts  # noqa: E402
 import tinystate_adapter  # noqa: E402
 
-NEEDS_REGISTRY = pytest.mark.xfail(
-    strict=True, reason="needs the framework registry (branch registry)"
-)
-
 
 def _imports(path: Path) -> set[str]:
     tree = ast.parse(path.read_text())
@@ -190,7 +186,6 @@ def test_a_write_inside_a_converted_function_is_refused():
         model.apply({}, {"n": jnp.zeros(())}, None, X)
 
 
-@NEEDS_REGISTRY
 def test_forgetting_the_adapter_raises_its_own_fix():
     import tinystate_record  # registers tinystate with the missing-adapter check
 

@@ -8,17 +8,22 @@ interpreter runs the scenario and reports back as JSON.
 from __future__ import annotations
 
 import builtins
+import contextlib
 import importlib
+import importlib.abc
+import importlib.machinery
 import json
 import re
 import subprocess
 import sys
 import textwrap
 import threading
+import types
 from pathlib import Path
 
 import jax
 import jax.numpy as jnp
+import jaxtyping
 import numpy as np
 import pytest
 
@@ -344,3 +349,88 @@ def test_a_hook_installed_over_ours_is_left_and_ours_is_reused(make_package):
     finally:
         builtins.__import__ = original
         _import_hook._in_chain = False
+
+
+class _LoaderOfItsOwn(importlib.machinery.SourceFileLoader):
+    """Loads source as Python does, and notes the modules it loaded."""
+
+    loaded: list[str] = []
+
+    def exec_module(self, module: types.ModuleType) -> None:
+        self.loaded.append(module.__name__)
+        super().exec_module(module)
+
+
+class _FinderOfItsOwn(importlib.abc.MetaPathFinder):
+    """Another import hook, for the modules of one package: it finds them with Python's
+    path finder and loads them with a loader of its own (as jaxtyping's hook does)."""
+
+    def __init__(self, package: str):
+        self.package = package
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname != self.package and not fullname.startswith(self.package + "."):
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(fullname, path, target)
+        if spec is not None and spec.origin is not None:
+            spec.loader = _LoaderOfItsOwn(fullname, spec.origin)
+        return spec
+
+
+@contextlib.contextmanager
+def _own_finder_first(package: str):
+    sys.meta_path.insert(0, _FinderOfItsOwn(package))
+    try:
+        yield
+    finally:
+        del sys.meta_path[0]
+
+
+FIRST_FINDERS = {
+    "jaxtyping_hook": lambda package: jaxtyping.install_import_hook(package, None),
+    "finder_of_its_own": _own_finder_first,
+}
+
+
+@pytest.mark.parametrize("finder", list(FIRST_FINDERS))
+def test_modules_loaded_by_a_finder_ahead_of_ours_are_recorded_and_restored(make_package, finder):
+    """A later import hook first in ``sys.meta_path`` loads the modules with its own
+    loader: they are still served the neutral ``jax``, listed in ``rebound`` and given
+    JAX's own back by ``restore()``, with no other import in between."""
+    name = make_package(f"ioi_behind_{finder}")
+    _LoaderOfItsOwn.loaded = []
+    handle = jo.interpose_on_import(name)
+    try:
+        with FIRST_FINDERS[finder](name):
+            assert sys.meta_path[0] is not _import_hook._finder
+            sub = importlib.import_module(f"{name}.sub")
+        if finder == "finder_of_its_own":
+            assert _LoaderOfItsOwn.loaded == [name, f"{name}.sub"]
+        else:
+            assert type(getattr(sub.__spec__, "loader", None)).__name__ == "_JaxtypingLoader"
+        assert sub.jax is _interpose.neutral_jax
+        assert isinstance(sub.compiled_at_import, jo.Transformed)
+        assert sorted(handle.rebound[f"{name}.sub"]) == sorted(
+            ["jax", "lax", "jit", "custom_vjp", "scan"]
+        )
+        assert handle.rebound[name] == ["jax"]
+    finally:
+        handle.restore()
+    package = sys.modules[name]
+    assert package.jax is jax
+    assert (sub.jax, sub.lax, sub.jit, sub.scan) == (jax, jax.lax, jax.jit, jax.lax.scan)
+    assert sub.custom_vjp is jax.custom_vjp
+    assert sub.lazy() is jax
+
+
+@pytest.mark.parametrize("finder", list(FIRST_FINDERS))
+def test_restore_right_after_an_import_by_a_finder_ahead_of_ours(make_package, finder):
+    """``restore()`` as the very next call after the import (nothing else recorded it)."""
+    name = make_package(f"ioi_restored_{finder}")
+    handle = jo.interpose_on_import(name)
+    try:
+        with FIRST_FINDERS[finder](name):
+            sub = importlib.import_module(f"{name}.sub")
+    finally:
+        handle.restore()
+    assert (sub.jax, sub.jit, sys.modules[name].jax) == (jax, jax.jit, jax)

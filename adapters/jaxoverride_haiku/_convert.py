@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, NoReturn
 
 import haiku as hk
 from haiku._src import base, stateful
@@ -24,7 +24,7 @@ from haiku._src import base, stateful
 from jaxoverride import adapter_kit as kit, errors
 from jaxoverride_haiku._creation import init_safe_call
 from jaxoverride_haiku._frames import Threaded, state_names, state_usable
-from jaxoverride_haiku._rng import CheckedSequence
+from jaxoverride_haiku._rng import REFUSAL, RefusingSequence, placeholder_state
 from jaxoverride_haiku._site import current_site, init_once
 
 
@@ -70,20 +70,6 @@ def _refusal(where: str, what: str, why: tuple[str, str]) -> PureFunctionWriteEr
     return PureFunctionWriteError(f"{where}: {what} inside {inside}. " + reason.format(where=where))
 
 
-class _RefusingSequence(CheckedSequence):
-    """An rng sequence that refuses every draw; loops may still carry its state."""
-
-    def __init__(self, state: Any, where: str, why: tuple[str, str]):
-        super().__init__(state)
-        self._where = where
-        self._why = why
-
-    def _refuse(self, *_: Any) -> Any:
-        raise _refusal(self._where, "an rng key was drawn (hk.next_rng_key)", self._why)
-
-    __next__ = next = take = reserve = _refuse  # type: ignore[assignment]
-
-
 @contextlib.contextmanager
 def pure_frame(
     where: str, inside: str = "the function being converted", reason: str = _CONVERTED
@@ -100,15 +86,22 @@ def pure_frame(
             where, f"the Haiku state {context.full_name!r} was written", (inside, reason)
         )
 
+    def refuse_draw() -> NoReturn:
+        raise _refusal(where, "an rng key was drawn (hk.next_rng_key)", (inside, reason))
+
     frame = base.current_frame()
     sequence = frame.rng_stack.peek()
     guard = (
         None
         if sequence is None
-        else _RefusingSequence(sequence.internal_state, where, (inside, reason))
+        else RefusingSequence(placeholder_state(sequence.internal_state), refuse_draw)
     )
-    with hk.custom_setter(refuse_write), frame.rng_stack(guard):
-        yield
+    token = REFUSAL.set(refuse_draw)
+    try:
+        with hk.custom_setter(refuse_write), frame.rng_stack(guard):
+            yield
+    finally:
+        REFUSAL.reset(token)
 
 
 def _converting(

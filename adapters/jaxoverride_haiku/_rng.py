@@ -13,15 +13,25 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import contextvars
 import functools
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import Any, NoReturn
 
 import haiku as hk
 import jax
+import numpy as np
 from haiku._src import base, config as haiku_config, stateful
 
 InternalState = stateful.InternalState
+
+
+# What refuses an rng draw here (it raises), inside a function that JAX makes pure (see
+# ``_convert.pure_frame``); None elsewhere. Every sequence built from carried state in
+# there (loop bodies, branches, nested jits and rules) refuses draws too.
+REFUSAL: contextvars.ContextVar[Callable[[], NoReturn] | None] = contextvars.ContextVar(
+    "jaxoverride_haiku_refused_draws", default=None
+)
 
 
 class CheckedSequence(hk.PRNGSequence):
@@ -44,9 +54,58 @@ class CheckedSequence(hk.PRNGSequence):
         write_state(self, state)
 
 
+class RefusingSequence(CheckedSequence):
+    """An rng sequence that refuses every draw (``refuse`` raises; ``REFUSAL`` by default).
+
+    Loops may still carry its state, and reserving keys, which hands none out, leaves it
+    as it is, so a neutral loop, branch, jit or rule inside a pure function is no draw.
+    """
+
+    __slots__ = ("_refuse_draw",)
+
+    def __init__(self, state: Any, refuse: Callable[[], NoReturn] | None = None):
+        super().__init__(state)
+        refuse = refuse or REFUSAL.get()
+        assert refuse is not None
+        self._refuse_draw = refuse
+
+    def __next__(self) -> Any:
+        self._refuse_draw()
+
+    next = __next__
+
+    def take(self, num: int) -> Any:
+        del num
+        self._refuse_draw()
+
+    def reserve(self, num: int) -> None:
+        del num
+
+    def reserve_up_to_full(self) -> None:
+        pass
+
+
+def carried_sequence(state: Any) -> CheckedSequence:
+    """The sequence of a frame built from carried rng state (a loop body, a branch, a
+    nested jit or rule): a ``RefusingSequence`` where draws are refused (``REFUSAL``)."""
+    return CheckedSequence(state) if REFUSAL.get() is None else RefusingSequence(state)
+
+
+def placeholder_state(state: Any) -> Any:
+    """``(key, ())`` where ``key`` is zeros shaped as ``state``'s: the state of a sequence
+    that refuses every draw, concrete (a traced key carried into a nested jit there would
+    be a constant of another trace), and never handed out."""
+    key = state[0]
+    if jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key):
+        data = jax.random.key_data(key)
+        zeros = jax.numpy.zeros(data.shape, data.dtype)
+        return jax.random.wrap_key_data(zeros, impl=jax.random.key_impl(key)), ()
+    return np.zeros(key.shape, key.dtype), ()
+
+
 # Sequences whose ``__next__`` and ``reserve`` are Haiku's own: the adapter may compute their
 # splits in one cached call (``split_keys``), with the very keys Haiku's steps make.
-PLAIN_SEQUENCES = (hk.PRNGSequence, CheckedSequence)
+PLAIN_SEQUENCES: tuple[type, ...] = (hk.PRNGSequence, CheckedSequence)
 
 
 def block_size() -> int:
@@ -94,7 +153,7 @@ def temporary_state(state: InternalState) -> Iterator[None]:
         if state.rng is not None:
             stack = base.current_frame().rng_stack
             stack.pop()  # the ``None`` that the frame was given
-            stack.push(CheckedSequence(stateful.copy_structure(state.rng)))
+            stack.push(carried_sequence(stateful.copy_structure(state.rng)))
         yield
 
 

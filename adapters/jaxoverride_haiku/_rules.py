@@ -64,7 +64,7 @@ from jaxoverride_haiku._frames import (
     new_parameters_error,
     state_usable,
 )
-from jaxoverride_haiku._rng import CheckedSequence, reserve_full_block, update_state
+from jaxoverride_haiku._rng import carried_sequence, reserve_full_block, update_state
 from jaxoverride_haiku._site import current_site, init_once
 
 
@@ -249,7 +249,7 @@ class _RuleCall:
         ``refused``: names of differentiated values whose reads are refused. ``forward``:
         whether this run's naming state is the one the caller continues from.
         """
-        rng = None if values.rng is None else CheckedSequence(values.rng)
+        rng = None if values.rng is None else carried_sequence(values.rng)
         frame = self.template.evolve(
             params=_mutable(values.params), state=_mutable(values.state), rng=rng
         )

@@ -24,6 +24,7 @@ from flax.nnx import Pytree, Variable
 import jaxoverride
 from jaxoverride import errors
 from jaxoverride_nnx._graph import node_path
+from jaxoverride_nnx._scope import made_inside_a_transform
 
 if TYPE_CHECKING:
     from jaxoverride_nnx._scope import Tracked
@@ -195,6 +196,17 @@ def explain(error: TraceContextError, tracked: Tracked, where: str) -> BaseExcep
                 "tracked state: use jaxoverride.jit, jaxoverride.lax.scan and so on there. "
                 f"{TROUBLESHOOTING}"
             )
+        if made_inside_a_transform(target):
+            return UntrackedModuleError(
+                f"jaxoverride_nnx: {where} ran code that mutates the {kind} `{name}`{of}, "
+                "which was created inside a transform running within the track scope: an "
+                "NNX transform (nnx.grad, nnx.jit, nnx.vmap, ...) passes its function a "
+                "copy of the module it is given, so the tracked module is not the one "
+                "written here. Track the copy where it exists, inside the function: "
+                f"`with jaxoverride_nnx.track({_root(name)}): ...` around the neutral call; "
+                "or use the neutral transforms (jaxoverride.jit, jaxoverride.grad), which "
+                f"pass the tracked module itself. {TROUBLESHOOTING}"
+            )
         return UntrackedModuleError(
             f"jaxoverride_nnx: {where} ran code that mutates the {kind} `{name}`{of}, but "
             f"that module is not tracked, so its Variables cannot be updated from inside "
@@ -231,4 +243,35 @@ def structure_changed(path: str, before: Any, after: Any, where: str) -> Structu
         f"{after}. A tracked Variable keeps its shape, dtype and structure inside traced "
         "code (a trace has fixed types); assign a value of the same shape and dtype, or "
         "resize the Variable outside the neutral call."
+    )
+
+
+def untracked_static(
+    where: str, name: str, found: Any, tracked: bool
+) -> errors.MissingAdapterError:
+    """The error for NNX state that a static argument of a ``jit`` reaches, untracked.
+
+    JAX caches a trace by its static arguments: the Variables such an argument reaches
+    are read as constants of the trace, and a later call with the same argument (the
+    same function object, a bound method, the module) returns results for the old
+    values, silently.
+    """
+    label = name if name.isidentifier() else "model"
+    fix = (
+        f"track it too: add `{label}` to the modules given to jaxoverride_nnx.track"
+        if tracked
+        else f"`with jaxoverride_nnx.track({label}): ...` around the call"
+    )
+    scope = "the active track scope does not hold" if tracked else "no track scope holds"
+    what = (
+        f"the {type(found).__name__} `{name}`"
+        if name.isidentifier()
+        else f"a {type(found).__name__}"
+    )
+    return errors.MissingAdapterError(
+        f"jaxoverride_nnx: a static argument of {where} reaches {what}, which {scope}. "
+        "jax.jit caches its trace by the static arguments, so the weights read there "
+        "would be baked in as constants, and a later call with the same argument would "
+        f"silently return results for the old ones. Fix: {fix} (track the top-level "
+        "module; everything it holds is tracked with it)."
     )

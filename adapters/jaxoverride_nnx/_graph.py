@@ -51,6 +51,14 @@ def liftable(variable: Any) -> bool:
     return bool(leaves) and all(isinstance(leaf, _ARRAY_LEAVES) for leaf in leaves)
 
 
+def holds_state(obj: Any) -> bool:
+    """Whether the graph object ``obj`` is, or holds, a Variable this adapter threads (a
+    value a raw trace would bake in)."""
+    if isinstance(obj, (Variable, HijaxVariable)):
+        return liftable(obj)
+    return any(liftable(variable) for variable in walk([obj], ["obj"]).variables)
+
+
 def _static(value: Any) -> Any:
     """A hashable stand-in for a static attribute, for the fingerprint."""
     try:

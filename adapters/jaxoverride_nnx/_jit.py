@@ -36,7 +36,8 @@ import jaxoverride as jo
 from jaxoverride.adapter_kit import infer_argnums_and_argnames, jit_name, shift_argnums
 from jaxoverride_nnx import _scope
 from jaxoverride_nnx._compat import RAW_VALUE
-from jaxoverride_nnx._graph import RAW, is_graph_object
+from jaxoverride_nnx._errors import untracked_static
+from jaxoverride_nnx._graph import RAW, holds_state, is_graph_object
 from jaxoverride_nnx._lift import (
     call_plain,
     from_refs,
@@ -45,6 +46,7 @@ from jaxoverride_nnx._lift import (
     with_arguments,
     write_back,
 )
+from jaxoverride_nnx._reach import reached
 from jaxoverride_nnx._scope import ACTIVE, Tracked
 from jaxoverride_nnx._threads import (
     NeedsState,
@@ -88,6 +90,11 @@ class NnxJit:
             fun, options.pop("donate_argnums", None), options.pop("donate_argnames", None)
         )
         self._static_nums, self._static_names = static
+        # A trace is cached by its static arguments: what they reach is checked where it
+        # is traced (``_check_static``), never per call.
+        self._plain = (
+            below(self._checking_static(fun), *args, **kwargs) if any(static) else self._plain
+        )
         options["static_argnums"] = shift_argnums(static[0])
         options["static_argnames"] = static[1]
         if donate[0] or donate[1]:
@@ -323,6 +330,42 @@ class NnxJit:
         }
         return view, new_args, new_kwargs
 
+    def _check_static(
+        self, tracked: Tracked | None, args: Sequence[Any], kwargs: dict[str, Any]
+    ) -> None:
+        """Raises if a static argument reaches NNX state that ``tracked`` does not hold.
+
+        Called where JAX traces, so only once per cache entry: JAX caches the trace by
+        the static arguments, and what they reach is read there as constants.
+        """
+        if not (self._static_nums or self._static_names):
+            return
+        statics = [
+            (f"static argument {i}", args[i]) for i in sorted(self._static_positions(len(args)))
+        ]
+        statics += [
+            (f"static argument {k!r}", v) for k, v in kwargs.items() if k in self._static_names
+        ]
+        for name, found in reached(statics):
+            if (tracked is None or not tracked.contains(found)) and holds_state(found):
+                raise untracked_static(
+                    _WHERE, name, found, tracked is not None and bool(tracked.variables)
+                )
+
+    def _checking_static(self, fun: Callable[..., Any]) -> Callable[..., Any]:
+        """``fun``, checking its static arguments first (see ``_check_static``): the
+        function that the untracked path's ``jax.jit`` traces."""
+        check = self._check_static
+
+        def checked(*args: Any, **kwargs: Any) -> Any:
+            check(None, args, kwargs)
+            return fun(*args, **kwargs)
+
+        # Named as JAX names ``fun`` (a partial by its function), with its signature.
+        checked.__name__ = checked.__qualname__ = jit_name(fun)
+        functools.update_wrapper(checked, fun, updated=())
+        return checked
+
     def _static_positions(self, count: int) -> set[int]:
         return {n % count if n < 0 else n for n in self._static_nums if -count <= n < count}
 
@@ -387,10 +430,12 @@ class NnxJit:
         fun = self._fun
         sharded_out = self._sharded_out
         order = build.order
+        check_static = self._check_static
 
         def lifted(values: list[Any], *args: Any, **kwargs: Any) -> Any:
             tracked = ACTIVE.get() or _HIDDEN.get()
             assert tracked is not None
+            check_static(tracked, args, kwargs)
             args, kwargs = from_refs((args, kwargs), tracked)
             given = dict(zip(order, values, strict=True))
             out, after = run_lifted(tracked, given, fun, args, kwargs, _WHERE, owner=build)

@@ -21,7 +21,7 @@ from flax.nnx import tracers
 from flax.nnx.pytreelib import PytreeState
 
 from jaxoverride_nnx import _stale_reads
-from jaxoverride_nnx._graph import RAW, Graph, walk
+from jaxoverride_nnx._graph import RAW, TRACE, Graph, walk
 
 _epoch = 0
 _last_death = 0
@@ -260,6 +260,21 @@ ACTIVE: contextvars.ContextVar[Tracked | None] = contextvars.ContextVar(
     "jaxoverride_nnx_tracked", default=None
 )
 _stale_reads.tracked_now = ACTIVE.get
+# The JAX trace (Flax's opaque trace state) where the innermost ``track`` scope was
+# entered. A module whose Variables were created in another trace was made inside a
+# transform running within the scope (an NNX transform's copy of a tracked module): see
+# ``made_inside_a_transform``.
+ENTRY_TRACE: contextvars.ContextVar[Any] = contextvars.ContextVar(
+    "jaxoverride_nnx_entry_trace", default=None
+)
+
+
+def made_inside_a_transform(variable: Any) -> bool:
+    """Whether ``variable`` was created inside a trace that started within the innermost
+    ``track`` scope (``nnx.grad`` and ``nnx.jit`` pass their function such copies)."""
+    entry = ENTRY_TRACE.get()
+    state = TRACE.__get__(variable)
+    return entry is not None and isinstance(state, tracers.TraceState) and state.jax_trace != entry
 
 
 def current() -> Tracked | None:

@@ -45,6 +45,7 @@ from jax.core import Tracer
 from jaxoverride import adapter_kit
 from jaxoverride_nnx._compat import chain_on_get_value
 from jaxoverride_nnx._graph import RAW
+from jaxoverride_nnx._probes import check_given
 
 _GET = RAW.__get__
 _KEY = "on_get_value"
@@ -115,9 +116,15 @@ def check_read(variable: Any, value: Any) -> Any:
     """
     # The raw slot, not ``value``: an indexed read (``v[0]``) inside a trace gives a
     # tracer of that trace even where the Variable holds a constant.
-    if not isinstance(_GET(variable), Tracer):
+    raw = _GET(variable)
+    if not isinstance(raw, Tracer):
         traces = adapter_kit.jit_traces()
         if traces:
+            # A probe is the adapter's own placeholder, in a trace that it started (a
+            # module the traced function reaches by a path its first guess missed, such
+            # as an object's attribute): never baked in, but traced again with the
+            # module given (``NeedsState``).
+            check_given((raw,))
             own = _OWN.get()
             if any(all(trace is not mine for mine in own) for trace in traces):
                 _refuse(variable)
@@ -172,6 +179,7 @@ def check_lifted(
     count = len(tracked.variables)
     near: Collection[int] | None = None
     for index, value in zip(indices, values, strict=True):
+        check_given((value,))  # a probe: the module is traced again, given (see check_read)
         leaves = jax.tree_util.tree_leaves(value)
         if index >= count or all(isinstance(leaf, Tracer) for leaf in leaves):
             continue

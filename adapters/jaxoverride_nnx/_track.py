@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from flax.nnx import tracers
+
 from jaxoverride import adapter_kit
 from jaxoverride_nnx import _context, _framework as _framework  # registers "nnx" first
 from jaxoverride_nnx._graph import is_graph_object
-from jaxoverride_nnx._scope import ACTIVE, Scope, Tracked
+from jaxoverride_nnx._scope import ACTIVE, ENTRY_TRACE, Scope, Tracked
 
 
 class Track:
@@ -38,7 +40,7 @@ class Track:
     def __init__(self, modules: tuple[Any, ...]):
         # A Scope builds the weak references; keep just enough to rebuild it.
         self._refs = Scope(modules).refs
-        self._entries: list[tuple[Scope, Any, Any, Tracked]] = []
+        self._entries: list[tuple[Scope, tuple[Any, Any], Any, Tracked]] = []
 
     @property
     def modules(self) -> tuple[Any, ...]:
@@ -60,17 +62,19 @@ class Track:
         try:
             tracked = scope.build()
             token = ACTIVE.set(tracked)
+            entry = ENTRY_TRACE.set(tracers.current_jax_trace())
             try:
                 activation = None if _context.layer_active() else _context.activation()
                 if activation is not None:
                     activation.__enter__()
             except BaseException:
+                ENTRY_TRACE.reset(entry)
                 ACTIVE.reset(token)
                 raise
         except BaseException:
             scope.close()
             raise
-        self._entries.append((scope, token, activation, tracked))
+        self._entries.append((scope, (token, entry), activation, tracked))
         return self
 
     def __exit__(self, *exc_info: object) -> None:
@@ -87,11 +91,12 @@ class Track:
                 "the reverse order of entry, in the thread or task that entered them; "
                 "nothing was changed."
             )
-        scope, token, activation, _ = self._entries.pop()
+        scope, (token, entry), activation, _ = self._entries.pop()
         try:
             if activation is not None:
                 activation.__exit__(*exc_info)
         finally:
+            ENTRY_TRACE.reset(entry)
             ACTIVE.reset(token)
             scope.close()
 

@@ -8,7 +8,8 @@ What it catches, once a framework is imported and no adapter that handles it is 
   ``leaked_state()`` lists (the body created a parameter or wrote state under a raw JAX
   trace). Reads are harmless, so a neutral call that only reads runs as JAX.
 - closure-captured frameworks (a record whose ``is_state`` recognises its state): a
-  neutral transform whose function captures such state and is jitted (weights baked in
+  neutral transform whose function captures such state (or, for ``jit``, whose static
+  arguments reach it, checked where JAX traces) and is jitted (weights baked in
   as constants) or differentiated with respect to that state (the captured copy gets a
   zero gradient); a write to captured state (the record's ``write_error()``) is re-raised
   with the fix; under an adapter of the framework, captured state its ``covers=``
@@ -33,6 +34,10 @@ import types
 import weakref
 from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple, NoReturn
+
+import jax
+import numpy as np
+from jax.core import Tracer
 
 from jaxoverride import _frameworks, _stack
 from jaxoverride._compat import jit_name
@@ -112,10 +117,14 @@ def _covered(framework: Framework, value: Any) -> bool:
     return not predicates or any(predicate(value) for predicate in predicates)
 
 
-def _values_of(fun: Any, label: str = "the function") -> Iterator[tuple[str, Any]]:
+def _values_of(
+    fun: Any, label: str = "the function", deep: bool = False
+) -> Iterator[tuple[str, Any]]:
     """``(name, value)`` for what ``fun`` reaches without being called: closure cells, the
     globals its code names, defaults, partial arguments, a bound method's object, items of
-    lists and dicts among them; nested functions too, to a fixed depth."""
+    lists and dicts among them; nested functions too, to a fixed depth. With ``deep``
+    (a jit's static arguments), containers do not count as a level and the attributes
+    of plain objects are followed too."""
     pending: list[tuple[Any, int, str]] = [(fun, 0, label)]
     seen: set[int] = set()
     while pending and len(seen) < _SEARCH_LIMIT:
@@ -124,7 +133,8 @@ def _values_of(fun: Any, label: str = "the function") -> Iterator[tuple[str, Any
             continue
         seen.add(id(value))
         yield name, value
-        if depth >= _SEARCH_DEPTH:
+        container = isinstance(value, (list, tuple, dict))
+        if depth >= _SEARCH_DEPTH and not (deep and container):
             continue
         inner: list[tuple[str, Any]] = []
         if isinstance(value, functools.partial):
@@ -154,9 +164,34 @@ def _values_of(fun: Any, label: str = "the function") -> Iterator[tuple[str, Any
             inner = [(f"{name}[{i}]", item) for i, item in enumerate(value[:64])]
         elif isinstance(value, dict):
             inner = [(f"{name}[{k!r}]", item) for k, item in list(value.items())[:64]]
+        elif deep and not isinstance(value, _OPAQUE) and not is_state(value):
+            try:  # the instance's own attributes: no property or __getattr__ runs
+                attributes = object.__getattribute__(value, "__dict__")
+            except AttributeError:
+                attributes = None
+            if isinstance(attributes, dict):
+                inner = [(f"{name}.{k}", item) for k, item in list(attributes.items())[:64]]
+        step = depth if deep and container else depth + 1
         pending += [
-            (item, depth + 1, key) for key, item in inner if not isinstance(item, types.ModuleType)
+            (item, step, key) for key, item in inner if not isinstance(item, types.ModuleType)
         ]
+
+
+# What a deep search does not look inside: it holds no framework state.
+_OPAQUE = (str, bytes, int, float, complex, type, types.CodeType, jax.Array, np.ndarray)
+
+
+def _static_state(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Captured:
+    """The framework state that the static arguments of a ``jax.jit`` trace reach (those with a
+    leaf that is not a tracer): JAX caches the trace by them, so their weights are baked
+    in as the function's own captured ones are. Asked where JAX traces, never per call."""
+    found: Captured = []
+    for label, value in [*(("a static argument", arg) for arg in args), *kwargs.items()]:
+        leaves = jax.tree_util.tree_leaves(value)
+        if leaves and all(isinstance(leaf, Tracer) for leaf in leaves):
+            continue
+        found += [(n, v) for n, v in _values_of(value, label, deep=True) if is_state(v)]
+    return found
 
 
 _WALKED = (functools.partial, types.MethodType, types.FunctionType, list, tuple, dict)
@@ -856,7 +891,8 @@ def _check_trace(name: str, fun: Callable[..., Any], args: Any, kwargs: Any) -> 
         return fun(*args, **kwargs)
     snapshot = _stack.effective_snapshot()
     if capturing:
-        _refuse_captured(name, captured_state(fun), snapshot, None, handled=False)
+        captured = captured_state(fun) + _static_state(args, kwargs)
+        _refuse_captured(name, captured, snapshot, None, handled=False)
     scopes = [f for f in scopes if not _handled(f, snapshot)]
     if not scopes:
         return fun(*args, **kwargs)

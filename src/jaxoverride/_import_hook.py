@@ -10,6 +10,12 @@ Two hooks make those neutral too, for the packages named here only:
 - a meta path finder wraps each such module's loader, and once the body has run records
   its references as bindings, exactly as ``interpose`` does, so restoring puts jax's own
   objects back.
+
+A finder that another import hook puts ahead of ours (jaxtyping's, say) loads a module
+with its own loader, which ours never wraps; the module is still served the neutral
+``jax`` by the ``__import__`` hook. So every module served is also recorded once its body
+has run, whichever finder loaded it: when an import returns and finds it initialised
+(``_record_served``), and before ``rebound`` or ``restore()`` is read.
 """
 
 from __future__ import annotations
@@ -40,6 +46,9 @@ _watched: Counter[str] = Counter()  # package name -> handles that watch it
 # What the import hook reads on every import: rebuilt under the lock, read without it.
 _prefixes: tuple[tuple[str, str], ...] = ()
 _served: set[str] = set()  # modules that were handed a neutral object while importing
+# Served modules that no loader of ours recorded yet (loaded by another finder's loader,
+# or still running their body): recorded by ``_record_served``.
+_unrecorded: set[str] = set()
 _handles: list[ImportInterposition] = []
 
 
@@ -67,6 +76,8 @@ def _neutral_import(
     level: int = 0,
 ) -> Any:
     imported = _below_import(name, globals, locals, fromlist, level)
+    if _unrecorded:
+        _record_served()
     if level or not (name == "jax" or name.startswith("jax.")) or not globals:
         return imported
     importer = globals.get("__name__")
@@ -79,8 +90,42 @@ def _neutral_import(
         replacement = neutral_lax
     else:
         return imported
-    _served.add(importer)
+    if importer not in _served:
+        _served.add(importer)
+        _unrecorded.add(importer)
     return replacement
+
+
+def _record(module: types.ModuleType) -> None:
+    """Records ``module``'s references as bindings of each handle watching it (under the
+    interposition lock): its neutral ones stand for jax's own if it was served them."""
+    _unrecorded.discard(module.__name__)
+    for handle in _handles:
+        if handle._watches(module.__name__):
+            adopt = frozenset(ORIGINALS) if module.__name__ in _served else frozenset()
+            known = len(handle._interposition.precompiled)
+            bind_module(module, handle._interposition, adopt)
+            # A package not watched (equinox, for optimistix) built these.
+            _interpose.warn_unreachable(
+                handle._interposition.precompiled[known:],
+                "jaxoverride.interpose_on_import",
+                stacklevel=3,
+            )
+
+
+def _record_served() -> None:
+    """Records each served module whose body has run and that no loader of ours recorded
+    (another finder loaded it); forgets one whose import failed."""
+    with _interpose._lock:
+        for name in list(_unrecorded):
+            module = sys.modules.get(name)
+            if not isinstance(module, types.ModuleType):
+                _unrecorded.discard(name)
+                continue
+            spec = getattr(module, "__spec__", None)
+            if spec is not None and getattr(spec, "_initializing", False):
+                continue  # its body is still running
+            _record(module)
 
 
 class _RecordingLoader(importlib.abc.Loader):
@@ -98,17 +143,7 @@ class _RecordingLoader(importlib.abc.Loader):
     def exec_module(self, module: types.ModuleType) -> None:
         self._loader.exec_module(module)
         with _interpose._lock:
-            for handle in _handles:
-                if handle._watches(module.__name__):
-                    adopt = frozenset(ORIGINALS) if module.__name__ in _served else frozenset()
-                    known = len(handle._interposition.precompiled)
-                    bind_module(module, handle._interposition, adopt)
-                    # A package not watched (equinox, for optimistix) built these.
-                    _interpose.warn_unreachable(
-                        handle._interposition.precompiled[known:],
-                        "jaxoverride.interpose_on_import",
-                        stacklevel=2,
-                    )
+            _record(module)
 
 
 class _Finder(importlib.abc.MetaPathFinder):
@@ -183,6 +218,8 @@ class ImportInterposition:
 
     @property
     def rebound(self) -> dict[str, list[str]]:
+        if _unrecorded:
+            _record_served()
         return self._interposition.rebound
 
     @property
@@ -203,6 +240,8 @@ class ImportInterposition:
         jit) stay neutral objects: with nothing active they are JAX, so that is harmless.
         Restoring twice does nothing.
         """
+        if _unrecorded:
+            _record_served()
         with _interpose._lock:
             if not self._active:
                 return
@@ -212,6 +251,7 @@ class ImportInterposition:
             if not _watched:
                 _hooks_on(False)
                 _served.clear()
+                _unrecorded.clear()
             _interpose.release(self._interposition)
 
     def __enter__(self) -> ImportInterposition:
