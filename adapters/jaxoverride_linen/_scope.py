@@ -28,6 +28,7 @@ import jax
 import jax.numpy as jnp
 from flax.core import scope as core_scope, tracers as core_tracers
 from flax.linen import module as linen_module
+from jax.core import Tracer
 
 from jaxoverride import adapter_kit as kit
 from jaxoverride.errors import JaxoverrideError
@@ -465,7 +466,7 @@ class LinenSource:
             for path, (value, written) in slots.items():
                 # Under a trace whether it was written is known only at run time (a loop
                 # with a traced trip count): the value is written, as the body wrote it.
-                if isinstance(written, jax.core.Tracer) or bool(written):
+                if isinstance(written, Tracer) or bool(written):
                     trees.put_path(root.variables, path, value)
 
     # -- names -------------------------------------------------------------------------
