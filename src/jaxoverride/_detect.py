@@ -34,7 +34,9 @@ from typing import Any, NamedTuple, NoReturn
 from jaxoverride import _frameworks, _stack
 from jaxoverride._compat import jit_name
 from jaxoverride._frameworks import ALL, HAIKU, LINEN, MODULES, NNX, SCOPED, Framework
-from jaxoverride.errors import MissingAdapterError
+from jaxoverride._user_frames import call_made, names_of
+from jaxoverride._words import counted
+from jaxoverride.errors import MissingAdapterError, _missing_adapter_also
 
 ENV_VAR = "JAXOVERRIDE_ADAPTER_CHECK"
 _OFF = {"0", "false", "off", "no"}
@@ -231,9 +233,16 @@ def _track_fix(captured: Captured, also: str = "") -> str:
     return f"`with jaxoverride_nnx.track({also}{', '.join(dict.fromkeys(names))}):` around the call"
 
 
+def _tracked_now() -> str:
+    """The variables that hold the modules the active track scope holds, as the program
+    names them (``"model, "``), for the fix that tracks one more."""
+    names = names_of(lambda value: NNX.is_state(value) and _covered(NNX, value))
+    return ", ".join([*names, "<the modules tracked now>"][: len(names) or 1]) + ", "
+
+
 def _raise(framework: Framework, what: str, name: str) -> None:
     raise MissingAdapterError(
-        f"jaxoverride.{name} met {framework.title}, and no adapter that handles "
+        f"{call_made(f'jaxoverride.{name}')} met {framework.title}, and no adapter that handles "
         f"{framework.key} is active: {what} Fix: {framework.fix}.{_HATCH}"
     )
 
@@ -247,11 +256,20 @@ def _raise_on_new_tracers(
         if leaked:
             _raise(
                 framework,
-                f"the function created parameters or wrote state {when}, so {len(leaked)} of "
-                "them would be tracers (the first use then fails far from here, or the "
-                "result is silently wrong).",
+                f"{leak_text(framework, leaked, 'the function', when)} (the first use "
+                "then fails far from here, or the result is silently wrong).",
                 name,
             )
+
+
+def leak_text(framework: Framework, leaked: list[Any], subject: str, when: str) -> str:
+    """What ``leaked`` (the framework's new tracers) means, for a message: ``subject``
+    (``"the function"``) did what left them ``when`` (``"under a raw JAX trace"``)."""
+    count = framework.counted(leaked)
+    if not count:  # only the framework's own bookkeeping: Haiku's rng key sequence
+        return f"{subject} drew an rng key {when}, so the key sequence would hold a tracer"
+    tracers = counted(count, "of them would be a tracer", "of them would be tracers")
+    return f"{subject} created parameters or wrote state {when}, so {tracers}"
 
 
 def _untracked(captured: Captured) -> Captured:
@@ -270,7 +288,7 @@ def _nnx_refusal(
             return (
                 f"the function captures {_describe(untracked)}, which the active track scope "
                 "does not hold, so its weights would be baked in or its gradient lost. Fix: "
-                f"track it too, {_track_fix(untracked, 'model, ')}."
+                f"track it too, {_track_fix(untracked, _tracked_now())}."
             )
         return None
     if name in _BAKES:
@@ -293,18 +311,11 @@ def _trace_context_error() -> type[BaseException] | None:
     return getattr(errors, "TraceContextError", None) if errors is not None else None
 
 
-@functools.cache
-def _write_error(trace_context_error: type[BaseException]) -> type[MissingAdapterError]:
-    """``MissingAdapterError`` that is also Flax's ``TraceContextError``, so handlers
-    written for the error it replaces still catch it; made only once Flax is imported."""
-    return type("MissingAdapterError", (MissingAdapterError, trace_context_error), {})
-
-
 def _write_message(name: str, captured: Captured) -> str:
     return (
-        f"jaxoverride.{name} ran a function that writes a Variable of the NNX state it "
-        f"captures ({_describe(captured)}), which raw JAX cannot thread, and no NNX adapter "
-        f"is active. Fix: {_track_fix(captured)}.{_HATCH}"
+        f"{call_made(f'jaxoverride.{name}')} ran a function that writes a Variable of the "
+        f"NNX state it captures ({_describe(captured)}), which raw JAX cannot thread, and no "
+        f"NNX adapter is active. Fix: {_track_fix(captured)}.{_HATCH}"
     )
 
 
@@ -327,7 +338,9 @@ def _run_checked(
     if not nnx_handled:
         refusal = _nnx_refusal(name, captured, snapshot, differentiated)
         if refusal is not None:
-            raise MissingAdapterError(f"jaxoverride.{name} met {NNX.title}: {refusal}{_HATCH}")
+            raise MissingAdapterError(
+                f"{call_made(f'jaxoverride.{name}')} met {NNX.title}: {refusal}{_HATCH}"
+            )
     scopes = [f for f in SCOPED if f.inside() and not _handled(f, snapshot)]
     before = {f.key: f.state_leaves() for f in scopes}
     trace_context_error = (
@@ -341,12 +354,16 @@ def _run_checked(
                 captured = [found for value in search for found in captured_state(value)]
             if not captured:
                 raise
-            raise _write_error(trace_context_error)(_write_message(name, captured)) from error
+            raise _missing_adapter_also(trace_context_error)(
+                _write_message(name, captured)
+            ) from error
         raise
     if nnx_handled:
         refusal = _nnx_refusal(name, captured, snapshot, differentiated)
         if refusal is not None:
-            raise MissingAdapterError(f"jaxoverride.{name} met {NNX.title}: {refusal}{_HATCH}")
+            raise MissingAdapterError(
+                f"{call_made(f'jaxoverride.{name}')} met {NNX.title}: {refusal}{_HATCH}"
+            )
     _raise_on_new_tracers(scopes, before, name, "under a raw JAX trace")
     return out
 
@@ -368,7 +385,7 @@ def _write_refusal(name: str, error: BaseException, search: tuple[Any, ...]) -> 
     captured = [found for value in search for found in captured_state(value)]
     if not captured:
         return None
-    return _write_error(trace_context_error)(_write_message(name, captured))
+    return _missing_adapter_also(trace_context_error)(_write_message(name, captured))
 
 
 def run_call(
@@ -691,7 +708,9 @@ class TransformCheck:
     def _refuse(self, captured: Captured, snapshot: _stack.Snapshot) -> NoReturn:
         refusal = _nnx_refusal(self.name, captured, snapshot, None)
         assert refusal is not None
-        raise MissingAdapterError(f"jaxoverride.{self.name} met {NNX.title}: {refusal}{_HATCH}")
+        raise MissingAdapterError(
+            f"{call_made(f'jaxoverride.{self.name}')} met {NNX.title}: {refusal}{_HATCH}"
+        )
 
     def run(
         self,
@@ -794,7 +813,9 @@ def _check_trace(name: str, fun: Callable[..., Any], args: Any, kwargs: Any) -> 
     if nnx_loaded and not _handled(NNX, snapshot):
         refusal = _nnx_refusal(name, captured_state(fun), snapshot, None)
         if refusal is not None:
-            raise MissingAdapterError(f"jaxoverride.{name} met {NNX.title}: {refusal}{_HATCH}")
+            raise MissingAdapterError(
+                f"{call_made(f'jaxoverride.{name}')} met {NNX.title}: {refusal}{_HATCH}"
+            )
     scopes = [f for f in scopes if not _handled(f, snapshot)]
     if not scopes:
         return fun(*args, **kwargs)

@@ -46,6 +46,12 @@ class Framework:
         """The leaves of the framework state a write inside a raw JAX trace would leak into."""
         return []
 
+    def counted(self, leaked: list[Any]) -> int:
+        """How many of ``leaked`` (new tracers among ``state_leaves()``) are parameters or
+        state values, as messages count them: the framework's own bookkeeping (Haiku's
+        rng key sequence) left out."""
+        return len(leaked)
+
 
 class _Haiku(Framework):
     __slots__ = ()
@@ -61,6 +67,11 @@ class _Haiku(Framework):
             if sequence is not None:
                 leaves += jax.tree_util.tree_leaves(sequence.internal_state)
         return leaves
+
+    def counted(self, leaked: list[Any]) -> int:
+        frame = self.loaded().current_frame()
+        values = {id(leaf) for leaf in jax.tree_util.tree_leaves((frame.params, frame.state))}
+        return sum(id(leaf) in values for leaf in leaked)
 
 
 class _Linen(Framework):

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 
 from jaxoverride import _detect, _import_hook, _interpose, _introspect, _raw
 from jaxoverride._own_frames import ADAPTERS
+from jaxoverride._words import counted
 
 # (distribution, import name) of what the report shows the versions of.
 DISTRIBUTIONS = (
@@ -81,7 +82,7 @@ def _interposed() -> list[str]:
     packages = sorted({name.partition(".")[0] for name in modules})
     for package in packages:
         count = sum(name.partition(".")[0] == package for name in modules)
-        lines.append(f"  {package}: {count} module(s) rebound")
+        lines.append(f"  {package}: {counted(count, 'module')} rebound")
     if not packages:
         lines.append("  no module is rebound")
     return lines
@@ -106,7 +107,8 @@ def _raw_transforms(packages: Sequence[str]) -> list[str]:
     guarded = sum(_guarded(name) for names in held.values() for name in names)
     if guarded:
         lines.append(
-            f"  {guarded} of them are checked at each call while an adapter is active: one "
+            f"  {counted(guarded, 'of them is', 'of them are')} checked at each call while an "
+            "adapter is active: one "
             "that runs framework code raises MissingAdapterError."
         )
     return lines
