@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 from flax import nnx
-from tests._fresh import run_source
+from _fresh import run_source
 
 import jaxoverride as jo
 import jaxoverride_haiku

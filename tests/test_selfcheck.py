@@ -94,7 +94,7 @@ main([])
 
 
 def test_command_does_not_list_an_adapter_whose_framework_is_absent_as_available():
-    from tests._fresh import run_source
+    from _fresh import run_source
 
     result = run_source(_BLOCKED.format(blocked={"haiku"}))
     assert result.returncode == 0, result.stderr[-3000:]
