@@ -10,11 +10,11 @@ import jax
 import jax.numpy as jnp
 import pytest
 from flax import nnx
-from _fresh import run_source
 
 import jaxoverride as jo
 import jaxoverride_haiku
 import jaxoverride_nnx
+from _fresh import run_source
 from jaxoverride import lax as jlax
 
 # The one list of solver packages every message names (optimistix imports lineax and equinox).
