@@ -8,6 +8,7 @@ call these; they read frames, never import anything.
 
 from __future__ import annotations
 
+import inspect
 import linecache
 import sys
 import types
@@ -44,7 +45,8 @@ def _library(frame: types.FrameType) -> bool:
 
 
 def _outward() -> Iterator[types.FrameType]:
-    frame: types.FrameType | None = sys._getframe(2)
+    """The frames of this thread, innermost first (jaxoverride's own are skipped later)."""
+    frame = inspect.currentframe()
     while frame is not None:
         yield frame
         frame = frame.f_back
