@@ -123,6 +123,28 @@ def test_nnx_forgotten_track_raises_instead_of_baking_the_weights_in():
     assert "`with jaxoverride_nnx.track(model):`" in str(info.value)
 
 
+# Built at import time, before the module it calls exists (a global bound later).
+late_model: nnx.Linear | None = None
+apply_late = jo.jit(lambda x: late_model(x))  # type: ignore[misc]
+
+
+def test_nnx_forgotten_track_of_a_jit_built_before_the_module_existed_raises():
+    """troubleshooting: "jo.jit over captured modules (weights baked in), also one built at
+    import time, before the module existed"."""
+    global late_model
+    late_model = nnx.Linear(2, 2, rngs=nnx.Rngs(0))
+    try:
+        with jax.checking_leaks(), pytest.raises(MissingAdapterError) as info:
+            apply_late(X)
+        assert "`with jaxoverride_nnx.track(late_model):`" in str(info.value)
+        with jaxoverride_nnx.track(late_model):  # the fix it names
+            before = apply_late(X)
+            late_model.bias[...] = late_model.bias[...] + 1.0
+            np.testing.assert_allclose(apply_late(X), before + 1.0, rtol=1e-6)
+    finally:
+        late_model = None
+
+
 def test_nnx_forgotten_track_under_grad_raises_instead_of_a_zero_gradient():
     """troubleshooting: "jo.grad and friends of a function that captures a module, with
     respect to NNX state (zero gradients)"."""
