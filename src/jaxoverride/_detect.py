@@ -237,7 +237,7 @@ def _tracked_now() -> str:
     """The variables that hold the modules the active track scope holds, as the program
     names them (``"model, "``), for the fix that tracks one more."""
     names = names_of(lambda value: NNX.is_state(value) and _covered(NNX, value))
-    return ", ".join([*names, "<the modules tracked now>"][: len(names) or 1]) + ", "
+    return ", ".join(names or ["<the modules tracked now>"]) + ", "
 
 
 def _raise(framework: Framework, what: str, name: str) -> None:
