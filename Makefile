@@ -1,5 +1,5 @@
 # Every target bootstraps .venv with nothing but python3 and pip, and installs only what
-# it needs: `make demo` the library with the Haiku and NNX extras; `make test` the test
+# it needs: `make demo` the library with the Haiku, NNX and Linen extras; `make test` the test
 # dependencies; `make lint`, `make docs` and `make bench` the development tools. One stamp
 # per install set, so any order of targets works. `make test-oldest` runs the suite in a
 # second environment, .venv-oldest, on the oldest supported versions (ci/oldest.txt);
@@ -48,7 +48,7 @@ $(PY):
 	$(PYTHON) -m venv $(VENV)
 
 $(VENV)/.installed-demo: pyproject.toml | $(PY)
-	$(PIP) -e ".[haiku,nnx]"
+	$(PIP) -e ".[haiku,nnx,linen]"
 	@touch $@
 
 $(VENV)/.installed-test: pyproject.toml | $(PY)

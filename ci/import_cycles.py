@@ -26,14 +26,15 @@ import sys
 
 # Lowest first. A module's layer is that of the first pattern it matches.
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("jaxoverride._tree_diff",),
+    # leaf helpers that import nothing of the project
+    ("jaxoverride._tree_diff", "jaxoverride._words", "jaxoverride._requirements"),
     # what everything stands on: errors, JAX's private names, the override names
     ("jaxoverride.errors", "jaxoverride._compat", "jaxoverride._names", "jaxoverride._signatures"),
     ("jaxoverride._own_frames",),
     # the stack and the framework registry: state every upper module reads
     ("jaxoverride._stack", "jaxoverride._frameworks"),
     ("jaxoverride._context", "jaxoverride._dispatch", "jaxoverride._introspect"),
-    ("jaxoverride._raw", "jaxoverride._detect"),
+    ("jaxoverride._raw", "jaxoverride._user_frames", "jaxoverride._detect"),
     ("jaxoverride._jitapi",),
     ("jaxoverride._neutral",),
     ("jaxoverride._lax", "jaxoverride._api"),

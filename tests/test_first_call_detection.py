@@ -62,7 +62,7 @@ def expect_first_call_error(run, framework):
         raise AssertionError(f"{framework}: the raw transform ran framework code silently")
     assert reached == [], f"{framework}: caught only after the call returned to the model"
     assert message.startswith("optimistix.fixed_point is a transform"), message
-    assert "jaxoverride.interpose_on_import('equinox', 'optimistix')" in message, message
+    assert "jaxoverride.interpose_on_import('equinox', 'lineax', 'optimistix')" in message, message
     assert framework in message, message
     assert "jaxoverride.set_adapter_check(False)" in message, message
     from jaxoverride import _stack

@@ -152,7 +152,7 @@ def test_already_imported_with_raw_import_time_transforms_is_refused(make_packag
     message = str(info.value)
     assert f"{name}.sub.compiled_at_import" in message
     assert f"{name}.sub.rule" in message
-    assert f"interpose_on_import('{name}') before the first import" in message
+    assert f"interpose_on_import('{name}') before their first import" in message
     assert "Nothing was changed" in message
     # The escape hatch named in the docs still rebinds what can be reached.
     with jo.interpose(sys.modules[f"{name}.sub"]) as handle:

@@ -39,7 +39,8 @@ def test_precompiled_lists_what_import_order_error_finds_and_warns(package: str)
         assert count > 0 and len(handle.precompiled) == count, (count, handle.precompiled)
         [warning] = [w for w in caught if issubclass(w.category, ImportOrderWarning)]
         text = str(warning.message)
-        assert f"holds {{count}} transform(s)" in text, text
+        noun = "transform" if count == 1 else "transforms"
+        assert f"holds {{count}} {{noun}} built" in text, text
         assert "interpose_on_import(" in text and {package!r} in text, text
         print(count)
         """

@@ -18,8 +18,6 @@ and the programs of diffrax issue #115 and flax issue #2887, run in a fresh inte
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -334,26 +332,3 @@ def test_flax_issue_2887_program_works():
     reported = _reported_issue("flax_2887")
     assert reported["params"] == {"params": {"ode_term": {"bias": [1], "kernel": [1, 1]}}}
     _assert_at_most(reported, jit_init=1e-6, apply=1e-6, jit_apply=1e-6)
-
-
-def test_the_after_snippet_of_the_linen_page_runs_in_a_fresh_interpreter():
-    """``docs/linen.md`` shows diffrax #115 fixed in a ``text`` fence (its import order
-    matters, and the docs test runs pages in-process): it runs here, and its results are
-    checked."""
-    page = (Path(__file__).resolve().parents[1] / "docs" / "linen.md").read_text()
-    start = page.index("```text\nimport jaxoverride as jo\n") + len("```text\n")
-    snippet = page[start : page.index("```", start)]
-    check = (
-        "\nassert set(params['params']) == {'derivative_net'}\n"
-        "assert not any(isinstance(l, jax.core.Tracer) for l in jax.tree.leaves(params))\n"
-        "assert ys.shape == (1, 1, 4) and float(jnp.abs(grads['params']['derivative_net']"
-        "['kernel']).sum()) > 0\n"
-    )
-    done = subprocess.run(
-        [sys.executable, "-c", snippet + check],
-        capture_output=True,
-        text=True,
-        env=_env(),
-        timeout=600,
-    )
-    assert done.returncode == 0, done.stderr[-4000:]

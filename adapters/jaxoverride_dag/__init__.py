@@ -8,8 +8,11 @@ are transferred once, and non-array leaves ride along as static data. It needs n
 beyond JAX.
 """
 
+from jaxoverride.adapter_kit import publish_errors as _publish_errors
 from jaxoverride_dag._context import context as context
 from jaxoverride_dag._errors import SharingError as SharingError
 from jaxoverride_dag._tree_map import tree_map as tree_map
 
 __all__ = ["SharingError", "context", "tree_map"]
+
+_publish_errors(globals())  # its errors print as jaxoverride_dag.<Name>

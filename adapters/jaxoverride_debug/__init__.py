@@ -9,6 +9,7 @@ plain override layer: results are unchanged, and it costs nothing when not enter
 See the "Debugging" page of the documentation.
 """
 
+from jaxoverride.adapter_kit import publish_errors as _publish_errors
 from jaxoverride_debug._record import Call as Call
 from jaxoverride_debug._trace import (
     NothingTracedWarning as NothingTracedWarning,
@@ -17,3 +18,5 @@ from jaxoverride_debug._trace import (
 )
 
 __all__ = ["Call", "NothingTracedWarning", "Trace", "trace"]
+
+_publish_errors(globals())  # its errors print as jaxoverride_debug.<Name>

@@ -18,6 +18,7 @@ except ImportError as _error:  # pragma: no cover - exercised in a subprocess by
         "jaxoverride_haiku needs dm-haiku: pip install 'jaxoverride[haiku]'"
     ) from _error
 
+from jaxoverride.adapter_kit import publish_errors as _publish_errors
 from jaxoverride_haiku import _context, _framework as _framework  # registers its record
 from jaxoverride_haiku._context import *  # noqa: F403  (its __all__: context, install, ...)
 from jaxoverride_haiku._convert import PureFunctionWriteError as PureFunctionWriteError
@@ -35,3 +36,5 @@ __all__ = [
     "state_usable",
 ]
 __all__ += _context.__all__
+
+_publish_errors(globals())  # its errors print as jaxoverride_haiku.<Name>

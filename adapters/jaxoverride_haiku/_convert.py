@@ -49,7 +49,7 @@ class PureFunctionWriteError(errors.PureFunctionWriteError):
       ...     hk.transform_with_state(f).init(None, jnp.ones(2))
       Traceback (most recent call last):
       ...
-      jaxoverride_haiku._convert.PureFunctionWriteError: jaxoverride.closure_convert: ...
+      jaxoverride_haiku.PureFunctionWriteError: jaxoverride.closure_convert: ...
     """
 
 
@@ -58,8 +58,8 @@ _CONVERTED = (
     "draws could come out, and the value would be silently lost or stale. Move the write or "
     "the draw out of the function that is converted (do it before or after the solver "
     "call), or pass the value in as an argument (optimistix's and diffrax's args, with the "
-    "key drawn before the call); a solver with a non-implicit mode "
-    "(jaxopt's implicit_diff=False) does not convert the function, but "
+    "key drawn before the call); a solver with a non-implicit mode (fpsolve's "
+    "implicit=False, jaxopt's implicit_diff=False) does not convert the function, but "
     "optimistix, lineax and diffrax (with its default adjoint) convert their callbacks, so "
     "there this is the only way."
 )

@@ -14,6 +14,7 @@ try:
 except ImportError as _error:  # pragma: no cover - exercised in a subprocess by the tests
     raise ImportError("jaxoverride_linen needs flax: pip install 'jaxoverride[linen]'") from _error
 
+from jaxoverride.adapter_kit import publish_errors as _publish_errors
 from jaxoverride_linen import _context, _framework as _framework  # registers its record
 from jaxoverride_linen._context import *  # noqa: F403  (its __all__: context, install, ...)
 from jaxoverride_linen._errors import (
@@ -34,3 +35,5 @@ __all__ = [
     "in_bound_module",
 ]
 __all__ += _context.__all__
+
+_publish_errors(globals())  # its errors print as jaxoverride_linen.<Name>

@@ -14,6 +14,7 @@ except ImportError as error:  # pragma: no cover - depends on the environment
         "jaxoverride_nnx needs flax (Flax NNX): pip install 'jaxoverride[nnx]'"
     ) from error
 
+from jaxoverride.adapter_kit import publish_errors as _publish_errors
 from jaxoverride_nnx._context import context as context, install as install, uninstall as uninstall
 from jaxoverride_nnx._errors import (
     LevelError as LevelError,
@@ -43,3 +44,5 @@ __all__ = [
     "tracked_variables",
     "uninstall",
 ]
+
+_publish_errors(globals())  # its errors print as jaxoverride_nnx.<Name>

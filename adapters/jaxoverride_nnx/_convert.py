@@ -24,7 +24,7 @@ from flax.errors import TraceContextError
 
 import jaxoverride as jo
 from jaxoverride import adapter_kit as kit
-from jaxoverride_nnx._errors import LevelError
+from jaxoverride_nnx._errors import LevelError, written_variable
 from jaxoverride_nnx._lift import changed, run_lifted
 from jaxoverride_nnx._rules import PureFunctionWriteError, write_refused
 from jaxoverride_nnx._scope import current
@@ -95,13 +95,17 @@ def closure_convert(fun: Callable[..., Any], *example_args: Any) -> Any:
     try:
         return below(fresh, *example_args)
     except (LevelError, TraceContextError) as error:
+        variable = written_variable(error) or "a tracked NNX Variable"
+        rng = " (drawing a key from nnx.Rngs writes its count)" if "RngCount" in variable else ""
         raise PureFunctionWriteError(
-            "jaxoverride.closure_convert: a tracked NNX Variable was written inside the "
-            "function being converted. Closure conversion turns it into a pure jaxpr of its "
-            "inputs, so the write could never come out. Move the write out of the converted "
-            "function (before or after the solver call), or use the solver's non-implicit "
-            "mode, if it has one (jaxopt's implicit_diff=False). "
-            f"NNX said: {error}"
+            f"jaxoverride.closure_convert: {variable} was written inside the function being "
+            f"converted{rng}. Closure conversion "
+            "turns it into a pure jaxpr of its inputs, so the write could never come out. "
+            "Move the write out of the converted function (before or after the solver call); "
+            "for randomness, draw the key before the call and pass it in through the "
+            "solver's arguments (optimistix's and diffrax's args), using jax.random with it "
+            "inside; or use the solver's non-implicit mode, if it has one (fpsolve's "
+            f"implicit=False, jaxopt's implicit_diff=False). NNX said: {error}"
         ) from error
 
 

@@ -175,6 +175,19 @@ def _owner(target: Any, frames: list[types.FrameType]) -> Any:
     return None
 
 
+def written_variable(error: BaseException) -> str | None:
+    """``the RngCount `model.rngs.default.count` `` for the Variable whose write raised
+    ``error`` (or the error it was raised from), as the program names it; None if unknown."""
+    seen: BaseException | None = error
+    while seen is not None:
+        frames = _frames(seen.__traceback__)
+        target, _ = _culprit(frames)
+        if isinstance(target, Variable):
+            return f"the {type(target).__name__} `{_name(target, frames)}`"
+        seen = seen.__cause__ or seen.__context__
+    return None
+
+
 def explain(error: TraceContextError, tracked: Tracked, where: str) -> BaseException:
     """A clearer error for a ``TraceContextError`` raised by code run inside ``where``."""
     if isinstance(error, (UntrackedModuleError, LevelError)):

@@ -38,10 +38,11 @@ class NnxFramework(adapter_kit.Framework):
         metadata = getattr(value, "_var_metadata", None) or {}
         return not (metadata.get("ref") or metadata.get("hijax"))
 
-    def fix_for(self, names: list[str], *, active: bool = False) -> str:
-        """``track`` naming the captured modules; under ``track``, naming them too."""
-        if active:
-            roots = ", ".join(dict.fromkeys(["model", *names]))
+    def fix_for(self, names: list[str], *, covered: list[str] | None = None) -> str:
+        """``track`` naming the captured modules; under ``track``, the tracked ones too
+        (as the program names them, where its frames tell)."""
+        if covered is not None:
+            roots = ", ".join(dict.fromkeys([*(covered or ["<the modules tracked now>"]), *names]))
             return f"track it too, `with jaxoverride_nnx.track({roots}):` around the call"
         return f"`with jaxoverride_nnx.track({', '.join(names)}):` around the call"
 

@@ -42,7 +42,9 @@ from jax.core import Tracer
 from jaxoverride import _frameworks, _stack
 from jaxoverride._compat import jit_name
 from jaxoverride._frameworks import Framework
-from jaxoverride.errors import MissingAdapterError
+from jaxoverride._user_frames import call_made, names_of
+from jaxoverride._words import counted
+from jaxoverride.errors import MissingAdapterError, _missing_adapter_also
 
 ENV_VAR = "JAXOVERRIDE_ADAPTER_CHECK"
 _OFF = {"0", "false", "off", "no"}
@@ -287,12 +289,15 @@ def _fix(framework: Framework, captured: Captured, active: bool = False) -> str:
     identifier (``"model"`` for one that is not)."""
     roots = dict.fromkeys(name.split("[", 1)[0] for name, _ in captured)
     names = list(dict.fromkeys(n if n.isidentifier() else "model" for n in roots))
-    return framework.fix_for(names, active=active)
+    if not active:
+        return framework.fix_for(names)
+    covered = names_of(lambda value: framework.is_state(value) and _covered(framework, value))
+    return framework.fix_for(names, covered=covered)
 
 
 def _raise(framework: Framework, what: str, name: str) -> None:
     raise MissingAdapterError(
-        f"jaxoverride.{name} met {framework.title}, and no adapter that handles "
+        f"{call_made(f'jaxoverride.{name}')} met {framework.title}, and no adapter that handles "
         f"{framework.key} is active: {what} Fix: {framework.fix}.{_HATCH}"
     )
 
@@ -306,11 +311,20 @@ def _raise_on_new_tracers(
         if leaked:
             _raise(
                 framework,
-                f"the function created parameters or wrote state {when}, so {len(leaked)} of "
-                "them would be tracers (the first use then fails far from here, or the "
-                "result is silently wrong).",
+                f"{leak_text(framework, leaked, 'the function', when)} (the first use "
+                "then fails far from here, or the result is silently wrong).",
                 name,
             )
+
+
+def leak_text(framework: Framework, leaked: list[Any], subject: str, when: str) -> str:
+    """What ``leaked`` (the framework's new tracers) means, for a message: ``subject``
+    (``"the function"``) did what left them ``when`` (``"under a raw JAX trace"``)."""
+    count = framework.counted(leaked)
+    if not count:  # only the framework's own bookkeeping: Haiku's rng key sequence
+        return f"{subject} drew an rng key {when}, so the key sequence would hold a tracer"
+    tracers = counted(count, "of them would be a tracer", "of them would be tracers")
+    return f"{subject} created parameters or wrote state {when}, so {tracers}"
 
 
 def _refusal(
@@ -366,7 +380,7 @@ def _refuse_captured(
         refusal = _refusal(framework, name, owned, snapshot, differentiated)
         if refusal is not None:
             raise MissingAdapterError(
-                f"jaxoverride.{name} met {framework.title}: {refusal}{_HATCH}"
+                f"{call_made(f'jaxoverride.{name}')} met {framework.title}: {refusal}{_HATCH}"
             )
 
 
@@ -378,14 +392,6 @@ def _write_errors() -> list[tuple[Framework, type[BaseException]]]:
         if error is not None:
             found.append((framework, error))
     return found
-
-
-@functools.cache
-def _write_error(framework_error: type[BaseException]) -> type[MissingAdapterError]:
-    """``MissingAdapterError`` that is also the framework's own error (its record's
-    ``write_error()``), so handlers written for the error it replaces still catch it;
-    made only once the framework is imported."""
-    return type("MissingAdapterError", (MissingAdapterError, framework_error), {})
 
 
 def _write_refused(
@@ -405,10 +411,11 @@ def _write_refused(
         found = _owned(framework, found)
         if not found:
             continue
-        return _write_error(framework_error)(
-            f"jaxoverride.{name} ran a function that writes the {framework.key} state it "
-            f"captures ({_describe(found)}), which raw JAX cannot thread, and no adapter "
-            f"of {framework.key} is active. Fix: {_fix(framework, found)}.{_HATCH}"
+        return _missing_adapter_also(framework_error)(
+            f"{call_made(f'jaxoverride.{name}')} ran a function that writes the "
+            f"{framework.key} state it captures ({_describe(found)}), which raw JAX cannot "
+            f"thread, and no adapter of {framework.key} is active. "
+            f"Fix: {_fix(framework, found)}.{_HATCH}"
         )
     return None
 

@@ -195,11 +195,11 @@ def check_call(guard: _raw.RawGuard, args: tuple[Any, ...], kwargs: dict[str, An
     for framework in scopes:
         leaked = new_tracers(before[framework.key], framework.leaked_state())
         if leaked:
+            subject = f"it ran {framework.title.split(' (', 1)[0]} code that"
             raise _refusal(
                 guard,
-                f"it ran {framework.title.split(' (', 1)[0]} code that created parameters "
-                f"or wrote state under its raw trace: {len(leaked)} of them would be tracers "
-                "that fail far from here, or give a silently wrong result.",
+                f"{_detect.leak_text(framework, leaked, subject, 'under its raw trace')}: the "
+                "first use then fails far from here, or the result is silently wrong.",
             )
     return out
 

@@ -47,8 +47,11 @@ class Framework:
         into (read before and after a call). Default ``[]``.
       is_state: for frameworks whose state is captured in closures, whether a value is such
         state. Default False.
-      fix_for: the fix naming the captured state (``names``), where an adapter of the
-        framework is active but does not cover it (``active``). Default ``fix``.
+      counted: how many of the leaked tracers messages count (bookkeeping such as an rng
+        key sequence left out). Default: all.
+      fix_for: the fix naming the captured state (``names``); where an adapter of the
+        framework is active but does not cover it, ``covered`` names what it covers.
+        Default ``fix``.
       write_error: the exception class the framework raises when captured state is
         written under a raw JAX trace, re-raised with the fix. Default None.
 
@@ -73,13 +76,20 @@ class Framework:
         """The leaves of framework state a write under a raw JAX trace would leak into."""
         return []
 
+    def counted(self, leaked: list[Any]) -> int:
+        """How many of ``leaked`` (new tracers among ``leaked_state()``) are parameters or
+        state values, as messages count them: the framework's own bookkeeping (an rng key
+        sequence) left out. Default: all of them."""
+        return len(leaked)
+
     def is_state(self, value: Any) -> bool:
         """Whether ``value`` is framework state that raw JAX would not thread."""
         return False
 
-    def fix_for(self, names: list[str], *, active: bool = False) -> str:
-        """The fix for captured state named ``names``; ``active``: an adapter of the
-        framework is active but does not cover it."""
+    def fix_for(self, names: list[str], *, covered: list[str] | None = None) -> str:
+        """The fix for captured state named ``names``; ``covered``: where an adapter of
+        the framework is active but does not cover it, the names the program gives the
+        state it does cover (None while no adapter of the framework is active)."""
         return self.fix
 
     def write_error(self) -> type[BaseException] | None:
@@ -148,6 +158,15 @@ def _read_entry_points() -> dict[str, list[str]]:
         if point.value not in values:
             values.append(point.value)
     return pending
+
+
+def declared() -> list[tuple[str, str]]:
+    """``(watched module, "pkg.mod:record")`` for every record the installed distributions
+    declare, loaded or not (nothing is imported)."""
+    with _lock:
+        pending = _read_entry_points() if _pending is None else _pending
+        loaded = [(record.module, type(record).__module__) for record in registered.values()]
+    return [(module, value) for module, values in pending.items() for value in values] + loaded
 
 
 def _load(module: str, value: str) -> None:

@@ -35,7 +35,7 @@ import jax
 
 from jaxoverride import _interpose, lax as neutral_lax
 from jaxoverride._interpose import ORIGINALS, Interposition, bind_module, neutral_jax
-from jaxoverride._raw import unreachable_transforms as unreachable_transforms
+from jaxoverride._raw import builders, fix_for, unreachable_transforms as unreachable_transforms
 from jaxoverride.errors import ImportOrderError
 
 # The ``__import__`` that ours chains to: whatever was current when ours was installed (a
@@ -359,9 +359,8 @@ def interpose_on_import(*packages: str) -> ImportInterposition:
                 "built transforms with raw JAX while importing: "
                 f"{_by_package(unreachable, names)}. "
                 "Rebinding their globals cannot reach those, so they would keep calling raw "
-                f"JAX. Call interpose_on_import({', '.join(map(repr, names))}) before the first "
-                "import of these packages (for example at the top of your program). Nothing "
-                "was changed."
+                f"JAX. Fix: call {fix_for([*names, *builders(unreachable)])} (for example at "
+                "the top of your program). Nothing was changed."
             )
         handle = ImportInterposition(names)
         try:

@@ -15,6 +15,7 @@ import jax.lax
 
 from jaxoverride import _api, _lax, _raw, lax as neutral_lax
 from jaxoverride._names import JAX_IMPLS
+from jaxoverride._words import counted
 from jaxoverride.errors import ImportOrderWarning
 
 
@@ -145,8 +146,8 @@ def warn_unreachable(found: list[str], where: str, stacklevel: int) -> None:
     shown = ", ".join(found[:3]) + (", ..." if len(found) > 3 else "")
     warnings.warn(
         ImportOrderWarning(
-            f"{where}: {', '.join(map(repr, packages))} holds {len(found)} transform(s) built "
-            f"with raw JAX while it was imported ({shown}); rebinding cannot reach them, so "
+            f"{where}: {', '.join(map(repr, packages))} holds {counted(len(found), 'transform')} "
+            f"built with raw JAX while it was imported ({shown}); rebinding cannot reach them, so "
             "they keep calling raw JAX and adapters do not apply inside them. Fix: call "
             f"{_raw.fix_for([*packages, *_raw.builders(found)])}."
         ),

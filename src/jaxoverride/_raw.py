@@ -21,6 +21,12 @@ from jaxoverride._compat import JIT_WRAPPER_TYPE
 # The libraries the self-check and the debug trace look at when asked for no package.
 SOLVER_LIBRARIES = ("equinox", "optimistix", "lineax", "diffrax", "jaxopt", "optax")
 
+# The one list of solver packages that every message tells a program to interpose together:
+# they import one another and ``eqx.filter_jit`` builds their import-time transforms, so
+# interposing one of them without the others leaves transforms raw. ``fix_for`` names
+# those of them that are imported whenever it names one.
+INTERPOSED_TOGETHER = ("equinox", "lineax", "optimistix", "diffrax")
+
 
 class RawGuard:
     """A raw import-time transform of a solver library, rebound where the library holds it
@@ -193,6 +199,10 @@ def held_by_other_imported() -> dict[str, list[str]]:
 
 def fix_for(packages: Iterable[str]) -> str:
     """The call that makes ``packages`` (and the packages that build their transforms)
-    neutral from their first import."""
-    names = ", ".join(repr(p) for p in sorted(set(packages)))
+    neutral from their first import: with one of ``INTERPOSED_TOGETHER`` it names every
+    one of them that is imported, so that each message gives the same list."""
+    chosen = set(packages)
+    if chosen & set(INTERPOSED_TOGETHER):
+        chosen |= {p for p in INTERPOSED_TOGETHER if p in sys.modules}
+    names = ", ".join(repr(p) for p in sorted(chosen))
     return f"jaxoverride.interpose_on_import({names}) before their first import"

@@ -7,8 +7,17 @@ import importlib.util
 import sys
 from collections.abc import Sequence
 
-from jaxoverride import _detect, _import_hook, _interpose, _introspect, _raw
+from jaxoverride import (
+    _detect,
+    _frameworks,
+    _import_hook,
+    _interpose,
+    _introspect,
+    _raw,
+    _requirements,
+)
 from jaxoverride._own_frames import ADAPTERS
+from jaxoverride._words import counted
 
 # (distribution, import name) of what the report shows the versions of.
 DISTRIBUTIONS = (
@@ -54,22 +63,73 @@ def _versions() -> list[str]:
     return lines
 
 
+def _framework_missing(adapter: str) -> str | None:
+    """The framework package ``adapter`` handles, where it cannot be imported here: read
+    from the framework records the installed distributions declare (nothing is loaded)."""
+    for module, value in _frameworks.declared():
+        package = module.partition(".")[0]
+        if value.partition(".")[0].partition(":")[0] == adapter and not _findable(package):
+            return package
+    return None
+
+
 def _adapters() -> list[str]:
     stack = _introspect.current_stack()
+    extras = {r.extra for r in _requirements.requirements() or []}
     lines = []
     for adapter in ADAPTERS:
+        missing = None if adapter in sys.modules else _framework_missing(adapter)
         if adapter in sys.modules:
             state = "imported"
-        elif _findable(adapter):
-            state = "available, not imported"
-        else:
+        elif not _findable(adapter):
             state = "not found"
+        elif missing is not None:
+            extra = adapter.removeprefix("jaxoverride_")
+            hint = f": pip install 'jaxoverride[{extra}]'" if extra in extras else ""
+            state = f"not available, {missing} is not installed{hint}"
+        else:
+            state = "available, not imported"
         layers = [layer for layer in stack.layers if layer.label == adapter]
         if layers:
             state += "; " + ", ".join(layer.source for layer in layers)
         lines.append(f"  {adapter}: {state}")
     others = [layer for layer in stack.layers if layer.label not in ADAPTERS]
     lines += [f"  {layer.label}: {layer.source}" for layer in others]
+    return lines
+
+
+def _supported() -> list[str]:
+    """Each installed distribution that jaxoverride or an adapter's extra requires, and
+    whether it is inside the range its metadata states."""
+    found = _requirements.requirements()
+    if found is None:
+        return ["  unknown: jaxoverride's distribution metadata is not installed"]
+    extras = {adapter.removeprefix("jaxoverride_") for adapter in ADAPTERS}
+    ranges: dict[str, tuple[str, list[str]]] = {}  # distribution -> (range, extras)
+    for requirement in found:
+        if requirement.extra is not None and requirement.extra not in extras:
+            continue
+        if requirement.specifiers:
+            _, wanted_by = ranges.setdefault(requirement.distribution, (requirement.specifiers, []))
+            if requirement.extra is not None:
+                wanted_by.append(repr(requirement.extra))
+    lines = []
+    for distribution, (specifiers, wanted_by) in ranges.items():
+        version = _version(distribution)
+        where = f"supported: {specifiers}"
+        if wanted_by:
+            where += f", for the {' and '.join(wanted_by)} extra" + (
+                "s" if len(wanted_by) > 1 else ""
+            )
+        if version == "not installed":
+            lines.append(f"  {distribution}: not installed ({where})")
+        elif _requirements.satisfies(version, specifiers):
+            lines.append(f"  {distribution} {version}: inside the range ({where})")
+        else:
+            lines.append(
+                f"  {distribution} {version}: OUTSIDE the supported range ({where}); the "
+                "adapters use its private internals, so expect errors"
+            )
     return lines
 
 
@@ -81,7 +141,7 @@ def _interposed() -> list[str]:
     packages = sorted({name.partition(".")[0] for name in modules})
     for package in packages:
         count = sum(name.partition(".")[0] == package for name in modules)
-        lines.append(f"  {package}: {count} module(s) rebound")
+        lines.append(f"  {package}: {counted(count, 'module')} rebound")
     if not packages:
         lines.append("  no module is rebound")
     return lines
@@ -106,7 +166,8 @@ def _raw_transforms(packages: Sequence[str]) -> list[str]:
     guarded = sum(_guarded(name) for names in held.values() for name in names)
     if guarded:
         lines.append(
-            f"  {guarded} of them are checked at each call while an adapter is active: one "
+            f"  {counted(guarded, 'of them is', 'of them are')} checked at each call while an "
+            "adapter is active: one "
             "that runs framework code raises MissingAdapterError."
         )
     return lines
@@ -151,6 +212,7 @@ def self_check(packages: Sequence[str] | None = None) -> str:
     names = _raw.SOLVER_LIBRARIES if packages is None else tuple(packages)
     sections = [
         ("Versions (from package metadata)", _versions()),
+        ("Supported versions (jaxoverride's requirements)", _supported()),
         ("Adapters", _adapters()),
         ("Missing-adapter check", _check()),
         ("Interposed packages", _interposed()),
@@ -160,6 +222,18 @@ def self_check(packages: Sequence[str] | None = None) -> str:
     for title, body in sections:
         lines += ["", title + ":", *body]
     return "\n".join(lines)
+
+
+HELP = """usage: python -m jaxoverride [--import PACKAGE ...]
+
+Prints jaxoverride's self-check: versions and whether they are inside the supported range,
+the adapters (installed, imported, active), the missing-adapter check, the interposed
+packages and the raw import-time transforms of imported solver libraries.
+
+options:
+  -h, --help        show this message and exit
+  --import PACKAGE  import PACKAGE first, as a program would, to see what it holds
+                    (repeatable)"""
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -172,7 +246,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     while arguments:
         argument = arguments.pop(0)
         if argument in ("-h", "--help"):
-            print(main.__doc__)
+            print(HELP)
             return 0
         if argument == "--import" and arguments:
             to_import.append(arguments.pop(0))

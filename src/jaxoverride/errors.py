@@ -14,6 +14,7 @@ Example:
 
 from __future__ import annotations
 
+import functools
 from typing import Any, TypeVar
 
 from jaxoverride import _tree_diff
@@ -96,6 +97,22 @@ class MissingAdapterError(JaxoverrideError, RuntimeError):
 
     The message names the framework and the call that activates its adapter.
     """
+
+
+@functools.cache
+def _missing_adapter_also(other: type[BaseException]) -> type[MissingAdapterError]:
+    """``MissingAdapterError`` that is also ``other`` (Flax's ``TraceContextError``), so
+    handlers written for the error it replaces still catch it. It is made here, once per
+    ``other``, so that it prints as ``jaxoverride.errors.MissingAdapterError``."""
+    return type(
+        "MissingAdapterError",
+        (MissingAdapterError, other),
+        {
+            "__module__": __name__,
+            "__qualname__": "MissingAdapterError",
+            "__doc__": MissingAdapterError.__doc__,
+        },
+    )
 
 
 class MissingAdapterWarning(UserWarning):

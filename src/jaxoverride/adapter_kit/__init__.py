@@ -153,6 +153,7 @@ from jaxoverride.adapter_kit._position import (
     get_opaque_trace_state as get_opaque_trace_state,
     override_position as override_position,
 )
+from jaxoverride.adapter_kit._publish import publish_errors as publish_errors
 from jaxoverride.adapter_kit._raw import (
     SOLVER_LIBRARIES as SOLVER_LIBRARIES,
     interpose_fix as interpose_fix,
@@ -246,6 +247,7 @@ __all__ = [
     "overrides_in",
     "perturbed_leaves",
     "positional_arguments",
+    "publish_errors",
     "raise_as_jax",
     "raw_import_time_transforms",
     "raw_transform_error",
@@ -311,3 +313,4 @@ from jaxoverride.adapter_kit._stateful_transforms import (
 )
 
 __all__ += init_safe_control.__all__
+publish_errors(globals())  # StateStructureError prints as jaxoverride.adapter_kit's

@@ -9,6 +9,7 @@ from jax.core import Tracer
 
 from jaxoverride import _detect, _raw
 from jaxoverride._compat import current_trace, staged_for
+from jaxoverride._words import counted
 from jaxoverride.errors import MissingAdapterError
 
 
@@ -98,10 +99,15 @@ def raw_transform_error(framework: str, where: str, count: int) -> MissingAdapte
       True
     """
     culprits = _culprits()
+    values = counted(
+        count,
+        f"{framework} parameter or state value that is a tracer",
+        f"{framework} parameter or state values that are tracers",
+    )
     return MissingAdapterError(
-        f"{where} ended with {count} {framework} parameter or state value(s) that are "
-        "tracers of a JAX trace that has ended: a transform built with raw JAX (not a "
-        f"neutral one) ran {framework} code, so the adapter could not thread its state. "
+        f"{where} ended with {values} of a JAX trace that has ended: a transform built "
+        f"with raw JAX (not a neutral one) ran {framework} code, so the adapter could not "
+        "thread its state. "
         f"{culprits}{_detect._HATCH}"
     )
 
