@@ -287,6 +287,8 @@ NAMED_ON_PURPOSE = {
     "_import_hook.py": r".*'dm-haiku'.*",
     # the private-name table's reason for hiding frames: what other libraries do
     "_compat.py": r".*as Equinox and Flax do.*",
+    # a frame's line number, for messages that name the program's call: not Linen
+    "_user_frames.py": r"f_lineno",
 }
 
 

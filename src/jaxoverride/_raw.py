@@ -161,11 +161,11 @@ def held_by_imported(packages: Sequence[str] = SOLVER_LIBRARIES) -> dict[str, li
 
 # Packages whose own import-time transforms are never a solver library's: JAX's jitted
 # functions, jaxoverride itself and the program; the registered frameworks' packages too
-# (``_framework_packages``).
+# (``framework_packages``).
 _NOT_LIBRARIES = frozenset({"__main__", "jax", "jaxlib", "jaxoverride"})
 
 
-def _framework_packages() -> set[str]:
+def framework_packages() -> set[str]:
     """The top-level packages of the registered frameworks' watched modules."""
     _frameworks.refresh()  # the records of the imported frameworks, loaded
     return {record.module.partition(".")[0] for record in _frameworks.registered.values()}
@@ -179,7 +179,7 @@ def held_by_other_imported() -> dict[str, list[str]]:
     It reads every imported module once, so only an error path calls it.
     """
     held: dict[str, list[str]] = {}
-    frameworks = _framework_packages()
+    frameworks = framework_packages()
     for name, module in sys.modules.copy().items():
         package = name.partition(".")[0]
         if (

@@ -15,10 +15,11 @@ import types
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from jaxoverride._raw import SOLVER_LIBRARIES
+from jaxoverride._raw import SOLVER_LIBRARIES, framework_packages
 
-# Packages whose frames are never the program's: JAX, the frameworks, jaxoverride.
-_INTERNAL = frozenset({"jax", "jaxlib", "jaxoverride", "flax", "haiku", "importlib"})
+# Packages whose frames are never the program's: JAX and jaxoverride; the registered
+# frameworks' packages too (``framework_packages``).
+_INTERNAL = frozenset({"jax", "jaxlib", "jaxoverride", "importlib"})
 
 
 def _package(frame: types.FrameType) -> str:
@@ -28,7 +29,11 @@ def _package(frame: types.FrameType) -> str:
 
 def _internal(frame: types.FrameType) -> bool:
     package = _package(frame)
-    return package in _INTERNAL or package.startswith("jaxoverride_")
+    return (
+        package in _INTERNAL
+        or package.startswith("jaxoverride_")
+        or package in framework_packages()
+    )
 
 
 def _library(frame: types.FrameType) -> bool:
