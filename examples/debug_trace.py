@@ -51,8 +51,10 @@ def main() -> None:
         with jaxoverride_debug.trace(log=print, progress=True, min_steps=50) as trace:
             actual = solve(w0, data, matrix)
         jax.effects_barrier()  # let the last progress callbacks print
+    # The same up to float rounding: XLA compiles a loop body around the progress bar's
+    # callback anew (jax 0.12 on CPU differs in the last bits; see docs/debug.md).
     for got, want in zip(actual, expected, strict=True):
-        np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-6)
     names = sorted({call.name for call in trace.calls})
     print(f"\n{len(trace.calls)} neutral calls ({', '.join(names)}); results unchanged.")
 
