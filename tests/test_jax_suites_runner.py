@@ -8,7 +8,9 @@ written like JAX's suites.
 from __future__ import annotations
 
 import importlib.util
+import os
 import pathlib
+import subprocess
 import sys
 
 import jax
@@ -65,3 +67,28 @@ def test_the_rebinding_line_follows_the_imports_and_rebinds_the_neutral_names(tm
     assert module.jax.custom_derivatives.closure_convert is jo.closure_convert
     assert module.jax.numpy is jnp and module.jnp is jnp
     assert isinstance(module.at_import, jo.custom_vjp), "module-level rules are neutral too"
+
+
+def test_the_default_suites_include_jaxs_control_flow_suite():
+    assert _runner().SUITES == (
+        "lax_control_flow_test",
+        "custom_api_test",
+        "custom_root_test",
+        "custom_linear_solve_test",
+    )
+
+
+def test_next_sets_each_flag_this_jax_has_through_its_environment_variable():
+    """``--next on`` turns on, in the pytest process, every next flag this JAX declares, and
+    ``--next off`` turns each off whatever the caller's environment says."""
+    runner = _runner()
+    flags = list(runner.next_flags().available())
+    assert flags, f"jax {jax.__version__} has none of JAX's next flags"
+    read = f"import jax; print([jax.config.values[f] for f in {flags!r}])"
+    for on in (True, False):
+        env = {**os.environ, **{flag.upper(): "0" if on else "1" for flag in flags}}
+        env.update(runner.flag_environment(flags, on))
+        shown = subprocess.run(
+            [sys.executable, "-c", read], env=env, capture_output=True, text=True, check=True
+        )
+        assert shown.stdout.strip() == str([on] * len(flags)), shown.stderr

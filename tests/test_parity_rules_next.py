@@ -16,6 +16,7 @@ from collections.abc import Iterator
 import jax
 import pytest
 
+import _next_flags
 import jaxoverride as jo
 from _parity import (
     ALL_MODES,
@@ -27,9 +28,7 @@ from _parity import (
 )
 from test_parity_rules import CASES, _sin_times, _sin_times_bwd, _sin_times_fwd, rule_errors
 
-NEXT_FLAGS = tuple(
-    flag for flag in ("jax_custom_vjp3", "jax_custom_jvp3") if flag in jax.config.values
-)
+NEXT_FLAGS = tuple(flag for flag in _next_flags.available() if flag.startswith("jax_custom_"))
 """The flags of JAX's next custom-rule implementation that this JAX has."""
 
 pytestmark = pytest.mark.skipif(not NEXT_FLAGS, reason="this JAX has no custom_vjp3/custom_jvp3")
@@ -38,15 +37,8 @@ pytestmark = pytest.mark.skipif(not NEXT_FLAGS, reason="this JAX has no custom_v
 @pytest.fixture(autouse=True, scope="module")
 def next_custom_rules() -> Iterator[None]:
     """Turns on every flag of ``NEXT_FLAGS`` for this module; puts back what was there."""
-    before = {flag: jax.config.values[flag] for flag in NEXT_FLAGS}
-    for flag in NEXT_FLAGS:
-        jax.config.update(flag, True)
-    try:
+    with _next_flags.turned_on(NEXT_FLAGS):
         yield
-    finally:
-        for flag, value in before.items():
-            jax.config.update(flag, value)
-        jax.clear_caches()
 
 
 test_parity_next = parity_tests(CASES)
