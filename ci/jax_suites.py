@@ -231,21 +231,40 @@ def _prepare(checkout: Path, suites: list[str], folder: Path) -> list[Path]:
     return copies
 
 
-def _counts(report: Path) -> tuple[dict[str, int], list[str]]:
-    counts = {"passed": 0, "failed": 0, "skipped": 0}
+_OUTCOMES = ("passed", "failed", "skipped")
+
+
+def counts(report: Path) -> tuple[dict[str, dict[str, int]], list[str]]:
+    """Passed, failed and skipped per suite in a junit report, and one line per failure.
+
+    Args:
+      report: the junit XML that pytest wrote (``--junitxml``).
+
+    Returns:
+      ``({suite: {"passed": n, "failed": n, "skipped": n}}, failures)``, the suite read from
+      each test's class name (``lax_control_flow_test.LaxControlFlowTest`` is
+      ``lax_control_flow_test``), a failure line ``class.test: first line of the error``.
+    """
+    per_suite: dict[str, dict[str, int]] = {}
     failures = []
     for case in ElementTree.parse(report).iter("testcase"):
+        suite = (case.get("classname") or "").split(".")[0]
+        tally = per_suite.setdefault(suite, {"passed": 0, "failed": 0, "skipped": 0})
         outcome = next((child for child in case if child.tag in ("failure", "error")), None)
         if outcome is not None:
-            counts["failed"] += 1
+            tally["failed"] += 1
             message = (outcome.get("message") or "").strip().splitlines()
             first = message[0][:200] if message else ""
             failures.append(f"{case.get('classname')}.{case.get('name')}: {first}")
         elif any(child.tag == "skipped" for child in case):
-            counts["skipped"] += 1
+            tally["skipped"] += 1
         else:
-            counts["passed"] += 1
-    return counts, failures
+            tally["passed"] += 1
+    return per_suite, failures
+
+
+def _total(per_suite: dict[str, dict[str, int]]) -> dict[str, int]:
+    return {key: sum(tally[key] for tally in per_suite.values()) for key in _OUTCOMES}
 
 
 def run(
@@ -255,7 +274,8 @@ def run(
     suites: list[str],
     extra: list[str],
     flags: list[str],
-) -> list[tuple[str, dict[str, int], list[str]]]:
+    reports: Path | None = None,
+) -> list[tuple[str, dict[str, dict[str, int]], list[str]]]:
     """Runs the suites once per mode and flag setting; returns (label, counts, failures).
 
     Args:
@@ -265,10 +285,13 @@ def run(
       suites: test modules of ``checkout/tests``, without ``.py``.
       extra: more pytest arguments.
       flags: JAX's next flags that this JAX has (``next_flags().available()``).
+      reports: a folder for each run's junit XML (``report-dag-1.xml``: ``dag +next``),
+        kept after the run with the failures' tracebacks; by default a temporary folder.
 
     Returns:
-      One ``(label, counts, failures)`` per run, ``label`` the mode (``"dag +next"`` with the
-      flags on), ``counts`` passed / failed / skipped, ``failures`` one line per failure.
+      One ``(label, per_suite, failures)`` per run, ``label`` the mode (``"dag +next"`` with
+      the flags on), ``per_suite`` passed / failed / skipped per suite (``counts``),
+      ``failures`` one line per failure.
     """
     results = []
     with tempfile.TemporaryDirectory(prefix="jax_suites_") as name:
@@ -277,7 +300,7 @@ def run(
         for flag in settings:
             for mode in modes:
                 label = f"{mode}{' +next' if flag else ''}"
-                report = folder / f"report-{mode}-{int(flag)}.xml"
+                report = (reports or folder) / f"report-{mode}-{int(flag)}.xml"
                 env = dict(os.environ)
                 paths = [str(HERE), str(ROOT / "src"), str(ROOT / "adapters")]
                 env["PYTHONPATH"] = os.pathsep.join([*paths, env.get("PYTHONPATH", "")])
@@ -289,9 +312,10 @@ def run(
                 subprocess.run(command, env=env, cwd=folder, stdout=subprocess.DEVNULL)
                 if not report.exists():
                     raise SystemExit(f"pytest wrote no report for {label}: run it by hand")
-                counts, failures = _counts(report)
-                print(f"{label:12} {counts}", flush=True)
-                results.append((label, counts, failures))
+                per_suite, failures = counts(report)
+                for suite, tally in sorted(per_suite.items()):
+                    print(f"{label:12} {suite:26} {tally}", flush=True)
+                results.append((label, per_suite, failures))
     return results
 
 
@@ -313,6 +337,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--suites", default=",".join(SUITES), help="comma-separated suites")
     parser.add_argument("--show-failures", action="store_true")
+    parser.add_argument(
+        "--reports", type=Path, help="a folder to keep each run's junit XML in (tracebacks)"
+    )
     options = parser.parse_args(argv)
     modes = options.modes.split(",")
     if unknown := sorted(set(modes) - set(MODES)):
@@ -321,15 +348,21 @@ def main(argv: list[str] | None = None) -> int:
     flags = next_flags()
     print(flags.record(), flush=True)
     suites = options.suites.split(",")
-    results = run(options.checkout, modes, settings, suites, extra, list(flags.available()))
-    print(f"\n{'mode':12} {'passed':>7} {'failed':>7} {'skipped':>7}")
-    for label, counts, _ in results:
-        print(f"{label:12} {counts['passed']:7} {counts['failed']:7} {counts['skipped']:7}")
+    if options.reports:
+        options.reports.mkdir(parents=True, exist_ok=True)
+    results = run(
+        options.checkout, modes, settings, suites, extra, list(flags.available()), options.reports
+    )
+    print(f"\n{'mode':12} {'suite':26} {'passed':>7} {'failed':>7} {'skipped':>7}")
+    for label, per_suite, _ in results:
+        for suite, tally in [*sorted(per_suite.items()), ("all", _total(per_suite))]:
+            row = " ".join(f"{tally[key]:7}" for key in _OUTCOMES)
+            print(f"{label:12} {suite:26} {row}")
     if options.show_failures:
         for label, _, failures in results:
             for failure in failures:
                 print(f"[{label}] {failure}")
-    return int(any(counts["failed"] for _, counts, _ in results))
+    return int(any(_total(per_suite)["failed"] for _, per_suite, _ in results))
 
 
 if __name__ == "__main__":

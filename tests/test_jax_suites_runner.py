@@ -92,3 +92,27 @@ def test_next_sets_each_flag_this_jax_has_through_its_environment_variable():
             [sys.executable, "-c", read], env=env, capture_output=True, text=True, check=True
         )
         assert shown.stdout.strip() == str([on] * len(flags)), shown.stderr
+
+
+def test_counts_are_per_suite_with_one_line_per_failure(tmp_path):
+    report = tmp_path / "report.xml"
+    report.write_text(
+        '<testsuites><testsuite name="pytest">'
+        '<testcase classname="lax_control_flow_test.LaxControlFlowTest" name="testA"/>'
+        '<testcase classname="lax_control_flow_test.LaxControlFlowTest" name="testB">'
+        '<failure message="SharingError: two positions&#10;more">trace</failure></testcase>'
+        '<testcase classname="custom_api_test.CustomJVPTest" name="test_c">'
+        '<skipped message="tpu only"/></testcase>'
+        '<testcase classname="custom_api_test.CustomVJPTest" name="test_d">'
+        '<error message="">trace</error></testcase>'
+        "</testsuite></testsuites>"
+    )
+    per_suite, failures = _runner().counts(report)
+    assert per_suite == {
+        "lax_control_flow_test": {"passed": 1, "failed": 1, "skipped": 0},
+        "custom_api_test": {"passed": 0, "failed": 1, "skipped": 1},
+    }
+    assert failures == [
+        "lax_control_flow_test.LaxControlFlowTest.testB: SharingError: two positions",
+        "custom_api_test.CustomVJPTest.test_d: ",
+    ]
