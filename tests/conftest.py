@@ -40,7 +40,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 def pytest_configure(config: pytest.Config) -> None:
     try:
-        flags = _next_flags.selected(config.getoption("--jax-next"))
+        flags = _next_flags.selected(str(config.getoption("--jax-next")))
     except ValueError as error:
         raise pytest.UsageError(str(error)) from None
     _NEXT_FLAGS_ON.enter_context(_next_flags.turned_on(flags))

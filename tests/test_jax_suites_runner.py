@@ -1,7 +1,7 @@
 """``ci/jax_suites.py`` rebinds a JAX test module's names to the neutral API, and only those.
 
 The runner itself needs a JAX checkout and runs for many minutes (see ``docs/design.md``,
-"Running JAX's own custom-derivative suites"); this checks its rebinding on a small module
+"Running JAX's own suites"); this checks its rebinding on a small module
 written like JAX's suites.
 """
 
