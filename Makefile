@@ -11,7 +11,7 @@ PYTEST_ARGS ?=
 
 OLDEST := .venv-oldest
 
-.PHONY: demo test test-slow test-oldest lint bench docs serve screenshots clean
+.PHONY: demo test test-slow test-next test-oldest lint bench docs serve screenshots clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -39,6 +39,12 @@ test: $(VENV)/.installed-test
 
 test-slow: $(VENV)/.installed-test
 	$(PY) -m pytest -n 2 -m slow $(PYTEST_ARGS)
+
+# The parity suites again under JAX's next custom rules and remat: every one of the flags
+# jax_custom_vjp3, jax_custom_jvp3 and jax_remat3 that this JAX has, on (the session's
+# header names them; docs/design.md, "JAX's next flags").
+test-next: $(VENV)/.installed-test
+	$(PY) -m pytest -n 2 --jax-next=all $(PYTEST_ARGS) tests/test_parity_*.py
 
 # The constraints pin jax, Flax, Haiku and the test libraries at the lower bounds of
 # pyproject.toml; everything else resolves as usual.
