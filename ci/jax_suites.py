@@ -3,7 +3,7 @@
 Usage::
 
     python ci/jax_suites.py PATH_TO_JAX_CHECKOUT [--modes idle,plain,...] [--next both]
-        [--suites custom_api_test,...] [--show-failures] [-- extra pytest arguments]
+        [--suites custom_api_test,...] [--reports DIR] [--show-failures] [-- pytest arguments]
 
 ``PATH_TO_JAX_CHECKOUT`` is a checkout of JAX at the release that is installed (for JAX
 0.10.2: ``git clone -b jax-v0.10.2 https://github.com/jax-ml/jax``), or the newest tag the
@@ -28,8 +28,9 @@ mode, each adapter active with nothing to do:
 (``JAX_CUSTOM_VJP3=1``, ``JAX_CUSTOM_JVP3=1``, ``JAX_REMAT3=1``: JAX's next ``custom_vjp``,
 ``custom_jvp`` and ``checkpoint``; ``tests/_next_flags.py``), ``--next both`` runs every mode
 both ways; the first line printed names the JAX and its flags. The table printed at the end
-counts passed, failed and skipped tests per mode; ``--show-failures`` lists the failing test
-ids with their first error line. Nothing from JAX's repository is kept.
+counts passed, failed and skipped tests per mode and suite; ``--reports DIR`` keeps each
+run's junit XML (with the tracebacks); ``--show-failures`` lists the failing test ids with
+their first error line. Nothing from JAX's repository is kept.
 """
 
 from __future__ import annotations
@@ -249,7 +250,7 @@ def counts(report: Path) -> tuple[dict[str, dict[str, int]], list[str]]:
     failures = []
     for case in ElementTree.parse(report).iter("testcase"):
         suite = (case.get("classname") or "").split(".")[0]
-        tally = per_suite.setdefault(suite, {"passed": 0, "failed": 0, "skipped": 0})
+        tally = per_suite.setdefault(suite, dict.fromkeys(_OUTCOMES, 0))
         outcome = next((child for child in case if child.tag in ("failure", "error")), None)
         if outcome is not None:
             tally["failed"] += 1
