@@ -41,8 +41,8 @@ endef
 pytest = $(1) -m pytest $(2) $(PYTEST_ARGS) || { status=$$?; [ $$status -eq 5 ] && \
 	echo "(pytest: no test selected here)"; [ $$status -eq 5 ]; }
 
-.PHONY: demo test test-slow test-oldest test-newest test-py313 lint bench docs serve \
-	screenshots clean
+.PHONY: demo test test-slow test-next test-oldest test-newest test-py313 \
+	lint bench docs serve screenshots clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -70,6 +70,14 @@ test: $(VENV)/.installed-test
 
 test-slow: $(VENV)/.installed-test
 	$(call pytest,$(PY),-n 2 -m slow)
+
+# The parity suites again under JAX's next custom rules and remat: every one of the flags
+# jax_custom_vjp3, jax_custom_jvp3 and jax_remat3 that this JAX has, on (the session's
+# header names them; docs/design.md, "JAX's next flags"), on the default set and on the
+# newest, whose JAX has all three.
+test-next: $(VENV)/.installed-test $(NEWEST)/.installed-test
+	$(call pytest,$(PY),-n 2 --jax-next=all tests/test_parity_*.py)
+	$(call pytest,$(NEWEST)/bin/python,-n 2 --jax-next=all tests/test_parity_*.py)
 
 # The constraints pin jax, Flax, Haiku and the test libraries at the lower bounds of
 # pyproject.toml; everything else resolves as usual.

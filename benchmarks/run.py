@@ -4,6 +4,9 @@ Writes ``benchmarks/results/results.json`` (every row), ``docs/benchmark-report.
 summary, and per suite a chart and two tables: ratios, targets and whether each is met;
 then the times and notes) and ``docs/assets/benchmark-report-<suite>.png`` (each row as a
 bar, with its target).
+The header says when and where the rows were measured, and a line ``Ran on Python ... with
+jax ..., jaxlib ..., flax ..., dm-haiku ...`` names the interpreter and the versions of JAX
+and the frameworks installed (``ran_on``).
 ``python -m benchmarks.run --report-only`` redraws the report and the charts from the
 saved rows, keeping the header (date, versions, machine) of the run that measured them.
 
@@ -31,6 +34,7 @@ import sys
 import tempfile
 import time
 from datetime import datetime, timezone
+from importlib import metadata
 from pathlib import Path
 
 from benchmarks._report import bar_charts, markdown
@@ -50,7 +54,11 @@ HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
 DOCS = HERE.parent / "docs"
 CHARTS = "assets"  # relative to the report page
-_MEASURED = re.compile(r"\A# Benchmark report[^\n]*\n\n(.*?)\n\n", re.DOTALL)
+_MEASURED = re.compile(
+    r"\A# Benchmark report[^\n]*\n\n(.*?)\n\n(?:(Ran on Python [^\n]*)\n\n)?", re.DOTALL
+)
+RAN_ON_DISTRIBUTIONS = ("jax", "jaxlib", "flax", "dm-haiku")
+"""The distributions the report's "Ran on" line names, those installed."""
 _MACHINE = re.compile(r"; Python [\w.+]+; (.*?)\. Written by")
 
 
@@ -77,6 +85,27 @@ def _machine() -> str:
     backend = jax.default_backend()
     kind = "" if backend == "cpu" else f" ({jax.devices()[0].device_kind})"
     return f"{platform.machine()}, {os.cpu_count()} cores; {backend.upper()} backend{kind}"
+
+
+def ran_on() -> str:
+    """The report's line naming the Python and the JAX, Flax and Haiku it ran on.
+
+    Returns:
+      ``Ran on Python 3.12.1 with jax 0.12.0.1, jaxlib 0.12.0.1, flax 0.12.12, dm-haiku
+      0.0.17.``: each of ``RAN_ON_DISTRIBUTIONS`` that is installed, at its version.
+
+    Example::
+
+        >>> ran_on().startswith(f"Ran on Python {platform.python_version()} with jax ")
+        True
+    """
+    versions = []
+    for name in RAN_ON_DISTRIBUTIONS:
+        try:
+            versions.append(f"{name} {metadata.version(name)}")
+        except metadata.PackageNotFoundError:
+            continue
+    return f"Ran on Python {platform.python_version()} with {', '.join(versions)}."
 
 
 def _suite_module(name: str) -> str:
@@ -204,7 +233,8 @@ def main(argv: list[str] | None = None) -> None:
     measured = _MEASURED.match(report.read_text()) if report.exists() else None
     if options.report_only and measured and (found := _MACHINE.search(measured[1])):
         # The rows were measured then and there, not now and here.
-        header = f"{title}\n\n{measured[1]}"
+        # The "Ran on" line of the run that measured them, if its report had one.
+        header = "\n\n".join(part for part in (title, measured[1], measured[2]) if part)
         machine = found[1]
     else:
         stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
@@ -213,7 +243,7 @@ def main(argv: list[str] | None = None) -> None:
             f"Python {platform.python_version()}; {machine}. Written by `make bench` "
             "(`benchmarks/run.py`); what each suite measures is in [Benchmarks](benchmarks.md). "
             "Ratios are medians of per-round ratios over interleaved rounds "
-            "(lower is faster for ours)."
+            f"(lower is faster for ours).\n\n{ran_on()}"
         )
     report.write_text(markdown(rows, header, CHARTS, prefix))
     for stale in (DOCS / CHARTS).glob(f"{prefix}-*.png"):

@@ -2,12 +2,13 @@
 
 Usage::
 
-    python ci/jax_suites.py PATH_TO_JAX_CHECKOUT [--modes idle,plain,...] [--vjp3 both]
-        [--suites custom_api_test,...] [--show-failures] [-- extra pytest arguments]
+    python ci/jax_suites.py PATH_TO_JAX_CHECKOUT [--modes idle,plain,...] [--next both]
+        [--suites custom_api_test,...] [--reports DIR] [--show-failures] [-- pytest arguments]
 
 ``PATH_TO_JAX_CHECKOUT`` is a checkout of JAX at the release that is installed (for JAX
-0.10.2: ``git clone -b jax-v0.10.2 https://github.com/jax-ml/jax``); only its ``tests/``
-folder is read. Each suite (``tests/custom_api_test.py``, ``custom_root_test.py`` and
+0.10.2: ``git clone -b jax-v0.10.2 https://github.com/jax-ml/jax``), or the newest tag the
+source has where the release has none yet; only its ``tests/`` folder is read. Each suite
+(``tests/lax_control_flow_test.py``, ``custom_api_test.py``, ``custom_root_test.py`` and
 ``custom_linear_solve_test.py`` by default) is copied into a temporary folder, with one
 line added after its imports that rebinds the module's ``jax``, ``lax``, ``grad``, ``jit``,
 ``checkpoint``, JAX's private ``api`` and ``custom_derivatives`` modules to the neutral API
@@ -23,16 +24,20 @@ mode, each adapter active with nothing to do:
 - ``dag``: ``jaxoverride_dag.context()``;
 - ``debug``: ``jaxoverride_debug.trace()``.
 
-``--vjp3 on`` runs with ``JAX_CUSTOM_VJP3=1`` (JAX's next ``custom_vjp``), ``--vjp3 both``
-runs every mode both ways. The table printed at the end counts passed, failed and skipped
-tests per mode; ``--show-failures`` lists the failing test ids with their first error line.
-Nothing from JAX's repository is kept.
+``--next on`` runs with each of JAX's next flags that this JAX has turned on
+(``JAX_CUSTOM_VJP3=1``, ``JAX_CUSTOM_JVP3=1``, ``JAX_REMAT3=1``: JAX's next ``custom_vjp``,
+``custom_jvp`` and ``checkpoint``; ``tests/_next_flags.py``), ``--next both`` runs every mode
+both ways; the first line printed names the JAX and its flags. The table printed at the end
+counts passed, failed and skipped tests per mode and suite; ``--reports DIR`` keeps each
+run's junit XML (with the tracebacks); ``--show-failures`` lists the failing test ids with
+their first error line. Nothing from JAX's repository is kept.
 """
 
 from __future__ import annotations
 
 import argparse
 import ast
+import importlib.util
 import os
 import subprocess
 import sys
@@ -45,7 +50,12 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-SUITES = ("custom_api_test", "custom_root_test", "custom_linear_solve_test")
+SUITES = (
+    "lax_control_flow_test",
+    "custom_api_test",
+    "custom_root_test",
+    "custom_linear_solve_test",
+)
 MODES = ("idle", "plain", "haiku", "nnx", "linen", "dag", "debug")
 _MODE_VARIABLE = "JAXOVERRIDE_SUITE_MODE"
 _REBIND_LINE = "import jax_suites as _jaxoverride_suites; _jaxoverride_suites.rebind(globals())\n"
@@ -181,6 +191,21 @@ if os.environ.get(_MODE_VARIABLE):  # imported by the generated conftest
 # The runner
 
 
+def next_flags() -> types.ModuleType:
+    """``tests/_next_flags.py``: JAX's next flags, which this JAX has, and their record."""
+    spec = importlib.util.spec_from_file_location("_next_flags", ROOT / "tests" / "_next_flags.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def flag_environment(flags: list[str], on: bool) -> dict[str, str]:
+    """The environment variables that set each of ``flags`` (``jax_remat3``: ``JAX_REMAT3``)
+    on or off in the pytest process, whatever the caller's environment says."""
+    return {flag.upper(): "1" if on else "0" for flag in flags}
+
+
 def _with_rebinding(source: str) -> str:
     """The suite's source with ``_REBIND_LINE`` after its last top-level import."""
     tree = ast.parse(source)
@@ -207,49 +232,91 @@ def _prepare(checkout: Path, suites: list[str], folder: Path) -> list[Path]:
     return copies
 
 
-def _counts(report: Path) -> tuple[dict[str, int], list[str]]:
-    counts = {"passed": 0, "failed": 0, "skipped": 0}
+_OUTCOMES = ("passed", "failed", "skipped")
+
+
+def counts(report: Path) -> tuple[dict[str, dict[str, int]], list[str]]:
+    """Passed, failed and skipped per suite in a junit report, and one line per failure.
+
+    Args:
+      report: the junit XML that pytest wrote (``--junitxml``).
+
+    Returns:
+      ``({suite: {"passed": n, "failed": n, "skipped": n}}, failures)``, the suite read from
+      each test's class name (``lax_control_flow_test.LaxControlFlowTest`` is
+      ``lax_control_flow_test``), a failure line ``class.test: first line of the error``.
+    """
+    per_suite: dict[str, dict[str, int]] = {}
     failures = []
     for case in ElementTree.parse(report).iter("testcase"):
+        suite = (case.get("classname") or "").split(".")[0]
+        tally = per_suite.setdefault(suite, dict.fromkeys(_OUTCOMES, 0))
         outcome = next((child for child in case if child.tag in ("failure", "error")), None)
         if outcome is not None:
-            counts["failed"] += 1
+            tally["failed"] += 1
             message = (outcome.get("message") or "").strip().splitlines()
             first = message[0][:200] if message else ""
             failures.append(f"{case.get('classname')}.{case.get('name')}: {first}")
         elif any(child.tag == "skipped" for child in case):
-            counts["skipped"] += 1
+            tally["skipped"] += 1
         else:
-            counts["passed"] += 1
-    return counts, failures
+            tally["passed"] += 1
+    return per_suite, failures
+
+
+def _total(per_suite: dict[str, dict[str, int]]) -> dict[str, int]:
+    return {key: sum(tally[key] for tally in per_suite.values()) for key in _OUTCOMES}
 
 
 def run(
-    checkout: Path, modes: list[str], vjp3: list[bool], suites: list[str], extra: list[str]
-) -> list[tuple[str, dict[str, int], list[str]]]:
-    """Runs the suites once per mode and flag setting; returns (label, counts, failures)."""
+    checkout: Path,
+    modes: list[str],
+    settings: list[bool],
+    suites: list[str],
+    extra: list[str],
+    flags: list[str],
+    reports: Path | None = None,
+) -> list[tuple[str, dict[str, dict[str, int]], list[str]]]:
+    """Runs the suites once per mode and flag setting; returns (label, counts, failures).
+
+    Args:
+      checkout: a JAX checkout (its ``tests/`` folder is read).
+      modes: names from ``MODES``.
+      settings: for each, whether ``flags`` are on (``[False, True]``: every mode both ways).
+      suites: test modules of ``checkout/tests``, without ``.py``.
+      extra: more pytest arguments.
+      flags: JAX's next flags that this JAX has (``next_flags().available()``).
+      reports: a folder for each run's junit XML (``report-dag-1.xml``: ``dag +next``),
+        kept after the run with the failures' tracebacks; by default a temporary folder.
+
+    Returns:
+      One ``(label, per_suite, failures)`` per run, ``label`` the mode (``"dag +next"`` with
+      the flags on), ``per_suite`` passed / failed / skipped per suite (``counts``),
+      ``failures`` one line per failure.
+    """
     results = []
     with tempfile.TemporaryDirectory(prefix="jax_suites_") as name:
         folder = Path(name)
         copies = _prepare(checkout, suites, folder)
-        for flag in vjp3:
+        for flag in settings:
             for mode in modes:
-                label = f"{mode}{' +vjp3' if flag else ''}"
-                report = folder / f"report-{mode}-{int(flag)}.xml"
+                label = f"{mode}{' +next' if flag else ''}"
+                report = (reports or folder) / f"report-{mode}-{int(flag)}.xml"
                 env = dict(os.environ)
                 paths = [str(HERE), str(ROOT / "src"), str(ROOT / "adapters")]
                 env["PYTHONPATH"] = os.pathsep.join([*paths, env.get("PYTHONPATH", "")])
                 env[_MODE_VARIABLE] = mode
-                env["JAX_CUSTOM_VJP3"] = "1" if flag else "0"
+                env.update(flag_environment(flags, flag))
                 command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"]
                 command += [f"--junitxml={report}", "--rootdir", str(folder), *extra]
                 command += [str(copy) for copy in copies]
                 subprocess.run(command, env=env, cwd=folder, stdout=subprocess.DEVNULL)
                 if not report.exists():
                     raise SystemExit(f"pytest wrote no report for {label}: run it by hand")
-                counts, failures = _counts(report)
-                print(f"{label:12} {counts}", flush=True)
-                results.append((label, counts, failures))
+                per_suite, failures = counts(report)
+                for suite, tally in sorted(per_suite.items()):
+                    print(f"{label:12} {suite:26} {tally}", flush=True)
+                results.append((label, per_suite, failures))
     return results
 
 
@@ -262,23 +329,41 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("checkout", type=Path, help="a JAX checkout at the installed release")
     parser.add_argument("--modes", default=",".join(MODES), help="comma-separated modes")
-    parser.add_argument("--vjp3", choices=("off", "on", "both"), default="off")
+    parser.add_argument(
+        "--next",
+        choices=("off", "on", "both"),
+        default="off",
+        help="JAX's next flags (jax_custom_vjp3, jax_custom_jvp3, jax_remat3, those this JAX "
+        "has): off, on, or every mode both ways",
+    )
     parser.add_argument("--suites", default=",".join(SUITES), help="comma-separated suites")
     parser.add_argument("--show-failures", action="store_true")
+    parser.add_argument(
+        "--reports", type=Path, help="a folder to keep each run's junit XML in (tracebacks)"
+    )
     options = parser.parse_args(argv)
     modes = options.modes.split(",")
     if unknown := sorted(set(modes) - set(MODES)):
         parser.error(f"unknown modes {unknown}; the modes are {', '.join(MODES)}")
-    vjp3 = {"off": [False], "on": [True], "both": [False, True]}[options.vjp3]
-    results = run(options.checkout, modes, vjp3, options.suites.split(","), extra)
-    print(f"\n{'mode':12} {'passed':>7} {'failed':>7} {'skipped':>7}")
-    for label, counts, _ in results:
-        print(f"{label:12} {counts['passed']:7} {counts['failed']:7} {counts['skipped']:7}")
+    settings = {"off": [False], "on": [True], "both": [False, True]}[options.next]
+    flags = next_flags()
+    print(flags.record(), flush=True)
+    suites = options.suites.split(",")
+    if options.reports:
+        options.reports.mkdir(parents=True, exist_ok=True)
+    results = run(
+        options.checkout, modes, settings, suites, extra, list(flags.available()), options.reports
+    )
+    print(f"\n{'mode':12} {'suite':26} {'passed':>7} {'failed':>7} {'skipped':>7}")
+    for label, per_suite, _ in results:
+        for suite, tally in [*sorted(per_suite.items()), ("all", _total(per_suite))]:
+            row = " ".join(f"{tally[key]:7}" for key in _OUTCOMES)
+            print(f"{label:12} {suite:26} {row}")
     if options.show_failures:
         for label, _, failures in results:
             for failure in failures:
                 print(f"[{label}] {failure}")
-    return int(any(counts["failed"] for _, counts, _ in results))
+    return int(any(_total(per_suite)["failed"] for _, per_suite, _ in results))
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
-"""Shared test setup: 8 CPU devices, and a check that no test leaves overrides behind."""
+"""Shared test setup: 8 CPU devices, a check that no test leaves overrides behind, and
+``--jax-next`` (JAX's next flags, ``tests/_next_flags.py``)."""
 
 from __future__ import annotations
 
@@ -9,15 +10,49 @@ from collections.abc import Iterator
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 
 
+import contextlib
+
 import jax
 import numpy as np
 import pytest
 from jax.sharding import Mesh
 
+import _next_flags
 import jaxoverride as jo
 from jaxoverride import _stack
 
 jax.config.update("jax_enable_x64", False)
+
+_NEXT_FLAGS_ON = contextlib.ExitStack()
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    """``--jax-next``: JAX's next custom rules and remat on for the whole session."""
+    parser.addoption(
+        "--jax-next",
+        default="none",
+        metavar="FLAGS",
+        help="turn on JAX's next flags for the session, before any test module is imported: "
+        f"'all' (each of {', '.join(_next_flags.NEXT_FLAGS)} that this JAX has), 'none' "
+        "(the default) or a comma-separated list; meant for tests/test_parity_*.py",
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    try:
+        flags = _next_flags.selected(str(config.getoption("--jax-next")))
+    except ValueError as error:
+        raise pytest.UsageError(str(error)) from None
+    _NEXT_FLAGS_ON.enter_context(_next_flags.turned_on(flags))
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    _NEXT_FLAGS_ON.close()
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    """The record of JAX's next flags: which this JAX has, which are on, which it lacks."""
+    return _next_flags.record()
 
 
 @pytest.fixture(autouse=True)

@@ -114,3 +114,36 @@ def test_a_full_run_measures_every_suite_in_order(tmp_path: Path, fake_suites: l
     assert fake_suites == run.SUITES
     saved = [row["suite"] for row in json.loads(results.read_text())]
     assert saved == [s.removeprefix("bench_") for s in run.SUITES if s != "bench_dag"]
+
+
+def test_the_report_names_the_python_and_the_versions_it_ran_on(
+    tmp_path: Path, fake_suites: list[str]
+) -> None:
+    from importlib import metadata
+
+    run.main(["--suite", "core", "--results", str(tmp_path / "results.json")])
+    page = (tmp_path / "benchmark-report.md").read_text()
+    line = next(line for line in page.splitlines() if line.startswith("Ran on "))
+    assert line == run.ran_on()
+    assert line.startswith(f"Ran on Python {sys.version.split()[0]} with ")
+    for name in ("jax", "jaxlib", "flax", "dm-haiku"):  # all installed by `.[test]`
+        assert f"{name} {metadata.version(name)}" in line, line
+
+
+def test_report_only_keeps_the_ran_on_line_of_the_run_that_measured(
+    tmp_path: Path, fake_suites: list[str]
+) -> None:
+    results = tmp_path / "results.json"
+    results.write_text(json.dumps([_row("core", "old")]))
+    measured = (
+        "2026-01-01 00:00 UTC; jax 0.12.0.1; Python 3.12.1; x86_64, 2 cores; CPU backend. "
+        "Written by `make bench`."
+    )
+    ran_on = "Ran on Python 3.12.1 with jax 0.12.0.1, jaxlib 0.12.0.1, flax 0.12.12."
+    (tmp_path / "benchmark-report.md").write_text(
+        f"# Benchmark report\n\n{measured}\n\n{ran_on}\n\n**old summary**\n"
+    )
+    run.main(["--report-only", "--results", str(results)])
+    page = (tmp_path / "benchmark-report.md").read_text()
+    assert page.startswith(f"# Benchmark report\n\n{measured}\n\n{ran_on}\n\n"), page
+    assert page.count("Ran on ") == 1 and fake_suites == []

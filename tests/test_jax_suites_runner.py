@@ -1,14 +1,16 @@
 """``ci/jax_suites.py`` rebinds a JAX test module's names to the neutral API, and only those.
 
 The runner itself needs a JAX checkout and runs for many minutes (see ``docs/design.md``,
-"Running JAX's own custom-derivative suites"); this checks its rebinding on a small module
+"Running JAX's own suites"); this checks its rebinding on a small module
 written like JAX's suites.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import os
 import pathlib
+import subprocess
 import sys
 
 import jax
@@ -65,3 +67,52 @@ def test_the_rebinding_line_follows_the_imports_and_rebinds_the_neutral_names(tm
     assert module.jax.custom_derivatives.closure_convert is jo.closure_convert
     assert module.jax.numpy is jnp and module.jnp is jnp
     assert isinstance(module.at_import, jo.custom_vjp), "module-level rules are neutral too"
+
+
+def test_the_default_suites_include_jaxs_control_flow_suite():
+    assert _runner().SUITES == (
+        "lax_control_flow_test",
+        "custom_api_test",
+        "custom_root_test",
+        "custom_linear_solve_test",
+    )
+
+
+def test_next_sets_each_flag_this_jax_has_through_its_environment_variable():
+    """``--next on`` turns on, in the pytest process, every next flag this JAX declares, and
+    ``--next off`` turns each off whatever the caller's environment says."""
+    runner = _runner()
+    flags = list(runner.next_flags().available())
+    assert flags, f"jax {jax.__version__} has none of JAX's next flags"
+    read = f"import jax; print([jax.config.values[f] for f in {flags!r}])"
+    for on in (True, False):
+        env = {**os.environ, **{flag.upper(): "0" if on else "1" for flag in flags}}
+        env.update(runner.flag_environment(flags, on))
+        shown = subprocess.run(
+            [sys.executable, "-c", read], env=env, capture_output=True, text=True, check=True
+        )
+        assert shown.stdout.strip() == str([on] * len(flags)), shown.stderr
+
+
+def test_counts_are_per_suite_with_one_line_per_failure(tmp_path):
+    report = tmp_path / "report.xml"
+    report.write_text(
+        '<testsuites><testsuite name="pytest">'
+        '<testcase classname="lax_control_flow_test.LaxControlFlowTest" name="testA"/>'
+        '<testcase classname="lax_control_flow_test.LaxControlFlowTest" name="testB">'
+        '<failure message="SharingError: two positions&#10;more">trace</failure></testcase>'
+        '<testcase classname="custom_api_test.CustomJVPTest" name="test_c">'
+        '<skipped message="tpu only"/></testcase>'
+        '<testcase classname="custom_api_test.CustomVJPTest" name="test_d">'
+        '<error message="">trace</error></testcase>'
+        "</testsuite></testsuites>"
+    )
+    per_suite, failures = _runner().counts(report)
+    assert per_suite == {
+        "lax_control_flow_test": {"passed": 1, "failed": 1, "skipped": 0},
+        "custom_api_test": {"passed": 0, "failed": 1, "skipped": 1},
+    }
+    assert failures == [
+        "lax_control_flow_test.LaxControlFlowTest.testB: SharingError: two positions",
+        "custom_api_test.CustomVJPTest.test_d: ",
+    ]

@@ -232,9 +232,12 @@ def test_attributes_follow_jax_jit(mode):
 def test_vmap_and_grad_wrappers_keep_jax_attributes():
     for transform in ("vmap", "grad", "jacfwd", "checkpoint"):
         ours, theirs = getattr(jo, transform)(scaled), getattr(jax, transform)(scaled)
-        assert ours.__name__ == theirs.__name__
-        assert ours.__doc__ == theirs.__doc__
-        assert inspect.unwrap(ours) is inspect.unwrap(theirs) is scaled
+        # JAX's next checkpoint (flag jax_remat3) returns a functools.partial: no name and
+        # no __wrapped__. Ours has JAX's attributes, and keeps the name where JAX's drops it.
+        for attribute in ("__name__", "__doc__", "__wrapped__"):
+            if hasattr(theirs, attribute):
+                assert getattr(ours, attribute) == getattr(theirs, attribute), attribute
+        assert inspect.unwrap(ours) is scaled and ours.__name__ == "scaled"
 
 
 class Scaler:

@@ -16,7 +16,7 @@ import inspect
 import types
 import weakref
 from collections.abc import Callable, Sequence
-from typing import Any, Generic, TypeVar, cast
+from typing import Any, Generic, NoReturn, TypeVar, cast
 
 from jaxoverride import _detect, _stack
 from jaxoverride._compat import rule_nondiff_argnums
@@ -478,12 +478,7 @@ class NeutralRule(Generic[ReturnValue]):
 
     def __call__(self, *args: Any, **kwargs: Any) -> ReturnValue:
         if not self._rules:
-            raise AttributeError(
-                f"No {self._kind} defined for {self._name} function "
-                f"{getattr(self.fun, '__name__', self.fun)} using "
-                f"{'defvjp' if self._kind == 'VJP' else 'defjvp'}. Define the rule before "
-                f"calling it: f.{'defvjp(fwd, bwd)' if self._kind == 'VJP' else 'defjvp(f_jvp)'}."
-            )
+            self._refuse_undefined(args, kwargs)
         if _stack.idle:
             return self._plain(*args, **kwargs)
         snapshot = effective_snapshot()
@@ -493,6 +488,25 @@ class NeutralRule(Generic[ReturnValue]):
         if built is None:
             built = self._build(snapshot)
         return built(*args, **kwargs)
+
+    def _refuse_undefined(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> NoReturn:
+        """Raises JAX's own error for a rule never defined, with the fix added.
+
+        JAX's text differs between versions and flags ("using defvjp or defremat" under
+        ``jax_custom_vjp3`` in JAX 0.12), so JAX's object is called to raise it: it checks
+        for the rule before it evaluates anything.
+        """
+        fix = "defvjp(fwd, bwd)" if self._kind == "VJP" else "defjvp(f_jvp)"
+        fix = f"Define the rule before calling it: f.{fix}."
+        try:
+            self._plain(*args, **kwargs)
+        except AttributeError as error:
+            raise AttributeError(f"{error} {fix}") from None
+        raise AttributeError(  # JAX ran without the rule: its 0.10 message, with the fix
+            f"No {self._kind} defined for {self._name} function "
+            f"{getattr(self.fun, '__name__', self.fun)} using "
+            f"{'defvjp' if self._kind == 'VJP' else 'defjvp'}. {fix}"
+        )
 
     def _build(self, snapshot: _stack.Snapshot) -> Any:
         built = dispatch(snapshot, self._name, (self.fun,), dict(self._options))
