@@ -223,7 +223,7 @@ class _RuleCall:
     JAX value: the caller's values are the rule's leading argument.
     """
 
-    __slots__ = ("changed", "end", "finished", "template", "where")
+    __slots__ = ("changed", "drew", "end", "finished", "template", "where")
 
     def __init__(self, where: str):
         frame = current_frame()
@@ -238,6 +238,12 @@ class _RuleCall:
         # neutral loop or jit inside it): only these reach the caller's frame, so a value
         # the rule did not touch keeps its own derivatives.
         self.changed: set[tuple[str, str]] = set()
+        # Whether a forward run drew a key (None: no forward run yet). The rng sequence
+        # reaches the caller only then, for the same reason as the state entries: from
+        # JAX 0.12 a custom_jvp staged in a partial evaluation with an unknown input (a
+        # tangent, inside jax.linearize: optimistix's Newton step) has only unknown
+        # outputs, so a sequence passed through would come back unknown.
+        self.drew: bool | None = None
         self.finished = False
 
     @contextlib.contextmanager
@@ -273,6 +279,9 @@ class _RuleCall:
                 raise new_parameters_error(self.where, created)
             if forward:
                 self.end = Names.capture(frame)
+                if rng is not None:
+                    drew = _leaf_ids(rng.internal_state) != _leaf_ids(values.rng)
+                    self.drew = bool(self.drew) or drew
                 leaving = _state_identities(frame)
                 changed = {n for n, pair in leaving.items() if entry.get(n) != pair}
                 if self.finished and changed - self.changed:
@@ -284,10 +293,15 @@ class _RuleCall:
         changed: dict[str, dict[str, Any]] = {}
         for module, name in self.changed:
             changed.setdefault(module, {})[name] = state[module][name]
+        rng = None if self.drew is False else rng
         update_state(InternalState(params=None, state=changed, rng=rng))
         self.finished = True
         if self.end is not None:
             self.end.restore_into(current_frame())
+
+
+def _leaf_ids(tree: Any) -> list[int]:
+    return [id(leaf) for leaf in jax.tree.leaves(tree)]
 
 
 def _haiku_layer() -> contextlib.AbstractContextManager[Any]:
