@@ -336,6 +336,31 @@ def test_the_documented_fix_creating_the_variable_before_the_loop_gives_pythons_
     assert "whose trip count is traced" in text and "create it before the loop" in text
 
 
+def test_init_under_jit_still_creates_what_a_traced_trip_count_loop_body_creates():
+    """A guard: the creation pass at init makes the body's parameters and its counter
+    (which has an initializer), so apply's loop finds them before it: not refused."""
+
+    class Creates(nn.Module):
+        @nn.compact
+        def __call__(self, x: jax.Array, n: Any) -> jax.Array:
+            def body(h: jax.Array) -> jax.Array:
+                count = self.variable("counters", "n", lambda: jnp.zeros((), jnp.int32))
+                count.value += 1
+                return nn.Dense(2, name="dense")(h) * 0.0 + h + 1.0
+
+            return jlax.while_loop(lambda h: h[0, 0] < n, body, x)
+
+    with jax.checking_leaks():
+        variables = jax.jit(Creates().init)(jax.random.key(0), X, 0)
+        assert shapes(variables) == {
+            "counters": {"n": ()},
+            "params": {"dense": {"bias": (2,), "kernel": (2, 2)}},
+        }
+        apply = lambda v, n: Creates().apply(v, X, n, mutable=["counters"])[1]
+        for n in (0, 3):
+            assert int(jax.jit(apply)(variables, n)["counters"]["n"]) == n
+
+
 # -- 4. a module from bind, in a free function's neutral loop ---------------------------
 
 
