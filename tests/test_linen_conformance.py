@@ -223,7 +223,7 @@ def test_a_loop_that_runs_writes_what_its_last_step_sowed():
 
     with jax.checking_leaks():
         out, state = Runs("while_loop").apply({}, X, mutable=["intermediates"])
-    np.testing.assert_allclose(state["intermediates"]["h"][0], out - 1.0)
+    np.testing.assert_allclose(np.asarray(state["intermediates"]["h"][0]), out - 1.0)
     apply = lambda x: Runs("fori_loop").apply({}, x, mutable=["intermediates"])
     for out, state in _eager_and_jitted(apply, X):
         np.testing.assert_allclose(state["intermediates"]["h"][0], out - 1.0)
