@@ -205,20 +205,160 @@ def test_a_loop_with_zero_trips_known_when_traced_writes_nothing_jitted(loop: st
 
 
 def test_a_loop_that_runs_writes_what_its_last_step_sowed():
-    """The written flag does not hide a sow of a loop that ran (eager and jitted)."""
+    """The written flag does not hide a sow of a loop that ran: a while_loop eagerly, a
+    fori_loop with static bounds eagerly and jitted."""
 
     class Runs(nn.Module):
+        loop: str
+
         @nn.compact
         def __call__(self, x: jax.Array) -> jax.Array:
             def body(h: jax.Array) -> jax.Array:
                 self.sow("intermediates", "h", h)
                 return h + 1.0
 
+            if self.loop == "fori_loop":
+                return jlax.fori_loop(0, 2, lambda i, h: body(h), x)
             return jlax.while_loop(lambda h: h[0, 0] < 2.0, body, x)
 
-    apply = lambda x: Runs().apply({}, x, mutable=["intermediates"])
+    with jax.checking_leaks():
+        out, state = Runs("while_loop").apply({}, X, mutable=["intermediates"])
+    np.testing.assert_allclose(np.asarray(state["intermediates"]["h"][0]), out - 1.0)
+    apply = lambda x: Runs("fori_loop").apply({}, x, mutable=["intermediates"])
     for out, state in _eager_and_jitted(apply, X):
         np.testing.assert_allclose(state["intermediates"]["h"][0], out - 1.0)
+
+
+# -- 3, continued: a loop whose trip count is traced ------------------------------------
+
+_TRACED_TRIPS: dict[str, Callable[..., Any]] = {
+    "while_loop": lambda body, x, n: jlax.while_loop(lambda h: h[0, 0] < n, body, x),
+    "fori_loop": lambda body, x, n: jlax.fori_loop(0, n, lambda i, h: body(h), x),
+}
+_LAST = {"reduce_fn": lambda _, new: new}  # a sow that keeps the newest value
+
+
+class TracedTrips(nn.Module):
+    """``n`` trips of a loop (of ``range(n)`` where ``loop="python"``); ``effect`` is what
+    the body writes: a first ``sow`` or counter, or one created before the loop."""
+
+    loop: str
+    effect: str
+    traced_inside: bool = False  # the loop inside jo.checkpoint (jo.jit runs inline)
+
+    @nn.compact
+    def __call__(self, x: jax.Array, n: Any) -> jax.Array:
+        if self.effect == "sow_before":
+            self.sow("intermediates", "h", x, **_LAST)
+        if self.effect == "counter_before":
+            self.put_variable("counters", "n", jnp.zeros((), jnp.int32))
+        steps = self.variable("counters", "steps", lambda: jnp.zeros((), jnp.int32))
+
+        def body(h: jax.Array) -> jax.Array:
+            steps.value += 1  # exists before the loop: threaded, never refused
+            if self.effect.startswith("sow"):
+                self.sow("intermediates", "h", h, **_LAST)
+            else:
+                count = self.get_variable("counters", "n", jnp.zeros((), jnp.int32))
+                self.put_variable("counters", "n", count + 1)
+            return h + 1.0
+
+        if self.loop == "python":
+            for _ in range(int(n)):
+                x = body(x)
+            return x
+        loop = lambda x, n: _TRACED_TRIPS[self.loop](body, x, n)
+        return jo.checkpoint(loop)(x, n) if self.traced_inside else loop(x, n)
+
+
+_MUTABLE = ["intermediates", "counters"]
+
+
+def _python_result(effect: str, n: int) -> Any:
+    with jax.checking_leaks():
+        return TracedTrips("python", effect).apply({}, X, n, mutable=_MUTABLE)
+
+
+def _assert_same(result: Any, expected: Any) -> None:
+    assert jax.tree.structure(result) == jax.tree.structure(expected)
+    jax.tree.map(np.testing.assert_allclose, result, expected)
+
+
+@pytest.mark.parametrize("effect", ["sow", "counter"])
+@pytest.mark.parametrize("loop", sorted(_TRACED_TRIPS))
+def test_a_first_write_in_a_loop_whose_trip_count_is_traced_is_refused(loop: str, effect: str):
+    """Whether the variable exists after the loop would depend on a traced value."""
+    apply = lambda x, n: TracedTrips(loop, effect).apply({}, x, n, mutable=_MUTABLE)
+    with jax.checking_leaks(), pytest.raises(jol.LinenStateError) as raised:
+        jax.jit(apply)(X, 0)
+    message = str(raised.value)
+    path = "h in collection 'intermediates'" if effect == "sow" else "n in collection 'counters'"
+    assert f"jaxoverride.lax.{loop}" in message and path in message
+    assert "steps" not in message  # created before the loop: not refused
+    assert "exist before it" in message and "before the loop" in message
+    assert "fori_loop with static bounds" in message
+    # Eagerly the trip count is concrete: Python's result for 0 trips (and for 3, for
+    # the sow that keeps the last value; a counter first written in the body restarts
+    # each step, as docs/linen.md says).
+    for n in (0, 3) if effect == "sow" else (0,):
+        with jax.checking_leaks():
+            _assert_same(apply(X, n), _python_result(effect, n))
+
+
+@pytest.mark.parametrize("loop", sorted(_TRACED_TRIPS))
+def test_a_refused_loop_leaves_the_bound_modules_variables_as_they_were(loop: str):
+    variables = {"counters": {"steps": jnp.int32(5)}}
+    bound = TracedTrips(loop, "sow", traced_inside=True).bind(variables, mutable=_MUTABLE)
+    before = jax.tree.map(np.asarray, bound.variables)
+    with jax.checking_leaks(), pytest.raises(jol.LinenStateError, match="trip count"):
+        bound(X, 3)
+    assert leaves_are_arrays(bound.variables)
+    _assert_same(jax.tree.map(np.asarray, bound.variables), before)
+    # Nothing was sown by the refused call: an eager loop now sows once, as Python.
+    eager = TracedTrips(loop, "sow").bind(bound.variables, mutable=_MUTABLE)
+    with jax.checking_leaks():
+        eager(X, 3)
+    expected = _python_result("sow", 3)[1]
+    expected["counters"]["steps"] = expected["counters"]["steps"] + 5
+    _assert_same(dict(eager.variables), expected)
+
+
+@pytest.mark.parametrize("n", [0, 3])
+@pytest.mark.parametrize("effect", ["sow_before", "counter_before"])
+@pytest.mark.parametrize("loop", sorted(_TRACED_TRIPS))
+def test_the_documented_fix_creating_the_variable_before_the_loop_gives_pythons_result(
+    loop: str, effect: str, n: int
+):
+    apply = lambda x, n: TracedTrips(loop, effect).apply({}, x, n, mutable=_MUTABLE)
+    for result in _eager_and_jitted(apply, X, n):
+        _assert_same(result, _python_result(effect, n))
+    text = " ".join((Path(__file__).parents[1] / "docs" / "linen.md").read_text().split())
+    assert "whose trip count is traced" in text and "create it before the loop" in text
+
+
+def test_init_under_jit_still_creates_what_a_traced_trip_count_loop_body_creates():
+    """A guard: the creation pass at init makes the body's parameters and its counter
+    (which has an initializer), so apply's loop finds them before it: not refused."""
+
+    class Creates(nn.Module):
+        @nn.compact
+        def __call__(self, x: jax.Array, n: Any) -> jax.Array:
+            def body(h: jax.Array) -> jax.Array:
+                count = self.variable("counters", "n", lambda: jnp.zeros((), jnp.int32))
+                count.value += 1
+                return nn.Dense(2, name="dense")(h) * 0.0 + h + 1.0
+
+            return jlax.while_loop(lambda h: h[0, 0] < n, body, x)
+
+    with jax.checking_leaks():
+        variables = jax.jit(Creates().init)(jax.random.key(0), X, 0)
+        assert shapes(variables) == {
+            "counters": {"n": ()},
+            "params": {"dense": {"bias": (2,), "kernel": (2, 2)}},
+        }
+        apply = lambda v, n: Creates().apply(v, X, n, mutable=["counters"])[1]
+        for n in (0, 3):
+            assert int(jax.jit(apply)(variables, n)["counters"]["n"]) == n
 
 
 # -- 4. a module from bind, in a free function's neutral loop ---------------------------

@@ -28,7 +28,6 @@ import jax
 import jax.numpy as jnp
 from flax.core import scope as core_scope, tracers as core_tracers
 from flax.linen import module as linen_module
-from jax.core import Tracer
 
 from jaxoverride import adapter_kit as kit
 from jaxoverride.errors import JaxoverrideError
@@ -457,6 +456,28 @@ class LinenSource:
     def abandon(self, token: _Token) -> None:
         self._undo(token)
 
+    def check_unknown_trips(self, state: Any) -> None:
+        """Refuses the fresh slots of a loop whose trip count is traced (the kit asks).
+
+        Whether a variable first written in the body exists after the loop depends on
+        whether the loop ran; where that flag is a tracer (a ``while_loop`` under
+        ``jax.jit``, a ``fori_loop`` with traced bounds) JAX has fixed the outputs, so no
+        answer can be Python's for both 0 trips and more. Nothing is written then, and
+        the rng counters are put back where they were before the loop.
+        """
+        unknown = [
+            path
+            for (_, _, slots) in state
+            for path, (_, written) in slots.items()
+            if _concrete(written) is None
+        ]
+        if not unknown:
+            return
+        self._retrace = False
+        for root, counters in zip(self.roots, self._counters_at_read, strict=True):
+            trees.restore(root.counters, counters, fresh=0)
+        raise _unknown_trips_error(self.where, unknown)
+
     def write(self, state: Any) -> None:
         for root, (cols, _, slots) in zip(self.roots, state, strict=True):
             for col, tree in cols.items():
@@ -464,9 +485,10 @@ class LinenSource:
                 for path, value in trees.paths(tree):
                     trees.put_path(live, path, value)
             for path, (value, written) in slots.items():
-                # Under a trace whether it was written is known only at run time (a loop
-                # with a traced trip count): the value is written, as the body wrote it.
-                if isinstance(written, Tracer) or bool(written):
+                # A traced flag here is of a call that ran (a scan or fori_loop with
+                # static bounds, a branch, a transform): the kit asked
+                # ``check_unknown_trips`` about every loop whose trip count is traced.
+                if _concrete(written) is not False:
                     trees.put_path(root.variables, path, value)
 
     # -- names -------------------------------------------------------------------------
@@ -593,6 +615,31 @@ def _restore_after_creation(
         for path, value in trees.paths(tree):
             trees.put_path(root.variables[col], path, value)
     root.evict_stale_caches()
+
+
+def _concrete(flag: Any) -> bool | None:
+    """A slot's written flag as a Python bool; None where it is traced."""
+    try:
+        return bool(flag)
+    except jax.errors.ConcretizationTypeError:
+        return None
+
+
+def _unknown_trips_error(where: str, paths: list[tuple[str, ...]]) -> LinenStateError:
+    described = ", ".join(f"{'/'.join(rest)} in collection {col!r}" for col, *rest in paths)
+    return LinenStateError(
+        f"{where}: the loop body first writes Linen variables that do not exist before "
+        f"the loop ({described}), and the loop's trip count is not known when it is "
+        "traced (a while_loop under jax.jit or another transform, or a fori_loop with "
+        "traced bounds). Whether they exist after it would depend on a traced value, "
+        "but their presence is structure, which JAX fixes when it traces the call: a "
+        "loop that ran zero times would still report them (Python reports nothing). "
+        "The variables a loop writes must exist before it (Flax's nn.while_loop refuses "
+        "collections it does not carry, too). Sow or create an initial value before "
+        "the loop (self.sow(col, name, value, reduce_fn=..., init_fn=...), or "
+        "self.variable(col, name, init_fn) outside the body), or use a scan or a "
+        "fori_loop with static bounds."
+    )
 
 
 def _foreign_write_error(variable: str) -> LinenStateError:

@@ -85,6 +85,12 @@ class StateSource(Protocol):
       around the call (NNX's Variables); used in place of the three
       (``ScopedStateSource`` is a base for such a source).
     * ``undo_creation()``: removes what ``create`` kept, when the call after it raised.
+    * ``check_unknown_trips(state)``: called, before anything is written, with the final
+      state of a loop whose trip count the combinator cannot tell when it traces it (a
+      ``while_loop``; a ``fori_loop`` whose bounds are traced). State that exists only if
+      the loop ran (Linen: a variable its body writes first) cannot come out of such a
+      loop, since JAX fixes a call's outputs when it traces it: the source raises there,
+      and is left as it was before the loop.
     * ``join_names(ends)``: the branches of a ``cond`` or ``switch`` are alternatives, as
       the arms of a Python ``if``/``else``: each starts from the caller's naming state (so
       two branches that create the same named submodule, or sow the same name, share it,
@@ -274,12 +280,14 @@ class Threaded:
             )
         return out, after
 
-    def finish(self, state: Any, ran: bool = True) -> None:
+    def finish(self, state: Any, ran: bool | None = True) -> None:
         """Writes the JAX call's final ``state`` and advances the caller's names.
 
         ``ran=False`` (a loop whose trip count is 0 when it is traced) writes nothing: the
         state after a loop that did not run is the state before it, and a variable that
-        its body would write first (a ``sow``) must not appear.
+        its body would write first (a ``sow``) must not appear. ``ran=None`` (a loop
+        whose trip count the combinator cannot tell when it traces it) first hands
+        ``state`` to the source's optional ``check_unknown_trips``, which may refuse it.
 
         If the source has a ``retrace()`` method and it returns True (a traced function
         met state that ``read()`` did not include), nothing is written: the combinator
@@ -292,7 +300,11 @@ class Threaded:
         retrace = getattr(self.source, "retrace", None)
         if retrace is not None and retrace():
             raise _RetraceRequestedError
-        if ran:
+        if ran is None:
+            check = getattr(self.source, "check_unknown_trips", None)
+            if check is not None:
+                check(state)
+        if ran is not False:
             self.source.write(state)
         if names is not None:
             self.source.restore_names(names)
@@ -370,12 +382,12 @@ def _scan_length(xs: Any, length: Any) -> int | None:
     return int(jnp.shape(leaves[0])[0]) if leaves and jnp.ndim(leaves[0]) else None
 
 
-def _may_run(lower_bound: Any, upper_bound: Any) -> bool:
-    """False for a ``fori_loop`` whose bounds are known at trace time to give no trip."""
+def _may_run(lower_bound: Any, upper_bound: Any) -> bool | None:
+    """Whether a ``fori_loop`` runs, as its bounds tell when traced (None: traced)."""
     try:
         return bool(upper_bound > lower_bound)
     except jax.errors.ConcretizationTypeError:
-        return True
+        return None
 
 
 def _wraps(fun: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
@@ -523,7 +535,7 @@ def threaded_while_loop(
             test, body = handed.functions
             pred, state = _first_test(handed.traces, test, source.read(), init_val)
             value, state, _ = lower(_carried_predicate, body, (init_val, state, pred))
-            handed.thread.finish(state)
+            handed.thread.finish(state, ran=None)
         return value
 
     def call() -> Any:
@@ -536,7 +548,7 @@ def threaded_while_loop(
                     handed.variant = "stateful"  # reused: the next call goes straight there
                 else:
                     if not cond_changed_state:
-                        handed.thread.finish(state)
+                        handed.thread.finish(state, ran=None)
                         return value
         return stateful_cond_call()
 
@@ -556,7 +568,7 @@ def threaded_while_loop(
             value, state, _ = lower(
                 _carried_predicate, handed.functions[0], (init_val, source.read(), first)
             )
-            handed.thread.finish(state)
+            handed.thread.finish(state, ran=None)
         return value
 
     def creation() -> Any:
