@@ -64,7 +64,13 @@ from jaxoverride_haiku._frames import (
     new_parameters_error,
     state_usable,
 )
-from jaxoverride_haiku._rng import carried_sequence, reserve_full_block, update_state
+from jaxoverride_haiku._rng import (
+    REFUSAL,
+    CheckedSequence,
+    RefusingSequence,
+    reserve_full_block,
+    update_state,
+)
 from jaxoverride_haiku._site import current_site, init_once
 
 
@@ -223,7 +229,7 @@ class _RuleCall:
     JAX value: the caller's values are the rule's leading argument.
     """
 
-    __slots__ = ("changed", "drew", "end", "finished", "template", "where")
+    __slots__ = ("changed", "drew", "end", "finished", "refuse", "template", "where")
 
     def __init__(self, where: str):
         frame = current_frame()
@@ -233,6 +239,12 @@ class _RuleCall:
         template = frame.evolve(params={}, state={}, rng=None)
         self.template = template._replace(rng_stack=data_structures.Stack())
         self.where = where
+        # The refusal of rng draws in force at the call (inside a function that JAX makes
+        # pure), or None. Every function of the rule keeps it, also one that JAX traces
+        # after that function's trace ended (from JAX 0.12 the JVP rule of a custom_jvp
+        # met in jax.linearize's partial evaluation: optimistix's Newton step): the rule's
+        # runs then build the same sequence, and so hand back rng state of one structure.
+        self.refuse = REFUSAL.get()
         self.end: Names | None = None
         # Names of the state entries that a forward run replaced (written, or stored by a
         # neutral loop or jit inside it): only these reach the caller's frame, so a value
@@ -255,7 +267,14 @@ class _RuleCall:
         ``refused``: names of differentiated values whose reads are refused. ``forward``:
         whether this run's naming state is the one the caller continues from.
         """
-        rng = None if values.rng is None else carried_sequence(values.rng)
+        rng = None
+        if values.rng is not None:
+            refuse = self.refuse
+            rng = (
+                CheckedSequence(values.rng)
+                if refuse is None
+                else RefusingSequence(values.rng, refuse)
+            )
         frame = self.template.evolve(
             params=_mutable(values.params), state=_mutable(values.state), rng=rng
         )
@@ -264,6 +283,9 @@ class _RuleCall:
             stack.enter_context(_haiku_layer())
             stack.enter_context(base.frame_stack(frame))
             stack.enter_context(base.push_jax_trace_level())
+            if self.refuse is not None:
+                token = REFUSAL.set(self.refuse)
+                stack.callback(REFUSAL.reset, token)
             if refused - outer:
                 token = _REFUSED.set((self.where, outer | refused))
                 stack.callback(_REFUSED.reset, token)
