@@ -15,6 +15,7 @@ import sys
 
 import jax
 import jax.numpy as jnp
+import pytest
 
 import jaxoverride as jo
 from jaxoverride import lax as jlax
@@ -23,6 +24,7 @@ CI = pathlib.Path(__file__).resolve().parent.parent / "ci"
 
 SUITE = '''"""A suite."""
 import jax
+import pytest
 import jax.numpy as jnp
 from jax import grad, jit
 from jax import lax
@@ -83,7 +85,8 @@ def test_next_sets_each_flag_this_jax_has_through_its_environment_variable():
     ``--next off`` turns each off whatever the caller's environment says."""
     runner = _runner()
     flags = list(runner.next_flags().available())
-    assert flags, f"jax {jax.__version__} has none of JAX's next flags"
+    if not flags:  # jax_custom_vjp3, the first of them, came in jax 0.9.1
+        pytest.skip(f"jax {jax.__version__} declares none of JAX's next flags (0.9.1 and later do)")
     read = f"import jax; print([jax.config.values[f] for f in {flags!r}])"
     for on in (True, False):
         env = {**os.environ, **{flag.upper(): "0" if on else "1" for flag in flags}}

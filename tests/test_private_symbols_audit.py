@@ -31,7 +31,14 @@ def test_the_installed_releases_have_every_listed_name():
     site = Path(sysconfig.get_paths()["purelib"])
     assert audit.installed_version(site, "jax") == jax.__version__
     names = sorted(audit.listed())
-    assert audit.check(audit.site_source(site), names) == []
+    missing = audit.check(audit.site_source(site), names)
+    flax_version = tuple(int(part) for part in audit.installed_version(site, "flax").split(".")[:3])
+    if flax_version < (0, 12, 5):
+        # Flax 0.12.5 renamed flax.nnx.graph to graphlib and added DataElem/StaticElem there;
+        # the NNX adapter's _compat imports the older module and falls back for those two.
+        assert all(name.startswith("flax.nnx.graphlib.") for name in missing), missing
+    else:
+        assert missing == []
     assert audit.check(audit.site_source(site), ["jax._src.util.no_such_name"]) == [
         "jax._src.util.no_such_name"
     ]
