@@ -24,7 +24,6 @@ CI = pathlib.Path(__file__).resolve().parent.parent / "ci"
 
 SUITE = '''"""A suite."""
 import jax
-import pytest
 import jax.numpy as jnp
 from jax import grad, jit
 from jax import lax
