@@ -385,7 +385,7 @@ def _scan_length(xs: Any, length: Any) -> int | None:
 def _may_run(lower_bound: Any, upper_bound: Any) -> bool | None:
     """Whether a ``fori_loop`` runs, as its bounds tell when traced (None: traced). A
     traced bound is not compared: that would stage an equation into the caller's jaxpr."""
-    if isinstance(lower_bound, jax.core.Tracer) or isinstance(upper_bound, jax.core.Tracer):
+    if isinstance(lower_bound, Tracer) or isinstance(upper_bound, Tracer):
         return None
     return bool(upper_bound > lower_bound)
 
