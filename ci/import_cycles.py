@@ -32,7 +32,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("jaxoverride.errors", "jaxoverride._compat", "jaxoverride._names", "jaxoverride._signatures"),
     ("jaxoverride._own_frames",),
     # the stack and the framework registry: state every upper module reads
-    ("jaxoverride._stack", "jaxoverride._frameworks"),
+    ("jaxoverride._stack", "jaxoverride._frameworks", "jaxoverride._solve_state"),
     ("jaxoverride._context", "jaxoverride._dispatch", "jaxoverride._introspect"),
     ("jaxoverride._raw", "jaxoverride._user_frames", "jaxoverride._detect"),
     ("jaxoverride._jitapi",),

@@ -285,6 +285,13 @@ __all__ = [
     "zeros_for",
 ]
 from jaxoverride.adapter_kit._scoped_source import ScopedStateSource as ScopedStateSource
+from jaxoverride.adapter_kit._solve_policy import (
+    Participant as Participant,
+    StatePart as StatePart,
+    participant as participant,
+    register_solve_source as register_solve_source,
+    unregister_solve_source as unregister_solve_source,
+)
 from jaxoverride.adapter_kit._state_threading import (
     DictStateSource as DictStateSource,
     StateSource as StateSource,
@@ -313,4 +320,11 @@ from jaxoverride.adapter_kit._stateful_transforms import (
 )
 
 __all__ += init_safe_control.__all__
+__all__ += [
+    "Participant",
+    "StatePart",
+    "participant",
+    "register_solve_source",
+    "unregister_solve_source",
+]
 publish_errors(globals())  # StateStructureError prints as jaxoverride.adapter_kit's

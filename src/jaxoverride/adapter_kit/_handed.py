@@ -33,6 +33,7 @@ from collections.abc import Callable, Hashable, Iterator, Sequence
 from typing import Any
 
 from jaxoverride.adapter_kit._cache import Getter, WrapperCache
+from jaxoverride.adapter_kit._solve_policy import participant
 
 Run = Callable[..., Any]
 """``run(functions, *args)``: a wrapper's body, given the user's functions resolved."""
@@ -154,6 +155,10 @@ def handed_call(
     """
     reuse_key = getattr(source, "reuse_key", None)
     situation: Hashable = None if reuse_key is None else reuse_key()
+    if situation is not None and participant(source) is not None:
+        # Under ``solve_state`` the wrappers close over the entry snapshot: a reused one
+        # traced under an earlier snapshot would be stale.
+        situation = None
     if situation is not None:
         # A reused wrapper is bound to one call's source while that call runs: two
         # threads running one body at once must not share that binding.

@@ -43,6 +43,7 @@ from jaxoverride.adapter_kit._cache import WrapperCache
 from jaxoverride.adapter_kit._handed import handed_call
 from jaxoverride.adapter_kit._operands import NO_OPERAND as _NO_OPERAND, distinct_functions
 from jaxoverride.adapter_kit._phase import applying, is_applying
+from jaxoverride.adapter_kit._solve_policy import Participant, participant
 from jaxoverride.errors import StructureChangeError
 
 
@@ -226,14 +227,25 @@ class Threaded:
       alternatives: whether the functions are alternatives (see above).
     """
 
-    __slots__ = ("_alternatives", "_ends", "_starts", "source", "where")
+    __slots__ = ("_alternatives", "_ends", "_starts", "backward", "policy", "source", "where")
 
-    def __init__(self, source: StateSource, count: int, where: str, alternatives: bool = False):
+    def __init__(
+        self,
+        source: StateSource,
+        count: int,
+        where: str,
+        alternatives: bool = False,
+        backward: bool = False,
+    ):
         self.source = source
         self.where = where
         self._alternatives = alternatives
         self._starts: list[Any] = [source.names()] + [None] * (count - 1)
         self._ends: list[Any] = [None] * count
+        # The declaration (``jaxoverride.solve_state``) this call runs under, if any; a
+        # backward pass's calls keep the forward's, and their writes are dropped.
+        self.policy: Participant | None = participant(source)
+        self.backward = backward
 
     def _start(self, index: int) -> Any:
         if self._alternatives:
@@ -246,6 +258,17 @@ class Threaded:
 
     def run(self, index: int, state: Any, fun: Callable[..., Any], *args: Any) -> tuple[Any, Any]:
         """Calls ``fun(*args)`` with ``state`` installed; returns ``(out, state_after)``."""
+        policy = self.policy
+        if policy is None:
+            return self._run(index, state, fun, *args)
+        frame = policy.push()
+        try:
+            out, after = self._run(index, policy.freeze(state), fun, *args)
+        finally:
+            policy.pop(frame)
+        return out, policy.left(after, frame)
+
+    def _run(self, index: int, state: Any, fun: Callable[..., Any], *args: Any) -> tuple[Any, Any]:
         source = self.source
         source.restore_names(self._start(index))
         scoped = getattr(source, "run_scoped", None)
@@ -305,6 +328,8 @@ class Threaded:
             if check is not None:
                 check(state)
         if ran is not False:
+            if self.policy is not None:
+                state = self.policy.written(state, self.backward)
             self.source.write(state)
         if names is not None:
             self.source.restore_names(names)

@@ -1,0 +1,175 @@
+"""The declaration around a solver call: what each evaluation of its map sees of the state.
+
+A model trained through a solver carries its dropout and BatchNorm into the solver's map,
+which the solver evaluates many times (iterations, Jacobians, convergence checks, the
+implicit backward's re-evaluations). ``solve_state`` declares, for the duration of one
+call, how the framework's rng streams and mutable state behave across those evaluations:
+
+* rng ``"per_solve"``: every evaluation sees the rng state as at entry, so it draws the
+  same keys in the same order; on exit the stream has advanced once, as if the map had
+  been called once. ``"per_evaluation"``: each evaluation draws new keys (eager Python).
+* state ``"at_solution"``: every evaluation starts from the state as at entry; on exit
+  the state is the one the last forward evaluation wrote (one update, at the converged
+  point); the other evaluations' writes are dropped, not refused. ``"per_evaluation"``:
+  each evaluation writes on top of the last (a counter of map calls).
+
+The core only keeps the declarations; the adapter kit applies them to the frameworks
+that register a state source with it (``adapter_kit.register_solve_source``). With no
+such framework running, a declaration changes nothing.
+"""
+
+from __future__ import annotations
+
+import contextvars
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar, cast
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+PER_SOLVE = "per_solve"
+AT_SOLUTION = "at_solution"
+PER_EVALUATION = "per_evaluation"
+RNG_POLICIES = (PER_SOLVE, PER_EVALUATION)
+STATE_POLICIES = (AT_SOLUTION, PER_EVALUATION)
+
+Policy = str | Mapping[Any, str]
+
+# The declarations entered and not left, innermost last, each with what the kit's
+# ``on_enter`` made of it.
+_active: contextvars.ContextVar[tuple[tuple[solve_state, Any], ...]] = contextvars.ContextVar(
+    "jaxoverride_solve_state", default=()
+)
+
+# Set by the adapter kit when it is imported: ``on_enter(declaration)`` returns what
+# ``on_exit(declaration, entered, failed)`` receives. Unset: nothing to apply.
+_on_enter: Callable[[solve_state], Any] | None = None
+_on_exit: Callable[[solve_state, Any, bool], None] | None = None
+
+
+def set_hooks(
+    on_enter: Callable[[solve_state], Any], on_exit: Callable[[solve_state, Any, bool], None]
+) -> None:
+    """Installs the kit's hooks (called once, by ``jaxoverride.adapter_kit``)."""
+    global _on_enter, _on_exit
+    _on_enter, _on_exit = on_enter, on_exit
+
+
+def current() -> solve_state | None:
+    """The innermost declaration entered and not left, or None."""
+    active = _active.get()
+    return active[-1][0] if active else None
+
+
+def current_entered() -> Any:
+    """What the kit's ``on_enter`` returned for the innermost declaration, or None."""
+    active = _active.get()
+    return active[-1][1] if active else None
+
+
+def _checked(what: str, policy: Any, allowed: tuple[str, ...]) -> Policy:
+    def check(value: Any, where: str) -> None:
+        if value not in allowed:
+            raise ValueError(
+                f"jaxoverride.solve_state: {where} is {value!r}; expected one of "
+                f"{list(allowed)}. Example: solve_state({what}={allowed[0]!r})."
+            )
+
+    if isinstance(policy, Mapping):
+        for name, value in policy.items():
+            if not isinstance(name, str | type):
+                raise TypeError(
+                    f"jaxoverride.solve_state: {what}= names {name!r}, a "
+                    f"{type(name).__name__}; expected the name of a stream or collection "
+                    "(a str), or an NNX Variable type."
+                )
+            check(value, f"{what}[{name!r}]")
+        return dict(policy)
+    check(policy, f"{what}=")
+    return cast(str, policy)
+
+
+def _name_of(key: Any) -> str:
+    return key.__name__ if isinstance(key, type) else key
+
+
+class solve_state:  # noqa: N801  (used as a context manager and a decorator, like a function)
+    """Declares how a framework's rng and state behave across a solver's evaluations.
+
+    Use it around a solver call, in the model's code, as a context manager or a
+    decorator. Inside, every evaluation of the map (iterations, Jacobians, convergence
+    checks, the implicit backward's re-evaluations) follows the declared policy, for
+    every framework whose adapter is active (Haiku, Flax Linen, Flax NNX, or a third
+    party's adapter on the kit). Outside every framework it changes nothing.
+
+    Args:
+      rng: ``"per_solve"`` (default: one key per solve; each evaluation draws the same
+        keys, and the stream advances once) or ``"per_evaluation"`` (each evaluation
+        draws new keys). Or a mapping from stream names (Linen, NNX) to those values;
+        streams it does not name are per evaluation. Haiku has one stream: pass a str.
+      state: ``"at_solution"`` (default: each evaluation starts from the state at entry,
+        and the solve keeps what its last forward evaluation wrote) or
+        ``"per_evaluation"``. Or a mapping from collection names (Linen), Variable types
+        or their names (NNX) or module names (Haiku) to those values; the others are per
+        evaluation.
+
+    Returns:
+      The declaration: enter it with ``with``, or decorate a function with it.
+
+    Example:
+      >>> import jax.numpy as jnp
+      >>> import jaxoverride as jo
+      >>> with jo.solve_state(rng="per_solve", state="at_solution"):
+      ...     out = jo.lax.fori_loop(0, 3, lambda i, x: x + 1, jnp.float32(0))
+      >>> float(out)  # no framework running: nothing changes
+      3.0
+    """
+
+    __slots__ = ("_entered", "rng", "state")
+
+    def __init__(self, rng: Policy = PER_SOLVE, state: Policy = AT_SOLUTION):
+        self.rng: Policy = _checked("rng", rng, RNG_POLICIES)
+        self.state: Policy = _checked("state", state, STATE_POLICIES)
+        self._entered: list[tuple[contextvars.Token[Any], Any]] = []
+
+    def policy(self, kind: str, names: tuple[str, ...]) -> str:
+        """The policy of a piece of state: ``kind`` is ``"rng"`` or ``"state"``, ``names``
+        the names it answers to (a stream, a collection, a Variable type and its bases)."""
+        declared = self.rng if kind == "rng" else self.state
+        if isinstance(declared, str):
+            return declared
+        for key, value in declared.items():
+            if _name_of(key) in names:
+                return value
+        return PER_EVALUATION
+
+    def named(self, kind: str) -> list[str]:
+        """The names the declaration gives for ``kind`` (empty for the short form)."""
+        declared = self.rng if kind == "rng" else self.state
+        return [] if isinstance(declared, str) else [_name_of(k) for k in declared]
+
+    def __enter__(self) -> solve_state:
+        entered = None if _on_enter is None else _on_enter(self)
+        token = _active.set((*_active.get(), (self, entered)))
+        self._entered.append((token, entered))
+        return self
+
+    def __exit__(self, kind: Any, value: Any, traceback: Any) -> None:
+        token, entered = self._entered.pop()
+        try:
+            if _on_exit is not None and entered is not None:
+                _on_exit(self, entered, kind is not None)
+        finally:
+            _active.reset(token)
+
+    def __call__(self, fun: F) -> F:
+        import functools
+
+        @functools.wraps(fun)
+        def declared(*args: Any, **kwargs: Any) -> Any:
+            with solve_state(self.rng, self.state):
+                return fun(*args, **kwargs)
+
+        return cast(F, declared)
+
+    def __repr__(self) -> str:
+        return f"solve_state(rng={self.rng!r}, state={self.state!r})"

@@ -1,0 +1,312 @@
+"""``jaxoverride.solve_state`` applied to a framework's state, once, for every adapter.
+
+A framework takes part by registering a *solve source* (``register_solve_source``): a
+function that returns the ``StateSource`` of the code running now, or None where the
+framework is not running. Its sources declare ``framework`` (the key they registered
+under) and ``parts(state)``: for each leaf of ``read()``'s state, a ``StatePart`` (an
+rng stream or a piece of mutable state, with its names and a slot that identifies it
+across reads), or None for what no policy touches (parameters).
+
+When a declaration is entered, each registered framework running now gives a source;
+its state is read once, the *entry snapshot*. The parts the declaration freezes (rng
+``"per_solve"``, state ``"at_solution"``) are then handled at the kit's boundaries, in
+``Threaded`` (every loop body, branch and transformed function an adapter runs through
+it) and by the adapters' own boundaries through the same ``Participant``:
+
+* **entering** a traced function (``freeze``): the frozen parts are the snapshot's, so
+  every evaluation starts from the entry state whatever the carry holds;
+* **writing** a JAX call's final state (``written``): the frozen parts written are the
+  snapshot's again, so the next evaluation, even one called directly, starts from the
+  entry state; the state the call left is kept as the innermost boundary's *last*;
+* **leaving** a traced function (``left``): if the frozen parts are still the ones it
+  entered with (nothing ran directly after its last inner call), it leaves its inner
+  call's *last* instead, so the state an evaluation wrote flows out through the loop's
+  carry;
+* **exit**: the framework's state becomes what the last forward evaluation left (the
+  scope's own *last*, or the live state if an evaluation ran directly after it): the
+  stream advanced once, the statistics at the solution. A backward pass's writes
+  (``written(..., backward=True)``) are dropped, never kept.
+
+On an exception the entry snapshot is written back: a failed solve leaves the state as
+it found it.
+
+Evaluations are told apart by these boundaries: two direct calls of the map with no
+neutral call between them are one run of the stream (the second continues where the
+first ended), as they are in eager Python.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from collections.abc import Callable, Hashable
+from typing import Any
+
+import jax
+
+from jaxoverride import _solve_state
+from jaxoverride._solve_state import AT_SOLUTION, PER_SOLVE, solve_state
+
+KINDS = ("rng", "state")
+
+
+@dataclasses.dataclass(frozen=True)
+class StatePart:
+    """What one leaf of a source's state is, for ``jaxoverride.solve_state``.
+
+    Attributes:
+      kind: ``"rng"`` (a stream's position: a key, a counter) or ``"state"`` (mutable
+        state: a collection, a Variable, a module's state).
+      names: the names a declaration may give it by (a stream, a collection, a Variable
+        type and its bases, a module); empty where the framework has one stream.
+      slot: identifies this piece of state across reads (e.g. its path); equal slots are
+        the same piece.
+
+    Example:
+      >>> from jaxoverride.adapter_kit import StatePart
+      >>> StatePart("rng", ("dropout",), ("rngs", "dropout")).kind
+      'rng'
+    """
+
+    kind: str
+    names: tuple[str, ...]
+    slot: Hashable
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(f"StatePart.kind is {self.kind!r}; expected one of {list(KINDS)}.")
+
+
+SolveSource = Callable[[], Any]
+
+_lock = threading.Lock()
+_sources: dict[str, SolveSource] = {}
+
+
+def register_solve_source(framework: str, source: SolveSource) -> None:
+    """Lets ``jaxoverride.solve_state`` apply to a framework's state.
+
+    Args:
+      framework: the framework's key (its sources' ``framework`` attribute).
+      source: ``source()``, the ``StateSource`` of the code running now, or None where
+        the framework is not running (or its adapter is not active).
+
+    Returns:
+      None. Registering a key again replaces its function.
+
+    Example:
+      >>> from jaxoverride import adapter_kit as kit
+      >>> kit.register_solve_source("doc-example", lambda: None)
+      >>> kit.unregister_solve_source("doc-example")
+    """
+    with _lock:
+        _sources[framework] = source
+
+
+def unregister_solve_source(framework: str) -> None:
+    """Undoes ``register_solve_source`` (a no-op for a key never registered).
+
+    Args:
+      framework: the key.
+
+    Returns:
+      None.
+
+    Example:
+      >>> from jaxoverride import adapter_kit as kit
+      >>> kit.unregister_solve_source("never-registered")
+    """
+    with _lock:
+        _sources.pop(framework, None)
+
+
+def _slots(source: Any, state: Any) -> tuple[list[Any], list[Any], Any]:
+    """The leaves of ``state``, their parts (None where untouched), and its treedef."""
+    leaves, treedef = jax.tree_util.tree_flatten(state)
+    parts = source.parts(state)
+    if parts is None:
+        parts = [None] * len(leaves)
+    elif len(parts) != len(leaves):
+        raise ValueError(
+            f"{type(source).__name__}.parts returned {len(parts)} parts for a state of "
+            f"{len(leaves)} leaves; expected one StatePart (or None) per leaf of read()."
+        )
+    return leaves, list(parts), treedef
+
+
+class _Frame:
+    """One boundary being traced: the state the last call inside it left."""
+
+    __slots__ = ("last",)
+
+    def __init__(self) -> None:
+        self.last: Any = None
+
+
+class Participant:
+    """One framework's state under one declaration: the entry snapshot and the frames.
+
+    Made when the declaration is entered; the kit's ``Threaded`` and an adapter's own
+    boundaries call ``freeze``, ``push``/``pop``, ``written`` and ``left``.
+    """
+
+    __slots__ = ("_frames", "declaration", "framework", "frozen", "snapshot", "source")
+
+    def __init__(self, declaration: solve_state, framework: str, source: Any):
+        self.declaration = declaration
+        self.framework = framework
+        self.source = source
+        state = source.read()
+        leaves, parts, _ = _slots(source, state)
+        self.snapshot = state
+        # slot -> the leaf at entry, for the parts the declaration freezes
+        self.frozen: dict[Hashable, Any] = {
+            part.slot: leaf
+            for leaf, part in zip(leaves, parts, strict=True)
+            if part is not None and self._freezes(part)
+        }
+        self._frames: list[_Frame] = [_Frame()]
+
+    def _freezes(self, part: StatePart) -> bool:
+        policy = self.declaration.policy(part.kind, part.names)
+        return policy in (PER_SOLVE, AT_SOLUTION)
+
+    def freeze(self, state: Any) -> Any:
+        """``state`` with its frozen parts as at entry."""
+        if not self.frozen:
+            return state
+        leaves, parts, treedef = _slots(self.source, state)
+        frozen = self.frozen
+        out = [
+            frozen.get(part.slot, leaf) if part is not None else leaf
+            for leaf, part in zip(leaves, parts, strict=True)
+        ]
+        return jax.tree_util.tree_unflatten(treedef, out)
+
+    def push(self) -> _Frame:
+        """A new innermost boundary (a traced function starts)."""
+        frame = _Frame()
+        self._frames.append(frame)
+        return frame
+
+    def pop(self, frame: _Frame) -> None:
+        """The boundary ``push`` returned ends."""
+        if self._frames and self._frames[-1] is frame:
+            self._frames.pop()
+
+    def written(self, state: Any, backward: bool = False) -> Any:
+        """What to write for a JAX call's final ``state``: its frozen parts as at entry.
+        ``state`` is kept as the innermost boundary's last, unless ``backward``."""
+        if not self.frozen:
+            return state
+        if not backward:
+            self._frames[-1].last = state
+        return self.freeze(state)
+
+    def _untouched(self, state: Any) -> bool:
+        leaves, parts, _ = _slots(self.source, state)
+        frozen = self.frozen
+        return all(
+            part is None or part.slot not in frozen or frozen[part.slot] is leaf
+            for leaf, part in zip(leaves, parts, strict=True)
+        )
+
+    def left(self, state: Any, frame: _Frame) -> Any:
+        """What a traced function leaves: ``state``, or, where its frozen parts are still
+        the entry's, what its last inner call left (merged part by part)."""
+        last = frame.last
+        if last is None or not self.frozen or not self._untouched(state):
+            return state
+        return self._merged(state, last)
+
+    def _merged(self, state: Any, last: Any) -> Any:
+        leaves, parts, treedef = _slots(self.source, state)
+        last_leaves, last_parts, _ = _slots(self.source, last)
+        by_slot = {
+            part.slot: leaf
+            for leaf, part in zip(last_leaves, last_parts, strict=True)
+            if part is not None and part.slot in self.frozen
+        }
+        out = [
+            by_slot.get(part.slot, leaf) if part is not None else leaf
+            for leaf, part in zip(leaves, parts, strict=True)
+        ]
+        return jax.tree_util.tree_unflatten(treedef, out)
+
+    def finish(self, failed: bool) -> None:
+        """At the declaration's exit: the state the last forward evaluation left (or, on
+        failure, the entry snapshot) becomes the framework's."""
+        if failed:
+            self.source.write(self.snapshot)
+            return
+        if not self.frozen:
+            return
+        self.source.write(self.left(self.source.read(), self._frames[0]))
+
+    def check_names(self) -> list[str]:
+        """The names the declaration gives that none of this framework's parts has."""
+        leaves, parts, _ = _slots(self.source, self.snapshot)
+        del leaves
+        known = {(part.kind, name) for part in parts if part is not None for name in part.names}
+        return [
+            f"{kind} {name!r}"
+            for kind in KINDS
+            for name in self.declaration.named(kind)
+            if (kind, name) not in known
+        ]
+
+
+def participant(source: Any) -> Participant | None:
+    """The innermost declaration's ``Participant`` for ``source``'s framework, or None
+    (no declaration, or the framework does not take part)."""
+    entered = _solve_state.current_entered()
+    if entered is None:
+        return None
+    framework = getattr(source, "framework", None)
+    return None if framework is None else entered.get(framework)
+
+
+def _on_enter(declaration: solve_state) -> dict[str, Participant]:
+    with _lock:
+        sources = list(_sources.items())
+    participants: dict[str, Participant] = {}
+    for framework, make in sources:
+        source = make()
+        if source is not None:
+            participants[framework] = Participant(declaration, framework, source)
+    _check_names(declaration, participants)
+    return participants
+
+
+def _check_names(declaration: solve_state, participants: dict[str, Participant]) -> None:
+    named = declaration.named("rng") + declaration.named("state")
+    if not named or not participants:
+        return
+    if any(p.source.initializing() for p in participants.values()):
+        return  # at init, collections are still being created
+    unknown = [set(p.check_names()) for p in participants.values()]
+    missing = set.intersection(*unknown) if unknown else set()
+    if missing:
+        known = sorted(
+            {
+                f"{part.kind} {name!r}"
+                for p in participants.values()
+                for part in _slots(p.source, p.snapshot)[1]
+                if part is not None
+                for name in part.names
+            }
+        )
+        raise ValueError(
+            f"jaxoverride.solve_state names {sorted(missing)}, which no running framework "
+            f"has; the names here are {known}. Name an rng stream or a collection the "
+            "model has (a Haiku model has one rng stream: pass rng= a str)."
+        )
+
+
+def _on_exit(declaration: solve_state, participants: dict[str, Participant], failed: bool) -> None:
+    del declaration
+    for entered in participants.values():
+        entered.finish(failed)
+
+
+_solve_state.set_hooks(_on_enter, _on_exit)
