@@ -21,7 +21,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-from examples import fpsolve
+import _examples  # noqa: F401  (puts examples/ on the path)
+import fpsolve  # noqa: E402
 
 Map = Callable[[jax.Array], jax.Array]
 
