@@ -21,8 +21,9 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+
 import _examples  # noqa: F401  (puts examples/ on the path)
-import fpsolve  # noqa: E402
+import fpsolve
 
 Map = Callable[[jax.Array], jax.Array]
 
