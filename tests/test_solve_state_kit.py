@@ -1,0 +1,282 @@
+"""``jaxoverride.solve_state`` in the kit, on a toy framework: the semantics, once.
+
+The toy keeps an rng key, a running mean and a call counter in a dict; its source is the
+kit's ``DictStateSource`` plus the state description (``framework``, ``parts``) and it
+registers with ``register_solve_source``. Its map draws a dropout-like mask per
+evaluation (recorded by a host callback), updates the running mean (an EMA of its input)
+and counts its calls: what a DEQ with dropout and BatchNorm does inside a solver.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxoverride as jo
+from jaxoverride import adapter_kit as kit
+
+MOMENTUM = 0.9
+
+
+class ToySource(kit.DictStateSource):
+    framework = "toy-solve"
+
+    def parts(self, state: Any) -> list[kit.StatePart | None]:
+        paths, _ = jax.tree_util.tree_flatten_with_path(state)
+        kinds = {"key": "rng", "mean": "state", "calls": "state"}
+        return [kit.StatePart(kinds[p[0].key], (p[0].key,), p[0].key) for p, _ in paths]
+
+
+class Toy:
+    """The framework: one store, running while ``running`` is set."""
+
+    def __init__(self) -> None:
+        self.store: dict[str, Any] = {}
+        self.running = False
+        self.masks: list[bytes] = []
+
+    def reset(self) -> None:
+        self.store.update(key=jax.random.key(0), mean=jnp.zeros(3), calls=jnp.int32(0))
+        self.masks.clear()
+
+    def source(self) -> ToySource | None:
+        return ToySource(self.store) if self.running else None
+
+    def f(self, z: jax.Array) -> jax.Array:
+        """The map: a mask from the key sequence, the EMA of ``z``, a call count."""
+        key, sub = jax.random.split(self.store["key"])
+        self.store["key"] = key
+        mask = jax.random.bernoulli(sub, 0.7, z.shape)
+        jax.debug.callback(lambda m: self.masks.append(np.asarray(m).tobytes()), mask)
+        self.store["mean"] = MOMENTUM * self.store["mean"] + (1 - MOMENTUM) * z
+        self.store["calls"] = self.store["calls"] + 1
+        return 0.5 * jnp.cos(jnp.where(mask, z, 0.0)) + 0.2
+
+    def distinct_masks(self) -> int:
+        jax.effects_barrier()
+        return len(set(self.masks))
+
+
+@pytest.fixture
+def toy() -> Iterator[Toy]:
+    framework = Toy()
+    framework.reset()
+    kit.register_solve_source(ToySource.framework, framework.source)
+    active = lambda: framework.running  # noqa: E731
+    source = lambda where: ToySource(framework.store)  # noqa: E731
+    table = kit.threaded_control_flow(active, source)
+    table |= kit.stateful_transforms(
+        kit.source_transform_state(active, source), lambda where, error: error
+    )
+    framework.running = True
+    try:
+        with jo.override_context(table):
+            yield framework
+    finally:
+        framework.running = False
+        kit.unregister_solve_source(ToySource.framework)
+
+
+def forward(toy: Toy, z0: jax.Array, tol: float = 1e-6) -> tuple[jax.Array, jax.Array]:
+    """Plain iteration in a ``while_loop``, as fpsolve's ``forward``."""
+
+    def body(carry: Any) -> Any:
+        z, _, i = carry
+        fz = toy.f(z)
+        return fz, jnp.linalg.norm(fz - z), i + 1
+
+    z, _, steps = jo.lax.while_loop(
+        lambda c: (c[1] > tol) & (c[2] < 200), body, (z0, jnp.float32(jnp.inf), 0)
+    )
+    return z, steps
+
+
+def anderson_like(toy: Toy, z0: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """A direct evaluation before the loop (fpsolve's Anderson computes ``f(z0)`` first)."""
+    z1 = toy.f(z0)
+    return forward(toy, z1)
+
+
+def newton_like(toy: Toy, z0: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """A neutral transform then a direct evaluation in one body (Newton's Jacobian, then
+    its residual): both see the entry rng."""
+
+    def body(carry: Any) -> Any:
+        z, _, i = carry
+        jacobian = jo.jacfwd(toy.f)(z)
+        fz = toy.f(z)
+        step = jnp.linalg.solve(jacobian - jnp.eye(z.size), -(fz - z))
+        return z + step, jnp.linalg.norm(fz - z), i + 1
+
+    z, _, steps = jo.lax.while_loop(
+        lambda c: (c[1] > 1e-6) & (c[2] < 50), body, (z0, jnp.float32(jnp.inf), 0)
+    )
+    return z, steps
+
+
+def fixed_mask_twin(toy_key: jax.Array, z0: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """The hand-written twin: the key split once before the loop, passed in."""
+    key, sub = jax.random.split(toy_key)
+    mask = jax.random.bernoulli(sub, 0.7, z0.shape)
+
+    def g(z: jax.Array) -> jax.Array:
+        return 0.5 * jnp.cos(jnp.where(mask, z, 0.0)) + 0.2
+
+    def body(carry: Any) -> Any:
+        z, _, i = carry
+        fz = g(z)
+        return fz, jnp.linalg.norm(fz - z), i + 1
+
+    z, _, steps = jax.lax.while_loop(
+        lambda c: (c[1] > 1e-6) & (c[2] < 200), body, (z0, jnp.float32(jnp.inf), 0)
+    )
+    return z, steps, key
+
+
+SOLVERS = {"forward": forward, "anderson_like": anderson_like, "newton_like": newton_like}
+
+
+@pytest.mark.parametrize("solver", sorted(SOLVERS))
+@pytest.mark.parametrize("jitted", [False, True], ids=["eager", "jit"])
+def test_one_mask_per_solve_and_state_at_the_solution(toy: Toy, solver: str, jitted: bool) -> None:
+    run = SOLVERS[solver]
+    key0 = toy.store["key"]
+
+    def solve(z0: jax.Array) -> tuple[jax.Array, jax.Array]:
+        with jo.solve_state(state={"mean": "at_solution"}):
+            return run(toy, z0)
+
+    with jax.checking_leaks():
+        if jitted:
+            z, steps, store = jax.jit(lambda z0, s: _with_store(toy, s, solve, z0))(
+                jnp.ones(3), dict(toy.store)
+            )
+            toy.store.update(store)
+        else:
+            z, steps = solve(jnp.ones(3))
+    assert toy.distinct_masks() == 1
+    # The stream advanced once, as if the map had been called once.
+    expected_key, _ = jax.random.split(key0)
+    np.testing.assert_array_equal(
+        jax.random.key_data(toy.store["key"]), jax.random.key_data(expected_key)
+    )
+    # One EMA update, from the entry mean, at the last forward evaluation's input (z*).
+    np.testing.assert_allclose(toy.store["mean"], (1 - MOMENTUM) * z, atol=1e-5)
+    # The counter is per evaluation: every evaluation counted.
+    assert int(toy.store["calls"]) > 2
+    if solver == "forward":
+        twin_z, twin_steps, _ = fixed_mask_twin(key0, jnp.ones(3))
+        np.testing.assert_allclose(z, twin_z, atol=1e-6)
+        assert int(steps) == int(twin_steps)
+    # The next forward call gets a fresh mask.
+    toy.masks.clear()
+    solve(jnp.ones(3))
+    jax.effects_barrier()
+    assert len(set(toy.masks)) == 1
+
+
+def _with_store(toy: Toy, store: dict[str, Any], solve: Any, z0: jax.Array) -> Any:
+    saved = dict(toy.store)
+    toy.store.update(store)
+    try:
+        z, steps = solve(z0)
+        return z, steps, dict(toy.store)
+    finally:
+        toy.store.clear()
+        toy.store.update(saved)
+
+
+def test_without_the_declaration_each_evaluation_draws_anew(toy: Toy) -> None:
+    forward(toy, jnp.ones(3))
+    assert toy.distinct_masks() > 5  # today's eager-Python semantics, kept
+
+
+def test_per_evaluation_is_an_explicit_choice_per_part(toy: Toy) -> None:
+    key0 = toy.store["key"]
+    with jo.solve_state(rng="per_evaluation", state={"mean": "at_solution"}):
+        z, steps = forward(toy, jnp.ones(3))
+    assert toy.distinct_masks() > 5
+    assert not np.array_equal(
+        jax.random.key_data(toy.store["key"]), jax.random.key_data(jax.random.split(key0)[0])
+    )
+    # One EMA update from zero (the map's values lie in [0.2, 0.7]), not an average over
+    # every evaluation (which would be near the iterates themselves).
+    assert float(jnp.max(toy.store["mean"])) <= (1 - MOMENTUM) * 0.7 + 1e-6
+    assert int(toy.store["calls"]) == int(steps)
+    del z
+
+
+def test_the_short_form_freezes_every_state_part(toy: Toy) -> None:
+    with jo.solve_state():
+        forward(toy, jnp.ones(3))
+    assert int(toy.store["calls"]) == 1  # at the solution: one call's count
+
+
+def test_a_failure_leaves_the_state_as_at_entry(toy: Toy) -> None:
+    before = dict(toy.store)
+
+    def failing(z: jax.Array) -> jax.Array:
+        toy.f(z)
+        raise RuntimeError("inside the solve")
+
+    with pytest.raises(RuntimeError, match="inside the solve"), jo.solve_state():
+        forward(toy, jnp.ones(3))
+        failing(jnp.ones(3))
+    assert all(toy.store[k] is before[k] for k in before)
+
+
+def test_the_declaration_is_a_decorator(toy: Toy) -> None:
+    @jo.solve_state()
+    def solve(z0: jax.Array) -> Any:
+        return forward(toy, z0)
+
+    solve(jnp.ones(3))
+    assert toy.distinct_masks() == 1
+
+
+def test_a_backward_calls_writes_are_dropped(toy: Toy) -> None:
+    with jo.solve_state():
+        source = ToySource(toy.store)
+        thread = kit.Threaded(source, 1, "test", backward=True)
+        _, after = thread.run(0, source.read(), toy.f, jnp.ones(3))
+        thread.finish(after)
+        mean_inside = toy.store["mean"]
+    np.testing.assert_array_equal(mean_inside, jnp.zeros(3))
+    np.testing.assert_array_equal(toy.store["mean"], jnp.zeros(3))
+
+
+def test_with_no_framework_running_the_jaxpr_is_unchanged() -> None:
+    def solve(z0: jax.Array) -> Any:
+        return jo.lax.while_loop(lambda z: z.sum() < 10, lambda z: z * 2, z0)
+
+    def declared(z0: jax.Array) -> Any:
+        with jo.solve_state():
+            return solve(z0)
+
+    assert str(jax.make_jaxpr(declared)(jnp.ones(3))) == str(jax.make_jaxpr(solve)(jnp.ones(3)))
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        ({"rng": "once"}, ValueError, r"rng= is 'once'; expected one of \['per_solve'"),
+        ({"state": {"batch_stats": "last"}}, ValueError, r"state\['batch_stats'\] is 'last'"),
+        ({"state": {3: "at_solution"}}, TypeError, "names 3, a int"),
+    ],
+)
+def test_bad_policies_are_refused_with_the_fix(kwargs: Any, error: type, match: str) -> None:
+    with pytest.raises(error, match=match):
+        jo.solve_state(**kwargs)
+
+
+def test_a_name_no_framework_has_is_refused_and_nothing_is_entered(toy: Toy) -> None:
+    with pytest.raises(ValueError, match=r"names \[\"state 'batch_stat'\"\].*'mean'"):
+        with jo.solve_state(state={"batch_stat": "at_solution"}):
+            pass
+    forward(toy, jnp.ones(3))
+    assert toy.distinct_masks() > 5  # the refused declaration left nothing active
