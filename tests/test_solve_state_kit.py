@@ -67,8 +67,8 @@ def toy() -> Iterator[Toy]:
     framework = Toy()
     framework.reset()
     kit.register_solve_source(ToySource.framework, framework.source)
-    active = lambda: framework.running  # noqa: E731
-    source = lambda where: ToySource(framework.store)  # noqa: E731
+    active = lambda: framework.running
+    source = lambda where: ToySource(framework.store)
     table = kit.threaded_control_flow(active, source)
     table |= kit.stateful_transforms(
         kit.source_transform_state(active, source), lambda where, error: error
@@ -220,12 +220,13 @@ def test_the_short_form_freezes_every_state_part(toy: Toy) -> None:
 def test_a_failure_leaves_the_state_as_at_entry(toy: Toy) -> None:
     before = dict(toy.store)
 
-    def failing(z: jax.Array) -> jax.Array:
-        toy.f(z)
-        raise RuntimeError("inside the solve")
+    def failing(z: jax.Array) -> None:
+        with jo.solve_state():
+            forward(toy, z)
+            toy.f(z)
+            raise RuntimeError("inside the solve")
 
-    with pytest.raises(RuntimeError, match="inside the solve"), jo.solve_state():
-        forward(toy, jnp.ones(3))
+    with pytest.raises(RuntimeError, match="inside the solve"):
         failing(jnp.ones(3))
     assert all(toy.store[k] is before[k] for k in before)
 
