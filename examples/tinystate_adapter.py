@@ -61,9 +61,16 @@ class Source:
     over by the functions JAX traces.
     """
 
+    framework = "tinystate"  # for jaxoverride.solve_state: the key registered below
+
     def __init__(self, where: str):
         self.where = where
         self.frame = tinystate.current_frame()
+
+    def parts(self, state: tuple[dict[str, Any], Any]) -> list[kit.StatePart]:
+        """For ``solve_state``, per leaf: each state entry (an array) by name, the key."""
+        rng = [kit.StatePart("rng", (), "rng")] if state[1] is not None else []
+        return [kit.StatePart("state", (n,), n) for n in sorted(state[0])] + rng
 
     def read(self) -> tuple[dict[str, Any], Any]:
         return dict(self.frame.state), self.frame.rng
@@ -121,7 +128,7 @@ class Source:
 # -- The overrides the kit builds on the source ----------------------------------------
 
 CONTROL_FLOW = kit.threaded_control_flow(active, Source, module=__name__)
-
+kit.register_solve_source(Source.framework, lambda: Source("solve_state") if active() else None)
 _STATE = kit.source_transform_state(active, Source)
 
 

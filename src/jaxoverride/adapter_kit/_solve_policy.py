@@ -171,11 +171,24 @@ class Participant:
         policy = self.declaration.policy(part.kind, part.names)
         return policy in (PER_SOLVE, AT_SOLUTION)
 
-    def freeze(self, state: Any) -> Any:
-        """``state`` with its frozen parts as at entry."""
+    def learn(self, state: Any, source: Any = None) -> None:
+        """Takes the frozen parts of ``state`` that did not exist at entry (created inside
+        the declaration, e.g. at init) as their entry values, if no boundary is being
+        traced (so that no traced value of an inner function is kept). ``source``: the
+        source ``state`` was read from (default: the one read at entry), whose ``parts``
+        describe it."""
+        if len(self._frames) != 1:
+            return
+        leaves, parts, _ = _slots(source or self.source, state)
+        for leaf, part in zip(leaves, parts, strict=True):
+            if part is not None and part.slot not in self.frozen and self._freezes(part):
+                self.frozen[part.slot] = leaf
+
+    def freeze(self, state: Any, source: Any = None) -> Any:
+        """``state`` (read from ``source``) with its frozen parts as at entry."""
         if not self.frozen:
             return state
-        leaves, parts, treedef = _slots(self.source, state)
+        leaves, parts, treedef = _slots(source or self.source, state)
         frozen = self.frozen
         out = [
             frozen.get(part.slot, leaf) if part is not None else leaf
@@ -194,34 +207,37 @@ class Participant:
         if self._frames and self._frames[-1] is frame:
             self._frames.pop()
 
-    def written(self, state: Any, backward: bool = False) -> Any:
-        """What to write for a JAX call's final ``state``: its frozen parts as at entry.
-        ``state`` is kept as the innermost boundary's last, unless ``backward``."""
+    def written(self, state: Any, backward: bool = False, source: Any = None) -> Any:
+        """What to write to ``source`` for a JAX call's final ``state``: its frozen parts
+        as at entry. ``state`` is kept as the innermost boundary's last, unless
+        ``backward``."""
         if not self.frozen:
             return state
+        source = source or self.source
         if not backward:
-            self._frames[-1].last = state
-        return self.freeze(state)
+            self._frames[-1].last = (source, state)
+        return self.freeze(state, source)
 
-    def _untouched(self, state: Any) -> bool:
-        leaves, parts, _ = _slots(self.source, state)
+    def _untouched(self, source: Any, state: Any) -> bool:
+        leaves, parts, _ = _slots(source, state)
         frozen = self.frozen
         return all(
             part is None or part.slot not in frozen or frozen[part.slot] is leaf
             for leaf, part in zip(leaves, parts, strict=True)
         )
 
-    def left(self, state: Any, frame: _Frame) -> Any:
-        """What a traced function leaves: ``state``, or, where its frozen parts are still
-        the entry's, what its last inner call left (merged part by part)."""
+    def left(self, state: Any, frame: _Frame, source: Any = None) -> Any:
+        """What a traced function leaves to ``source``: ``state``, or, where its frozen
+        parts are still the entry's, what its last inner call left (part by part)."""
         last = frame.last
-        if last is None or not self.frozen or not self._untouched(state):
+        source = source or self.source
+        if last is None or not self.frozen or not self._untouched(source, state):
             return state
-        return self._merged(state, last)
+        return self._merged(source, state, *last)
 
-    def _merged(self, state: Any, last: Any) -> Any:
-        leaves, parts, treedef = _slots(self.source, state)
-        last_leaves, last_parts, _ = _slots(self.source, last)
+    def _merged(self, source: Any, state: Any, last_source: Any, last: Any) -> Any:
+        leaves, parts, treedef = _slots(source, state)
+        last_leaves, last_parts, _ = _slots(last_source, last)
         by_slot = {
             part.slot: leaf
             for leaf, part in zip(last_leaves, last_parts, strict=True)
@@ -241,7 +257,8 @@ class Participant:
             return
         if not self.frozen:
             return
-        self.source.write(self.left(self.source.read(), self._frames[0]))
+        source = self.source
+        source.write(self.left(source.read(), self._frames[0], source))
 
     def check_names(self) -> list[str]:
         """The names the declaration gives that none of this framework's parts has."""

@@ -246,6 +246,8 @@ class Threaded:
         # backward pass's calls keep the forward's, and their writes are dropped.
         self.policy: Participant | None = participant(source)
         self.backward = backward
+        if self.policy is not None and not backward:
+            self.policy.learn(source.read(), source)
 
     def _start(self, index: int) -> Any:
         if self._alternatives:
@@ -263,10 +265,10 @@ class Threaded:
             return self._run(index, state, fun, *args)
         frame = policy.push()
         try:
-            out, after = self._run(index, policy.freeze(state), fun, *args)
+            out, after = self._run(index, policy.freeze(state, self.source), fun, *args)
         finally:
             policy.pop(frame)
-        return out, policy.left(after, frame)
+        return out, policy.left(after, frame, self.source)
 
     def _run(self, index: int, state: Any, fun: Callable[..., Any], *args: Any) -> tuple[Any, Any]:
         source = self.source
@@ -329,7 +331,7 @@ class Threaded:
                 check(state)
         if ran is not False:
             if self.policy is not None:
-                state = self.policy.written(state, self.backward)
+                state = self.policy.written(state, self.backward, self.source)
             self.source.write(state)
         if names is not None:
             self.source.restore_names(names)
