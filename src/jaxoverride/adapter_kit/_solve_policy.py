@@ -135,12 +135,14 @@ def _slots(source: Any, state: Any) -> tuple[list[Any], list[Any], Any]:
 
 
 class _Frame:
-    """One boundary being traced: the state the last call inside it left."""
+    """One boundary being traced: the state the last call inside it left, and whether
+    it is (inside) a backward pass, whose writes are never kept."""
 
-    __slots__ = ("last",)
+    __slots__ = ("backward", "last")
 
-    def __init__(self) -> None:
+    def __init__(self, backward: bool = False) -> None:
         self.last: Any = None
+        self.backward = backward
 
 
 class Participant:
@@ -196,9 +198,10 @@ class Participant:
         ]
         return jax.tree_util.tree_unflatten(treedef, out)
 
-    def push(self) -> _Frame:
-        """A new innermost boundary (a traced function starts)."""
-        frame = _Frame()
+    def push(self, backward: bool = False) -> _Frame:
+        """A new innermost boundary (a traced function starts); ``backward``: it runs
+        in a backward pass (so does every boundary inside it)."""
+        frame = _Frame(backward or self._frames[-1].backward)
         self._frames.append(frame)
         return frame
 
@@ -214,9 +217,29 @@ class Participant:
         if not self.frozen:
             return state
         source = source or self.source
-        if not backward:
-            self._frames[-1].last = (source, state)
+        innermost = self._frames[-1]
+        if not (backward or innermost.backward):
+            innermost.last = (source, state)
         return self.freeze(state, source)
+
+    def changed_per_evaluation(self, source: Any, before: Any, after: Any) -> list[str]:
+        """The names of the parts the declaration leaves per evaluation that ``after``
+        changed from ``before`` (both read from ``source``): in a function converted into
+        a jaxpr such a write could not come out."""
+        leaves, parts, _ = _slots(source, before)
+        after_leaves, after_parts, _ = _slots(source, after)
+        entry = {
+            part.slot: leaf for leaf, part in zip(leaves, parts, strict=True) if part is not None
+        }
+        return sorted(
+            {
+                f"{part.kind} {'/'.join(part.names) or part.kind}"
+                for leaf, part in zip(after_leaves, after_parts, strict=True)
+                if part is not None
+                and part.slot not in self.frozen
+                and entry.get(part.slot, leaf) is not leaf
+            }
+        )
 
     def _untouched(self, source: Any, state: Any) -> bool:
         leaves, parts, _ = _slots(source, state)

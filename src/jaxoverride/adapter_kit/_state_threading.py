@@ -263,7 +263,7 @@ class Threaded:
         policy = self.policy
         if policy is None:
             return self._run(index, state, fun, *args)
-        frame = policy.push()
+        frame = policy.push(self.backward)
         try:
             out, after = self._run(index, policy.freeze(state, self.source), fun, *args)
         finally:

@@ -1,0 +1,176 @@
+"""Converted functions under ``jaxoverride.solve_state``: what a framework's state does there.
+
+Outside a declaration an adapter runs a function JAX converts into a pure jaxpr
+(``closure_convert``, ``custom_root``, ``custom_linear_solve``) reading its state only: a
+write or a draw could not come out, so it is refused. Inside one, the parts the
+declaration freezes have a defined value in every evaluation (the entry state), so the
+function runs with them, through the source, as a loop body does:
+
+* ``closure_convert``: the converted function also returns the state it left, as an
+  output of its jaxpr, and each evaluation hands it to the declaration's innermost
+  boundary (``Participant.written``): evaluated in a solver's loop body it flows out
+  through the carry as a loop body's writes do, so the solve keeps the state its last
+  forward evaluation wrote; a backward pass's evaluations are dropped there;
+* ``custom_root``: the evaluations inside ``solve`` are the forward ones; what the last
+  one left comes out of JAX's call as an auxiliary output of ``solve`` (``has_aux``) and
+  is kept at the caller; ``f``'s other evaluations (the tangent solve's linearisation)
+  and ``custom_linear_solve``'s ``matvec`` keep nothing;
+* a write to a part the declaration leaves per evaluation is refused, as outside one.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from jaxoverride import errors
+from jaxoverride.adapter_kit._solve_policy import Participant
+from jaxoverride.adapter_kit._state_threading import StateSource, Threaded
+
+
+class _Declared:
+    """One conversion's function run through ``source`` under ``policy``."""
+
+    __slots__ = ("policy", "recording", "source", "state", "thread", "where")
+
+    def __init__(self, where: str, source: StateSource, policy: Participant):
+        self.where = where
+        self.source = source
+        self.policy = policy
+        self.thread = Threaded(source, 1, where)
+        self.state = source.read()
+        self.recording = True
+
+    def run(self, fun: Callable[..., Any], *args: Any) -> tuple[Any, Any]:
+        out, after = self.thread.run(0, self.state, fun, *args)
+        changed = self.policy.changed_per_evaluation(self.source, self.state, after)
+        if changed:
+            raise errors.PureFunctionWriteError(
+                f"{self.where}: the function wrote {', '.join(changed)} inside a function "
+                "that JAX turns into a pure jaxpr, which the jaxoverride.solve_state around "
+                "it leaves per evaluation: such a write cannot come out. Declare it "
+                "(jaxoverride.solve_state(state={...: 'at_solution'}) or rng='per_solve'), "
+                "or write it before the call and pass it in."
+            )
+        return out, after
+
+    def record(self, after: Any) -> None:
+        if self.recording:
+            self.policy.written(after, source=self.source)
+
+
+def declared_closure_convert(
+    where: str,
+    source: StateSource,
+    policy: Participant,
+    below: Callable[..., Any],
+    fun: Callable[..., Any],
+    example_args: tuple[Any, ...],
+) -> tuple[Callable[..., Any], list[Any]]:
+    """``closure_convert`` of ``fun`` whose evaluations keep what they write (above)."""
+    declared = _Declared(where, source, policy)
+    converted, constants = below(functools.partial(declared.run, fun), *example_args)
+
+    @functools.wraps(fun)
+    def evaluated(*args: Any) -> Any:
+        out, after = converted(*args)
+        declared.record(after)
+        return out
+
+    return evaluated, constants
+
+
+def declared_custom_root(
+    where: str,
+    source: StateSource,
+    policy: Participant,
+    below: Callable[..., Any],
+    f: Callable[[Any], Any],
+    initial_guess: Any,
+    solve: Callable[..., Any],
+    tangent_solve: Callable[..., Any],
+    has_aux: bool,
+) -> Any:
+    """``custom_root`` whose ``solve`` keeps what its last evaluation of ``f`` wrote."""
+    declared = _Declared(where, source, policy)
+    declared.recording = False
+
+    def evaluated(x: Any) -> Any:
+        out, after = declared.run(f, x)
+        declared.record(after)
+        return out
+
+    def solving(g: Callable[[Any], Any], guess: Any) -> Any:
+        frame = policy.push()
+        declared.recording = True
+        try:
+            result = solve(g, guess)
+        finally:
+            declared.recording = False
+            policy.pop(frame)
+        solution, aux = result if has_aux else (result, None)
+        if frame.last is None:
+            return solution, (aux, None)
+        floats, restoring[:] = _as_floats(frame.last[1])
+        return solution, (aux, floats)
+
+    restoring: list[Any] = []
+    solution, (aux, last) = below(evaluated, initial_guess, solving, tangent_solve, has_aux=True)
+    if last is not None:
+        policy.written(_restored(last, *restoring), source=source)
+    return (solution, aux) if has_aux else solution
+
+
+# JAX's custom_root gives its auxiliary outputs tangents of their own dtype, which an
+# integer or key output cannot have (``float0``): the state passes through as floats.
+def _as_floats(tree: Any) -> tuple[list[jax.Array], list[Any]]:
+    leaves, treedef = jax.tree.flatten(tree)
+    floats, kinds = [], []
+    for leaf in leaves:
+        leaf = jnp.asarray(leaf)
+        impl = None
+        if jnp.issubdtype(leaf.dtype, jax.dtypes.prng_key):
+            impl, leaf = jax.random.key_impl(leaf), jax.random.key_data(leaf)
+        kinds.append((impl, leaf.dtype))
+        if jnp.issubdtype(leaf.dtype, jnp.inexact):
+            floats.append(leaf)
+        elif leaf.dtype.itemsize in (4, 8):
+            floats.append(jax.lax.bitcast_convert_type(leaf, _FLOATS[leaf.dtype.itemsize]))
+        else:  # bool, 8- and 16-bit integers: exact in float32
+            floats.append(leaf.astype(jnp.float32))
+    return floats, [treedef, kinds]
+
+
+_FLOATS = {4: jnp.float32, 8: jnp.float64}
+
+
+def _restored(floats: list[jax.Array], treedef: Any, kinds: list[Any]) -> Any:
+    leaves = []
+    for value, (impl, dtype) in zip(floats, kinds, strict=True):
+        if jnp.issubdtype(dtype, jnp.inexact):
+            data = value
+        elif dtype.itemsize in (4, 8):
+            data = jax.lax.bitcast_convert_type(value, dtype)
+        else:
+            data = value.astype(dtype)
+        leaves.append(data if impl is None else jax.random.wrap_key_data(data, impl=impl))
+    return jax.tree.unflatten(treedef, leaves)
+
+
+def declared_linear_solve(
+    where: str,
+    source: StateSource,
+    policy: Participant,
+    below: Callable[..., Any],
+    matvec: Callable[[Any], Any],
+    *args: Any,
+    **options: Any,
+) -> Any:
+    """``custom_linear_solve`` whose ``matvec`` sees the declared state and keeps nothing."""
+    declared = _Declared(where, source, policy)
+    declared.recording = False
+    return below(lambda x: declared.run(matvec, x)[0], *args, **options)
