@@ -285,6 +285,11 @@ __all__ = [
     "zeros_for",
 ]
 from jaxoverride.adapter_kit._scoped_source import ScopedStateSource as ScopedStateSource
+from jaxoverride.adapter_kit._declared_conversion import (
+    declared_closure_convert as declared_closure_convert,
+    declared_custom_root as declared_custom_root,
+    declared_linear_solve as declared_linear_solve,
+)
 from jaxoverride.adapter_kit._solve_policy import (
     Participant as Participant,
     StatePart as StatePart,
@@ -322,6 +327,9 @@ from jaxoverride.adapter_kit._stateful_transforms import (
 __all__ += init_safe_control.__all__
 __all__ += [
     "Participant",
+    "declared_closure_convert",
+    "declared_custom_root",
+    "declared_linear_solve",
     "StatePart",
     "participant",
     "register_solve_source",
