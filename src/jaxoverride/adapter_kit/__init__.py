@@ -284,12 +284,12 @@ __all__ = [
     "zero_tangents",
     "zeros_for",
 ]
-from jaxoverride.adapter_kit._scoped_source import ScopedStateSource as ScopedStateSource
 from jaxoverride.adapter_kit._declared_conversion import (
     declared_closure_convert as declared_closure_convert,
     declared_custom_root as declared_custom_root,
     declared_linear_solve as declared_linear_solve,
 )
+from jaxoverride.adapter_kit._scoped_source import ScopedStateSource as ScopedStateSource
 from jaxoverride.adapter_kit._solve_policy import (
     Participant as Participant,
     StatePart as StatePart,

@@ -71,7 +71,43 @@ def declared_closure_convert(
     fun: Callable[..., Any],
     example_args: tuple[Any, ...],
 ) -> tuple[Callable[..., Any], list[Any]]:
-    """``closure_convert`` of ``fun`` whose evaluations keep what they write (above)."""
+    """``closure_convert`` of ``fun`` whose evaluations keep what they write (above).
+
+    Args:
+      where: the neutral name, for messages.
+      source: the framework's ``StateSource`` at the call.
+      policy: its ``Participant`` (``participant(source)``).
+      below: the ``closure_convert`` below.
+      fun: the function to convert.
+      example_args: its example arguments.
+
+    Returns:
+      ``(converted, constants)``, as ``jax.closure_convert`` returns them.
+
+    Example:
+      A declaration over a dict-of-arrays framework "doc" whose map draws from a key:
+
+      >>> import jax, jax.numpy as jnp, jaxoverride as jo
+      >>> from jaxoverride import adapter_kit as kit
+      >>> store = {"key": jax.random.key(0)}
+      >>> class Source(kit.DictStateSource):
+      ...     framework = "doc"
+      ...     def parts(self, state):
+      ...         return [kit.StatePart("rng", (), "key")]
+      >>> kit.register_solve_source("doc", lambda: Source(store))
+      >>> def f(x):
+      ...     store["key"], sub = jax.random.split(store["key"])
+      ...     return x * jax.random.uniform(sub)
+      >>> with jo.solve_state():
+      ...     source = Source(store)
+      ...     policy = kit.participant(source)
+      ...     g, consts = kit.declared_closure_convert(
+      ...         "doc", source, policy, jax.closure_convert, f, (1.0,))
+      ...     same = float(g(1.0, *consts)) == float(g(1.0, *consts))
+      >>> same  # one key per solve: every evaluation draws the same
+      True
+      >>> kit.unregister_solve_source("doc")
+    """
     declared = _Declared(where, source, policy)
     converted, constants = below(functools.partial(declared.run, fun), *example_args)
 
@@ -95,7 +131,42 @@ def declared_custom_root(
     tangent_solve: Callable[..., Any],
     has_aux: bool,
 ) -> Any:
-    """``custom_root`` whose ``solve`` keeps what its last evaluation of ``f`` wrote."""
+    """``custom_root`` whose ``solve`` keeps what its last evaluation of ``f`` wrote.
+
+    Args:
+      where: the neutral name, for messages.
+      source: the framework's ``StateSource`` at the call.
+      policy: its ``Participant``.
+      below: the ``custom_root`` below.
+      f, initial_guess, solve, tangent_solve, has_aux: as for ``jax.lax.custom_root``.
+
+    Returns:
+      What ``jax.lax.custom_root`` returns.
+
+    Example:
+      A declaration over a dict-of-arrays framework "doc" whose map draws from a key:
+
+      >>> import jax, jax.numpy as jnp, jaxoverride as jo
+      >>> from jaxoverride import adapter_kit as kit
+      >>> store = {"key": jax.random.key(0)}
+      >>> class Source(kit.DictStateSource):
+      ...     framework = "doc"
+      ...     def parts(self, state):
+      ...         return [kit.StatePart("rng", (), "key")]
+      >>> kit.register_solve_source("doc", lambda: Source(store))
+      >>> def f(x):
+      ...     store["key"], sub = jax.random.split(store["key"])
+      ...     return x * jax.random.uniform(sub)
+      >>> with jo.solve_state():
+      ...     source = Source(store)
+      ...     policy = kit.participant(source)
+      ...     root = kit.declared_custom_root(
+      ...         "doc", source, policy, jax.lax.custom_root, lambda x: f(x) - x, 0.0,
+      ...         lambda g, x: x, lambda g, y: y, False)
+      >>> float(root)
+      0.0
+      >>> kit.unregister_solve_source("doc")
+    """
     declared = _Declared(where, source, policy)
     declared.recording = False
 
@@ -170,7 +241,43 @@ def declared_linear_solve(
     *args: Any,
     **options: Any,
 ) -> Any:
-    """``custom_linear_solve`` whose ``matvec`` sees the declared state and keeps nothing."""
+    """``custom_linear_solve`` whose ``matvec`` sees the declared state and keeps nothing.
+
+    Args:
+      where: the neutral name, for messages.
+      source: the framework's ``StateSource`` at the call.
+      policy: its ``Participant``.
+      below: the ``custom_linear_solve`` below.
+      matvec: the linear map.
+      *args, **options: the rest of ``jax.lax.custom_linear_solve``'s arguments.
+
+    Returns:
+      What ``jax.lax.custom_linear_solve`` returns.
+
+    Example:
+      A declaration over a dict-of-arrays framework "doc" whose map draws from a key:
+
+      >>> import jax, jax.numpy as jnp, jaxoverride as jo
+      >>> from jaxoverride import adapter_kit as kit
+      >>> store = {"key": jax.random.key(0)}
+      >>> class Source(kit.DictStateSource):
+      ...     framework = "doc"
+      ...     def parts(self, state):
+      ...         return [kit.StatePart("rng", (), "key")]
+      >>> kit.register_solve_source("doc", lambda: Source(store))
+      >>> def f(x):
+      ...     store["key"], sub = jax.random.split(store["key"])
+      ...     return x * jax.random.uniform(sub)
+      >>> with jo.solve_state():
+      ...     source = Source(store)
+      ...     policy = kit.participant(source)
+      ...     x = kit.declared_linear_solve(
+      ...         "doc", source, policy, jax.lax.custom_linear_solve, lambda v: 2.0 * v,
+      ...         jnp.float32(4.0), lambda mv, b: b / 2.0)
+      >>> float(x)
+      2.0
+      >>> kit.unregister_solve_source("doc")
+    """
     declared = _Declared(where, source, policy)
     declared.recording = False
     return below(lambda x: declared.run(matvec, x)[0], *args, **options)

@@ -150,6 +150,23 @@ class Participant:
 
     Made when the declaration is entered; the kit's ``Threaded`` and an adapter's own
     boundaries call ``freeze``, ``push``/``pop``, ``written`` and ``left``.
+
+    Args:
+      declaration: the ``jaxoverride.solve_state`` entered.
+      framework: the framework's key.
+      source: its ``StateSource`` at entry (read once: the entry snapshot).
+
+    Example:
+      >>> import jax.numpy as jnp, jaxoverride as jo
+      >>> from jaxoverride import adapter_kit as kit
+      >>> class Source(kit.DictStateSource):
+      ...     framework = "doc"
+      ...     def parts(self, state):
+      ...         return [kit.StatePart("state", ("mean",), "mean")]
+      >>> store = {"mean": jnp.zeros(())}
+      >>> policy = kit.Participant(jo.solve_state(), "doc", Source(store))
+      >>> float(policy.freeze({"mean": jnp.ones(())}, Source(store))["mean"])
+      0.0
     """
 
     __slots__ = ("_frames", "declaration", "framework", "frozen", "snapshot", "source")
@@ -297,8 +314,19 @@ class Participant:
 
 
 def participant(source: Any) -> Participant | None:
-    """The innermost declaration's ``Participant`` for ``source``'s framework, or None
-    (no declaration, or the framework does not take part)."""
+    """The innermost declaration's ``Participant`` for ``source``'s framework.
+
+    Args:
+      source: a ``StateSource`` (its ``framework`` attribute names the framework).
+
+    Returns:
+      The ``Participant``, or None (no declaration, or the framework does not take part).
+
+    Example:
+      >>> from jaxoverride import adapter_kit as kit
+      >>> kit.participant(kit.DictStateSource({})) is None
+      True
+    """
     entered = _solve_state.current_entered()
     if entered is None:
         return None
