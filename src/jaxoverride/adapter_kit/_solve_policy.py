@@ -169,7 +169,7 @@ class Participant:
       0.0
     """
 
-    __slots__ = ("_frames", "declaration", "framework", "frozen", "snapshot", "source")
+    __slots__ = ("_frames", "closed", "declaration", "framework", "frozen", "snapshot", "source")
 
     def __init__(self, declaration: solve_state, framework: str, source: Any):
         self.declaration = declaration
@@ -185,6 +185,7 @@ class Participant:
             if part is not None and self._freezes(part)
         }
         self._frames: list[_Frame] = [_Frame()]
+        self.closed = False
 
     def _freezes(self, part: StatePart) -> bool:
         policy = self.declaration.policy(part.kind, part.names)
@@ -235,7 +236,7 @@ class Participant:
             return state
         source = source or self.source
         innermost = self._frames[-1]
-        if not (backward or innermost.backward):
+        if not (backward or innermost.backward or self.closed):
             innermost.last = (source, state)
         return self.freeze(state, source)
 
@@ -291,7 +292,10 @@ class Participant:
 
     def finish(self, failed: bool) -> None:
         """At the declaration's exit: the state the last forward evaluation left (or, on
-        failure, the entry snapshot) becomes the framework's."""
+        failure, the entry snapshot) becomes the framework's. What runs after it under
+        this participant (a ``custom_vjp``'s backward pass, which JAX runs once the
+        forward function has returned) still sees the entry state, and keeps nothing."""
+        self.closed = True
         if failed:
             self.source.write(self.snapshot)
             return
