@@ -3,8 +3,7 @@
 The walkthrough of docs/writing-an-adapter.md, complete: a state source over tinystate's
 frame (its state and rng key threaded, its parameters read-only), and the overrides the
 kit builds on it, on public names only (``jaxoverride``, ``jaxoverride.adapter_kit``,
-``jaxoverride.errors``). ``context()`` activates it. ``tinystate_record`` tells the
-missing-adapter check about tinystate.
+``jaxoverride.errors``). ``context()`` activates it; ``tinystate_record`` is its record.
 
 Example:
   >>> import jax, jax.numpy as jnp
@@ -218,7 +217,8 @@ def _reads_only(where: str, fun: Callable[..., Any]) -> Callable[..., Any]:
     def refuse(what: str) -> Exception:
         return errors.PureFunctionWriteError(
             f"{where}: {what} inside a function that JAX turns into a pure jaxpr, where "
-            "nothing written could come out; write or draw before the call, and pass it in."
+            "nothing written could come out; write or draw before the call, and pass it in "
+            "(or, in a solver's map, declare jaxoverride.solve_state() around the solve)."
         )
 
     @kit.wraps(fun)
@@ -237,7 +237,7 @@ def _converting(
     return kit.init_safe(Source(where), creation, lambda: trace(_reads_only(where, fun)))
 
 
-CONVERSIONS = kit.conversion_overrides(active, _converting, module=__name__)
+CONVERSIONS = kit.conversion_overrides(active, _converting, module=__name__, source=Source)
 
 
 def eval_shape(fun: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:

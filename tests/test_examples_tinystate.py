@@ -355,3 +355,38 @@ def test_a_declared_solve_draws_one_mask_and_updates_the_state_once(declared):
         (z_init, _, _), _ = model.apply(params, state, jax.random.key(0), X)
     _close(state["ema"], 0.1 * z_init, 1e-6)
     assert int(steps) < 100
+
+
+def _dropout_root(x):
+    """A DEQ with a dropout mask in its map, solved by ``custom_root`` (implicit)."""
+    w = ts.param("w", (3, 3), jax.nn.initializers.normal(0.3))
+
+    def residual(z):
+        mask = jax.random.bernoulli(ts.next_key(), 0.8, z.shape)
+        jax.debug.callback(lambda m: _MASKS.append(np.asarray(m).tobytes()), mask)
+        return jnp.tanh(w @ jnp.where(mask, z, 0.0) + x) - z
+
+    tangent_solve = lambda g, y: jnp.linalg.solve(jax.jacobian(g)(y), y)
+    with jo.solve_state():
+        return jlax.custom_root(residual, jnp.zeros(3), _solve, tangent_solve)
+
+
+def test_a_declared_implicit_solve_draws_one_mask_and_its_gradient_is_the_unrolled_one():
+    """What a converted map refuses outside a declaration runs under it: one mask for
+    the forward solve and the implicit gradient's linearisation."""
+    model = ts.transform(_dropout_root)
+    with jax.checking_leaks(), tinystate_adapter.context():
+        params, state = model.init(jax.random.key(0), X)
+        _MASKS.clear()
+        loss = lambda p: jnp.sum(model.apply(p, state, jax.random.key(1), X)[0] ** 2)
+        grads = jax.jit(jax.grad(loss))(params)
+        jax.effects_barrier()
+    assert len(set(_MASKS)) == 1
+    _, sub = jax.random.split(jax.random.key(1))
+    mask = jax.random.bernoulli(sub, 0.8, (3,))
+
+    def unrolled(p):
+        step = lambda _, z: jnp.tanh(p["w"] @ jnp.where(mask, z, 0.0) + X)
+        return jnp.sum(jax.lax.fori_loop(0, 200, step, jnp.zeros(3)) ** 2)
+
+    _close(grads, jax.grad(unrolled)(params), 1e-5)
