@@ -23,7 +23,7 @@ import jax.numpy as jnp
 
 import jaxoverride as jo
 from jaxoverride import adapter_kit as kit
-from jaxoverride_linen._scope import in_bound_module, source
+from jaxoverride_linen._source import in_bound_module, source
 
 # A function under vmap, grad, vjp or jvp may sow: its call records what it sows first
 # (stacked along vmap's axis, as nn.vmap's variable_axes={collection: 0}), and runs again.
