@@ -101,6 +101,37 @@ def distinct_functions(functions: Sequence[Callable[..., Any]]) -> list[Callable
     return list(seen.values())
 
 
+def first_slice(xs: Any, reverse: bool = False, *, replay: Callable[[], Any]) -> Any:
+    """The slice a loop over ``xs`` sees first; zeros of the slice shape if ``xs`` is empty.
+
+    A creation pass calls a ``scan`` or ``map`` body on it, outside JAX. ``xs`` that JAX
+    refuses (a string, a generator, a scalar) raise JAX's own error: on failure
+    ``replay`` (JAX's loop over the same ``xs`` with a body that does nothing) runs under
+    ``jax.eval_shape``, so that no user code runs.
+
+    Args:
+      xs: the loop's ``xs``.
+      reverse: whether the loop runs from the end (``scan(..., reverse=True)``).
+      replay: JAX's loop over ``xs`` with a body that does nothing.
+
+    Returns:
+      The first slice each leaf gives the body, as an array.
+    """
+
+    def first(leaf: Any) -> Any:
+        leaf = as_jax_operands(leaf)
+        if leaf.shape[0] == 0:
+            return jnp.zeros(leaf.shape[1:], leaf.dtype)
+        return leaf[-1 if reverse else 0]
+
+    try:
+        return jax.tree_util.tree_map(first, xs)
+    except (AttributeError, IndexError, TypeError, ValueError) as error:
+        failure = error
+    jax.eval_shape(replay)  # raises JAX's error for these xs
+    raise failure
+
+
 def _take_first(tree: Any, axis: int | None) -> Any:
     if axis is None:
         return tree

@@ -41,7 +41,12 @@ from jax.core import Tracer, eval_jaxpr
 from jaxoverride.adapter_kit._batched_map import batched_map
 from jaxoverride.adapter_kit._cache import WrapperCache
 from jaxoverride.adapter_kit._handed import handed_call
-from jaxoverride.adapter_kit._operands import NO_OPERAND as _NO_OPERAND, distinct_functions
+from jaxoverride.adapter_kit._operands import (
+    NO_OPERAND as _NO_OPERAND,
+    as_jax_operands,
+    distinct_functions,
+    first_slice,
+)
 from jaxoverride.adapter_kit._phase import applying, is_applying
 from jaxoverride.errors import StructureChangeError
 
@@ -360,20 +365,6 @@ def _retrying(call: Callable[[], Any]) -> Any:
     )
 
 
-def _as_operands(tree: Any) -> Any:
-    return jax.tree.map(jnp.asarray, tree)
-
-
-def _first_slice(xs: Any, reverse: bool) -> Any:
-    def first(leaf: Any) -> Any:
-        leaf = jnp.asarray(leaf)
-        if leaf.shape[0] == 0:
-            return jnp.zeros(leaf.shape[1:], leaf.dtype)
-        return leaf[-1 if reverse else 0]
-
-    return jax.tree.map(first, xs)
-
-
 def _scan_length(xs: Any, length: Any) -> int | None:
     """A scan's trip count as it is traced (None where JAX will refuse the call)."""
     if length is not None:
@@ -452,7 +443,11 @@ def threaded_scan(
             handed.thread.finish(state, ran=_scan_length(xs, length) != 0)
         return value, ys
 
-    return init_safe(source, lambda: f(_as_operands(init), _first_slice(xs, reverse)), call)
+    def creation() -> Any:
+        replay = lambda: jax.lax.scan(lambda c, _: (c, None), init, xs, length, reverse)
+        return f(as_jax_operands(init), first_slice(xs, reverse, replay=replay))
+
+    return init_safe(source, creation, call)
 
 
 def threaded_while_loop(
@@ -572,7 +567,7 @@ def threaded_while_loop(
         return value
 
     def creation() -> Any:
-        value = _as_operands(init_val)
+        value = as_jax_operands(init_val)
         return cond_fun(value), body_fun(value)
 
     carried = getattr(source, "carried_predicate", False)
@@ -672,7 +667,7 @@ def threaded_fori_loop(
             handed.thread.finish(state, ran=_may_run(lower_bound, upper_bound))
         return value
 
-    creation = lambda: body_fun(_as_operands(lower_bound), _as_operands(init_val))
+    creation = lambda: body_fun(as_jax_operands(lower_bound), as_jax_operands(init_val))
     return init_safe(source, creation, call)
 
 
@@ -685,6 +680,11 @@ def _threaded_branches(
     call: Callable[[list[Callable[..., Any]], Any], Any],
 ) -> Any:
     if operand is not _NO_OPERAND:
+        if operands:  # JAX's own refusal, before any branch runs
+            raise TypeError(
+                "if 'operand' keyword is passed then no positional operands can be "
+                f"passed, got {operand=} and positional operands {operands}"
+            )
         operands = (operand,)
 
     # One wrapper per distinct branch object: JAX traces a repeated branch once.
@@ -712,7 +712,7 @@ def _threaded_branches(
         return out
 
     def creation() -> Any:
-        arguments = _as_operands(operands)
+        arguments = as_jax_operands(operands)
         start = source.names() if alternatives else None
         outs = []
         for branch in distinct:
