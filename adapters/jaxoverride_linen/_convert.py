@@ -78,15 +78,15 @@ def eval_shape(fun: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     loop's condition (equinox checks its callbacks' shapes there) must not do. At init a
     creation pass first creates the variables the function uses.
     """
-    lower = jo.next_impl("eval_shape")
+    below = jo.next_impl("eval_shape")
     if not _source.in_bound_module():
-        return lower(fun, *args, **kwargs)
+        return below(fun, *args, **kwargs)
     where = "jaxoverride.eval_shape"
     source = _source.source(where)
 
     def call() -> Any:
         with discarding(source.roots):
-            return lower(lambda *a, **k: fun(*a, **k), *args, **kwargs)
+            return below(lambda *a, **k: fun(*a, **k), *args, **kwargs)
 
     creation = lambda: fun(*traced_arguments(zeros_for(args)), **zeros_for(kwargs))
     return init_safe(source, creation, call)
