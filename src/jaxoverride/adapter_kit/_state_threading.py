@@ -390,7 +390,7 @@ def _wraps(fun: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
 
 def threaded_scan(
     source: StateSource,
-    lower: Callable[..., Any],
+    below: Callable[..., Any],
     f: Callable[..., Any],
     init: Any,
     xs: Any = None,
@@ -403,11 +403,11 @@ def threaded_scan(
 
     Args:
       source: the ``StateSource``.
-      lower: the scan to run (``jax.lax.scan`` or ``jaxoverride.next_impl("lax.scan")``).
+      below: the scan to run (``jax.lax.scan`` or ``jaxoverride.next_impl("lax.scan")``).
       f, init, xs, length, reverse, unroll, _split_transpose: as for ``jax.lax.scan``.
 
     Returns:
-      ``(carry, ys)``, as ``lower`` returns them.
+      ``(carry, ys)``, as ``below`` returns them.
 
     Example:
       >>> import jax, jax.numpy as jnp
@@ -431,7 +431,7 @@ def threaded_scan(
 
     def call() -> Any:
         with handed_call(source, "jaxoverride.lax.scan", (f,), 1, runs, Threaded) as handed:
-            (value, state), ys = lower(
+            (value, state), ys = below(
                 handed.functions[0],
                 (init, source.read()),
                 xs,
@@ -452,7 +452,7 @@ def threaded_scan(
 
 def threaded_while_loop(
     source: StateSource,
-    lower: Callable[..., Any],
+    below: Callable[..., Any],
     cond_fun: Callable[..., Any],
     body_fun: Callable[..., Any],
     init_val: Any,
@@ -467,7 +467,7 @@ def threaded_while_loop(
 
     Args:
       source: the ``StateSource``.
-      lower: the while loop to run.
+      below: the while loop to run.
       cond_fun, body_fun, init_val: as for ``jax.lax.while_loop``.
 
     Returns:
@@ -529,7 +529,7 @@ def threaded_while_loop(
         with handed_call(source, where, functions, 3, carried_runs, Threaded) as handed:
             test, body = handed.functions
             pred, state = _first_test(handed.traces, test, source.read(), init_val)
-            value, state, _ = lower(_carried_predicate, body, (init_val, state, pred))
+            value, state, _ = below(_carried_predicate, body, (init_val, state, pred))
             handed.thread.finish(state, ran=None)
         return value
 
@@ -538,7 +538,7 @@ def threaded_while_loop(
         with handed_call(source, where, functions, 2, read_only_runs, Threaded) as handed:
             if handed.variant is None:
                 try:
-                    value, state = lower(*handed.functions, (init_val, source.read()))
+                    value, state = below(*handed.functions, (init_val, source.read()))
                 except _PredicateChangedStateError:
                     handed.variant = "stateful"  # reused: the next call goes straight there
                 else:
@@ -560,7 +560,7 @@ def threaded_while_loop(
         # each body instead, carrying it: cond, body, cond, body, ... as Python would.
         first = jnp.asarray(cond_fun(init_val), dtype=bool)
         with handed_call(source, where, functions, 1, stateful_runs, Threaded) as handed:
-            value, state, _ = lower(
+            value, state, _ = below(
                 _carried_predicate, handed.functions[0], (init_val, source.read(), first)
             )
             handed.thread.finish(state, ran=None)
@@ -616,7 +616,7 @@ def _carried_predicate(carry: Any) -> Any:
 
 def threaded_fori_loop(
     source: StateSource,
-    lower: Callable[..., Any],
+    below: Callable[..., Any],
     lower_bound: Any,
     upper_bound: Any,
     body_fun: Callable[..., Any],
@@ -628,7 +628,7 @@ def threaded_fori_loop(
 
     Args:
       source: the ``StateSource``.
-      lower: the fori loop to run.
+      below: the fori loop to run.
       lower_bound, upper_bound, body_fun, init_val, unroll: as for ``jax.lax.fori_loop``.
 
     Returns:
@@ -657,7 +657,7 @@ def threaded_fori_loop(
     def call() -> Any:
         where = "jaxoverride.lax.fori_loop"
         with handed_call(source, where, (body_fun,), 1, runs, Threaded) as handed:
-            value, state = lower(
+            value, state = below(
                 lower_bound,
                 upper_bound,
                 handed.functions[0],
@@ -726,7 +726,7 @@ def _threaded_branches(
 
 def threaded_cond(
     source: StateSource,
-    lower: Callable[..., Any],
+    below: Callable[..., Any],
     pred: Any,
     true_fun: Callable[..., Any],
     false_fun: Callable[..., Any],
@@ -739,7 +739,7 @@ def threaded_cond(
 
     Args:
       source: the ``StateSource``.
-      lower: the cond to run.
+      below: the cond to run.
       pred, true_fun, false_fun, operands, operand: as for ``jax.lax.cond``.
 
     Returns:
@@ -756,14 +756,14 @@ def threaded_cond(
       >>> float(out), int(store["hits"])
       (2.0, 1)
     """
-    call = lambda fns, packed: lower(pred, fns[0], fns[1], packed)
+    call = lambda fns, packed: below(pred, fns[0], fns[1], packed)
     where = "jaxoverride.lax.cond"
     return _threaded_branches(source, where, (true_fun, false_fun), operands, operand, call)
 
 
 def threaded_switch(
     source: StateSource,
-    lower: Callable[..., Any],
+    below: Callable[..., Any],
     index: Any,
     branches: Sequence[Callable[..., Any]],
     *operands: Any,
@@ -773,7 +773,7 @@ def threaded_switch(
 
     Args:
       source: the ``StateSource``.
-      lower: the switch to run.
+      below: the switch to run.
       index, branches, operands, operand: as for ``jax.lax.switch``.
 
     Returns:
@@ -793,7 +793,7 @@ def threaded_switch(
       >>> int(out), int(store["last"])
       (12, 2)
     """
-    call = lambda fns, packed: lower(index, fns, packed)
+    call = lambda fns, packed: below(index, fns, packed)
     where = "jaxoverride.lax.switch"
     return _threaded_branches(source, where, tuple(branches), operands, operand, call)
 
