@@ -102,20 +102,12 @@ def distinct_functions(functions: Sequence[Callable[..., Any]]) -> list[Callable
 
 
 def first_slice(xs: Any, reverse: bool = False, *, replay: Callable[[], Any]) -> Any:
-    """The slice a loop over ``xs`` sees first; zeros of the slice shape if ``xs`` is empty.
+    """The slice a loop over ``xs`` sees first (the last with ``reverse``), for a creation
+    pass; zeros of the slice shape if ``xs`` is empty.
 
-    A creation pass calls a ``scan`` or ``map`` body on it, outside JAX. ``xs`` that JAX
-    refuses (a string, a generator, a scalar) raise JAX's own error: on failure
-    ``replay`` (JAX's loop over the same ``xs`` with a body that does nothing) runs under
-    ``jax.eval_shape``, so that no user code runs.
-
-    Args:
-      xs: the loop's ``xs``.
-      reverse: whether the loop runs from the end (``scan(..., reverse=True)``).
-      replay: JAX's loop over ``xs`` with a body that does nothing.
-
-    Returns:
-      The first slice each leaf gives the body, as an array.
+    ``xs`` that JAX refuses (a string, a generator, a scalar) raise JAX's own error: on
+    failure ``replay`` (JAX's loop over the same ``xs`` with a body that does nothing) runs
+    under ``jax.eval_shape``, so that no user code runs.
     """
 
     def first(leaf: Any) -> Any:
