@@ -158,6 +158,8 @@ def init_safe_scan(
       default_scan: the scan to run the loop with (``jax.lax.scan``, or the next
         implementation when called from an override).
       initializing: whether to make the creation pass; ``is_initializing`` by default.
+        Not asked inside an apply pass (``is_applying()``): a combinator nested in one
+        only applies, its parameters made by the outer creation pass.
       create: runs the creation pass, a thunk calling ``f`` once on ``init`` and the
         first slice of ``xs`` (zeros of its shape if ``xs`` is empty).
 
