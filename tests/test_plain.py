@@ -314,6 +314,33 @@ def test_nested_loops_create_once_per_combinator_outside_every_trace():
     assert_same(at_init, apply(lambda *a: nested_model(ops, *a), store.params, H, XS[:3]))
 
 
+def test_a_hook_that_always_initialises_creates_only_outside_every_trace():
+    """A custom ``initializing`` hook is not asked inside an apply pass: the combinator
+    nested in the traced body only applies (its parameters came from the outer creation
+    pass), so no creation pass runs inside JAX's trace."""
+    creations: list[bool] = []
+
+    def create(thunk):
+        creations.append(inside_a_trace())
+        thunk()
+
+    always = {"initializing": lambda: True, "create": create}
+
+    def body(carry, x):
+        inner = plain.init_safe_cond(x > 0, jnp.sin, jnp.cos, carry, **always)
+        return inner + x, None
+
+    with jax.checking_leaks():
+        carry, _ = plain.init_safe_scan(body, jnp.float32(0.5), XS[:3, 0], **always)
+    assert creations == [False, False]  # the scan's pass, and the cond's inside it
+    expected, _ = jax.lax.scan(
+        lambda c, x: (jax.lax.cond(x > 0, jnp.sin, jnp.cos, c) + x, None),
+        jnp.float32(0.5),
+        XS[:3, 0],
+    )
+    assert_same(carry, expected)
+
+
 RAW_LEAKS = ["scan", "while_loop", "fori_loop", "cond-array-predicate", "switch", "map", "nested"]
 
 

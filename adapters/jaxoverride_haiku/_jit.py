@@ -102,9 +102,9 @@ def _positional_count(fun: Callable[..., Any]) -> int:
 class HaikuJit:
     """What ``jaxoverride.jit(fun)`` runs inside ``hk.transform`` with the adapter active."""
 
-    def __init__(self, fun: Callable[..., Any], lower: Callable[..., Any], options: dict[str, Any]):
+    def __init__(self, fun: Callable[..., Any], below: Callable[..., Any], options: dict[str, Any]):
         self._fun = fun
-        self._plain = lower(fun, **options)
+        self._plain = below(fun, **options)
         self._keys: dict[tuple[Any, ...], _Key] = {}
         self._lock = threading.Lock()
         inner_options = dict(options)
@@ -135,10 +135,10 @@ class HaikuJit:
         if "out_shardings" in options:
             inner_options["out_shardings"] = (options["out_shardings"], None)
         self._static_argnums = frozenset(static_argnums)
-        self._lower = lower
+        self._below = below
         self._inner_options = inner_options
         self._per_count: dict[int, Callable[..., Any]] = {}
-        self._inner = lower(self._pure_function(), **inner_options)
+        self._inner = below(self._pure_function(), **inner_options)
         if self._single_in_sharding is not None:
             # Built now for the usual count, while the implementation below is resolvable.
             self._inner_for(_positional_count(fun))
@@ -154,7 +154,7 @@ class HaikuJit:
             options = {**self._inner_options, "in_shardings": shardings}
             with self._lock:
                 inner = self._per_count.setdefault(
-                    count, self._lower(self._pure_function(), **options)
+                    count, self._below(self._pure_function(), **options)
                 )
         return inner
 

@@ -81,9 +81,9 @@ def _concrete(tree: Any) -> Any:
 
 
 def eval_shape(fun: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-    lower = jo.next_impl("eval_shape")
+    below = jo.next_impl("eval_shape")
     if not state_usable():
-        return lower(fun, *args, **kwargs)
+        return below(fun, *args, **kwargs)
 
     def creation() -> None:
         fun(*_concrete(args), **_concrete(kwargs))
@@ -93,7 +93,7 @@ def eval_shape(fun: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         # inside still take their names.
         call = TracedCall("jaxoverride.eval_shape")
         pure = kit.wraps(fun)(lambda *a, **k: call.run(fun, a, k)[0])
-        out = lower(pure, *args, **kwargs)
+        out = below(pure, *args, **kwargs)
         call.thread.finish()
         return out
 

@@ -104,7 +104,7 @@ def _call_in_scope(module: Any, fun: Any, args: Any, kwargs: Any) -> Any:
 def _call_marked(module: Any, fun: Any, args: Any, kwargs: Any) -> Any:
     """Linen's call; an outermost call inside a JAX trace that the module's root was not
     bound in (a module from ``.bind()`` used in a free function's loop) is marked, so
-    that a write of its variables is refused (``_scope``) instead of leaking a tracer:
+    that a write of its variables is refused (``_source``) instead of leaking a tracer:
     the trace was started by no method of the module, so nothing threads its state."""
     root = module.scope.root
     if _linen_context.module_stack[-1] is not None or root.trace_level == (

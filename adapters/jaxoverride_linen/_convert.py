@@ -26,7 +26,7 @@ from typing import Any
 import jaxoverride as jo
 from jaxoverride import adapter_kit as kit
 from jaxoverride.adapter_kit import init_safe, traced_arguments, zeros_for
-from jaxoverride_linen import _scope
+from jaxoverride_linen import _source
 from jaxoverride_linen._guards import discarding, pure
 
 CONVERTED = (
@@ -54,7 +54,7 @@ def _converting(
     trace: Callable[[Callable[..., Any]], Any],
     creation: Callable[[], Any],
 ) -> Any:
-    source = _scope.source(where)
+    source = _source.source(where)
 
     def traced(*args: Any, **kwargs: Any) -> Any:
         with pure_scope(source, where):
@@ -64,7 +64,7 @@ def _converting(
 
 
 CONVERSIONS: dict[str, Callable[..., Any]] = kit.conversion_overrides(
-    _scope.in_bound_module, _converting, module=__name__
+    _source.in_bound_module, _converting, module=__name__
 )
 """Neutral name -> Linen override, for the names that convert a function into a jaxpr."""
 
@@ -78,15 +78,15 @@ def eval_shape(fun: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     loop's condition (equinox checks its callbacks' shapes there) must not do. At init a
     creation pass first creates the variables the function uses.
     """
-    lower = jo.next_impl("eval_shape")
-    if not _scope.in_bound_module():
-        return lower(fun, *args, **kwargs)
+    below = jo.next_impl("eval_shape")
+    if not _source.in_bound_module():
+        return below(fun, *args, **kwargs)
     where = "jaxoverride.eval_shape"
-    source = _scope.source(where)
+    source = _source.source(where)
 
     def call() -> Any:
         with discarding(source.roots):
-            return lower(lambda *a, **k: fun(*a, **k), *args, **kwargs)
+            return below(lambda *a, **k: fun(*a, **k), *args, **kwargs)
 
     creation = lambda: fun(*traced_arguments(zeros_for(args)), **zeros_for(kwargs))
     return init_safe(source, creation, call)

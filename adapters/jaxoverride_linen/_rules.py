@@ -41,7 +41,7 @@ from typing import Any
 import jax
 
 from jaxoverride import adapter_kit as kit
-from jaxoverride_linen import _convert, _scope, _trees as trees
+from jaxoverride_linen import _convert, _source, _trees as trees
 from jaxoverride_linen._convert import init_safe, pure_scope
 from jaxoverride_linen._errors import DifferentiatedStateError
 from jaxoverride_linen._guards import hidden_rngs, lifted_params, lifted_reads, pure
@@ -232,10 +232,10 @@ class LinenRule(kit.LiftedRule):
     """
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if self._rule is None or not _scope.in_bound_module():
+        if self._rule is None or not _source.in_bound_module():
             return self._plain(*args, **kwargs)
         args = kit.positional_arguments(self._fun, args, kwargs)
-        source = _scope.source(self._where)
+        source = _source.source(self._where)
         lifted = self._lifted_vjp if self._name == "custom_vjp" else self._lifted_jvp
         # The creation pass sees the arguments as JAX's rule does: arrays, nondiff ones
         # as given.

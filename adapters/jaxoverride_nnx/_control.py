@@ -9,7 +9,7 @@ and ride along unchanged.
 
 ``scan``, ``while_loop``, ``fori_loop``, ``cond``, ``switch`` and the stateful ``map``
 are the kit's threaded combinators over ``_Source``, a ``StateSource`` of the tracked
-values given to the call (``_threads``: only those of the modules it touches); the
+values given to the call (``_touched``: only those of the modules it touches); the
 stateless paths (JAX's own structure when nothing is touched) are written here.
 
 The functions handed to JAX are cached per (user function, tracked set) and close over
@@ -57,8 +57,8 @@ from jaxoverride_nnx._lift import (
     with_arguments,
     write_back,
 )
-from jaxoverride_nnx._scope import Tracked, current
-from jaxoverride_nnx._threads import NeedsState, Threads, given_values, module_of
+from jaxoverride_nnx._touched import NeedsState, Threads, given_values, module_of
+from jaxoverride_nnx._tracked import Tracked, current
 from jaxoverride_nnx._transforms import run_closure, run_mapped
 
 T = TypeVar("T")
@@ -108,7 +108,7 @@ class _Lifted:
         where: str,
     ) -> tuple[Any, dict[int, Any]]:
         """Inside the trace: run ``fn`` with the Variables holding ``state`` (the values
-        given; the others hold probes of the running call, see ``_threads``)."""
+        given; the others hold probes of the running call, see ``_touched``)."""
         out, after = run_lifted(
             tracked, {**state, **constants}, fn, args, {}, where, owner=_OWNER.get()
         )

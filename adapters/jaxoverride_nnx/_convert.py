@@ -27,8 +27,8 @@ from jaxoverride import adapter_kit as kit
 from jaxoverride_nnx._errors import LevelError, written_variable
 from jaxoverride_nnx._lift import changed, run_lifted
 from jaxoverride_nnx._rules import PureFunctionWriteError, write_refused
-from jaxoverride_nnx._scope import current
 from jaxoverride_nnx._stale_reads import own_jit_trace
+from jaxoverride_nnx._tracked import current
 
 WHERE = "jaxoverride.make_jaxpr"
 

@@ -29,8 +29,8 @@ from jax.core import Tracer
 
 from jaxoverride_nnx._errors import StructureChangeError, explain, structure_changed
 from jaxoverride_nnx._graph import RAW, TRACE, is_graph_object
-from jaxoverride_nnx._scope import ACTIVE, Tracked, current, empty
-from jaxoverride_nnx._threads import NeedsState, probe_for
+from jaxoverride_nnx._touched import NeedsState, probe_for
+from jaxoverride_nnx._tracked import ACTIVE, Tracked, current, empty
 
 
 @jax.tree_util.register_static

@@ -98,8 +98,8 @@ def conversion_overrides(
         )
 
     def make_jaxpr(fun: Callable[..., Any], *args: Any, **kwargs: Any) -> Callable[..., Any]:
-        lower = jo.next_impl("make_jaxpr")
-        plain = lower(fun, *args, **kwargs)
+        below = jo.next_impl("make_jaxpr")
+        plain = below(fun, *args, **kwargs)
 
         def traced_jaxpr(*call_args: Any, **call_kwargs: Any) -> Any:
             if not active():
@@ -107,7 +107,7 @@ def conversion_overrides(
             return converting(
                 "jaxoverride.make_jaxpr",
                 fun,
-                lambda traced: lower(traced, *args, **kwargs)(*call_args, **call_kwargs),
+                lambda traced: below(traced, *args, **kwargs)(*call_args, **call_kwargs),
                 lambda: fun(*zeros_for(call_args), **zeros_for(call_kwargs)),
             )
 

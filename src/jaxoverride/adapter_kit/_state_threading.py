@@ -41,7 +41,12 @@ from jax.core import Tracer, eval_jaxpr
 from jaxoverride.adapter_kit._batched_map import batched_map
 from jaxoverride.adapter_kit._cache import WrapperCache
 from jaxoverride.adapter_kit._handed import handed_call
-from jaxoverride.adapter_kit._operands import NO_OPERAND as _NO_OPERAND, distinct_functions
+from jaxoverride.adapter_kit._operands import (
+    NO_OPERAND as _NO_OPERAND,
+    as_jax_operands,
+    distinct_functions,
+    first_slice,
+)
 from jaxoverride.adapter_kit._phase import applying, is_applying
 from jaxoverride.adapter_kit._solve_policy import Participant, participant
 from jaxoverride.errors import StructureChangeError
@@ -387,20 +392,6 @@ def _retrying(call: Callable[[], Any]) -> Any:
     )
 
 
-def _as_operands(tree: Any) -> Any:
-    return jax.tree.map(jnp.asarray, tree)
-
-
-def _first_slice(xs: Any, reverse: bool) -> Any:
-    def first(leaf: Any) -> Any:
-        leaf = jnp.asarray(leaf)
-        if leaf.shape[0] == 0:
-            return jnp.zeros(leaf.shape[1:], leaf.dtype)
-        return leaf[-1 if reverse else 0]
-
-    return jax.tree.map(first, xs)
-
-
 def _scan_length(xs: Any, length: Any) -> int | None:
     """A scan's trip count as it is traced (None where JAX will refuse the call)."""
     if length is not None:
@@ -426,7 +417,7 @@ def _wraps(fun: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
 
 def threaded_scan(
     source: StateSource,
-    lower: Callable[..., Any],
+    below: Callable[..., Any],
     f: Callable[..., Any],
     init: Any,
     xs: Any = None,
@@ -439,11 +430,11 @@ def threaded_scan(
 
     Args:
       source: the ``StateSource``.
-      lower: the scan to run (``jax.lax.scan`` or ``jaxoverride.next_impl("lax.scan")``).
+      below: the scan to run (``jax.lax.scan`` or ``jaxoverride.next_impl("lax.scan")``).
       f, init, xs, length, reverse, unroll, _split_transpose: as for ``jax.lax.scan``.
 
     Returns:
-      ``(carry, ys)``, as ``lower`` returns them.
+      ``(carry, ys)``, as ``below`` returns them.
 
     Example:
       >>> import jax, jax.numpy as jnp
@@ -467,7 +458,7 @@ def threaded_scan(
 
     def call() -> Any:
         with handed_call(source, "jaxoverride.lax.scan", (f,), 1, runs, Threaded) as handed:
-            (value, state), ys = lower(
+            (value, state), ys = below(
                 handed.functions[0],
                 (init, source.read()),
                 xs,
@@ -479,12 +470,16 @@ def threaded_scan(
             handed.thread.finish(state, ran=_scan_length(xs, length) != 0)
         return value, ys
 
-    return init_safe(source, lambda: f(_as_operands(init), _first_slice(xs, reverse)), call)
+    def creation() -> Any:
+        replay = lambda: jax.lax.scan(lambda c, _: (c, None), init, xs, length, reverse)
+        return f(as_jax_operands(init), first_slice(xs, reverse, replay=replay))
+
+    return init_safe(source, creation, call)
 
 
 def threaded_while_loop(
     source: StateSource,
-    lower: Callable[..., Any],
+    below: Callable[..., Any],
     cond_fun: Callable[..., Any],
     body_fun: Callable[..., Any],
     init_val: Any,
@@ -499,7 +494,7 @@ def threaded_while_loop(
 
     Args:
       source: the ``StateSource``.
-      lower: the while loop to run.
+      below: the while loop to run.
       cond_fun, body_fun, init_val: as for ``jax.lax.while_loop``.
 
     Returns:
@@ -561,7 +556,7 @@ def threaded_while_loop(
         with handed_call(source, where, functions, 3, carried_runs, Threaded) as handed:
             test, body = handed.functions
             pred, state = _first_test(handed.traces, test, source.read(), init_val)
-            value, state, _ = lower(_carried_predicate, body, (init_val, state, pred))
+            value, state, _ = below(_carried_predicate, body, (init_val, state, pred))
             handed.thread.finish(state, ran=None)
         return value
 
@@ -570,7 +565,7 @@ def threaded_while_loop(
         with handed_call(source, where, functions, 2, read_only_runs, Threaded) as handed:
             if handed.variant is None:
                 try:
-                    value, state = lower(*handed.functions, (init_val, source.read()))
+                    value, state = below(*handed.functions, (init_val, source.read()))
                 except _PredicateChangedStateError:
                     handed.variant = "stateful"  # reused: the next call goes straight there
                 else:
@@ -592,14 +587,14 @@ def threaded_while_loop(
         # each body instead, carrying it: cond, body, cond, body, ... as Python would.
         first = jnp.asarray(cond_fun(init_val), dtype=bool)
         with handed_call(source, where, functions, 1, stateful_runs, Threaded) as handed:
-            value, state, _ = lower(
+            value, state, _ = below(
                 _carried_predicate, handed.functions[0], (init_val, source.read(), first)
             )
             handed.thread.finish(state, ran=None)
         return value
 
     def creation() -> Any:
-        value = _as_operands(init_val)
+        value = as_jax_operands(init_val)
         return cond_fun(value), body_fun(value)
 
     carried = getattr(source, "carried_predicate", False)
@@ -648,7 +643,7 @@ def _carried_predicate(carry: Any) -> Any:
 
 def threaded_fori_loop(
     source: StateSource,
-    lower: Callable[..., Any],
+    below: Callable[..., Any],
     lower_bound: Any,
     upper_bound: Any,
     body_fun: Callable[..., Any],
@@ -660,7 +655,7 @@ def threaded_fori_loop(
 
     Args:
       source: the ``StateSource``.
-      lower: the fori loop to run.
+      below: the fori loop to run.
       lower_bound, upper_bound, body_fun, init_val, unroll: as for ``jax.lax.fori_loop``.
 
     Returns:
@@ -689,7 +684,7 @@ def threaded_fori_loop(
     def call() -> Any:
         where = "jaxoverride.lax.fori_loop"
         with handed_call(source, where, (body_fun,), 1, runs, Threaded) as handed:
-            value, state = lower(
+            value, state = below(
                 lower_bound,
                 upper_bound,
                 handed.functions[0],
@@ -699,7 +694,7 @@ def threaded_fori_loop(
             handed.thread.finish(state, ran=_may_run(lower_bound, upper_bound))
         return value
 
-    creation = lambda: body_fun(_as_operands(lower_bound), _as_operands(init_val))
+    creation = lambda: body_fun(as_jax_operands(lower_bound), as_jax_operands(init_val))
     return init_safe(source, creation, call)
 
 
@@ -712,6 +707,11 @@ def _threaded_branches(
     call: Callable[[list[Callable[..., Any]], Any], Any],
 ) -> Any:
     if operand is not _NO_OPERAND:
+        if operands:  # JAX's own refusal, before any branch runs
+            raise TypeError(
+                "if 'operand' keyword is passed then no positional operands can be "
+                f"passed, got {operand=} and positional operands {operands}"
+            )
         operands = (operand,)
 
     # One wrapper per distinct branch object: JAX traces a repeated branch once.
@@ -739,7 +739,7 @@ def _threaded_branches(
         return out
 
     def creation() -> Any:
-        arguments = _as_operands(operands)
+        arguments = as_jax_operands(operands)
         start = source.names() if alternatives else None
         outs = []
         for branch in distinct:
@@ -753,7 +753,7 @@ def _threaded_branches(
 
 def threaded_cond(
     source: StateSource,
-    lower: Callable[..., Any],
+    below: Callable[..., Any],
     pred: Any,
     true_fun: Callable[..., Any],
     false_fun: Callable[..., Any],
@@ -766,7 +766,7 @@ def threaded_cond(
 
     Args:
       source: the ``StateSource``.
-      lower: the cond to run.
+      below: the cond to run.
       pred, true_fun, false_fun, operands, operand: as for ``jax.lax.cond``.
 
     Returns:
@@ -783,14 +783,14 @@ def threaded_cond(
       >>> float(out), int(store["hits"])
       (2.0, 1)
     """
-    call = lambda fns, packed: lower(pred, fns[0], fns[1], packed)
+    call = lambda fns, packed: below(pred, fns[0], fns[1], packed)
     where = "jaxoverride.lax.cond"
     return _threaded_branches(source, where, (true_fun, false_fun), operands, operand, call)
 
 
 def threaded_switch(
     source: StateSource,
-    lower: Callable[..., Any],
+    below: Callable[..., Any],
     index: Any,
     branches: Sequence[Callable[..., Any]],
     *operands: Any,
@@ -800,7 +800,7 @@ def threaded_switch(
 
     Args:
       source: the ``StateSource``.
-      lower: the switch to run.
+      below: the switch to run.
       index, branches, operands, operand: as for ``jax.lax.switch``.
 
     Returns:
@@ -820,7 +820,7 @@ def threaded_switch(
       >>> int(out), int(store["last"])
       (12, 2)
     """
-    call = lambda fns, packed: lower(index, fns, packed)
+    call = lambda fns, packed: below(index, fns, packed)
     where = "jaxoverride.lax.switch"
     return _threaded_branches(source, where, tuple(branches), operands, operand, call)
 
