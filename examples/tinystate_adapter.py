@@ -53,11 +53,12 @@ class _Recording(dict):  # type: ignore[type-arg]
         super().__setitem__(name, value)
 
 
-class Source:
+class Source(kit.EnterLeaveSource):
     """tinystate's current frame as a ``kit.StateSource``, for one neutral call.
 
     What is threaded is ``(state, rng)``; parameters are read-only here and are closed
-    over by the functions JAX traces.
+    over by the functions JAX traces. tinystate's names are the user's strings: it has no
+    naming state, so ``names``/``restore_names`` keep the contract's defaults.
     """
 
     framework = "tinystate"  # for jaxoverride.solve_state: the key registered below
@@ -99,12 +100,6 @@ class Source:
 
     def write(self, state: tuple[dict[str, Any], Any]) -> None:
         self.frame.state, self.frame.rng = dict(state[0]), state[1]
-
-    def names(self) -> None:  # tinystate's names are the user's strings: no naming state
-        return None
-
-    def restore_names(self, names: None) -> None:
-        pass
 
     # -- the init part: is it initialising, and the creation pass --
 

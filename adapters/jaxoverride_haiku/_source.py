@@ -6,7 +6,7 @@ params too where the functions handed to JAX are reused across calls (a closed-o
 value would be baked into JAX's cached trace). Params are read-only in a loop: what comes
 out of the carry is not written back.
 
-Haiku's own needs are the kit's optional hooks:
+Haiku's own needs are optional parts of the kit's contract, overridden here:
 
 * ``reuse_key()``: the situation (init or apply, module-naming state, custom creators,
   getters, setters, interceptors) under which reused wrappers read the frame, so that an
@@ -32,6 +32,7 @@ from typing import Any, NamedTuple
 
 from haiku._src import base
 
+from jaxoverride import adapter_kit as kit
 from jaxoverride_haiku._creation import create
 from jaxoverride_haiku._frames import (
     InternalState,
@@ -99,7 +100,7 @@ class _Entered(NamedTuple):
     submodules: list[set[str] | None]
 
 
-class HaikuSource:
+class HaikuSource(kit.EnterLeaveSource):
     """The kit's ``StateSource`` over the current Haiku frame, for one neutral call.
 
     Args:

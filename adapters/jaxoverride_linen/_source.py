@@ -291,7 +291,7 @@ def _aval(value: Any) -> Any:
     return jax.tree.map(lambda v: jax.ShapeDtypeStruct(jnp.shape(v), jnp.result_type(v)), value)
 
 
-class LinenSource:
+class LinenSource(kit.EnterLeaveSource):
     """The ``StateSource`` of the modules on Linen's module stack now.
 
     Variables first written inside a loop body or branch at apply (a ``sow``) are
@@ -301,8 +301,11 @@ class LinenSource:
     differentiating transform the slot is part of the auxiliary output: what comes out
     is the primal's value, as under ``nn.grad``; ``vmap`` and ``pmap`` stack it along the
     mapped axis (``fresh_axes``). Where ``allow_fresh=False`` (``shard_map``, a custom
-    rule) such a write is a ``LinenStateError``.
+    rule) such a write is a ``LinenStateError``. The branches of a ``cond`` or ``switch``
+    name as the arms of an ``if`` (``alternative_branches``).
     """
+
+    alternative_branches = True
 
     __slots__ = (
         "_counters_at_read",

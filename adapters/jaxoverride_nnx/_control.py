@@ -95,7 +95,7 @@ class _Lifted:
         return self.body(self, [ref() for ref in self.refs], *args)
 
     def step(self, given: _Given, *args: Any) -> Any:
-        """The kit's step (``_Source.run_scoped``): ``(out, new state)`` of one trace."""
+        """The kit's step (``_Source.run``): ``(out, new state)`` of one trace."""
         return self.body(self, [ref() for ref in self.refs], given, *args)
 
     def run(
@@ -277,7 +277,7 @@ class _Source(kit.ScopedStateSource):
     """The kit's state source for one control-flow call: the tracked values given.
 
     ``read()`` is the given Variables' values and array attributes; each traced step
-    installs them for its extent (``run_scoped``, as ``run_lifted`` does); ``write`` stores
+    installs them for its extent (``run``, as ``run_lifted`` does); ``write`` stores
     what some trace of ``wrappers`` wrote (kept on each ``_Lifted``: a cached trace does
     not run again).
     """
@@ -295,7 +295,7 @@ class _Source(kit.ScopedStateSource):
     def read(self) -> Any:
         return self.state, self.constants
 
-    def run_scoped(self, state: Any, fun: Any, *args: Any) -> tuple[Any, Any]:
+    def run(self, state: Any, fun: Any, *args: Any) -> tuple[Any, Any]:
         values, constants = state
         out, after = fun.step((self.tracked, values, constants), *args)
         return out, (after, constants)
@@ -465,7 +465,7 @@ class _BranchSource(_Source):
     def read(self) -> Any:
         return self.state
 
-    def run_scoped(self, state: Any, fun: Any, *args: Any) -> tuple[Any, Any]:
+    def run(self, state: Any, fun: Any, *args: Any) -> tuple[Any, Any]:
         constants, *operands = args
         return fun.step((self.tracked, state, constants), *operands)
 

@@ -38,8 +38,8 @@ from typing import Any
 import jaxoverride as jo
 from jaxoverride.adapter_kit._jax_arguments import jax_arguments, scan_arguments
 from jaxoverride.adapter_kit._operands import NO_OPERAND
+from jaxoverride.adapter_kit._state_source import StateSource
 from jaxoverride.adapter_kit._state_threading import (
-    StateSource,
     threaded_cond,
     threaded_fori_loop,
     threaded_map,

@@ -334,7 +334,7 @@ def participant(source: Any) -> Participant | None:
     entered = _solve_state.current_entered()
     if entered is None:
         return None
-    framework = getattr(source, "framework", None)
+    framework = source.framework
     return None if framework is None else entered.get(framework)
 
 

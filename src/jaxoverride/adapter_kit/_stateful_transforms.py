@@ -40,7 +40,8 @@ import jax
 import jaxoverride as jo
 from jaxoverride.adapter_kit._argnums import shift_argnums
 from jaxoverride.adapter_kit._operands import traced_arguments, unbatched_arguments
-from jaxoverride.adapter_kit._state_threading import StateSource, Threaded, init_safe
+from jaxoverride.adapter_kit._state_source import StateSource
+from jaxoverride.adapter_kit._state_threading import Threaded, init_safe
 
 Thunk = Callable[[], Any]
 
@@ -156,8 +157,7 @@ class _SourceCall(StatefulCall):
         self.state = None  # JAX may cache the traced function, and so this call
 
     def left_axes(self, axis: int) -> Any:
-        fresh_axes = getattr(self.thread.source, "fresh_axes", None)
-        return None if fresh_axes is None else fresh_axes(axis)
+        return self.thread.source.fresh_axes(axis)
 
 
 # The source that init_safe_fresh shares across its retries, for the next call begun.
@@ -177,7 +177,7 @@ def source_transform_state(
       active: whether the framework's state is usable here.
       source: ``source(where)`` is the state source of the code running now.
       fresh_source: ``fresh_source(where)``, a source that records state first written
-        inside a transformed function (and, if it has ``fresh_axes(axis)``, maps it along
+        inside a transformed function (and, with its ``fresh_axes(axis)``, maps it along
         ``vmap``'s axis), for ``init_safe_fresh``; None: no such state.
 
     Returns:
