@@ -24,6 +24,7 @@ import jax
 
 from jaxoverride.adapter_kit._operands import NO_OPERAND as _NO_OPERAND, first_slice
 from jaxoverride.adapter_kit._phase import is_initializing
+from jaxoverride.adapter_kit._state_source import StateSource
 from jaxoverride.adapter_kit._state_threading import (
     init_safe,
     threaded_cond,
@@ -92,7 +93,7 @@ def init_safe_call(
     return init_safe(_EmptySource(initializing, create), creation, apply)
 
 
-class _EmptySource:
+class _EmptySource(StateSource):
     """A ``StateSource`` whose state is empty: the init part alone.
 
     ``initializing`` and ``create`` are the combinators' hooks; there is nothing to
@@ -110,22 +111,10 @@ class _EmptySource:
     def read(self) -> Any:
         return ()
 
-    def enter(self, state: Any) -> Any:
-        return None
-
-    def leave(self, token: Any) -> Any:
-        return ()
-
-    def abandon(self, token: Any) -> None:
-        pass
+    def run(self, state: Any, fun: Callable[..., Any], *args: Any) -> tuple[Any, Any]:
+        return fun(*args), ()
 
     def write(self, state: Any) -> None:
-        pass
-
-    def names(self) -> Any:
-        return None
-
-    def restore_names(self, names: Any) -> None:
         pass
 
     def initializing(self) -> bool:
