@@ -319,12 +319,14 @@ class LinenSource(kit.EnterLeaveSource):
         "where",
     )
 
-    def __init__(self, where: str, *, allow_fresh: bool = False):
+    def __init__(self, where: str, *, allow_fresh: bool = False, modules: list[Any] | None = None):
         self.where = where
         self.allow_fresh = allow_fresh
         self._retrace = False
         self._created: list[tuple[_Root, set[tuple[str, ...]]]] = []
-        self.modules = stack_modules()
+        # ``modules``: those of an earlier call's stack, when a custom rule's bwd runs
+        # after the call returned (``_rules._Backward``).
+        self.modules = stack_modules() if modules is None else modules
         roots: dict[int, _Root] = {}
         for module in self.modules:
             root = module.scope.root
