@@ -150,14 +150,11 @@ def _threaded(
     ``below(...)`` itself: with no state to thread, that is what the threaded call runs,
     less its wrappers' cost on every eager call (and what the init-safe family always ran
     at apply)."""
+    if keywords.get("operand") is _NO_OPERAND:
+        del keywords["operand"]  # not given (a cond's or switch's): passed on as not given
     if is_applying() or not initializing():
         return below(*args, **keywords)
     return threaded(_EmptySource(initializing, create), below, *args, **keywords)
-
-
-def _operand_keyword(operand: Any) -> dict[str, Any]:
-    """``operand=`` for a ``cond`` or ``switch`` call, where it was given."""
-    return {} if operand is _NO_OPERAND else {"operand": operand}
 
 
 def init_safe_scan(
@@ -304,7 +301,7 @@ def init_safe_cond(
     """
     return _threaded(
         threaded_cond, default_cond, initializing, create,
-        pred, true_fun, false_fun, *operands, **_operand_keyword(operand),
+        pred, true_fun, false_fun, *operands, operand=operand,
     )  # fmt: skip
 
 
@@ -335,7 +332,7 @@ def init_safe_switch(
     """
     return _threaded(
         threaded_switch, default_switch, initializing, create,
-        index, branches, *operands, **_operand_keyword(operand),
+        index, branches, *operands, operand=operand,
     )  # fmt: skip
 
 
