@@ -22,6 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.core import Tracer
 
 import jaxoverride as jo
 import jaxoverride_plain as plain
@@ -81,7 +82,7 @@ def apply(model: Callable[..., Any], params: dict[str, jax.Array], *args: Any) -
 
 
 def is_tracer(value: Any) -> bool:
-    return isinstance(value, jax.core.Tracer)
+    return isinstance(value, Tracer)
 
 
 # --- models, one per combinator, written against an ``ops`` namespace --------------------
@@ -456,7 +457,7 @@ def test_create_and_initializing_hooks_and_default_impl():
     assert passes == ["create", "apply"]
     assert sorted(store.created) == ["hook/b", "hook/w"]
     with using(store):
-        expected = jax.lax.scan(lambda c, x: (dense("hook", c + x), None), H, XS)
+        expected = jax.lax.scan(lambda c, x: (dense("hook", c + x), None), jnp.asarray(H), XS)
     assert_same(out, expected)
     passes.clear()
     with using(store):

@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 import jax
 
 from jaxoverride.adapter_kit._operands import NO_OPERAND as _NO_OPERAND, first_slice
-from jaxoverride.adapter_kit._phase import is_initializing
+from jaxoverride.adapter_kit._phase import is_applying, is_initializing
 from jaxoverride.adapter_kit._state_source import StateSource
 from jaxoverride.adapter_kit._state_threading import (
     init_safe,
@@ -127,6 +127,25 @@ class _EmptySource(StateSource):
         return ()
 
 
+def _threaded(
+    threaded: Callable[..., Any],
+    below: Callable[..., Any],
+    initializing: Callable[[], bool],
+    create: Callable[[Thunk], Any],
+    *args: Any,
+    **keywords: Any,
+) -> Any:
+    """``threaded(source, below, ...)`` over an ``_EmptySource`` when initialising, else
+    ``below(...)`` itself: with no state to thread, that is what the threaded call runs,
+    less its wrappers' cost on every eager call (and what the init-safe family always ran
+    at apply)."""
+    if keywords.get("operand") is _NO_OPERAND:
+        del keywords["operand"]  # not given (a cond's or switch's): passed on as not given
+    if is_applying() or not initializing():
+        return below(*args, **keywords)
+    return threaded(_EmptySource(initializing, create), below, *args, **keywords)
+
+
 def init_safe_scan(
     f: Callable[[Any, Any], tuple[Any, Any]],
     init: Any,
@@ -168,10 +187,10 @@ def init_safe_scan(
       >>> float(carry), ys.shape, sorted(params)
       (1.0, (0,), ['w'])
     """
-    source = _EmptySource(initializing, create)
-    return threaded_scan(
-        source, default_scan, f, init, xs, length, reverse, unroll, _split_transpose
-    )
+    return _threaded(
+        threaded_scan, default_scan, initializing, create,
+        f, init, xs, length, reverse, unroll, _split_transpose,
+    )  # fmt: skip
 
 
 def init_safe_while_loop(
@@ -203,8 +222,9 @@ def init_safe_while_loop(
       >>> int(out)
       5
     """
-    source = _EmptySource(initializing, create)
-    return threaded_while_loop(source, default_while_loop, cond_fun, body_fun, init_val)
+    return _threaded(
+        threaded_while_loop, default_while_loop, initializing, create, cond_fun, body_fun, init_val
+    )
 
 
 def init_safe_fori_loop(
@@ -236,10 +256,10 @@ def init_safe_fori_loop(
       >>> int(out)
       3
     """
-    source = _EmptySource(initializing, create)
-    return threaded_fori_loop(
-        source, default_fori_loop, lower, upper, body_fun, init_val, unroll=unroll
-    )
+    return _threaded(
+        threaded_fori_loop, default_fori_loop, initializing, create,
+        lower, upper, body_fun, init_val, unroll=unroll,
+    )  # fmt: skip
 
 
 def init_safe_cond(
@@ -268,10 +288,10 @@ def init_safe_cond(
       >>> int(out)
       2
     """
-    source = _EmptySource(initializing, create)
-    return threaded_cond(
-        source, default_cond, pred, true_fun, false_fun, *operands, operand=operand
-    )
+    return _threaded(
+        threaded_cond, default_cond, initializing, create,
+        pred, true_fun, false_fun, *operands, operand=operand,
+    )  # fmt: skip
 
 
 def init_safe_switch(
@@ -299,8 +319,10 @@ def init_safe_switch(
       >>> int(out)
       20
     """
-    source = _EmptySource(initializing, create)
-    return threaded_switch(source, default_switch, index, branches, *operands, operand=operand)
+    return _threaded(
+        threaded_switch, default_switch, initializing, create,
+        index, branches, *operands, operand=operand,
+    )  # fmt: skip
 
 
 def init_safe_map(
