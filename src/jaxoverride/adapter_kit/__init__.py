@@ -17,7 +17,9 @@ needs lives here, once:
 - where the running override sits in the stack (``override_position``), and
   ``describe_impl``, ``jit_name`` and ``get_opaque_trace_state``; ``calls_inside``,
   for a context that is also a decorator;
-- custom-rule lifting (``LiftedRule``), the rule a JAX ``custom_jvp`` holds
+- custom-rule lifting (``LiftedRule``; ``StagedPrimal`` and ``staged``: where JAX stages
+  a lifted ``custom_jvp``, its primal traced once, so that it takes only the values it
+  reads), the rule a JAX ``custom_jvp`` holds
   (``rule_jvp``) and the arguments of lifted rules
   (``positional_arguments``, ``fwd_output_pair``, ``bwd_cotangents``, the
   symbolic-zero helpers), and JAX's checks of the user's part of a lifted rule's
@@ -183,6 +185,7 @@ from jaxoverride.adapter_kit._rule_checks import (
     check_bwd_types as check_bwd_types,
     jvp_output_pair as jvp_output_pair,
 )
+from jaxoverride.adapter_kit._staged_reads import StagedPrimal as StagedPrimal, staged as staged
 from jaxoverride.adapter_kit.init_safe_control import *  # noqa: F403  (its __all__, listed once)
 
 __all__ = [
@@ -199,6 +202,7 @@ __all__ = [
     "EnterLeaveSource",
     "Framework",
     "LiftedRule",
+    "StagedPrimal",
     "OverridePosition",
     "OverrideTable",
     "ScopedInstaller",
@@ -264,6 +268,7 @@ __all__ = [
     "shard_block_arguments",
     "shift_argnums",
     "source_transform_state",
+    "staged",
     "split_batches",
     "stateful_differentiation",
     "stateful_jvp",
