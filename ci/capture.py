@@ -30,8 +30,10 @@ adapter's mode only (``haiku_model``, ``linen_model``, ``nnx_model``).
 
 **Record.** For each program and mode: ``jaxpr`` (``jax.make_jaxpr``'s text),
 ``stablehlo`` (``jax.jit(f).lower(*args).as_text()``) and its sha256, ``calls`` (for
-an identical call made three times after ``jax.clear_caches()``, the number of XLA
-compilations and of jaxpr traces each made, from ``jax.monitoring``'s events) and
+an identical call made three times, the number of XLA compilations and of jaxpr traces
+each made, from ``jax.monitoring``'s events; JAX's caches are cleared when a mode
+starts, not per program, so a first call's count also depends on what the programs
+before it in that mode compiled: the order is fixed, so two captures compare) and
 ``output`` (tree structure, dtypes and a hash of the values). A step that raises
 records the error's type and message instead; addresses and pmap's axis ids are
 blanked, as the parity suites do.
@@ -75,19 +77,21 @@ SUITES = ("test_parity_lax", "test_parity_rules", "test_parity_transforms")
 PURE_MODES = (
     "idle",
     "context",
-    "plain",
-    "haiku_installed",
     "haiku_transform",
     "nnx_track",
-    "dag",
     "linen_installed",
+    "dag",
+    "haiku_installed",
+    "plain",
     "debug",
 )
-"""The modes every pure program runs in."""
+"""The modes every pure program runs in, in the order they run."""
 
 COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
 TRACE_EVENT = "/jax/core/compile/jaxpr_trace_duration"
 _ADDRESS = re.compile(r" at 0x[0-9a-f]+|<axis 0x[0-9a-f]+>|0x[0-9a-f]{8,}")
+# A path into a checkout or its .venv (two captures come from two checkouts).
+_CHECKOUT = re.compile(r"[^\s'\"(]*/(?=(?:tests|src|adapters|ci|examples|\.venv)/)")
 
 Program = tuple[Callable[..., Any], tuple[Any, ...]]
 """A function and its arguments."""
@@ -186,6 +190,7 @@ def _haiku_model(kind: str) -> Callable[[], dict[str, Program]]:
             f"haiku/{kind}/apply": (lambda p, s, x: model.apply(p, s, None, x), (params, state, x)),
         }
 
+    build.__qualname__ = f"haiku/{kind}"  # names a model that fails to build
     return build
 
 
@@ -217,6 +222,7 @@ def _linen_model(kind: str) -> Callable[[], dict[str, Program]]:
             ),
         }
 
+    build.__qualname__ = f"linen/{kind}"  # names a model that fails to build
     return build
 
 
@@ -241,6 +247,7 @@ def _nnx_model(kind: str) -> Callable[[], dict[str, Program]]:
 
         return {f"nnx/{kind}": (forward, (x,)), "nnx_module": (lambda: model, ())}
 
+    build.__qualname__ = f"nnx/{kind}"  # names a model that fails to build
     return build
 
 
@@ -282,7 +289,18 @@ STATEFUL: dict[str, list[Callable[[], dict[str, Program]]]] = {
 
 
 def _clean(text: str) -> str:
-    return _ADDRESS.sub(" at <address>", text)
+    return _CHECKOUT.sub("<checkout>/", _ADDRESS.sub(" at <address>", text))
+
+
+def _cleaned(value: Any) -> Any:
+    """``value`` (a record read back) with every text cleaned as ``_clean`` does."""
+    if isinstance(value, str):
+        return _clean(value)
+    if isinstance(value, dict):
+        return {key: _cleaned(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_cleaned(item) for item in value]
+    return value
 
 
 def _error(error: BaseException) -> dict[str, str]:
@@ -346,7 +364,6 @@ def record(
     Returns:
       The record: ``calls``, ``output``, ``jaxpr``, ``stablehlo`` and its sha256.
     """
-    jax.clear_caches()
     calls: list[Any] = []
     output: Any = None
     for _ in range(3):
@@ -367,11 +384,17 @@ def record(
     return entry
 
 
-def capture(only: str, modes: tuple[str, ...]) -> dict[str, Any]:
-    """Runs every program whose name contains ``only`` in each of ``modes``."""
+def capture(only: str, modes: tuple[str, ...], path: pathlib.Path) -> dict[str, Any]:
+    """Runs every program whose name contains ``only`` in each of ``modes``.
+
+    The records so far are written to ``path`` after each mode.
+    """
     results: dict[str, Any] = {}
     pure = {name: program for name, program in pure_programs().items() if only in name}
     for mode in modes:
+        if results:
+            path.write_text(json.dumps(results, indent=1, sort_keys=True))
+        jax.clear_caches()
         if mode in STATEFUL:
             for build in STATEFUL[mode]:
                 with active(mode):
@@ -430,7 +453,7 @@ def compare(before: dict[str, Any], after: dict[str, Any]) -> list[str]:
     found = [f"only in the first: {key}" for key in sorted(before.keys() - after.keys())]
     found += [f"only in the second: {key}" for key in sorted(after.keys() - before.keys())]
     for key in sorted(before.keys() & after.keys()):
-        a, b = before[key], after[key]
+        a, b = _cleaned(before[key]), _cleaned(after[key])
         for field in sorted(set(a) | set(b)):
             if field == "stablehlo_sha256" or a.get(field) == b.get(field):
                 continue
@@ -451,7 +474,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", default="", help="programs whose name contains this")
     parser.add_argument(
         "--modes",
-        default=",".join((*PURE_MODES, *STATEFUL)),
+        default=",".join((PURE_MODES[0], *STATEFUL, *PURE_MODES[1:])),
         help="comma-separated modes (default: all)",
     )
     options = parser.parse_args(argv)
@@ -466,8 +489,9 @@ def main(argv: list[str] | None = None) -> int:
         return 1 if differences else 0
     if len(options.paths) != 1:
         parser.error("a capture takes one output path")
-    results = capture(options.only, tuple(options.modes.split(",")))
-    pathlib.Path(options.paths[0]).write_text(json.dumps(results, indent=1, sort_keys=True))
+    path = pathlib.Path(options.paths[0])
+    results = capture(options.only, tuple(options.modes.split(",")), path)
+    path.write_text(json.dumps(results, indent=1, sort_keys=True))
     failing = sum(1 for entry in results.values() if '"error":' in json.dumps(entry))
     print(f"{len(results)} records ({failing} with an error) written to {options.paths[0]}")
     return 0
