@@ -233,7 +233,7 @@ class _Backward:
             modules = [ref() for ref in self.modules]
             if any(module is None for module in modules):
                 return fun(*args)  # the scopes are gone: nothing for bwd to route
-            source = _scope.LinenSource(self.where, modules=modules)
+            source = _source.LinenSource(self.where, modules=modules)
             call = _Call(source, self.where)
         return call.run_pure(values, fun, *args)
 
