@@ -58,7 +58,7 @@ from jaxoverride_nnx._lift import (
     write_back,
 )
 from jaxoverride_nnx._scope import Tracked, current
-from jaxoverride_nnx._solve import FRAMEWORK, parts_of
+from jaxoverride_nnx._solve import FRAMEWORK, parts_of, policy_for
 from jaxoverride_nnx._threads import NeedsState, Threads, given_values, module_of
 from jaxoverride_nnx._transforms import run_closure, run_mapped
 
@@ -217,6 +217,10 @@ def _stateless(
     owner = object()
     tokens = _enter(tracked, initial)
     token = _OWNER.set(owner)
+    # Under jaxoverride.solve_state, what an inner boundary keeps as its last stays in
+    # this call's frame: a tracer of JAX's trace here, never the caller's.
+    policy = policy_for(tracked)
+    frame = None if policy is None else policy.push()
     try:
         return call()
     except NeedsState as error:
@@ -227,6 +231,8 @@ def _stateless(
             wrapper.threads.found[tracked.key] = touched
         return _STATEFUL
     finally:
+        if frame is not None and policy is not None:
+            policy.pop(frame)
         _OWNER.reset(token)
         _leave(tokens)
 
