@@ -57,6 +57,7 @@ from jaxoverride_nnx._lift import (
     with_arguments,
     write_back,
 )
+from jaxoverride_nnx._solve import FRAMEWORK, parts_of, policy_for
 from jaxoverride_nnx._touched import NeedsState, Threads, given_values, module_of
 from jaxoverride_nnx._tracked import Tracked, current
 from jaxoverride_nnx._transforms import run_closure, run_mapped
@@ -225,6 +226,10 @@ def _stateless(
     owner = object()
     tokens = _enter(tracked, initial)
     token = _OWNER.set(owner)
+    # Under jaxoverride.solve_state, what an inner boundary keeps as its last stays in
+    # this call's frame: a tracer of JAX's trace here, never the caller's.
+    policy = policy_for(tracked)
+    frame = None if policy is None else policy.push()
     try:
         return call()
     except NeedsState as error:
@@ -235,6 +240,8 @@ def _stateless(
             wrapper.threads.found[tracked.key] = touched
         return _STATEFUL
     finally:
+        if frame is not None and policy is not None:
+            policy.pop(frame)
         _OWNER.reset(token)
         _leave(tokens)
 
@@ -293,6 +300,8 @@ class _Source(kit.ScopedStateSource):
 
     # A while_loop tests once before the loop and at the end of each step, as Python does.
     carried_predicate = True
+    # jaxoverride.solve_state: the kit's Threaded applies a declaration to these calls.
+    framework = FRAMEWORK
     __slots__ = ("constants", "state", "tracked", "where", "wrappers")
 
     def __init__(
@@ -311,6 +320,12 @@ class _Source(kit.ScopedStateSource):
 
     def write(self, state: Any) -> None:
         _store(self.tracked, self.wrappers, state[0], self.where)
+
+    def parts(self, state: Any) -> list[Any]:
+        """For ``jaxoverride.solve_state``: the Variables' parts (``_solve.parts_of``);
+        the array attributes are untouched."""
+        values, constants = state
+        return parts_of(self.tracked, values) + [None] * len(jax.tree.leaves(constants))
 
 
 def _scan_step(self: _Lifted, fns: list[Any], given: _Given, user_carry: Any, x: Any) -> Any:
@@ -472,6 +487,10 @@ class _BranchSource(_Source):
 
     def write(self, state: Any) -> None:
         _store(self.tracked, self.wrappers, state, self.where)
+
+    def parts(self, state: Any) -> list[Any]:
+        """For ``jaxoverride.solve_state``: the Variables' parts (``_solve.parts_of``)."""
+        return parts_of(self.tracked, state)
 
 
 def _branch(self: _Lifted, fns: list[Any], where: str, given: _Given, *operands: Any) -> Any:

@@ -42,12 +42,12 @@ class _Declared:
         self.source = source
         self.policy = policy
         self.thread = Threaded(source, 1, where)
-        self.state = source.read()
+        self.state = self.thread.read()
         self.recording = True
 
     def run(self, fun: Callable[..., Any], *args: Any) -> tuple[Any, Any]:
         out, after = self.thread.run(0, self.state, fun, *args)
-        changed = self.policy.changed_per_evaluation(self.source, self.state, after)
+        changed = self.policy.changed_per_evaluation(self.state, after)
         if changed:
             raise errors.PureFunctionWriteError(
                 f"{self.where}: the function wrote {', '.join(changed)} inside a function "
@@ -60,7 +60,7 @@ class _Declared:
 
     def record(self, after: Any) -> None:
         if self.recording:
-            self.policy.written(after, source=self.source)
+            self.policy.written(after)
 
 
 def declared_closure_convert(
@@ -192,7 +192,7 @@ def declared_custom_root(
     restoring: list[Any] = []
     solution, (aux, last) = below(evaluated, initial_guess, solving, tangent_solve, has_aux=True)
     if last is not None:
-        policy.written(_restored(last, *restoring), source=source)
+        policy.written(_restored(last, *restoring))
     return (solution, aux) if has_aux else solution
 
 

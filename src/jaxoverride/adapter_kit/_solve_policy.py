@@ -30,6 +30,14 @@ it) and by the adapters' own boundaries through the same ``Participant``:
 On an exception the entry snapshot is written back: a failed solve leaves the state as
 it found it.
 
+A framework whose boundaries describe their states in more than one way (NNX: a loop's
+carry holds the Variables it touches, a ``jit`` the ones it is given) gets, from
+``participant(source)``, a view whose ``parts`` are that source's (``seen_by``): the
+slots, not the layouts, tie the states together. A boundary whose trace is cached (a
+``jit``) rebases its frame (``push(entry)``): inside it, the frozen parts are the
+traced function's own inputs (frozen at the call's read), never the snapshot's values,
+which would be baked into the cached trace.
+
 Evaluations are told apart by these boundaries: two direct calls of the map with no
 neutral call between them are one run of the stream (the second continues where the
 first ended), as they are in eager Python.
@@ -37,9 +45,11 @@ first ended), as they are in eager Python.
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import dataclasses
 import threading
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterator
 from typing import Any
 
 import jax
@@ -135,13 +145,16 @@ def _slots(source: Any, state: Any) -> tuple[list[Any], list[Any], Any]:
 
 
 class _Frame:
-    """One boundary being traced: the state the last call inside it left, and whether
-    it is (inside) a backward pass, whose writes are never kept."""
+    """One boundary being traced: the state the last call inside it left (and the
+    source that describes it), for a rebased frame its own frozen parts, and whether it
+    runs in a backward pass (whose writes are never kept)."""
 
-    __slots__ = ("backward", "last")
+    __slots__ = ("backward", "frozen", "last", "last_source")
 
-    def __init__(self, backward: bool = False) -> None:
+    def __init__(self, frozen: dict[Hashable, Any] | None = None, backward: bool = False):
         self.last: Any = None
+        self.last_source: Any = None
+        self.frozen = frozen
         self.backward = backward
 
 
@@ -165,11 +178,11 @@ class Participant:
       ...         return [kit.StatePart("state", ("mean",), "mean")]
       >>> store = {"mean": jnp.zeros(())}
       >>> policy = kit.Participant(jo.solve_state(), "doc", Source(store))
-      >>> float(policy.freeze({"mean": jnp.ones(())}, Source(store))["mean"])
+      >>> float(policy.freeze({"mean": jnp.ones(())})["mean"])
       0.0
     """
 
-    __slots__ = ("_frames", "closed", "declaration", "framework", "frozen", "snapshot", "source")
+    __slots__ = ("_closed", "_frames", "declaration", "framework", "frozen", "snapshot", "source")
 
     def __init__(self, declaration: solve_state, framework: str, source: Any):
         self.declaration = declaration
@@ -185,67 +198,99 @@ class Participant:
             if part is not None and self._freezes(part)
         }
         self._frames: list[_Frame] = [_Frame()]
-        self.closed = False
+        self._closed = [False]  # shared with the views: set at the declaration's exit
 
     def _freezes(self, part: StatePart) -> bool:
         policy = self.declaration.policy(part.kind, part.names)
         return policy in (PER_SOLVE, AT_SOLUTION)
 
-    def learn(self, state: Any, source: Any = None) -> None:
+    def seen_by(self, source: Any) -> Participant:
+        """This participant, the states it is given described by ``source``'s ``parts``
+        (the snapshot, the frames and the frozen parts shared)."""
+        if source is self.source or isinstance(source, type):
+            return self  # a class names the framework only: the participant itself
+        view = copy.copy(self)
+        view.source = source
+        view.snapshot = None  # the base's, for its exit only (a view may outlive it)
+        return view
+
+    def learn(self, state: Any) -> None:
         """Takes the frozen parts of ``state`` that did not exist at entry (created inside
         the declaration, e.g. at init) as their entry values, if no boundary is being
-        traced (so that no traced value of an inner function is kept). ``source``: the
-        source ``state`` was read from (default: the one read at entry), whose ``parts``
-        describe it."""
-        if len(self._frames) != 1:
+        traced (so that no traced value of an inner function is kept)."""
+        if len(self._frames) != 1 or self._closed[0]:
             return
-        leaves, parts, _ = _slots(source or self.source, state)
+        leaves, parts, _ = _slots(self.source, state)
         for leaf, part in zip(leaves, parts, strict=True):
             if part is not None and part.slot not in self.frozen and self._freezes(part):
                 self.frozen[part.slot] = leaf
 
-    def freeze(self, state: Any, source: Any = None) -> Any:
-        """``state`` (read from ``source``) with its frozen parts as at entry."""
+    def _entry(self) -> dict[Hashable, Any]:
+        """The frozen parts in effect: the innermost rebased frame's, else the snapshot's."""
+        for frame in reversed(self._frames):
+            if frame.frozen is not None:
+                return frame.frozen
+        return self.frozen
+
+    def freeze(self, state: Any) -> Any:
+        """``state`` with its frozen parts as at entry (of the innermost rebased frame)."""
         if not self.frozen:
             return state
-        leaves, parts, treedef = _slots(source or self.source, state)
-        frozen = self.frozen
+        leaves, parts, treedef = _slots(self.source, state)
+        frozen = self._entry()
         out = [
             frozen.get(part.slot, leaf) if part is not None else leaf
             for leaf, part in zip(leaves, parts, strict=True)
         ]
         return jax.tree_util.tree_unflatten(treedef, out)
 
-    def push(self, backward: bool = False) -> _Frame:
-        """A new innermost boundary (a traced function starts); ``backward``: it runs
-        in a backward pass (so does every boundary inside it)."""
-        frame = _Frame(backward or self._frames[-1].backward)
+    def push(self, entry: Any = None, received: Any = None, backward: bool = False) -> _Frame:
+        """A new innermost boundary (a traced function starts). With ``entry`` (the
+        state the traced function receives, its frozen parts already frozen), the frame
+        is rebased: inside it, ``freeze`` gives ``entry``'s frozen parts. ``received``:
+        the state it is handed before ``freeze`` (what the evaluations before it left),
+        its *last* until an inner call writes: a function that runs no evaluation (a
+        ``while_loop``'s test, a ``cond``'s no-op branch) passes it on. ``backward``: the
+        boundary runs in a backward pass, and so does every boundary inside it."""
+        frozen = None
+        if entry is not None and self.frozen:
+            # Only the entry's: a part the traced function was not handed is not frozen
+            # to an outer value (a constant of its trace) but left as it is found.
+            leaves, parts, _ = _slots(self.source, entry)
+            frozen = {
+                part.slot: leaf
+                for leaf, part in zip(leaves, parts, strict=True)
+                if part is not None and part.slot in self.frozen
+            }
+        frame = _Frame(frozen, backward or self._frames[-1].backward)
+        if received is not None:
+            frame.last, frame.last_source = received, self.source
         self._frames.append(frame)
         return frame
 
     def pop(self, frame: _Frame) -> None:
-        """The boundary ``push`` returned ends."""
-        if self._frames and self._frames[-1] is frame:
-            self._frames.pop()
+        """The boundary ``push`` returned ends (with any inner one an exception left)."""
+        for index in range(len(self._frames) - 1, 0, -1):
+            if self._frames[index] is frame:
+                del self._frames[index:]
+                return
 
-    def written(self, state: Any, backward: bool = False, source: Any = None) -> Any:
-        """What to write to ``source`` for a JAX call's final ``state``: its frozen parts
-        as at entry. ``state`` is kept as the innermost boundary's last, unless
-        ``backward``."""
+    def written(self, state: Any, backward: bool = False) -> Any:
+        """What to write for a JAX call's final ``state``: its frozen parts as at entry.
+        ``state`` is kept as the innermost boundary's last, unless ``backward``."""
         if not self.frozen:
             return state
-        source = source or self.source
-        innermost = self._frames[-1]
-        if not (backward or innermost.backward or self.closed):
-            innermost.last = (source, state)
-        return self.freeze(state, source)
+        frame = self._frames[-1]
+        if not (backward or frame.backward or self._closed[0]):
+            frame.last, frame.last_source = state, self.source
+        return self.freeze(state)
 
-    def changed_per_evaluation(self, source: Any, before: Any, after: Any) -> list[str]:
+    def changed_per_evaluation(self, before: Any, after: Any) -> list[str]:
         """The names of the parts the declaration leaves per evaluation that ``after``
-        changed from ``before`` (both read from ``source``): in a function converted into
-        a jaxpr such a write could not come out."""
-        leaves, parts, _ = _slots(source, before)
-        after_leaves, after_parts, _ = _slots(source, after)
+        changed from ``before``: in a function converted into a jaxpr such a write could
+        not come out."""
+        leaves, parts, _ = _slots(self.source, before)
+        after_leaves, after_parts, _ = _slots(self.source, after)
         entry = {
             part.slot: leaf for leaf, part in zip(leaves, parts, strict=True) if part is not None
         }
@@ -259,25 +304,35 @@ class Participant:
             }
         )
 
-    def _untouched(self, source: Any, state: Any) -> bool:
-        leaves, parts, _ = _slots(source, state)
-        frozen = self.frozen
+    def _untouched(self, state: Any, frozen: dict[Hashable, Any]) -> bool:
+        leaves, parts, _ = _slots(self.source, state)
         return all(
             part is None or part.slot not in frozen or frozen[part.slot] is leaf
             for leaf, part in zip(leaves, parts, strict=True)
         )
 
-    def left(self, state: Any, frame: _Frame, source: Any = None) -> Any:
-        """What a traced function leaves to ``source``: ``state``, or, where its frozen
-        parts are still the entry's, what its last inner call left (part by part)."""
+    def left(self, state: Any, frame: _Frame) -> Any:
+        """What a traced function leaves: ``state``, or, where its frozen parts are still
+        the entry's, what its last inner call left (merged part by part; with none, the
+        state it was handed: see ``push``)."""
         last = frame.last
-        source = source or self.source
-        if last is None or not self.frozen or not self._untouched(source, state):
+        entry = frame.frozen if frame.frozen is not None else self._entry()
+        if last is None or not self.frozen or not self._untouched(state, entry):
             return state
-        return self._merged(source, state, *last)
+        return self._merged(state, last, frame.last_source)
 
-    def _merged(self, source: Any, state: Any, last_source: Any, last: Any) -> Any:
-        leaves, parts, treedef = _slots(source, state)
+    def current(self, state: Any) -> Any:
+        """The state a JAX call starting now (``state``, read from the framework) hands
+        its functions, or a boundary writes after its call: where the frozen parts are
+        untouched, what the innermost boundary has as its last. So a ``cond`` in a loop
+        body whose taken branch runs no evaluation passes on what the last evaluation
+        left, not the entry state."""
+        if not self.frozen:
+            return state
+        return self.left(state, self._frames[-1])
+
+    def _merged(self, state: Any, last: Any, last_source: Any) -> Any:
+        leaves, parts, treedef = _slots(self.source, state)
         last_leaves, last_parts, _ = _slots(last_source, last)
         by_slot = {
             part.slot: leaf
@@ -292,17 +347,20 @@ class Participant:
 
     def finish(self, failed: bool) -> None:
         """At the declaration's exit: the state the last forward evaluation left (or, on
-        failure, the entry snapshot) becomes the framework's. What runs after it under
-        this participant (a ``custom_vjp``'s backward pass, which JAX runs once the
-        forward function has returned) still sees the entry state, and keeps nothing."""
-        self.closed = True
-        if failed:
-            self.source.write(self.snapshot)
-            return
-        if not self.frozen:
-            return
-        source = self.source
-        source.write(self.left(source.read(), self._frames[0], source))
+        failure, the entry snapshot) becomes the framework's. Then the participant keeps
+        no state value: a backward rule that captured it (and JAX's caches that hold the
+        rule) must hold no tracer of the forward's trace; inside the rule the frozen
+        parts are the rule's own inputs (``push(entry)``)."""
+        try:
+            if failed:
+                self.source.write(self.snapshot)
+            elif self.frozen:
+                self.source.write(self.left(self.source.read(), self._frames[0]))
+        finally:
+            self._closed[0] = True
+            self.snapshot = None
+            self.frozen.update(dict.fromkeys(self.frozen))
+            self._frames[:] = [_Frame()]
 
     def check_names(self) -> list[str]:
         """The names the declaration gives that none of this framework's parts has."""
@@ -317,6 +375,31 @@ class Participant:
         ]
 
 
+@contextlib.contextmanager
+def resumed(entered: Participant | None) -> Iterator[None]:
+    """Runs the block under ``entered``'s declaration (a ``Participant`` captured when a
+    neutral call started), for a backward rule that JAX traces after the declaration
+    exited: its boundaries then freeze as the forward's did, and its writes are dropped
+    by the rule (``written(..., backward=True)``). None: the block runs as it is.
+
+    Args:
+      entered: the participant captured at the forward call, or None.
+
+    Returns:
+      A context manager.
+
+    Example:
+      >>> from jaxoverride import adapter_kit as kit
+      >>> with kit.resumed(None):
+      ...     pass
+    """
+    if entered is None:
+        yield
+        return
+    with _solve_state.reentered(entered.declaration, {entered.framework: entered}):
+        yield
+
+
 def participant(source: Any) -> Participant | None:
     """The innermost declaration's ``Participant`` for ``source``'s framework.
 
@@ -324,7 +407,8 @@ def participant(source: Any) -> Participant | None:
       source: a ``StateSource`` (its ``framework`` attribute names the framework).
 
     Returns:
-      The ``Participant``, or None (no declaration, or the framework does not take part).
+      The ``Participant`` seen by ``source`` (``Participant.seen_by``), or None (no
+      declaration, or the framework does not take part).
 
     Example:
       >>> from jaxoverride import adapter_kit as kit
@@ -334,8 +418,9 @@ def participant(source: Any) -> Participant | None:
     entered = _solve_state.current_entered()
     if entered is None:
         return None
-    framework = source.framework
-    return None if framework is None else entered.get(framework)
+    framework = getattr(source, "framework", None)
+    found = None if framework is None else entered.get(framework)
+    return None if found is None else found.seen_by(source)
 
 
 def _on_enter(declaration: solve_state) -> dict[str, Participant]:

@@ -102,7 +102,7 @@ class Threaded:
         self.policy: Participant | None = participant(source)
         self.backward = backward
         if self.policy is not None and not backward:
-            self.policy.learn(source.read(), source)
+            self.policy.learn(source.read())
 
     def _start(self, index: int) -> Any:
         if self._alternatives:
@@ -113,17 +113,23 @@ class Threaded:
             start = self._starts[index] = next(earlier, self._starts[0])
         return start
 
+    def read(self) -> Any:
+        """The state the JAX call starts from: ``source.read()``, or under a declaration
+        the state the running evaluation has as its latest (``Participant.current``)."""
+        state = self.source.read()
+        return state if self.policy is None else self.policy.current(state)
+
     def run(self, index: int, state: Any, fun: Callable[..., Any], *args: Any) -> tuple[Any, Any]:
         """Calls ``fun(*args)`` with ``state`` installed; returns ``(out, state_after)``."""
         policy = self.policy
         if policy is None:
             return self._run(index, state, fun, *args)
-        frame = policy.push(self.backward)
+        frame = policy.push(received=state, backward=self.backward)
         try:
-            out, after = self._run(index, policy.freeze(state, self.source), fun, *args)
+            out, after = self._run(index, policy.freeze(state), fun, *args)
         finally:
             policy.pop(frame)
-        return out, policy.left(after, frame, self.source)
+        return out, policy.left(after, frame)
 
     def _run(self, index: int, state: Any, fun: Callable[..., Any], *args: Any) -> tuple[Any, Any]:
         source = self.source
@@ -168,7 +174,7 @@ class Threaded:
             self.source.check_unknown_trips(state)
         if ran is not False:
             if self.policy is not None:
-                state = self.policy.written(state, self.backward, self.source)
+                state = self.policy.written(state, self.backward)
             self.source.write(state)
         if names is not None:
             self.source.restore_names(names)
@@ -287,7 +293,7 @@ def threaded_scan(
         with handed_call(source, "jaxoverride.lax.scan", (f,), 1, runs, Threaded) as handed:
             (value, state), ys = below(
                 handed.functions[0],
-                (init, source.read()),
+                (init, handed.thread.read()),
                 xs,
                 length,
                 reverse,
@@ -382,7 +388,7 @@ def threaded_while_loop(
     def carried_call() -> Any:
         with handed_call(source, where, functions, 3, carried_runs, Threaded) as handed:
             test, body = handed.functions
-            pred, state = _first_test(handed.traces, test, source.read(), init_val)
+            pred, state = _first_test(handed.traces, test, handed.thread.read(), init_val)
             value, state, _ = below(_carried_predicate, body, (init_val, state, pred))
             handed.thread.finish(state, ran=None)
         return value
@@ -392,7 +398,7 @@ def threaded_while_loop(
         with handed_call(source, where, functions, 2, read_only_runs, Threaded) as handed:
             if handed.variant is None:
                 try:
-                    value, state = below(*handed.functions, (init_val, source.read()))
+                    value, state = below(*handed.functions, (init_val, handed.thread.read()))
                 except _PredicateChangedStateError:
                     handed.variant = "stateful"  # reused: the next call goes straight there
                 else:
@@ -415,7 +421,7 @@ def threaded_while_loop(
         first = jnp.asarray(cond_fun(init_val), dtype=bool)
         with handed_call(source, where, functions, 1, stateful_runs, Threaded) as handed:
             value, state, _ = below(
-                _carried_predicate, handed.functions[0], (init_val, source.read(), first)
+                _carried_predicate, handed.functions[0], (init_val, handed.thread.read(), first)
             )
             handed.thread.finish(state, ran=None)
         return value
@@ -514,7 +520,7 @@ def threaded_fori_loop(
                 lower_bound,
                 upper_bound,
                 handed.functions[0],
-                (init_val, source.read()),
+                (init_val, handed.thread.read()),
                 unroll=unroll,
             )
             handed.thread.finish(state, ran=_may_run(lower_bound, upper_bound))
@@ -560,7 +566,7 @@ def _threaded_branches(
         count = len(distinct)
         with handed_call(source, where, distinct, count, runs, make_thread, separately=True) as h:
             by_id = dict(zip(map(id, distinct), h.functions, strict=True))
-            out, state = call([by_id[id(fun)] for fun in branches], (source.read(), operands))
+            out, state = call([by_id[id(fun)] for fun in branches], (h.thread.read(), operands))
             h.thread.finish(state)
         return out
 
@@ -740,4 +746,4 @@ def threaded_call(
     def pure(state: Any, *args: Any, **kwargs: Any) -> tuple[Any, Any]:
         return thread.run(0, state, lambda: fun(*args, **kwargs))
 
-    return pure, thread.finish, source.read()
+    return pure, thread.finish, thread.read()
