@@ -186,7 +186,7 @@ def declared_custom_root(
         solution, aux = result if has_aux else (result, None)
         if frame.last is None:
             return solution, (aux, None)
-        floats, restoring[:] = _as_floats(frame.last[1])
+        floats, restoring[:] = _as_floats(frame.last)
         return solution, (aux, floats)
 
     restoring: list[Any] = []
