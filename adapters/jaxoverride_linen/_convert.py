@@ -42,6 +42,19 @@ CONVERTED = (
 )
 
 
+CONVERTED_DECLARED = (
+    "{where} turns the function into a jaxpr whose outputs are fixed, so a write inside "
+    "it cannot come out, even under jaxoverride.solve_state: the declaration keeps this "
+    "collection at the solution, and dropping the write would leave it silently at its "
+    "entry value (an rng draw is fine there: it draws the solve's one key). Only a map "
+    "converted by jaxoverride.closure_convert (fpsolve's implicit mode) writes it; with "
+    "a solver that converts by make_jaxpr (optimistix, diffrax's default adjoint, "
+    "equinox's filter_closure_convert) or a custom_root/custom_linear_solve, update the "
+    "collection outside the solve (call the layer once at the solution, after the solver "
+    "returns), or use the solver's non-implicit mode."
+)
+
+
 def pure_scope(
     source: Any,
     where: str,
@@ -62,11 +75,14 @@ def _converting(
 ) -> Any:
     source = _scope.source(where)
     policy = _scope.declaration()
-    allowed = _declared.allowed(policy)
+    # Draws of the streams frozen: the solve's key; writes cannot come out (see above).
+    allowed = frozenset(a for a in _declared.allowed(policy) if a[0] == "rng")
+    reason = CONVERTED_DECLARED if _declared.frozen_collections_any(policy) else CONVERTED
 
     def traced(*args: Any, **kwargs: Any) -> Any:
         evaluation = _declared.evaluating(policy, source.roots, install=True)
-        with pure_scope(source, where, allowed=allowed), evaluation:
+        guard = pure_scope(source, where, reason=reason, allowed=allowed)
+        with guard, evaluation:
             return fun(*args, **kwargs)
 
     return init_safe(source, creation, lambda: trace(traced))

@@ -128,7 +128,7 @@ class _Call:
     JAX value: the caller's values are the rule's leading argument.
     """
 
-    __slots__ = ("backward", "forward", "kept", "policy", "roots", "source", "where")
+    __slots__ = ("backward", "evaluated", "forward", "kept", "policy", "roots", "source", "where")
 
     def __init__(self, source: Any, where: str):
         self.source = source
@@ -142,6 +142,7 @@ class _Call:
         # its writes are dropped.
         self.policy = self.forward.policy
         self.forward.policy = None
+        self.evaluated = False  # whether a forward run evaluated anything (``kit.Threaded``)
         self.backward = kit.Threaded(source, 1, where, backward=True)
         self.backward.policy = self.policy
         # Per leaf of the threaded state: left as it came in by every forward run so far.
@@ -198,15 +199,23 @@ class _Call:
             with pure(source.roots, where, *_DRAW, writes=False, allowed=allowed):
                 return fun(*args)
 
-        frame = None if policy is None else policy.push()
-        try:
+        if policy is None:
             with self.reading(params, refused), hidden_rngs(source.roots), _valid(source):
-                with _declared.evaluating(policy, source.roots):
-                    out, after = self.forward.run(0, state, drawing_refused)
-        finally:
-            if policy is not None and frame is not None:
+                out, after = self.forward.run(0, state, drawing_refused)
+            self.note_kept(state, after)
+            return out, after
+        # The state argument was frozen at the call's read: inside the rule's trace it
+        # stands for the entry state (``rebased``).
+        frame = policy.push(state)
+        with policy.rebased(state):
+            try:
+                with self.reading(params, refused), hidden_rngs(source.roots), _valid(source):
+                    with _declared.evaluating(policy, source.roots):
+                        out, after = self.forward.run(0, state, drawing_refused)
+            finally:
                 policy.pop(frame)
-        if policy is not None and frame is not None:
+            if frame.last is not None or not policy.untouched(after):
+                self.evaluated = True
             after = policy.left(after, frame)
         self.note_kept(state, after)
         return out, after
@@ -283,7 +292,7 @@ class LinenRule(kit.LiftedRule):
         out, after = rule((_params(source), state), *args)
         after = call.written(state, after)
         if policy is not None:
-            after = policy.written(after)
+            after = policy.written(after, backward=not call.evaluated)
         call.forward.finish(after)
         return out
 

@@ -31,7 +31,7 @@ from flax.linen import module as linen_module
 
 from jaxoverride import adapter_kit as kit
 from jaxoverride.errors import JaxoverrideError
-from jaxoverride_linen import _trees as trees
+from jaxoverride_linen import _declared, _trees as trees
 from jaxoverride_linen._guards import lifted_params
 from jaxoverride_linen._per_thread import local as _local
 
@@ -380,7 +380,7 @@ class LinenSource:
         entry = self._entry_counters
         if entry is not None and not entry:
             entry.update((id(r.variables), trees.copy_dicts(r.counters)) for r in self.roots)
-        return state
+        return state if policy is None else policy.carried_in(state)
 
     # -- jaxoverride.solve_state ---------------------------------------------------------
 
@@ -426,15 +426,20 @@ class LinenSource:
         return root.scope.make_rng(name)
 
     def _rewind_frozen(self, root: _Root, keys: dict[str, Any]) -> None:
-        """Every stream threaded with the declaration's entry key (``freeze`` put it there)
-        back at the entry's counters: each evaluation draws the same keys."""
+        """Every stream the declaration freezes back at the entry's counters, where it is
+        threaded with the entry key (``freeze`` put it there) or not threaded at all (a
+        custom rule hides the streams): each evaluation draws the same keys."""
         policy = declaration()
         if policy is None:
             return
-        for name, key in keys.items():
-            declared = self._declared(policy, root, name)
-            if declared is not None and declared[0] is key:
-                trees.restore_stream(root.counters, declared[1], name)
+        rid = id(root.variables)
+        for slot, key in _declared.frozen(policy):
+            if slot[0] != "rng" or slot[1] != rid:
+                continue
+            name = slot[2]
+            if keys.get(name, key) is key:
+                entry = policy.source._entry_counters or {}
+                trees.restore_stream(root.counters, entry.get(rid, {}), name)
 
     def enter(self, state: Any) -> _Token:
         token = _Token()

@@ -37,9 +37,10 @@ first ended), as they are in eager Python.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import threading
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterator
 from typing import Any
 
 import jax
@@ -135,12 +136,14 @@ def _slots(source: Any, state: Any) -> tuple[list[Any], list[Any], Any]:
 
 
 class _Frame:
-    """One boundary being traced: the state the last call inside it left."""
+    """One boundary being traced: the state the last call inside it left, and the state
+    it carries in (what it leaves if it evaluates nothing)."""
 
-    __slots__ = ("last",)
+    __slots__ = ("carried", "last")
 
-    def __init__(self) -> None:
+    def __init__(self, carried: Any = None) -> None:
         self.last: Any = None
+        self.carried: Any = carried
 
 
 class Participant:
@@ -183,9 +186,39 @@ class Participant:
         ]
         return jax.tree_util.tree_unflatten(treedef, out)
 
-    def push(self) -> _Frame:
-        """A new innermost boundary (a traced function starts)."""
-        frame = _Frame()
+    @contextlib.contextmanager
+    def rebased(self, state: Any) -> Iterator[None]:
+        """Inside, the frozen parts are ``state``'s (a value of a trace of its own, such as
+        a custom rule's argument, which its caller froze): what ``freeze`` and ``written``
+        put there, and what ``untouched`` compares with. JAX traces a rule's function in a
+        fresh trace, which must not see the entry snapshot's tracers (of the enclosing
+        trace) as the framework's live state."""
+        leaves, parts, _ = _slots(self.source, state)
+        saved = self.frozen
+        self.frozen = {
+            **saved,
+            **{
+                part.slot: leaf
+                for leaf, part in zip(leaves, parts, strict=True)
+                if part is not None and part.slot in saved
+            },
+        }
+        try:
+            yield
+        finally:
+            self.frozen = saved
+
+    def push(self, entered: Any = None) -> _Frame:
+        """A new innermost boundary (a traced function starts, given ``entered``, the
+        state before ``freeze``). What it carries in is ``entered``, or, where that is
+        the entry state itself (read inside a function that has evaluated nothing yet),
+        what the enclosing boundary carries in: a loop step's carry reaches a ``cond``
+        inside it."""
+        carried = entered
+        if entered is not None and self.frozen and self._untouched(entered):
+            carried = self._frames[-1].carried if self._frames else None
+            carried = entered if carried is None else carried
+        frame = _Frame(carried)
         self._frames.append(frame)
         return frame
 
@@ -194,14 +227,32 @@ class Participant:
         if self._frames and self._frames[-1] is frame:
             self._frames.pop()
 
+    def carried_in(self, state: Any) -> Any:
+        """``state`` (a source's ``read()``) as a JAX call inside the innermost boundary
+        starts from it: where its frozen parts are still the entry's (nothing evaluated
+        since the boundary started), the state that boundary carried in. A ``cond``
+        inside a loop step then passes the step's carry through its branch that
+        evaluates nothing, instead of the entry state."""
+        carried = self._frames[-1].carried if self._frames else None
+        if carried is None or not self.frozen or not self._untouched(state):
+            return state
+        return self._merged(state, carried)
+
     def written(self, state: Any, backward: bool = False) -> Any:
         """What to write for a JAX call's final ``state``: its frozen parts as at entry.
-        ``state`` is kept as the innermost boundary's last, unless ``backward``."""
+        ``state`` is kept as the innermost boundary's last, unless ``backward`` (a
+        backward pass, or a call whose functions evaluated nothing: ``untouched``)."""
         if not self.frozen:
             return state
-        if not backward:
+        if not backward and not self._untouched(state):
+            # (a call that handed back the entry's very values carried them through)
             self._frames[-1].last = state
         return self.freeze(state)
+
+    def untouched(self, state: Any) -> bool:
+        """Whether ``state``'s frozen parts are the entry's very objects: what a traced
+        function leaves when it evaluated nothing (it only carried the state through)."""
+        return self._untouched(state)
 
     def _untouched(self, state: Any) -> bool:
         leaves, parts, _ = _slots(self.source, state)
@@ -213,10 +264,16 @@ class Participant:
 
     def left(self, state: Any, frame: _Frame) -> Any:
         """What a traced function leaves: ``state``, or, where its frozen parts are still
-        the entry's, what its last inner call left (merged part by part)."""
+        the entry's, what its last inner call left (merged part by part). A function that
+        evaluated nothing (no inner call kept a last, the frozen parts untouched: a
+        ``cond``'s identity branch, a loop step past the end) leaves what its frame
+        carried in (``push``): carrying the state through is not an evaluation, and must
+        not reset it to the entry's."""
         last = frame.last
-        if last is None or not self.frozen or not self._untouched(state):
+        if not self.frozen or not self._untouched(state):
             return state
+        if last is None:
+            return state if frame.carried is None else self._merged(state, frame.carried)
         return self._merged(state, last)
 
     def _merged(self, state: Any, last: Any) -> Any:

@@ -227,7 +227,16 @@ class Threaded:
       alternatives: whether the functions are alternatives (see above).
     """
 
-    __slots__ = ("_alternatives", "_ends", "_starts", "backward", "policy", "source", "where")
+    __slots__ = (
+        "_alternatives",
+        "_ends",
+        "_starts",
+        "backward",
+        "evaluated",
+        "policy",
+        "source",
+        "where",
+    )
 
     def __init__(
         self,
@@ -246,6 +255,10 @@ class Threaded:
         # backward pass's calls keep the forward's, and their writes are dropped.
         self.policy: Participant | None = participant(source)
         self.backward = backward
+        # Whether a traced function evaluated anything under the declaration (changed the
+        # frozen parts, or ran a JAX call that did): a call that only carried the state
+        # through (a cond, a jit around no evaluation) is not the solve's last evaluation.
+        self.evaluated = False
 
     def _start(self, index: int) -> Any:
         if self._alternatives:
@@ -261,11 +274,13 @@ class Threaded:
         policy = self.policy
         if policy is None:
             return self._run(index, state, fun, *args)
-        frame = policy.push()
+        frame = policy.push(state)
         try:
             out, after = self._run(index, policy.freeze(state), fun, *args)
         finally:
             policy.pop(frame)
+        if frame.last is not None or not policy.untouched(after):
+            self.evaluated = True
         return out, policy.left(after, frame)
 
     def _run(self, index: int, state: Any, fun: Callable[..., Any], *args: Any) -> tuple[Any, Any]:
@@ -329,7 +344,7 @@ class Threaded:
                 check(state)
         if ran is not False:
             if self.policy is not None:
-                state = self.policy.written(state, self.backward)
+                state = self.policy.written(state, self.backward or not self.evaluated)
             self.source.write(state)
         if names is not None:
             self.source.restore_names(names)
