@@ -321,3 +321,18 @@ def test_libraries_without_the_declaration_as_before() -> None:
     ran = LIBRARIES.reported("diffrax", "diffrax_direct_undeclared")
     assert ran["masks"] > 100
     assert ran["refusal"]["type"] == "EquinoxTracetimeError"
+
+
+def test_under_install_as_under_context() -> None:
+    variables = init()
+    model = DEQ(SOLVERS["anderson-implicit"], declare={})
+    with jol.context(), masks_seen() as seen:
+        expected = apply(model, variables, KEY)
+    handle = jol.install()
+    try:
+        with masks_seen() as installed:
+            got = apply(model, variables, KEY)
+    finally:
+        handle.uninstall()
+    assert len(set(installed)) == 1 and set(installed) == set(seen)
+    assert largest(got, expected) == 0.0
