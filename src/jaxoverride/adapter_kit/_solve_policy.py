@@ -256,12 +256,7 @@ class Participant:
         if entry is not None and self.frozen:
             # Only the entry's: a part the traced function was not handed is not frozen
             # to an outer value (a constant of its trace) but left as it is found.
-            leaves, parts, _ = _slots(self.source, entry)
-            frozen = {
-                part.slot: leaf
-                for leaf, part in zip(leaves, parts, strict=True)
-                if part is not None and part.slot in self.frozen
-            }
+            frozen = self._entries(entry)
         frame = _Frame(frozen, backward or self._frames[-1].backward)
         if received is not None:
             frame.last, frame.last_source = received, self.source
@@ -281,7 +276,10 @@ class Participant:
         if not self.frozen:
             return state
         frame = self._frames[-1]
-        if not (backward or frame.backward or self._closed[0]):
+        # A call that hands back the entry's very values only carried them through: it
+        # is no evaluation, and must not replace the last one.
+        keep = not (backward or frame.backward or self._closed[0])
+        if keep and not self._untouched(state, self._entry()):
             frame.last, frame.last_source = state, self.source
         return self.freeze(state)
 
@@ -320,6 +318,32 @@ class Participant:
         if last is None or not self.frozen or not self._untouched(state, entry):
             return state
         return self._merged(state, last, frame.last_source)
+
+    def untouched(self, state: Any) -> bool:
+        """Whether ``state``'s frozen parts are the entry's very objects (of the innermost
+        rebased frame): what a traced function leaves when it evaluated nothing."""
+        return self._untouched(state, self._entry())
+
+    @contextlib.contextmanager
+    def rebased(self, state: Any) -> Iterator[None]:
+        """Inside, the innermost frame's frozen parts are ``state``'s (a value of a trace
+        of its own, such as a custom rule's argument, which its caller froze), as
+        ``push(entry=state)`` makes them."""
+        frame = self._frames[-1]
+        saved = frame.frozen
+        frame.frozen = self._entries(state)
+        try:
+            yield
+        finally:
+            frame.frozen = saved
+
+    def _entries(self, state: Any) -> dict[Hashable, Any]:
+        leaves, parts, _ = _slots(self.source, state)
+        return {
+            part.slot: leaf
+            for leaf, part in zip(leaves, parts, strict=True)
+            if part is not None and part.slot in self.frozen
+        }
 
     def current(self, state: Any) -> Any:
         """The state a JAX call starting now (``state``, read from the framework) hands
