@@ -345,3 +345,18 @@ def test_custom_root_under_a_declaration_one_mask_and_the_implicit_gradient(toy:
     np.testing.assert_allclose(grad, twin_grad, atol=1e-5)
     # The statistics: one update, at the last forward evaluation inside the solve.
     np.testing.assert_allclose(toy.store["mean"].sum(), (1 - MOMENTUM) * twin_z, atol=1e-5)
+
+
+def test_a_running_framework_whose_adapter_has_no_solve_source_is_refused() -> None:
+    """Haiku's adapter applies no declaration yet: inside ``hk.transform`` the declaration
+    is refused by name, never silently ignored (a new mask per evaluation)."""
+    haiku = pytest.importorskip("haiku")
+    import jaxoverride_haiku
+
+    def model(x: jax.Array) -> jax.Array:
+        with jo.solve_state():
+            return x
+
+    with jaxoverride_haiku.context(), pytest.raises(NotImplementedError, match="Haiku"):
+        haiku.transform(model).init(jax.random.key(0), jnp.ones(3))
+    assert jo.solve_state() is not None  # outside every framework: accepted

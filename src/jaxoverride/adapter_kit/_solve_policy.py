@@ -54,7 +54,7 @@ from typing import Any
 
 import jax
 
-from jaxoverride import _solve_state
+from jaxoverride import _frameworks, _solve_state
 from jaxoverride._solve_state import AT_SOLUTION, PER_SOLVE, solve_state
 
 KINDS = ("rng", "state")
@@ -447,7 +447,24 @@ def participant(source: Any) -> Participant | None:
     return None if found is None else found.seen_by(source)
 
 
+def _unsupported_running() -> list[str]:
+    """The frameworks running now whose adapters registered no solve source: a
+    declaration would silently not apply to them."""
+    _frameworks.refresh()
+    with _lock:
+        known = set(_sources)
+    return [r.title for r in _frameworks.scoped if r.key not in known and r.running()]
+
+
 def _on_enter(declaration: solve_state) -> dict[str, Participant]:
+    unsupported = _unsupported_running()
+    if unsupported:
+        raise NotImplementedError(
+            f"jaxoverride.solve_state: {'; '.join(unsupported)}: its adapter does not apply "
+            "solve_state declarations yet (it registers no solve source), so the declaration "
+            "would be silently ignored. Draw the rng key before the solve and pass it through "
+            "the map's arguments, and update mutable state once after the solve."
+        )
     with _lock:
         sources = list(_sources.items())
     participants: dict[str, Participant] = {}
