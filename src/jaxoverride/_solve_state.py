@@ -111,22 +111,21 @@ class solve_state:  # noqa: N801  (used as a context manager and a decorator, li
     Use it around a solver call, in the model's code, as a context manager or a
     decorator. Inside, every evaluation of the map (iterations, Jacobians, convergence
     checks, the implicit backward's re-evaluations) follows the declared policy, for
-    every framework whose adapter is active (Haiku, Flax Linen, Flax NNX, or a third
+    every framework whose adapter is active (Flax Linen, Flax NNX, or a third
     party's adapter on the kit). Outside every framework it changes nothing.
 
     Args:
       rng: ``"per_solve"`` (default: one key per solve; each evaluation draws the same
         keys, and the stream advances once) or ``"per_evaluation"`` (each evaluation
         draws new keys). Or a mapping from stream names (Linen, NNX) to those values;
-        streams it does not name are per evaluation. Haiku has one stream: pass a str.
+        streams it does not name are per evaluation.
       state: ``"at_solution"`` (default: each evaluation starts from the state at entry,
         and the solve keeps what its last forward evaluation wrote) or
         ``"per_evaluation"``. Or a mapping from collection names (Linen), Variable types
-        or their names (NNX) or module names (Haiku) to those values; the others are per
-        evaluation.
+        or their names (NNX) to those values; the others are per evaluation.
 
-    Returns:
-      The declaration: enter it with ``with``, or decorate a function with it.
+    The declaration is entered with ``with``, or decorates a function (each call of the
+    function is then declared).
 
     Example:
       >>> import jax.numpy as jnp

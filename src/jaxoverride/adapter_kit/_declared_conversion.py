@@ -249,7 +249,8 @@ def declared_linear_solve(
       policy: its ``Participant``.
       below: the ``custom_linear_solve`` below.
       matvec: the linear map.
-      *args, **options: the rest of ``jax.lax.custom_linear_solve``'s arguments.
+      *args: the rest of ``jax.lax.custom_linear_solve``'s positional arguments.
+      **options: its keyword arguments.
 
     Returns:
       What ``jax.lax.custom_linear_solve`` returns.
