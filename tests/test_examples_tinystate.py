@@ -24,6 +24,7 @@ sys.path.insert(0, str(EXAMPLES))
 
 import tinystate as ts  # noqa: E402
 import tinystate_adapter  # noqa: E402
+from _solve_state_solvers import checking_leaks_linearized  # noqa: E402
 
 
 def _imports(path: Path) -> set[str]:
@@ -375,7 +376,7 @@ def test_a_declared_implicit_solve_draws_one_mask_and_its_gradient_is_the_unroll
     """What a converted map refuses outside a declaration runs under it: one mask for
     the forward solve and the implicit gradient's linearisation."""
     model = ts.transform(_dropout_root)
-    with jax.checking_leaks(), tinystate_adapter.context():
+    with checking_leaks_linearized(), tinystate_adapter.context():
         params, state = model.init(jax.random.key(0), X)
         _MASKS.clear()
         loss = lambda p: jnp.sum(model.apply(p, state, jax.random.key(1), X)[0] ** 2)

@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 import jaxoverride as jo
+from _solve_state_solvers import checking_leaks_linearized
 from jaxoverride import adapter_kit as kit
 
 MOMENTUM = 0.9
@@ -329,7 +330,7 @@ def test_custom_root_under_a_declaration_one_mask_and_the_implicit_gradient(toy:
         with jo.solve_state():
             return jo.lax.custom_root(residual, jnp.ones(3), solve, tangent)
 
-    with jax.checking_leaks():
+    with checking_leaks_linearized():
         z, grad = jax.value_and_grad(lambda s: root(s).sum())(jnp.float32(1.0))
     assert toy.distinct_masks() == 1
     # The fixed-mask twin: the same mask, the map unrolled, differentiated by JAX.

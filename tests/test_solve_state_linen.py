@@ -49,6 +49,7 @@ from _solve_state_linen import (
     twin_statistics,
 )
 from _solve_state_solvers import (  # imports fpsolve (examples/ on the path)
+    checking_leaks_linearized,
     fpsolve,
     fpsolve_run,
     jaxopt_run,
@@ -142,7 +143,7 @@ def test_implicit_gradient_equals_the_unrolled_gradient_with_the_same_mask(name:
     grad = jax.grad(lambda p, v: _loss(model, p, v), has_aux=True)
     with solving(name):
         with masks_seen() as seen:
-            with jax.checking_leaks():
+            with checking_leaks_linearized():
                 eager, updates = grad(variables["params"], variables)
         jitted, updates_jit = jax.jit(grad)(variables["params"], variables)
     # 1. the backward pass's re-evaluations drew the forward's mask
@@ -280,7 +281,7 @@ LIBRARIES = FreshScript(
     timeout=1500,
 )
 _MERGED_KIT_LEAK = pytest.mark.xfail(
-    strict=True,
+    strict=False,  # the equinox family's own leaks differ between the supported sets
     reason=(
         "open (issue 29): since the three adapters' Participant variants were merged into "
         "one, diffrax's DirectAdjoint under the Linen adapter leaks a tracer of equinox's "

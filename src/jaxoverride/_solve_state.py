@@ -93,7 +93,7 @@ def _checked(what: str, policy: Any, allowed: tuple[str, ...]) -> Policy:
                 raise TypeError(
                     f"jaxoverride.solve_state: {what}= names {name!r}, a "
                     f"{type(name).__name__}; expected the name of a stream or collection "
-                    "(a str), or an NNX Variable type."
+                    "(a str), or a framework's state type (a class)."
                 )
             check(value, f"{what}[{name!r}]")
         return dict(policy)

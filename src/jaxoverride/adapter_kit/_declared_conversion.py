@@ -176,10 +176,15 @@ def declared_custom_root(
         return out
 
     def solving(g: Callable[[Any], Any], guess: Any) -> Any:
+        # ``solve`` gets the map run through the source, not JAX's ``g``: from jax 0.12
+        # ``g`` evaluates ``f``'s jaxpr, traced once, whose state effects are gone. (JAX
+        # never differentiates ``solve``: its ``g`` only stops gradients that no rule
+        # takes.)
+        del g
         frame = policy.push()
         declared.recording = True
         try:
-            result = solve(g, guess)
+            result = solve(evaluated, guess)
         finally:
             declared.recording = False
             policy.pop(frame)
