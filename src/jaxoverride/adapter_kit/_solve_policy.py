@@ -37,9 +37,10 @@ first ended), as they are in eager Python.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import threading
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterator
 from typing import Any
 
 import jax
@@ -134,15 +135,21 @@ def _slots(source: Any, state: Any) -> tuple[list[Any], list[Any], Any]:
     return leaves, list(parts), treedef
 
 
+class _BySlot(dict):
+    """A state's frozen parts, slot -> leaf (a frame's *last*, merged call by call)."""
+
+
 class _Frame:
     """One boundary being traced: the state the last call inside it left, and the frozen
     values inside it (None: the enclosing boundary's)."""
 
-    __slots__ = ("frozen", "last")
+    __slots__ = ("entered", "frozen", "last")
 
-    def __init__(self, frozen: dict[Hashable, Any] | None = None) -> None:
+    def __init__(self, frozen: dict[Hashable, Any] | None = None, entered: Any = None) -> None:
         self.last: Any = None
         self.frozen = frozen
+        # The state the boundary was given before ``freeze`` (what its carry held).
+        self.entered = entered
 
 
 class Participant:
@@ -170,8 +177,39 @@ class Participant:
         self._frames: list[_Frame] = [_Frame()]
 
     def _freezes(self, part: StatePart) -> bool:
-        policy = self.declaration.policy(part.kind, part.names)
-        return policy in (PER_SOLVE, AT_SOLUTION)
+        return self.freezes(part.kind, part.names)
+
+    def freezes(self, kind: str, names: tuple[str, ...]) -> bool:
+        """Whether the declaration freezes the state of ``kind`` named ``names`` (rng per
+        solve, state at the solution): a backward pass may then draw or write it (it sees
+        the entry's), where otherwise it must refuse."""
+        return self.declaration.policy(kind, names) in (PER_SOLVE, AT_SOLUTION)
+
+    @contextlib.contextmanager
+    def resumed(self) -> Iterator[None]:
+        """The declaration in force again for this framework, for a function that JAX
+        runs after the declaration has exited (a rule's bwd, a rule traced lazily): its
+        boundaries then apply it. Nothing is entered or finished again.
+
+        Example:
+          >>> from jaxoverride.adapter_kit import Participant
+          >>> callable(Participant.resumed)
+          True
+        """
+        active = _solve_state._active
+        token = active.set((*active.get(), (self.declaration, {self.framework: self})))
+        try:
+            yield
+        finally:
+            active.reset(token)
+
+    def rebased(self, state: Any, entry: Any) -> Any:
+        """``state`` with its frozen parts taken from ``entry`` (a state the boundary
+        received, frozen): what a backward pass re-evaluates from, with no entry value
+        closed over (JAX may trace it after the declaration's trace has ended)."""
+        if not self.frozen:
+            return state
+        return self._merged(state, entry)
 
     def _values(self) -> dict[Hashable, Any]:
         """slot -> frozen value, of the innermost boundary that has its own (``push``)."""
@@ -197,14 +235,15 @@ class Participant:
         ]
         return jax.tree_util.tree_unflatten(treedef, out)
 
-    def push(self, entry: Any = None) -> _Frame:
+    def push(self, entry: Any = None, entered: Any = None) -> _Frame:
         """A new innermost boundary (a traced function starts).
 
         ``entry``: the state the traced function receives *as an argument*, its frozen
         parts already frozen (``freeze``d at the call: a jit's state argument, a rule's
         values). Inside, the frozen values are ``entry``'s, so the entry snapshot is never
         baked into a trace that JAX caches (a cache hit under another snapshot would
-        reuse its mask). None: the enclosing boundary's.
+        reuse its mask). None: the enclosing boundary's. ``entered``: the state the
+        boundary was given before ``freeze`` (see ``left``).
         """
         frozen = None
         if entry is not None and self.frozen:
@@ -214,7 +253,7 @@ class Participant:
                 for leaf, part in zip(leaves, parts, strict=True)
                 if part is not None and part.slot in self.frozen
             }
-        frame = _Frame(frozen)
+        frame = _Frame(frozen, entered)
         self._frames.append(frame)
         return frame
 
@@ -229,8 +268,20 @@ class Participant:
         if not self.frozen:
             return state
         if not backward:
-            self._frames[-1].last = state
+            # per slot: a call that hands back part of the state (what it changed) keeps
+            # what an earlier call left in the others
+            frame = self._frames[-1]
+            frame.last = _BySlot({**(frame.last or {}), **self._by_slot(state)})
         return self.freeze(state)
+
+    def _by_slot(self, state: Any) -> _BySlot:
+        """slot -> leaf, for the frozen parts of ``state``."""
+        leaves, parts, _ = _slots(self.source, state)
+        return _BySlot(
+            (part.slot, leaf)
+            for leaf, part in zip(leaves, parts, strict=True)
+            if part is not None and part.slot in self.frozen
+        )
 
     def _untouched(self, state: Any) -> bool:
         leaves, parts, _ = _slots(self.source, state)
@@ -240,22 +291,29 @@ class Participant:
             for leaf, part in zip(leaves, parts, strict=True)
         )
 
-    def left(self, state: Any, frame: _Frame) -> Any:
+    def left(self, state: Any, frame: _Frame, entered: Any = None) -> Any:
         """What a traced function leaves: ``state``, or, where its frozen parts are still
-        the entry's, what its last inner call left (merged part by part)."""
+        the entry's, what its last inner call left (merged part by part); where nothing
+        ran inside (no inner call, frozen parts untouched), the frozen parts of
+        ``entered``, the state it was given before ``freeze`` (a branch or loop step that
+        evaluates nothing passes on what the carry held: the last evaluation's)."""
         last = frame.last
+        if last is None and entered is not None:
+            last = entered
+            if self._untouched(entered):
+                # given the frozen state itself: what the enclosing boundaries' carry held
+                # (a branch that evaluates nothing, inside a loop step that froze it)
+                last = next(
+                    (f.entered for f in reversed(self._frames) if f.entered is not None), None
+                )
         if last is None or not self.frozen or not self._untouched(state):
             return state
         return self._merged(state, last)
 
     def _merged(self, state: Any, last: Any) -> Any:
+        """``state`` with its frozen parts from ``last`` (a state, or slot -> leaf)."""
         leaves, parts, treedef = _slots(self.source, state)
-        last_leaves, last_parts, _ = _slots(self.source, last)
-        by_slot = {
-            part.slot: leaf
-            for leaf, part in zip(last_leaves, last_parts, strict=True)
-            if part is not None and part.slot in self.frozen
-        }
+        by_slot = last if isinstance(last, _BySlot) else self._by_slot(last)
         out = [
             by_slot.get(part.slot, leaf) if part is not None else leaf
             for leaf, part in zip(leaves, parts, strict=True)
@@ -265,12 +323,21 @@ class Participant:
     def finish(self, failed: bool) -> None:
         """At the declaration's exit: the state the last forward evaluation left (or, on
         failure, the entry snapshot) becomes the framework's."""
-        if failed:
-            self.source.write(self.snapshot)
-            return
-        if not self.frozen:
-            return
-        self.source.write(self.left(self.source.read(), self._frames[0]))
+        try:
+            if failed:
+                self.source.write(self.snapshot)
+            elif self.frozen:
+                self.source.write(self.left(self.source.read(), self._frames[0]))
+        finally:
+            self._release()
+
+    def _release(self) -> None:
+        """Drops the values held (the snapshot, the frozen leaves, the last state): a
+        backward rule that keeps this participant (JAX runs it later) must not keep the
+        declaration's trace's values alive. What is frozen (the slots) stays known."""
+        self.snapshot = None
+        self.frozen = dict.fromkeys(self.frozen)
+        self._frames = [_Frame()]
 
     def check_names(self) -> list[str]:
         """The names the declaration gives that none of this framework's parts has."""

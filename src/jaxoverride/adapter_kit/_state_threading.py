@@ -261,12 +261,12 @@ class Threaded:
         policy = self.policy
         if policy is None:
             return self._run(index, state, fun, *args)
-        frame = policy.push()
+        frame = policy.push(entered=state)
         try:
             out, after = self._run(index, policy.freeze(state), fun, *args)
         finally:
             policy.pop(frame)
-        return out, policy.left(after, frame)
+        return out, policy.left(after, frame, state)
 
     def _run(self, index: int, state: Any, fun: Callable[..., Any], *args: Any) -> tuple[Any, Any]:
         source = self.source
