@@ -35,6 +35,7 @@ Runner = Callable[..., tuple[Any, Any]]
 THREADED: dict[str, Runner] = {
     "fpsolve-forward": fpsolve_run("forward", False),
     "fpsolve-anderson": fpsolve_run("anderson", False),
+    "jaxopt-unrolled": jaxopt_run(False),
     "jaxopt-implicit": jaxopt_run(True),
 }
 CONVERTED: dict[str, Runner] = {
@@ -236,3 +237,67 @@ def test_with_nothing_active_the_declaration_changes_nothing() -> None:
     assert str(jax.make_jaxpr(lambda p: inside.apply(p, None, X))(params)) == str(
         jax.make_jaxpr(lambda p: plain.apply(p, None, X))(params)
     )
+
+
+def _unrolled(f: Callable[[jax.Array], jax.Array], z0: jax.Array) -> tuple[Any, Any]:
+    import fpsolve  # examples/, on the path through _solve_state_solvers
+
+    solution = fpsolve.fixed_point(lambda z, _: f(z), z0, None, method="unrolled", max_iter=100)
+    return solution.value, solution.iterations
+
+
+@pytest.mark.parametrize("name", list(CONVERTED))
+def test_the_implicit_gradient_is_the_unrolled_one_with_the_solves_mask(name: str) -> None:
+    model = _model(CONVERTED[name], stats=False)
+    twin = _model(_unrolled, fixed=True, stats=False)  # backpropagated, the mask fixed
+    params, state = model.init(jax.random.key(0), X)
+
+    def loss(transformed: hk.TransformedWithState) -> Callable[[Any], jax.Array]:
+        return lambda p: jnp.sum(transformed.apply(p, state, jax.random.key(1), X)[0][0] ** 2)
+
+    jitted = jax.jit(jax.grad(loss(model)))(params)
+    eager = jax.grad(loss(model))(params)
+    unrolled = jax.grad(loss(twin))(params)
+    for a, b, c in zip(*map(jax.tree.leaves, (jitted, eager, unrolled)), strict=True):
+        np.testing.assert_allclose(a, b, atol=1e-6)
+        np.testing.assert_allclose(a, c, atol=1e-5)
+
+
+def test_state_per_module_a_counter_per_evaluation_the_mean_at_the_solution() -> None:
+    def forward(x: jax.Array) -> Any:
+        layer = hk.Linear(3, w_init=hk.initializers.RandomNormal(0.3))
+
+        def count() -> None:
+            with hk.experimental.name_scope("counter"):
+                n = hk.get_state("n", [], jnp.int32, init=jnp.zeros)
+                hk.set_state("n", n + 1)
+
+        def f(z: jax.Array) -> jax.Array:
+            count()
+            mask = _dropout(hk.next_rng_key(), z.shape)
+            mean = hk.get_state("mean", z.shape, init=jnp.zeros)
+            hk.set_state("mean", MOMENTUM * mean + (1 - MOMENTUM) * z)
+            return jnp.tanh(layer(jnp.where(mask, z, 0.0)) + 0.3)
+
+        with jo.solve_state(rng="per_solve", state={"~": "at_solution"}):
+            return fpsolve_run("forward", False)(f, x)
+
+    model = hk.transform_with_state(forward)
+    params, state = model.init(jax.random.key(0), X)
+    with masks_seen() as seen:
+        (z, _), after = model.apply(params, state, jax.random.key(1), X)
+    assert len(set(seen)) == 1
+    assert int(after["counter"]["n"]) == int(state["counter"]["n"]) + len(seen)
+    np.testing.assert_allclose(after["~"]["mean"], (1 - MOMENTUM) * z, atol=1e-5)
+
+
+def test_a_name_that_no_module_has_is_refused() -> None:
+    def forward(x: jax.Array) -> jax.Array:
+        hk.set_state("mean", x)
+        with jo.solve_state(state={"no_such_module": "at_solution"}):
+            return x
+
+    model = hk.transform_with_state(forward)
+    params, state = model.init(None, X)
+    with pytest.raises(ValueError, match="no_such_module"):
+        model.apply(params, state, None, X)

@@ -253,7 +253,9 @@ class Participant:
                 for leaf, part in zip(leaves, parts, strict=True)
                 if part is not None and part.slot in self.frozen
             }
-        frame = _Frame(frozen, entered)
+        # A traced function with a state argument of its own passes that on where nothing
+        # inside evaluates: nothing of an enclosing trace is reached through it.
+        frame = _Frame(frozen, entry if entered is None else entered)
         self._frames.append(frame)
         return frame
 
@@ -298,17 +300,25 @@ class Participant:
         ``entered``, the state it was given before ``freeze`` (a branch or loop step that
         evaluates nothing passes on what the carry held: the last evaluation's)."""
         last = frame.last
-        if last is None and entered is not None:
+        if last is None:
             last = entered
-            if self._untouched(entered):
-                # given the frozen state itself: what the enclosing boundaries' carry held
-                # (a branch that evaluates nothing, inside a loop step that froze it)
-                last = next(
-                    (f.entered for f in reversed(self._frames) if f.entered is not None), None
-                )
         if last is None or not self.frozen or not self._untouched(state):
             return state
         return self._merged(state, last)
+
+    def carried(self, state: Any) -> Any:
+        """What a boundary starting here hands its functions (a loop's initial carry, a
+        branch's operand): the live ``state``, or, where its frozen parts are the entry's,
+        what the last evaluation left (this boundary's last inner call, or what its own
+        carry held). The functions ``freeze`` it on entry; one that evaluates nothing
+        passes it on, so the last evaluation's state reaches the declaration's exit."""
+        if not self.frozen or not self._untouched(state):
+            return state
+        frame = self._frames[-1]
+        last = frame.last
+        if last is None:
+            last = next((f.entered for f in reversed(self._frames) if f.entered is not None), None)
+        return state if last is None else self._merged(state, last)
 
     def _merged(self, state: Any, last: Any) -> Any:
         """``state`` with its frozen parts from ``last`` (a state, or slot -> leaf)."""

@@ -210,6 +210,14 @@ class _RetraceRequestedError(Exception):
 _RETRACES = 3
 
 
+def _read(source: StateSource) -> Any:
+    """``source.read()``, for a boundary's initial carry or operand: under
+    ``jaxoverride.solve_state`` what the last evaluation left (``Participant.carried``)."""
+    state = source.read()
+    policy = participant(source)
+    return state if policy is None else policy.carried(state)
+
+
 class Threaded:
     """Runs ``count`` functions traced by one JAX call, the source's state threaded.
 
@@ -467,7 +475,7 @@ def threaded_scan(
         with handed_call(source, "jaxoverride.lax.scan", (f,), 1, runs, Threaded) as handed:
             (value, state), ys = lower(
                 handed.functions[0],
-                (init, source.read()),
+                (init, _read(source)),
                 xs,
                 length,
                 reverse,
@@ -558,7 +566,7 @@ def threaded_while_loop(
     def carried_call() -> Any:
         with handed_call(source, where, functions, 3, carried_runs, Threaded) as handed:
             test, body = handed.functions
-            pred, state = _first_test(handed.traces, test, source.read(), init_val)
+            pred, state = _first_test(handed.traces, test, _read(source), init_val)
             value, state, _ = lower(_carried_predicate, body, (init_val, state, pred))
             handed.thread.finish(state, ran=None)
         return value
@@ -568,7 +576,7 @@ def threaded_while_loop(
         with handed_call(source, where, functions, 2, read_only_runs, Threaded) as handed:
             if handed.variant is None:
                 try:
-                    value, state = lower(*handed.functions, (init_val, source.read()))
+                    value, state = lower(*handed.functions, (init_val, _read(source)))
                 except _PredicateChangedStateError:
                     handed.variant = "stateful"  # reused: the next call goes straight there
                 else:
@@ -591,7 +599,7 @@ def threaded_while_loop(
         first = jnp.asarray(cond_fun(init_val), dtype=bool)
         with handed_call(source, where, functions, 1, stateful_runs, Threaded) as handed:
             value, state, _ = lower(
-                _carried_predicate, handed.functions[0], (init_val, source.read(), first)
+                _carried_predicate, handed.functions[0], (init_val, _read(source), first)
             )
             handed.thread.finish(state, ran=None)
         return value
@@ -691,7 +699,7 @@ def threaded_fori_loop(
                 lower_bound,
                 upper_bound,
                 handed.functions[0],
-                (init_val, source.read()),
+                (init_val, _read(source)),
                 unroll=unroll,
             )
             handed.thread.finish(state, ran=_may_run(lower_bound, upper_bound))
@@ -732,7 +740,7 @@ def _threaded_branches(
         count = len(distinct)
         with handed_call(source, where, distinct, count, runs, make_thread, separately=True) as h:
             by_id = dict(zip(map(id, distinct), h.functions, strict=True))
-            out, state = call([by_id[id(fun)] for fun in branches], (source.read(), operands))
+            out, state = call([by_id[id(fun)] for fun in branches], (_read(source), operands))
             h.thread.finish(state)
         return out
 
@@ -912,7 +920,7 @@ def threaded_call(
     def pure(state: Any, *args: Any, **kwargs: Any) -> tuple[Any, Any]:
         return thread.run(0, state, lambda: fun(*args, **kwargs))
 
-    return pure, thread.finish, source.read()
+    return pure, thread.finish, _read(source)
 
 
 class DictStateSource:
