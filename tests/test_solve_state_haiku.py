@@ -66,7 +66,7 @@ def _forward(
     ``fixed``: the explicit twin (mask drawn before the solve, the mean updated once
     after it, at z*)."""
     layer = hk.Linear(3, w_init=hk.initializers.RandomNormal(0.3))
-    fixed_mask = _dropout(hk.next_rng_key(), x.shape) if fixed else None
+    fixed_mask = _dropout(hk.next_rng_key(), x.shape) if fixed else jnp.ones(x.shape, bool)
 
     def f(z: jax.Array) -> jax.Array:
         mask = fixed_mask if fixed else _dropout(hk.next_rng_key(), z.shape)
@@ -240,7 +240,7 @@ def test_with_nothing_active_the_declaration_changes_nothing() -> None:
 
 
 def _unrolled(f: Callable[[jax.Array], jax.Array], z0: jax.Array) -> tuple[Any, Any]:
-    import fpsolve  # examples/, on the path through _solve_state_solvers
+    import fpsolve  # pyright: ignore[reportMissingImports]  (examples/, put on the path by _examples)
 
     solution = fpsolve.fixed_point(lambda z, _: f(z), z0, None, method="unrolled", max_iter=100)
     return solution.value, solution.iterations
