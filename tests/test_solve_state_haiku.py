@@ -66,10 +66,10 @@ def _forward(
     ``fixed``: the explicit twin (mask drawn before the solve, the mean updated once
     after it, at z*)."""
     layer = hk.Linear(3, w_init=hk.initializers.RandomNormal(0.3))
-    fixed_mask = _dropout(hk.next_rng_key(), x.shape) if fixed else jnp.ones(x.shape, bool)
+    fixed_mask = _dropout(hk.next_rng_key(), x.shape) if fixed else None
 
     def f(z: jax.Array) -> jax.Array:
-        mask = fixed_mask if fixed else _dropout(hk.next_rng_key(), z.shape)
+        mask = _dropout(hk.next_rng_key(), z.shape) if fixed_mask is None else fixed_mask
         if stats and not fixed:
             mean = hk.get_state("mean", z.shape, init=jnp.zeros)
             hk.set_state("mean", MOMENTUM * mean + (1 - MOMENTUM) * z)
