@@ -15,16 +15,33 @@ Each traces the user's function into a jaxpr whose inputs and outputs are fixed.
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Callable, Iterator
 from typing import Any, NoReturn
 
 import haiku as hk
-from haiku._src import base, stateful
+from haiku._src import base
 
 from jaxoverride import adapter_kit as kit, errors
+from jaxoverride.adapter_kit import Participant
 from jaxoverride_haiku._creation import init_safe_call
-from jaxoverride_haiku._frames import Threaded, state_names, state_usable
-from jaxoverride_haiku._rng import REFUSAL, RefusingSequence, placeholder_state
+from jaxoverride_haiku._frames import (
+    InternalState,
+    Threaded,
+    policy_state,
+    solve_policy,
+    state_names,
+    state_usable,
+)
+from jaxoverride_haiku._rng import (
+    REFUSAL,
+    CountingSequence,
+    RefusingSequence,
+    float_carried,
+    placeholder_state,
+    replayed,
+    update_state,
+)
 from jaxoverride_haiku._site import current_site, init_once
 
 
@@ -60,28 +77,61 @@ _CONVERTED = (
     "call), or pass the value in as an argument (optimistix's and diffrax's args, with the "
     "key drawn before the call); a solver with a non-implicit mode (fpsolve's "
     "implicit=False, jaxopt's implicit_diff=False) does not convert the function, but "
-    "optimistix, lineax and diffrax (with its default adjoint) convert their callbacks, so "
-    "there this is the only way."
+    "optimistix, lineax and diffrax (with its default adjoint) convert their callbacks. "
+    + "{declare}"
+)
+
+DECLARE = (
+    "Or declare what the solver's evaluations see: `with jaxoverride.solve_state(): ...` "
+    "around the solver call (rng='per_solve': every evaluation draws the keys of the "
+    "solve's entry; state='at_solution': every evaluation starts from the entry's state, "
+    "and a backward pass's writes are dropped)."
 )
 
 
 def _refusal(where: str, what: str, why: tuple[str, str]) -> PureFunctionWriteError:
     inside, reason = why
-    return PureFunctionWriteError(f"{where}: {what} inside {inside}. " + reason.format(where=where))
+    text = reason.format(where=where, declare=DECLARE)
+    if "{declare}" not in reason:
+        text += " " + DECLARE
+    return PureFunctionWriteError(f"{where}: {what} inside {inside}. {text}")
 
 
 @contextlib.contextmanager
 def pure_frame(
-    where: str, inside: str = "the function being converted", reason: str = _CONVERTED
+    where: str,
+    inside: str = "the function being converted",
+    reason: str = _CONVERTED,
+    policy: Participant | None = None,
+    writes_dropped: bool = False,
 ) -> Iterator[None]:
     """Refuses state writes and rng draws in the current Haiku frame.
 
     ``inside`` names the function for the error, and ``reason`` says why nothing written
-    there could come out and what to do instead (``{where}`` is filled in).
+    there could come out and what to do instead (``{where}`` is filled in). ``policy``:
+    the ``jaxoverride.solve_state`` declaration in force, whose frozen rng and state are
+    allowed (the frame holds the entry's): draws, and writes where ``writes_dropped``
+    (a backward pass's writes are dropped; a converted function's would be lost).
     """
 
     def refuse_write(next_setter: Any, value: Any, context: hk.SetterContext) -> Any:
-        del next_setter, value
+        module = context.module_name
+        frozen = policy is not None and policy.freezes(
+            "state", (module, f"{module}/{context.name}")
+        )
+        if frozen and writes_dropped:
+            return next_setter(value)
+        if frozen:
+            raise PureFunctionWriteError(
+                f"{where}: the Haiku state {context.full_name!r} was written inside "
+                f"{inside}, under jaxoverride.solve_state. {where} turns the function "
+                "into a pure jaxpr, so nothing it writes can come out, and the solve "
+                "could not keep the state at its solution (state='at_solution'): the "
+                "statistics would silently stay as they were. Update the state once "
+                "outside the solver (after it, at its result), or use a solver that "
+                "evaluates the map itself in its forward pass (fpsolve's implicit=False, "
+                "jaxopt's FixedPointIteration, with implicit_diff=True too)."
+            )
         raise _refusal(
             where, f"the Haiku state {context.full_name!r} was written", (inside, reason)
         )
@@ -90,6 +140,10 @@ def pure_frame(
         raise _refusal(where, "an rng key was drawn (hk.next_rng_key)", (inside, reason))
 
     frame = base.current_frame()
+    if policy is not None and policy.freezes("rng", ()):
+        with hk.custom_setter(refuse_write):
+            yield
+        return
     sequence = frame.rng_stack.peek()
     guard = (
         None
@@ -104,6 +158,32 @@ def pure_frame(
         REFUSAL.reset(token)
 
 
+def _advancing(converted: Callable[..., Any], calls: list[int | None]) -> Callable[..., Any]:
+    """``converted``, which also advances the rng stream of the frame it is called in by
+    the draws ``calls`` that the function made inside (from the frozen keys).
+
+    Nothing drawn inside a converted function comes out, but under
+    ``jaxoverride.solve_state`` each call is an evaluation of the map: the stream must
+    advance as if it had run here, so that the next draw after the solve never gets the
+    solve's key (the declaration keeps what the last evaluation left).
+    """
+
+    @functools.wraps(converted)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        out = converted(*args, **kwargs)
+        policy = solve_policy()
+        if policy is not None and state_usable():
+            sequence = base.current_frame().rng_stack.peek()
+            if sequence is not None and not isinstance(sequence, RefusingSequence):
+                frozen = policy_state(policy)
+                if frozen.rng is not None:
+                    advanced = replayed(frozen.rng, calls)
+                    update_state(InternalState(params=None, state={}, rng=advanced))
+        return out
+
+    return call
+
+
 def _converting(
     where: str,
     fun: Callable[..., Any],
@@ -114,21 +194,42 @@ def _converting(
     temporary, write-refusing frame of the caller's state, entered inside JAX's trace."""
 
     def apply() -> Any:
-        state = stateful.internal_state()
+        # Under ``jaxoverride.solve_state`` the function sees the frozen state, and may
+        # draw and write what the declaration freezes (nothing comes out: dropped).
+        policy = solve_policy()
+        state = policy_state(policy)
+        rebuild: Callable[[], Any] = lambda: state
+        if policy is not None and state.rng is not None:
+            # The frozen keys enter as floats of the same bits, which closure_convert
+            # hoists into an argument (a traced key would stay one of its constants).
+            floats, back = float_carried(state.rng)
+            rebuild = lambda: state._replace(rng=back(floats))
         thread = Threaded(1, where, check_params=False)
 
         site = current_site()
 
+        draws: list[list[int | None]] = []
+
         def traced(*args: Any, **kwargs: Any) -> Any:
-            with thread.frame(0, state) as inner, pure_frame(where):
+            with thread.frame(0, rebuild()) as inner, pure_frame(where, policy=policy):
                 before = state_names(inner.state)
-                out = fun(*args, **kwargs)
+                sequence = inner.rng_stack.peek()
+                if policy is None or sequence is None or REFUSAL.get() is not None:
+                    out = fun(*args, **kwargs)
+                else:
+                    counting = CountingSequence(sequence.internal_state)
+                    with inner.rng_stack(counting):
+                        out = fun(*args, **kwargs)
+                    draws.append(counting.calls)
                 if site is not None and state_names(inner.state) - before:
                     site.state_created = True  # lost in this frame: start again
                 return out
 
         out = trace(traced)
         thread.finish()
+        if policy is not None and draws and draws[-1] and where == "jaxoverride.closure_convert":
+            converted, constants = out
+            out = (_advancing(converted, draws[-1]), constants)
         return out
 
     return init_once(apply, lambda: init_safe_call(creation, apply))

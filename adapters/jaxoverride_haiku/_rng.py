@@ -85,6 +85,47 @@ class RefusingSequence(CheckedSequence):
         pass
 
 
+class CountingSequence(CheckedSequence):
+    """A sequence that records what was drawn from it (``calls``: ``None`` for a key,
+    ``n`` for ``take(n)``), so that the same draws can be replayed on another sequence.
+
+    Example:
+      >>> counting = CountingSequence(hk.PRNGSequence(0).internal_state)
+      >>> _ = next(counting), counting.take(2)
+      >>> counting.calls
+      [None, 2]
+    """
+
+    __slots__ = ("calls",)
+
+    def __init__(self, state: Any):
+        super().__init__(state)
+        self.calls: list[int | None] = []
+
+    def __next__(self) -> Any:
+        self.calls.append(None)
+        return super().__next__()
+
+    next = __next__
+
+    def take(self, num: int) -> Any:
+        self.calls.append(num)
+        return super().take(num)
+
+
+def replayed(state: Any, calls: list[int | None]) -> Any:
+    """The rng state ``state`` after the draws ``calls`` (``CountingSequence.calls``), with
+    a full block reserved (the structure every boundary reads)."""
+    sequence = CheckedSequence(state)
+    for call in calls:
+        if call is None:
+            next(sequence)
+        else:
+            sequence.take(call)
+    sequence.reserve_up_to_full()
+    return sequence.internal_state
+
+
 def carried_sequence(state: Any) -> CheckedSequence:
     """The sequence of a frame built from carried rng state (a loop body, a branch, a
     nested jit or rule): a ``RefusingSequence`` where draws are refused (``REFUSAL``)."""
@@ -164,3 +205,42 @@ def update_state(state: InternalState) -> None:
         sequence = base.current_frame().rng_stack.peek()
         assert sequence is not None  # the frame holds rng state, so it holds a sequence
         write_state(sequence, state.rng)
+
+
+def _as_float(key: Any) -> tuple[Any, Callable[[Any], Any]]:
+    typed = jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key)
+    impl = jax.random.key_impl(key) if typed else None
+    data = jax.random.key_data(key) if typed else key
+    dtype = data.dtype
+
+    def back(carrier: Any) -> Any:
+        raw = jax.lax.bitcast_convert_type(carrier, dtype)
+        return jax.random.wrap_key_data(raw, impl=impl) if typed else raw
+
+    return jax.lax.bitcast_convert_type(data, np.float32), back
+
+
+def float_carried(rng: Any) -> tuple[Any, Callable[[Any], Any]]:
+    """``rng`` (a sequence's ``(key, subkeys)``) as float32 arrays of the same bits, and the
+    function that rebuilds it from them.
+
+    ``closure_convert`` hoists only the closed-over tracers that can be differentiated
+    (float): a traced key closed over would stay a constant of the converted jaxpr, a
+    tracer of a trace that has ended when JAX later traces the rule's backward pass.
+    Carried as floats it is hoisted into an explicit argument (whose cotangent is zero).
+
+    Example:
+      >>> state = hk.PRNGSequence(0).internal_state
+      >>> floats, back = float_carried(state)
+      >>> bool((jax.random.key_data(back(floats)[0]) == jax.random.key_data(state[0])).all())
+      True
+    """
+    key, subkeys = rng
+    key_floats, key_back = _as_float(key)
+    carried = [_as_float(subkey) for subkey in subkeys]
+
+    def back(floats: Any) -> Any:
+        key_f, sub_fs = floats
+        return key_back(key_f), tuple(b(f) for (_, b), f in zip(carried, sub_fs, strict=True))
+
+    return (key_floats, tuple(f for f, _ in carried)), back

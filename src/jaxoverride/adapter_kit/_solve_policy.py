@@ -201,8 +201,14 @@ class Participant:
         self._closed = [False]  # shared with the views: set at the declaration's exit
 
     def _freezes(self, part: StatePart) -> bool:
-        policy = self.declaration.policy(part.kind, part.names)
-        return policy in (PER_SOLVE, AT_SOLUTION)
+        return self.freezes(part.kind, part.names)
+
+    def freezes(self, kind: str, names: tuple[str, ...]) -> bool:
+        """Whether the declaration freezes the state of ``kind`` named ``names`` (rng per
+        solve, state at the solution): every evaluation then sees the entry's, so a
+        backward pass may draw or write it (its writes dropped) where it must otherwise
+        refuse."""
+        return self.declaration.policy(kind, names) in (PER_SOLVE, AT_SOLUTION)
 
     def seen_by(self, source: Any) -> Participant:
         """This participant, the states it is given described by ``source``'s ``parts``
