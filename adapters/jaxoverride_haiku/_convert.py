@@ -15,7 +15,6 @@ Each traces the user's function into a jaxpr whose inputs and outputs are fixed.
 from __future__ import annotations
 
 import contextlib
-import functools
 from collections.abc import Callable, Iterator
 from typing import Any, NoReturn
 
@@ -37,12 +36,11 @@ from jaxoverride_haiku._rng import (
     REFUSAL,
     CountingSequence,
     RefusingSequence,
-    float_carried,
     placeholder_state,
     replayed,
-    update_state,
 )
 from jaxoverride_haiku._site import current_site, init_once
+from jaxoverride_haiku._source import HaikuSource
 
 
 class PureFunctionWriteError(errors.PureFunctionWriteError):
@@ -129,8 +127,9 @@ def pure_frame(
                 "could not keep the state at its solution (state='at_solution'): the "
                 "statistics would silently stay as they were. Update the state once "
                 "outside the solver (after it, at its result), or use a solver that "
-                "evaluates the map itself in its forward pass (fpsolve's implicit=False, "
-                "jaxopt's FixedPointIteration, with implicit_diff=True too)."
+                "converts the map with jax.closure_convert (fpsolve: the converted "
+                "function hands its writes out) or evaluates it itself in its forward "
+                "pass (fpsolve's implicit=False, jaxopt's FixedPointIteration)."
             )
         raise _refusal(
             where, f"the Haiku state {context.full_name!r} was written", (inside, reason)
@@ -158,30 +157,13 @@ def pure_frame(
         REFUSAL.reset(token)
 
 
-def _advancing(converted: Callable[..., Any], calls: list[int | None]) -> Callable[..., Any]:
-    """``converted``, which also advances the rng stream of the frame it is called in by
-    the draws ``calls`` that the function made inside (from the frozen keys).
+_ADVANCE = "jaxoverride_haiku: draws in a converted function"
 
-    Nothing drawn inside a converted function comes out, but under
-    ``jaxoverride.solve_state`` each call is an evaluation of the map: the stream must
-    advance as if it had run here, so that the next draw after the solve never gets the
-    solve's key (the declaration keeps what the last evaluation left).
-    """
 
-    @functools.wraps(converted)
-    def call(*args: Any, **kwargs: Any) -> Any:
-        out = converted(*args, **kwargs)
-        policy = solve_policy()
-        if policy is not None and state_usable():
-            sequence = base.current_frame().rng_stack.peek()
-            if sequence is not None and not isinstance(sequence, RefusingSequence):
-                frozen = policy_state(policy)
-                if frozen.rng is not None:
-                    advanced = replayed(frozen.rng, calls)
-                    update_state(InternalState(params=None, state={}, rng=advanced))
-        return out
-
-    return call
+def _advanced(policy: Participant, left: InternalState, calls: list[int | None]) -> Any:
+    """``left`` with the rng stream the entry's after the draws ``calls``."""
+    entry = policy.freeze(left)
+    return left if entry.rng is None else left._replace(rng=replayed(entry.rng, calls))
 
 
 def _converting(
@@ -198,12 +180,6 @@ def _converting(
         # draw and write what the declaration freezes (nothing comes out: dropped).
         policy = solve_policy()
         state = policy_state(policy)
-        rebuild: Callable[[], Any] = lambda: state
-        if policy is not None and state.rng is not None:
-            # The frozen keys enter as floats of the same bits, which closure_convert
-            # hoists into an argument (a traced key would stay one of its constants).
-            floats, back = float_carried(state.rng)
-            rebuild = lambda: state._replace(rng=back(floats))
         thread = Threaded(1, where, check_params=False)
 
         site = current_site()
@@ -211,7 +187,7 @@ def _converting(
         draws: list[list[int | None]] = []
 
         def traced(*args: Any, **kwargs: Any) -> Any:
-            with thread.frame(0, rebuild()) as inner, pure_frame(where, policy=policy):
+            with thread.frame(0, state) as inner, pure_frame(where, policy=policy):
                 before = state_names(inner.state)
                 sequence = inner.rng_stack.peek()
                 if policy is None or sequence is None or REFUSAL.get() is not None:
@@ -227,15 +203,18 @@ def _converting(
 
         out = trace(traced)
         thread.finish()
-        if policy is not None and draws and draws[-1] and where == "jaxoverride.closure_convert":
-            converted, constants = out
-            out = (_advancing(converted, draws[-1]), constants)
+        if policy is not None and draws and draws[-1] and state.rng is not None:
+            # The function drew the entry's keys, and nothing it drew comes out of the
+            # jaxpr: at the declaration's exit the stream has advanced as if the map had
+            # been called once, so the next draw after the solve never gets its keys.
+            calls = draws[-1]
+            policy.at_exit(_ADVANCE, lambda left: _advanced(policy, left, calls))
         return out
 
     return init_once(apply, lambda: init_safe_call(creation, apply))
 
 
 CONVERSIONS: dict[str, Callable[..., Any]] = kit.conversion_overrides(
-    state_usable, _converting, module=__name__
+    state_usable, _converting, module=__name__, source=HaikuSource
 )
 """Neutral name -> Haiku override, for the names that convert a function into a jaxpr."""
