@@ -79,7 +79,7 @@ NEWTON_DIRECT = pytest.mark.xfail(
 
 
 def _cases(names: list[str]) -> list[Any]:
-    return [pytest.param(n, marks=NEWTON_DIRECT) if n == "newton" else n for n in names]
+    return names
 
 
 @contextlib.contextmanager

@@ -112,10 +112,10 @@ def state_of(model: Any) -> dict[str, np.ndarray]:
 FPSOLVE = [
     pytest.param("forward", False, id="forward"),
     pytest.param("anderson", False, id="anderson"),
-    pytest.param("newton", False, id="newton", marks=NEWTON_TWO_MASKS),
+    pytest.param("newton", False, id="newton"),
     pytest.param("forward", True, id="forward-implicit"),
     pytest.param("anderson", True, id="anderson-implicit"),
-    pytest.param("newton", True, id="newton-implicit", marks=NEWTON_TWO_MASKS),
+    pytest.param("newton", True, id="newton-implicit"),
 ]
 
 
@@ -171,7 +171,7 @@ def unrolled_loss(params: dict[str, jax.Array], mask: np.ndarray) -> jax.Array:
 @pytest.mark.parametrize("mode", ["eager", "jit"])
 @pytest.mark.parametrize(
     "method",
-    ["forward", "anderson", pytest.param("newton", marks=NEWTON_TWO_MASKS)],
+    ["forward", "anderson", "newton"],
 )
 def test_implicit_gradient_equals_the_unrolled_one(method: str, mode: str):
     """(3) the implicit gradient is the fixed-mask twin's unrolled gradient; one mask,
