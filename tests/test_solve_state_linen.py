@@ -229,9 +229,12 @@ def test_unknown_names_are_refused_naming_the_known_ones() -> None:
 
 
 class _Plain(nn.Module):
-    """A DEQ with parameters only: nothing for a declaration to apply to."""
+    """A DEQ with parameters only: nothing for a declaration to apply to; ``marked``: its
+    map marked with ``jaxoverride.solver_map``."""
 
     declare: bool
+    marked: bool = False
+    method: str = "anderson"
 
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
@@ -241,26 +244,51 @@ class _Plain(nn.Module):
             return f(x, None)
         context = jo.solve_state() if self.declare else contextlib.nullcontext()
         with context:
-            return fpsolve.fixed_point(f, jnp.zeros_like(x), method="anderson").value
+            g = jo.solver_map(f) if self.marked else f
+            return fpsolve.fixed_point(g, jnp.zeros_like(x), method=self.method).value
 
 
-def test_without_state_the_declaration_changes_nothing() -> None:
+@pytest.mark.parametrize("method", ["anderson", "newton"])  # Newton marks its own map
+def test_without_state_the_declaration_changes_nothing(method: str) -> None:
+    cases = [(False, False), (True, False), (False, True), (True, True)]  # (declare, marked)
     with jol.context():
         variables = _Plain(False).init(jax.random.key(0), X)
         jaxprs = [
-            str(jax.make_jaxpr(lambda v, d=d: _Plain(d).apply(v, X))(variables))
-            for d in (False, True)
+            str(jax.make_jaxpr(lambda v, d=d, m=m: _Plain(d, m, method).apply(v, X))(variables))
+            for d, m in cases
         ]
         # outside every Linen module too
-        outside = [str(jax.make_jaxpr(lambda x, d=d: _outside(x, d))(X)) for d in (False, True)]
-    assert jaxprs[0] == jaxprs[1]
-    assert outside[0] == outside[1]
+        outside = [
+            str(jax.make_jaxpr(lambda x, d=d, m=m: _outside(x, d, m, method))(X)) for d, m in cases
+        ]
+    assert len(set(jaxprs)) == 1
+    assert len(set(outside)) == 1
 
 
-def _outside(x: jax.Array, declare: bool) -> jax.Array:
+def test_a_marked_map_with_nothing_declared_is_the_same_jaxpr() -> None:
+    """With state (dropout, BatchNorm) and no declaration: ``solver_map`` calls the map."""
+    variables = init()
+    with jol.context():
+        jaxprs = {
+            marked: str(
+                jax.make_jaxpr(lambda v, m=marked: apply(DEQ(_marking(m)), v, KEY))(variables)
+            )
+            for marked in (False, True)
+        }
+    assert jaxprs[False] == jaxprs[True]
+
+
+def _marking(marked: bool) -> Any:
+    run = SOLVERS["forward"]
+    return lambda f, z0: run(jo.solver_map(f) if marked else f, z0)
+
+
+def _outside(x: jax.Array, declare: bool, marked: bool, method: str) -> jax.Array:
     context = jo.solve_state() if declare else contextlib.nullcontext()
+    f = lambda z, _: 0.5 * jnp.cos(z) + x
     with context:
-        return fpsolve.fixed_point(lambda z, _: 0.5 * jnp.cos(z) + x, x).value
+        g = jo.solver_map(f) if marked else f
+        return fpsolve.fixed_point(g, x, method=method).value
 
 
 # -- optimistix and diffrax, in a fresh interpreter (tests/_solve_state_linen_script.py) --

@@ -276,6 +276,28 @@ def test_nothing_tracked_the_declaration_changes_nothing():
             return solve(z0)
 
     assert str(jax.make_jaxpr(declared)(X)) == str(jax.make_jaxpr(solve)(X))
+    marked = lambda z0: fpsolve_run("anderson", True)(jo.solver_map(f), z0)[0]
+    assert str(jax.make_jaxpr(marked)(X)) == str(jax.make_jaxpr(solve)(X))
+
+
+@pytest.mark.parametrize("declared", [None, {"rng": "per_evaluation", "state": "per_evaluation"}])
+def test_a_marked_map_with_nothing_to_do_is_the_same_jaxpr(declared: Any):
+    """Tracked, with no declaration (or one that freezes nothing): ``solver_map`` calls
+    the map and nothing else."""
+    run = fpsolve_run("forward", False)
+    jaxprs = []
+    for marked in (False, True):
+        model = Deq(lambda f, z0, m=marked: run(jo.solver_map(f) if m else f, z0), declared)
+        graph, state = nnx.split(model)
+
+        def program(state: Any, graph: Any = graph) -> Any:
+            inner = nnx.merge(graph, state)
+            with jon.track(inner):
+                out = inner()
+            return out, nnx.state(inner)
+
+        jaxprs.append(str(jax.make_jaxpr(program)(state)))
+    assert jaxprs[0] == jaxprs[1]
 
 
 @pytest.mark.parametrize(

@@ -269,6 +269,4 @@ def solver_map(fun: F) -> F:
       >>> round(float(z), 4), f == jo.solver_map(g)
       (0.4388, True)
     """
-    if isinstance(fun, _SolverMap):
-        return fun
-    return cast(F, _SolverMap(fun))
+    return cast(F, fun if isinstance(fun, _SolverMap) else _SolverMap(fun))
