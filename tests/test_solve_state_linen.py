@@ -308,22 +308,11 @@ LIBRARIES = FreshScript(
     [jo, jol],
     timeout=1500,
 )
-_MERGED_KIT_LEAK = pytest.mark.xfail(
-    strict=False,  # the equinox family's own leaks differ between the supported sets
-    reason=(
-        "open (issue 29): since the three adapters' Participant variants were merged into "
-        "one, diffrax's DirectAdjoint under the Linen adapter leaks a tracer of equinox's "
-        "bounded while loop into the declaration's frames (an UnexpectedTracerError, never a "
-        "silent result); it passed on the Linen-only kit"
-    ),
-)
 DECLARED = [
     ("optimistix", "optimistix"),
     ("diffrax", "diffrax_default"),
-    pytest.param("diffrax", "diffrax_direct", marks=_MERGED_KIT_LEAK, id="diffrax_direct"),
-    pytest.param(
-        "diffrax", "diffrax_direct_norm", marks=_MERGED_KIT_LEAK, id="diffrax_direct_norm"
-    ),
+    ("diffrax", "diffrax_direct"),
+    ("diffrax", "diffrax_direct_norm"),
 ]
 
 
