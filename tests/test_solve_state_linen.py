@@ -40,6 +40,7 @@ import jaxoverride_linen as jol
 from _libraries import FreshScript, interposed
 from _solve_state_linen import (
     DEQ,
+    Block,
     X,
     apply,
     init,
@@ -365,3 +366,30 @@ def test_under_install_as_under_context() -> None:
         handle.uninstall()
     assert len(set(installed)) == 1 and set(installed) == set(seen)
     assert largest(got, expected) == 0.0
+
+
+class _ShapeChecked(nn.Module):
+    """Checks its map's output shape with ``jo.eval_shape`` of a loop, inside the
+    declaration, before solving (as equinox checks a step's shapes inside diffrax)."""
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> tuple[jax.Array, Any]:
+        block = Block(name="block")
+        f = lambda z: block(z, x)
+        if self.is_initializing():
+            return f(x), jnp.zeros((), jnp.int32)
+        with jo.solve_state():
+            looped = lambda z: jo.lax.scan(lambda c, _: (f(c), None), z, length=2)[0]
+            assert jo.eval_shape(looped, x).shape == x.shape
+            return SOLVERS["forward"](f, jnp.zeros_like(x))
+
+
+def test_eval_shape_inside_the_declaration_keeps_nothing() -> None:
+    variables = init()
+    with jol.context(), jax.checking_leaks(), masks_seen() as seen:
+        (z, _), updates = _ShapeChecked().apply(
+            variables, X, rngs={"dropout": KEY}, mutable=["batch_stats"]
+        )
+    keep = mask_of(seen[-1])
+    expected = twin_statistics(variables, z, keep)
+    assert largest(updates["batch_stats"]["block"], expected) <= 1e-5
