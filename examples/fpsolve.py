@@ -113,6 +113,10 @@ def _anderson(
 def _newton(f: FixedPointMap, z0: Array, args: Any, tol: float, max_iter: int) -> Solution:
     shape = z0.shape
 
+    # Each iteration calls the map three times (the Jacobian, the step, the residual),
+    # two of them directly: marked, each call is one evaluation under a declared
+    # ``jaxoverride.solve_state`` (one dropout mask per solve, statistics at z*).
+    @jo.solver_map
     def g(z_flat):
         return f(z_flat.reshape(shape), args).ravel() - z_flat
 

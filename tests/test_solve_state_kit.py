@@ -9,6 +9,7 @@ and counts its calls: what a DEQ with dropout and BatchNorm does inside a solver
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 from typing import Any
 
@@ -24,8 +25,11 @@ from jaxoverride import adapter_kit as kit
 MOMENTUM = 0.9
 
 
+TOY = "toy-solve"
+
+
 class ToySource(kit.DictStateSource):
-    framework = "toy-solve"
+    framework = TOY
 
     def parts(self, state: Any) -> list[kit.StatePart | None]:
         paths, _ = jax.tree_util.tree_flatten_with_path(state)
@@ -67,7 +71,7 @@ class Toy:
 def toy() -> Iterator[Toy]:
     framework = Toy()
     framework.reset()
-    kit.register_solve_source(ToySource.framework, framework.source)
+    kit.register_solve_source(TOY, framework.source)
     active = lambda: framework.running
     source = lambda where: ToySource(framework.store)
     table = kit.threaded_control_flow(active, source)
@@ -81,7 +85,7 @@ def toy() -> Iterator[Toy]:
             yield framework
     finally:
         framework.running = False
-        kit.unregister_solve_source(ToySource.framework)
+        kit.unregister_solve_source(TOY)
 
 
 class _Refused(Exception):
@@ -398,3 +402,146 @@ def test_every_built_in_stateful_adapter_registers_a_solve_source(framework: str
     from jaxoverride.adapter_kit import _solve_policy
 
     assert framework in _solve_policy._sources
+
+
+# -- jaxoverride.solver_map: a map called directly, each call one evaluation ------------
+
+
+def newton_direct(f: Any, z0: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """fpsolve's Newton's shape: one loop body calls the map twice directly (the step's
+    ``f(z)``, then the residual's ``f(z_new)``), with no neutral call between them."""
+
+    def body(carry: Any) -> Any:
+        z, _, i = carry
+        z_new = f(z)  # a damped fixed-point step stands for Newton's
+        return z_new, jnp.linalg.norm(f(z_new) - z_new), i + 1
+
+    init = (z0, jnp.float32(jnp.inf), 0)
+    z, _, steps = jo.lax.while_loop(lambda c: (c[1] > 1e-6) & (c[2] < 200), body, init)
+    return z, steps
+
+
+@pytest.mark.parametrize("jitted", [False, True], ids=["eager", "jit"])
+@pytest.mark.parametrize("marked", ["by_the_model", "by_the_solver", "unmarked"])
+def test_solver_map_makes_each_direct_call_one_evaluation(
+    toy: Toy, marked: str, jitted: bool
+) -> None:
+    key0 = toy.store["key"]
+
+    def solver(f: Any, z0: jax.Array) -> tuple[jax.Array, jax.Array]:
+        return newton_direct(jo.solver_map(f) if marked == "by_the_solver" else f, z0)
+
+    def solve(z0: jax.Array) -> tuple[jax.Array, jax.Array]:
+        with jo.solve_state(state={"mean": "at_solution"}):
+            return solver(jo.solver_map(toy.f) if marked == "by_the_model" else toy.f, z0)
+
+    with jax.checking_leaks():
+        if jitted:
+            run = jax.jit(lambda z0, s: _with_store(toy, s, solve, z0))
+            z, steps, store = run(jnp.ones(3), dict(toy.store))
+            toy.store.update(store)
+        else:
+            z, steps = solve(jnp.ones(3))
+    key_data = lambda key: np.asarray(jax.random.key_data(key))
+    expected_key, sub = jax.random.split(key0)
+    mask = np.asarray(jax.random.bernoulli(sub, 0.7, (3,)))
+    jax.effects_barrier()
+    if marked == "unmarked":
+        # The two calls are one run of the stream: the second draws the next key (its
+        # mask may equal the first's by chance, 3 entries), and the stream moved twice.
+        np.testing.assert_array_equal(
+            key_data(toy.store["key"]), key_data(jax.random.split(expected_key)[0])
+        )
+        return
+    assert set(toy.masks) == {mask.tobytes()}  # every evaluation: the entry key's mask
+    # the fixed-mask twin's iterations and fixed point
+    twin = lambda z: 0.5 * jnp.cos(jnp.where(mask, z, 0.0)) + 0.2
+    twin_z, twin_steps = newton_direct(twin, jnp.ones(3))
+    assert int(steps) == int(twin_steps)
+    np.testing.assert_allclose(z, twin_z, atol=1e-6)
+    # the stream advanced once; the mean is one EMA update from the entry's, at the last
+    # evaluation's input (the residual's f(z_new), z_new = z*)
+    np.testing.assert_array_equal(key_data(toy.store["key"]), key_data(expected_key))
+    np.testing.assert_allclose(toy.store["mean"], (1 - MOMENTUM) * z, atol=1e-6)
+    assert int(toy.store["calls"]) == 2 * int(steps)  # per evaluation: each counted
+
+
+def test_solver_map_called_eagerly_starts_each_call_from_the_entry_state(toy: Toy) -> None:
+    f = jo.solver_map(toy.f)
+    with jo.solve_state():
+        first = f(jnp.ones(3))
+        second = f(jnp.full(3, 2.0))
+        inside = dict(toy.store)  # live: the entry state again between evaluations
+    assert toy.distinct_masks() == 1
+    assert float(inside["mean"].sum()) == 0.0 and int(inside["calls"]) == 0
+    # at exit: the last evaluation's state (one update at its input, one call)
+    np.testing.assert_allclose(toy.store["mean"], (1 - MOMENTUM) * 2.0, atol=1e-6)
+    assert int(toy.store["calls"]) == 1
+    del first, second
+
+
+def test_solver_map_in_a_backward_pass_keeps_nothing(toy: Toy) -> None:
+    f = jo.solver_map(toy.f)
+    with jo.solve_state():
+        source = ToySource(toy.store)
+        thread = kit.Threaded(source, 1, "test", backward=True)
+        _, after = thread.run(0, source.read(), lambda z: f(f(z)), jnp.ones(3))
+        thread.finish(after)
+    np.testing.assert_array_equal(toy.store["mean"], jnp.zeros(3))
+    assert int(toy.store["calls"]) == 0
+
+
+def test_solver_map_failing_leaves_the_live_state_as_it_was(toy: Toy) -> None:
+    def failing(z: jax.Array) -> jax.Array:
+        toy.f(z)
+        raise RuntimeError("in the map")
+
+    before = dict(toy.store)
+    with jo.solve_state():
+        toy.f(jnp.ones(3))  # a direct call: the live state moved
+        moved = dict(toy.store)
+        with pytest.raises(RuntimeError, match="in the map"):
+            jo.solver_map(failing)(jnp.ones(3))
+        assert all(toy.store[k] is moved[k] for k in moved)
+    with pytest.raises(RuntimeError, match="in the map"):
+        with jo.solve_state():
+            jo.solver_map(failing)(jnp.ones(3))
+    assert int(toy.store["calls"]) == 1 and before["calls"] is not toy.store["calls"]
+
+
+def _marked_program(marked: bool, declared: bool) -> Any:
+    def g(z: jax.Array) -> jax.Array:
+        return 0.5 * jnp.cos(z) + 0.2
+
+    f = jo.solver_map(g) if marked else g
+
+    def program(z0: jax.Array) -> jax.Array:
+        with jo.solve_state() if declared else contextlib.nullcontext():
+            return newton_direct(lambda z: f(z), z0)[0] + f(z0)
+
+    return program
+
+
+@pytest.mark.parametrize("declared", [False, True])
+def test_solver_map_idle_is_the_same_jaxpr(declared: bool) -> None:
+    jaxprs = {
+        m: str(jax.make_jaxpr(_marked_program(m, declared))(jnp.ones(3))) for m in (False, True)
+    }
+    assert jaxprs[False] == jaxprs[True]
+
+
+def test_solver_map_under_a_framework_with_nothing_declared_is_the_same_jaxpr(toy: Toy) -> None:
+    # The toy runs (its loops thread its state) but no declaration: the marker calls f.
+    program = lambda m: jax.make_jaxpr(_marked_program(m, declared=False))(jnp.ones(3))
+    assert str(program(False)) == str(program(True))
+
+
+def test_solver_map_marks_once_and_equals_another_marking() -> None:
+    def g(z: jax.Array) -> jax.Array:
+        return z
+
+    f = jo.solver_map(g)
+    assert jo.solver_map(f) is f
+    assert f == jo.solver_map(g) and hash(f) == hash(jo.solver_map(g))
+    assert f != jo.solver_map(lambda z: z)
+    assert f.__name__ == "g" and f.__wrapped__ is g  # type: ignore[attr-defined]

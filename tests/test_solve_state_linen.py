@@ -40,6 +40,7 @@ import jaxoverride_linen as jol
 from _libraries import FreshScript, interposed
 from _solve_state_linen import (
     DEQ,
+    Block,
     X,
     apply,
     init,
@@ -79,7 +80,7 @@ NEWTON_DIRECT = pytest.mark.xfail(
 
 
 def _cases(names: list[str]) -> list[Any]:
-    return [pytest.param(n, marks=NEWTON_DIRECT) if n == "newton" else n for n in names]
+    return names
 
 
 @contextlib.contextmanager
@@ -229,9 +230,12 @@ def test_unknown_names_are_refused_naming_the_known_ones() -> None:
 
 
 class _Plain(nn.Module):
-    """A DEQ with parameters only: nothing for a declaration to apply to."""
+    """A DEQ with parameters only: nothing for a declaration to apply to; ``marked``: its
+    map marked with ``jaxoverride.solver_map``."""
 
     declare: bool
+    marked: bool = False
+    method: str = "anderson"
 
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
@@ -241,26 +245,51 @@ class _Plain(nn.Module):
             return f(x, None)
         context = jo.solve_state() if self.declare else contextlib.nullcontext()
         with context:
-            return fpsolve.fixed_point(f, jnp.zeros_like(x), method="anderson").value
+            g = jo.solver_map(f) if self.marked else f
+            return fpsolve.fixed_point(g, jnp.zeros_like(x), method=self.method).value
 
 
-def test_without_state_the_declaration_changes_nothing() -> None:
+@pytest.mark.parametrize("method", ["anderson", "newton"])  # Newton marks its own map
+def test_without_state_the_declaration_changes_nothing(method: str) -> None:
+    cases = [(False, False), (True, False), (False, True), (True, True)]  # (declare, marked)
     with jol.context():
         variables = _Plain(False).init(jax.random.key(0), X)
         jaxprs = [
-            str(jax.make_jaxpr(lambda v, d=d: _Plain(d).apply(v, X))(variables))
-            for d in (False, True)
+            str(jax.make_jaxpr(lambda v, d=d, m=m: _Plain(d, m, method).apply(v, X))(variables))
+            for d, m in cases
         ]
         # outside every Linen module too
-        outside = [str(jax.make_jaxpr(lambda x, d=d: _outside(x, d))(X)) for d in (False, True)]
-    assert jaxprs[0] == jaxprs[1]
-    assert outside[0] == outside[1]
+        outside = [
+            str(jax.make_jaxpr(lambda x, d=d, m=m: _outside(x, d, m, method))(X)) for d, m in cases
+        ]
+    assert len(set(jaxprs)) == 1
+    assert len(set(outside)) == 1
 
 
-def _outside(x: jax.Array, declare: bool) -> jax.Array:
+def test_a_marked_map_with_nothing_declared_is_the_same_jaxpr() -> None:
+    """With state (dropout, BatchNorm) and no declaration: ``solver_map`` calls the map."""
+    variables = init()
+    with jol.context():
+        jaxprs = {
+            marked: str(
+                jax.make_jaxpr(lambda v, m=marked: apply(DEQ(_marking(m)), v, KEY))(variables)
+            )
+            for marked in (False, True)
+        }
+    assert jaxprs[False] == jaxprs[True]
+
+
+def _marking(marked: bool) -> Any:
+    run = SOLVERS["forward"]
+    return lambda f, z0: run(jo.solver_map(f) if marked else f, z0)
+
+
+def _outside(x: jax.Array, declare: bool, marked: bool, method: str) -> jax.Array:
     context = jo.solve_state() if declare else contextlib.nullcontext()
+    f = lambda z, _: 0.5 * jnp.cos(z) + x
     with context:
-        return fpsolve.fixed_point(lambda z, _: 0.5 * jnp.cos(z) + x, x).value
+        g = jo.solver_map(f) if marked else f
+        return fpsolve.fixed_point(g, x, method=method).value
 
 
 # -- optimistix and diffrax, in a fresh interpreter (tests/_solve_state_linen_script.py) --
@@ -280,22 +309,11 @@ LIBRARIES = FreshScript(
     [jo, jol],
     timeout=1500,
 )
-_MERGED_KIT_LEAK = pytest.mark.xfail(
-    strict=False,  # the equinox family's own leaks differ between the supported sets
-    reason=(
-        "open (issue 29): since the three adapters' Participant variants were merged into "
-        "one, diffrax's DirectAdjoint under the Linen adapter leaks a tracer of equinox's "
-        "bounded while loop into the declaration's frames (an UnexpectedTracerError, never a "
-        "silent result); it passed on the Linen-only kit"
-    ),
-)
 DECLARED = [
     ("optimistix", "optimistix"),
     ("diffrax", "diffrax_default"),
-    pytest.param("diffrax", "diffrax_direct", marks=_MERGED_KIT_LEAK, id="diffrax_direct"),
-    pytest.param(
-        "diffrax", "diffrax_direct_norm", marks=_MERGED_KIT_LEAK, id="diffrax_direct_norm"
-    ),
+    ("diffrax", "diffrax_direct"),
+    ("diffrax", "diffrax_direct_norm"),
 ]
 
 
@@ -348,3 +366,30 @@ def test_under_install_as_under_context() -> None:
         handle.uninstall()
     assert len(set(installed)) == 1 and set(installed) == set(seen)
     assert largest(got, expected) == 0.0
+
+
+class _ShapeChecked(nn.Module):
+    """Checks its map's output shape with ``jo.eval_shape`` of a loop, inside the
+    declaration, before solving (as equinox checks a step's shapes inside diffrax)."""
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> tuple[jax.Array, Any]:
+        block = Block(name="block")
+        f = lambda z: block(z, x)
+        if self.is_initializing():
+            return f(x), jnp.zeros((), jnp.int32)
+        with jo.solve_state():
+            looped = lambda z: jo.lax.scan(lambda c, _: (f(c), None), z, length=2)[0]
+            assert jo.eval_shape(looped, x).shape == x.shape
+            return SOLVERS["forward"](f, jnp.zeros_like(x))
+
+
+def test_eval_shape_inside_the_declaration_keeps_nothing() -> None:
+    variables = init()
+    with jol.context(), jax.checking_leaks(), masks_seen() as seen:
+        (z, _), updates = _ShapeChecked().apply(
+            variables, X, rngs={"dropout": KEY}, mutable=["batch_stats"]
+        )
+    keep = mask_of(seen[-1])
+    expected = twin_statistics(variables, z, keep)
+    assert largest(updates["batch_stats"]["block"], expected) <= 1e-5

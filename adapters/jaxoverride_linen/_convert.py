@@ -20,7 +20,7 @@ would come back stale. Each call traces a fresh wrapper, which never hits that c
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import jaxoverride as jo
@@ -135,8 +135,23 @@ def eval_shape(fun: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     source = _source.source(where)
 
     def call() -> Any:
-        with discarding(source.roots):
+        with discarding(source.roots), _kept_nowhere(_source.declaration()):
             return below(lambda *a, **k: fun(*a, **k), *args, **kwargs)
 
     creation = lambda: fun(*traced_arguments(zeros_for(args)), **zeros_for(kwargs))
     return init_safe(source, creation, call)
+
+
+@contextlib.contextmanager
+def _kept_nowhere(policy: kit.Participant | None) -> Iterator[None]:
+    """Inside, under a ``jaxoverride.solve_state`` declaration, no evaluation is kept as
+    the last one: ``eval_shape`` drops its side effects, and the states its loops write
+    are values of its own trace (an outer frame that kept one would leak it, as diffrax's
+    ``DirectAdjoint`` showed: equinox checks its step's shapes in a loop's condition)."""
+    frame = None if policy is None else policy.push(backward=True)
+    try:
+        yield
+    finally:
+        if frame is not None:
+            assert policy is not None
+            policy.pop(frame)

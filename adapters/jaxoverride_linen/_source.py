@@ -143,7 +143,10 @@ def wrap_make_rng(original: Callable[..., Any]) -> Callable[..., Any]:
         declared = None if policy is None else policy.frozen.get(_rng_slot(self.root, resolved))
         if step is None and declared is None:
             return original(self, name)
-        if step is not None:
+        if step is not None and declared is None:
+            # A frozen stream draws from its entry key, never from the step key: the
+            # step stays unused, so a body whose evaluations all ran through boundaries
+            # (``jaxoverride.solver_map``) leaves the stream as it entered it.
             step.used = True
         key = declared if declared is not None else step.key  # type: ignore[union-attr]
         rngs[resolved] = LazyRng(key, lazy.suffix)

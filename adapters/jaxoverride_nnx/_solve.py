@@ -26,6 +26,7 @@ from flax import nnx
 from jaxoverride import adapter_kit as kit
 from jaxoverride.adapter_kit import Participant, StatePart
 from jaxoverride_nnx._graph import RAW
+from jaxoverride_nnx._probes import is_probe
 from jaxoverride_nnx._tracked import Tracked, current
 from jaxoverride_nnx._write import write_back
 
@@ -79,8 +80,10 @@ class Values:
         self.tracked = tracked
 
     def read(self) -> dict[int, Any]:
-        """Every tracked Variable's value, by index."""
-        return dict(enumerate(map(RAW.__get__, self.tracked.variables)))
+        """Every tracked Variable's value, by index; inside a traced function, those it
+        was given (a Variable it was not holds a probe: using it retraces with it given)."""
+        values = enumerate(map(RAW.__get__, self.tracked.variables))
+        return {i: v for i, v in values if not any(map(is_probe, jax.tree.leaves(v)))}
 
     def write(self, state: Mapping[int, Any]) -> None:
         """Stores the values of ``state`` that are not the Variables' values already."""

@@ -44,7 +44,7 @@ from jaxoverride._jitapi import jit_api as jit_api, reuse_jit as reuse_jit
 from jaxoverride._names import OVERRIDEABLE as OVERRIDEABLE
 from jaxoverride._neutral import NeutralRule as NeutralRule, Transformed as Transformed
 from jaxoverride._own_frames import hide_own_frames as _hide_own_frames
-from jaxoverride._solve_state import solve_state as solve_state
+from jaxoverride._solve_state import solve_state as solve_state, solver_map as solver_map
 from jaxoverride.errors import ImportOrderError as ImportOrderError
 
 if TYPE_CHECKING:  # loaded at first use (``__getattr__``), for ``import jaxoverride``'s time
@@ -169,6 +169,7 @@ __all__ = [
     "set_adapter_check",
     "shard_map",
     "solve_state",
+    "solver_map",
     "uninstall",
     "value_and_grad",
     "vjp",

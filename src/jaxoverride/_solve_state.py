@@ -16,12 +16,18 @@ call, how the framework's rng streams and mutable state behave across those eval
 The core only keeps the declarations; the adapter kit applies them to the frameworks
 that register a state source with it (``adapter_kit.register_solve_source``). With no
 such framework running, a declaration changes nothing.
+
+The kit tells the map's evaluations apart at its boundaries (loop bodies, branches,
+transformed functions). Two direct calls of the map with nothing between them are one
+run of the stream, as in eager Python; ``solver_map`` marks a function whose every call
+is one evaluation, whatever calls it.
 """
 
 from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, TypeVar, cast
 
@@ -53,6 +59,20 @@ def set_hooks(
     """Installs the kit's hooks (called once, by ``jaxoverride.adapter_kit``)."""
     global _on_enter, _on_exit
     _on_enter, _on_exit = on_enter, on_exit
+
+
+# Set by the adapter kit: ``on_map(entered, fun, args, kwargs)`` runs ``fun(*args,
+# **kwargs)`` as one evaluation of a solver's map under the innermost declaration
+# (``entered``: what ``on_enter`` made of it). Unset: ``solver_map`` only calls ``fun``.
+_on_map: Callable[[Any, Callable[..., Any], tuple[Any, ...], dict[str, Any]], Any] | None = None
+
+
+def set_map_hook(
+    on_map: Callable[[Any, Callable[..., Any], tuple[Any, ...], dict[str, Any]], Any],
+) -> None:
+    """Installs the kit's ``solver_map`` hook (called once, by ``jaxoverride.adapter_kit``)."""
+    global _on_map
+    _on_map = on_map
 
 
 def current() -> solve_state | None:
@@ -185,3 +205,68 @@ class solve_state:  # noqa: N801  (used as a context manager and a decorator, li
 
     def __repr__(self) -> str:
         return f"solve_state(rng={self.rng!r}, state={self.state!r})"
+
+
+class _SolverMap:
+    """A function marked by ``solver_map``; equal to another marking of the same function
+    (a solver that takes its map as a static argument of ``jit`` compiles once)."""
+
+    def __init__(self, fun: Callable[..., Any]):
+        self.__wrapped__ = fun
+        with contextlib.suppress(AttributeError, TypeError):
+            functools.update_wrapper(self, fun)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        fun = self.__wrapped__
+        entered = current_entered()
+        if not entered or _on_map is None:
+            return fun(*args, **kwargs)
+        return _on_map(entered, fun, args, kwargs)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _SolverMap) and other.__wrapped__ == self.__wrapped__
+
+    def __hash__(self) -> int:
+        return hash((_SolverMap, self.__wrapped__))
+
+    def __repr__(self) -> str:
+        return f"solver_map({self.__wrapped__!r})"
+
+
+def solver_map(fun: F) -> F:
+    """Marks ``fun`` as a solver's map: each call of the result is one evaluation of it.
+
+    Under a ``solve_state`` declaration, the adapters tell the map's evaluations apart at
+    the boundaries JAX gives them (a loop body, a branch, a transformed function). A
+    solver that calls its map twice directly in one loop body (Newton: the step's
+    ``g(z)``, then the residual's ``g(z_new)``) would otherwise run both calls as one
+    evaluation: the second would draw the next key and write on top of the first. Each
+    call of the marked function is a boundary of its own: it starts from the state at
+    the declaration's entry (the same keys, the entry statistics) whatever earlier calls
+    left, and what it leaves is the last evaluation's state (so the declaration's exit
+    keeps the last call's, and a backward pass's call keeps nothing).
+
+    Either side may mark: a model author wraps the map passed to a solver
+    (``fixed_point(jo.solver_map(f), z0)``), a solver library marks the map it is given.
+    Marking twice is marking once. With no declaration active, or no framework taking
+    part in it, a call is ``fun``'s call and nothing else (the same jaxpr).
+
+    Args:
+      fun: the map, any callable.
+
+    Returns:
+      A callable with ``fun``'s signature and result, equal to (and hashing as) any
+      other marking of ``fun``.
+
+    Example:
+      >>> import jax.numpy as jnp
+      >>> import jaxoverride as jo
+      >>> def g(z):
+      ...     return 0.5 * jnp.cos(z)
+      >>> f = jo.solver_map(g)
+      >>> with jo.solve_state():  # no framework running: f is g
+      ...     z = f(f(jnp.float32(0)))
+      >>> round(float(z), 4), f == jo.solver_map(g)
+      (0.4388, True)
+    """
+    return cast(F, fun if isinstance(fun, _SolverMap) else _SolverMap(fun))

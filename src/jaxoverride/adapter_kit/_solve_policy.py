@@ -40,7 +40,10 @@ which would be baked into the cached trace.
 
 Evaluations are told apart by these boundaries: two direct calls of the map with no
 neutral call between them are one run of the stream (the second continues where the
-first ended), as they are in eager Python.
+first ended), as they are in eager Python. A map marked with ``jaxoverride.solver_map``
+is a boundary at each call (``Participant.evaluation``): it reads the framework's live
+state through the source, starts from the frozen parts as at entry, and keeps what it
+leaves as the innermost boundary's *last*, as a traced function does.
 """
 
 from __future__ import annotations
@@ -415,6 +418,56 @@ class Participant:
             self.frozen.update(dict.fromkeys(self.frozen))
             self._frames[:] = [_Frame()]
 
+    def evaluation(self, call: Callable[[], Any]) -> Any:
+        """Runs ``call()`` as one evaluation of a solver's map (``jaxoverride.solver_map``),
+        called directly: eagerly or inside a traced function, on the framework's live
+        state (``source.read``/``write``).
+
+        It is a boundary as a traced function is (``push``/``freeze``/``left``/``written``):
+        the live state's frozen parts are the entry's while ``call`` runs, whatever earlier
+        direct calls left; what it leaves is kept as the innermost boundary's last (never in
+        a backward pass) and the frozen parts are the entry's again after it. If ``call``
+        raises, the live state is put back as it was read.
+
+        Args:
+          call: the evaluation, no arguments.
+
+        Returns:
+          What ``call()`` returns.
+
+        Example:
+          >>> import jax.numpy as jnp, jaxoverride as jo
+          >>> from jaxoverride import adapter_kit as kit
+          >>> class Source(kit.DictStateSource):
+          ...     framework = "doc"
+          ...     def parts(self, state):
+          ...         return [kit.StatePart("state", ("calls",), "calls")]
+          >>> store = {"calls": jnp.int32(0)}
+          >>> def count():
+          ...     store["calls"] = store["calls"] + 1
+          >>> policy = kit.Participant(jo.solve_state(), "doc", Source(store))
+          >>> policy.evaluation(count), policy.evaluation(count)  # each from the entry's 0
+          (None, None)
+          >>> int(store["calls"]), int(policy.current(store)["calls"])  # live, last
+          (0, 1)
+        """
+        source = self.source
+        before = source.read()
+        self.learn(before)
+        state = self.current(before)
+        frame = self.push(received=state)
+        try:
+            source.write(self.freeze(state))
+            out = call()
+            after = source.read()
+        except BaseException:
+            self.pop(frame)
+            source.write(before)
+            raise
+        self.pop(frame)
+        source.write(self.written(self.left(after, frame)))
+        return out
+
     def check_names(self) -> list[str]:
         """The names the declaration gives that none of this framework's parts has."""
         leaves, parts, _ = _slots(self.source, self.snapshot)
@@ -536,4 +589,29 @@ def _on_exit(declaration: solve_state, participants: dict[str, Participant], fai
         entered.finish(failed)
 
 
+def _on_map(
+    entered: dict[str, Participant],
+    fun: Callable[..., Any],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+) -> Any:
+    """``jaxoverride.solver_map``'s call under a declaration: one evaluation for each
+    framework that takes part and runs here (nested, in registration order)."""
+    with _lock:
+        makers = [(_sources.get(framework), found) for framework, found in entered.items()]
+    policies = []
+    for make, found in makers:
+        source = None if make is None else make()
+        if source is not None and found.frozen:
+            policies.append(found.seen_by(source))
+
+    def call(index: int) -> Any:
+        if index == len(policies):
+            return fun(*args, **kwargs)
+        return policies[index].evaluation(lambda: call(index + 1))
+
+    return call(0)
+
+
 _solve_state.set_hooks(_on_enter, _on_exit)
+_solve_state.set_map_hook(_on_map)
