@@ -38,10 +38,12 @@ Runner = Callable[..., tuple[Any, Any]]
 THREADED: dict[str, Runner] = {
     "fpsolve-forward": fpsolve_run("forward", False),
     "fpsolve-anderson": fpsolve_run("anderson", False),
+    "fpsolve-newton": fpsolve_run("newton", False),
     "jaxopt-unrolled": jaxopt_run(False),
     "jaxopt-implicit": jaxopt_run(True),
     "fpsolve-forward-implicit": fpsolve_run("forward", True),
     "fpsolve-anderson-implicit": fpsolve_run("anderson", True),
+    "fpsolve-newton-implicit": fpsolve_run("newton", True),
 }
 CONVERTED: dict[str, Runner] = {
     f"fpsolve-{method}-implicit": fpsolve_run(method, True)
