@@ -135,12 +135,14 @@ def _slots(source: Any, state: Any) -> tuple[list[Any], list[Any], Any]:
 
 
 class _Frame:
-    """One boundary being traced: the state the last call inside it left."""
+    """One boundary being traced: the state the last call inside it left, and the frozen
+    values inside it (None: the enclosing boundary's)."""
 
-    __slots__ = ("last",)
+    __slots__ = ("frozen", "last")
 
-    def __init__(self) -> None:
+    def __init__(self, frozen: dict[Hashable, Any] | None = None) -> None:
         self.last: Any = None
+        self.frozen = frozen
 
 
 class Participant:
@@ -171,21 +173,48 @@ class Participant:
         policy = self.declaration.policy(part.kind, part.names)
         return policy in (PER_SOLVE, AT_SOLUTION)
 
+    def _values(self) -> dict[Hashable, Any]:
+        """slot -> frozen value, of the innermost boundary that has its own (``push``)."""
+        for frame in reversed(self._frames):
+            if frame.frozen is not None:
+                return frame.frozen
+        return self.frozen
+
+    def frozen_slots(self) -> frozenset[Hashable]:
+        """The slots the declaration freezes (for a cache key: a trace made under one set
+        must not serve another)."""
+        return frozenset(self.frozen)
+
     def freeze(self, state: Any) -> Any:
         """``state`` with its frozen parts as at entry."""
         if not self.frozen:
             return state
         leaves, parts, treedef = _slots(self.source, state)
-        frozen = self.frozen
+        frozen = self._values()
         out = [
             frozen.get(part.slot, leaf) if part is not None else leaf
             for leaf, part in zip(leaves, parts, strict=True)
         ]
         return jax.tree_util.tree_unflatten(treedef, out)
 
-    def push(self) -> _Frame:
-        """A new innermost boundary (a traced function starts)."""
-        frame = _Frame()
+    def push(self, entry: Any = None) -> _Frame:
+        """A new innermost boundary (a traced function starts).
+
+        ``entry``: the state the traced function receives *as an argument*, its frozen
+        parts already frozen (``freeze``d at the call: a jit's state argument, a rule's
+        values). Inside, the frozen values are ``entry``'s, so the entry snapshot is never
+        baked into a trace that JAX caches (a cache hit under another snapshot would
+        reuse its mask). None: the enclosing boundary's.
+        """
+        frozen = None
+        if entry is not None and self.frozen:
+            leaves, parts, _ = _slots(self.source, entry)
+            frozen = {
+                part.slot: leaf
+                for leaf, part in zip(leaves, parts, strict=True)
+                if part is not None and part.slot in self.frozen
+            }
+        frame = _Frame(frozen)
         self._frames.append(frame)
         return frame
 
@@ -205,7 +234,7 @@ class Participant:
 
     def _untouched(self, state: Any) -> bool:
         leaves, parts, _ = _slots(self.source, state)
-        frozen = self.frozen
+        frozen = self._values()
         return all(
             part is None or part.slot not in frozen or frozen[part.slot] is leaf
             for leaf, part in zip(leaves, parts, strict=True)
