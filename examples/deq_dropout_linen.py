@@ -29,6 +29,7 @@ class DEQ(nn.Module):
     """The logits of ``x``: a fixed point of dropout, a dense layer and BatchNorm."""
 
     solver: Any = None  # fixed_point's options; None: SOLVER
+    rng: str = "per_solve"  # the declared rng semantics ("per_evaluation" for the figure)
 
     @nn.compact
     def __call__(self, x: jax.Array, training: bool) -> jax.Array:
@@ -40,7 +41,7 @@ class DEQ(nn.Module):
         readout = nn.Dense(task.CLASSES, name="readout")
         cell = lambda z, u: jnp.tanh(norm(hidden(dropout(z)) + u))
         z0 = jnp.zeros((x.shape[0], task.HIDDEN))
-        with jo.solve_state():  # one mask per solve, the statistics at the solution
+        with jo.solve_state(rng=self.rng):  # default: one mask per solve, stats at the solution
             z = fixed_point(task.watched(cell), z0, inject(x), **(self.solver or SOLVER)).value
         return readout(z)
 
@@ -91,8 +92,8 @@ def residual_curves() -> dict[str, list[float]]:
     with jaxoverride_linen.context():
         variables = model.init({"params": jax.random.key(0), "dropout": jax.random.key(1)}, x, True)
         for rng in ("per_evaluation", "per_solve"):
-            with task.recording() as residuals, jo.solve_state(rng=rng):
-                model.apply(
+            with task.recording() as residuals:
+                model.clone(rng=rng).apply(
                     variables, x, True, rngs={"dropout": jax.random.key(1)}, mutable=["batch_stats"]
                 )
             curves[rng] = residuals

@@ -96,9 +96,18 @@ def test_the_recipes_run_in_fresh_interpreters():
     """Every framework's recipe is a complete program that trains through both libraries."""
     programs = fresh_programs(DOCS / "recipes.md")
     assert {"haiku", "nnx", "linen", "plain"} <= set(programs), sorted(programs)
-    for name, source in programs.items():
+    for name in ("haiku", "nnx", "linen", "plain"):
         for needed in ("optx.fixed_point", "diffrax.diffeqsolve", "optax.", "unrolled_loss"):
-            assert needed in source, f"the {name} recipe does not use {needed}"
+            assert needed in programs[name], f"the {name} recipe does not use {needed}"
+    # Dropout and BatchNorm inside the solve, declared, in every framework; a neural ODE
+    # with BatchNorm through diffrax.
+    stateful = {f"{name}-dropout" for name in ("haiku", "nnx", "linen")}
+    assert stateful <= set(programs), sorted(programs)
+    for name in stateful:
+        for needed in ("optx.fixed_point", "jo.solve_state(", "dropout", "BatchNorm", "optax."):
+            assert needed in programs[name], f"the {name} recipe does not use {needed}"
+    assert any("diffrax.diffeqsolve" in programs[n] for n in stateful), "no neural ODE"
+    for name, source in programs.items():
         if name != "plain":  # interposed before anything imports equinox
             first_import = re.search(r"^import (?!jaxoverride\b).*$", source, re.MULTILINE)
             assert first_import is not None
