@@ -112,8 +112,8 @@ class solve_state:  # noqa: N801  (used as a context manager and a decorator, li
         or their names (NNX) or module names (Haiku) to those values; the others are per
         evaluation.
 
-    Returns:
-      The declaration: enter it with ``with``, or decorate a function with it.
+    The declaration is entered with ``with``, or decorates a function (each call of the
+    function is then declared).
 
     Example:
       >>> import jax.numpy as jnp
