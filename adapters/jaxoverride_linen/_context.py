@@ -10,7 +10,7 @@ from flax.linen import module as linen_module
 
 import jaxoverride as jo
 from jaxoverride import adapter_kit as kit
-from jaxoverride_linen import _control, _patches, _rules, _transforms
+from jaxoverride_linen import _control, _patches, _rules, _scope, _transforms
 from jaxoverride_linen._per_thread import local as _local
 
 __all__ = ["context", "install", "is_installed", "uninstall"]
@@ -263,3 +263,18 @@ def _unhook() -> None:
 
 
 _INSTALLER = kit.ScopedInstaller(_CONTEXT, "jaxoverride_linen", hook=_hook, unhook=_unhook)
+
+
+def _solve_source() -> Any:
+    """The source a ``jaxoverride.solve_state`` declaration applies to: the Linen modules
+    running now, where this adapter is active (``context()`` entered, or ``install()``);
+    None elsewhere, so that a declaration there changes nothing."""
+    if not _scope.in_bound_module():
+        return None
+    installation = _INSTALLER.installation
+    if not _entered_depth.get() and not (installation is not None and installation.installed):
+        return None
+    return _scope.source("jaxoverride.solve_state", solve_entry=True)
+
+
+kit.register_solve_source("linen", _solve_source)

@@ -26,7 +26,8 @@ from typing import Any
 import jaxoverride as jo
 from jaxoverride import adapter_kit as kit
 from jaxoverride.adapter_kit import init_safe, traced_arguments, zeros_for
-from jaxoverride_linen import _scope
+from jaxoverride_linen import _declared, _scope
+from jaxoverride_linen._declared import SOLVE_STATE_FIX
 from jaxoverride_linen._guards import discarding, pure
 
 CONVERTED = (
@@ -37,15 +38,20 @@ CONVERTED = (
     "key drawn before the call); a solver with a non-implicit mode (fpsolve's "
     "implicit=False, jaxopt's implicit_diff=False) does not convert the function, but "
     "optimistix, lineax and diffrax (with its default adjoint) convert their callbacks, so "
-    "there this is the only way."
+    "there this is the only way without a declaration. " + SOLVE_STATE_FIX
 )
 
 
 def pure_scope(
-    source: Any, where: str, inside: str = "the function being converted", reason: str = CONVERTED
+    source: Any,
+    where: str,
+    inside: str = "the function being converted",
+    reason: str = CONVERTED,
+    allowed: frozenset[tuple[str, str]] = _declared.NO_DECLARATION,
 ) -> contextlib.AbstractContextManager[None]:
-    """Refuses writes and draws through the scopes of ``source`` (see ``_guards.pure``)."""
-    return pure(source.roots, where, inside, reason)
+    """Refuses writes and draws through the scopes of ``source`` (see ``_guards.pure``),
+    but for the ``allowed`` streams and collections (a ``solve_state`` freezes them)."""
+    return pure(source.roots, where, inside, reason, allowed=allowed)
 
 
 def _converting(
@@ -55,9 +61,12 @@ def _converting(
     creation: Callable[[], Any],
 ) -> Any:
     source = _scope.source(where)
+    policy = _scope.declaration()
+    allowed = _declared.allowed(policy)
 
     def traced(*args: Any, **kwargs: Any) -> Any:
-        with pure_scope(source, where):
+        evaluation = _declared.evaluating(policy, source.roots, install=True)
+        with pure_scope(source, where, allowed=allowed), evaluation:
             return fun(*args, **kwargs)
 
     return init_safe(source, creation, lambda: trace(traced))
@@ -67,6 +76,31 @@ CONVERSIONS: dict[str, Callable[..., Any]] = kit.conversion_overrides(
     _scope.in_bound_module, _converting, module=__name__
 )
 """Neutral name -> Linen override, for the names that convert a function into a jaxpr."""
+
+_converting_closure = CONVERSIONS["closure_convert"]
+
+
+def closure_convert(fun: Callable[..., Any], *example_args: Any) -> Any:
+    """``jax.closure_convert`` inside bound Linen modules (``_converting``); under a
+    ``jaxoverride.solve_state`` that keeps collections at the solution, the converted
+    function writes them as ``fun`` did, each time it is called (``_declared``)."""
+    policy = _scope.declaration() if _scope.in_bound_module() else None
+    if not _declared.frozen_collections_any(policy):
+        return _converting_closure(fun, *example_args)
+    assert policy is not None
+    lower = jo.next_impl("closure_convert")
+    where = "jaxoverride.closure_convert"
+    source = _scope.source(where)
+    allowed = _declared.allowed(policy)
+    guard = lambda: pure_scope(source, where, allowed=allowed)
+    call = lambda: _declared.stateful_closure_convert(
+        lower, fun, example_args, source, policy, guard
+    )
+    return init_safe(source, lambda: fun(*example_args), call)
+
+
+closure_convert.__module__ = __name__
+CONVERSIONS["closure_convert"] = closure_convert
 
 
 def eval_shape(fun: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:

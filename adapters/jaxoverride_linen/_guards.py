@@ -119,14 +119,25 @@ def lifted_params(variables: Any) -> Any:
 
 
 class _Pure:
-    __slots__ = ("inside", "reason", "roots", "where", "writes")
+    __slots__ = ("allowed", "inside", "reason", "roots", "where", "writes")
 
-    def __init__(self, roots: frozenset[int], where: str, inside: str, reason: str, writes: bool):
+    def __init__(
+        self,
+        roots: frozenset[int],
+        where: str,
+        inside: str,
+        reason: str,
+        writes: bool,
+        allowed: frozenset[tuple[str, str]],
+    ):
         self.roots = roots
         self.where = where
         self.inside = inside
         self.reason = reason
         self.writes = writes  # whether writes are refused too, not only draws
+        # ("rng", stream) and ("state", collection) that a ``jaxoverride.solve_state``
+        # freezes: drawn from its entry key, written and dropped (``_declared``).
+        self.allowed = allowed
 
     def error(self, what: str) -> PureFunctionWriteError:
         return PureFunctionWriteError(
@@ -151,7 +162,8 @@ def guard_put_variable(original: Callable[..., Any]) -> Callable[..., Any]:
 
     def put_variable(self: Scope, col: str, name: str, value: Any) -> None:
         guard = _pure_guard(self, writing=True)
-        if guard is not None and self.is_mutable_collection(col):
+        allowed = guard is not None and ("state", col) in guard.allowed
+        if guard is not None and not allowed and self.is_mutable_collection(col):
             where = "/".join((col, *self.path, name))
             raise guard.error(f"the Linen variable {where!r} was written")
         original(self, col, name, value)
@@ -164,11 +176,16 @@ def guard_make_rng(original: Callable[..., Any]) -> Callable[..., Any]:
 
     def make_rng(self: Scope, name: str = "params") -> Any:
         guard = _pure_guard(self)
-        if guard is not None:
+        if guard is not None and ("rng", _stream(self, name)) not in guard.allowed:
             raise guard.error(f"an rng key was drawn (make_rng({name!r}))")
         return original(self, name)
 
     return make_rng
+
+
+def _stream(scope: Scope, name: str) -> str:
+    """The stream ``make_rng(name)`` draws from (Linen falls back on ``params``)."""
+    return name if name in scope.rngs or "params" not in scope.rngs else "params"
 
 
 def _leaves(tree: Any, prefix: tuple[Any, ...] = ()) -> Iterator[tuple[Any, Any]]:
@@ -194,7 +211,12 @@ def hidden_rngs(roots: Sequence[Any]) -> Iterator[None]:
 
 @contextlib.contextmanager
 def pure(
-    roots: Sequence[Any], where: str, inside: str, reason: str, writes: bool = True
+    roots: Sequence[Any],
+    where: str,
+    inside: str,
+    reason: str,
+    writes: bool = True,
+    allowed: frozenset[tuple[str, str]] = frozenset(),
 ) -> Iterator[None]:
     """Refuses rng draws (and, if ``writes``, variable writes) through the roots ``roots``.
 
@@ -205,6 +227,8 @@ def pure(
       reason: why nothing written there could come out, and the fix (``{where}`` is
         filled in).
       writes: refuse writes too; what loops inside leave is then put back on exit.
+      allowed: ``("rng", stream)`` and ``("state", collection)`` let through (what a
+        ``jaxoverride.solve_state`` freezes); what they write is put back on exit too.
     """
     saved = []
     for root in roots:
@@ -218,7 +242,7 @@ def pure(
         root.rngs.clear()  # nothing to draw: loops inside thread no key
     guards = _local.pure
     ids = frozenset(id(root.variables) for root in roots)
-    guards.append(_Pure(ids, where, inside, reason, writes))
+    guards.append(_Pure(ids, where, inside, reason, writes, allowed))
     try:
         yield
     finally:

@@ -10,6 +10,7 @@ import threading
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from jaxoverride.adapter_kit import Participant
     from jaxoverride_linen._guards import _Lifted, _Pure
     from jaxoverride_linen._scope import _Step
 
@@ -28,6 +29,8 @@ class _PerThread(threading.local):
         # _guards: the values custom rules lift, and the guards of pure functions.
         self.lifted: list[dict[int, _Lifted]] = []
         self.pure: list[_Pure] = []
+        # _declared: the solve_state declarations that custom rules' functions run under.
+        self.declared: list[Participant] = []
 
 
 local = _PerThread()

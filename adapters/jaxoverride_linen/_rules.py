@@ -41,8 +41,9 @@ from typing import Any
 import jax
 
 from jaxoverride import adapter_kit as kit
-from jaxoverride_linen import _convert, _scope, _trees as trees
+from jaxoverride_linen import _convert, _declared, _scope, _trees as trees
 from jaxoverride_linen._convert import init_safe, pure_scope
+from jaxoverride_linen._declared import SOLVE_STATE_FIX
 from jaxoverride_linen._errors import DifferentiatedStateError
 from jaxoverride_linen._guards import hidden_rngs, lifted_params, lifted_reads, pure
 
@@ -53,7 +54,7 @@ _BACKWARD = (
     "primal function or in fwd, where {where} threads it out once per call, and pass what "
     "bwd needs as a residual; bwd reads the variables as fwd left them. A solver whose "
     "backward pass calls your function again (jaxopt's implicit_diff=True) needs a function "
-    "that writes nothing; or use its unrolled mode (implicit_diff=False).",
+    "that writes nothing; or use its unrolled mode (implicit_diff=False). " + SOLVE_STATE_FIX,
 )
 
 
@@ -62,7 +63,7 @@ _DRAW = (
     "{where} threads the rule's Linen variables through JAX, but no rng key: threading one "
     "would draw a key from the caller's stream on every call, even where nothing is drawn "
     "(a rule called inside a loop's condition could not run). Draw the key before the call "
-    "and pass it in as an argument.",
+    "and pass it in as an argument. " + SOLVE_STATE_FIX,
 )
 
 
@@ -127,14 +128,22 @@ class _Call:
     JAX value: the caller's values are the rule's leading argument.
     """
 
-    __slots__ = ("backward", "forward", "kept", "roots", "source", "where")
+    __slots__ = ("backward", "forward", "kept", "policy", "roots", "source", "where")
 
     def __init__(self, source: Any, where: str):
         self.source = source
         self.where = where
         self.roots = [root.variables for root in source.roots]
         self.forward = kit.Threaded(source, 1, where)
-        self.backward = kit.Threaded(source, 1, where)
+        # A ``jaxoverride.solve_state`` around the call: the rule's state argument is
+        # frozen at the call's read (``_call``), and its forward functions run on that
+        # argument (a value of the rule's own trace, not the entry snapshot closed over);
+        # JAX runs bwd after the declaration has exited: it keeps the one found now, and
+        # its writes are dropped.
+        self.policy = self.forward.policy
+        self.forward.policy = None
+        self.backward = kit.Threaded(source, 1, where, backward=True)
+        self.backward.policy = self.policy
         # Per leaf of the threaded state: left as it came in by every forward run so far.
         self.kept: list[bool] | None = None
 
@@ -182,12 +191,23 @@ class _Call:
         params, state = values
         source, where = self.source, self.where
 
+        policy = self.policy
+        allowed = _declared.allowed(policy)
+
         def drawing_refused() -> Any:
-            with pure(source.roots, where, *_DRAW, writes=False):
+            with pure(source.roots, where, *_DRAW, writes=False, allowed=allowed):
                 return fun(*args)
 
-        with self.reading(params, refused), hidden_rngs(source.roots), _valid(source):
-            out, after = self.forward.run(0, state, drawing_refused)
+        frame = None if policy is None else policy.push()
+        try:
+            with self.reading(params, refused), hidden_rngs(source.roots), _valid(source):
+                with _declared.evaluating(policy, source.roots):
+                    out, after = self.forward.run(0, state, drawing_refused)
+        finally:
+            if policy is not None and frame is not None:
+                policy.pop(frame)
+        if policy is not None and frame is not None:
+            after = policy.left(after, frame)
         self.note_kept(state, after)
         return out, after
 
@@ -196,12 +216,16 @@ class _Call:
         params, state = values
         source, where = self.source, self.where
 
+        policy = self.backward.policy
+        allowed = _declared.allowed(policy)
+
         def refusing() -> Any:
-            with pure_scope(source, where, *_BACKWARD):
+            with pure_scope(source, where, *_BACKWARD, allowed=allowed):
                 return fun(*args)
 
         with self.reading(params), hidden_rngs(source.roots), _valid(source):
-            out, _ = self.backward.run(0, state, refusing)
+            with _declared.evaluating(policy, source.roots):
+                out, _ = self.backward.run(0, state, refusing)
         return out
 
 
@@ -253,8 +277,14 @@ class LinenRule(kit.LiftedRule):
     def _call(self, rule: Any, call: _Call, source: Any, args: tuple[Any, ...]) -> Any:
         with hidden_rngs(source.roots):  # the state without keys (see _DRAW)
             state = source.read()
+        policy = call.policy
+        if policy is not None:
+            state = policy.freeze(state)
         out, after = rule((_params(source), state), *args)
-        call.forward.finish(call.written(state, after))
+        after = call.written(state, after)
+        if policy is not None:
+            after = policy.written(after)
+        call.forward.finish(after)
         return out
 
     def _lifted_vjp(self, source: Any, args: tuple[Any, ...]) -> Any:

@@ -127,18 +127,26 @@ def wrap_make_rng(original: Callable[..., Any]) -> Callable[..., Any]:
 
     def make_rng(self: Scope, name: str = "params") -> Any:
         stack = _local.steps
-        if not stack:
+        policy = declaration()
+        if not stack and policy is None:
             return original(self, name)
         rngs: Any = self.rngs  # LazyRng values, though Flax annotates them as keys
         resolved = name if name in rngs or "params" not in rngs else "params"
         lazy = rngs.get(resolved)
         if lazy is None:
             return original(self, name)
-        step = stack[-1].get(id(lazy.rng))
-        if step is None or step.root is not lazy.rng:
+        step = stack[-1].get(id(lazy.rng)) if stack else None
+        if step is not None and step.root is not lazy.rng:
+            step = None
+        # A stream that ``jaxoverride.solve_state`` freezes draws from its entry key
+        # everywhere in the declaration (directly called maps too).
+        declared = None if policy is None else policy.frozen.get(_rng_slot(self.root, resolved))
+        if step is None and declared is None:
             return original(self, name)
-        step.used = True
-        rngs[resolved] = LazyRng(step.key, lazy.suffix)
+        if step is not None:
+            step.used = True
+        key = declared if declared is not None else step.key  # type: ignore[union-attr]
+        rngs[resolved] = LazyRng(key, lazy.suffix)
         try:
             return original(self, name)
         finally:
@@ -186,6 +194,19 @@ def wrap_put_variable(original: Callable[..., Any]) -> Callable[..., Any]:
         return original(self, col, name, value)
 
     return put_variable
+
+
+def declaration() -> kit.Participant | None:
+    """The ``jaxoverride.solve_state`` that Linen's state runs under here, or None: the
+    innermost one entered, or the one a custom rule's function runs under (JAX may run
+    a backward rule after the declaration has exited; ``_declared.evaluating``)."""
+    declared = _local.declared
+    return declared[-1] if declared else kit.participant(LinenSource)
+
+
+def _rng_slot(root: Scope, name: str) -> tuple[str, int, str]:
+    """The ``StatePart`` slot of rng stream ``name`` of the root scope ``root``."""
+    return ("rng", id(root._variables), name)
 
 
 # -- variable trees --------------------------------------------------------------------
@@ -304,9 +325,12 @@ class LinenSource:
     rule) such a write is a ``LinenStateError``.
     """
 
+    framework = "linen"  # its key for ``jaxoverride.solve_state`` (``parts``)
+
     __slots__ = (
         "_counters_at_read",
         "_created",
+        "_entry_counters",
         "_retrace",
         "_written",
         "allow_fresh",
@@ -316,8 +340,11 @@ class LinenSource:
         "where",
     )
 
-    def __init__(self, where: str, *, allow_fresh: bool = False):
+    def __init__(self, where: str, *, allow_fresh: bool = False, solve_entry: bool = False):
         self.where = where
+        # The source of a ``solve_state`` declaration (``solve_entry``): the rng counters
+        # after its first ``read()`` (the entry snapshot), per root.
+        self._entry_counters: dict[int, Any] | None = {} if solve_entry else None
         self.allow_fresh = allow_fresh
         self._retrace = False
         self._created: list[tuple[_Root, set[tuple[str, ...]]]] = []
@@ -337,11 +364,12 @@ class LinenSource:
     def read(self) -> Any:
         self._counters_at_read = [trees.copy_dicts(root.counters) for root in self.roots]
         self._written = []
+        policy = declaration()
         state = []
         for root, fresh in zip(self.roots, self.fresh, strict=True):
             threaded = root.threaded_collections()
             cols = {col: trees.copy_dicts(root.variables[col]) for col in threaded}
-            keys = {name: root.scope.make_rng(name) for name in sorted(root.rngs)}
+            keys = {name: self._key(policy, root, name) for name in sorted(root.rngs)}
             # A slot: the value, and whether it was written (a loop may run zero
             # times, a branch may not be taken): only a written slot comes out.
             slots = {
@@ -349,7 +377,64 @@ class LinenSource:
                 for path, aval in fresh.items()
             }
             state.append((cols, keys, slots))
+        entry = self._entry_counters
+        if entry is not None and not entry:
+            entry.update((id(r.variables), trees.copy_dicts(r.counters)) for r in self.roots)
         return state
+
+    # -- jaxoverride.solve_state ---------------------------------------------------------
+
+    def parts(self, state: Any) -> list[kit.StatePart | None]:
+        """What each leaf of ``read()``'s state is for ``jaxoverride.solve_state``: each
+        rng stream's key, by stream name; each leaf of a mutable collection, by the
+        collection's name; the slots of variables first written in a body, nothing."""
+        parts: list[kit.StatePart | None] = []
+        for path, _ in jax.tree_util.tree_flatten_with_path(state)[0]:
+            index, kind = path[0].idx, path[1].idx  # type: ignore[attr-defined]
+            root = self.roots[index].scope
+            if kind == 0:
+                col = path[2].key  # type: ignore[attr-defined]
+                rest = tuple(getattr(k, "key", getattr(k, "idx", k)) for k in path[3:])
+                slot = ("state", id(root._variables), col, rest)
+                parts.append(kit.StatePart("state", (col,), slot))
+            elif kind == 1:
+                name = path[2].key  # type: ignore[attr-defined]
+                parts.append(kit.StatePart("rng", (name,), _rng_slot(root, name)))
+            else:
+                parts.append(None)
+        return parts
+
+    def _declared(self, policy: Any, root: _Root, name: str) -> tuple[Any, Any] | None:
+        """The entry key and rng counters of stream ``name`` of ``root`` if the
+        declaration ``policy`` freezes it (one key per solve), else None."""
+        if policy is None:
+            return None
+        key = policy.frozen.get(_rng_slot(root.scope, name))
+        if key is None:
+            return None
+        return key, policy.source._entry_counters.get(id(root.variables), {})
+
+    def _key(self, policy: Any, root: _Root, name: str) -> Any:
+        """The step key of stream ``name`` to thread: a fresh draw, or, for a stream the
+        declaration freezes and that no direct call drew from since the last boundary,
+        its entry key itself (the kit tells an untouched stream by that identity)."""
+        declared = self._declared(policy, root, name)
+        if declared is not None:
+            key, counters = declared
+            if trees.stream_at(root.counters, counters, name):
+                return key
+        return root.scope.make_rng(name)
+
+    def _rewind_frozen(self, root: _Root, keys: dict[str, Any]) -> None:
+        """Every stream threaded with the declaration's entry key (``freeze`` put it there)
+        back at the entry's counters: each evaluation draws the same keys."""
+        policy = declaration()
+        if policy is None:
+            return
+        for name, key in keys.items():
+            declared = self._declared(policy, root, name)
+            if declared is not None and declared[0] is key:
+                trees.restore_stream(root.counters, declared[1], name)
 
     def enter(self, state: Any) -> _Token:
         token = _Token()
@@ -372,6 +457,7 @@ class LinenSource:
             for name, key in keys.items():
                 lazy = root.rngs[name]
                 steps[id(lazy.rng)] = token.steps[id(lazy.rng)] = _Step(lazy.rng, key)
+            self._rewind_frozen(root, keys)
         outer.append(steps)
         roots = _local.roots
         roots.append((roots[-1] if roots else set()) | {id(r.variables) for r in self.roots})
@@ -479,7 +565,8 @@ class LinenSource:
         raise _unknown_trips_error(self.where, unknown)
 
     def write(self, state: Any) -> None:
-        for root, (cols, _, slots) in zip(self.roots, state, strict=True):
+        for root, (cols, keys, slots) in zip(self.roots, state, strict=True):
+            self._rewind_frozen(root, keys)
             for col, tree in cols.items():
                 live = root.variables[col]
                 for path, value in trees.paths(tree):
@@ -680,8 +767,9 @@ def _created_error(where: str, created: list[tuple[str, ...]]) -> LinenStateErro
     )
 
 
-def source(where: str, *, allow_fresh: bool = False) -> LinenSource:
-    """The state source of the Linen modules running now."""
+def source(where: str, *, allow_fresh: bool = False, solve_entry: bool = False) -> LinenSource:
+    """The state source of the Linen modules running now (``solve_entry``: of a
+    ``jaxoverride.solve_state`` declaration, which keeps its entry rng counters)."""
     if not _in_use:
         raise LinenStateError(
             f"{where}: the Linen overrides run, but jaxoverride_linen is not in use: they "
@@ -691,7 +779,7 @@ def source(where: str, *, allow_fresh: bool = False) -> LinenSource:
             "itself (it can be nested inside or around other contexts), or call "
             "jaxoverride_linen.install()."
         )
-    return LinenSource(where, allow_fresh=allow_fresh)
+    return LinenSource(where, allow_fresh=allow_fresh, solve_entry=solve_entry)
 
 
 # Set by ``_patches`` while Linen's scopes carry this adapter's wrappers.

@@ -99,3 +99,27 @@ def evict_stale_caches(scopes: Iterable[Any], variables: dict[Any, Any]) -> None
             c for c, tree in cached.items() if get_path(variables, (c, *scope.path)) is not tree
         ]:
             del cached[col]
+
+
+def stream_at(live: Mapping[Any, Any], saved: Mapping[Any, Any], name: str) -> bool:
+    """Whether rng stream ``name``'s counts in ``live`` (a scope's ``rng_counters``) are
+    ``saved``'s (0 in a dict that ``saved`` lacks: a child scope first reached since)."""
+    for key, value in live.items():
+        if isinstance(value, dict):
+            below = saved.get(key)
+            if not stream_at(value, below if isinstance(below, dict) else {}, name):
+                return False
+        elif key == name and value != saved.get(name, 0):
+            return False
+    return True
+
+
+def restore_stream(live: dict[Any, Any], saved: Mapping[Any, Any], name: str) -> None:
+    """Puts rng stream ``name``'s counts in ``live`` back to ``saved``'s, in place (0 in a
+    dict that ``saved`` lacks: a child scope first reached since); other streams stay."""
+    for key, value in live.items():
+        if isinstance(value, dict):
+            below = saved.get(key)
+            restore_stream(value, below if isinstance(below, dict) else {}, name)
+        elif key == name:
+            live[key] = saved.get(name, 0)

@@ -1,0 +1,168 @@
+"""``jaxoverride.solve_state`` at Linen's own boundaries: custom rules and conversions.
+
+The kit's ``Threaded`` applies a declaration to every loop, branch and transform. The
+functions that JAX makes pure (a closure-converted map, a ``custom_root`` function, a
+custom rule's functions, its ``bwd``) refuse writes and draws outside a declaration
+(``_guards.pure``). Inside one, what the declaration freezes runs under its semantics:
+
+* a draw from a stream it freezes (one key per solve) is drawn from the entry key, with
+  the stream's counters as at entry, so it gives the key every other evaluation draws;
+* a write to a collection it keeps at the solution starts from the entry state; a
+  closure-converted function hands it out (``stateful_closure_convert``), so that each
+  call of the converted map writes it as the map itself would; elsewhere it is dropped
+  (a backward pass re-evaluating the map writes nothing);
+* a draw or write that the declaration leaves per evaluation is refused as before.
+
+A custom rule keeps the declaration found when it is called: JAX runs ``bwd`` after the
+declaration has exited (``evaluating`` makes it the one Linen's draws see).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+from jaxoverride import adapter_kit as kit
+from jaxoverride_linen import _trees as trees
+from jaxoverride_linen._per_thread import local as _local
+
+NO_DECLARATION: frozenset[tuple[str, str]] = frozenset()
+
+SOLVE_STATE_FIX = (
+    "Or declare what the solver's evaluations share around the solver call: "
+    '`with jaxoverride.solve_state(rng="per_solve", state="at_solution"):` (one key '
+    "per solve, the state written once at the solution); inside it these draws and writes "
+    "follow the declaration."
+)
+
+
+def allowed(policy: kit.Participant | None) -> frozenset[tuple[str, str]]:
+    """``("rng", stream)`` and ``("state", collection)`` that ``policy`` freezes.
+
+    Args:
+      policy: the declaration's participant for Linen, or None.
+
+    Returns:
+      What a pure function may draw from or write under it (empty without one).
+
+    Example:
+      >>> from jaxoverride_linen import _declared
+      >>> _declared.allowed(None)
+      frozenset()
+    """
+    if policy is None:
+        return NO_DECLARATION
+    return frozenset((slot[0], slot[2]) for slot in policy.frozen)
+
+
+def frozen_collections_any(policy: kit.Participant | None) -> bool:
+    """Whether ``policy`` keeps any collection at the solution."""
+    return policy is not None and any(slot[0] == "state" for slot in policy.frozen)
+
+
+def frozen_collections(policy: kit.Participant | None, variables: Any) -> list[str]:
+    """The collections of the root with these ``variables`` that ``policy`` keeps at the
+    solution, in order."""
+    if policy is None:
+        return []
+    return sorted(
+        {slot[2] for slot in policy.frozen if slot[0] == "state" and slot[1] == id(variables)}
+    )
+
+
+@contextlib.contextmanager
+def evaluating(
+    policy: kit.Participant | None, roots: Sequence[Any], install: bool = False
+) -> Iterator[None]:
+    """One evaluation under ``policy``: Linen's draws see it, and the streams it freezes
+    start from the entry's counters (and, with ``install``, the frozen collections from
+    the entry state).
+
+    Args:
+      policy: the declaration (``kit.Participant``), or None (then nothing changes).
+      roots: the adapter's roots (``_scope._Root``) the evaluation runs on.
+      install: put the frozen collections' entry values live (a conversion; a rule
+        receives them as its argument).
+
+    Returns:
+      A context; on exit the counters are as they were before it (the caller puts the
+      variables back: ``_guards.pure``, or the threading's ``leave``).
+    """
+    if policy is None or not policy.frozen:
+        yield
+        return
+    saved = [(root, trees.copy_dicts(root.counters)) for root in roots]
+    entry = policy.source._entry_counters or {}
+    for root in roots:
+        rid = id(root.variables)
+        for slot in policy.frozen:
+            if slot[0] == "rng" and slot[1] == rid:
+                trees.restore_stream(root.counters, entry.get(rid, {}), slot[2])
+    if install:
+        _install_entry_state(policy, roots)
+    _local.declared.append(policy)
+    try:
+        yield
+    finally:
+        _local.declared.pop()
+        for root, counters in saved:
+            trees.restore(root.counters, counters, fresh=0)
+
+
+def _install_entry_state(policy: kit.Participant, roots: Sequence[Any]) -> None:
+    """The frozen collections' leaves, live, as at the declaration's entry."""
+    for root in roots:
+        rid = id(root.variables)
+        for slot, value in policy.frozen.items():
+            if slot[0] != "state" or slot[1] != rid:
+                continue
+            col, path = slot[2], slot[3]
+            if trees.get_path(root.variables.get(col, {}), path) is not trees.MISSING:
+                trees.put_path(root.variables[col], path, value)
+
+
+def stateful_closure_convert(
+    lower: Callable[..., Any],
+    fun: Callable[..., Any],
+    example_args: tuple[Any, ...],
+    source: Any,
+    policy: kit.Participant,
+    guard: Callable[[], contextlib.AbstractContextManager[None]],
+) -> tuple[Callable[..., Any], Any]:
+    """``closure_convert`` of ``fun`` whose converted function writes the collections
+    ``policy`` keeps at the solution, as ``fun`` wrote them, each time it is called.
+
+    Args:
+      lower: the ``closure_convert`` below.
+      fun, example_args: as for ``jax.closure_convert``.
+      source: the Linen source of the modules running now.
+      policy: the declaration.
+      guard: the pure-function guard to trace ``fun`` under (``_convert.pure_scope``).
+
+    Returns:
+      ``(converted, constants)`` as ``jax.closure_convert`` returns them.
+    """
+    roots = source.roots
+    kept = [frozen_collections(policy, root.variables) for root in roots]
+
+    def traced(*args: Any) -> Any:
+        with guard(), evaluating(policy, roots, install=True):
+            out = fun(*args)
+            written = [
+                {col: trees.copy_dicts(root.variables[col]) for col in cols}
+                for root, cols in zip(roots, kept, strict=True)
+            ]
+        return out, written
+
+    converted, constants = lower(traced, *example_args)
+
+    def stateful(*args: Any) -> Any:
+        out, written = converted(*args)
+        for root, cols in zip(roots, written, strict=True):
+            for col, tree in cols.items():
+                for path, value in trees.paths(tree):
+                    trees.put_path(root.variables[col], path, value)
+        return out
+
+    return stateful, constants
