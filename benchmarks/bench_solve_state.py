@@ -9,8 +9,9 @@ The twin is what a user writes without the declaration, in the same framework: i
 the dropout key before the solve and passes it through the map's ``args`` (the map draws
 the same mask from it at every evaluation), normalises with the batch statistics by hand
 inside the map, and updates the running statistics once, after the solve, by calling the
-framework's BatchNorm at ``z*``. Both compute the same function with the same parameters
-and state (target <= 1.05x; compiled, cache-hit calls).
+framework's BatchNorm at ``z*``. Both run the same computation on the same parameters and
+state, up to the mask (each derives its dropout key its own way): target <= 1.05x,
+compiled, cache-hit calls.
 """
 
 from __future__ import annotations
