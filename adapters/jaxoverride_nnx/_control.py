@@ -58,6 +58,7 @@ from jaxoverride_nnx._lift import (
     write_back,
 )
 from jaxoverride_nnx._scope import Tracked, current
+from jaxoverride_nnx._solve import FRAMEWORK, parts_of
 from jaxoverride_nnx._threads import NeedsState, Threads, given_values, module_of
 from jaxoverride_nnx._transforms import run_closure, run_mapped
 
@@ -284,6 +285,8 @@ class _Source(kit.ScopedStateSource):
 
     # A while_loop tests once before the loop and at the end of each step, as Python does.
     carried_predicate = True
+    # jaxoverride.solve_state: the kit's Threaded applies a declaration to these calls.
+    framework = FRAMEWORK
     __slots__ = ("constants", "state", "tracked", "where", "wrappers")
 
     def __init__(
@@ -302,6 +305,12 @@ class _Source(kit.ScopedStateSource):
 
     def write(self, state: Any) -> None:
         _store(self.tracked, self.wrappers, state[0], self.where)
+
+    def parts(self, state: Any) -> list[Any]:
+        """For ``jaxoverride.solve_state``: the Variables' parts (``_solve.parts_of``);
+        the array attributes are untouched."""
+        values, constants = state
+        return parts_of(self.tracked, values) + [None] * len(jax.tree.leaves(constants))
 
 
 def _scan_step(self: _Lifted, fns: list[Any], given: _Given, user_carry: Any, x: Any) -> Any:
@@ -471,6 +480,10 @@ class _BranchSource(_Source):
 
     def write(self, state: Any) -> None:
         _store(self.tracked, self.wrappers, state, self.where)
+
+    def parts(self, state: Any) -> list[Any]:
+        """For ``jaxoverride.solve_state``: the Variables' parts (``_solve.parts_of``)."""
+        return parts_of(self.tracked, state)
 
 
 def _branch(self: _Lifted, fns: list[Any], where: str, given: _Given, *operands: Any) -> Any:

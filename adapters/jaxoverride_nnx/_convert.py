@@ -25,9 +25,12 @@ from flax.errors import TraceContextError
 import jaxoverride as jo
 from jaxoverride import adapter_kit as kit
 from jaxoverride_nnx._errors import LevelError, written_variable
-from jaxoverride_nnx._lift import changed, run_lifted
+from jaxoverride_nnx._graph import RAW
+from jaxoverride_nnx._lift import changed, run_lifted, write_back
+from jaxoverride_nnx._probes import check_given
 from jaxoverride_nnx._rules import PureFunctionWriteError, write_refused
-from jaxoverride_nnx._scope import current
+from jaxoverride_nnx._scope import Tracked, current
+from jaxoverride_nnx._solve import policy_for, stateful
 from jaxoverride_nnx._stale_reads import own_jit_trace
 
 WHERE = "jaxoverride.make_jaxpr"
@@ -85,8 +88,11 @@ def make_jaxpr(fun: Callable[..., Any], *args: Any, **kwargs: Any) -> Callable[.
 
 def closure_convert(fun: Callable[..., Any], *example_args: Any) -> Any:
     below = jo.next_impl("closure_convert")
-    if current() is None:
+    tracked = current()
+    if tracked is None:
         return below(fun, *example_args)
+    if policy_for(tracked) is not None:
+        return _declared_convert(below, tracked, fun, example_args)
     # JAX caches a conversion by the function's identity and argument types, constants
     # included: a tracked module's weights, changed since, would come back stale (and,
     # under jo.grad, unperturbed: a silently zero gradient). A new function per call
@@ -104,9 +110,57 @@ def closure_convert(fun: Callable[..., Any], *example_args: Any) -> Any:
             "Move the write out of the converted function (before or after the solver call); "
             "for randomness, draw the key before the call and pass it in through the "
             "solver's arguments (optimistix's and diffrax's args), using jax.random with it "
-            "inside; or use the solver's non-implicit mode, if it has one (fpsolve's "
-            f"implicit=False, jaxopt's implicit_diff=False). NNX said: {error}"
+            "inside; or declare what the solver's evaluations see, with "
+            "`with jaxoverride.solve_state(): ...` around the solver call (one key per "
+            "solve, the state at the solution); or use the solver's non-implicit mode, if "
+            "it has one (fpsolve's implicit=False, jaxopt's implicit_diff=False). "
+            f"NNX said: {error}"
         ) from error
+
+
+def _declared_convert(
+    below: Callable[..., Any],
+    tracked: Tracked,
+    fun: Callable[..., Any],
+    example_args: tuple[Any, ...],
+) -> Any:
+    """``closure_convert`` under ``jaxoverride.solve_state``: the tracked state (every
+    Variable but the Params, which JAX hoists as usual) is an explicit input of the
+    jaxpr, read from the Variables where the converted function is called, and what
+    ``fun`` writes is an output that it writes there: a call of the converted function
+    is a call of ``fun``. The boundaries around those calls (a solver's loop, a custom
+    rule, its backward pass) apply the declaration: each evaluation draws the entry's
+    keys, the last forward evaluation's state is kept and a backward pass's is dropped.
+    Nothing is a constant of the jaxpr that a later trace could find stale."""
+    where = "jaxoverride.closure_convert"
+    state = stateful(tracked)
+    written: list[tuple[int, ...]] = []
+
+    @own_jit_trace  # a fresh function per call: its reads are not stale
+    def lifted(*args: Any) -> Any:
+        *user, given = args
+        values = tracked.read()
+        for index, value in zip(state, given, strict=True):
+            values[index] = value
+        out, after = run_lifted(tracked, values, fun, user, {}, where)
+        indices = tuple(i for i in state if after[i] is not values[i])
+        written.append(indices)
+        return out, [after[i] for i in indices]
+
+    now = tracked.read()
+    pure, constants = below(lifted, *example_args, [now[i] for i in state])
+    indices = written[-1]
+    count = len(example_args)
+
+    def converted(*args: Any) -> Any:
+        here = current() or tracked
+        values = [RAW.__get__(here.variables[i]) for i in state]
+        check_given(values)  # a probe of an enclosing call: that call threads it
+        out, after = pure(*args[:count], values, *args[count:])
+        write_back(here, dict(zip(indices, after, strict=True)), where)
+        return out
+
+    return functools.wraps(fun)(converted), constants
 
 
 # -- lax.custom_root and lax.custom_linear_solve ---------------------------------------

@@ -48,6 +48,7 @@ from jaxoverride_nnx._lift import (
 )
 from jaxoverride_nnx._reach import reached
 from jaxoverride_nnx._scope import ACTIVE, Tracked
+from jaxoverride_nnx._solve import declared, frozen_key, frozen_values, policy_for, written
 from jaxoverride_nnx._threads import (
     NeedsState,
     check_carried,
@@ -163,6 +164,8 @@ class NnxJit:
             the object ``mark`` says the check passed for with this very plan."""
 
             def hot_call(*args: Any, **kwargs: Any) -> Any:
+                if declared():  # under jaxoverride.solve_state: no flat plan (see general)
+                    return miss(args, kwargs)
                 plan = hot[0]
                 tracked, epoch, jitted, reads, writes, refs, build = plan
                 if current is not None:
@@ -235,7 +238,13 @@ class NnxJit:
                         break
             if tracked is None:
                 return call_plain(plain, args, kwargs, _WHERE)
-            key = tracked.key if per_arity is None else (tracked.key, len(args))
+            key: Any = tracked.key if per_arity is None else (tracked.key, len(args))
+            # Under jaxoverride.solve_state the values are frozen at this read and the
+            # trace leaves the declaration's state: a build of its own, per frozen set.
+            policy = policy_for(tracked)
+            if policy is not None:
+                marker = frozen_key(policy, tracked)
+                key = (tracked.key, marker) if per_arity is None else (*key, marker)
             pair = last[0]
             if key is pair[0]:
                 build = pair[1]
@@ -246,6 +255,8 @@ class NnxJit:
             try:
                 if tracked.owner is None:  # inside a neutral transform: see _call_hidden
                     values = build.read(tracked, (fun, args, kwargs))
+                    if policy is not None:
+                        values = frozen_values(policy, tracked, build.order, values)
                     result = _call_hidden(build.jitted, tracked, values, args, kwargs)
                 else:
                     if build.attrs:
@@ -256,6 +267,8 @@ class NnxJit:
                         reads = build.variables_of(tracked)
                         values = list(map(_GET, reads))
                         check_carried(tracked, build.var_order, values, (fun, args, kwargs))
+                    if policy is not None:
+                        values = frozen_values(policy, tracked, build.order, values)
                     result = build.jitted(values, *args, **kwargs)
             except (NeedsState, LayoutChanged) as error:
                 if error.owner is not build:
@@ -265,6 +278,8 @@ class NnxJit:
                 last[0] = (None, None)
                 return general(args, kwargs)
             out, updates, refs = build.unpack(result)
+            if policy is not None:
+                updates = written(policy, tracked, updates or {})
             if updates:
                 # One jitted call's outputs are all concrete or all tracers of one trace.
                 if isinstance(next(iter(updates.values())), Tracer):
@@ -275,6 +290,7 @@ class NnxJit:
                         _SET(variables[index], value)
             if (
                 reads is not None
+                and policy is None
                 and per_arity is None
                 and tracked.epoch == _scope._epoch
                 and build.layout is not None
@@ -310,8 +326,14 @@ class NnxJit:
     ) -> Any:
         originals = (args, kwargs)
         view, args, kwargs = self._lift_arguments(tracked, args, kwargs)
-        result, build = self._on_build(self._key(view, args), view, None, args, kwargs, originals)
+        policy = policy_for(view)
+        key = self._key(view, args)
+        if policy is not None:
+            key = (*(key if type(key) is tuple else (key,)), frozen_key(policy, view))
+        result, build = self._on_build(key, view, None, args, kwargs, originals, policy)
         out, updates, refs = build.unpack(result)
+        if policy is not None:
+            updates = written(policy, view, updates or {})
         if updates:
             write_back(view, updates, _WHERE)
         return from_refs(out, view) if refs else out
@@ -438,7 +460,17 @@ class NnxJit:
             check_static(tracked, args, kwargs)
             args, kwargs = from_refs((args, kwargs), tracked)
             given = dict(zip(order, values, strict=True))
-            out, after = run_lifted(tracked, given, fun, args, kwargs, _WHERE, owner=build)
+            out, after = run_lifted(
+                tracked,
+                given,
+                fun,
+                args,
+                kwargs,
+                _WHERE,
+                owner=build,
+                policy=policy_for(tracked),
+                rebase=True,
+            )
             out, has_refs = to_refs(out, tracked)
             written = tuple(i for i in build.var_order if after[i] is not given[i])
             if build.general:
@@ -480,6 +512,7 @@ class NnxJit:
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
         arguments: Any = (),
+        policy: Any = None,
     ) -> tuple[Any, _Build]:
         """``build.jitted(values, ...)`` (or its ``method``), adding each module the function
         touches, and the build that ran; ``arguments``, the call's own, guide a first
@@ -489,7 +522,10 @@ class NnxJit:
             token = ACTIVE.set(view)
             try:
                 jitted = build.jitted if method is None else getattr(build.jitted, method)
-                return jitted(build.read(view, (self._fun, args, kwargs)), *args, **kwargs), build
+                values = build.read(view, (self._fun, args, kwargs))
+                if policy is not None:
+                    values = frozen_values(policy, view, build.order, values)
+                return jitted(values, *args, **kwargs), build
             except (NeedsState, LayoutChanged) as error:
                 if error.owner is not build:
                     raise

@@ -25,12 +25,13 @@ import jax.numpy as jnp
 import numpy as np
 from flax.errors import TraceContextError
 from flax.nnx import tracers
-from jax.core import Tracer
 
 from jaxoverride_nnx._errors import StructureChangeError, explain, structure_changed
 from jaxoverride_nnx._graph import RAW, TRACE, is_graph_object
 from jaxoverride_nnx._scope import ACTIVE, Tracked, current, empty
+from jaxoverride_nnx._solve import entering, leaving
 from jaxoverride_nnx._threads import NeedsState, probe_for
+from jaxoverride_nnx._write import raise_level_error as raise_level_error, write_back as write_back
 
 
 @jax.tree_util.register_static
@@ -116,6 +117,8 @@ def run_lifted(
     kwargs: dict[str, Any],
     where: str,
     owner: object = None,
+    policy: Any = None,
+    rebase: bool = False,
 ) -> tuple[Any, list[Any]]:
     """Calls ``fn`` with the lifted Variables holding ``values`` (or their current values).
 
@@ -127,6 +130,10 @@ def run_lifted(
     of the values given, and every other tracked value holds a ``Probe`` of ``owner``
     meanwhile; a write of one of those raises ``NeedsState`` too (it must be threaded).
 
+    With ``policy`` (a ``jaxoverride.solve_state`` participant, ``_solve``) the values
+    the function receives are frozen (``rebase``: they were frozen at the call's read,
+    and are the frozen parts inside it) and what it leaves is the declaration's.
+
     Returns:
       ``(fn's output, the Variables' values after the call)``; every Variable is restored
       to its state before the call, also when ``fn`` raises.
@@ -137,6 +144,17 @@ def run_lifted(
     saved_traces = list(map(TRACE.__get__, variables))
     attrs = tracked.attrs
     saved_attrs = [getattr(ref(), name) for ref, name in attrs] if attrs else None
+    frame = None
+    if policy is not None:
+        if owner is not None:
+            assert isinstance(values, Mapping)
+            values, frame = entering(policy, tracked, values, rebase)
+        else:
+            assert not isinstance(values, Mapping)
+            base = saved_values if values is None else values
+            start = dict(enumerate(base[:count]))
+            frozen, frame = entering(policy, tracked, start, rebase)
+            values = [frozen[i] for i in range(count)] + list(base[count:])
     given: Mapping[int, Any] = {}
     if owner is not None:
         assert isinstance(values, Mapping)
@@ -167,7 +185,13 @@ def run_lifted(
                 raise
             raise clearer from error
         after = list(map(RAW.__get__, variables))
+        if frame is not None:
+            assert policy is not None
+            indices = [i for i in (given if owner is not None else range(count)) if i < count]
+            after, frame = leaving(policy, frame, after, indices), None
     finally:
+        if frame is not None and policy is not None:
+            policy.pop(frame)
         ACTIVE.reset(token)
         for variable, value, trace in zip(variables, saved_values, saved_traces, strict=True):
             RAW.__set__(variable, value)
@@ -204,27 +228,6 @@ def changed(before: Sequence[Any], after: Sequence[Any]) -> dict[int, Any]:
     """
     pairs = enumerate(zip(before, after, strict=False))
     return {index: new for index, (old, new) in pairs if new is not old}
-
-
-def write_back(tracked: Tracked, updates: dict[int, Any], where: str) -> None:
-    """Stores new Variable values at the calling level; all or nothing."""
-    variables = tracked.variables
-    for index, value in updates.items():
-        if isinstance(value, Tracer) and not TRACE.__get__(variables[index]).is_valid():
-            raise_level_error(tracked, index, where)
-    for index, value in updates.items():
-        RAW.__set__(variables[index], value)
-
-
-def raise_level_error(tracked: Tracked, index: int, where: str) -> None:
-    from jaxoverride_nnx._errors import LevelError
-
-    raise LevelError(
-        f"jaxoverride_nnx: {where} updated the tracked Variable `{tracked.path(index)}`, but "
-        "it was called inside a JAX transform that is not a jaxoverride neutral function "
-        "(a raw jax.* or nnx.* transform), where the Variable cannot hold the new value. "
-        "Use the neutral function there too (jaxoverride.jit, jaxoverride.grad, ...)."
-    )
 
 
 # -- graph nodes as arguments ---------------------------------------------------------

@@ -42,6 +42,7 @@ from jaxoverride.adapter_kit import (
 from jaxoverride_nnx._compat import chain_on_get_value
 from jaxoverride_nnx._lift import run_lifted, write_back
 from jaxoverride_nnx._scope import Tracked, current
+from jaxoverride_nnx._solve import frozen_values, policy_for, resumed, written as declared_writes
 from jaxoverride_nnx._threads import NeedsState, Threads, given_values
 
 WHERE = "jaxoverride.custom_vjp"
@@ -209,15 +210,23 @@ class _LiftedRule(LiftedRule):
         args = positional_arguments(self._fun, args, kwargs)
         count = len(tracked.variables)
         functions = (self._fun, *self._rule[:2])
+        # Under jaxoverride.solve_state: the values are frozen at this read, and the rule's
+        # functions, the backward rule too (traced after the declaration exited), run
+        # under the declaration of this call.
+        policy = policy_for(tracked)
 
         def attempt(given: frozenset[int], owner: object) -> Any:
-            live = _Live(owner)
+            live = _Live(owner, policy)
             if not given:  # JAX's rule over the user's functions, run with probes
                 try:
                     return self._probing_rule(tracked, live)(*args), {}
                 finally:
                     live.done = True
             values = given_values(tracked, given, (*functions, args))
+            if policy is not None:
+                order_all = sorted(values)
+                frozen = frozen_values(policy, tracked, order_all, [values[i] for i in order_all])
+                values = dict(zip(order_all, frozen, strict=True))
             order = [i for i in sorted(given) if i < count]
             rule = self._lifted_rule(tracked, order, live, args)
             try:
@@ -228,7 +237,7 @@ class _LiftedRule(LiftedRule):
             return out, {i: value for i, value in pairs if value is not None}
 
         out, updates = self._threads.run(tracked, attempt, functions)
-        write_back(tracked, updates, self._where)
+        write_back(tracked, declared_writes(policy, tracked, updates), self._where)
         return out
 
     def _resolvable(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
@@ -293,11 +302,12 @@ class _Live:
     there first can no longer be given to the call, and is refused with the fix.
     """
 
-    __slots__ = ("done", "owner")
+    __slots__ = ("done", "owner", "policy")
 
-    def __init__(self, owner: object):
+    def __init__(self, owner: object, policy: Any = None):
         self.owner = owner
         self.done = False
+        self.policy = policy  # the jaxoverride.solve_state participant of the call
 
     def run(
         self,
@@ -309,7 +319,18 @@ class _Live:
         role: str,
     ) -> tuple[Any, list[Any]]:
         try:
-            return run_lifted(tracked, values, fn, args, {}, where, owner=self.owner)
+            with resumed(self.policy):
+                return run_lifted(
+                    tracked,
+                    values,
+                    fn,
+                    args,
+                    {},
+                    where,
+                    owner=self.owner,
+                    policy=self.policy,
+                    rebase=True,
+                )
         except NeedsState as error:
             if error.owner is not self.owner or not self.done:
                 raise
@@ -405,7 +426,8 @@ class LiftedVJP(_LiftedRule):
             cotangents, after = live.run(
                 tracked, values, bwd, (*static, residuals, out_cotangent), WHERE, "bwd rule"
             )
-            if written := {i: after[i] for i in order if after[i] is not values[i]}:
+            written = {i: after[i] for i in order if after[i] is not values[i]}
+            if written and live.policy is None:  # under solve_state: dropped
                 raise write_refused(
                     tracked,
                     written,
@@ -413,8 +435,10 @@ class LiftedVJP(_LiftedRule):
                     "JAX traces it while it transposes, and its only outputs are cotangents",
                     "Keep state writes out of what bwd calls (a library's implicit "
                     "differentiation calls your function again in its backward pass: "
-                    "jaxopt's implicit_diff=True does), or use the library's "
-                    "non-implicit mode (jaxopt's implicit_diff=False).",
+                    "jaxopt's implicit_diff=True does), declare what a solver's "
+                    "evaluations see with `with jaxoverride.solve_state(): ...` around the "
+                    "solver call (a backward pass's writes are then dropped), or use the "
+                    "library's non-implicit mode (jaxopt's implicit_diff=False).",
                 )
             cotangents = bwd_cotangents(cotangents, primal_tree)
             check_bwd_types(cotangents, primal_types, fun)  # JAX's check, the user's indices

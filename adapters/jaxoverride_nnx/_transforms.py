@@ -43,6 +43,7 @@ from jaxoverride_nnx._lift import (
     write_back,
 )
 from jaxoverride_nnx._scope import Tracked, current
+from jaxoverride_nnx._solve import policy_for, written
 from jaxoverride_nnx._stale_reads import own_jit_trace
 from jaxoverride_nnx._threads import Threads, given_values
 
@@ -53,10 +54,12 @@ def run_closure(
     args: Sequence[Any],
     kwargs: dict[str, Any],
     where: str,
+    policy: Any = None,
 ) -> tuple[Any, dict[int, Any]]:
-    """``run_lifted`` with the current values; returns the output and the changes."""
+    """``run_lifted`` with the current values (frozen under ``policy``, a
+    ``jaxoverride.solve_state`` participant); returns the output and the changes."""
     before = list(map(RAW.__get__, tracked.variables))
-    out, after = run_lifted(tracked, None, fn, args, kwargs, where)
+    out, after = run_lifted(tracked, None, fn, args, kwargs, where, policy=policy)
     return out, changed(before, after)
 
 
@@ -100,10 +103,12 @@ def run_mapped(
     where: str,
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
+    policy: Any = None,
 ) -> Any:
     """``mapped(*args, **kwargs)``, a ``vmap`` that returns ``(out, updates)`` with the
-    updates unbatched: writes them back and returns ``out``. A batched update is refused
-    with the Variable's path (``batched_state_error``)."""
+    updates unbatched: writes them back (as ``policy``, a ``jaxoverride.solve_state``
+    participant, says) and returns ``out``. A batched update is refused with the
+    Variable's path (``batched_state_error``)."""
     try:
         out, updates = mapped(*args, **kwargs)
     except ValueError as error:
@@ -111,7 +116,7 @@ def run_mapped(
         if clearer is error:
             raise
         raise clearer from None
-    write_back(tracked, updates, where)
+    write_back(tracked, written(policy, tracked, updates), where)
     return out
 
 
@@ -175,16 +180,17 @@ def vmap(fun: Callable[..., Any], *args: Any, **kwargs: Any) -> Callable[..., An
                 "in_axes=None."
             )
         view = tracked
+        policy = policy_for(view)
 
         def pure(*inner_args: Any, **inner_kwargs: Any) -> Any:
             inner_args, inner_kwargs = from_refs((inner_args, inner_kwargs), view)
-            out, updates = run_closure(view, fun, inner_args, inner_kwargs, where)
+            out, updates = run_closure(view, fun, inner_args, inner_kwargs, where, policy)
             return to_refs(out, view)[0], updates
 
         # ``pure`` takes the user's arguments: under the user's name and signature, JAX's
         # messages (inconsistent sizes, say) name them as jax.vmap(fun) would.
         mapped = below(_named(pure, fun), **{**options, "out_axes": (out_axes, None)})
-        return from_refs(run_mapped(mapped, view, where, args_, kwargs_), view)
+        return from_refs(run_mapped(mapped, view, where, args_, kwargs_, policy), view)
 
     return _named(call, fun)
 
@@ -260,6 +266,7 @@ def _differentiating(name: str, default: Callable[..., Any]) -> Callable[..., An
             if tracked is None:
                 return call_plain(plain, call_args, call_kwargs, where)
             view = tracked
+            policy = policy_for(view)
             nums = _argnums(argnums, len(call_args))
             objects: list[Any] = []
 
@@ -295,7 +302,9 @@ def _differentiating(name: str, default: Callable[..., Any]) -> Callable[..., An
                     baseline.extend(map(RAW.__get__, view.variables))
                     return fun(*a, **k)
 
-                out, after = run_lifted(view, None, run, inner_args, inner_kwargs, where)
+                out, after = run_lifted(
+                    view, None, run, inner_args, inner_kwargs, where, policy=policy
+                )
                 updates = changed(baseline, after)
                 if has_aux:
                     value, aux = out
@@ -310,7 +319,7 @@ def _differentiating(name: str, default: Callable[..., Any]) -> Callable[..., An
                 (value, (aux, updates, refs)), derivative = result
             else:
                 value, (derivative, (aux, updates, refs)) = None, result
-            write_back(view, updates, where)
+            write_back(view, written(policy, view, updates), where)
             derivative = jax.tree_util.tree_map(
                 lambda x: _gradient(x, objects) if _is_params(x) else x,
                 derivative,
@@ -362,6 +371,7 @@ def _checkpointing(name: str, default: Callable[..., Any]) -> Callable[..., Any]
             if tracked is None:
                 return call_plain(plain, call_args, call_kwargs, where)
             view = tracked
+            policy = policy_for(view)
             args_ = [a if i in fixed else to_refs(a, view)[0] for i, a in enumerate(call_args)]
             kwargs_ = to_refs(call_kwargs, view)[0]
 
@@ -371,7 +381,14 @@ def _checkpointing(name: str, default: Callable[..., Any]) -> Callable[..., Any]
                 def pure(values: dict[int, Any], *inner_args: Any, **inner_kwargs: Any) -> Any:
                     inner_args, inner_kwargs = from_refs((inner_args, inner_kwargs), view)
                     out, after = run_lifted(
-                        view, values, fun, inner_args, inner_kwargs, where, owner=owner
+                        view,
+                        values,
+                        fun,
+                        inner_args,
+                        inner_kwargs,
+                        where,
+                        owner=owner,
+                        policy=policy,
                     )
                     out, has_refs = to_refs(out, view)
                     updates = {
@@ -383,7 +400,7 @@ def _checkpointing(name: str, default: Callable[..., Any]) -> Callable[..., Any]
                 return below(pure, **shifted)(values, *args_, **kwargs_)
 
             out, updates, refs = threads.run(view, attempt, (fun, call_args, call_kwargs))
-            write_back(view, updates, where)
+            write_back(view, written(policy, view, updates), where)
             return from_refs(out, view) if refs.value else out
 
         return _named(call, fun)
@@ -425,10 +442,10 @@ def _no_modules(where: str, primals: Any) -> None:
 
 
 def _aux_pure(
-    tracked: Tracked, fun: Callable[..., Any], has_aux: bool, where: str
+    tracked: Tracked, fun: Callable[..., Any], has_aux: bool, where: str, policy: Any = None
 ) -> Callable[..., Any]:
     def pure(*primals: Any) -> Any:
-        out, updates = run_closure(tracked, fun, primals, {}, where)
+        out, updates = run_closure(tracked, fun, primals, {}, where, policy)
         if has_aux:
             value, aux = out
             return value, (to_refs(aux, tracked)[0], updates)
@@ -437,9 +454,11 @@ def _aux_pure(
     return pure
 
 
-def _finish_aux(tracked: Tracked, aux_pack: Any, has_aux: bool, where: str) -> Any:
+def _finish_aux(
+    tracked: Tracked, aux_pack: Any, has_aux: bool, where: str, policy: Any = None
+) -> Any:
     aux, updates = aux_pack
-    write_back(tracked, updates, where)
+    write_back(tracked, written(policy, tracked, updates), where)
     return from_refs(aux, tracked) if has_aux else None
 
 
@@ -451,10 +470,11 @@ def jvp(fun: Callable[..., Any], primals: Any, tangents: Any, has_aux: bool = Fa
         return call_plain(below, (fun, primals, tangents), {"has_aux": has_aux}, "jaxoverride.jvp")
     _no_modules("jaxoverride.jvp", primals)
     where = "jaxoverride.jvp"
+    policy = policy_for(tracked)
     out, tangent_out, pack = below(
-        _aux_pure(tracked, fun, has_aux, where), primals, tangents, has_aux=True
+        _aux_pure(tracked, fun, has_aux, where, policy), primals, tangents, has_aux=True
     )
-    aux = _finish_aux(tracked, pack, has_aux, where)
+    aux = _finish_aux(tracked, pack, has_aux, where, policy)
     return (out, tangent_out, aux) if has_aux else (out, tangent_out)
 
 
@@ -466,10 +486,11 @@ def vjp(fun: Callable[..., Any], *primals: Any, has_aux: bool = False, **kwargs:
         return call_plain(below, (fun, *primals), {"has_aux": has_aux, **kwargs}, "jaxoverride.vjp")
     _no_modules("jaxoverride.vjp", primals)
     where = "jaxoverride.vjp"
+    policy = policy_for(tracked)
     out, pullback, pack = below(
-        _aux_pure(tracked, fun, has_aux, where), *primals, has_aux=True, **kwargs
+        _aux_pure(tracked, fun, has_aux, where, policy), *primals, has_aux=True, **kwargs
     )
-    aux = _finish_aux(tracked, pack, has_aux, where)
+    aux = _finish_aux(tracked, pack, has_aux, where, policy)
     return (out, pullback, aux) if has_aux else (out, pullback)
 
 
@@ -481,6 +502,9 @@ def linearize(fun: Callable[..., Any], *primals: Any, has_aux: bool = False) -> 
         return call_plain(below, (fun, *primals), {"has_aux": has_aux}, "jaxoverride.linearize")
     _no_modules("jaxoverride.linearize", primals)
     where = "jaxoverride.linearize"
-    out, linear, pack = below(_aux_pure(tracked, fun, has_aux, where), *primals, has_aux=True)
-    aux = _finish_aux(tracked, pack, has_aux, where)
+    policy = policy_for(tracked)
+    out, linear, pack = below(
+        _aux_pure(tracked, fun, has_aux, where, policy), *primals, has_aux=True
+    )
+    aux = _finish_aux(tracked, pack, has_aux, where, policy)
     return (out, linear, aux) if has_aux else (out, linear)

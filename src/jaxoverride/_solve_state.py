@@ -20,8 +20,9 @@ such framework running, a declaration changes nothing.
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, TypeVar, cast
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -64,6 +65,18 @@ def current_entered() -> Any:
     """What the kit's ``on_enter`` returned for the innermost declaration, or None."""
     active = _active.get()
     return active[-1][1] if active else None
+
+
+@contextlib.contextmanager
+def reentered(declaration: solve_state, entered: Any) -> Iterator[None]:
+    """Makes ``declaration`` (with what the kit's ``on_enter`` made of it) the innermost
+    again for the block, without entering or exiting it: for a backward rule, which JAX
+    traces after the declaration of its forward call exited."""
+    token = _active.set((*_active.get(), (declaration, entered)))
+    try:
+        yield
+    finally:
+        _active.reset(token)
 
 
 def _checked(what: str, policy: Any, allowed: tuple[str, ...]) -> Policy:

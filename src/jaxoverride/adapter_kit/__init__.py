@@ -290,6 +290,7 @@ from jaxoverride.adapter_kit._solve_policy import (
     StatePart as StatePart,
     participant as participant,
     register_solve_source as register_solve_source,
+    resumed as resumed,
     unregister_solve_source as unregister_solve_source,
 )
 from jaxoverride.adapter_kit._state_threading import (
@@ -325,6 +326,7 @@ __all__ += [
     "StatePart",
     "participant",
     "register_solve_source",
+    "resumed",
     "unregister_solve_source",
 ]
 publish_errors(globals())  # StateStructureError prints as jaxoverride.adapter_kit's

@@ -30,6 +30,14 @@ it) and by the adapters' own boundaries through the same ``Participant``:
 On an exception the entry snapshot is written back: a failed solve leaves the state as
 it found it.
 
+A framework whose boundaries describe their states in more than one way (NNX: a loop's
+carry holds the Variables it touches, a ``jit`` the ones it is given) gets, from
+``participant(source)``, a view whose ``parts`` are that source's (``seen_by``): the
+slots, not the layouts, tie the states together. A boundary whose trace is cached (a
+``jit``) rebases its frame (``push(entry)``): inside it, the frozen parts are the
+traced function's own inputs (frozen at the call's read), never the snapshot's values,
+which would be baked into the cached trace.
+
 Evaluations are told apart by these boundaries: two direct calls of the map with no
 neutral call between them are one run of the stream (the second continues where the
 first ended), as they are in eager Python.
@@ -37,9 +45,11 @@ first ended), as they are in eager Python.
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import dataclasses
 import threading
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterator
 from typing import Any
 
 import jax
@@ -135,13 +145,14 @@ def _slots(source: Any, state: Any) -> tuple[list[Any], list[Any], Any]:
 
 
 class _Frame:
-    """One boundary being traced: the state the last call inside it left, and the frozen
-    values inside it (None: the enclosing boundary's)."""
+    """One boundary being traced: the state the last call inside it left (and the
+    source that describes it), and, for a rebased frame, its own frozen parts."""
 
-    __slots__ = ("frozen", "last")
+    __slots__ = ("frozen", "last", "last_source")
 
     def __init__(self, frozen: dict[Hashable, Any] | None = None) -> None:
         self.last: Any = None
+        self.last_source: Any = None
         self.frozen = frozen
 
 
@@ -173,8 +184,18 @@ class Participant:
         policy = self.declaration.policy(part.kind, part.names)
         return policy in (PER_SOLVE, AT_SOLUTION)
 
-    def _values(self) -> dict[Hashable, Any]:
-        """slot -> frozen value, of the innermost boundary that has its own (``push``)."""
+    def seen_by(self, source: Any) -> Participant:
+        """This participant, the states it is given described by ``source``'s ``parts``
+        (the snapshot, the frames and the frozen parts shared)."""
+        if source is self.source:
+            return self
+        view = copy.copy(self)
+        view.source = source
+        view.snapshot = None  # the base's, for its exit only (a view may outlive it)
+        return view
+
+    def _entry(self) -> dict[Hashable, Any]:
+        """The frozen parts in effect: the innermost rebased frame's, else the snapshot's."""
         for frame in reversed(self._frames):
             if frame.frozen is not None:
                 return frame.frozen
@@ -186,35 +207,36 @@ class Participant:
         return frozenset(self.frozen)
 
     def freeze(self, state: Any) -> Any:
-        """``state`` with its frozen parts as at entry."""
+        """``state`` with its frozen parts as at entry (of the innermost rebased frame)."""
         if not self.frozen:
             return state
         leaves, parts, treedef = _slots(self.source, state)
-        frozen = self._values()
+        frozen = self._entry()
         out = [
             frozen.get(part.slot, leaf) if part is not None else leaf
             for leaf, part in zip(leaves, parts, strict=True)
         ]
         return jax.tree_util.tree_unflatten(treedef, out)
 
-    def push(self, entry: Any = None) -> _Frame:
-        """A new innermost boundary (a traced function starts).
-
-        ``entry``: the state the traced function receives *as an argument*, its frozen
-        parts already frozen (``freeze``d at the call: a jit's state argument, a rule's
-        values). Inside, the frozen values are ``entry``'s, so the entry snapshot is never
-        baked into a trace that JAX caches (a cache hit under another snapshot would
-        reuse its mask). None: the enclosing boundary's.
-        """
+    def push(self, entry: Any = None, received: Any = None) -> _Frame:
+        """A new innermost boundary (a traced function starts). With ``entry`` (the
+        state the traced function receives, its frozen parts already frozen), the frame
+        is rebased: inside it, ``freeze`` gives ``entry``'s frozen parts. ``received``:
+        the state it is handed before ``freeze`` (what the evaluations before it left),
+        its *last* until an inner call writes: a function that runs no evaluation (a
+        ``while_loop``'s test, a ``cond``'s no-op branch) passes it on."""
         frozen = None
         if entry is not None and self.frozen:
             leaves, parts, _ = _slots(self.source, entry)
-            frozen = {
-                part.slot: leaf
+            frozen = dict(self._entry())
+            frozen.update(
+                (part.slot, leaf)
                 for leaf, part in zip(leaves, parts, strict=True)
                 if part is not None and part.slot in self.frozen
-            }
+            )
         frame = _Frame(frozen)
+        if received is not None:
+            frame.last, frame.last_source = received, self.source
         self._frames.append(frame)
         return frame
 
@@ -229,12 +251,12 @@ class Participant:
         if not self.frozen:
             return state
         if not backward:
-            self._frames[-1].last = state
+            frame = self._frames[-1]
+            frame.last, frame.last_source = state, self.source
         return self.freeze(state)
 
-    def _untouched(self, state: Any) -> bool:
+    def _untouched(self, state: Any, frozen: dict[Hashable, Any]) -> bool:
         leaves, parts, _ = _slots(self.source, state)
-        frozen = self._values()
         return all(
             part is None or part.slot not in frozen or frozen[part.slot] is leaf
             for leaf, part in zip(leaves, parts, strict=True)
@@ -242,15 +264,27 @@ class Participant:
 
     def left(self, state: Any, frame: _Frame) -> Any:
         """What a traced function leaves: ``state``, or, where its frozen parts are still
-        the entry's, what its last inner call left (merged part by part)."""
+        the entry's, what its last inner call left (merged part by part; with none, the
+        state it was handed: see ``push``)."""
         last = frame.last
-        if last is None or not self.frozen or not self._untouched(state):
+        entry = frame.frozen if frame.frozen is not None else self._entry()
+        if last is None or not self.frozen or not self._untouched(state, entry):
             return state
-        return self._merged(state, last)
+        return self._merged(state, last, frame.last_source)
 
-    def _merged(self, state: Any, last: Any) -> Any:
+    def current(self, state: Any) -> Any:
+        """The state a JAX call starting now (``state``, read from the framework) hands
+        its functions, or a boundary writes after its call: where the frozen parts are
+        untouched, what the innermost boundary has as its last. So a ``cond`` in a loop
+        body whose taken branch runs no evaluation passes on what the last evaluation
+        left, not the entry state."""
+        if not self.frozen:
+            return state
+        return self.left(state, self._frames[-1])
+
+    def _merged(self, state: Any, last: Any, last_source: Any) -> Any:
         leaves, parts, treedef = _slots(self.source, state)
-        last_leaves, last_parts, _ = _slots(self.source, last)
+        last_leaves, last_parts, _ = _slots(last_source, last)
         by_slot = {
             part.slot: leaf
             for leaf, part in zip(last_leaves, last_parts, strict=True)
@@ -264,13 +298,19 @@ class Participant:
 
     def finish(self, failed: bool) -> None:
         """At the declaration's exit: the state the last forward evaluation left (or, on
-        failure, the entry snapshot) becomes the framework's."""
-        if failed:
-            self.source.write(self.snapshot)
-            return
-        if not self.frozen:
-            return
-        self.source.write(self.left(self.source.read(), self._frames[0]))
+        failure, the entry snapshot) becomes the framework's. Then the participant keeps
+        no state value: a backward rule that captured it (and JAX's caches that hold the
+        rule) must hold no tracer of the forward's trace; inside the rule the frozen
+        parts are the rule's own inputs (``push(entry)``)."""
+        try:
+            if failed:
+                self.source.write(self.snapshot)
+            elif self.frozen:
+                self.source.write(self.left(self.source.read(), self._frames[0]))
+        finally:
+            self.snapshot = None
+            self.frozen.update(dict.fromkeys(self.frozen))
+            self._frames[:] = [_Frame()]
 
     def check_names(self) -> list[str]:
         """The names the declaration gives that none of this framework's parts has."""
@@ -285,14 +325,41 @@ class Participant:
         ]
 
 
+@contextlib.contextmanager
+def resumed(entered: Participant | None) -> Iterator[None]:
+    """Runs the block under ``entered``'s declaration (a ``Participant`` captured when a
+    neutral call started), for a backward rule that JAX traces after the declaration
+    exited: its boundaries then freeze as the forward's did, and its writes are dropped
+    by the rule (``written(..., backward=True)``). None: the block runs as it is.
+
+    Args:
+      entered: the participant captured at the forward call, or None.
+
+    Returns:
+      A context manager.
+
+    Example:
+      >>> from jaxoverride import adapter_kit as kit
+      >>> with kit.resumed(None):
+      ...     pass
+    """
+    if entered is None:
+        yield
+        return
+    with _solve_state.reentered(entered.declaration, {entered.framework: entered}):
+        yield
+
+
 def participant(source: Any) -> Participant | None:
-    """The innermost declaration's ``Participant`` for ``source``'s framework, or None
-    (no declaration, or the framework does not take part)."""
+    """The innermost declaration's ``Participant`` for ``source``'s framework, seen by
+    ``source`` (``Participant.seen_by``), or None (no declaration, or the framework does
+    not take part)."""
     entered = _solve_state.current_entered()
     if entered is None:
         return None
     framework = getattr(source, "framework", None)
-    return None if framework is None else entered.get(framework)
+    found = None if framework is None else entered.get(framework)
+    return None if found is None else found.seen_by(source)
 
 
 def _on_enter(declaration: solve_state) -> dict[str, Participant]:

@@ -256,12 +256,18 @@ class Threaded:
             start = self._starts[index] = next(earlier, self._starts[0])
         return start
 
+    def read(self) -> Any:
+        """The state the JAX call starts from: ``source.read()``, or under a declaration
+        the state the running evaluation has as its latest (``Participant.current``)."""
+        state = self.source.read()
+        return state if self.policy is None else self.policy.current(state)
+
     def run(self, index: int, state: Any, fun: Callable[..., Any], *args: Any) -> tuple[Any, Any]:
         """Calls ``fun(*args)`` with ``state`` installed; returns ``(out, state_after)``."""
         policy = self.policy
         if policy is None:
             return self._run(index, state, fun, *args)
-        frame = policy.push()
+        frame = policy.push(received=state)
         try:
             out, after = self._run(index, policy.freeze(state), fun, *args)
         finally:
@@ -467,7 +473,7 @@ def threaded_scan(
         with handed_call(source, "jaxoverride.lax.scan", (f,), 1, runs, Threaded) as handed:
             (value, state), ys = lower(
                 handed.functions[0],
-                (init, source.read()),
+                (init, handed.thread.read()),
                 xs,
                 length,
                 reverse,
@@ -558,7 +564,7 @@ def threaded_while_loop(
     def carried_call() -> Any:
         with handed_call(source, where, functions, 3, carried_runs, Threaded) as handed:
             test, body = handed.functions
-            pred, state = _first_test(handed.traces, test, source.read(), init_val)
+            pred, state = _first_test(handed.traces, test, handed.thread.read(), init_val)
             value, state, _ = lower(_carried_predicate, body, (init_val, state, pred))
             handed.thread.finish(state, ran=None)
         return value
@@ -568,7 +574,7 @@ def threaded_while_loop(
         with handed_call(source, where, functions, 2, read_only_runs, Threaded) as handed:
             if handed.variant is None:
                 try:
-                    value, state = lower(*handed.functions, (init_val, source.read()))
+                    value, state = lower(*handed.functions, (init_val, handed.thread.read()))
                 except _PredicateChangedStateError:
                     handed.variant = "stateful"  # reused: the next call goes straight there
                 else:
@@ -591,7 +597,7 @@ def threaded_while_loop(
         first = jnp.asarray(cond_fun(init_val), dtype=bool)
         with handed_call(source, where, functions, 1, stateful_runs, Threaded) as handed:
             value, state, _ = lower(
-                _carried_predicate, handed.functions[0], (init_val, source.read(), first)
+                _carried_predicate, handed.functions[0], (init_val, handed.thread.read(), first)
             )
             handed.thread.finish(state, ran=None)
         return value
@@ -691,7 +697,7 @@ def threaded_fori_loop(
                 lower_bound,
                 upper_bound,
                 handed.functions[0],
-                (init_val, source.read()),
+                (init_val, handed.thread.read()),
                 unroll=unroll,
             )
             handed.thread.finish(state, ran=_may_run(lower_bound, upper_bound))
@@ -732,7 +738,7 @@ def _threaded_branches(
         count = len(distinct)
         with handed_call(source, where, distinct, count, runs, make_thread, separately=True) as h:
             by_id = dict(zip(map(id, distinct), h.functions, strict=True))
-            out, state = call([by_id[id(fun)] for fun in branches], (source.read(), operands))
+            out, state = call([by_id[id(fun)] for fun in branches], (h.thread.read(), operands))
             h.thread.finish(state)
         return out
 
@@ -912,7 +918,7 @@ def threaded_call(
     def pure(state: Any, *args: Any, **kwargs: Any) -> tuple[Any, Any]:
         return thread.run(0, state, lambda: fun(*args, **kwargs))
 
-    return pure, thread.finish, source.read()
+    return pure, thread.finish, thread.read()
 
 
 class DictStateSource:

@@ -146,7 +146,7 @@ class _SourceCall(StatefulCall):
 
     def __init__(self, source: StateSource, where: str):
         self.thread = Threaded(source, 1, where)
-        super().__init__(source.read())
+        super().__init__(self.thread.read())
 
     def traced(self, state: Any, thunk: Thunk) -> tuple[Any, Any]:
         return self.thread.run(0, state, thunk)

@@ -1,0 +1,181 @@
+"""``jaxoverride.solve_state`` for NNX: what each tracked Variable is, and the adapter's
+own boundaries' use of the kit's ``Participant``.
+
+A tracked Variable's parts (``parts_of``): an ``nnx.RngState`` (``RngCount``,
+``RngKey``) is an rng position named by its stream (the ``tag``: ``"dropout"``); an
+``nnx.Param`` is untouched; every other Variable is mutable state named by its type and
+the Variable types it derives from (``"BatchStat"``, ``"Variable"``), so a declaration
+may name ``nnx.BatchStat`` or a custom ``Counter(nnx.Variable)``. A slot is the Variable's
+identity and the leaf's position in its value: it does not depend on which Variables a
+state holds (a loop carries only those it touches, a ``jit`` those it is given).
+
+The kit's ``Threaded`` applies the declaration to the control-flow calls (``_control``'s
+``_Source`` describes its states with ``parts_of``). The other boundaries call
+``run_lifted`` with ``policy`` (``entering`` / ``leaving`` below) and ``written`` on what
+they write after the JAX call.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import jax
+from flax import nnx
+
+from jaxoverride import adapter_kit as kit
+from jaxoverride.adapter_kit import Participant, StatePart
+from jaxoverride_nnx._graph import RAW
+from jaxoverride_nnx._scope import Tracked, current
+from jaxoverride_nnx._write import write_back
+
+FRAMEWORK = "nnx"
+
+
+def _part(variable: Any, slot: Any) -> StatePart | None:
+    if isinstance(variable, nnx.Param):
+        return None
+    if isinstance(variable, nnx.RngState):
+        tag = variable.get_metadata().get("tag")
+        return StatePart("rng", () if tag is None else (str(tag),), slot)
+    names = tuple(k.__name__ for k in type(variable).__mro__ if issubclass(k, nnx.Variable))
+    return StatePart("state", names, slot)
+
+
+def parts_of(tracked: Tracked, values: Mapping[int, Any]) -> list[StatePart | None]:
+    """The parts of ``values`` (``{index: value}`` of ``tracked``'s values, as JAX
+    flattens a dict: by sorted index), one per leaf; array attributes are untouched."""
+    variables = tracked.variables
+    count = len(variables)
+    parts: list[StatePart | None] = []
+    for index in sorted(values):
+        leaves = jax.tree_util.tree_leaves(values[index])
+        if index >= count:
+            parts += [None] * len(leaves)
+            continue
+        variable = variables[index]
+        parts += [_part(variable, (id(variable), k)) for k in range(len(leaves))]
+    return parts
+
+
+def stateful(tracked: Tracked) -> list[int]:
+    """The indices of ``tracked``'s Variables that are state or rng (not Params)."""
+    return [i for i, v in enumerate(tracked.variables) if _part(v, None) is not None]
+
+
+class Values:
+    """A state source over ``{index: value}`` of a tracked set: the declaration's
+    snapshot and exit (``read``/``write``: every tracked Variable), and the description
+    (``parts``) of the states the adapter's own boundaries hand the ``Participant``.
+
+    Args:
+      tracked: the tracked set the indices refer to.
+    """
+
+    framework = FRAMEWORK
+    __slots__ = ("tracked",)
+
+    def __init__(self, tracked: Tracked):
+        self.tracked = tracked
+
+    def read(self) -> dict[int, Any]:
+        """Every tracked Variable's value, by index."""
+        return dict(enumerate(map(RAW.__get__, self.tracked.variables)))
+
+    def write(self, state: Mapping[int, Any]) -> None:
+        """Stores the values of ``state`` that are not the Variables' values already."""
+        variables = self.tracked.variables
+        changed = {i: v for i, v in state.items() if RAW.__get__(variables[i]) is not v}
+        write_back(self.tracked, changed, "jaxoverride.solve_state")
+
+    def parts(self, state: Mapping[int, Any]) -> list[StatePart | None]:
+        """See ``parts_of``."""
+        return parts_of(self.tracked, state)
+
+    def initializing(self) -> bool:
+        """Never: NNX creates its Variables before a solve."""
+        return False
+
+
+def _running() -> Values | None:
+    """The solve source of the code running now: the tracked set, if any."""
+    tracked = current()
+    return None if tracked is None else Values(tracked)
+
+
+def policy_for(tracked: Tracked) -> Participant | None:
+    """The declaration's participant for a call on ``tracked`` now, or None."""
+    return kit.participant(Values(tracked))
+
+
+class _Probe:
+    """Only asks whether a declaration is active for NNX (``declared``)."""
+
+    framework = FRAMEWORK
+
+
+_PROBE = _Probe()
+
+
+def declared() -> bool:
+    """Whether a ``jaxoverride.solve_state`` declaration takes NNX's state now."""
+    return kit.participant(_PROBE) is not None
+
+
+def frozen_key(policy: Participant, tracked: Tracked) -> tuple[str, tuple[int, ...]]:
+    """A cache key for a trace made under ``policy``: which tracked Variables it freezes
+    (a trace never holds the frozen values themselves: see ``entering``'s ``rebase``)."""
+    frozen = policy.frozen
+    return "solve_state", tuple(i for i, v in enumerate(tracked.variables) if (id(v), 0) in frozen)
+
+
+def frozen_values(
+    policy: Participant, tracked: Tracked, order: Sequence[int], values: Sequence[Any]
+) -> list[Any]:
+    """``values`` (of the tracked values ``order``) with the frozen parts as at entry."""
+    state = policy.freeze(dict(zip(order, values, strict=True)))
+    return [state[i] for i in order]
+
+
+def entering(
+    policy: Participant, tracked: Tracked, values: Mapping[int, Any], rebase: bool
+) -> tuple[dict[int, Any], Any]:
+    """``values`` frozen, and the frame pushed for the traced function that receives them.
+    ``rebase``: a cached trace (``jit``), whose inputs were frozen at the call's read;
+    inside it the frozen parts are those inputs (``Participant.push``)."""
+    if rebase:
+        return dict(values), policy.push(values, received=values)
+    return policy.freeze(dict(values)), policy.push(received=policy.current(dict(values)))
+
+
+def leaving(
+    policy: Participant, frame: Any, after: Sequence[Any], indices: Sequence[int]
+) -> list[Any]:
+    """The values (all of ``after``'s, by index) that the traced function leaves, where
+    ``indices`` are those it was handed: where it left the frozen parts as it received
+    them, its last inner call's, or with none, what it was handed (``Participant.left``)."""
+    policy.pop(frame)
+    left = policy.left({i: after[i] for i in indices}, frame)
+    out = list(after)
+    for index, value in left.items():
+        out[index] = value
+    return out
+
+
+def written(
+    policy: Participant | None, tracked: Tracked, updates: dict[int, Any], backward: bool = False
+) -> dict[int, Any]:
+    """What to write for a JAX call that left ``updates`` (``{index: value}``): the
+    frozen parts as at entry again (the state kept as the boundary's last)."""
+    if policy is None:
+        return updates
+    now = list(map(RAW.__get__, tracked.variables))
+    state = policy.current(dict(enumerate(now)))
+    state.update(updates)
+    out = policy.written(state, backward)
+    return {i: v for i, v in out.items() if v is not now[i]}
+
+
+resumed = kit.resumed  # the rules run their backward pass under the forward call's declaration
+
+kit.register_solve_source(FRAMEWORK, _running)

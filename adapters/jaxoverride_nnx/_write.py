@@ -1,0 +1,31 @@
+"""Writing new values into tracked Variables at the calling level, all or nothing."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from jax.core import Tracer
+
+from jaxoverride_nnx._graph import RAW, TRACE
+from jaxoverride_nnx._scope import Tracked
+
+
+def write_back(tracked: Tracked, updates: dict[int, Any], where: str) -> None:
+    """Stores new Variable values at the calling level; all or nothing."""
+    variables = tracked.variables
+    for index, value in updates.items():
+        if isinstance(value, Tracer) and not TRACE.__get__(variables[index]).is_valid():
+            raise_level_error(tracked, index, where)
+    for index, value in updates.items():
+        RAW.__set__(variables[index], value)
+
+
+def raise_level_error(tracked: Tracked, index: int, where: str) -> None:
+    from jaxoverride_nnx._errors import LevelError
+
+    raise LevelError(
+        f"jaxoverride_nnx: {where} updated the tracked Variable `{tracked.path(index)}`, but "
+        "it was called inside a JAX transform that is not a jaxoverride neutral function "
+        "(a raw jax.* or nnx.* transform), where the Variable cannot hold the new value. "
+        "Use the neutral function there too (jaxoverride.jit, jaxoverride.grad, ...)."
+    )
