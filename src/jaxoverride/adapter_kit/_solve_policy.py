@@ -186,8 +186,10 @@ class Participant:
 
     def seen_by(self, source: Any) -> Participant:
         """This participant, the states it is given described by ``source``'s ``parts``
-        (the snapshot, the frames and the frozen parts shared)."""
-        if source is self.source:
+        (the snapshot, the frames and the frozen parts shared). A class, or an object
+        without ``parts`` (a marker that only names the framework), sees the
+        participant itself."""
+        if source is self.source or isinstance(source, type) or not hasattr(source, "parts"):
             return self
         view = copy.copy(self)
         view.source = source
