@@ -229,13 +229,14 @@ class Participant:
         ``while_loop``'s test, a ``cond``'s no-op branch) passes it on."""
         frozen = None
         if entry is not None and self.frozen:
+            # Only the entry's: a part the traced function was not handed is not frozen
+            # to an outer value (a constant of its trace) but left as it is found.
             leaves, parts, _ = _slots(self.source, entry)
-            frozen = dict(self._entry())
-            frozen.update(
-                (part.slot, leaf)
+            frozen = {
+                part.slot: leaf
                 for leaf, part in zip(leaves, parts, strict=True)
                 if part is not None and part.slot in self.frozen
-            )
+            }
         frame = _Frame(frozen)
         if received is not None:
             frame.last, frame.last_source = received, self.source
@@ -243,9 +244,11 @@ class Participant:
         return frame
 
     def pop(self, frame: _Frame) -> None:
-        """The boundary ``push`` returned ends."""
-        if self._frames and self._frames[-1] is frame:
-            self._frames.pop()
+        """The boundary ``push`` returned ends (with any inner one an exception left)."""
+        for index in range(len(self._frames) - 1, 0, -1):
+            if self._frames[index] is frame:
+                del self._frames[index:]
+                return
 
     def written(self, state: Any, backward: bool = False) -> Any:
         """What to write for a JAX call's final ``state``: its frozen parts as at entry.
