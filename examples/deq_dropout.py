@@ -40,6 +40,8 @@ RATE = 0.1  # dropout rate
 MOMENTUM = 0.9  # the running statistics' EMA: new = MOMENTUM * old + (1 - MOMENTUM) * batch
 FIGURE = Path(__file__).resolve().parent.parent / "docs" / "assets" / "solve-state-residual.png"
 FIGURE_ITERATIONS = 60  # the forward solve's max_iter in the figure
+FIGURE_SOLVER = {"method": "forward", "implicit": False, "max_iter": FIGURE_ITERATIONS, "tol": 1e-6}
+SEMANTICS = ("per_evaluation", "per_solve")  # the figure's two rng declarations
 FRAMEWORKS = ("haiku", "linen", "nnx")
 
 
@@ -54,6 +56,29 @@ def cross_entropy(logits: jax.Array, labels: jax.Array) -> jax.Array:
     """The mean softmax cross entropy."""
     log_p = jax.nn.log_softmax(logits)
     return -jnp.mean(jnp.take_along_axis(log_p, labels[:, None], axis=1))
+
+
+def train_functional(
+    loss_fn: Callable[..., Any], params: Any, state: Any, steps: int, learning_rate: float
+) -> tuple[Any, Any, list[float]]:
+    """Trains a functional model (Haiku, Linen) with adam, a compiled step per key:
+    ``loss_fn(params, state, key)`` returns the loss and the new state. Returns the
+    parameters, the state, and the loss before each step and after the last."""
+    import optax
+
+    optimizer = optax.adam(learning_rate)
+
+    @jax.jit
+    def step(params: Any, state: Any, opt_state: Any, key: jax.Array) -> Any:
+        (loss, state), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, state, key)
+        updates, opt_state = optimizer.update(grads, opt_state)
+        return optax.apply_updates(params, updates), state, opt_state, loss
+
+    opt_state, losses = optimizer.init(params), []
+    for key in jax.random.split(jax.random.key(1), steps + 1):
+        params, state, opt_state, loss = step(params, state, opt_state, key)
+        losses.append(float(loss))
+    return params, state, losses
 
 
 def accuracy(logits: jax.Array, labels: jax.Array) -> float:

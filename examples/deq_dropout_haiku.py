@@ -14,7 +14,6 @@ from typing import Any
 import haiku as hk
 import jax
 import jax.numpy as jnp
-import optax
 
 import deq_dropout as task
 import jaxoverride as jo
@@ -53,25 +52,14 @@ def train(steps: int = 40, learning_rate: float = 0.02) -> tuple[list[float], fl
     """Trains a fresh classifier; returns the loss before each step and after the last,
     and the accuracy on held-out data in inference mode (the running statistics)."""
     x, y = task.data()
-    optimizer = optax.adam(learning_rate)
     with jaxoverride_haiku.context():
         params, state = model.init(jax.random.key(0), x, True)
-        opt_state = optimizer.init(params)
 
         def loss_fn(params: Any, state: Any, key: jax.Array) -> Any:
             logits, state = model.apply(params, state, key, x, True)
             return task.cross_entropy(logits, y), state
 
-        @jax.jit
-        def train_step(params: Any, state: Any, opt_state: Any, key: jax.Array) -> Any:
-            (loss, state), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, state, key)
-            updates, opt_state = optimizer.update(grads, opt_state)
-            return optax.apply_updates(params, updates), state, opt_state, loss
-
-        losses = []
-        for key in jax.random.split(jax.random.key(1), steps + 1):
-            params, state, opt_state, loss = train_step(params, state, opt_state, key)
-            losses.append(float(loss))
+        params, state, losses = task.train_functional(loss_fn, params, state, steps, learning_rate)
         x_test, y_test = task.data(task.HELD_OUT, seed=1)
         logits, _ = jax.jit(model.apply, static_argnums=4)(params, state, None, x_test, False)
     return losses, task.accuracy(logits, y_test)
@@ -81,17 +69,12 @@ def residual_curves() -> dict[str, list[float]]:
     """One forward solve of a fresh model in training mode, recorded per iteration, with
     a new mask per evaluation and with one mask per solve."""
     x, _ = task.data()
-    solver = {
-        "method": "forward",
-        "implicit": False,
-        "max_iter": task.FIGURE_ITERATIONS,
-        "tol": 1e-6,
-    }
+    solver = task.FIGURE_SOLVER
     curves = {}
     with jaxoverride_haiku.context():
         forward = hk.transform_with_state(lambda x, rng: deq(x, True, solver, rng))
         params, state = forward.init(jax.random.key(0), x, "per_solve")
-        for rng in ("per_evaluation", "per_solve"):
+        for rng in task.SEMANTICS:
             with task.recording() as residuals:
                 forward.apply(params, state, jax.random.key(1), x, rng)
             curves[rng] = residuals

@@ -15,7 +15,6 @@ from typing import Any
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import optax
 
 import deq_dropout as task
 import jaxoverride as jo
@@ -51,12 +50,10 @@ def train(steps: int = 40, learning_rate: float = 0.02) -> tuple[list[float], fl
     and the accuracy on held-out data in inference mode (the running statistics)."""
     model = DEQ()
     x, y = task.data()
-    optimizer = optax.adam(learning_rate)
     with jaxoverride_linen.context():
         keys = {"params": jax.random.key(0), "dropout": jax.random.key(1)}
         variables = model.init(keys, x, True)
         params, stats = variables["params"], variables["batch_stats"]
-        opt_state = optimizer.init(params)
 
         def loss_fn(params: Any, stats: Any, key: jax.Array) -> Any:
             logits, updates = model.apply(
@@ -65,16 +62,7 @@ def train(steps: int = 40, learning_rate: float = 0.02) -> tuple[list[float], fl
             )  # fmt: skip
             return task.cross_entropy(logits, y), updates["batch_stats"]
 
-        @jax.jit
-        def train_step(params: Any, stats: Any, opt_state: Any, key: jax.Array) -> Any:
-            (loss, stats), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, stats, key)
-            updates, opt_state = optimizer.update(grads, opt_state)
-            return optax.apply_updates(params, updates), stats, opt_state, loss
-
-        losses = []
-        for key in jax.random.split(jax.random.key(2), steps + 1):
-            params, stats, opt_state, loss = train_step(params, stats, opt_state, key)
-            losses.append(float(loss))
+        params, stats, losses = task.train_functional(loss_fn, params, stats, steps, learning_rate)
         x_test, y_test = task.data(task.HELD_OUT, seed=1)
         infer = jax.jit(lambda v, x: model.apply(v, x, False))
         logits = infer({"params": params, "batch_stats": stats}, x_test)
@@ -85,13 +73,11 @@ def residual_curves() -> dict[str, list[float]]:
     """One forward solve of a fresh model in training mode, recorded per iteration, with
     a new mask per evaluation and with one mask per solve."""
     x, _ = task.data()
-    model = DEQ(
-        {"method": "forward", "implicit": False, "max_iter": task.FIGURE_ITERATIONS, "tol": 1e-6}
-    )
+    model = DEQ(task.FIGURE_SOLVER)
     curves = {}
     with jaxoverride_linen.context():
         variables = model.init({"params": jax.random.key(0), "dropout": jax.random.key(1)}, x, True)
-        for rng in ("per_evaluation", "per_solve"):
+        for rng in task.SEMANTICS:
             with task.recording() as residuals:
                 model.clone(rng=rng).apply(
                     variables, x, True, rngs={"dropout": jax.random.key(1)}, mutable=["batch_stats"]

@@ -77,14 +77,9 @@ def residual_curves() -> dict[str, list[float]]:
     """One forward solve of a fresh model in training mode, recorded per iteration, with
     a new mask per evaluation and with one mask per solve."""
     x, _ = task.data()
-    solver = {
-        "method": "forward",
-        "implicit": False,
-        "max_iter": task.FIGURE_ITERATIONS,
-        "tol": 1e-6,
-    }
+    solver = task.FIGURE_SOLVER
     curves = {}
-    for rng in ("per_evaluation", "per_solve"):
+    for rng in task.SEMANTICS:
         model = DEQ(nnx.Rngs(0, dropout=1), solver, rng)
         with jaxoverride_nnx.track(model), task.recording() as residuals:
             model(x)
