@@ -2,9 +2,11 @@
 the hand-written twin.
 
 For each of Haiku, Flax Linen and Flax NNX: ``jit(grad)`` of the loss of a DEQ layer whose
-map is ``z -> tanh(BN(dropout(z) W + x U))``, solved by ``examples/fpsolve.py`` (Anderson,
-implicit gradient), with the framework's own dropout and BatchNorm *inside* the map and the
-solve wrapped in ``jo.solve_state()`` (one mask per solve, the statistics at the solution).
+map is ``z -> tanh(BN(dropout(z) W + x U))``, solved by ``examples/fpsolve.py`` (Linen and
+NNX: Anderson, implicit gradient; Haiku: 30 unrolled steps, since the Haiku adapter
+refuses a state write in a closure-converted map), with the framework's own dropout and
+BatchNorm *inside* the map and the solve wrapped in ``jo.solve_state()`` (one mask per
+solve, the statistics at the solution).
 The twin is what a user writes without the declaration, in the same framework: it draws
 the dropout key before the solve and passes it through the map's ``args`` (the map draws
 the same mask from it at every evaluation), normalises with the batch statistics by hand
@@ -34,6 +36,9 @@ SUITE = "solve_state"
 HIDDEN, INPUTS, BATCH = 16, 8, 64
 RATE, MOMENTUM, EPSILON = 0.1, 0.9, 1e-5
 SOLVER = {"method": "anderson", "implicit": True}
+# Haiku refuses a state write in a closure-converted map (fpsolve's implicit methods), as
+# it could not reach the solution: its rows use the unrolled scan, which evaluates the map.
+HAIKU_SOLVER = {"method": "unrolled", "max_iter": 30}
 DECLARED, TWIN = "jo.solve_state()", "key through args, stats updated once"
 
 
@@ -85,13 +90,13 @@ def _haiku(quick: bool) -> list[Row]:
             return jnp.tanh(norm(hidden(z) + u, is_training=True))
 
         with jo.solve_state():
-            return fixed_point(cell, jnp.zeros((BATCH, HIDDEN)), inject(x), **SOLVER).value
+            return fixed_point(cell, jnp.zeros((BATCH, HIDDEN)), inject(x), **HAIKU_SOLVER).value
 
     def twin(x: jax.Array) -> jax.Array:
         hidden, inject, norm = layers()
         key = hk.next_rng_key()
         cell = lambda z, a: jnp.tanh(_normalised(hidden(_dropped(a[1], z)) + a[0]))
-        z = fixed_point(cell, jnp.zeros((BATCH, HIDDEN)), (inject(x), key), **SOLVER).value
+        z = fixed_point(cell, jnp.zeros((BATCH, HIDDEN)), (inject(x), key), **HAIKU_SOLVER).value
         norm(hidden(_dropped(key, z)) + inject(x), is_training=True)  # the statistics, once
         return z
 
