@@ -1,6 +1,7 @@
 # Every target bootstraps .venv with nothing but python3 and pip, and installs only what
 # it needs: `make demo` the library with the Haiku, NNX and Linen extras; `make test` the test
-# dependencies; `make lint`, `make docs` and `make bench` the development tools. One stamp
+# dependencies; `make lint`, `make docs` and `make bench` the development tools (`make
+# bench-newest`: the benchmarks on the newest set, beside the CPU report). One stamp
 # per install set, so any order of targets works. `make test-oldest` runs the suite in a
 # second environment, .venv-oldest, on the oldest supported versions (ci/oldest.txt);
 # `make test-newest` in .venv-newest, on Python 3.12 with the newest (ci/newest.txt);
@@ -42,7 +43,7 @@ pytest = $(1) -m pytest $(2) $(PYTEST_ARGS) || { status=$$?; [ $$status -eq 5 ] 
 	echo "(pytest: no test selected here)"; [ $$status -eq 5 ]; }
 
 .PHONY: demo test test-slow test-next test-oldest test-newest test-py313 \
-	lint bench docs serve screenshots clean
+	lint bench bench-newest docs serve screenshots clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -133,6 +134,10 @@ screenshots: docs
 
 bench: $(VENV)/.installed-test
 	$(PY) -m benchmarks.run
+
+# The same suites on the newest set (.venv-newest), written beside the CPU report.
+bench-newest: $(NEWEST)/.installed-test
+	$(NEWEST)/bin/python -m benchmarks.run --newest
 
 clean:
 	rm -rf $(VENV) $(OLDEST) $(NEWEST) $(PY313) .pytest_cache .ruff_cache .hypothesis site site-screenshots

@@ -12,7 +12,10 @@ saved rows, keeping the header (date, versions, machine) of the run that measure
 
 ``--gpu`` names the run made on a GPU machine: its rows go to ``results/results-gpu.json``,
 its page to ``docs/benchmark-report-gpu.md`` and its charts to ``benchmark-gpu-<suite>.png``,
-beside the CPU report and never over it. ``--results PATH`` writes the rows there instead
+beside the CPU report and never over it. ``--newest`` names the CPU run on the newest set
+(``make bench-newest``: ``.venv-newest``, jax 0.12 on Python 3.12): ``results-newest.json``,
+``docs/benchmark-report-newest.md`` and ``benchmark-newest-<suite>.png``, likewise beside it.
+``--results PATH`` writes the rows there instead
 (after each suite, so that a run stopped part-way keeps the suites it finished).
 ``--deadline SECONDS`` runs the suites that start after that many seconds with ``--quick``
 (fewer rounds), and says so in each of their rows' notes: for a machine lent for minutes.
@@ -148,6 +151,13 @@ def parser() -> argparse.ArgumentParser:
         "benchmark-gpu-*.png, beside the CPU report and never over it",
     )
     command.add_argument(
+        "--newest",
+        action="store_true",
+        help="a CPU run on the newest set (make bench-newest): results-newest.json, "
+        "docs/benchmark-report-newest.md and benchmark-newest-*.png, beside the CPU report "
+        "and never over it",
+    )
+    command.add_argument(
         "--results",
         type=Path,
         metavar="PATH",
@@ -194,10 +204,13 @@ def main(argv: list[str] | None = None) -> None:
     options = command.parse_args(argv)
     if options.report_only and (options.suites or options.quick or options.deadline < math.inf):
         command.error("--report-only measures nothing: drop --suite, --quick and --deadline")
+    if options.gpu and options.newest:
+        command.error("--gpu and --newest name different reports: give one")
     quick, gpu = options.quick, options.gpu
-    prefix = "benchmark-gpu" if gpu else "benchmark-report"
-    report = DOCS / ("benchmark-report-gpu.md" if gpu else "benchmark-report.md")
-    default_results = RESULTS / ("results-gpu.json" if gpu else "results.json")
+    variant = "gpu" if gpu else "newest" if options.newest else ""
+    prefix = f"benchmark-{variant}" if variant else "benchmark-report"
+    report = DOCS / (f"benchmark-report-{variant}.md" if variant else "benchmark-report.md")
+    default_results = RESULTS / (f"results-{variant}.json" if variant else "results.json")
     results = Path(options.results or default_results)
     if options.report_only:
         rows = json.loads(results.read_text())
@@ -230,7 +243,9 @@ def main(argv: list[str] | None = None) -> None:
     import jax
 
     machine = _machine()
-    title = "# Benchmark report, GPU" if gpu else "# Benchmark report"
+    title = {"gpu": "# Benchmark report, GPU", "newest": "# Benchmark report, newest set"}.get(
+        variant, "# Benchmark report"
+    )
     measured = _MEASURED.match(report.read_text()) if report.exists() else None
     if options.report_only and measured and (found := _MACHINE.search(measured[1])):
         # The rows were measured then and there, not now and here.
@@ -239,9 +254,10 @@ def main(argv: list[str] | None = None) -> None:
         machine = found[1]
     else:
         stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+        command_name = "make bench-newest" if variant == "newest" else "make bench"
         header = (
             f"{title}\n\n{stamp}; jax {jax.__version__}; "
-            f"Python {platform.python_version()}; {machine}. Written by `make bench` "
+            f"Python {platform.python_version()}; {machine}. Written by `{command_name}` "
             "(`benchmarks/run.py`); what each suite measures is in [Benchmarks](benchmarks.md). "
             "Ratios are medians of per-round ratios over interleaved rounds "
             f"(lower is faster for ours).\n\n{ran_on()}"

@@ -3,8 +3,7 @@
 The walkthrough of docs/writing-an-adapter.md, complete: a state source over tinystate's
 frame (its state and rng key threaded, its parameters read-only), and the overrides the
 kit builds on it, on public names only (``jaxoverride``, ``jaxoverride.adapter_kit``,
-``jaxoverride.errors``). ``context()`` activates it. ``tinystate_record`` tells the
-missing-adapter check about tinystate.
+``jaxoverride.errors``). ``context()`` activates it; ``tinystate_record`` is its record.
 
 Example:
   >>> import jax, jax.numpy as jnp
@@ -54,16 +53,24 @@ class _Recording(dict):  # type: ignore[type-arg]
         super().__setitem__(name, value)
 
 
-class Source:
+class Source(kit.EnterLeaveSource):
     """tinystate's current frame as a ``kit.StateSource``, for one neutral call.
 
     What is threaded is ``(state, rng)``; parameters are read-only here and are closed
-    over by the functions JAX traces.
+    over by the functions JAX traces. tinystate's names are the user's strings: it has no
+    naming state, so ``names``/``restore_names`` keep the contract's defaults.
     """
+
+    framework = "tinystate"  # for jaxoverride.solve_state: the key registered below
 
     def __init__(self, where: str):
         self.where = where
         self.frame = tinystate.current_frame()
+
+    def parts(self, state: tuple[dict[str, Any], Any]) -> list[kit.StatePart]:
+        """For ``solve_state``, per leaf: each state entry (an array) by name, the key."""
+        rng = [kit.StatePart("rng", (), "rng")] if state[1] is not None else []
+        return [kit.StatePart("state", (n,), n) for n in sorted(state[0])] + rng
 
     def read(self) -> tuple[dict[str, Any], Any]:
         return dict(self.frame.state), self.frame.rng
@@ -94,12 +101,6 @@ class Source:
     def write(self, state: tuple[dict[str, Any], Any]) -> None:
         self.frame.state, self.frame.rng = dict(state[0]), state[1]
 
-    def names(self) -> None:  # tinystate's names are the user's strings: no naming state
-        return None
-
-    def restore_names(self, names: None) -> None:
-        pass
-
     # -- the init part: is it initialising, and the creation pass --
 
     def initializing(self) -> bool:
@@ -121,7 +122,7 @@ class Source:
 # -- The overrides the kit builds on the source ----------------------------------------
 
 CONTROL_FLOW = kit.threaded_control_flow(active, Source, module=__name__)
-
+kit.register_solve_source(Source.framework, lambda: Source("solve_state") if active() else None)
 _STATE = kit.source_transform_state(active, Source)
 
 
@@ -211,7 +212,8 @@ def _reads_only(where: str, fun: Callable[..., Any]) -> Callable[..., Any]:
     def refuse(what: str) -> Exception:
         return errors.PureFunctionWriteError(
             f"{where}: {what} inside a function that JAX turns into a pure jaxpr, where "
-            "nothing written could come out; write or draw before the call, and pass it in."
+            "nothing written could come out; write or draw before the call, and pass it in "
+            "(or, in a solver's map, declare jaxoverride.solve_state() around the solve)."
         )
 
     @kit.wraps(fun)
@@ -230,7 +232,7 @@ def _converting(
     return kit.init_safe(Source(where), creation, lambda: trace(_reads_only(where, fun)))
 
 
-CONVERSIONS = kit.conversion_overrides(active, _converting, module=__name__)
+CONVERSIONS = kit.conversion_overrides(active, _converting, module=__name__, source=Source)
 
 
 def eval_shape(fun: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:

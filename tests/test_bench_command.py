@@ -44,7 +44,8 @@ def test_help_lists_the_options_and_runs_nothing():
     result = _command("--help")
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith("usage: python -m benchmarks.run")
-    for option in ("--report-only", "--gpu", "--quick", "--results", "--deadline", "--suite"):
+    options = ("--report-only", "--gpu", "--newest", "--quick", "--results", "--deadline")
+    for option in (*options, "--suite"):
         assert option in result.stdout, option
     assert "core, haiku" in result.stdout  # the suites --suite accepts
     assert "bench_core:" not in result.stdout  # no suite ran
@@ -58,6 +59,7 @@ def test_help_lists_the_options_and_runs_nothing():
         (["--suite", "nope"], "unknown suite 'nope'; the suites are: core, haiku"),
         (["--deadline", "soon"], "expected a number of seconds >= 0, got 'soon'"),
         (["--report-only", "--quick"], "--report-only measures nothing"),
+        (["--gpu", "--newest"], "--gpu and --newest name different reports"),
     ],
 )
 def test_a_wrong_command_line_exits_2_with_the_reason_and_runs_nothing(

@@ -167,17 +167,25 @@ def test_tables_keep_the_verdict_columns_narrow():
     assert all(len(h.split("|")) - 2 <= 6 for h in headers), headers
 
 
-def test_committed_gpu_report_is_drawn_from_its_own_rows():
-    """The GPU run's page and charts (``benchmarks.run --gpu``) sit beside the CPU ones,
-    drawn from ``results-gpu.json``, with their own chart names."""
-    rows = json.loads((ROOT / "benchmarks" / "results" / "results-gpu.json").read_text())
-    page = (ROOT / "docs" / "benchmark-report-gpu.md").read_text()
-    assert page.startswith("# Benchmark report, GPU\n\n") and "GPU backend" in page
-    body = markdown(rows, "HEADER", "assets", "benchmark-gpu").split("\n", 1)[1]
-    assert page.endswith(body), "regenerate with `python -m benchmarks.run --gpu --report-only`"
+@pytest.mark.parametrize(
+    ("variant", "title", "backend"),
+    [("gpu", "GPU", "GPU backend"), ("newest", "newest set", "Python 3.12")],
+)
+def test_committed_variant_report_is_drawn_from_its_own_rows(variant, title, backend):
+    """The GPU run's page and charts (``benchmarks.run --gpu``), and the newest set's
+    (``--newest``), sit beside the CPU ones, drawn from ``results-<variant>.json``, with
+    their own chart names."""
+    rows = json.loads((ROOT / "benchmarks" / "results" / f"results-{variant}.json").read_text())
+    page = (ROOT / "docs" / f"benchmark-report-{variant}.md").read_text()
+    assert page.startswith(f"# Benchmark report, {title}\n\n") and backend in page
+    body = markdown(rows, "HEADER", "assets", f"benchmark-{variant}").split("\n", 1)[1]
+    assert page.endswith(body), (
+        f"regenerate with `python -m benchmarks.run --{variant} --report-only`"
+    )
     assets = ROOT / "docs" / "assets"
-    committed = sorted(p.name for p in assets.glob("benchmark-gpu-*.png"))
-    expected = sorted(Path(chart_path("assets", s, "benchmark-gpu")).name for s in suites(rows))
+    committed = sorted(p.name for p in assets.glob(f"benchmark-{variant}-*.png"))
+    prefix = f"benchmark-{variant}"
+    expected = sorted(Path(chart_path("assets", s, prefix)).name for s in suites(rows))
     assert committed == expected
 
 

@@ -24,6 +24,7 @@ sys.path.insert(0, str(EXAMPLES))
 
 import tinystate as ts  # noqa: E402
 import tinystate_adapter  # noqa: E402
+from _solve_state_solvers import checking_leaks_linearized  # noqa: E402
 
 
 def _imports(path: Path) -> set[str]:
@@ -295,3 +296,98 @@ def test_each_neutral_function_works_inside_the_transform(name):
         applied, _ = model.apply(params, _zeros(state), jax.random.key(0), x)
     assert sorted(params) == ["w"]
     _close(out, applied, 1e-6)
+
+
+def _dropout_deq(x, declared):
+    """A DEQ whose map draws a dropout mask and keeps an EMA of its input, solved by
+    plain iteration; ``declared``: inside ``jo.solve_state()``."""
+    w = ts.param("w", (3, 3), jax.nn.initializers.normal(0.3))
+
+    def f(z):
+        mask = jax.random.bernoulli(ts.next_key(), 0.8, z.shape)
+        jax.debug.callback(lambda m: _MASKS.append(np.asarray(m).tobytes()), mask)
+        ema = ts.get_state("ema", (3,), jnp.zeros)
+        ts.set_state("ema", 0.9 * ema + 0.1 * z)
+        return jnp.tanh(w @ jnp.where(mask, z, 0.0) + x)
+
+    def body(carry):
+        z, _, i = carry
+        fz = f(z)
+        return fz, jnp.max(jnp.abs(fz - z)), i + 1
+
+    def solve():
+        init = (jnp.zeros(3), jnp.float32(jnp.inf), 0)
+        return jo.lax.while_loop(lambda c: (c[1] > 1e-6) & (c[2] < 100), body, init)
+
+    if not declared:
+        return solve()
+    with jo.solve_state():
+        return solve()
+
+
+_MASKS: list = []
+
+
+@pytest.mark.parametrize("declared", [True, False], ids=["declared", "undeclared"])
+def test_a_declared_solve_draws_one_mask_and_updates_the_state_once(declared):
+    """The third-party adapter gets ``solve_state`` from its state description alone
+    (``Source.framework``, ``Source.parts`` and ``register_solve_source``)."""
+    model = ts.transform(lambda x: _dropout_deq(x, declared))
+    with jax.checking_leaks(), tinystate_adapter.context():
+        params, state = model.init(jax.random.key(0), X)
+        _MASKS.clear()
+        (z, _, steps), after = jax.jit(model.apply)(params, state, jax.random.key(1), X)
+        jax.effects_barrier()
+        masks = set(_MASKS)
+        _MASKS.clear()
+        model.apply(params, state, jax.random.key(2), X)
+        jax.effects_barrier()
+    if not declared:
+        assert len(masks) > 5  # a new mask at every evaluation: no fixed point
+        assert int(steps) == 100
+        return
+    assert len(masks) == 1
+    assert masks.isdisjoint(_MASKS)  # the next forward call (another rng) gets another mask
+    # One EMA update at the solution, from the entry value.
+    _close(after["ema"], 0.9 * state["ema"] + 0.1 * z, 1e-6)
+    # At init the entry is created inside the solve, from zeros: one update too, at the
+    # solution init reached (apply with init's rng draws init's mask).
+    with tinystate_adapter.context():
+        (z_init, _, _), _ = model.apply(params, state, jax.random.key(0), X)
+    _close(state["ema"], 0.1 * z_init, 1e-6)
+    assert int(steps) < 100
+
+
+def _dropout_root(x):
+    """A DEQ with a dropout mask in its map, solved by ``custom_root`` (implicit)."""
+    w = ts.param("w", (3, 3), jax.nn.initializers.normal(0.3))
+
+    def residual(z):
+        mask = jax.random.bernoulli(ts.next_key(), 0.8, z.shape)
+        jax.debug.callback(lambda m: _MASKS.append(np.asarray(m).tobytes()), mask)
+        return jnp.tanh(w @ jnp.where(mask, z, 0.0) + x) - z
+
+    tangent_solve = lambda g, y: jnp.linalg.solve(jax.jacobian(g)(y), y)
+    with jo.solve_state():
+        return jlax.custom_root(residual, jnp.zeros(3), _solve, tangent_solve)
+
+
+def test_a_declared_implicit_solve_draws_one_mask_and_its_gradient_is_the_unrolled_one():
+    """What a converted map refuses outside a declaration runs under it: one mask for
+    the forward solve and the implicit gradient's linearisation."""
+    model = ts.transform(_dropout_root)
+    with checking_leaks_linearized(), tinystate_adapter.context():
+        params, state = model.init(jax.random.key(0), X)
+        _MASKS.clear()
+        loss = lambda p: jnp.sum(model.apply(p, state, jax.random.key(1), X)[0] ** 2)
+        grads = jax.jit(jax.grad(loss))(params)
+        jax.effects_barrier()
+    assert len(set(_MASKS)) == 1
+    _, sub = jax.random.split(jax.random.key(1))
+    mask = jax.random.bernoulli(sub, 0.8, (3,))
+
+    def unrolled(p):
+        step = lambda _, z: jnp.tanh(p["w"] @ jnp.where(mask, z, 0.0) + X)
+        return jnp.sum(jax.lax.fori_loop(0, 200, step, jnp.zeros(3)) ** 2)
+
+    _close(grads, jax.grad(unrolled)(params), 1e-5)

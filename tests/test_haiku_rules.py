@@ -636,3 +636,54 @@ def test_a_neutral_loop_in_bwd_that_writes_nothing_is_not_refused():
 
     grad, _ = _grad_of_identity_rule_with_state(2.0, bwd)
     np.testing.assert_allclose(grad, 8.0 * jnp.ones(3))
+
+
+class _Cell(hk.Module):
+    """``z @ w + b``, then a rule whose function uses ``w`` only (its JVP rule reads ``b``
+    if ``jvp_reads_bias``)."""
+
+    def __init__(self, jvp_reads_bias: bool = False):
+        super().__init__(name="cell")
+        self.jvp_reads_bias = jvp_reads_bias
+
+    def __call__(self, z: jax.Array) -> jax.Array:
+        w = hk.get_parameter("w", [3, 3], init=jnp.ones)
+        b = hk.get_parameter("b", [3], init=jnp.ones)
+        rule = jo.custom_jvp(lambda y: y @ hk.get_parameter("w", [3, 3], init=jnp.ones))
+
+        def jvp(primals, tangents):
+            scale = hk.get_parameter("b", [3], init=jnp.ones) if self.jvp_reads_bias else 1.0
+            return rule(*primals), rule(*tangents) * scale
+
+        rule.defjvp(jvp)
+        return jnp.sum(rule(z @ w + b))
+
+
+def test_a_staged_custom_jvp_takes_only_the_params_its_function_uses():
+    """Staged (here by ``make_jaxpr``), the rule's equation takes ``w`` and its argument,
+    not the unused ``b``: from JAX 0.12 each input of a staged ``custom_jvp`` met in
+    ``jax.linearize`` becomes a residual (optimistix's Newton step: lineax's operator)."""
+    model = hk.transform(lambda x: _Cell()(x))
+    params = model.init(RNG, X)
+    jaxpr = jax.make_jaxpr(model.apply)(params, None, X).jaxpr
+    (rule,) = [eqn for eqn in jaxpr.eqns if eqn.primitive.name == "custom_jvp_call"]
+    assert [v.aval.shape for v in rule.invars] == [(3, 3), (3,)]  # w and z @ w + b
+    apply = jax.jit(model.apply)
+    with jax.checking_leaks():
+        got = jax.grad(lambda x: apply(params, None, x))(X)
+    w = params["cell"]["w"]
+    np.testing.assert_allclose(got, w @ (w @ jnp.ones(3)), rtol=1e-6)
+
+
+def test_a_jvp_rule_reading_a_param_its_staged_function_does_not_use_is_refused():
+    """The staged rule does not take ``b``, so its JVP rule, traced from the staged
+    equation (``jax.grad(jax.jit(apply))``), cannot read it: refused, naming the fix.
+    Not staged (``jax.jit(jax.grad(apply))``: JAX runs the JVP rule at the call), it works."""
+    model = hk.transform(lambda x: _Cell(jvp_reads_bias=True)(x))
+    params = model.init(RNG, X)
+    apply = jax.jit(model.apply)
+    with pytest.raises(ValueError, match="'cell/b', which the primal function does not use"):
+        jax.grad(lambda x: apply(params, None, x))(X)
+    got = jax.jit(jax.grad(lambda x: model.apply(params, None, x)))(X)
+    w, b = params["cell"]["w"], params["cell"]["b"]
+    np.testing.assert_allclose(got, w @ (w @ jnp.ones(3) * b), rtol=1e-6)

@@ -195,6 +195,22 @@ def test_switch_with_operand_keyword_and_out_of_range_index() -> None:
     close(conditioned, pure(X)[0] + 1)
 
 
+def test_fori_loop_takes_jax_keyword_names_lower_and_upper() -> None:
+    # The kit's override once named the implementation below it `lower`, so
+    # fori_loop(lower=...) raised "got multiple values for argument 'lower'".
+    def program(x):
+        return jlax.fori_loop(lower=0, upper=2, body_fun=lambda i, v: counted(v), init_val=x)
+
+    def positional(x):
+        return jlax.fori_loop(0, 2, lambda i, v: counted(v), x)
+
+    _, _, out, new_state = run(program, X)
+    _, _, expected, expected_state = run(positional, X)
+    assert int(new_state["~"]["count"]) == 2
+    close(out, expected)
+    close(new_state, expected_state)
+
+
 def test_deprecated_cond_signature_is_recast_like_jax() -> None:
     def program(x):
         return jlax.cond(x[0] > 0, x, counted, x * 2, lambda v: v)

@@ -32,7 +32,7 @@ import jaxoverride_nnx
 import jaxoverride_plain as plain
 from _nnx_models import Counter
 from _parity import ADAPTER_MODES, MODES, active, assert_same, counting_compiles
-from jaxoverride_nnx import _scope
+from jaxoverride_nnx import _tracked
 
 X = jnp.array([0.5, -1.0, 2.0], jnp.float32)
 
@@ -206,7 +206,7 @@ def test_nnx_lowering_under_track_takes_the_variables():
     jitted: Any = jo.jit(f)
     reference = Counter()
     with jaxoverride_nnx.track(model), jax.checking_leaks():
-        scope = _scope.current()
+        scope = _tracked.current()
         assert scope is not None
         values = scope.read()  # what a call passes first
         lowered = jitted.lower(X)

@@ -1,7 +1,7 @@
-"""The kit's optional ``run_scoped`` and ``reuse_key`` hooks (``ScopedStateSource``): the
-state is installed as a scope, and a loop or branch called again with the same function
-is neither traced nor compiled again, as JAX's own loop; without ``reuse_key`` it is
-traced on every call, as before."""
+"""A source that gives ``run`` itself, and ``ScopedStateSource``'s ``reuse_key``: the state
+is installed as a scope, and a loop or branch called again with the same function is
+neither traced nor compiled again, as JAX's own loop; without ``reuse_key`` it is traced
+on every call, as before. A source that is not a ``StateSource`` is refused by name."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from jaxoverride import adapter_kit as kit
 _COMPILES: list[str] = []
 
 
-def _listener(event: str, duration: float, **kwargs: object) -> None:
+def _listener(event: str, duration_secs: float, **kwargs: object) -> None:
     if event == "/jax/core/compile/backend_compile_duration":
         _COMPILES.append(event)
 
@@ -37,7 +37,7 @@ class Scoped(kit.ScopedStateSource):
     def read(self) -> Any:
         return dict(self.store)
 
-    def run_scoped(self, state: Any, fun: Callable[..., Any], *args: Any) -> tuple[Any, Any]:
+    def run(self, state: Any, fun: Callable[..., Any], *args: Any) -> tuple[Any, Any]:
         self.scopes += 1
         saved = dict(self.store)
         self.store.update(state)
@@ -134,9 +134,33 @@ def test_a_cached_body_keeps_nothing_alive() -> None:
     assert int(store["n"]) == 2
 
 
-def test_enter_is_refused_on_a_scoped_source() -> None:
-    with pytest.raises(TypeError, match="run_scoped"):
-        Scoped({}).enter({})
+class Duck:
+    """The methods of a source, without the contract's class: its defaults are missing."""
+
+    def __init__(self, store: dict[str, Any]):
+        self.store = store
+
+    def read(self) -> Any:
+        return dict(self.store)
+
+    def run(self, state: Any, fun: Callable[..., Any], *args: Any) -> tuple[Any, Any]:
+        return fun(*args), state
+
+    def write(self, state: Any) -> None:
+        self.store.update(state)
+
+    def initializing(self) -> bool:
+        return False
+
+
+@pytest.mark.parametrize("name", ["scan", "fori", "cond", "switch"])
+def test_a_source_that_is_not_a_state_source_is_refused_by_name(name: str) -> None:
+    store = {"n": jnp.int32(0)}
+    with pytest.raises(TypeError, match=r"is not a jaxoverride\.adapter_kit\.StateSource"):
+        _calls(store, [])[name](Duck(store))
+    with pytest.raises(TypeError, match="subclass StateSource"):
+        kit.threaded_call(Duck(store), lambda: None, "jit")  # type: ignore[arg-type]
+    assert int(store["n"]) == 0
     assert isinstance(Scoped({}), kit.StateSource)
 
 

@@ -8,6 +8,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import pytest
+from jax.core import Tracer
 
 from jaxoverride import adapter_kit as kit
 
@@ -102,7 +103,7 @@ def test_a_failure_after_the_creation_pass_undoes_it():
     source = Recording({}, initializing=True)
 
     def body(c: Any, x: Any) -> Any:
-        if isinstance(c, jax.core.Tracer):
+        if isinstance(c, Tracer):
             raise KeyError("traced")
         return c, None
 
@@ -114,3 +115,44 @@ def test_a_failure_after_the_creation_pass_undoes_it():
 def test_the_source_protocol_is_checkable():
     assert isinstance(kit.DictStateSource({}), kit.StateSource)
     assert not isinstance(object(), kit.StateSource)
+
+
+@pytest.mark.parametrize("xs", [3.0, "abc"], ids=["scalar", "string"])
+def test_a_creation_pass_over_xs_jax_refuses_raises_jax_own_error(xs: Any):
+    """The creation pass meets ``xs`` first: it must fail as JAX's scan fails on them,
+    not with an indexing error of its own, and before the body runs."""
+    source = Recording({}, initializing=True)
+    with pytest.raises((TypeError, ValueError)) as expected:
+        jax.lax.scan(lambda c, x: (c, None), 0.0, xs)
+
+    def body(c: Any, x: Any) -> Any:
+        source.log.append("body")
+        return c, None
+
+    with pytest.raises(type(expected.value)) as raised:
+        kit.threaded_scan(source, jax.lax.scan, body, 0.0, xs)
+    assert str(raised.value) == str(expected.value)
+    assert "body" not in source.log
+
+
+@pytest.mark.parametrize("combinator", ["cond", "switch"])
+def test_operand_and_positional_operands_together_are_refused_as_jax_refuses_them(
+    combinator: str,
+):
+    store = {"hits": jnp.int32(0)}
+    source = kit.DictStateSource(store)
+
+    def hit(x: Any) -> Any:
+        store["hits"] = store["hits"] + 1
+        return x
+
+    with pytest.raises(TypeError, match="'operand' keyword is passed") as expected:
+        jax.lax.cond(True, hit, hit, 1.0, operand=2.0)
+    calls = {
+        "cond": lambda: kit.threaded_cond(source, jax.lax.cond, True, hit, hit, 1.0, operand=2.0),
+        "switch": lambda: kit.threaded_switch(source, jax.lax.switch, 0, [hit], 1.0, operand=2.0),
+    }
+    with pytest.raises(TypeError) as refused:
+        calls[combinator]()
+    assert str(refused.value) == str(expected.value)
+    assert int(store["hits"]) == 0  # refused before any branch ran

@@ -73,32 +73,14 @@ def test_install_works_as_the_context_does(result):
     assert result["installed_apply"] <= 1e-5
 
 
-# From jax 0.12 a ``custom_jvp`` met inside ``jax.linearize`` with an unknown input stays
-# one equation (before, it was inlined), so every known input of the Haiku rule's lifted
-# call becomes a residual of the linearization. The rule passes all the model's params,
-# read or not, so an unread bias becomes one more leaf of lineax's operator (a
-# ``stop_gradient``; in Gauss-Newton also carried through its loop). The gradients stay
-# equal (the next test); the program has that extra leaf until the rule passes only the
-# params its function reads.
-_EXTRA_RESIDUAL_FROM_JAX_0_12 = {
-    "fixed_point_newton",
-    "root_find_newton",
-    "least_squares_gauss_newton",
-}
-
-
-def test_the_gradient_program_is_the_explicit_one(result, request):
+def test_the_gradient_program_is_the_explicit_one(result):
     """``make_jaxpr`` of ``jax.grad`` inside Haiku lists the same primitives, in the same
-    order and nesting, as on the explicit parameters: nothing of the adapter remains."""
-    case = request.node.callspec.id
-    if jax.__version_info__ >= (0, 12) and case in _EXTRA_RESIDUAL_FROM_JAX_0_12:
-        request.applymarker(
-            pytest.mark.xfail(
-                strict=True,
-                reason="jax >= 0.12: the rule's unread params become one extra residual "
-                "leaf of lineax's operator (see _EXTRA_RESIDUAL_FROM_JAX_0_12)",
-            )
-        )
+    order and nesting, as on the explicit parameters: nothing of the adapter remains.
+
+    On JAX 0.12 this holds because a staged rule takes only the params its function
+    reads: a staged ``custom_jvp`` met in ``jax.linearize`` (optimistix's Newton step)
+    makes each of its inputs a residual, and the unread bias would be one more leaf of
+    lineax's operator."""
     assert result["primitives"] > 20  # the whole solver, not an empty program
     assert result["only_ours"] == {}
     if not result["same_primitives"]:

@@ -842,13 +842,6 @@ def test_vjp_tracer_leak():
     np.testing.assert_array_equal(y, jnp.zeros_like(x))
 
 
-@pytest.mark.xfail(
-    jax.__version_info__ >= (0, 12),
-    strict=True,
-    reason="jax >= 0.12 differentiates through a LinearizeTrace, and the refusal's "
-    "traceback keeps the rule's call, whose bound variables hold a tracer of it: "
-    "checking_leaks reports it (the refusal itself is right; open)",
-)
 def test_custom_vjp_refuses_a_differentiated_param_read_in_the_rule():
     """Twin of TransformTest.test_custom_vjp, deliberately different: ``nn.custom_vjp``
     differentiates the Dense's params through the rule; ``jo.custom_vjp`` gives

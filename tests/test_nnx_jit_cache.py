@@ -144,16 +144,16 @@ def test_structural_changes_outside_are_noticed_and_cached():
 
 
 def test_graph_is_walked_once_per_scope(monkeypatch):
-    from jaxoverride_nnx import _scope
+    from jaxoverride_nnx import _tracked
 
     walks = []
-    original = _scope.walk
+    original = _tracked.walk
 
     def counting_walk(*args, **kwargs):
         walks.append(1)
         return original(*args, **kwargs)
 
-    monkeypatch.setattr(_scope, "walk", counting_walk)
+    monkeypatch.setattr(_tracked, "walk", counting_walk)
     model = Counter()
     f = jo.jit(lambda x: model(x))
     with jaxoverride_nnx.track(model):

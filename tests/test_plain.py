@@ -22,6 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.core import Tracer
 
 import jaxoverride as jo
 import jaxoverride_plain as plain
@@ -81,7 +82,7 @@ def apply(model: Callable[..., Any], params: dict[str, jax.Array], *args: Any) -
 
 
 def is_tracer(value: Any) -> bool:
-    return isinstance(value, jax.core.Tracer)
+    return isinstance(value, Tracer)
 
 
 # --- models, one per combinator, written against an ``ops`` namespace --------------------
@@ -314,6 +315,33 @@ def test_nested_loops_create_once_per_combinator_outside_every_trace():
     assert_same(at_init, apply(lambda *a: nested_model(ops, *a), store.params, H, XS[:3]))
 
 
+def test_a_hook_that_always_initialises_creates_only_outside_every_trace():
+    """A custom ``initializing`` hook is not asked inside an apply pass: the combinator
+    nested in the traced body only applies (its parameters came from the outer creation
+    pass), so no creation pass runs inside JAX's trace."""
+    creations: list[bool] = []
+
+    def create(thunk):
+        creations.append(inside_a_trace())
+        thunk()
+
+    always = {"initializing": lambda: True, "create": create}
+
+    def body(carry, x):
+        inner = plain.init_safe_cond(x > 0, jnp.sin, jnp.cos, carry, **always)
+        return inner + x, None
+
+    with jax.checking_leaks():
+        carry, _ = plain.init_safe_scan(body, jnp.float32(0.5), XS[:3, 0], **always)
+    assert creations == [False, False]  # the scan's pass, and the cond's inside it
+    expected, _ = jax.lax.scan(
+        lambda c, x: (jax.lax.cond(x > 0, jnp.sin, jnp.cos, c) + x, None),
+        jnp.float32(0.5),
+        XS[:3, 0],
+    )
+    assert_same(carry, expected)
+
+
 RAW_LEAKS = ["scan", "while_loop", "fori_loop", "cond-array-predicate", "switch", "map", "nested"]
 
 
@@ -429,7 +457,7 @@ def test_create_and_initializing_hooks_and_default_impl():
     assert passes == ["create", "apply"]
     assert sorted(store.created) == ["hook/b", "hook/w"]
     with using(store):
-        expected = jax.lax.scan(lambda c, x: (dense("hook", c + x), None), H, XS)
+        expected = jax.lax.scan(lambda c, x: (dense("hook", c + x), None), jnp.asarray(H), XS)
     assert_same(out, expected)
     passes.clear()
     with using(store):

@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 import jaxoverride as jo
+from _solve_state_solvers import checking_leaks_linearized
 from jaxoverride import adapter_kit as kit
 
 MOMENTUM = 0.9
@@ -73,6 +74,7 @@ def toy() -> Iterator[Toy]:
     table |= kit.stateful_transforms(
         kit.source_transform_state(active, source), lambda where, error: error
     )
+    table |= kit.conversion_overrides(active, _refusing, source=source)
     framework.running = True
     try:
         with jo.override_context(table):
@@ -80,6 +82,16 @@ def toy() -> Iterator[Toy]:
     finally:
         framework.running = False
         kit.unregister_solve_source(ToySource.framework)
+
+
+class _Refused(Exception):
+    pass
+
+
+def _refusing(where: str, fun: Any, trace: Any, creation: Any) -> Any:
+    """The toy's conversion outside a declaration: a write or draw is refused (here,
+    crudely: the toy's map always writes, so any conversion of it is)."""
+    raise _Refused(f"{where}: the map writes; declare jaxoverride.solve_state()")
 
 
 def forward(toy: Toy, z0: jax.Array, tol: float = 1e-6) -> tuple[jax.Array, jax.Array]:
@@ -281,3 +293,71 @@ def test_a_name_no_framework_has_is_refused_and_nothing_is_entered(toy: Toy) -> 
             pass
     forward(toy, jnp.ones(3))
     assert toy.distinct_masks() > 5  # the refused declaration left nothing active
+
+
+def _loop(g: Any, z0: jax.Array) -> jax.Array:
+    def body(carry: Any) -> Any:
+        z, _, i = carry
+        gz = g(z)
+        return gz, jnp.linalg.norm(gz - z), i + 1
+
+    init = (z0, jnp.float32(jnp.inf), 0)
+    return jo.lax.while_loop(lambda c: (c[1] > 1e-7) & (c[2] < 200), body, init)[0]
+
+
+def test_a_converted_map_runs_declared_and_keeps_its_last_write(toy: Toy) -> None:
+    with pytest.raises(_Refused, match=r"declare jaxoverride\.solve_state"):
+        jo.closure_convert(toy.f, jnp.ones(3))
+    with jax.checking_leaks(), jo.solve_state():
+        converted, constants = jo.closure_convert(toy.f, jnp.ones(3))
+        z = _loop(lambda z: converted(z, *constants), jnp.ones(3))
+    assert toy.distinct_masks() == 1
+    np.testing.assert_allclose(toy.store["mean"], (1 - MOMENTUM) * z, atol=1e-6)
+    assert int(toy.store["calls"]) == 1
+
+
+def test_custom_root_under_a_declaration_one_mask_and_the_implicit_gradient(toy: Toy) -> None:
+    key0 = toy.store["key"]
+
+    def root(scale: jax.Array) -> jax.Array:
+        def residual(z: jax.Array) -> jax.Array:
+            return scale * toy.f(z) - z
+
+        def solve(g: Any, z0: jax.Array) -> jax.Array:
+            return _loop(lambda z: g(z) + z, z0)
+
+        tangent = lambda g, y: jnp.linalg.solve(jax.jacobian(g)(y), y)
+        with jo.solve_state():
+            return jo.lax.custom_root(residual, jnp.ones(3), solve, tangent)
+
+    with checking_leaks_linearized():
+        z, grad = jax.value_and_grad(lambda s: root(s).sum())(jnp.float32(1.0))
+    assert toy.distinct_masks() == 1
+    # The fixed-mask twin: the same mask, the map unrolled, differentiated by JAX.
+    _, sub = jax.random.split(key0)
+    mask = jax.random.bernoulli(sub, 0.7, (3,))
+
+    def unrolled(scale: jax.Array) -> jax.Array:
+        g = lambda z: scale * (0.5 * jnp.cos(jnp.where(mask, z, 0.0)) + 0.2)
+        return jax.lax.fori_loop(0, 200, lambda _, z: g(z), jnp.ones(3)).sum()
+
+    twin_z, twin_grad = jax.value_and_grad(unrolled)(jnp.float32(1.0))
+    np.testing.assert_allclose(z, twin_z, atol=1e-5)
+    np.testing.assert_allclose(grad, twin_grad, atol=1e-5)
+    # The statistics: one update, at the last forward evaluation inside the solve.
+    np.testing.assert_allclose(toy.store["mean"].sum(), (1 - MOMENTUM) * twin_z, atol=1e-5)
+
+
+def test_a_running_framework_whose_adapter_has_no_solve_source_is_refused() -> None:
+    """Haiku's adapter applies no declaration yet: inside ``hk.transform`` the declaration
+    is refused by name, never silently ignored (a new mask per evaluation)."""
+    haiku = pytest.importorskip("haiku")
+    import jaxoverride_haiku
+
+    def model(x: jax.Array) -> jax.Array:
+        with jo.solve_state():
+            return x
+
+    with jaxoverride_haiku.context(), pytest.raises(NotImplementedError, match="Haiku"):
+        haiku.transform(model).init(jax.random.key(0), jnp.ones(3))
+    assert jo.solve_state() is not None  # outside every framework: accepted

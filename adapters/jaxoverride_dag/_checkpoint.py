@@ -30,7 +30,7 @@ def _checkpoint(
             "ambiguous for it. Pass True or False."
         )
     static = StaticArgs(*infer_argnums_and_argnames(fun, static_argnums, static_argnames))
-    lower = jo.next_impl(api)
+    below = jo.next_impl(api)
 
     def checkpointed(*args: Any, **kwargs: Any) -> Any:
         layout, values, rest, rest_kwargs = static.split(args, kwargs)
@@ -41,7 +41,7 @@ def _checkpoint(
             call_args, call_kwargs = StaticArgs.merge(layout, values, inner_rest, inner_kwargs)
             return pack_output(fun(*call_args, **call_kwargs), f"{api} outputs")
 
-        out = lower(traced, **options)(*dyn)
+        out = below(traced, **options)(*dyn)
         return unpack_output(unforward_tree(out, dyn))
 
     checkpointed.__wrapped__ = fun  # type: ignore[attr-defined]
@@ -64,9 +64,9 @@ def dag_remat(
 
 def dag_eval_shape(fun: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     """The ``"eval_shape"`` override: shapes of traced outputs, static outputs as they are."""
-    lower = jo.next_impl("eval_shape")
+    below = jo.next_impl("eval_shape")
     if not callable(fun):  # JAX's own error
-        return lower(fun, *args, **kwargs)
+        return below(fun, *args, **kwargs)
     plan, dyn = encode((args, kwargs), "eval_shape arguments", "call")
 
     def traced(*inputs: Any) -> Packed:
@@ -74,4 +74,4 @@ def dag_eval_shape(fun: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         out_plan, out_dyn = encode(fun(*inner_args, **inner_kwargs), "eval_shape outputs")
         return Packed(tuple(out_dyn), out_plan)
 
-    return lower(traced, *dyn).unpack()
+    return below(traced, *dyn).unpack()

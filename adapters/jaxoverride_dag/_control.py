@@ -114,21 +114,21 @@ def dag_scan(*args: Any, **kwargs: Any) -> tuple[Any, Any]:
     caller's were; ``ys`` come back with the sharing the body gave them.
     """
     f, init, xs, length, reverse, unroll, _split_transpose = scan_arguments(*args, **kwargs)
-    lower = jo.next_impl("lax.scan")
+    below = jo.next_impl("lax.scan")
     if not callable(f):  # JAX's own error
-        return lower(f, init, xs, length, reverse, unroll, _split_transpose)
+        return below(f, init, xs, length, reverse, unroll, _split_transpose)
     init_plan, init_dyn = encode(init, "scan carry")
     xs_plan, xs_dyn = encode(xs, "scan xs")
     if _nothing_to_map(xs_plan, xs_dyn) and length is None:  # JAX's error about xs
-        return lower(f, init, xs, length, reverse, unroll, _split_transpose)
+        return below(f, init, xs, length, reverse, unroll, _split_transpose)
 
     def run(plan: Plan) -> Any:
         body = cached(f, ("lax.scan", plan, xs_plan), lambda get: _scan_body(get, plan, xs_plan))
         carry = tuple(rebase(init_dyn, init_plan, plan))
-        return lower(body, carry, tuple(xs_dyn), length, reverse, unroll, _split_transpose)
+        return below(body, carry, tuple(xs_dyn), length, reverse, unroll, _split_transpose)
 
     def raw() -> Any:
-        return lower(f, init, xs, length, reverse, unroll, _split_transpose)
+        return below(f, init, xs, length, reverse, unroll, _split_transpose)
 
     (carry, ys), plan = _drive(run, init_plan, raw)
     inputs = [*init_dyn, *xs_dyn]
@@ -156,17 +156,17 @@ def dag_while_loop(
     cond_fun: Callable[[Any], Any], body_fun: Callable[[Any], Any], init_val: Any
 ) -> Any:
     """The ``"lax.while_loop"`` override: ``jax.lax.while_loop``'s signature."""
-    lower = jo.next_impl("lax.while_loop")
+    below = jo.next_impl("lax.while_loop")
     if not (callable(cond_fun) and callable(body_fun)):  # JAX's own error
-        return lower(cond_fun, body_fun, init_val)
+        return below(cond_fun, body_fun, init_val)
     init_plan, init_dyn = encode(init_val, "while_loop carry")
 
     def run(plan: Plan) -> Any:
         cond = cached(cond_fun, ("lax.while_loop cond", plan), lambda get: _while_cond(get, plan))
         body = cached(body_fun, ("lax.while_loop", plan), lambda get: _while_body(get, plan))
-        return lower(cond, body, tuple(rebase(init_dyn, init_plan, plan)))
+        return below(cond, body, tuple(rebase(init_dyn, init_plan, plan)))
 
-    out, plan = _drive(run, init_plan, lambda: lower(cond_fun, body_fun, init_val))
+    out, plan = _drive(run, init_plan, lambda: below(cond_fun, body_fun, init_val))
     return plan.decode(unforward(out, init_dyn))
 
 
@@ -315,28 +315,28 @@ def _common_plan(
 def dag_cond(*args: Any, **kwargs: Any) -> Any:
     """The ``"lax.cond"`` override: ``jax.lax.cond``'s arguments (``jax_arguments``)."""
     pred, true_fun, false_fun, operands, operand = jax_arguments("lax.cond", *args, **kwargs)
-    lower = jo.next_impl("lax.cond")
+    below = jo.next_impl("lax.cond")
     given = operands if operand is _NO_OPERAND else (*operands, operand)
     both = bool(operands) and operand is not _NO_OPERAND
     if not (callable(true_fun) and callable(false_fun)) or both:
         # Non-callable branches (or JAX's deprecated form), or both kinds of operands:
         # JAX's own behaviour and errors.
-        return lower(*args, **kwargs)
+        return below(*args, **kwargs)
     plan, dyn = encode(given, "cond operands")
     return _run_branches(
         "lax.cond",
         (true_fun, false_fun),
         plan,
         dyn,
-        lambda wrapped: lower(pred, *wrapped, *dyn),
-        lambda: lower(pred, true_fun, false_fun, *given),
+        lambda wrapped: below(pred, *wrapped, *dyn),
+        lambda: below(pred, true_fun, false_fun, *given),
     )
 
 
 def dag_switch(*args: Any, **kwargs: Any) -> Any:
     """The ``"lax.switch"`` override: ``jax.lax.switch``'s arguments (``jax_arguments``)."""
     index, branches, operands, operand = jax_arguments("lax.switch", *args, **kwargs)
-    lower = jo.next_impl("lax.switch")
+    below = jo.next_impl("lax.switch")
     given = operands if operand is _NO_OPERAND else (*operands, operand)
     both = bool(operands) and operand is not _NO_OPERAND
     if (
@@ -344,31 +344,31 @@ def dag_switch(*args: Any, **kwargs: Any) -> Any:
         or not all(callable(branch) for branch in branches)
         or both
     ):  # JAX's own behaviour and errors
-        return lower(*args, **kwargs)
+        return below(*args, **kwargs)
     plan, dyn = encode(given, "switch operands")
     return _run_branches(
         "lax.switch",
         branches,
         plan,
         dyn,
-        lambda wrapped: lower(index, wrapped, *dyn),
-        lambda: lower(index, branches, *given),
+        lambda wrapped: below(index, wrapped, *dyn),
+        lambda: below(index, branches, *given),
     )
 
 
 def dag_map(f: Callable[[Any], Any], xs: Any, *, batch_size: int | None = None) -> Any:
     """The ``"lax.map"`` override: ``jax.lax.map``'s signature."""
-    lower = jo.next_impl("lax.map")
+    below = jo.next_impl("lax.map")
     if not callable(f):  # JAX's own error
-        return lower(f, xs, batch_size=batch_size)
+        return below(f, xs, batch_size=batch_size)
     plan, dyn = encode(xs, "map xs")
     if _nothing_to_map(plan, dyn):  # JAX's error about xs
-        return lower(f, xs, batch_size=batch_size)
+        return below(f, xs, batch_size=batch_size)
     body = cached(f, ("lax.map", plan), lambda get: _map_body(get, plan))
     try:
-        out = lower(body, tuple(dyn), batch_size=batch_size)
+        out = below(body, tuple(dyn), batch_size=batch_size)
     except (TypeError, ValueError) as error:
-        raise_handoff_error(lambda: lower(f, xs, batch_size=batch_size), error)
+        raise_handoff_error(lambda: below(f, xs, batch_size=batch_size), error)
     return unforward_tree(out, dyn).unpack()
 
 

@@ -126,7 +126,7 @@ def _lowered(
 
     With ``pack_outputs`` the outputs are encoded too (the Jacobians mirror their sharing).
     """
-    lower = jo.next_impl(api)
+    below = jo.next_impl(api)
 
     def transformed(*args: Any, **kwargs: Any) -> Any:
         split = _Split(api, argnums, allow_int, args, kwargs)
@@ -143,7 +143,7 @@ def _lowered(
             return (out, pack(aux, f"{api} aux")) if has_aux else out
 
         primals = split.primals()
-        result = lower(inner, argnums=0, has_aux=has_aux, **options)(*primals)
+        result = below(inner, argnums=0, has_aux=has_aux, **options)(*primals)
         return finish(split, unforward_tree(result, [*primals[1], *primals[2]]))
 
     transformed.__wrapped__ = fun  # type: ignore[attr-defined]

@@ -34,7 +34,7 @@ def dag_shard_map(
     """The ``"shard_map"`` override: ``jax.shard_map``'s signature, identity-preserving."""
     if not callable(f):
         raise TypeError(f"jaxoverride.shard_map: expected a callable value, got {f!r}.")
-    lower = jo.next_impl("shard_map")
+    below = jo.next_impl("shard_map")
     specs_by_plan: dict[Any, tuple[Any, ...]] = {}
 
     def spread_out_specs(out_plan: Any) -> tuple[Any, ...]:
@@ -55,7 +55,7 @@ def dag_shard_map(
                 specs_by_plan[plan] = specs
         traced, carrier = packing_outputs(f, plan, "shard_map outputs", spread_out_specs)
         traced.__name__ = getattr(f, "__name__", "traced")
-        result = lower(
+        result = below(
             traced,
             out_specs=carrier,
             in_specs=specs,

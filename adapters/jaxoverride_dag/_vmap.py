@@ -141,7 +141,7 @@ def dag_vmap(
         raise TypeError(f"jaxoverride.vmap: expected a callable value, got {fun!r}.")
     in_axes = check_in_axes("vmap", in_axes)
     cache = _AxesCache()
-    lower_vmap = jo.next_impl("vmap")
+    vmap_below = jo.next_impl("vmap")
     options = {
         "axis_name": axis_name,
         "axis_size": axis_size,
@@ -160,7 +160,7 @@ def dag_vmap(
             dyn = rebase(dyn, call_plan, plan)
         traced, carrier = packing_outputs(fun, plan, "vmap outputs", spread_out_axes)
         try:
-            result = lower_vmap(traced, in_axes=axes, out_axes=carrier, **options)(*dyn)
+            result = vmap_below(traced, in_axes=axes, out_axes=carrier, **options)(*dyn)
         except ValueError as error:
             clearer = _sizes_error(error, fun, in_axes, axis_size, args, kwargs)
             if clearer is error:

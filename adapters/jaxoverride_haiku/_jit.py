@@ -31,9 +31,6 @@ from jaxoverride_haiku._frames import (
     Names,
     current_frame,
     naming_signature,
-    policy_left,
-    policy_state,
-    solve_policy,
     state_usable,
     submodule_sets,
 )
@@ -105,9 +102,9 @@ def _positional_count(fun: Callable[..., Any]) -> int:
 class HaikuJit:
     """What ``jaxoverride.jit(fun)`` runs inside ``hk.transform`` with the adapter active."""
 
-    def __init__(self, fun: Callable[..., Any], lower: Callable[..., Any], options: dict[str, Any]):
+    def __init__(self, fun: Callable[..., Any], below: Callable[..., Any], options: dict[str, Any]):
         self._fun = fun
-        self._plain = lower(fun, **options)
+        self._plain = below(fun, **options)
         self._keys: dict[tuple[Any, ...], _Key] = {}
         self._lock = threading.Lock()
         inner_options = dict(options)
@@ -138,10 +135,10 @@ class HaikuJit:
         if "out_shardings" in options:
             inner_options["out_shardings"] = (options["out_shardings"], None)
         self._static_argnums = frozenset(static_argnums)
-        self._lower = lower
+        self._below = below
         self._inner_options = inner_options
         self._per_count: dict[int, Callable[..., Any]] = {}
-        self._inner = lower(self._pure_function(), **inner_options)
+        self._inner = below(self._pure_function(), **inner_options)
         if self._single_in_sharding is not None:
             # Built now for the usual count, while the implementation below is resolvable.
             self._inner_for(_positional_count(fun))
@@ -157,7 +154,7 @@ class HaikuJit:
             options = {**self._inner_options, "in_shardings": shardings}
             with self._lock:
                 inner = self._per_count.setdefault(
-                    count, self._lower(self._pure_function(), **options)
+                    count, self._below(self._pure_function(), **options)
                 )
         return inner
 
@@ -165,21 +162,13 @@ class HaikuJit:
         fun = self._fun
 
         def pure(key: _Key, state: stateful.InternalState, *args: Any, **kwargs: Any) -> Any:
-            policy = solve_policy()
             with temporary_state(state), base.push_jax_trace_level():
                 inner = current_frame()
                 submodules_before = [
                     set(s) if s is not None else None for s in submodule_sets(inner)
                 ]
-                # Under ``jaxoverride.solve_state`` the frozen values inside are this
-                # function's own state argument: nothing of the caller is baked in.
-                frame = None if policy is None else policy.push(state)
-                try:
-                    out = fun(*args, **kwargs)
-                    changed = policy_left(policy, frame, state)
-                finally:
-                    if policy is not None and frame is not None:
-                        policy.pop(frame)
+                out = fun(*args, **kwargs)
+                changed = stateful.difference(state, stateful.internal_state())
                 key.end = Names.capture(inner)
                 key.submodules = [
                     set(after - before) if after is not None and before is not None else set()
@@ -196,9 +185,8 @@ class HaikuJit:
             pure.__signature__ = signature  # type: ignore[attr-defined]
         return pure
 
-    def _key(self, frame: base.Frame, policy: Any = None) -> _Key:
-        slots = None if policy is None else policy.frozen_slots()
-        content = (frame.freeze_params, naming_signature(frame), customisations(), slots)
+    def _key(self, frame: base.Frame) -> _Key:
+        content = (frame.freeze_params, naming_signature(frame), customisations())
         key = self._keys.get(content)
         if key is None:
             with self._lock:
@@ -212,11 +200,10 @@ class HaikuJit:
         if not state_usable():
             return self._plain(*args, **kwargs)
         frame = current_frame()
-        policy = solve_policy()
-        key = self._key(frame, policy)
+        key = self._key(frame)
         inner = self._inner if self._single_in_sharding is None else self._inner_for(len(args))
-        out, changed = inner(key, policy_state(policy), *args, **kwargs)
-        update_state(changed if policy is None else policy.written(changed))
+        out, changed = inner(key, stateful.internal_state(), *args, **kwargs)
+        update_state(changed)
         key.replay(frame)
         return out
 
@@ -226,10 +213,9 @@ class HaikuJit:
         was: nothing runs); outside, the stateless jitted function."""
         if not state_usable():
             return getattr(self._plain, method)(*args, **kwargs)
-        policy = solve_policy()
-        key = self._key(current_frame(), policy)
+        key = self._key(current_frame())
         inner = self._inner if self._single_in_sharding is None else self._inner_for(len(args))
-        staged = getattr(inner, method)(key, policy_state(policy), *args, **kwargs)
+        staged = getattr(inner, method)(key, stateful.internal_state(), *args, **kwargs)
         return staged[0] if method == "eval_shape" else staged
 
     def _jitted(self) -> list[Callable[..., Any]]:

@@ -58,8 +58,8 @@ def _as_tuple(value: Any) -> tuple[int, ...]:
 
 
 def pmap(fun: Callable[..., Any], *args: Any, **kwargs: Any) -> Callable[..., Any]:
-    lower = jo.next_impl("pmap")
-    plain_mapped = lower(fun, *args, **kwargs)
+    below = jo.next_impl("pmap")
+    plain_mapped = below(fun, *args, **kwargs)
     options = _PMAP.bind(fun, *args, **kwargs).arguments
     del options["fun"]
     axis_name = options.get("axis_name")
@@ -91,7 +91,7 @@ def pmap(fun: Callable[..., Any], *args: Any, **kwargs: Any) -> Callable[..., An
             inner_options["out_axes"] = (out_axes, None)
             inner_options["static_broadcasted_argnums"] = tuple(i + 1 for i in static)
             inner_options["donate_argnums"] = tuple(i + 1 for i in donate)
-            inner = lower(kit.wraps(fun)(pure), **inner_options)
+            inner = below(kit.wraps(fun)(pure), **inner_options)
             out, changed = inner(call.state, *call_args, **call_kwargs)
             call.finish(changed)
             return out
@@ -152,8 +152,8 @@ def _state_name(path: Any) -> str:
 
 
 def shard_map(fun: Callable[..., Any], *args: Any, **kwargs: Any) -> Callable[..., Any]:
-    lower = jo.next_impl("shard_map")
-    plain_mapped = lower(fun, *args, **kwargs)
+    below = jo.next_impl("shard_map")
+    plain_mapped = below(fun, *args, **kwargs)
     options = _SHARD_MAP.bind(fun, *args, **kwargs).arguments
     del options["f"]
     in_specs = options.get("in_specs", _INFER)
@@ -182,7 +182,7 @@ def shard_map(fun: Callable[..., Any], *args: Any, **kwargs: Any) -> Callable[..
             inner_options = dict(options)
             inner_options["in_specs"] = _with_state_spec(in_specs, len(call_args))
             inner_options["out_specs"] = (out_specs, PartitionSpec())
-            inner = lower(kit.wraps(fun)(pure), **inner_options)
+            inner = below(kit.wraps(fun)(pure), **inner_options)
             out, changed = inner(call.state, *call_args, **call_kwargs)
             call.finish(changed)
             return out

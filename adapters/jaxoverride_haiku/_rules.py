@@ -46,11 +46,13 @@ import jaxoverride as jo
 from jaxoverride import errors
 from jaxoverride.adapter_kit import (
     LiftedRule,
+    StagedPrimal,
     bwd_cotangents,
     fwd_output_pair,
     instantiate_zeros,
     perturbed_leaves,
     positional_arguments,
+    staged as kit_staged,
     unwrap_primals,
     zero_tangents,
 )
@@ -229,7 +231,16 @@ class _RuleCall:
     JAX value: the caller's values are the rule's leading argument.
     """
 
-    __slots__ = ("changed", "drew", "end", "finished", "refuse", "template", "where")
+    __slots__ = (
+        "changed",
+        "drew",
+        "end",
+        "finished",
+        "left_out",
+        "refuse",
+        "template",
+        "where",
+    )
 
     def __init__(self, where: str):
         frame = current_frame()
@@ -245,6 +256,9 @@ class _RuleCall:
         # met in jax.linearize's partial evaluation: optimistix's Newton step): the rule's
         # runs then build the same sequence, and so hand back rng state of one structure.
         self.refuse = REFUSAL.get()
+        # Full names of the params that a staged rule does not take (its primal function
+        # does not use them): a read of one in the JVP rule is refused (``_left_out``).
+        self.left_out: frozenset[str] = frozenset()
         self.end: Names | None = None
         # Names of the state entries that a forward run replaced (written, or stored by a
         # neutral loop or jit inside it): only these reach the caller's frame, so a value
@@ -293,6 +307,8 @@ class _RuleCall:
                     stack.enter_context(
                         hk.custom_getter(_refuse_differentiated, params=True, state=True)
                     )
+            if self.left_out:
+                stack.enter_context(hk.custom_creator(self._refuse_left_out, params=True))
             before = base.param_names()
             entry = _state_identities(frame)
             yield frame
@@ -309,6 +325,19 @@ class _RuleCall:
                 if self.finished and changed - self.changed:
                     raise _late_write_error(self.where, changed - self.changed)
                 self.changed |= changed
+
+    def _refuse_left_out(self, next_creator: Any, shape: Any, dtype: Any, init: Any, context: Any):
+        if context.full_name in self.left_out:
+            raise ValueError(
+                f"{self.where}: the JVP rule reads the Haiku parameter {context.full_name!r}, "
+                "which the primal function does not use. Where the call is staged (inside "
+                "jax.jit, a loop or jax.make_jaxpr), the rule takes only the params its "
+                "primal function uses (from JAX 0.12 every other would become a residual of "
+                "jax.linearize). Pass the value to the rule as an argument "
+                "(jaxoverride.closure_convert makes what a function reads arguments), or "
+                "use it in the primal function."
+            )
+        return next_creator(shape, dtype, init)
 
     def finish(self, after: tuple[Any, Any]) -> None:
         state, rng = after
@@ -335,17 +364,45 @@ def _haiku_layer() -> contextlib.AbstractContextManager[Any]:
     return contextlib.nullcontext()
 
 
-def _run(rule: Any, call: _RuleCall, args: tuple[Any, ...]) -> Any:
+def _kept_params(values: InternalState, used: list[bool]) -> list[bool]:
+    """Per leaf of ``values``: whether it goes to the rule. Params only where ``used``;
+    all of the state and rng, which the rule hands back."""
+    count = len(jax.tree.leaves(values.params))
+    return [u or index >= count for index, u in enumerate(used)]
+
+
+def _without_params(values: InternalState, kept: list[bool]) -> InternalState:
+    """``values`` without the params that ``kept`` leaves out (in leaf order)."""
+    flags = iter(kept)
+    params: dict[str, dict[str, Any]] = {}
+    for module, bundle in sorted((values.params or {}).items()):
+        for name in sorted(bundle):
+            if next(flags):
+                params.setdefault(module, {})[name] = bundle[name]
+    return values._replace(params=params)
+
+
+def _full_names(params: Any) -> set[str]:
+    return {f"{module}/{name}" for module, bundle in (params or {}).items() for name in bundle}
+
+
+def _run(
+    bind: Callable[[InternalState], tuple[Any, InternalState]],
+    call: _RuleCall,
+    args: tuple[Any, ...],
+) -> Any:
     """Calls JAX's rule on the caller's values and hands back what it wrote.
 
-    A full block of rng keys is reserved first (the same rng structure in and out); a
-    failure puts the caller's sequence back as it was.
+    ``bind(values)`` returns the rule and the values it takes. A full block of rng keys
+    is reserved first (the same rng structure in and out); a failure puts the caller's
+    sequence back as it was.
     """
     sequence = current_frame().rng_stack.peek()
     saved = None if sequence is None else (sequence, sequence.internal_state)
     try:
         reserve_full_block()
-        out, after = rule(stateful.internal_state(), *args)
+        rule, values = bind(stateful.internal_state())
+        out, after = rule(values, *args)
     except BaseException:
         if saved is not None:
             saved[0].replace_internal_state(saved[1])
@@ -414,7 +471,7 @@ class HaikuRule(LiftedRule):
         # Symbolic zeros tell which of Haiku's values are being differentiated; the user's
         # rules see them only if they asked.
         rule.defvjp(lifted_fwd, lifted_bwd, symbolic_zeros=True, optimize_remat=optimize_remat)
-        return _run(rule, call, args)
+        return _run(lambda values: (rule, values), call, args)
 
     def _lifted_jvp(self, args: tuple[Any, ...]) -> Any:
         call = _RuleCall(self._where)
@@ -441,9 +498,22 @@ class HaikuRule(LiftedRule):
                 after = _after(frame)
             return (out, after), (out_tangent, zero_tangents(after))
 
-        rule = self._below(self._primal(call), nondiff_argnums=self._lifted_nondiff)
-        rule.defjvp(lifted_jvp, symbolic_zeros=True)
-        return _run(rule, call, args)
+        def bind(values: InternalState) -> tuple[Any, InternalState]:
+            primal = self._primal(call)
+            if kit_staged():
+                # JAX would trace the primal here: trace it once instead, and pass only
+                # the params it reads (``adapter_kit.StagedPrimal``).
+                nondiff = [n - 1 for n in self._lifted_nondiff]
+                traced = StagedPrimal.trace(primal, values, args, nondiff)
+                kept = _kept_params(values, traced.used)
+                pruned = _without_params(values, kept)
+                call.left_out = frozenset(_full_names(values.params) - _full_names(pruned.params))
+                values, primal = pruned, traced.primal(kept)
+            rule = self._below(primal, nondiff_argnums=self._lifted_nondiff)
+            rule.defjvp(lifted_jvp, symbolic_zeros=True)
+            return rule, values
+
+        return _run(bind, call, args)
 
 
 _BUILDERS = HaikuRule.overrides()

@@ -15,46 +15,33 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from haiku._src import stateful
+
 import jaxoverride as jo
 from jaxoverride import adapter_kit as kit
 from jaxoverride_haiku._creation import init_safe_call
-from jaxoverride_haiku._frames import (
-    Threaded,
-    policy_left,
-    policy_state,
-    solve_policy,
-    state_usable,
-)
+from jaxoverride_haiku._frames import Threaded, state_usable
 from jaxoverride_haiku._rng import update_state
 
 
 class TracedCall(kit.StatefulCall):
     """One call of a function that a JAX transform traces once, Haiku state threaded."""
 
-    __slots__ = ("policy", "thread")
+    __slots__ = ("thread",)
 
     def __init__(self, where: str):
-        # Under ``jaxoverride.solve_state``: the call starts from the frozen state, and
-        # what it leaves is written through the declaration (``Participant``).
-        self.policy = solve_policy()
-        super().__init__(policy_state(self.policy))
+        super().__init__(stateful.internal_state())
         self.thread = Threaded(1, where, check_params=False)
 
     def traced(self, state: Any, thunk: Callable[[], Any]) -> tuple[Any, Any]:
         """``thunk()`` in a frame holding ``state``; returns ``(out, what_changed)``."""
-        policy = self.policy
         with self.thread.frame(0, state):
-            frame = None if policy is None else policy.push(state)
-            try:
-                out = thunk()
-                changed = policy_left(policy, frame, state)
-            finally:
-                if policy is not None and frame is not None:
-                    policy.pop(frame)
+            out = thunk()
+            changed = stateful.difference(state, stateful.internal_state())
         return out, changed
 
     def finish(self, left: Any) -> None:
-        update_state(left if self.policy is None else self.policy.written(left))
+        update_state(left)
         self.thread.finish()
         # JAX may keep the traced function (pmap's cache of its shard_map), and with it
         # this call: it must not keep the caller's trace's values.
@@ -94,9 +81,9 @@ def _concrete(tree: Any) -> Any:
 
 
 def eval_shape(fun: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-    lower = jo.next_impl("eval_shape")
+    below = jo.next_impl("eval_shape")
     if not state_usable():
-        return lower(fun, *args, **kwargs)
+        return below(fun, *args, **kwargs)
 
     def creation() -> None:
         fun(*_concrete(args), **_concrete(kwargs))
@@ -106,7 +93,7 @@ def eval_shape(fun: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         # inside still take their names.
         call = TracedCall("jaxoverride.eval_shape")
         pure = kit.wraps(fun)(lambda *a, **k: call.run(fun, a, k)[0])
-        out = lower(pure, *args, **kwargs)
+        out = below(pure, *args, **kwargs)
         call.thread.finish()
         return out
 

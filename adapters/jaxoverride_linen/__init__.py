@@ -22,7 +22,7 @@ from jaxoverride_linen._errors import (
     DifferentiatedStateError as DifferentiatedStateError,
     PureFunctionWriteError as PureFunctionWriteError,
 )
-from jaxoverride_linen._scope import (
+from jaxoverride_linen._source import (
     LinenStateError as LinenStateError,
     in_bound_module as in_bound_module,
 )

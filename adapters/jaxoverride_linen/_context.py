@@ -10,7 +10,7 @@ from flax.linen import module as linen_module
 
 import jaxoverride as jo
 from jaxoverride import adapter_kit as kit
-from jaxoverride_linen import _control, _patches, _rules, _scope, _transforms
+from jaxoverride_linen import _control, _patches, _rules, _source, _transforms
 from jaxoverride_linen._per_thread import local as _local
 
 __all__ = ["context", "install", "is_installed", "uninstall"]
@@ -104,7 +104,7 @@ def _call_in_scope(module: Any, fun: Any, args: Any, kwargs: Any) -> Any:
 def _call_marked(module: Any, fun: Any, args: Any, kwargs: Any) -> Any:
     """Linen's call; an outermost call inside a JAX trace that the module's root was not
     bound in (a module from ``.bind()`` used in a free function's loop) is marked, so
-    that a write of its variables is refused (``_scope``) instead of leaking a tracer:
+    that a write of its variables is refused (``_source``) instead of leaking a tracer:
     the trace was started by no method of the module, so nothing threads its state."""
     root = module.scope.root
     if _linen_context.module_stack[-1] is not None or root.trace_level == (
@@ -269,12 +269,12 @@ def _solve_source() -> Any:
     """The source a ``jaxoverride.solve_state`` declaration applies to: the Linen modules
     running now, where this adapter is active (``context()`` entered, or ``install()``);
     None elsewhere, so that a declaration there changes nothing."""
-    if not _scope.in_bound_module():
+    if not _source.in_bound_module():
         return None
     installation = _INSTALLER.installation
     if not _entered_depth.get() and not (installation is not None and installation.installed):
         return None
-    return _scope.source("jaxoverride.solve_state", solve_entry=True)
+    return _source.source("jaxoverride.solve_state", solve_entry=True)
 
 
 kit.register_solve_source("linen", _solve_source)

@@ -26,7 +26,7 @@ from typing import Any
 import jaxoverride as jo
 from jaxoverride import adapter_kit as kit
 from jaxoverride.adapter_kit import init_safe, traced_arguments, zeros_for
-from jaxoverride_linen import _declared, _scope
+from jaxoverride_linen import _declared, _source
 from jaxoverride_linen._declared import SOLVE_STATE_FIX
 from jaxoverride_linen._guards import discarding, pure
 
@@ -39,6 +39,19 @@ CONVERTED = (
     "implicit=False, jaxopt's implicit_diff=False) does not convert the function, but "
     "optimistix, lineax and diffrax (with its default adjoint) convert their callbacks, so "
     "there this is the only way without a declaration. " + SOLVE_STATE_FIX
+)
+
+
+CONVERTED_DECLARED = (
+    "{where} turns the function into a jaxpr whose outputs are fixed, so a write inside "
+    "it cannot come out, even under jaxoverride.solve_state: the declaration keeps this "
+    "collection at the solution, and dropping the write would leave it silently at its "
+    "entry value (an rng draw is fine there: it draws the solve's one key). Only a map "
+    "converted by jaxoverride.closure_convert (fpsolve's implicit mode) writes it; with "
+    "a solver that converts by make_jaxpr (optimistix, diffrax's default adjoint, "
+    "equinox's filter_closure_convert) or a custom_root/custom_linear_solve, update the "
+    "collection outside the solve (call the layer once at the solution, after the solver "
+    "returns), or use the solver's non-implicit mode."
 )
 
 
@@ -60,20 +73,23 @@ def _converting(
     trace: Callable[[Callable[..., Any]], Any],
     creation: Callable[[], Any],
 ) -> Any:
-    source = _scope.source(where)
-    policy = _scope.declaration()
-    allowed = _declared.allowed(policy)
+    source = _source.source(where)
+    policy = _source.declaration()
+    # Draws of the streams frozen: the solve's key; writes cannot come out (see above).
+    allowed = frozenset(a for a in _declared.allowed(policy) if a[0] == "rng")
+    reason = CONVERTED_DECLARED if _declared.frozen_collections_any(policy) else CONVERTED
 
     def traced(*args: Any, **kwargs: Any) -> Any:
         evaluation = _declared.evaluating(policy, source.roots, install=True)
-        with pure_scope(source, where, allowed=allowed), evaluation:
+        guard = pure_scope(source, where, reason=reason, allowed=allowed)
+        with guard, evaluation:
             return fun(*args, **kwargs)
 
     return init_safe(source, creation, lambda: trace(traced))
 
 
 CONVERSIONS: dict[str, Callable[..., Any]] = kit.conversion_overrides(
-    _scope.in_bound_module, _converting, module=__name__
+    _source.in_bound_module, _converting, module=__name__
 )
 """Neutral name -> Linen override, for the names that convert a function into a jaxpr."""
 
@@ -84,13 +100,13 @@ def closure_convert(fun: Callable[..., Any], *example_args: Any) -> Any:
     """``jax.closure_convert`` inside bound Linen modules (``_converting``); under a
     ``jaxoverride.solve_state`` that keeps collections at the solution, the converted
     function writes them as ``fun`` did, each time it is called (``_declared``)."""
-    policy = _scope.declaration() if _scope.in_bound_module() else None
+    policy = _source.declaration() if _source.in_bound_module() else None
     if not _declared.frozen_collections_any(policy):
         return _converting_closure(fun, *example_args)
     assert policy is not None
     lower = jo.next_impl("closure_convert")
     where = "jaxoverride.closure_convert"
-    source = _scope.source(where)
+    source = _source.source(where)
     allowed = _declared.allowed(policy)
     guard = lambda: pure_scope(source, where, allowed=allowed)
     call = lambda: _declared.stateful_closure_convert(
@@ -112,15 +128,15 @@ def eval_shape(fun: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     loop's condition (equinox checks its callbacks' shapes there) must not do. At init a
     creation pass first creates the variables the function uses.
     """
-    lower = jo.next_impl("eval_shape")
-    if not _scope.in_bound_module():
-        return lower(fun, *args, **kwargs)
+    below = jo.next_impl("eval_shape")
+    if not _source.in_bound_module():
+        return below(fun, *args, **kwargs)
     where = "jaxoverride.eval_shape"
-    source = _scope.source(where)
+    source = _source.source(where)
 
     def call() -> Any:
         with discarding(source.roots):
-            return lower(lambda *a, **k: fun(*a, **k), *args, **kwargs)
+            return below(lambda *a, **k: fun(*a, **k), *args, **kwargs)
 
     creation = lambda: fun(*traced_arguments(zeros_for(args)), **zeros_for(kwargs))
     return init_safe(source, creation, call)

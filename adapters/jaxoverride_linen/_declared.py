@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from typing import Any, cast
 
 from jaxoverride import adapter_kit as kit
 from jaxoverride_linen import _trees as trees
@@ -35,6 +35,12 @@ SOLVE_STATE_FIX = (
     "per solve, the state written once at the solution); inside it these draws and writes "
     "follow the declaration."
 )
+
+
+def frozen(policy: kit.Participant) -> list[tuple[tuple[Any, ...], Any]]:
+    """The slots ``policy`` freezes (Linen's are tuples: ``("rng", root, stream)`` and
+    ``("state", root, collection, path)``, see ``LinenSource.parts``), with their values."""
+    return [(cast(tuple[Any, ...], slot), value) for slot, value in policy.frozen.items()]
 
 
 def allowed(policy: kit.Participant | None) -> frozenset[tuple[str, str]]:
@@ -53,12 +59,12 @@ def allowed(policy: kit.Participant | None) -> frozenset[tuple[str, str]]:
     """
     if policy is None:
         return NO_DECLARATION
-    return frozenset((slot[0], slot[2]) for slot in policy.frozen)
+    return frozenset((slot[0], slot[2]) for slot, _ in frozen(policy))
 
 
 def frozen_collections_any(policy: kit.Participant | None) -> bool:
     """Whether ``policy`` keeps any collection at the solution."""
-    return policy is not None and any(slot[0] == "state" for slot in policy.frozen)
+    return policy is not None and any(slot[0] == "state" for slot, _ in frozen(policy))
 
 
 def frozen_collections(policy: kit.Participant | None, variables: Any) -> list[str]:
@@ -67,7 +73,7 @@ def frozen_collections(policy: kit.Participant | None, variables: Any) -> list[s
     if policy is None:
         return []
     return sorted(
-        {slot[2] for slot in policy.frozen if slot[0] == "state" and slot[1] == id(variables)}
+        {slot[2] for slot, _ in frozen(policy) if slot[0] == "state" and slot[1] == id(variables)}
     )
 
 
@@ -81,7 +87,7 @@ def evaluating(
 
     Args:
       policy: the declaration (``kit.Participant``), or None (then nothing changes).
-      roots: the adapter's roots (``_scope._Root``) the evaluation runs on.
+      roots: the adapter's roots (``_source._Root``) the evaluation runs on.
       install: put the frozen collections' entry values live (a conversion; a rule
         receives them as its argument).
 
@@ -96,7 +102,7 @@ def evaluating(
     entry = policy.source._entry_counters or {}
     for root in roots:
         rid = id(root.variables)
-        for slot in policy.frozen:
+        for slot, _ in frozen(policy):
             if slot[0] == "rng" and slot[1] == rid:
                 trees.restore_stream(root.counters, entry.get(rid, {}), slot[2])
     if install:
@@ -114,7 +120,7 @@ def _install_entry_state(policy: kit.Participant, roots: Sequence[Any]) -> None:
     """The frozen collections' leaves, live, as at the declaration's entry."""
     for root in roots:
         rid = id(root.variables)
-        for slot, value in policy.frozen.items():
+        for slot, value in frozen(policy):
             if slot[0] != "state" or slot[1] != rid:
                 continue
             col, path = slot[2], slot[3]

@@ -15,7 +15,7 @@ from typing import Any
 
 from flax.core import scope as core_scope
 
-from jaxoverride_linen import _guards, _scope
+from jaxoverride_linen import _guards, _source
 
 Scope = core_scope.Scope
 NAMES = ("make_rng", "variable", "put_variable", "get_variable")
@@ -29,10 +29,10 @@ _ours: dict[str, Any] = {}
 def _wrappers(original: dict[str, Any]) -> dict[str, Any]:
     # The guards run first: a refused write or draw never reaches the threading.
     return {
-        "make_rng": _guards.guard_make_rng(_scope.wrap_make_rng(original["make_rng"])),
-        "variable": _scope.wrap_variable(original["variable"]),
+        "make_rng": _guards.guard_make_rng(_source.wrap_make_rng(original["make_rng"])),
+        "variable": _source.wrap_variable(original["variable"]),
         "put_variable": _guards.guard_put_variable(
-            _scope.wrap_put_variable(original["put_variable"])
+            _source.wrap_put_variable(original["put_variable"])
         ),
         "get_variable": _guards.guard_get_variable(original["get_variable"]),
     }
@@ -49,7 +49,7 @@ def acquire() -> None:
             _ours.update(_wrappers(_saved))
             for name, wrapper in _ours.items():
                 setattr(Scope, name, wrapper)
-            _scope._in_use.append(True)
+            _source._in_use.append(True)
         _users += 1
 
 
@@ -68,7 +68,7 @@ def release() -> None:
                 setattr(Scope, name, _saved[name])
         _ours.clear()
         _saved.clear()
-        _scope._in_use.clear()
+        _source._in_use.clear()
 
 
 def active() -> bool:

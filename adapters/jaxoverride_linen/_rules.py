@@ -35,13 +35,14 @@ must be an argument. ``nn.custom_vjp`` has no ``custom_jvp`` counterpart; this o
 from __future__ import annotations
 
 import contextlib
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import jax
 
 from jaxoverride import adapter_kit as kit
-from jaxoverride_linen import _convert, _declared, _scope, _trees as trees
+from jaxoverride_linen import _convert, _declared, _source, _trees as trees
 from jaxoverride_linen._convert import init_safe, pure_scope
 from jaxoverride_linen._declared import SOLVE_STATE_FIX
 from jaxoverride_linen._errors import DifferentiatedStateError
@@ -128,7 +129,17 @@ class _Call:
     JAX value: the caller's values are the rule's leading argument.
     """
 
-    __slots__ = ("backward", "forward", "kept", "policy", "roots", "source", "where")
+    __slots__ = (
+        "__weakref__",
+        "backward",
+        "evaluated",
+        "forward",
+        "kept",
+        "policy",
+        "roots",
+        "source",
+        "where",
+    )
 
     def __init__(self, source: Any, where: str):
         self.source = source
@@ -142,6 +153,7 @@ class _Call:
         # its writes are dropped.
         self.policy = self.forward.policy
         self.forward.policy = None
+        self.evaluated = False  # whether a forward run evaluated anything (``kit.Threaded``)
         self.backward = kit.Threaded(source, 1, where, backward=True)
         self.backward.policy = self.policy
         # Per leaf of the threaded state: left as it came in by every forward run so far.
@@ -198,15 +210,23 @@ class _Call:
             with pure(source.roots, where, *_DRAW, writes=False, allowed=allowed):
                 return fun(*args)
 
-        frame = None if policy is None else policy.push()
-        try:
+        if policy is None:
             with self.reading(params, refused), hidden_rngs(source.roots), _valid(source):
-                with _declared.evaluating(policy, source.roots):
-                    out, after = self.forward.run(0, state, drawing_refused)
-        finally:
-            if policy is not None and frame is not None:
+                out, after = self.forward.run(0, state, drawing_refused)
+            self.note_kept(state, after)
+            return out, after
+        # The state argument was frozen at the call's read: inside the rule's trace it
+        # stands for the entry state (``rebased``).
+        frame = policy.push(state, received=state)
+        with policy.rebased(state):
+            try:
+                with self.reading(params, refused), hidden_rngs(source.roots), _valid(source):
+                    with _declared.evaluating(policy, source.roots):
+                        out, after = self.forward.run(0, state, drawing_refused)
+            finally:
                 policy.pop(frame)
-        if policy is not None and frame is not None:
+            if frame.last is not None or not policy.untouched(after):
+                self.evaluated = True
             after = policy.left(after, frame)
         self.note_kept(state, after)
         return out, after
@@ -229,7 +249,39 @@ class _Call:
         return out
 
 
-def _refuse_differentiated_state(call: _Call, state_cotangent: Any) -> None:
+class _Backward:
+    """What the backward rule keeps of a call: its name, and the call and modules weakly.
+
+    JAX keeps ``bwd`` in the linear program after the differentiating trace has ended
+    (from JAX 0.12, ``jax.grad`` linearizes through a ``LinearizeTrace``, and transposes
+    after it), while the caller's scopes hold the variables being differentiated as
+    tracers of that trace: a strong reference to the call would keep them, and the
+    trace, alive (``jax.checking_leaks`` reports it). ``bwd`` can reach those scopes only
+    through a reference of the user's own (a module that its functions or residuals
+    hold), which keeps the modules alive; where none is left, ``bwd`` has no variable to
+    read and none to write, and runs as it is.
+    """
+
+    __slots__ = ("call", "modules", "where")
+
+    def __init__(self, call: _Call):
+        self.call = weakref.ref(call)
+        self.modules = [weakref.ref(module) for module in call.source.modules]
+        self.where = call.where
+
+    def run_pure(self, values: Any, fun: Callable[..., Any], *args: Any) -> Any:
+        """``fun(*args)`` as ``_Call.run_pure`` while the caller's modules live."""
+        call = self.call()
+        if call is None:
+            modules = [ref() for ref in self.modules]
+            if any(module is None for module in modules):
+                return fun(*args)  # the scopes are gone: nothing for bwd to route
+            source = _source.LinenSource(self.where, modules=modules)
+            call = _Call(source, self.where)
+        return call.run_pure(values, fun, *args)
+
+
+def _refuse_differentiated_state(where: str, state_cotangent: Any) -> None:
     """Refuses a derivative that would silently be zero: of a variable that came out."""
     names = sorted(
         "/".join((col, *path))
@@ -240,7 +292,7 @@ def _refuse_differentiated_state(call: _Call, state_cotangent: Any) -> None:
     )
     if names:
         raise DifferentiatedStateError(
-            f"{call.where}: the Linen variables {', '.join(names)} came out of the rule "
+            f"{where}: the Linen variables {', '.join(names)} came out of the rule "
             "(written in it, or carried through a neutral loop or jit inside it) and are "
             "differentiated afterwards. The rule's bwd gives cotangents from its output only, "
             "so they would get a silently zero gradient. Write them outside the rule (before "
@@ -256,10 +308,10 @@ class LinenRule(kit.LiftedRule):
     """
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if self._rule is None or not _scope.in_bound_module():
+        if self._rule is None or not _source.in_bound_module():
             return self._plain(*args, **kwargs)
         args = kit.positional_arguments(self._fun, args, kwargs)
-        source = _scope.source(self._where)
+        source = _source.source(self._where)
         lifted = self._lifted_vjp if self._name == "custom_vjp" else self._lifted_jvp
         # The creation pass sees the arguments as JAX's rule does: arrays, nondiff ones
         # as given.
@@ -268,8 +320,15 @@ class LinenRule(kit.LiftedRule):
 
     def _primal(self, call: _Call) -> Callable[..., Any]:
         fun = self._fun
+        # JAX keeps the primal function in its ``custom_vjp`` bwd (for messages), which
+        # outlives the call in a linear program (see ``_Backward``); it runs it only while
+        # the call binds, when the call is alive.
+        live = weakref.ref(call)
 
         def primal(values: Any, *args: Any) -> Any:
+            call = live()
+            if call is None:
+                raise RuntimeError(f"{self._where}: the primal function ran after its call")
             return call.run(values, fun, *args)
 
         return primal
@@ -283,7 +342,7 @@ class LinenRule(kit.LiftedRule):
         out, after = rule((_params(source), state), *args)
         after = call.written(state, after)
         if policy is not None:
-            after = policy.written(after)
+            after = policy.written(after, backward=not call.evaluated)
         call.forward.finish(after)
         return out
 
@@ -306,12 +365,14 @@ class LinenRule(kit.LiftedRule):
             out, residuals = kit.fwd_output_pair(pair, fwd, fun)
             return (out, after), (residuals, (values[0], after))
 
+        backward = _Backward(call)  # bwd holds no strong reference to the call
+
         def lifted_bwd(*rest: Any) -> Any:
             *nondiff, (residuals, forward_values), (out_cotangent, state_cotangent) = rest
-            _refuse_differentiated_state(call, state_cotangent)
+            _refuse_differentiated_state(backward.where, state_cotangent)
             if not symbolic_zeros:
                 out_cotangent = kit.instantiate_zeros(out_cotangent)
-            cotangents = call.run_pure(forward_values, bwd, *nondiff, residuals, out_cotangent)
+            cotangents = backward.run_pure(forward_values, bwd, *nondiff, residuals, out_cotangent)
             return (None, *kit.bwd_cotangents(cotangents, primal_tree))
 
         rule = self._below(self._primal(call), nondiff_argnums=self._lifted_nondiff)

@@ -23,7 +23,7 @@ import jax.numpy as jnp
 
 import jaxoverride as jo
 from jaxoverride import adapter_kit as kit
-from jaxoverride_linen._scope import in_bound_module, source
+from jaxoverride_linen._source import in_bound_module, source
 
 # A function under vmap, grad, vjp or jvp may sow: its call records what it sows first
 # (stacked along vmap's axis, as nn.vmap's variable_axes={collection: 0}), and runs again.
@@ -86,15 +86,15 @@ def jit(fun: Callable[..., Any], *args: Any, **kwargs: Any) -> Callable[..., Any
 
 
 def eval_shape(fun: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-    lower = jo.next_impl("eval_shape")
+    below = jo.next_impl("eval_shape")
     if not in_bound_module():
-        return lower(fun, *args, **kwargs)
+        return below(fun, *args, **kwargs)
     where = "jaxoverride.eval_shape"
 
     def call() -> Any:
         # As jax.eval_shape: state changes and rng draws inside are discarded.
         state_call = _STATE.begin(where)
-        out = lower(kit.wraps(fun)(lambda *a, **k: state_call.run(fun, a, k)[0]), *args, **kwargs)
+        out = below(kit.wraps(fun)(lambda *a, **k: state_call.run(fun, a, k)[0]), *args, **kwargs)
         state_call.finish(state_call.state)
         return out
 
@@ -103,7 +103,7 @@ def eval_shape(fun: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
 
 
 def make_jaxpr(fun: Callable[..., Any], *args: Any, **kwargs: Any) -> Callable[..., Any]:
-    lower = jo.next_impl("make_jaxpr")
+    below = jo.next_impl("make_jaxpr")
 
     def traced(*call_args: Any, **call_kwargs: Any) -> Any:
         where = "jaxoverride.make_jaxpr"
@@ -111,7 +111,7 @@ def make_jaxpr(fun: Callable[..., Any], *args: Any, **kwargs: Any) -> Callable[.
         def call() -> Any:
             state_call = _STATE.begin(where)
             pure = kit.wraps(fun)(lambda *a, **k: state_call.run(fun, a, k)[0])
-            out = lower(pure, *args, **kwargs)(*call_args, **call_kwargs)
+            out = below(pure, *args, **kwargs)(*call_args, **call_kwargs)
             state_call.finish(state_call.state)
             return out
 
@@ -120,14 +120,14 @@ def make_jaxpr(fun: Callable[..., Any], *args: Any, **kwargs: Any) -> Callable[.
         traced = lambda: kit.traced_arguments(call_args, static)
         return _STATE.init_safe(where, lambda: fun(*traced(), **call_kwargs), call)
 
-    return _in_modules(fun, lower(fun, *args, **kwargs), traced)
+    return _in_modules(fun, below(fun, *args, **kwargs), traced)
 
 
 # -- shard_map -------------------------------------------------------------------------
 
 
 def shard_map(f: Any = None, /, **options: Any) -> Any:
-    lower = jo.next_impl("shard_map")
+    below = jo.next_impl("shard_map")
     if f is None:
         return functools.partial(shard_map, **options)
     where = "jaxoverride.shard_map"
@@ -137,7 +137,7 @@ def shard_map(f: Any = None, /, **options: Any) -> Any:
             state_call = _STATE.begin(where)
             pure = kit.wraps(f)(lambda *a, **k: state_call.run(f, a, k))
             specs = {**options, "out_specs": (options["out_specs"], jax.sharding.PartitionSpec())}
-            out, after = lower(pure, **specs)(*call_args, **call_kwargs)
+            out, after = below(pure, **specs)(*call_args, **call_kwargs)
             state_call.finish(after)
             return out
 
@@ -147,7 +147,7 @@ def shard_map(f: Any = None, /, **options: Any) -> Any:
         creation = lambda: f(*kit.traced_arguments(block()), **call_kwargs)
         return _STATE.init_safe(where, creation, call)
 
-    return _in_modules(f, lower(f, **options), sharded)
+    return _in_modules(f, below(f, **options), sharded)
 
 
 OVERRIDES: dict[str, Callable[..., Any]] = {

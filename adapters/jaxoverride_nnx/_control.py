@@ -9,7 +9,7 @@ and ride along unchanged.
 
 ``scan``, ``while_loop``, ``fori_loop``, ``cond``, ``switch`` and the stateful ``map``
 are the kit's threaded combinators over ``_Source``, a ``StateSource`` of the tracked
-values given to the call (``_threads``: only those of the modules it touches); the
+values given to the call (``_touched``: only those of the modules it touches); the
 stateless paths (JAX's own structure when nothing is touched) are written here.
 
 The functions handed to JAX are cached per (user function, tracked set) and close over
@@ -57,9 +57,9 @@ from jaxoverride_nnx._lift import (
     with_arguments,
     write_back,
 )
-from jaxoverride_nnx._scope import Tracked, current
-from jaxoverride_nnx._solve import FRAMEWORK, parts_of
-from jaxoverride_nnx._threads import NeedsState, Threads, given_values, module_of
+from jaxoverride_nnx._solve import FRAMEWORK, parts_of, policy_for
+from jaxoverride_nnx._touched import NeedsState, Threads, given_values, module_of
+from jaxoverride_nnx._tracked import Tracked, current
 from jaxoverride_nnx._transforms import run_closure, run_mapped
 
 T = TypeVar("T")
@@ -77,26 +77,33 @@ class _Lifted:
     """A function handed to JAX in place of the user's: cached, so JAX can cache its trace.
 
     It holds the user's functions by weak reference (a strong one would keep them, and
-    every module they close over, alive through the cache) and passes them to ``body``.
-    ``written`` records which Variables some trace of it wrote; it lives as long as the
-    wrapper, because a cached trace is not run again.
+    every module they close over, alive through the cache) and passes them to ``body``
+    (the kit's step, ``step``) or to ``plain`` (called by JAX's own loop, when nothing
+    tracked is touched). ``written`` records which Variables some trace of it wrote; it
+    lives as long as the wrapper, because a cached trace is not run again.
     """
 
-    __slots__ = ("__weakref__", "body", "outputs", "refs", "threads", "traces", "written")
+    __slots__ = ("__weakref__", "body", "outputs", "plain", "refs", "threads", "written")
 
-    def __init__(self, body: Callable[..., Any], refs: tuple[Callable[[], Any], ...]):
+    def __init__(
+        self,
+        body: Callable[..., Any],
+        plain: Callable[..., Any] | None,
+        refs: tuple[Callable[[], Any], ...],
+    ):
         self.body = body
+        self.plain = plain
         self.refs = refs
         self.written: set[int] = set()
         self.outputs: Any = None  # a branch's output shapes, for branch_error
-        self.traces: dict[Any, Any] = {}  # a first test's jaxprs, by argument types
         self.threads = Threads()  # which tracked values the function touches
 
     def __call__(self, *args: Any) -> Any:
-        return self.body(self, [ref() for ref in self.refs], *args)
+        assert self.plain is not None, "a stateful step is handed to JAX by the kit"
+        return self.plain(self, [ref() for ref in self.refs], *args)
 
     def step(self, given: _Given, *args: Any) -> Any:
-        """The kit's step (``_Source.run_scoped``): ``(out, new state)`` of one trace."""
+        """The kit's step (``_Source.run``): ``(out, new state)`` of one trace."""
         return self.body(self, [ref() for ref in self.refs], given, *args)
 
     def run(
@@ -109,7 +116,7 @@ class _Lifted:
         where: str,
     ) -> tuple[Any, dict[int, Any]]:
         """Inside the trace: run ``fn`` with the Variables holding ``state`` (the values
-        given; the others hold probes of the running call, see ``_threads``)."""
+        given; the others hold probes of the running call, see ``_touched``)."""
         out, after = run_lifted(
             tracked, {**state, **constants}, fn, args, {}, where, owner=_OWNER.get()
         )
@@ -121,10 +128,12 @@ class _Lifted:
 _wrappers: WrapperCache[_Lifted] = WrapperCache()
 
 
-def _lifted(fns: Sequence[Any], key: Hashable, body: Callable[..., Any]) -> _Lifted:
+def _lifted(
+    fns: Sequence[Any], key: Hashable, body: Callable[..., Any], plain: Any = None
+) -> _Lifted:
     """The cached wrapper of the user's functions ``fns`` for ``key`` (the kind of call
-    and the tracked set)."""
-    return _wrappers.get(fns, key, lambda refs: _Lifted(body, refs))
+    and the tracked set): its stateful step ``body``, and its ``plain`` form if any."""
+    return _wrappers.get(fns, key, lambda refs: _Lifted(body, plain, refs))
 
 
 def _start(
@@ -217,6 +226,10 @@ def _stateless(
     owner = object()
     tokens = _enter(tracked, initial)
     token = _OWNER.set(owner)
+    # Under jaxoverride.solve_state, what an inner boundary keeps as its last stays in
+    # this call's frame: a tracer of JAX's trace here, never the caller's.
+    policy = policy_for(tracked)
+    frame = None if policy is None else policy.push()
     try:
         return call()
     except NeedsState as error:
@@ -227,6 +240,8 @@ def _stateless(
             wrapper.threads.found[tracked.key] = touched
         return _STATEFUL
     finally:
+        if frame is not None and policy is not None:
+            policy.pop(frame)
         _OWNER.reset(token)
         _leave(tokens)
 
@@ -278,7 +293,7 @@ class _Source(kit.ScopedStateSource):
     """The kit's state source for one control-flow call: the tracked values given.
 
     ``read()`` is the given Variables' values and array attributes; each traced step
-    installs them for its extent (``run_scoped``, as ``run_lifted`` does); ``write`` stores
+    installs them for its extent (``run``, as ``run_lifted`` does); ``write`` stores
     what some trace of ``wrappers`` wrote (kept on each ``_Lifted``: a cached trace does
     not run again).
     """
@@ -298,7 +313,7 @@ class _Source(kit.ScopedStateSource):
     def read(self) -> Any:
         return self.state, self.constants
 
-    def run_scoped(self, state: Any, fun: Any, *args: Any) -> tuple[Any, Any]:
+    def run(self, state: Any, fun: Any, *args: Any) -> tuple[Any, Any]:
         values, constants = state
         out, after = fun.step((self.tracked, values, constants), *args)
         return out, (after, constants)
@@ -394,18 +409,10 @@ def while_loop(
     tracked = with_arguments(current(), init_val)
     if tracked is None or not (callable(cond_fun) and callable(body_fun)):
         return call_plain(below, (cond_fun, body_fun, init_val), {}, _WHILE)
-    test = _lifted((cond_fun,), ("while-test", tracked.key), _while_test)
-    body = _lifted((body_fun, cond_fun), ("while", tracked.key), _while_step)
+    test = _lifted((cond_fun,), ("while-test", tracked.key), _while_test, _plain_test)
+    body = _lifted((body_fun, cond_fun), ("while", tracked.key), _while_step, _plain_step)
     init = to_refs(init_val, tracked)[0]
-    plain_test = _lifted((cond_fun,), ("while-plain-test", tracked.key), _plain_test)
-    plain_step = _lifted((body_fun, cond_fun), ("while-plain-step", tracked.key), _plain_step)
-    final = _stateless(
-        tracked,
-        [plain_test, plain_step],
-        lambda: below(plain_test, plain_step, init),
-        [test, body],
-        initial=init,
-    )
+    final = _stateless(tracked, [test, body], lambda: below(test, body, init), [], initial=init)
     if final is _STATEFUL:
         final = _threaded(
             tracked,
@@ -474,7 +481,7 @@ class _BranchSource(_Source):
     def read(self) -> Any:
         return self.state
 
-    def run_scoped(self, state: Any, fun: Any, *args: Any) -> tuple[Any, Any]:
+    def run(self, state: Any, fun: Any, *args: Any) -> tuple[Any, Any]:
         constants, *operands = args
         return fun.step((self.tracked, state, constants), *operands)
 
@@ -662,27 +669,22 @@ def lax_map(f: Callable[[Any], Any], xs: Any, *, batch_size: int | None = None) 
     if tracked is None or not callable(f):
         return call_plain(below, (f, xs), {"batch_size": batch_size}, _MAP)
     scan_below = jo.next_impl("lax.scan")
-    each = _lifted((f,), ("map-each", tracked.key), _plain_map)
-    then = [
-        _lifted((f,), ("map", tracked.key), _map_step),
-        _lifted((f,), ("map-blocks", tracked.key), _block_step),
-    ]
-    ys = _stateless(tracked, [each], lambda: below(each, xs, batch_size=batch_size), then=then)
+    each = _lifted((f,), ("map", tracked.key), _map_step, _plain_map)
+    blocks_body = _lifted((f,), ("map-blocks", tracked.key), _block_step)
+    ys = _stateless(tracked, [each], lambda: below(each, xs, batch_size=batch_size), [blocks_body])
     if ys is not _STATEFUL:
         return from_refs(ys, tracked)
     if batch_size is None:
-        body = _lifted((f,), ("map", tracked.key), _map_step)
-        return from_refs(_map_scan(tracked, body, scan_below, xs), tracked)
+        return from_refs(_map_scan(tracked, each, scan_below, xs), tracked)
     vmap_below = jo.next_impl("vmap")
     # JAX's own split, so that every batch size (0 included, which JAX versions read
     # differently) gives what jax.lax.map gives.
     blocks, rest = split_batches(xs, batch_size)
     ys = None
     if blocks is not None:
-        body = _lifted((f,), ("map-blocks", tracked.key), _block_step)
         below_token = _VMAP_BELOW.set(vmap_below)
         try:
-            ys = _map_scan(tracked, body, scan_below, blocks)
+            ys = _map_scan(tracked, blocks_body, scan_below, blocks)
         finally:
             _VMAP_BELOW.reset(below_token)
     rest_ys = None if rest is None else _vmapped(tracked, f, vmap_below, rest, _MAP)

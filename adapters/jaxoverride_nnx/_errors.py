@@ -24,10 +24,10 @@ from flax.nnx import Pytree, Variable
 import jaxoverride
 from jaxoverride import errors
 from jaxoverride_nnx._graph import node_path
-from jaxoverride_nnx._scope import made_inside_a_transform
+from jaxoverride_nnx._tracked import made_inside_a_transform
 
 if TYPE_CHECKING:
-    from jaxoverride_nnx._scope import Tracked
+    from jaxoverride_nnx._tracked import Tracked
 
 
 class _PlainError(TraceContextError):

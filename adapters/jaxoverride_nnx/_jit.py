@@ -34,7 +34,7 @@ from jax.core import Tracer
 
 import jaxoverride as jo
 from jaxoverride.adapter_kit import infer_argnums_and_argnames, jit_name, shift_argnums
-from jaxoverride_nnx import _scope
+from jaxoverride_nnx import _tracked
 from jaxoverride_nnx._compat import RAW_VALUE
 from jaxoverride_nnx._errors import untracked_static
 from jaxoverride_nnx._graph import RAW, holds_state, is_graph_object
@@ -47,15 +47,15 @@ from jaxoverride_nnx._lift import (
     write_back,
 )
 from jaxoverride_nnx._reach import reached
-from jaxoverride_nnx._scope import ACTIVE, Tracked
 from jaxoverride_nnx._solve import declared, frozen_key, frozen_values, policy_for, written
-from jaxoverride_nnx._threads import (
+from jaxoverride_nnx._touched import (
     NeedsState,
     check_carried,
     check_given,
     module_of,
     referenced,
 )
+from jaxoverride_nnx._tracked import ACTIVE, Tracked
 
 _WHERE = "jaxoverride.jit"
 _GET = RAW.__get__
@@ -116,7 +116,7 @@ class NnxJit:
             options["out_shardings"] = (options["out_shardings"], None, None)
         self._options = options
         self._cache: dict[Any, Any] = {}
-        self._deaths = _scope.deaths()
+        self._deaths = _tracked.deaths()
         self._clean: set[Any] = set()
         functools.update_wrapper(self, fun, updated=())  # type: ignore[arg-type]
         self.call = self._make_call()
@@ -149,7 +149,7 @@ class NnxJit:
         per_arity = self._per_arity
         active_get = ACTIVE.get
         plain_types = _PLAIN_TYPES
-        scope = _scope
+        scope = _tracked
 
         def serving(
             miss: Callable[[tuple[Any, ...], dict[str, Any]], Any],
@@ -225,7 +225,7 @@ class NnxJit:
 
         def general(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
             tracked = ACTIVE.get()
-            if tracked is not None and tracked.epoch != _scope._epoch and tracked.owner:
+            if tracked is not None and tracked.epoch != _tracked._epoch and tracked.owner:
                 tracked.owner.refresh(tracked)
             if kwargs:
                 if not clean(args, kwargs):
@@ -292,7 +292,7 @@ class NnxJit:
                 reads is not None
                 and policy is None
                 and per_arity is None
-                and tracked.epoch == _scope._epoch
+                and tracked.epoch == _tracked._epoch
                 and build.layout is not None
                 and _reads_the_slot(reads)
             ):
@@ -422,8 +422,8 @@ class NnxJit:
         return tracked.key if self._per_arity is None else (tracked.key, len(args))
 
     def _compile(self, key: Any, tracked: Tracked | None = None, arguments: Any = ()) -> _Build:
-        if self._deaths != _scope.deaths():
-            self._deaths = _scope.deaths()
+        if self._deaths != _tracked.deaths():
+            self._deaths = _tracked.deaths()
             for stale in [k for k in self._cache if not _alive(k)]:
                 del self._cache[stale]
         tracked = tracked or ACTIVE.get()
@@ -436,7 +436,7 @@ class NnxJit:
         self, key: Any, tracked: Tracked | None, given: frozenset[int], general: bool = False
     ) -> _Build:
         """A ``jax.jit`` of the function given the tracked values ``given`` (see
-        ``_threads``: at first none; a module it touches is added when found), returning
+        ``_touched``: at first none; a module it touches is added when found), returning
         the general layout where ``general`` or the output has shardings."""
         options = self._options
         if self._per_arity is not None:
@@ -496,7 +496,7 @@ class NnxJit:
     def _entry(
         self, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> tuple[Any, Tracked | None, tuple[Any, ...], dict[str, Any]]:
-        tracked = _scope.current()
+        tracked = _tracked.current()
         if self._clean_arguments(args, kwargs):
             if tracked is None:
                 return None, None, args, kwargs
@@ -585,7 +585,7 @@ _LAYOUT_LOCK = threading.Lock()
 class _Build:
     """One ``jax.jit`` of the lifted function, for one tracked set and the tracked values
     it is given (``given``: indices, Variables first, then array attributes), which it
-    takes as a list in ``order``. It marks the probes of its traces (``_threads``).
+    takes as a list in ``order``. It marks the probes of its traces (``_touched``).
 
     ``layout`` is ``(written, refs)`` of its first trace: the indices of the Variables
     it writes and whether the output holds tracked modules. Every trace of a build that

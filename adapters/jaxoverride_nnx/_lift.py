@@ -28,9 +28,9 @@ from flax.nnx import tracers
 
 from jaxoverride_nnx._errors import StructureChangeError, explain, structure_changed
 from jaxoverride_nnx._graph import RAW, TRACE, is_graph_object
-from jaxoverride_nnx._scope import ACTIVE, Tracked, current, empty
 from jaxoverride_nnx._solve import entering, leaving
-from jaxoverride_nnx._threads import NeedsState, probe_for
+from jaxoverride_nnx._touched import NeedsState, probe_for
+from jaxoverride_nnx._tracked import ACTIVE, Tracked, current, empty
 from jaxoverride_nnx._write import raise_level_error as raise_level_error, write_back as write_back
 
 

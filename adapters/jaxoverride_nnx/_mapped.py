@@ -42,8 +42,8 @@ from jaxoverride_nnx._lift import (
     with_arguments,
     write_back,
 )
-from jaxoverride_nnx._scope import ACTIVE, Tracked, TrackKey, current
-from jaxoverride_nnx._threads import Threads, given_values
+from jaxoverride_nnx._touched import Threads, given_values
+from jaxoverride_nnx._tracked import ACTIVE, Tracked, TrackKey, current
 from jaxoverride_nnx._transforms import _bind, _check_broadcast, _named, mapped_module_path
 
 _CACHE_LIMIT = 256
@@ -127,7 +127,7 @@ def _lift_call(
     return view, new_args, to_refs(kwargs, view)[0]
 
 
-# The mark of the probes of the mapped call being traced (see ``_threads``).
+# The mark of the probes of the mapped call being traced (see ``_touched``).
 _OWNER: contextvars.ContextVar[object] = contextvars.ContextVar("jaxoverride_nnx_mapped_owner")
 
 

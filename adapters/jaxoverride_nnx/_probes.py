@@ -3,7 +3,7 @@
 A ``Probe`` knows its shape and dtype; any other use of it (reading it into a
 computation, indexing, writing into it, passing it to JAX) raises ``NeedsState``, which
 aborts JAX's trace so that the caller traces again with the probe's module given (see
-``_threads``). A probe is the adapter's own placeholder, inside a trace that the adapter
+``_touched``). A probe is the adapter's own placeholder, inside a trace that the adapter
 started: it is never a value that a raw transform could bake in (see ``_stale_reads``).
 """
 

@@ -1,7 +1,7 @@
 """What a function, or a static argument, reaches by reference: NNX modules and Variables.
 
 Two questions are answered with it. Which tracked modules a traced function is first
-given (``_threads.referenced``: a guess, a probe catches what it misses), and which NNX
+given (``_touched.referenced``: a guess, a probe catches what it misses), and which NNX
 state a ``jit`` trace bakes in through its static arguments (``_jit``: JAX caches the
 trace by them, so any module they reach is read as constants, and must be tracked).
 

@@ -41,9 +41,9 @@ from jaxoverride.adapter_kit import (
 )
 from jaxoverride_nnx._compat import chain_on_get_value
 from jaxoverride_nnx._lift import run_lifted, write_back
-from jaxoverride_nnx._scope import Tracked, current
 from jaxoverride_nnx._solve import frozen_values, policy_for, resumed, written as declared_writes
-from jaxoverride_nnx._threads import NeedsState, Threads, given_values
+from jaxoverride_nnx._touched import NeedsState, Threads, given_values
+from jaxoverride_nnx._tracked import Tracked, current
 
 WHERE = "jaxoverride.custom_vjp"
 

@@ -26,7 +26,7 @@ from flax import nnx
 from jaxoverride import adapter_kit as kit
 from jaxoverride.adapter_kit import Participant, StatePart
 from jaxoverride_nnx._graph import RAW
-from jaxoverride_nnx._scope import Tracked, current
+from jaxoverride_nnx._tracked import Tracked, current
 from jaxoverride_nnx._write import write_back
 
 FRAMEWORK = "nnx"

@@ -71,8 +71,8 @@ def _no_tracked_set() -> Any:
     return None
 
 
-# The tracked set here (``_scope.ACTIVE.get``): set by ``_scope`` at its import, since
-# ``_scope`` hooks through this module and imports point one way.
+# The tracked set here (``_tracked.ACTIVE.get``): set by ``_tracked`` at its import, since
+# ``_tracked`` hooks through this module and imports point one way.
 tracked_now: Callable[[], Any] = _no_tracked_set
 
 
@@ -156,7 +156,7 @@ def check_lifted(
       indices: the positions in ``tracked`` of the values carried.
       values: those values, now.
       reached: returns the positions of the tracked values of the modules that the
-        call's functions and arguments refer to (``_threads.referenced``).
+        call's functions and arguments refer to (``_touched.referenced``).
 
     Raises:
       jaxoverride.errors.MissingAdapterError: one of them is a concrete Variable value

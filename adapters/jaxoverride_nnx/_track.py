@@ -9,7 +9,7 @@ from flax.nnx import tracers
 from jaxoverride import adapter_kit
 from jaxoverride_nnx import _context, _framework as _framework  # registers "nnx" first
 from jaxoverride_nnx._graph import is_graph_object
-from jaxoverride_nnx._scope import ACTIVE, ENTRY_TRACE, Scope, Tracked
+from jaxoverride_nnx._tracked import ACTIVE, ENTRY_TRACE, Scope, Tracked
 
 
 class Track:

@@ -42,10 +42,10 @@ from jaxoverride_nnx._lift import (
     with_arguments,
     write_back,
 )
-from jaxoverride_nnx._scope import Tracked, current
 from jaxoverride_nnx._solve import policy_for, written
 from jaxoverride_nnx._stale_reads import own_jit_trace
-from jaxoverride_nnx._threads import Threads, given_values
+from jaxoverride_nnx._touched import Threads, given_values
+from jaxoverride_nnx._tracked import Tracked, current
 
 
 def run_closure(

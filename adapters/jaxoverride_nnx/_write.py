@@ -7,7 +7,7 @@ from typing import Any
 from jax.core import Tracer
 
 from jaxoverride_nnx._graph import RAW, TRACE
-from jaxoverride_nnx._scope import Tracked
+from jaxoverride_nnx._tracked import Tracked
 
 
 def write_back(tracked: Tracked, updates: dict[int, Any], where: str) -> None:

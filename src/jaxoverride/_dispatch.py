@@ -72,10 +72,10 @@ def next_impl(name: str) -> Callable[..., Any]:
             "an override function. To see what a name resolves to, use jaxoverride.resolve."
         )
     snapshot, level = position
-    lower = snapshot.below(name, level)
-    if lower is None:
+    level_below = snapshot.below(name, level)
+    if level_below is None:
         return JAX_IMPLS[name]
-    return functools.partial(run_at, snapshot, lower, name)
+    return functools.partial(run_at, snapshot, level_below, name)
 
 
 def resolve(name: str) -> Callable[..., Any]:

@@ -93,7 +93,7 @@ def _checked(what: str, policy: Any, allowed: tuple[str, ...]) -> Policy:
                 raise TypeError(
                     f"jaxoverride.solve_state: {what}= names {name!r}, a "
                     f"{type(name).__name__}; expected the name of a stream or collection "
-                    "(a str), or an NNX Variable type."
+                    "(a str), or a framework's state type (a class)."
                 )
             check(value, f"{what}[{name!r}]")
         return dict(policy)
@@ -111,19 +111,18 @@ class solve_state:  # noqa: N801  (used as a context manager and a decorator, li
     Use it around a solver call, in the model's code, as a context manager or a
     decorator. Inside, every evaluation of the map (iterations, Jacobians, convergence
     checks, the implicit backward's re-evaluations) follows the declared policy, for
-    every framework whose adapter is active (Haiku, Flax Linen, Flax NNX, or a third
+    every framework whose adapter is active (Flax Linen, Flax NNX, or a third
     party's adapter on the kit). Outside every framework it changes nothing.
 
     Args:
       rng: ``"per_solve"`` (default: one key per solve; each evaluation draws the same
         keys, and the stream advances once) or ``"per_evaluation"`` (each evaluation
         draws new keys). Or a mapping from stream names (Linen, NNX) to those values;
-        streams it does not name are per evaluation. Haiku has one stream: pass a str.
+        streams it does not name are per evaluation.
       state: ``"at_solution"`` (default: each evaluation starts from the state at entry,
         and the solve keeps what its last forward evaluation wrote) or
         ``"per_evaluation"``. Or a mapping from collection names (Linen), Variable types
-        or their names (NNX) or module names (Haiku) to those values; the others are per
-        evaluation.
+        or their names (NNX) to those values; the others are per evaluation.
 
     The declaration is entered with ``with``, or decorates a function (each call of the
     function is then declared).

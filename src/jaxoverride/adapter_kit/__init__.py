@@ -17,7 +17,9 @@ needs lives here, once:
 - where the running override sits in the stack (``override_position``), and
   ``describe_impl``, ``jit_name`` and ``get_opaque_trace_state``; ``calls_inside``,
   for a context that is also a decorator;
-- custom-rule lifting (``LiftedRule``), the rule a JAX ``custom_jvp`` holds
+- custom-rule lifting (``LiftedRule``; ``StagedPrimal`` and ``staged``: where JAX stages
+  a lifted ``custom_jvp``, its primal traced once, so that it takes only the values it
+  reads), the rule a JAX ``custom_jvp`` holds
   (``rule_jvp``) and the arguments of lifted rules
   (``positional_arguments``, ``fwd_output_pair``, ``bwd_cotangents``, the
   symbolic-zero helpers), and JAX's checks of the user's part of a lifted rule's
@@ -38,18 +40,20 @@ needs lives here, once:
 - operands and mapped arguments as JAX hands them to a body (``as_jax_operands``,
   ``unbatched_arguments``, ``shard_block_arguments``, ...);
 - state threading through JAX's control flow and transforms, for any framework that
-  describes its state as a ``StateSource`` (read it, make it explicit, write it back):
-  ``threaded_scan``, ``threaded_while_loop``, ``threaded_fori_loop``, ``threaded_cond``,
+  describes its state as a ``StateSource`` (read it, run a function with it, write it
+  back; ``EnterLeaveSource`` runs with ``enter``/``leave``): ``threaded_scan``,
+  ``threaded_while_loop``, ``threaded_fori_loop``, ``threaded_cond``,
   ``threaded_switch``, ``threaded_map`` and ``threaded_call`` (the Linen and Haiku
   adapters are written on all of them, NNX on ``scan``, ``while_loop``, ``fori_loop``,
   ``cond``, ``switch`` and its stateful ``map``), and ``control_flow_overrides`` /
   ``threaded_control_flow``, which make an adapter's control-flow overrides, with JAX's
-  signatures, from them. Where frameworks differ, the source says so with an optional
-  hook: ``reuse_key`` (hand JAX the same wrappers, and ``threaded_map`` the same scan
-  bodies, on every call, so an identical eager call compiles once: Haiku, NNX),
-  ``carried_predicate`` (``while_loop`` tests before the loop and at the end of each
-  step, as a Python ``while``: NNX), ``abort_changed_predicate`` (Haiku), ``init_call``
-  (Haiku), ``retrace`` (Linen);
+  signatures, from them. Where frameworks differ, the source overrides an optional part
+  of the contract, declared on ``StateSource`` with its default: ``reuse_key`` (hand JAX
+  the same wrappers, and ``threaded_map`` the same scan bodies, on every call, so an
+  identical eager call compiles once: Haiku, NNX), ``carried_predicate`` (``while_loop``
+  tests before the loop and at the end of each step, as a Python ``while``: NNX),
+  ``abort_changed_predicate`` and ``init_call`` (Haiku), ``retrace`` and
+  ``alternative_branches`` (Linen);
 - the transforms that trace their function once per call (``vmap``, ``grad``-like,
   ``jvp``/``vjp``/``linearize``, ``checkpoint``), for a framework that describes one
   such call as a ``TransformState`` (``stateful_mapping``, ``stateful_differentiation``,
@@ -181,6 +185,7 @@ from jaxoverride.adapter_kit._rule_checks import (
     check_bwd_types as check_bwd_types,
     jvp_output_pair as jvp_output_pair,
 )
+from jaxoverride.adapter_kit._staged_reads import StagedPrimal as StagedPrimal, staged as staged
 from jaxoverride.adapter_kit.init_safe_control import *  # noqa: F403  (its __all__, listed once)
 
 __all__ = [
@@ -194,8 +199,10 @@ __all__ = [
     "TRANSFORMS",
     "Adapter",
     "DictStateSource",
+    "EnterLeaveSource",
     "Framework",
     "LiftedRule",
+    "StagedPrimal",
     "OverridePosition",
     "OverrideTable",
     "ScopedInstaller",
@@ -261,6 +268,7 @@ __all__ = [
     "shard_block_arguments",
     "shift_argnums",
     "source_transform_state",
+    "staged",
     "split_batches",
     "stateful_differentiation",
     "stateful_jvp",
@@ -284,7 +292,11 @@ __all__ = [
     "zero_tangents",
     "zeros_for",
 ]
-from jaxoverride.adapter_kit._scoped_source import ScopedStateSource as ScopedStateSource
+from jaxoverride.adapter_kit._declared_conversion import (
+    declared_closure_convert as declared_closure_convert,
+    declared_custom_root as declared_custom_root,
+    declared_linear_solve as declared_linear_solve,
+)
 from jaxoverride.adapter_kit._solve_policy import (
     Participant as Participant,
     StatePart as StatePart,
@@ -293,9 +305,13 @@ from jaxoverride.adapter_kit._solve_policy import (
     resumed as resumed,
     unregister_solve_source as unregister_solve_source,
 )
-from jaxoverride.adapter_kit._state_threading import (
+from jaxoverride.adapter_kit._state_source import (
     DictStateSource as DictStateSource,
+    EnterLeaveSource as EnterLeaveSource,
+    ScopedStateSource as ScopedStateSource,
     StateSource as StateSource,
+)
+from jaxoverride.adapter_kit._state_threading import (
     StateStructureError as StateStructureError,
     Threaded as Threaded,
     init_safe as init_safe,
@@ -323,6 +339,9 @@ from jaxoverride.adapter_kit._stateful_transforms import (
 __all__ += init_safe_control.__all__
 __all__ += [
     "Participant",
+    "declared_closure_convert",
+    "declared_custom_root",
+    "declared_linear_solve",
     "StatePart",
     "participant",
     "register_solve_source",

@@ -8,7 +8,7 @@ runs the adapter's threaded implementation. ``control_flow_overrides`` writes th
 an adapter gives only the threaded implementations, and ``threaded_control_flow`` gives
 those for a framework that describes its state as a ``StateSource``.
 
-Each threaded implementation receives ``lower`` (the implementation below) first, then
+Each threaded implementation receives ``below`` (the implementation below it) first, then
 JAX's arguments, normalised: positional for ``scan`` and ``while_loop``, ``unroll`` by
 keyword for ``fori_loop``, ``operand`` folded into the operands for ``cond`` and
 ``switch``, ``batch_size`` by keyword for ``map``.
@@ -38,8 +38,8 @@ from typing import Any
 import jaxoverride as jo
 from jaxoverride.adapter_kit._jax_arguments import jax_arguments, scan_arguments
 from jaxoverride.adapter_kit._operands import NO_OPERAND
+from jaxoverride.adapter_kit._state_source import StateSource
 from jaxoverride.adapter_kit._state_threading import (
-    StateSource,
     threaded_cond,
     threaded_fori_loop,
     threaded_map,
@@ -52,15 +52,15 @@ from jaxoverride.adapter_kit._state_threading import (
 def when_active(
     name: str, active: Callable[[], bool], override: Callable[..., Any]
 ) -> Callable[..., Any]:
-    """The override of ``name`` that runs ``override(lower, *args, **kwargs)`` while
-    ``active()``, ``lower`` the implementation below it; otherwise that implementation,
+    """The override of ``name`` that runs ``override(below, *args, **kwargs)`` while
+    ``active()``, ``below`` the implementation below it; otherwise that implementation,
     untouched."""
 
     def call(*args: Any, **kwargs: Any) -> Any:
-        lower = jo.next_impl(name)
+        below = jo.next_impl(name)
         if not active():
-            return lower(*args, **kwargs)
-        return override(lower, *args, **kwargs)
+            return below(*args, **kwargs)
+        return override(below, *args, **kwargs)
 
     # Named as ``override``, for call logs (``describe_impl``).
     call.__module__, call.__name__ = override.__module__, override.__name__
@@ -83,13 +83,13 @@ def control_flow_overrides(
 
     Args:
       active: whether the framework's state is usable here.
-      scan: ``scan(lower, f, init, xs, length, reverse, unroll, _split_transpose)``.
-      while_loop: ``while_loop(lower, cond_fun, body_fun, init_val)``.
-      fori_loop: ``fori_loop(lower, lower_bound, upper_bound, body_fun, init_val,
+      scan: ``scan(below, f, init, xs, length, reverse, unroll, _split_transpose)``.
+      while_loop: ``while_loop(below, cond_fun, body_fun, init_val)``.
+      fori_loop: ``fori_loop(below, lower_bound, upper_bound, body_fun, init_val,
         unroll=unroll)``.
-      cond: ``cond(lower, pred, true_fun, false_fun, *operands)``.
-      switch: ``switch(lower, index, branches, *operands)``.
-      lax_map: ``lax_map(lower, f, xs, batch_size=batch_size)``.
+      cond: ``cond(below, pred, true_fun, false_fun, *operands)``.
+      switch: ``switch(below, index, branches, *operands)``.
+      lax_map: ``lax_map(below, f, xs, batch_size=batch_size)``.
       module: the adapter's module, which call logs (``jaxoverride_debug``) then name
         as the overrides' (``module.scan``); the kit's own if None.
 
@@ -102,7 +102,7 @@ def control_flow_overrides(
     Example:
       >>> import jax
       >>> from jaxoverride import adapter_kit as kit
-      >>> plain = lambda lower, *args, **kwargs: lower(*args, **kwargs)
+      >>> plain = lambda below, *args, **kwargs: below(*args, **kwargs)
       >>> table = kit.control_flow_overrides(
       ...     lambda: False, scan=plain, while_loop=plain, fori_loop=plain, cond=plain,
       ...     switch=plain, lax_map=plain)
@@ -110,50 +110,50 @@ def control_flow_overrides(
       ['lax.cond', 'lax.fori_loop', 'lax.map', 'lax.scan', 'lax.switch', 'lax.while_loop']
     """
 
-    def scan_override(lower: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    def scan_override(below: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         arguments = scan_arguments(*args, **kwargs)
         if not callable(arguments[0]):
-            return lower(*args, **kwargs)
-        return scan(lower, *arguments)
+            return below(*args, **kwargs)
+        return scan(below, *arguments)
 
-    def while_override(lower: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    def while_override(below: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         cond_fun, body_fun, init_val = jax_arguments("lax.while_loop", *args, **kwargs)
         if not (callable(cond_fun) and callable(body_fun)):
-            return lower(*args, **kwargs)
-        return while_loop(lower, cond_fun, body_fun, init_val)
+            return below(*args, **kwargs)
+        return while_loop(below, cond_fun, body_fun, init_val)
 
-    def fori_override(lower: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    def fori_override(below: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         lower_bound, upper_bound, body_fun, init_val, unroll = jax_arguments(
             "lax.fori_loop", *args, **kwargs
         )
         if not callable(body_fun):
-            return lower(*args, **kwargs)
-        return fori_loop(lower, lower_bound, upper_bound, body_fun, init_val, unroll=unroll)
+            return below(*args, **kwargs)
+        return fori_loop(below, lower_bound, upper_bound, body_fun, init_val, unroll=unroll)
 
-    def cond_override(lower: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    def cond_override(below: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         pred, true_fun, false_fun, operands, operand = jax_arguments("lax.cond", *args, **kwargs)
         keywords = {} if operand is NO_OPERAND else {"operand": operand}
         if operands and keywords:
-            return lower(*args, **kwargs)
+            return below(*args, **kwargs)
         if not (callable(true_fun) and callable(false_fun)):
             if callable(false_fun) and len(operands) == 2 and callable(operands[1]):
                 # JAX's deprecated cond(pred, x_true, f_true, x_false, f_false), as JAX recasts it.
                 x_true, f_true, x_false, f_false = true_fun, false_fun, *operands
                 recast = (lambda x, _: f_true(x), lambda _, x: f_false(x), x_true, x_false)
-                return cond_override(lower, pred, *recast)
-            return lower(*args, **kwargs)
-        return cond(lower, pred, true_fun, false_fun, *(operands or keywords.values()))
+                return cond_override(below, pred, *recast)
+            return below(*args, **kwargs)
+        return cond(below, pred, true_fun, false_fun, *(operands or keywords.values()))
 
-    def switch_override(lower: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    def switch_override(below: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         index, branches, operands, operand = jax_arguments("lax.switch", *args, **kwargs)
         keywords = {} if operand is NO_OPERAND else {"operand": operand}
         if (operands and keywords) or not branches or not all(callable(b) for b in branches):
-            return lower(*args, **kwargs)
-        return switch(lower, index, branches, *(operands or keywords.values()))
+            return below(*args, **kwargs)
+        return switch(below, index, branches, *(operands or keywords.values()))
 
-    def map_override(lower: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    def map_override(below: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         f, xs, batch_size = jax_arguments("lax.map", *args, **kwargs)
-        return lax_map(lower, f, xs, batch_size=batch_size)
+        return lax_map(below, f, xs, batch_size=batch_size)
 
     overrides = {
         name: when_active(name, active, override)
@@ -198,7 +198,7 @@ def threaded_control_flow(
     """
 
     def through(combinator: Callable[..., Any], where: str) -> Callable[..., Any]:
-        return lambda lower, *args, **kwargs: combinator(source(where), lower, *args, **kwargs)
+        return lambda below, *args, **kwargs: combinator(source(where), below, *args, **kwargs)
 
     return control_flow_overrides(
         active,
@@ -207,7 +207,7 @@ def threaded_control_flow(
         fori_loop=through(threaded_fori_loop, "jaxoverride.lax.fori_loop"),
         cond=through(threaded_cond, "jaxoverride.lax.cond"),
         switch=through(threaded_switch, "jaxoverride.lax.switch"),
-        lax_map=lambda lower, f, xs, batch_size: threaded_map(
+        lax_map=lambda below, f, xs, batch_size: threaded_map(
             jo.lax.scan, jo.vmap, f, xs, batch_size=batch_size
         ),
         module=module,

@@ -28,14 +28,22 @@ from typing import Any
 
 import jaxoverride as jo
 from jaxoverride.adapter_kit._control_overrides import when_active
+from jaxoverride.adapter_kit._declared_conversion import (
+    declared_closure_convert,
+    declared_custom_root,
+    declared_linear_solve,
+)
 from jaxoverride.adapter_kit._jax_arguments import jax_arguments
 from jaxoverride.adapter_kit._operands import zeros_for
+from jaxoverride.adapter_kit._solve_policy import Participant, participant
+from jaxoverride.adapter_kit._state_threading import StateSource
 
 
 def conversion_overrides(
     active: Callable[[], bool],
     converting: Callable[[str, Callable[..., Any], Callable[..., Any], Callable[[], Any]], Any],
     module: str | None = None,
+    source: Callable[[str], StateSource] | None = None,
 ) -> dict[str, Callable[..., Any]]:
     """The overrides of the converting names, from an adapter's ``converting``.
 
@@ -47,6 +55,11 @@ def conversion_overrides(
         returns its result; at init it may first run the creation pass ``creation()``.
         ``where`` is the neutral name, for messages.
       module: the adapter's module, which call logs then name as the overrides'.
+      source: ``source(where)``, the framework's ``StateSource``: inside a
+        ``jaxoverride.solve_state`` that its framework takes part in, ``closure_convert``,
+        ``custom_root`` and ``custom_linear_solve`` run the function through it under the
+        declaration (``_declared_conversion``) in place of ``converting``. None: always
+        ``converting``.
 
     Returns:
       ``{"closure_convert": ..., "make_jaxpr": ..., "lax.custom_root": ...,
@@ -62,9 +75,21 @@ def conversion_overrides(
       ['closure_convert', 'lax.custom_linear_solve', 'lax.custom_root', 'make_jaxpr']
     """
 
+    def declared(where: str) -> tuple[StateSource, Participant] | None:
+        if source is None:
+            return None
+        current = source(where)
+        policy = participant(current)
+        return None if policy is None else (current, policy)
+
     def closure_convert(
         below: Callable[..., Any], fun: Callable[..., Any], *example_args: Any
     ) -> Any:
+        under = declared("jaxoverride.closure_convert")
+        if under is not None:
+            return declared_closure_convert(
+                "jaxoverride.closure_convert", *under, below, fun, example_args
+            )
         return converting(
             "jaxoverride.closure_convert",
             fun,
@@ -73,8 +98,8 @@ def conversion_overrides(
         )
 
     def make_jaxpr(fun: Callable[..., Any], *args: Any, **kwargs: Any) -> Callable[..., Any]:
-        lower = jo.next_impl("make_jaxpr")
-        plain = lower(fun, *args, **kwargs)
+        below = jo.next_impl("make_jaxpr")
+        plain = below(fun, *args, **kwargs)
 
         def traced_jaxpr(*call_args: Any, **call_kwargs: Any) -> Any:
             if not active():
@@ -82,7 +107,7 @@ def conversion_overrides(
             return converting(
                 "jaxoverride.make_jaxpr",
                 fun,
-                lambda traced: lower(traced, *args, **kwargs)(*call_args, **call_kwargs),
+                lambda traced: below(traced, *args, **kwargs)(*call_args, **call_kwargs),
                 lambda: fun(*zeros_for(call_args), **zeros_for(call_kwargs)),
             )
 
@@ -92,6 +117,18 @@ def conversion_overrides(
         f, initial_guess, solve, tangent_solve, has_aux = jax_arguments(
             "lax.custom_root", *args, **kwargs
         )
+        under = declared("jaxoverride.lax.custom_root")
+        if under is not None:
+            return declared_custom_root(
+                "jaxoverride.lax.custom_root",
+                *under,
+                below,
+                f,
+                initial_guess,
+                solve,
+                tangent_solve,
+                has_aux,
+            )
         return converting(
             "jaxoverride.lax.custom_root",
             f,
@@ -104,6 +141,12 @@ def conversion_overrides(
             "lax.custom_linear_solve", *args, **kwargs
         )
         options = {"symmetric": symmetric, "has_aux": has_aux}
+        under = declared("jaxoverride.lax.custom_linear_solve")
+        if under is not None:
+            where = "jaxoverride.lax.custom_linear_solve"
+            return declared_linear_solve(
+                where, *under, below, matvec, b, solve, transpose_solve, **options
+            )
         return converting(
             "jaxoverride.lax.custom_linear_solve",
             matvec,

@@ -4,7 +4,7 @@ JAX caches a loop body's or a branch's trace (and, eagerly, its compiled code) o
 identity of the function it receives. A combinator that wraps the user's function anew
 on every call makes an identical eager call trace and compile again. A state source
 that can say when two calls are in the same *situation* (everything the wrappers read
-that JAX does not see as an argument) opts into reuse with an optional hook:
+that JAX does not see as an argument) opts into reuse with ``StateSource.reuse_key``:
 
 * ``reuse_key()``: a hashable summary of that situation, or None for wrappers built
   for this call only. Calls with an equal key, the same combinator and the same user
@@ -14,7 +14,7 @@ that JAX does not see as an argument) opts into reuse with an optional hook:
   to the call) is the one that ``run`` and ``finish`` use, and the cache holds no
   source past its call. Reuse is per Python thread, since that binding is.
 
-Sources without the hook get fresh wrappers, exactly as before the hook existed.
+Sources whose key is None (the default) get fresh wrappers for every call.
 
 Branches (``cond``, ``switch``) each call only their own function, and JAX caches each
 branch's trace on its own. With a source without naming state (``names()`` is None: no
@@ -34,6 +34,7 @@ from typing import Any
 
 from jaxoverride.adapter_kit._cache import Getter, WrapperCache
 from jaxoverride.adapter_kit._solve_policy import participant
+from jaxoverride.adapter_kit._state_source import StateSource
 
 Run = Callable[..., Any]
 """``run(functions, *args)``: a wrapper's body, given the user's functions resolved."""
@@ -124,7 +125,7 @@ def _fresh(functions: Sequence[Any], named: int, run: Run) -> Callable[..., Any]
 
 @contextlib.contextmanager
 def handed_call(
-    source: Any,
+    source: StateSource,
     where: str,
     functions: Sequence[Any],
     count: int,
@@ -140,7 +141,7 @@ def handed_call(
     trace) and a nested call with an equal key leaves the outer call's binding as it was.
 
     Args:
-      source: the ``StateSource``; its optional ``reuse_key()`` decides reuse.
+      source: the ``StateSource``; its ``reuse_key()`` decides reuse.
       where: the neutral name (errors, and part of the reuse key).
       functions: the user's distinct functions the wrappers call.
       count: how many functions the JAX call traces (the ``Threaded``'s count).
@@ -153,8 +154,7 @@ def handed_call(
     Yields:
       The wrappers and their ``Threaded``.
     """
-    reuse_key = getattr(source, "reuse_key", None)
-    situation: Hashable = None if reuse_key is None else reuse_key()
+    situation: Hashable = source.reuse_key()
     if situation is not None and participant(source) is not None:
         # Under ``solve_state`` the wrappers close over the entry snapshot: a reused one
         # traced under an earlier snapshot would be stale.

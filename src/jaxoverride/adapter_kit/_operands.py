@@ -101,6 +101,29 @@ def distinct_functions(functions: Sequence[Callable[..., Any]]) -> list[Callable
     return list(seen.values())
 
 
+def first_slice(xs: Any, reverse: bool = False, *, replay: Callable[[], Any]) -> Any:
+    """The slice a loop over ``xs`` sees first (the last with ``reverse``), for a creation
+    pass; zeros of the slice shape if ``xs`` is empty.
+
+    ``xs`` that JAX refuses (a string, a generator, a scalar) raise JAX's own error: on
+    failure ``replay`` (JAX's loop over the same ``xs`` with a body that does nothing) runs
+    under ``jax.eval_shape``, so that no user code runs.
+    """
+
+    def first(leaf: Any) -> Any:
+        leaf = as_jax_operands(leaf)
+        if leaf.shape[0] == 0:
+            return jnp.zeros(leaf.shape[1:], leaf.dtype)
+        return leaf[-1 if reverse else 0]
+
+    try:
+        return jax.tree_util.tree_map(first, xs)
+    except (AttributeError, IndexError, TypeError, ValueError) as error:
+        failure = error
+    jax.eval_shape(replay)  # raises JAX's error for these xs
+    raise failure
+
+
 def _take_first(tree: Any, axis: int | None) -> Any:
     if axis is None:
         return tree

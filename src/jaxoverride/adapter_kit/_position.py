@@ -67,8 +67,8 @@ def override_position(name: str) -> OverridePosition:
         for upper in range(len(layers) - 1, level, -1)
         if name in layers[upper].impls
     )
-    lower = snapshot.below(name, level)
-    below = JAX_IMPLS[name] if lower is None else layers[lower].impls[name]
+    level_below = snapshot.below(name, level)
+    below = JAX_IMPLS[name] if level_below is None else layers[level_below].impls[name]
     return OverridePosition(below=below, above=above)
 
 

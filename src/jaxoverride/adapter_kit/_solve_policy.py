@@ -54,7 +54,7 @@ from typing import Any
 
 import jax
 
-from jaxoverride import _solve_state
+from jaxoverride import _frameworks, _solve_state
 from jaxoverride._solve_state import AT_SOLUTION, PER_SOLVE, solve_state
 
 KINDS = ("rng", "state")
@@ -146,14 +146,16 @@ def _slots(source: Any, state: Any) -> tuple[list[Any], list[Any], Any]:
 
 class _Frame:
     """One boundary being traced: the state the last call inside it left (and the
-    source that describes it), and, for a rebased frame, its own frozen parts."""
+    source that describes it), for a rebased frame its own frozen parts, and whether it
+    runs in a backward pass (whose writes are never kept)."""
 
-    __slots__ = ("frozen", "last", "last_source")
+    __slots__ = ("backward", "frozen", "last", "last_source")
 
-    def __init__(self, frozen: dict[Hashable, Any] | None = None) -> None:
+    def __init__(self, frozen: dict[Hashable, Any] | None = None, backward: bool = False):
         self.last: Any = None
         self.last_source: Any = None
         self.frozen = frozen
+        self.backward = backward
 
 
 class Participant:
@@ -161,9 +163,26 @@ class Participant:
 
     Made when the declaration is entered; the kit's ``Threaded`` and an adapter's own
     boundaries call ``freeze``, ``push``/``pop``, ``written`` and ``left``.
+
+    Args:
+      declaration: the ``jaxoverride.solve_state`` entered.
+      framework: the framework's key.
+      source: its ``StateSource`` at entry (read once: the entry snapshot).
+
+    Example:
+      >>> import jax.numpy as jnp, jaxoverride as jo
+      >>> from jaxoverride import adapter_kit as kit
+      >>> class Source(kit.DictStateSource):
+      ...     framework = "doc"
+      ...     def parts(self, state):
+      ...         return [kit.StatePart("state", ("mean",), "mean")]
+      >>> store = {"mean": jnp.zeros(())}
+      >>> policy = kit.Participant(jo.solve_state(), "doc", Source(store))
+      >>> float(policy.freeze({"mean": jnp.ones(())})["mean"])
+      0.0
     """
 
-    __slots__ = ("_frames", "declaration", "framework", "frozen", "snapshot", "source")
+    __slots__ = ("_closed", "_frames", "declaration", "framework", "frozen", "snapshot", "source")
 
     def __init__(self, declaration: solve_state, framework: str, source: Any):
         self.declaration = declaration
@@ -179,6 +198,7 @@ class Participant:
             if part is not None and self._freezes(part)
         }
         self._frames: list[_Frame] = [_Frame()]
+        self._closed = [False]  # shared with the views: set at the declaration's exit
 
     def _freezes(self, part: StatePart) -> bool:
         policy = self.declaration.policy(part.kind, part.names)
@@ -186,15 +206,24 @@ class Participant:
 
     def seen_by(self, source: Any) -> Participant:
         """This participant, the states it is given described by ``source``'s ``parts``
-        (the snapshot, the frames and the frozen parts shared). A class, or an object
-        without ``parts`` (a marker that only names the framework), sees the
-        participant itself."""
-        if source is self.source or isinstance(source, type) or not hasattr(source, "parts"):
-            return self
+        (the snapshot, the frames and the frozen parts shared)."""
+        if source is self.source or isinstance(source, type):
+            return self  # a class names the framework only: the participant itself
         view = copy.copy(self)
         view.source = source
         view.snapshot = None  # the base's, for its exit only (a view may outlive it)
         return view
+
+    def learn(self, state: Any) -> None:
+        """Takes the frozen parts of ``state`` that did not exist at entry (created inside
+        the declaration, e.g. at init) as their entry values, if no boundary is being
+        traced (so that no traced value of an inner function is kept)."""
+        if len(self._frames) != 1 or self._closed[0]:
+            return
+        leaves, parts, _ = _slots(self.source, state)
+        for leaf, part in zip(leaves, parts, strict=True):
+            if part is not None and part.slot not in self.frozen and self._freezes(part):
+                self.frozen[part.slot] = leaf
 
     def _entry(self) -> dict[Hashable, Any]:
         """The frozen parts in effect: the innermost rebased frame's, else the snapshot's."""
@@ -202,11 +231,6 @@ class Participant:
             if frame.frozen is not None:
                 return frame.frozen
         return self.frozen
-
-    def frozen_slots(self) -> frozenset[Hashable]:
-        """The slots the declaration freezes (for a cache key: a trace made under one set
-        must not serve another)."""
-        return frozenset(self.frozen)
 
     def freeze(self, state: Any) -> Any:
         """``state`` with its frozen parts as at entry (of the innermost rebased frame)."""
@@ -220,24 +244,20 @@ class Participant:
         ]
         return jax.tree_util.tree_unflatten(treedef, out)
 
-    def push(self, entry: Any = None, received: Any = None) -> _Frame:
+    def push(self, entry: Any = None, received: Any = None, backward: bool = False) -> _Frame:
         """A new innermost boundary (a traced function starts). With ``entry`` (the
         state the traced function receives, its frozen parts already frozen), the frame
         is rebased: inside it, ``freeze`` gives ``entry``'s frozen parts. ``received``:
         the state it is handed before ``freeze`` (what the evaluations before it left),
         its *last* until an inner call writes: a function that runs no evaluation (a
-        ``while_loop``'s test, a ``cond``'s no-op branch) passes it on."""
+        ``while_loop``'s test, a ``cond``'s no-op branch) passes it on. ``backward``: the
+        boundary runs in a backward pass, and so does every boundary inside it."""
         frozen = None
         if entry is not None and self.frozen:
             # Only the entry's: a part the traced function was not handed is not frozen
             # to an outer value (a constant of its trace) but left as it is found.
-            leaves, parts, _ = _slots(self.source, entry)
-            frozen = {
-                part.slot: leaf
-                for leaf, part in zip(leaves, parts, strict=True)
-                if part is not None and part.slot in self.frozen
-            }
-        frame = _Frame(frozen)
+            frozen = self._entries(entry)
+        frame = _Frame(frozen, backward or self._frames[-1].backward)
         if received is not None:
             frame.last, frame.last_source = received, self.source
         self._frames.append(frame)
@@ -255,10 +275,32 @@ class Participant:
         ``state`` is kept as the innermost boundary's last, unless ``backward``."""
         if not self.frozen:
             return state
-        if not backward:
-            frame = self._frames[-1]
+        frame = self._frames[-1]
+        # A call that hands back the entry's very values only carried them through: it
+        # is no evaluation, and must not replace the last one.
+        keep = not (backward or frame.backward or self._closed[0])
+        if keep and not self._untouched(state, self._entry()):
             frame.last, frame.last_source = state, self.source
         return self.freeze(state)
+
+    def changed_per_evaluation(self, before: Any, after: Any) -> list[str]:
+        """The names of the parts the declaration leaves per evaluation that ``after``
+        changed from ``before``: in a function converted into a jaxpr such a write could
+        not come out."""
+        leaves, parts, _ = _slots(self.source, before)
+        after_leaves, after_parts, _ = _slots(self.source, after)
+        entry = {
+            part.slot: leaf for leaf, part in zip(leaves, parts, strict=True) if part is not None
+        }
+        return sorted(
+            {
+                f"{part.kind} {'/'.join(part.names) or part.kind}"
+                for leaf, part in zip(after_leaves, after_parts, strict=True)
+                if part is not None
+                and part.slot not in self.frozen
+                and entry.get(part.slot, leaf) is not leaf
+            }
+        )
 
     def _untouched(self, state: Any, frozen: dict[Hashable, Any]) -> bool:
         leaves, parts, _ = _slots(self.source, state)
@@ -276,6 +318,32 @@ class Participant:
         if last is None or not self.frozen or not self._untouched(state, entry):
             return state
         return self._merged(state, last, frame.last_source)
+
+    def untouched(self, state: Any) -> bool:
+        """Whether ``state``'s frozen parts are the entry's very objects (of the innermost
+        rebased frame): what a traced function leaves when it evaluated nothing."""
+        return self._untouched(state, self._entry())
+
+    @contextlib.contextmanager
+    def rebased(self, state: Any) -> Iterator[None]:
+        """Inside, the innermost frame's frozen parts are ``state``'s (a value of a trace
+        of its own, such as a custom rule's argument, which its caller froze), as
+        ``push(entry=state)`` makes them."""
+        frame = self._frames[-1]
+        saved = frame.frozen
+        frame.frozen = self._entries(state)
+        try:
+            yield
+        finally:
+            frame.frozen = saved
+
+    def _entries(self, state: Any) -> dict[Hashable, Any]:
+        leaves, parts, _ = _slots(self.source, state)
+        return {
+            part.slot: leaf
+            for leaf, part in zip(leaves, parts, strict=True)
+            if part is not None and part.slot in self.frozen
+        }
 
     def current(self, state: Any) -> Any:
         """The state a JAX call starting now (``state``, read from the framework) hands
@@ -313,6 +381,7 @@ class Participant:
             elif self.frozen:
                 self.source.write(self.left(self.source.read(), self._frames[0]))
         finally:
+            self._closed[0] = True
             self.snapshot = None
             self.frozen.update(dict.fromkeys(self.frozen))
             self._frames[:] = [_Frame()]
@@ -356,9 +425,20 @@ def resumed(entered: Participant | None) -> Iterator[None]:
 
 
 def participant(source: Any) -> Participant | None:
-    """The innermost declaration's ``Participant`` for ``source``'s framework, seen by
-    ``source`` (``Participant.seen_by``), or None (no declaration, or the framework does
-    not take part)."""
+    """The innermost declaration's ``Participant`` for ``source``'s framework.
+
+    Args:
+      source: a ``StateSource`` (its ``framework`` attribute names the framework).
+
+    Returns:
+      The ``Participant`` seen by ``source`` (``Participant.seen_by``), or None (no
+      declaration, or the framework does not take part).
+
+    Example:
+      >>> from jaxoverride import adapter_kit as kit
+      >>> kit.participant(kit.DictStateSource({})) is None
+      True
+    """
     entered = _solve_state.current_entered()
     if entered is None:
         return None
@@ -367,7 +447,24 @@ def participant(source: Any) -> Participant | None:
     return None if found is None else found.seen_by(source)
 
 
+def _unsupported_running() -> list[str]:
+    """The frameworks running now whose adapters registered no solve source: a
+    declaration would silently not apply to them."""
+    _frameworks.refresh()
+    with _lock:
+        known = set(_sources)
+    return [r.title for r in _frameworks.scoped if r.key not in known and r.running()]
+
+
 def _on_enter(declaration: solve_state) -> dict[str, Participant]:
+    unsupported = _unsupported_running()
+    if unsupported:
+        raise NotImplementedError(
+            f"jaxoverride.solve_state: {'; '.join(unsupported)}: its adapter does not apply "
+            "solve_state declarations yet (it registers no solve source), so the declaration "
+            "would be silently ignored. Draw the rng key before the solve and pass it through "
+            "the map's arguments, and update mutable state once after the solve."
+        )
     with _lock:
         sources = list(_sources.items())
     participants: dict[str, Participant] = {}

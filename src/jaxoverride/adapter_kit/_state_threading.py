@@ -8,10 +8,11 @@ install the traced values as the framework's state while the body runs, read bac
 the body left, restore the caller's values, and write the loop's result back after the
 JAX call.
 
-What a framework provides is a *state source*: ``StateSource``, whose docstring is the
-contract (its required methods, its optional hooks, and what a combinator does with them).
+What a framework provides is a *state source*: ``StateSource`` (``_state_source``), whose
+docstring is the contract (its required methods, its optional parts, and what a
+combinator does with them).
 
-Stability: semi-public, for adapters in this repository and their authors. The protocol
+Stability: semi-public, for adapters in this repository and their authors. The contract
 and the combinators' signatures change only with a note in the changelog.
 
 Example:
@@ -32,7 +33,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -41,162 +42,16 @@ from jax.core import Tracer, eval_jaxpr
 from jaxoverride.adapter_kit._batched_map import batched_map
 from jaxoverride.adapter_kit._cache import WrapperCache
 from jaxoverride.adapter_kit._handed import handed_call
-from jaxoverride.adapter_kit._operands import NO_OPERAND as _NO_OPERAND, distinct_functions
+from jaxoverride.adapter_kit._operands import (
+    NO_OPERAND as _NO_OPERAND,
+    as_jax_operands,
+    distinct_functions,
+    first_slice,
+)
 from jaxoverride.adapter_kit._phase import applying, is_applying
 from jaxoverride.adapter_kit._solve_policy import Participant, participant
+from jaxoverride.adapter_kit._state_source import StateSource, require_source
 from jaxoverride.errors import StructureChangeError
-
-
-@runtime_checkable
-class StateSource(Protocol):
-    """The state contract: how a framework lets the kit thread its implicit state.
-
-    A source is made per neutral call (``source(where)`` in ``threaded_control_flow``
-    and ``source_transform_state``) and describes the framework's state *as it is at
-    that call*. The kit's combinators (``threaded_scan``, ``threaded_while_loop``,
-    ``threaded_fori_loop``, ``threaded_cond``, ``threaded_switch``, ``threaded_call``, and
-    the transforms of ``stateful_transforms``) use it in this order:
-
-    1. ``initializing()``: at init, and not already inside the apply part of an init
-       (``is_applying()``), a *creation pass* runs first: ``create(thunk)``, where
-       ``thunk`` calls each body or branch once, outside JAX control flow, on the
-       call's operands (a scan's first slice, both branches of a ``cond``). Then the call
-       below runs as at apply, under ``applying()``, so init returns what apply returns.
-    2. ``read()``: the state to thread, a pytree of arrays, put into the carry (loops),
-       the operands (branches) or a leading argument (transforms).
-    3. For each function that JAX traces (a loop body, a branch, a transformed
-       function): ``restore_names(start)``, then ``enter(state)`` with the traced state,
-       the user's function, and ``leave(token)``, which returns the state the function
-       left; ``abandon(token)`` instead of ``leave`` when the function raised. Then
-       ``names()`` records where its naming ended, and the caller's names are restored.
-       The state left must have the tree structure of the state entered, or the
-       combinator raises ``StateStructureError``.
-    4. ``write(state)``: the JAX call's final state becomes the framework's state, and
-       the caller's names continue from where the last traced function ended.
-
-    Required methods (below): ``read``, ``enter``, ``leave``, ``abandon``, ``write``,
-    ``names``, ``restore_names``, ``initializing``, ``create``. A framework without
-    naming state returns None from ``names()`` and ignores ``restore_names``; one that
-    never initialises returns False from ``initializing()``.
-
-    Optional hooks, each read with ``getattr`` and used only when present:
-
-    * ``run_scoped(state, fun, *args) -> (out, state_after)``: ``enter``, ``fun(*args)``
-      and ``leave`` in one call, for a framework that installs its state as a scope
-      around the call (NNX's Variables); used in place of the three
-      (``ScopedStateSource`` is a base for such a source).
-    * ``undo_creation()``: removes what ``create`` kept, when the call after it raised.
-    * ``check_unknown_trips(state)``: called, before anything is written, with the final
-      state of a loop whose trip count the combinator cannot tell when it traces it (a
-      ``while_loop``; a ``fori_loop`` whose bounds are traced). State that exists only if
-      the loop ran (Linen: a variable its body writes first) cannot come out of such a
-      loop, since JAX fixes a call's outputs when it traces it: the source raises there,
-      and is left as it was before the loop.
-    * ``join_names(ends)``: the branches of a ``cond`` or ``switch`` are alternatives, as
-      the arms of a Python ``if``/``else``: each starts from the caller's naming state (so
-      two branches that create the same named submodule, or sow the same name, share it,
-      as Linen's ``nn.cond`` does), in the creation pass too, and the caller continues
-      from ``join_names`` of the states the branches ended in. Without it, branch ``i``
-      starts where branch ``i - 1`` ended (Haiku's order of tracing).
-    * ``retrace() -> bool``: True when a traced function met state that ``read()`` did
-      not include (Linen's ``sow`` in a loop body). The combinator then discards that
-      JAX call, before writing anything, and runs it again with ``read()`` including
-      the new state (at most three times).
-    * ``reuse_key() -> Hashable | None``: reuse the functions handed to JAX (loop bodies,
-      branches) across calls with an equal key, so that an identical eager call is
-      traced and compiled once, as the raw JAX call; ``threaded_map`` hands its scan the
-      same body on every call, so the reuse reaches it too. A reused function runs with
-      the current call's source but is not traced again on a JAX cache hit: what a trace
-      finds out must be kept with the function, not on the source. None: fresh
-      wrappers for this call.
-    * ``init_call(call, two_pass)``: at init, in place of the creation pass, the source's
-      own way to make parameters (Haiku creates them at the call site, inside the one
-      trace of ``call()``); ``two_pass()`` is the creation pass then ``call()``, to fall
-      back on.
-    * ``abort_changed_predicate = True``: a ``while_loop`` whose ``cond_fun`` changes the
-      state abandons the first JAX call while JAX traces ``cond_fun`` (before the body is
-      traced or compiled), and reused wrappers go straight to the form that carries the
-      predicate.
-    * ``carried_predicate = True``: every ``while_loop`` carries its predicate, as
-      ``while cond(x): x = body(x)`` runs: ``cond_fun`` is called once before the loop,
-      with the state threaded (what it writes is kept), and again after ``body_fun`` at
-      the end of each step. Without it, ``cond_fun`` is traced by JAX's ``while_loop`` as
-      long as it leaves the state alone, and only one that changes it is moved into the
-      body (NNX asks for the carried form; Haiku and Linen do not).
-    * ``fresh_axes(axis)``: for ``source_transform_state``'s ``fresh_source``, the
-      ``vmap`` ``out_axes`` of state first written inside the mapped function.
-
-    Example:
-      A source over a dict of arrays (``DictStateSource`` is this one); the state is
-      threaded through ``jax.lax.scan``'s carry:
-
-      >>> import jax, jax.numpy as jnp
-      >>> from jaxoverride.adapter_kit import StateSource, threaded_scan
-      >>> store = {"count": jnp.int32(0)}
-      >>> class Source:
-      ...     def read(self): return dict(store)
-      ...     def enter(self, state):
-      ...         saved = dict(store); store.update(state); return saved
-      ...     def leave(self, token):
-      ...         after = dict(store); self.abandon(token); return after
-      ...     def abandon(self, token): store.clear(); store.update(token)
-      ...     def write(self, state): store.update(state)
-      ...     def names(self): return None
-      ...     def restore_names(self, names): pass
-      ...     def initializing(self): return False
-      ...     def create(self, thunk): thunk()
-      >>> isinstance(Source(), StateSource)
-      True
-      >>> def body(c, x):
-      ...     store["count"] = store["count"] + 1
-      ...     return c + x, None
-      >>> out, _ = threaded_scan(Source(), jax.lax.scan, body, 0.0, jnp.ones(3))
-      >>> float(out), int(store["count"])
-      (3.0, 3)
-    """
-
-    def read(self) -> Any:
-        """The state to thread now, as a pytree of arrays (or tracers)."""
-        ...
-
-    def enter(self, state: Any) -> Any:
-        """Makes ``state`` (traced values, of ``read()``'s structure) the framework's
-        current state for a function that JAX traces; returns a token for ``leave``."""
-        ...
-
-    def leave(self, token: Any) -> Any:
-        """Returns the state the traced function left (the structure that ``enter``
-        received), and puts the caller's values back."""
-        ...
-
-    def abandon(self, token: Any) -> None:
-        """Puts the caller's values back after the traced function raised."""
-        ...
-
-    def write(self, state: Any) -> None:
-        """Stores ``state`` (the JAX call's result) as the framework's current state."""
-        ...
-
-    def names(self) -> Any:
-        """A copy of the Python-level state that decides how the framework names what it
-        creates (module counters), or None for a framework without one."""
-        ...
-
-    def restore_names(self, names: Any) -> None:
-        """Puts a copy made by ``names()`` back, so that every trace of a function starts
-        from the same names."""
-        ...
-
-    def initializing(self) -> bool:
-        """Whether the framework is initialising, so that a creation pass runs first."""
-        ...
-
-    def create(self, thunk: Callable[[], Any]) -> None:
-        """Runs the creation pass ``thunk`` (the functions called once, outside JAX
-        control flow), keeping what it created (parameters, new state entries) and
-        undoing everything else (state values, rng draws, naming counters)."""
-        ...
-
 
 # A traced body left state whose structure differs from the state it received: the
 # one structure-change error (the kit's name kept for the code that catches it).
@@ -217,8 +72,8 @@ class Threaded:
     first from the caller's), and a retrace starts from the same state again;
     ``finish(state)`` writes the JAX call's state and leaves the caller's naming state
     where the last traced function ended. With ``alternatives=True`` (branches, for a
-    source with ``join_names``) every function starts from the caller's naming state
-    and ``finish`` leaves the join of their ends.
+    source with ``alternative_branches``) every function starts from the caller's naming
+    state and ``finish`` leaves the join of their ends.
 
     Args:
       source: the ``StateSource``.
@@ -237,7 +92,7 @@ class Threaded:
         alternatives: bool = False,
         backward: bool = False,
     ):
-        self.source = source
+        self.source = require_source(source, where)
         self.where = where
         self._alternatives = alternatives
         self._starts: list[Any] = [source.names()] + [None] * (count - 1)
@@ -246,6 +101,8 @@ class Threaded:
         # backward pass's calls keep the forward's, and their writes are dropped.
         self.policy: Participant | None = participant(source)
         self.backward = backward
+        if self.policy is not None and not backward:
+            self.policy.learn(source.read())
 
     def _start(self, index: int) -> Any:
         if self._alternatives:
@@ -267,7 +124,7 @@ class Threaded:
         policy = self.policy
         if policy is None:
             return self._run(index, state, fun, *args)
-        frame = policy.push(received=state)
+        frame = policy.push(received=state, backward=self.backward)
         try:
             out, after = self._run(index, policy.freeze(state), fun, *args)
         finally:
@@ -277,26 +134,11 @@ class Threaded:
     def _run(self, index: int, state: Any, fun: Callable[..., Any], *args: Any) -> tuple[Any, Any]:
         source = self.source
         source.restore_names(self._start(index))
-        scoped = getattr(source, "run_scoped", None)
-        if scoped is not None:
-            try:
-                out, after = scoped(state, fun, *args)
-            except BaseException:
-                source.restore_names(self._starts[0])
-                raise
-        else:
-            token = source.enter(state)
-            try:
-                out = fun(*args)
-            except BaseException:
-                source.abandon(token)
-                source.restore_names(self._starts[0])
-                raise
-            try:
-                after = source.leave(token)
-            except BaseException:
-                source.restore_names(self._starts[0])
-                raise
+        try:
+            out, after = source.run(state, fun, *args)
+        except BaseException:
+            source.restore_names(self._starts[0])
+            raise
         self._ends[index] = source.names()
         source.restore_names(self._starts[0])
         if jax.tree.structure(state) != jax.tree.structure(after):
@@ -316,23 +158,20 @@ class Threaded:
         state after a loop that did not run is the state before it, and a variable that
         its body would write first (a ``sow``) must not appear. ``ran=None`` (a loop
         whose trip count the combinator cannot tell when it traces it) first hands
-        ``state`` to the source's optional ``check_unknown_trips``, which may refuse it.
+        ``state`` to the source's ``check_unknown_trips``, which may refuse it.
 
-        If the source has a ``retrace()`` method and it returns True (a traced function
-        met state that ``read()`` did not include), nothing is written: the combinator
-        discards the JAX call's result and runs it again, ``read()`` now including it.
+        If the source's ``retrace()`` returns True (a traced function met state that
+        ``read()`` did not include), nothing is written: the combinator discards the JAX
+        call's result and runs it again, ``read()`` now including it.
         """
         ends = [e for e in self._ends if e is not None]
         names = ends[-1] if ends else None
         if ends and self._alternatives:
-            names = self.source.join_names(ends)  # type: ignore[attr-defined]
-        retrace = getattr(self.source, "retrace", None)
-        if retrace is not None and retrace():
+            names = self.source.join_names(ends)
+        if self.source.retrace():
             raise _RetraceRequestedError
         if ran is None:
-            check = getattr(self.source, "check_unknown_trips", None)
-            if check is not None:
-                check(state)
+            self.source.check_unknown_trips(state)
         if ran is not False:
             if self.policy is not None:
                 state = self.policy.written(state, self.backward)
@@ -358,12 +197,9 @@ def init_safe(source: StateSource, creation: Callable[[], Any], call: Callable[[
       >>> init_safe(DictStateSource({}), lambda: None, lambda: "applied")
       'applied'
     """
-    if is_applying() or not source.initializing():
+    if is_applying() or not require_source(source, "init_safe").initializing():
         return _retrying(call)
-    init_call = getattr(source, "init_call", None)
-    if init_call is not None:
-        return init_call(lambda: _retrying(call), lambda: _two_passes(source, creation, call))
-    return _two_passes(source, creation, call)
+    return source.init_call(lambda: _retrying(call), lambda: _two_passes(source, creation, call))
 
 
 def _two_passes(source: StateSource, creation: Callable[[], Any], call: Callable[[], Any]) -> Any:
@@ -373,9 +209,7 @@ def _two_passes(source: StateSource, creation: Callable[[], Any], call: Callable
             return _retrying(call)
     except BaseException:
         # A failed call leaves nothing behind, not even what the creation pass made.
-        undo = getattr(source, "undo_creation", None)
-        if undo is not None:
-            undo()
+        source.undo_creation()
         raise
 
 
@@ -389,20 +223,6 @@ def _retrying(call: Callable[[], Any]) -> Any:
         f"jaxoverride: the state a traced function writes kept growing over {_RETRACES} "
         "traces; make the variables it writes the same on every call."
     )
-
-
-def _as_operands(tree: Any) -> Any:
-    return jax.tree.map(jnp.asarray, tree)
-
-
-def _first_slice(xs: Any, reverse: bool) -> Any:
-    def first(leaf: Any) -> Any:
-        leaf = jnp.asarray(leaf)
-        if leaf.shape[0] == 0:
-            return jnp.zeros(leaf.shape[1:], leaf.dtype)
-        return leaf[-1 if reverse else 0]
-
-    return jax.tree.map(first, xs)
 
 
 def _scan_length(xs: Any, length: Any) -> int | None:
@@ -430,7 +250,7 @@ def _wraps(fun: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
 
 def threaded_scan(
     source: StateSource,
-    lower: Callable[..., Any],
+    below: Callable[..., Any],
     f: Callable[..., Any],
     init: Any,
     xs: Any = None,
@@ -443,11 +263,11 @@ def threaded_scan(
 
     Args:
       source: the ``StateSource``.
-      lower: the scan to run (``jax.lax.scan`` or ``jaxoverride.next_impl("lax.scan")``).
+      below: the scan to run (``jax.lax.scan`` or ``jaxoverride.next_impl("lax.scan")``).
       f, init, xs, length, reverse, unroll, _split_transpose: as for ``jax.lax.scan``.
 
     Returns:
-      ``(carry, ys)``, as ``lower`` returns them.
+      ``(carry, ys)``, as ``below`` returns them.
 
     Example:
       >>> import jax, jax.numpy as jnp
@@ -471,7 +291,7 @@ def threaded_scan(
 
     def call() -> Any:
         with handed_call(source, "jaxoverride.lax.scan", (f,), 1, runs, Threaded) as handed:
-            (value, state), ys = lower(
+            (value, state), ys = below(
                 handed.functions[0],
                 (init, handed.thread.read()),
                 xs,
@@ -483,12 +303,16 @@ def threaded_scan(
             handed.thread.finish(state, ran=_scan_length(xs, length) != 0)
         return value, ys
 
-    return init_safe(source, lambda: f(_as_operands(init), _first_slice(xs, reverse)), call)
+    def creation() -> Any:
+        replay = lambda: jax.lax.scan(lambda c, _: (c, None), init, xs, length, reverse)
+        return f(as_jax_operands(init), first_slice(xs, reverse, replay=replay))
+
+    return init_safe(source, creation, call)
 
 
 def threaded_while_loop(
     source: StateSource,
-    lower: Callable[..., Any],
+    below: Callable[..., Any],
     cond_fun: Callable[..., Any],
     body_fun: Callable[..., Any],
     init_val: Any,
@@ -503,7 +327,7 @@ def threaded_while_loop(
 
     Args:
       source: the ``StateSource``.
-      lower: the while loop to run.
+      below: the while loop to run.
       cond_fun, body_fun, init_val: as for ``jax.lax.while_loop``.
 
     Returns:
@@ -524,7 +348,7 @@ def threaded_while_loop(
 
     where = "jaxoverride.lax.while_loop"
     functions = (cond_fun, body_fun)
-    abort = getattr(source, "abort_changed_predicate", False)
+    abort = require_source(source, where).abort_changed_predicate
     cond_changed_state: list[bool] = []
 
     def read_only_runs(thread: Threaded) -> list[tuple[int, Any]]:
@@ -565,7 +389,7 @@ def threaded_while_loop(
         with handed_call(source, where, functions, 3, carried_runs, Threaded) as handed:
             test, body = handed.functions
             pred, state = _first_test(handed.traces, test, handed.thread.read(), init_val)
-            value, state, _ = lower(_carried_predicate, body, (init_val, state, pred))
+            value, state, _ = below(_carried_predicate, body, (init_val, state, pred))
             handed.thread.finish(state, ran=None)
         return value
 
@@ -574,7 +398,7 @@ def threaded_while_loop(
         with handed_call(source, where, functions, 2, read_only_runs, Threaded) as handed:
             if handed.variant is None:
                 try:
-                    value, state = lower(*handed.functions, (init_val, handed.thread.read()))
+                    value, state = below(*handed.functions, (init_val, handed.thread.read()))
                 except _PredicateChangedStateError:
                     handed.variant = "stateful"  # reused: the next call goes straight there
                 else:
@@ -596,18 +420,17 @@ def threaded_while_loop(
         # each body instead, carrying it: cond, body, cond, body, ... as Python would.
         first = jnp.asarray(cond_fun(init_val), dtype=bool)
         with handed_call(source, where, functions, 1, stateful_runs, Threaded) as handed:
-            value, state, _ = lower(
+            value, state, _ = below(
                 _carried_predicate, handed.functions[0], (init_val, handed.thread.read(), first)
             )
             handed.thread.finish(state, ran=None)
         return value
 
     def creation() -> Any:
-        value = _as_operands(init_val)
+        value = as_jax_operands(init_val)
         return cond_fun(value), body_fun(value)
 
-    carried = getattr(source, "carried_predicate", False)
-    return init_safe(source, creation, carried_call if carried else call)
+    return init_safe(source, creation, carried_call if source.carried_predicate else call)
 
 
 _FIRST_TESTS = 16  # first-test traces kept per reused wrapper, before they are dropped
@@ -652,7 +475,7 @@ def _carried_predicate(carry: Any) -> Any:
 
 def threaded_fori_loop(
     source: StateSource,
-    lower: Callable[..., Any],
+    below: Callable[..., Any],
     lower_bound: Any,
     upper_bound: Any,
     body_fun: Callable[..., Any],
@@ -664,7 +487,7 @@ def threaded_fori_loop(
 
     Args:
       source: the ``StateSource``.
-      lower: the fori loop to run.
+      below: the fori loop to run.
       lower_bound, upper_bound, body_fun, init_val, unroll: as for ``jax.lax.fori_loop``.
 
     Returns:
@@ -693,7 +516,7 @@ def threaded_fori_loop(
     def call() -> Any:
         where = "jaxoverride.lax.fori_loop"
         with handed_call(source, where, (body_fun,), 1, runs, Threaded) as handed:
-            value, state = lower(
+            value, state = below(
                 lower_bound,
                 upper_bound,
                 handed.functions[0],
@@ -703,7 +526,7 @@ def threaded_fori_loop(
             handed.thread.finish(state, ran=_may_run(lower_bound, upper_bound))
         return value
 
-    creation = lambda: body_fun(_as_operands(lower_bound), _as_operands(init_val))
+    creation = lambda: body_fun(as_jax_operands(lower_bound), as_jax_operands(init_val))
     return init_safe(source, creation, call)
 
 
@@ -716,6 +539,11 @@ def _threaded_branches(
     call: Callable[[list[Callable[..., Any]], Any], Any],
 ) -> Any:
     if operand is not _NO_OPERAND:
+        if operands:  # JAX's own refusal, before any branch runs
+            raise TypeError(
+                "if 'operand' keyword is passed then no positional operands can be "
+                f"passed, got {operand=} and positional operands {operands}"
+            )
         operands = (operand,)
 
     # One wrapper per distinct branch object: JAX traces a repeated branch once.
@@ -731,7 +559,7 @@ def _threaded_branches(
 
         return [(index, wrap(index)) for index in range(len(distinct))]
 
-    alternatives = getattr(source, "join_names", None) is not None
+    alternatives = require_source(source, where).alternative_branches
     make_thread = functools.partial(Threaded, alternatives=alternatives)
 
     def run() -> Any:
@@ -743,7 +571,7 @@ def _threaded_branches(
         return out
 
     def creation() -> Any:
-        arguments = _as_operands(operands)
+        arguments = as_jax_operands(operands)
         start = source.names() if alternatives else None
         outs = []
         for branch in distinct:
@@ -757,7 +585,7 @@ def _threaded_branches(
 
 def threaded_cond(
     source: StateSource,
-    lower: Callable[..., Any],
+    below: Callable[..., Any],
     pred: Any,
     true_fun: Callable[..., Any],
     false_fun: Callable[..., Any],
@@ -770,7 +598,7 @@ def threaded_cond(
 
     Args:
       source: the ``StateSource``.
-      lower: the cond to run.
+      below: the cond to run.
       pred, true_fun, false_fun, operands, operand: as for ``jax.lax.cond``.
 
     Returns:
@@ -787,14 +615,14 @@ def threaded_cond(
       >>> float(out), int(store["hits"])
       (2.0, 1)
     """
-    call = lambda fns, packed: lower(pred, fns[0], fns[1], packed)
+    call = lambda fns, packed: below(pred, fns[0], fns[1], packed)
     where = "jaxoverride.lax.cond"
     return _threaded_branches(source, where, (true_fun, false_fun), operands, operand, call)
 
 
 def threaded_switch(
     source: StateSource,
-    lower: Callable[..., Any],
+    below: Callable[..., Any],
     index: Any,
     branches: Sequence[Callable[..., Any]],
     *operands: Any,
@@ -804,7 +632,7 @@ def threaded_switch(
 
     Args:
       source: the ``StateSource``.
-      lower: the switch to run.
+      below: the switch to run.
       index, branches, operands, operand: as for ``jax.lax.switch``.
 
     Returns:
@@ -824,7 +652,7 @@ def threaded_switch(
       >>> int(out), int(store["last"])
       (12, 2)
     """
-    call = lambda fns, packed: lower(index, fns, packed)
+    call = lambda fns, packed: below(index, fns, packed)
     where = "jaxoverride.lax.switch"
     return _threaded_branches(source, where, tuple(branches), operands, operand, call)
 
@@ -919,55 +747,3 @@ def threaded_call(
         return thread.run(0, state, lambda: fun(*args, **kwargs))
 
     return pure, thread.finish, thread.read()
-
-
-class DictStateSource:
-    """The simplest ``StateSource``: a flat dict of arrays, threaded as a whole.
-
-    Useful in tests and as the model for a framework's source. It never initialises and
-    has no naming state.
-
-    Args:
-      store: the dict whose values are threaded; it is updated in place.
-
-    Example:
-      >>> import jax.numpy as jnp
-      >>> from jaxoverride.adapter_kit import DictStateSource, StateSource
-      >>> isinstance(DictStateSource({"x": jnp.zeros(())}), StateSource)
-      True
-    """
-
-    def __init__(self, store: dict[str, Any]):
-        self.store = store
-
-    def read(self) -> Any:
-        return dict(self.store)
-
-    def enter(self, state: Any) -> Any:
-        saved = dict(self.store)
-        self.store.update(state)
-        return saved
-
-    def leave(self, token: Any) -> Any:
-        after = dict(self.store)
-        self.abandon(token)
-        return after
-
-    def abandon(self, token: Any) -> None:
-        self.store.clear()
-        self.store.update(token)
-
-    def write(self, state: Any) -> None:
-        self.store.update(state)
-
-    def names(self) -> Any:
-        return None
-
-    def restore_names(self, names: Any) -> None:
-        pass
-
-    def initializing(self) -> bool:
-        return False
-
-    def create(self, thunk: Callable[[], Any]) -> None:
-        thunk()

@@ -40,7 +40,8 @@ import jax
 import jaxoverride as jo
 from jaxoverride.adapter_kit._argnums import shift_argnums
 from jaxoverride.adapter_kit._operands import traced_arguments, unbatched_arguments
-from jaxoverride.adapter_kit._state_threading import StateSource, Threaded, init_safe
+from jaxoverride.adapter_kit._state_source import StateSource
+from jaxoverride.adapter_kit._state_threading import Threaded, init_safe
 
 Thunk = Callable[[], Any]
 
@@ -156,8 +157,7 @@ class _SourceCall(StatefulCall):
         self.state = None  # JAX may cache the traced function, and so this call
 
     def left_axes(self, axis: int) -> Any:
-        fresh_axes = getattr(self.thread.source, "fresh_axes", None)
-        return None if fresh_axes is None else fresh_axes(axis)
+        return self.thread.source.fresh_axes(axis)
 
 
 # The source that init_safe_fresh shares across its retries, for the next call begun.
@@ -177,7 +177,7 @@ def source_transform_state(
       active: whether the framework's state is usable here.
       source: ``source(where)`` is the state source of the code running now.
       fresh_source: ``fresh_source(where)``, a source that records state first written
-        inside a transformed function (and, if it has ``fresh_axes(axis)``, maps it along
+        inside a transformed function (and, with its ``fresh_axes(axis)``, maps it along
         ``vmap``'s axis), for ``init_safe_fresh``; None: no such state.
 
     Returns:
@@ -232,12 +232,12 @@ Prepare = Callable[
 def _function_transform(state: TransformState, name: str, prepare: Prepare) -> Callable[..., Any]:
     """The override of ``name(fun, *args, **kwargs)``, which returns a function: JAX's
     (the one below) where ``state`` is not active, else the function that
-    ``prepare(lower, fun, args, kwargs)`` returns, given ``(call_args, call_kwargs)``."""
+    ``prepare(below, fun, args, kwargs)`` returns, given ``(call_args, call_kwargs)``."""
 
     def transform(fun: Callable[..., Any], *args: Any, **kwargs: Any) -> Callable[..., Any]:
-        lower = jo.next_impl(name)
-        plain = lower(fun, *args, **kwargs)
-        active_call = prepare(lower, fun, args, kwargs)
+        below = jo.next_impl(name)
+        plain = below(fun, *args, **kwargs)
+        active_call = prepare(below, fun, args, kwargs)
 
         @wraps(fun)
         def transformed(*call_args: Any, **call_kwargs: Any) -> Any:
@@ -290,7 +290,7 @@ def stateful_mapping(
     signature = inspect.signature(getattr(jax, name))
     where = f"jaxoverride.{name}"
 
-    def prepare(lower: Callable[..., Any], fun: Any, args: Any, kwargs: Any) -> Any:
+    def prepare(below: Callable[..., Any], fun: Any, args: Any, kwargs: Any) -> Any:
         bound = _options(signature, fun, args, kwargs)
         bound.apply_defaults()
         options = dict(bound.arguments)
@@ -302,7 +302,7 @@ def stateful_mapping(
                 pure = wraps(fun)(lambda *a, **k: traced.run(fun, a, k))
                 try:
                     left_axes = traced.left_axes(0)
-                    out, left = lower(pure, **{**options, "out_axes": (out_axes, left_axes)})(
+                    out, left = below(pure, **{**options, "out_axes": (out_axes, left_axes)})(
                         *call_args, **call_kwargs
                     )
                 except ValueError as err:
@@ -351,7 +351,7 @@ def stateful_differentiation(
     signature = inspect.signature(getattr(jax, name))
     where = f"jaxoverride.{name}"
 
-    def prepare(lower: Callable[..., Any], fun: Any, args: Any, kwargs: Any) -> Any:
+    def prepare(below: Callable[..., Any], fun: Any, args: Any, kwargs: Any) -> Any:
         bound = _options(signature, fun, args, kwargs)
         has_aux = bool(bound.arguments.get("has_aux", False))
         options = {**bound.arguments, "has_aux": True}
@@ -362,7 +362,7 @@ def stateful_differentiation(
             def call() -> Any:
                 traced = state.begin(where)
                 pure = wraps(fun)(lambda *a, **k: _split_aux(has_aux, *traced.run(fun, a, k)))
-                result = lower(pure, **options)(*call_args, **call_kwargs)
+                result = below(pure, **options)(*call_args, **call_kwargs)
                 if value_first:  # value_and_grad: ((value, (aux, left)), grads)
                     (value, (aux, left)), grads = result
                     traced.finish(left)
@@ -406,14 +406,14 @@ def stateful_with_aux(state: TransformState, name: str) -> Callable[..., Any]:
     def call_impl(
         fun: Callable[..., Any], *primals: Any, has_aux: bool = False, **kwargs: Any
     ) -> Any:
-        lower = jo.next_impl(name)
+        below = jo.next_impl(name)
         if not state.active():
-            return lower(fun, *primals, has_aux=has_aux, **kwargs)
+            return below(fun, *primals, has_aux=has_aux, **kwargs)
 
         def call() -> Any:
             traced = state.begin(where)
             pure = wraps(fun)(lambda *a: _split_aux(has_aux, *traced.run(fun, a, {})))
-            out, function, (aux, left) = lower(pure, *primals, has_aux=True, **kwargs)
+            out, function, (aux, left) = below(pure, *primals, has_aux=True, **kwargs)
             traced.finish(left)
             return (out, function, aux) if has_aux else (out, function)
 
@@ -444,14 +444,14 @@ def stateful_jvp(state: TransformState) -> Callable[..., Any]:
     where = "jaxoverride.jvp"
 
     def jvp(fun: Callable[..., Any], primals: Any, tangents: Any, has_aux: bool = False) -> Any:
-        lower = jo.next_impl("jvp")
+        below = jo.next_impl("jvp")
         if not state.active():
-            return lower(fun, primals, tangents, has_aux=has_aux)
+            return below(fun, primals, tangents, has_aux=has_aux)
 
         def call() -> Any:
             traced = state.begin(where)
             pure = wraps(fun)(lambda *a: _split_aux(has_aux, *traced.run(fun, a, {})))
-            out, tangent_out, (aux, left) = lower(pure, primals, tangents, has_aux=True)
+            out, tangent_out, (aux, left) = below(pure, primals, tangents, has_aux=True)
             traced.finish(left)
             return (out, tangent_out, aux) if has_aux else (out, tangent_out)
 
@@ -462,10 +462,10 @@ def stateful_jvp(state: TransformState) -> Callable[..., Any]:
 
 
 def _after_state(
-    lower: Callable[..., Any], fun: Callable[..., Any], args: Any, kwargs: Any
+    below: Callable[..., Any], fun: Callable[..., Any], args: Any, kwargs: Any
 ) -> tuple[tuple[Any, ...], dict[str, Any]]:
     """``checkpoint``'s options for a function given one extra leading argument."""
-    bound = inspect.signature(lower).bind_partial(fun, *args, **kwargs)
+    bound = inspect.signature(below).bind_partial(fun, *args, **kwargs)
     static = bound.arguments.get("static_argnums")
     if static is not None:
         numbers = (static,) if isinstance(static, int) else tuple(static)
@@ -498,16 +498,16 @@ def stateful_rematerialization(state: TransformState, name: str) -> Callable[...
     """
     where = f"jaxoverride.{name}"
 
-    def prepare(lower: Callable[..., Any], fun: Any, args: Any, kwargs: Any) -> Any:
-        shifted_args, shifted_kwargs = _after_state(lower, fun, args, kwargs)
-        static = inspect.signature(lower).bind_partial(fun, *args, **kwargs).arguments
+    def prepare(below: Callable[..., Any], fun: Any, args: Any, kwargs: Any) -> Any:
+        shifted_args, shifted_kwargs = _after_state(below, fun, args, kwargs)
+        static = inspect.signature(below).bind_partial(fun, *args, **kwargs).arguments
         static_argnums = static.get("static_argnums") or ()
 
         def rematerialized(call_args: tuple[Any, ...], call_kwargs: dict[str, Any]) -> Any:
             def call() -> Any:
                 traced = state.begin(where)
                 pure = wraps(fun)(lambda given, *a, **k: traced.run(fun, a, k, given))
-                out, left = lower(pure, *shifted_args, **shifted_kwargs)(
+                out, left = below(pure, *shifted_args, **shifted_kwargs)(
                     traced.state, *call_args, **call_kwargs
                 )
                 traced.finish(left)

@@ -7,7 +7,9 @@ would make, with ``is_initializing()`` false. The result is therefore what apply
 returns, and a loop that runs zero times has still created its parameters.
 
 Adapters customise two hooks: ``initializing`` says whether to make the creation pass,
-and ``create`` runs it (Haiku's keeps new parameters but restores rng and state).
+and ``create`` runs it (Haiku's keeps new parameters but restores rng and state). The
+combinators are the kit's ``threaded_*`` ones over a ``StateSource`` whose state is
+empty: only its init part, these two hooks, does anything.
 
 A public submodule of the kit, so that an adapter can re-export exactly its ``__all__``
 (as ``jaxoverride_plain`` does); everything here is also in ``jaxoverride.adapter_kit``.
@@ -19,14 +21,18 @@ from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 import jax
-import jax.numpy as jnp
 
-from jaxoverride.adapter_kit._operands import (
-    NO_OPERAND as _NO_OPERAND,
-    as_jax_operands,
-    distinct_functions,
+from jaxoverride.adapter_kit._operands import NO_OPERAND as _NO_OPERAND, first_slice
+from jaxoverride.adapter_kit._phase import is_applying, is_initializing
+from jaxoverride.adapter_kit._state_source import StateSource
+from jaxoverride.adapter_kit._state_threading import (
+    init_safe,
+    threaded_cond,
+    threaded_fori_loop,
+    threaded_scan,
+    threaded_switch,
+    threaded_while_loop,
 )
-from jaxoverride.adapter_kit._phase import applying, is_initializing
 
 __all__ = [
     "create_by_calling",
@@ -84,53 +90,60 @@ def init_safe_call(
       >>> log
       ['create', 'apply']
     """
-    if not initializing():
-        return apply()
-    create(creation)
-    with applying():
-        return apply()
+    return init_safe(_EmptySource(initializing, create), creation, apply)
 
 
-def _first_slice(xs: Any, reverse: bool = False, *, replay: Callable[[], Any]) -> Any:
-    """The slice a loop over ``xs`` sees first; zeros of the slice shape if ``xs`` is empty.
+class _EmptySource(StateSource):
+    """A ``StateSource`` whose state is empty: the init part alone.
 
-    ``xs`` that JAX refuses (a string, a generator, a scalar) raise JAX's own error: on
-    failure ``replay`` (JAX's loop over the same ``xs`` with a body that does nothing) runs
-    under ``jax.eval_shape``, so that no user code runs.
+    ``initializing`` and ``create`` are the combinators' hooks; there is nothing to
+    read, install or write, and no naming state. Its wrappers are reused across calls
+    (``reuse_key``): they read nothing but the functions they call, so that an identical
+    eager call hits JAX's caches as the raw JAX call does.
     """
 
-    def first(leaf: Any) -> Any:
-        leaf = as_jax_operands(leaf)
-        if leaf.shape[0] == 0:
-            return jnp.zeros(leaf.shape[1:], leaf.dtype)
-        return leaf[-1 if reverse else 0]
+    __slots__ = ("_create", "_initializing")
 
-    try:
-        return jax.tree_util.tree_map(first, xs)
-    except (AttributeError, IndexError, TypeError, ValueError) as error:
-        failure = error
-    jax.eval_shape(replay)  # raises JAX's error for these xs
-    raise failure
+    def __init__(self, initializing: Callable[[], bool], create: Callable[[Thunk], Any]):
+        self._initializing = initializing
+        self._create = create
+
+    def read(self) -> Any:
+        return ()
+
+    def run(self, state: Any, fun: Callable[..., Any], *args: Any) -> tuple[Any, Any]:
+        return fun(*args), ()
+
+    def write(self, state: Any) -> None:
+        pass
+
+    def initializing(self) -> bool:
+        return self._initializing()
+
+    def create(self, thunk: Thunk) -> None:
+        self._create(thunk)
+
+    def reuse_key(self) -> Any:
+        return ()
 
 
-def _init_safe_branches(
-    branches: Sequence[Callable[..., Any]],
-    call: Callable[..., Any],
-    operands: tuple[Any, ...],
-    operand: Any,
+def _threaded(
+    threaded: Callable[..., Any],
+    below: Callable[..., Any],
     initializing: Callable[[], bool],
     create: Callable[[Thunk], Any],
+    *args: Any,
+    **keywords: Any,
 ) -> Any:
-    """``call(*operands)`` (with ``operand=`` if given), after a creation pass that runs
-    every distinct branch once on the operands."""
-    arguments = as_jax_operands(operands if operand is _NO_OPERAND else (operand,))
-    keywords = {} if operand is _NO_OPERAND else {"operand": operand}
-    return init_safe_call(
-        lambda: [branch(*arguments) for branch in distinct_functions(branches)],
-        lambda: call(*operands, **keywords),
-        initializing=initializing,
-        create=create,
-    )
+    """``threaded(source, below, ...)`` over an ``_EmptySource`` when initialising, else
+    ``below(...)`` itself: with no state to thread, that is what the threaded call runs,
+    less its wrappers' cost on every eager call (and what the init-safe family always ran
+    at apply)."""
+    if keywords.get("operand") is _NO_OPERAND:
+        del keywords["operand"]  # not given (a cond's or switch's): passed on as not given
+    if is_applying() or not initializing():
+        return below(*args, **keywords)
+    return threaded(_EmptySource(initializing, create), below, *args, **keywords)
 
 
 def init_safe_scan(
@@ -153,6 +166,8 @@ def init_safe_scan(
       default_scan: the scan to run the loop with (``jax.lax.scan``, or the next
         implementation when called from an override).
       initializing: whether to make the creation pass; ``is_initializing`` by default.
+        Not asked inside an apply pass (``is_applying()``): a combinator nested in one
+        only applies, its parameters made by the outer creation pass.
       create: runs the creation pass, a thunk calling ``f`` once on ``init`` and the
         first slice of ``xs`` (zeros of its shape if ``xs`` is empty).
 
@@ -172,23 +187,10 @@ def init_safe_scan(
       >>> float(carry), ys.shape, sorted(params)
       (1.0, (0,), ['w'])
     """
-    return init_safe_call(
-        lambda: f(
-            as_jax_operands(init),
-            _first_slice(
-                xs,
-                reverse,
-                replay=lambda: jax.lax.scan(lambda c, _: (c, None), init, xs, length, reverse),
-            ),
-        ),
-        lambda: default_scan(f, init, xs, length, reverse, unroll, _split_transpose),
-        initializing=initializing,
-        create=create,
-    )
-
-
-def _call_both(cond_fun: Callable[[T], Any], body_fun: Callable[[T], T], carry: T) -> Any:
-    return cond_fun(carry), body_fun(carry)
+    return _threaded(
+        threaded_scan, default_scan, initializing, create,
+        f, init, xs, length, reverse, unroll, _split_transpose,
+    )  # fmt: skip
 
 
 def init_safe_while_loop(
@@ -220,11 +222,8 @@ def init_safe_while_loop(
       >>> int(out)
       5
     """
-    return init_safe_call(
-        lambda: _call_both(cond_fun, body_fun, as_jax_operands(init_val)),
-        lambda: default_while_loop(cond_fun, body_fun, init_val),
-        initializing=initializing,
-        create=create,
+    return _threaded(
+        threaded_while_loop, default_while_loop, initializing, create, cond_fun, body_fun, init_val
     )
 
 
@@ -257,12 +256,10 @@ def init_safe_fori_loop(
       >>> int(out)
       3
     """
-    return init_safe_call(
-        lambda: body_fun(as_jax_operands(lower), as_jax_operands(init_val)),
-        lambda: default_fori_loop(lower, upper, body_fun, init_val, unroll=unroll),
-        initializing=initializing,
-        create=create,
-    )
+    return _threaded(
+        threaded_fori_loop, default_fori_loop, initializing, create,
+        lower, upper, body_fun, init_val, unroll=unroll,
+    )  # fmt: skip
 
 
 def init_safe_cond(
@@ -291,8 +288,10 @@ def init_safe_cond(
       >>> int(out)
       2
     """
-    call = lambda *args, **keywords: default_cond(pred, true_fun, false_fun, *args, **keywords)
-    return _init_safe_branches((true_fun, false_fun), call, operands, operand, initializing, create)
+    return _threaded(
+        threaded_cond, default_cond, initializing, create,
+        pred, true_fun, false_fun, *operands, operand=operand,
+    )  # fmt: skip
 
 
 def init_safe_switch(
@@ -320,8 +319,10 @@ def init_safe_switch(
       >>> int(out)
       20
     """
-    call = lambda *args, **keywords: default_switch(index, branches, *args, **keywords)
-    return _init_safe_branches(branches, call, operands, operand, initializing, create)
+    return _threaded(
+        threaded_switch, default_switch, initializing, create,
+        index, branches, *operands, operand=operand,
+    )  # fmt: skip
 
 
 def init_safe_map(
@@ -352,7 +353,7 @@ def init_safe_map(
       [0, 2, 4]
     """
     return init_safe_call(
-        lambda: f(_first_slice(xs, replay=lambda: jax.lax.map(lambda _: None, xs))),
+        lambda: f(first_slice(xs, replay=lambda: jax.lax.map(lambda _: None, xs))),
         lambda: default_map(f, xs, batch_size=batch_size),
         initializing=initializing,
         create=create,

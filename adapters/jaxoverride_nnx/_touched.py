@@ -21,8 +21,8 @@ from typing import Any, TypeVar
 
 from jaxoverride_nnx._probes import NeedsState, Probe, check_given, is_probe, probe_for
 from jaxoverride_nnx._reach import reached
-from jaxoverride_nnx._scope import Tracked
 from jaxoverride_nnx._stale_reads import check_lifted
+from jaxoverride_nnx._tracked import Tracked
 
 T = TypeVar("T")
 

@@ -31,7 +31,7 @@ from flax.linen import module as linen_module
 
 from jaxoverride import adapter_kit as kit
 from jaxoverride.errors import JaxoverrideError
-from jaxoverride_linen import _trees as trees
+from jaxoverride_linen import _declared, _trees as trees
 from jaxoverride_linen._guards import lifted_params
 from jaxoverride_linen._per_thread import local as _local
 
@@ -312,7 +312,7 @@ def _aval(value: Any) -> Any:
     return jax.tree.map(lambda v: jax.ShapeDtypeStruct(jnp.shape(v), jnp.result_type(v)), value)
 
 
-class LinenSource:
+class LinenSource(kit.EnterLeaveSource):
     """The ``StateSource`` of the modules on Linen's module stack now.
 
     Variables first written inside a loop body or branch at apply (a ``sow``) are
@@ -322,9 +322,11 @@ class LinenSource:
     differentiating transform the slot is part of the auxiliary output: what comes out
     is the primal's value, as under ``nn.grad``; ``vmap`` and ``pmap`` stack it along the
     mapped axis (``fresh_axes``). Where ``allow_fresh=False`` (``shard_map``, a custom
-    rule) such a write is a ``LinenStateError``.
+    rule) such a write is a ``LinenStateError``. The branches of a ``cond`` or ``switch``
+    name as the arms of an ``if`` (``alternative_branches``).
     """
 
+    alternative_branches = True
     framework = "linen"  # its key for ``jaxoverride.solve_state`` (``parts``)
 
     __slots__ = (
@@ -340,7 +342,14 @@ class LinenSource:
         "where",
     )
 
-    def __init__(self, where: str, *, allow_fresh: bool = False, solve_entry: bool = False):
+    def __init__(
+        self,
+        where: str,
+        *,
+        allow_fresh: bool = False,
+        modules: list[Any] | None = None,
+        solve_entry: bool = False,
+    ):
         self.where = where
         # The source of a ``solve_state`` declaration (``solve_entry``): the rng counters
         # after its first ``read()`` (the entry snapshot), per root.
@@ -348,7 +357,9 @@ class LinenSource:
         self.allow_fresh = allow_fresh
         self._retrace = False
         self._created: list[tuple[_Root, set[tuple[str, ...]]]] = []
-        self.modules = stack_modules()
+        # ``modules``: those of an earlier call's stack, when a custom rule's bwd runs
+        # after the call returned (``_rules._Backward``).
+        self.modules = stack_modules() if modules is None else modules
         roots: dict[int, _Root] = {}
         for module in self.modules:
             root = module.scope.root
@@ -380,7 +391,7 @@ class LinenSource:
         entry = self._entry_counters
         if entry is not None and not entry:
             entry.update((id(r.variables), trees.copy_dicts(r.counters)) for r in self.roots)
-        return state
+        return state if policy is None else policy.current(state)
 
     # -- jaxoverride.solve_state ---------------------------------------------------------
 
@@ -426,15 +437,20 @@ class LinenSource:
         return root.scope.make_rng(name)
 
     def _rewind_frozen(self, root: _Root, keys: dict[str, Any]) -> None:
-        """Every stream threaded with the declaration's entry key (``freeze`` put it there)
-        back at the entry's counters: each evaluation draws the same keys."""
+        """Every stream the declaration freezes back at the entry's counters, where it is
+        threaded with the entry key (``freeze`` put it there) or not threaded at all (a
+        custom rule hides the streams): each evaluation draws the same keys."""
         policy = declaration()
         if policy is None:
             return
-        for name, key in keys.items():
-            declared = self._declared(policy, root, name)
-            if declared is not None and declared[0] is key:
-                trees.restore_stream(root.counters, declared[1], name)
+        rid = id(root.variables)
+        for slot, key in _declared.frozen(policy):
+            if slot[0] != "rng" or slot[1] != rid:
+                continue
+            name = slot[2]
+            if keys.get(name, key) is key:
+                entry = policy.source._entry_counters or {}
+                trees.restore_stream(root.counters, entry.get(rid, {}), name)
 
     def enter(self, state: Any) -> _Token:
         token = _Token()

@@ -1,0 +1,289 @@
+"""Converted functions under ``jaxoverride.solve_state``: what a framework's state does there.
+
+Outside a declaration an adapter runs a function JAX converts into a pure jaxpr
+(``closure_convert``, ``custom_root``, ``custom_linear_solve``) reading its state only: a
+write or a draw could not come out, so it is refused. Inside one, the parts the
+declaration freezes have a defined value in every evaluation (the entry state), so the
+function runs with them, through the source, as a loop body does:
+
+* ``closure_convert``: the converted function also returns the state it left, as an
+  output of its jaxpr, and each evaluation hands it to the declaration's innermost
+  boundary (``Participant.written``): evaluated in a solver's loop body it flows out
+  through the carry as a loop body's writes do, so the solve keeps the state its last
+  forward evaluation wrote; a backward pass's evaluations are dropped there;
+* ``custom_root``: the evaluations inside ``solve`` are the forward ones; what the last
+  one left comes out of JAX's call as an auxiliary output of ``solve`` (``has_aux``) and
+  is kept at the caller; ``f``'s other evaluations (the tangent solve's linearisation)
+  and ``custom_linear_solve``'s ``matvec`` keep nothing;
+* a write to a part the declaration leaves per evaluation is refused, as outside one.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from jaxoverride import errors
+from jaxoverride.adapter_kit._solve_policy import Participant
+from jaxoverride.adapter_kit._state_threading import StateSource, Threaded
+
+
+class _Declared:
+    """One conversion's function run through ``source`` under ``policy``."""
+
+    __slots__ = ("policy", "recording", "source", "state", "thread", "where")
+
+    def __init__(self, where: str, source: StateSource, policy: Participant):
+        self.where = where
+        self.source = source
+        self.policy = policy
+        self.thread = Threaded(source, 1, where)
+        self.state = self.thread.read()
+        self.recording = True
+
+    def run(self, fun: Callable[..., Any], *args: Any) -> tuple[Any, Any]:
+        out, after = self.thread.run(0, self.state, fun, *args)
+        changed = self.policy.changed_per_evaluation(self.state, after)
+        if changed:
+            raise errors.PureFunctionWriteError(
+                f"{self.where}: the function wrote {', '.join(changed)} inside a function "
+                "that JAX turns into a pure jaxpr, which the jaxoverride.solve_state around "
+                "it leaves per evaluation: such a write cannot come out. Declare it "
+                "(jaxoverride.solve_state(state={...: 'at_solution'}) or rng='per_solve'), "
+                "or write it before the call and pass it in."
+            )
+        return out, after
+
+    def record(self, after: Any) -> None:
+        if self.recording:
+            self.policy.written(after)
+
+
+def declared_closure_convert(
+    where: str,
+    source: StateSource,
+    policy: Participant,
+    below: Callable[..., Any],
+    fun: Callable[..., Any],
+    example_args: tuple[Any, ...],
+) -> tuple[Callable[..., Any], list[Any]]:
+    """``closure_convert`` of ``fun`` whose evaluations keep what they write (above).
+
+    Args:
+      where: the neutral name, for messages.
+      source: the framework's ``StateSource`` at the call.
+      policy: its ``Participant`` (``participant(source)``).
+      below: the ``closure_convert`` below.
+      fun: the function to convert.
+      example_args: its example arguments.
+
+    Returns:
+      ``(converted, constants)``, as ``jax.closure_convert`` returns them.
+
+    Example:
+      A declaration over a dict-of-arrays framework "doc" whose map draws from a key:
+
+      >>> import jax, jax.numpy as jnp, jaxoverride as jo
+      >>> from jaxoverride import adapter_kit as kit
+      >>> store = {"key": jax.random.key(0)}
+      >>> class Source(kit.DictStateSource):
+      ...     framework = "doc"
+      ...     def parts(self, state):
+      ...         return [kit.StatePart("rng", (), "key")]
+      >>> kit.register_solve_source("doc", lambda: Source(store))
+      >>> def f(x):
+      ...     store["key"], sub = jax.random.split(store["key"])
+      ...     return x * jax.random.uniform(sub)
+      >>> with jo.solve_state():
+      ...     source = Source(store)
+      ...     policy = kit.participant(source)
+      ...     g, consts = kit.declared_closure_convert(
+      ...         "doc", source, policy, jax.closure_convert, f, (1.0,))
+      ...     same = float(g(1.0, *consts)) == float(g(1.0, *consts))
+      >>> same  # one key per solve: every evaluation draws the same
+      True
+      >>> kit.unregister_solve_source("doc")
+    """
+    declared = _Declared(where, source, policy)
+    converted, constants = below(functools.partial(declared.run, fun), *example_args)
+
+    @functools.wraps(fun)
+    def evaluated(*args: Any) -> Any:
+        out, after = converted(*args)
+        declared.record(after)
+        return out
+
+    return evaluated, constants
+
+
+def declared_custom_root(
+    where: str,
+    source: StateSource,
+    policy: Participant,
+    below: Callable[..., Any],
+    f: Callable[[Any], Any],
+    initial_guess: Any,
+    solve: Callable[..., Any],
+    tangent_solve: Callable[..., Any],
+    has_aux: bool,
+) -> Any:
+    """``custom_root`` whose ``solve`` keeps what its last evaluation of ``f`` wrote.
+
+    Args:
+      where: the neutral name, for messages.
+      source: the framework's ``StateSource`` at the call.
+      policy: its ``Participant``.
+      below: the ``custom_root`` below.
+      f, initial_guess, solve, tangent_solve, has_aux: as for ``jax.lax.custom_root``.
+
+    Returns:
+      What ``jax.lax.custom_root`` returns.
+
+    Example:
+      A declaration over a dict-of-arrays framework "doc" whose map draws from a key:
+
+      >>> import jax, jax.numpy as jnp, jaxoverride as jo
+      >>> from jaxoverride import adapter_kit as kit
+      >>> store = {"key": jax.random.key(0)}
+      >>> class Source(kit.DictStateSource):
+      ...     framework = "doc"
+      ...     def parts(self, state):
+      ...         return [kit.StatePart("rng", (), "key")]
+      >>> kit.register_solve_source("doc", lambda: Source(store))
+      >>> def f(x):
+      ...     store["key"], sub = jax.random.split(store["key"])
+      ...     return x * jax.random.uniform(sub)
+      >>> with jo.solve_state():
+      ...     source = Source(store)
+      ...     policy = kit.participant(source)
+      ...     root = kit.declared_custom_root(
+      ...         "doc", source, policy, jax.lax.custom_root, lambda x: f(x) - x, 0.0,
+      ...         lambda g, x: x, lambda g, y: y, False)
+      >>> float(root)
+      0.0
+      >>> kit.unregister_solve_source("doc")
+    """
+    declared = _Declared(where, source, policy)
+    declared.recording = False
+
+    def evaluated(x: Any) -> Any:
+        out, after = declared.run(f, x)
+        declared.record(after)
+        return out
+
+    def solving(g: Callable[[Any], Any], guess: Any) -> Any:
+        # ``solve`` gets the map run through the source, not JAX's ``g``: from jax 0.12
+        # ``g`` evaluates ``f``'s jaxpr, traced once, whose state effects are gone. (JAX
+        # never differentiates ``solve``: its ``g`` only stops gradients that no rule
+        # takes.)
+        del g
+        frame = policy.push()
+        declared.recording = True
+        try:
+            result = solve(evaluated, guess)
+        finally:
+            declared.recording = False
+            policy.pop(frame)
+        solution, aux = result if has_aux else (result, None)
+        if frame.last is None:
+            return solution, (aux, None)
+        floats, restoring[:] = _as_floats(frame.last)
+        return solution, (aux, floats)
+
+    restoring: list[Any] = []
+    solution, (aux, last) = below(evaluated, initial_guess, solving, tangent_solve, has_aux=True)
+    if last is not None:
+        policy.written(_restored(last, *restoring))
+    return (solution, aux) if has_aux else solution
+
+
+# JAX's custom_root gives its auxiliary outputs tangents of their own dtype, which an
+# integer or key output cannot have (``float0``): the state passes through as floats.
+def _as_floats(tree: Any) -> tuple[list[jax.Array], list[Any]]:
+    leaves, treedef = jax.tree.flatten(tree)
+    floats, kinds = [], []
+    for leaf in leaves:
+        leaf = jnp.asarray(leaf)
+        impl = None
+        if jnp.issubdtype(leaf.dtype, jax.dtypes.prng_key):
+            impl, leaf = jax.random.key_impl(leaf), jax.random.key_data(leaf)
+        kinds.append((impl, leaf.dtype))
+        if jnp.issubdtype(leaf.dtype, jnp.inexact):
+            floats.append(leaf)
+        elif leaf.dtype.itemsize in (4, 8):
+            floats.append(jax.lax.bitcast_convert_type(leaf, _FLOATS[leaf.dtype.itemsize]))
+        else:  # bool, 8- and 16-bit integers: exact in float32
+            floats.append(leaf.astype(jnp.float32))
+    return floats, [treedef, kinds]
+
+
+_FLOATS = {4: jnp.float32, 8: jnp.float64}
+
+
+def _restored(floats: list[jax.Array], treedef: Any, kinds: list[Any]) -> Any:
+    leaves = []
+    for value, (impl, dtype) in zip(floats, kinds, strict=True):
+        if jnp.issubdtype(dtype, jnp.inexact):
+            data = value
+        elif dtype.itemsize in (4, 8):
+            data = jax.lax.bitcast_convert_type(value, dtype)
+        else:
+            data = value.astype(dtype)
+        leaves.append(data if impl is None else jax.random.wrap_key_data(data, impl=impl))
+    return jax.tree.unflatten(treedef, leaves)
+
+
+def declared_linear_solve(
+    where: str,
+    source: StateSource,
+    policy: Participant,
+    below: Callable[..., Any],
+    matvec: Callable[[Any], Any],
+    *args: Any,
+    **options: Any,
+) -> Any:
+    """``custom_linear_solve`` whose ``matvec`` sees the declared state and keeps nothing.
+
+    Args:
+      where: the neutral name, for messages.
+      source: the framework's ``StateSource`` at the call.
+      policy: its ``Participant``.
+      below: the ``custom_linear_solve`` below.
+      matvec: the linear map.
+      *args: the rest of ``jax.lax.custom_linear_solve``'s positional arguments.
+      **options: its keyword arguments.
+
+    Returns:
+      What ``jax.lax.custom_linear_solve`` returns.
+
+    Example:
+      A declaration over a dict-of-arrays framework "doc" whose map draws from a key:
+
+      >>> import jax, jax.numpy as jnp, jaxoverride as jo
+      >>> from jaxoverride import adapter_kit as kit
+      >>> store = {"key": jax.random.key(0)}
+      >>> class Source(kit.DictStateSource):
+      ...     framework = "doc"
+      ...     def parts(self, state):
+      ...         return [kit.StatePart("rng", (), "key")]
+      >>> kit.register_solve_source("doc", lambda: Source(store))
+      >>> def f(x):
+      ...     store["key"], sub = jax.random.split(store["key"])
+      ...     return x * jax.random.uniform(sub)
+      >>> with jo.solve_state():
+      ...     source = Source(store)
+      ...     policy = kit.participant(source)
+      ...     x = kit.declared_linear_solve(
+      ...         "doc", source, policy, jax.lax.custom_linear_solve, lambda v: 2.0 * v,
+      ...         jnp.float32(4.0), lambda mv, b: b / 2.0)
+      >>> float(x)
+      2.0
+      >>> kit.unregister_solve_source("doc")
+    """
+    declared = _Declared(where, source, policy)
+    declared.recording = False
+    return below(lambda x: declared.run(matvec, x)[0], *args, **options)

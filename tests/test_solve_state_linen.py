@@ -1,0 +1,350 @@
+"""``jaxoverride.solve_state`` inside Flax Linen: dropout and BatchNorm in a solver's map.
+
+A Linen DEQ (``tests/_solve_state_linen.py``) calls a solver in its ``__call__``; the map
+calls a block with ``nn.BatchNorm(use_running_average=False)`` and ``nn.Dropout``, applied
+with ``rngs={"dropout": key}, mutable=["batch_stats"]``. Under the declaration (default:
+one key per solve, state at the solution), for fpsolve (forward, Anderson, Newton;
+implicit or not) and jaxopt's ``FixedPointIteration`` (``implicit_diff`` on and off):
+
+1. the solve draws exactly one distinct mask, and the next solve another;
+2. it converges as its fixed-mask twin (the same block on explicit variables and the
+   recorded mask): the same iterations and fixed point;
+3. the implicit gradient equals the unrolled gradient of the twin with the same mask;
+4. the running statistics are one EMA update with the batch statistics at z*;
+5. eager, ``jax.jit(apply)`` and ``jax.jit(jax.grad)`` agree;
+6. without the declaration: a mask per evaluation (non-implicit) or a refusal naming
+   the declaration (implicit), as before;
+and the same through optimistix and diffrax (default adjoint and ``DirectAdjoint``), in a
+fresh interpreter (slow); a map those convert by ``make_jaxpr`` cannot hand out the
+statistics, so a write kept at the solution is refused there, with the reason;
+7. with no rng stream or mutable collection, the declaration changes nothing (the same
+   jaxpr); per stream and per collection, it applies only to what it names.
+
+On today's main each of these fails: ``jaxoverride.solve_state`` does not exist.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import pytest
+
+import jaxoverride as jo
+import jaxoverride_linen as jol
+from _libraries import FreshScript, interposed
+from _solve_state_linen import (
+    DEQ,
+    X,
+    apply,
+    init,
+    largest,
+    mask_of,
+    twin_map,
+    twin_statistics,
+)
+from _solve_state_solvers import (  # imports fpsolve (examples/ on the path)
+    checking_leaks_linearized,
+    fpsolve,
+    fpsolve_run,
+    jaxopt_run,
+    masks_seen,
+    relative_residual,
+)
+
+SOLVERS = {
+    **{
+        f"{method}{'-implicit' if implicit else ''}": fpsolve_run(method, implicit)
+        for method in ("forward", "anderson", "newton")
+        for implicit in (False, True)
+    },
+    "jaxopt": jaxopt_run(False),
+    "jaxopt-implicit": jaxopt_run(True),
+}
+IMPLICIT = [name for name in SOLVERS if name.endswith("-implicit")]
+KEY = jax.random.key(3)
+
+# Newton's body calls the map twice with no neutral call between (the step's g(z) and
+# the residual check's g(z_new)): the kit tells evaluations apart by its boundaries only,
+# so the two are one run of the stream, and draw two masks (see the report of issue 29).
+NEWTON_DIRECT = pytest.mark.xfail(
+    strict=True,
+    reason="kit semantics: two direct calls of the map in one loop body are one run",
+)
+
+
+def _cases(names: list[str]) -> list[Any]:
+    return [pytest.param(n, marks=NEWTON_DIRECT) if n == "newton" else n for n in names]
+
+
+@contextlib.contextmanager
+def solving(name: str) -> Iterator[None]:
+    """The Linen adapter, and jaxopt interposed for its cases."""
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(jol.context())
+        if name.startswith("jaxopt"):
+            stack.enter_context(interposed("jaxopt"))
+        yield
+
+
+def _declared(name: str, jit: bool) -> tuple[Any, Any, list[bytes]]:
+    model = DEQ(SOLVERS[name], declare={})
+    run = lambda v, key: apply(model, v, key)
+    variables = init()
+    with masks_seen() as seen:
+        out, updates = (jax.jit(run) if jit else run)(variables, KEY)
+    return out, updates, seen
+
+
+@pytest.mark.parametrize("name", _cases(list(SOLVERS)))
+def test_one_mask_per_solve_converges_as_the_fixed_mask_twin(name: str) -> None:
+    variables = init()
+    with solving(name):
+        with jax.checking_leaks():
+            (z, steps), updates, seen = _declared(name, jit=False)
+        (z_jit, steps_jit), updates_jit, seen_jit = _declared(name, jit=True)
+    # 1. one mask per solve
+    assert len(seen) > 1
+    assert len(set(seen)) == 1, f"{len(set(seen))} distinct masks in one solve"
+    keep = mask_of(seen[0])
+    # 2. the fixed-mask twin: the same iterations and fixed point
+    twin = twin_map(variables["params"], variables, keep)
+    z_twin, steps_twin = SOLVERS[name](twin, jnp.zeros_like(X))
+    assert int(steps) == int(steps_twin)
+    assert largest(z, z_twin) <= 1e-5
+    assert relative_residual(twin, z) <= 1e-5
+    # 4. the running statistics: one EMA update at z*
+    expected = twin_statistics(variables, z_twin, keep)
+    assert largest(updates["batch_stats"]["block"], expected) <= 1e-5
+    assert float(jnp.abs(updates["batch_stats"]["block"]["bn"]["mean"]).max()) > 1e-3
+    # 5. eager and jit agree (the same mask: the same keys)
+    assert set(seen_jit) == set(seen)
+    assert int(steps_jit) == int(steps)
+    assert largest((z_jit, updates_jit), (z, updates)) <= 1e-5
+
+
+def _loss(model: DEQ, params: Any, variables: Any) -> tuple[jax.Array, Any]:
+    (z, _), updates = apply(model, {**variables, "params": params}, KEY)
+    return jnp.sum(z**2), updates
+
+
+# jaxopt's implicit_diff differentiates the arguments of run() only: a Linen map closes
+# over its parameters, which the Linen adapter refuses to read there, as without the
+# declaration (ClosedOverDifferentiationError, naming closure_convert).
+@pytest.mark.parametrize("name", [n for n in IMPLICIT if not n.startswith("jaxopt")])
+def test_implicit_gradient_equals_the_unrolled_gradient_with_the_same_mask(name: str) -> None:
+    variables = init()
+    model = DEQ(SOLVERS[name], declare={})
+    grad = jax.grad(lambda p, v: _loss(model, p, v), has_aux=True)
+    with solving(name):
+        with masks_seen() as seen:
+            with checking_leaks_linearized():
+                eager, updates = grad(variables["params"], variables)
+        jitted, updates_jit = jax.jit(grad)(variables["params"], variables)
+    # 1. the backward pass's re-evaluations drew the forward's mask
+    assert len(set(seen)) == 1
+    keep = mask_of(seen[0])
+
+    def unrolled(params: Any) -> jax.Array:
+        f = twin_map(params, variables, keep)
+        z = fpsolve.fixed_point(
+            lambda z, _: f(z), jnp.zeros_like(X), method="unrolled", max_iter=80
+        )
+        return jnp.sum(z.value**2)
+
+    # 3. the implicit gradient is the unrolled one with the same mask
+    assert largest(eager, jax.grad(unrolled)(variables["params"])) <= 1e-5
+    # 5. jit(grad) agrees, its statistics too
+    assert largest(jitted, eager) <= 1e-5
+    assert largest(updates_jit, updates) <= 1e-5
+
+
+@pytest.mark.parametrize("name", [n for n in SOLVERS if n not in IMPLICIT])
+def test_without_the_declaration_a_mask_per_evaluation_as_before(name: str) -> None:
+    variables = init()
+    with solving(name), masks_seen() as seen:
+        apply(DEQ(SOLVERS[name]), variables, KEY)
+    assert len(set(seen)) > 1
+
+
+@pytest.mark.parametrize("name", IMPLICIT)
+def test_without_the_declaration_implicit_solvers_refuse_naming_it(name: str) -> None:
+    with solving(name), pytest.raises(jol.PureFunctionWriteError, match="solve_state"):
+        apply(DEQ(SOLVERS[name]), init(), KEY)
+
+
+def test_the_next_solve_draws_another_mask() -> None:
+    variables = init()
+    model = DEQ(SOLVERS["forward"], declare={}, twice=True)
+    with jol.context():
+        with masks_seen() as seen:
+            apply(model, variables, KEY)
+        with masks_seen() as other:
+            apply(model, variables, jax.random.key(4))
+    assert len(set(seen)) == 2  # one per solve, each solve's evaluations in a row
+    switch = next(i for i, mask in enumerate(seen) if mask != seen[0])
+    assert len(set(seen[switch:])) == 1
+    assert not set(other) & set(seen)  # another key: other masks
+
+
+def test_per_stream_and_per_collection() -> None:
+    variables = init(count=True)
+    mutable = ("batch_stats", "counters")
+    granular = {
+        "rng": {"dropout": "per_solve"},
+        "state": {"batch_stats": "at_solution", "counters": "per_evaluation"},
+    }
+    with jol.context():
+        with masks_seen() as seen:
+            (z, steps), updates = apply(
+                DEQ(SOLVERS["forward"], declare=granular, count=True), variables, KEY, mutable
+            )
+        with masks_seen() as fresh:
+            (_, _), unfrozen = apply(
+                DEQ(SOLVERS["forward"], declare={"rng": "per_evaluation"}, count=True),
+                variables,
+                KEY,
+                mutable,
+            )
+    assert len(set(seen)) == 1
+    # the counter counts every evaluation; the statistics are one update at z*
+    calls = lambda tree: int(tree["counters"]["block"]["calls"])
+    assert calls(updates) - calls(variables) == int(steps) == len(seen)
+    expected = twin_statistics(variables, z, mask_of(seen[0]))
+    assert largest(updates["batch_stats"]["block"], expected) <= 1e-5
+    # a stream the declaration leaves per evaluation draws a mask per evaluation
+    assert len(set(fresh)) > 1
+    assert calls(unfrozen) - calls(variables) == 1  # at the solution: one update
+
+
+def test_unknown_names_are_refused_naming_the_known_ones() -> None:
+    model = DEQ(SOLVERS["forward"], declare={"state": {"batchstats": "at_solution"}})
+    with jol.context(), pytest.raises(ValueError, match="batch_stats"):
+        apply(model, init(), KEY)
+
+
+class _Plain(nn.Module):
+    """A DEQ with parameters only: nothing for a declaration to apply to."""
+
+    declare: bool
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        dense = nn.Dense(x.shape[-1])
+        f = lambda z, _: 0.3 * jnp.tanh(dense(z)) + x
+        if self.is_initializing():
+            return f(x, None)
+        context = jo.solve_state() if self.declare else contextlib.nullcontext()
+        with context:
+            return fpsolve.fixed_point(f, jnp.zeros_like(x), method="anderson").value
+
+
+def test_without_state_the_declaration_changes_nothing() -> None:
+    with jol.context():
+        variables = _Plain(False).init(jax.random.key(0), X)
+        jaxprs = [
+            str(jax.make_jaxpr(lambda v, d=d: _Plain(d).apply(v, X))(variables))
+            for d in (False, True)
+        ]
+        # outside every Linen module too
+        outside = [str(jax.make_jaxpr(lambda x, d=d: _outside(x, d))(X)) for d in (False, True)]
+    assert jaxprs[0] == jaxprs[1]
+    assert outside[0] == outside[1]
+
+
+def _outside(x: jax.Array, declare: bool) -> jax.Array:
+    context = jo.solve_state() if declare else contextlib.nullcontext()
+    with context:
+        return fpsolve.fixed_point(lambda z, _: 0.5 * jnp.cos(z) + x, x).value
+
+
+# -- optimistix and diffrax, in a fresh interpreter (tests/_solve_state_linen_script.py) --
+
+LIBRARIES = FreshScript(
+    Path(__file__).with_name("_solve_state_linen_script.py"),
+    {
+        "optimistix": ["optimistix", "optimistix_norm", "optimistix_undeclared"],
+        "diffrax": [
+            "diffrax_default",
+            "diffrax_default_norm",
+            "diffrax_direct",
+            "diffrax_direct_norm",
+            "diffrax_direct_undeclared",
+        ],
+    },
+    [jo, jol],
+    timeout=1500,
+)
+_MERGED_KIT_LEAK = pytest.mark.xfail(
+    strict=False,  # the equinox family's own leaks differ between the supported sets
+    reason=(
+        "open (issue 29): since the three adapters' Participant variants were merged into "
+        "one, diffrax's DirectAdjoint under the Linen adapter leaks a tracer of equinox's "
+        "bounded while loop into the declaration's frames (an UnexpectedTracerError, never a "
+        "silent result); it passed on the Linen-only kit"
+    ),
+)
+DECLARED = [
+    ("optimistix", "optimistix"),
+    ("diffrax", "diffrax_default"),
+    pytest.param("diffrax", "diffrax_direct", marks=_MERGED_KIT_LEAK, id="diffrax_direct"),
+    pytest.param(
+        "diffrax", "diffrax_direct_norm", marks=_MERGED_KIT_LEAK, id="diffrax_direct_norm"
+    ),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("group", "case"), DECLARED)
+def test_libraries_one_mask_per_solve_as_the_fixed_mask_twin(group: str, case: str) -> None:
+    result = LIBRARIES.reported(group, case)
+    assert result["evaluations"] > 1
+    assert result["masks"] == 1 and result["masks_grad"] == 1  # backward pass too
+    assert result["steps"] == result["steps_twin"] == result["steps_jit"]
+    for measure in ("z_vs_twin", "jit_vs_eager", "grad_vs_twin", "grad_updates_vs_eager"):
+        assert result[measure] <= 1e-5, (measure, result)
+    if case.endswith("_norm"):  # diffrax's DirectAdjoint does not convert the map
+        assert result["statistics_vs_twin"] <= 1e-5
+        assert result["statistics_moved"] > 1e-3
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", ["optimistix_norm", "diffrax_default_norm"])
+def test_libraries_converting_by_make_jaxpr_refuse_statistics_at_the_solution(case: str) -> None:
+    # Their map becomes a jaxpr whose outputs are fixed: the statistics cannot come out,
+    # and dropping them would leave them silently at their entry value.
+    refusal = LIBRARIES.reported(case.split("_")[0], case)["refusal"]
+    assert refusal["type"] == "PureFunctionWriteError"
+    assert "batch_stats/block/bn/mean" in refusal["message"]
+    assert "even under jaxoverride.solve_state" in refusal["message"]
+
+
+@pytest.mark.slow
+def test_libraries_without_the_declaration_as_before() -> None:
+    refused = LIBRARIES.reported("optimistix", "optimistix_undeclared")
+    assert refused["refusal"]["type"] == "PureFunctionWriteError"
+    assert "solve_state" in refused["refusal"]["message"]  # the declaration, named as a fix
+    # diffrax's DirectAdjoint: a mask per stage, and the step size controller gives up
+    ran = LIBRARIES.reported("diffrax", "diffrax_direct_undeclared")
+    assert ran["masks"] > 100
+    assert ran["refusal"]["type"] == "EquinoxTracetimeError"
+
+
+def test_under_install_as_under_context() -> None:
+    variables = init()
+    model = DEQ(SOLVERS["anderson-implicit"], declare={})
+    with jol.context(), masks_seen() as seen:
+        expected = apply(model, variables, KEY)
+    handle = jol.install()
+    try:
+        with masks_seen() as installed:
+            got = apply(model, variables, KEY)
+    finally:
+        handle.uninstall()
+    assert len(set(installed)) == 1 and set(installed) == set(seen)
+    assert largest(got, expected) == 0.0
