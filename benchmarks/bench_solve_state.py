@@ -13,7 +13,9 @@ the same mask from it at every evaluation), normalises with the batch statistics
 inside the map, and updates the running statistics once, after the solve, by calling the
 framework's BatchNorm at ``z*``. Both run the same computation on the same parameters and
 state, up to the mask (each derives its dropout key its own way): target <= 1.05x,
-compiled, cache-hit calls.
+compiled, cache-hit calls. The NNX models are tracked one per ``track``, as a user tracks
+the model being trained: a declaration covers every tracked Variable, so under one track
+over both models the declared step would also thread the twin's state (measured 1.25x).
 """
 
 from __future__ import annotations
@@ -206,9 +208,17 @@ def _nnx(quick: bool) -> list[Row]:
         for name, declared in ((DECLARED, True), (TWIN, False))
     }
     grad = jo.jit(jo.grad(lambda model: jnp.sum(model(x) ** 2)))
-    with jaxoverride_nnx.track(*models.values()):
-        return _pair("NNX DEQ with dropout and BatchNorm, jo.jit(jo.grad) under track",
-                     lambda: grad(models[DECLARED]), lambda: grad(models[TWIN]), quick)  # fmt: skip
+    # Each model under its own track, as a user tracks the model they train (a declaration
+    # covers every tracked Variable: one track over both would make the declared step
+    # thread the twin's state too).
+    tracks = {name: jaxoverride_nnx.track(model) for name, model in models.items()}
+
+    def step(name: str) -> Any:
+        with tracks[name]:
+            return grad(models[name])
+
+    return _pair("NNX DEQ with dropout and BatchNorm, jo.jit(jo.grad) under track",
+                 lambda: step(DECLARED), lambda: step(TWIN), quick)  # fmt: skip
 
 
 def run(quick: bool) -> list[Row]:

@@ -78,17 +78,44 @@ def test_code_blocks_run(page: Path):
 
 
 FRESH = [(page, name) for page in PAGES for name in fresh_programs(page)]
+# Programs that fail today, each with the error it must fail with and why (the page says
+# so beside the program); one that runs fails the test: drop it from here.
+EXPECTED_FAILURES = {
+    "linen-ode": (
+        "UnexpectedTracerError",
+        "open (issue 29): under a declaration, diffrax's DirectAdjoint makes the Linen and "
+        "NNX adapters leak a tracer of equinox's bounded while loop",
+    ),
+}
+
+
+# Programs that need what main does not have yet: skipped, with the reason.
+WAITING = {"haiku-dropout": "waits for the Haiku solve_state merge"}
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    ("page", "name"), FRESH, ids=[f"{_label(page)}:{name}" for page, name in FRESH]
+    ("page", "name"),
+    [
+        pytest.param(
+            page,
+            name,
+            id=f"{_label(page)}:{name}",
+            marks=[pytest.mark.skip(reason=WAITING[name])] if name in WAITING else [],
+        )
+        for page, name in FRESH
+    ],
 )
 def test_fresh_interpreter_blocks_run(page: Path, name: str):
     source = fresh_programs(page)[name]
     result = subprocess.run(
         [sys.executable, "-c", source], cwd=ROOT, capture_output=True, text=True, timeout=600
     )
+    if name in EXPECTED_FAILURES:
+        error, reason = EXPECTED_FAILURES[name]
+        assert result.returncode != 0, f"{name} runs now: drop it from EXPECTED_FAILURES"
+        assert error in result.stderr, f"{_label(page)} ({name}):\n{result.stderr[-3000:]}"
+        pytest.xfail(reason)
     assert result.returncode == 0, f"{_label(page)} ({name}):\n{result.stderr[-3000:]}"
 
 
@@ -106,7 +133,8 @@ def test_the_recipes_run_in_fresh_interpreters():
     for name in stateful:
         for needed in ("optx.fixed_point", "jo.solve_state(", "dropout", "BatchNorm", "optax."):
             assert needed in programs[name], f"the {name} recipe does not use {needed}"
-    assert any("diffrax.diffeqsolve" in programs[n] for n in stateful), "no neural ODE"
+    for needed in ("diffrax.diffeqsolve", "jo.solve_state(", "BatchNorm", "optax."):
+        assert needed in programs["linen-ode"], f"the neural ODE recipe does not use {needed}"
     for name, source in programs.items():
         if name != "plain":  # interposed before anything imports equinox
             first_import = re.search(r"^import (?!jaxoverride\b).*$", source, re.MULTILINE)
