@@ -348,16 +348,53 @@ def test_custom_root_under_a_declaration_one_mask_and_the_implicit_gradient(toy:
     np.testing.assert_allclose(toy.store["mean"].sum(), (1 - MOMENTUM) * twin_z, atol=1e-5)
 
 
+class _Sourceless(kit.Framework):
+    """A registered framework whose adapter registers no solve source, running while
+    ``running`` is set."""
+
+    key = "solve_state_test_sourceless"
+    module = "jax"  # always imported: the record is live
+    title = "Sourceless (a test framework)"
+    fix = "nothing"
+    label = "sourceless"
+    now = False
+
+    def running(self) -> bool:
+        return self.now
+
+
 def test_a_running_framework_whose_adapter_has_no_solve_source_is_refused() -> None:
-    """Haiku's adapter applies no declaration yet: inside ``hk.transform`` the declaration
-    is refused by name, never silently ignored (a new mask per evaluation)."""
-    haiku = pytest.importorskip("haiku")
-    import jaxoverride_haiku
+    """A framework whose adapter applies no declaration: while it runs, the declaration
+    is refused by name, never silently ignored (a new mask per evaluation); the registry,
+    the contexts and the framework's state are as before."""
+    from jaxoverride import _frameworks, _solve_state
 
-    def model(x: jax.Array) -> jax.Array:
-        with jo.solve_state():
-            return x
+    record = _Sourceless()
+    kit.register_framework(record)
+    try:
+        with jo.solve_state():  # registered, not running: accepted
+            pass
+        record.now = True
+        with pytest.raises(NotImplementedError, match="Sourceless") as info:
+            with jo.solve_state():
+                pass
+        assert "solve source" in str(info.value) and "pass it through" in str(info.value)
+        assert _solve_state.current() is None  # the refused declaration was not entered
+    finally:
+        record.now = False
+        with _frameworks._lock:
+            _frameworks.registered.pop(record.key, None)
+            _frameworks.labels.pop(record.key, None)
+            _frameworks._set_live_locked()
 
-    with jaxoverride_haiku.context(), pytest.raises(NotImplementedError, match="Haiku"):
-        haiku.transform(model).init(jax.random.key(0), jnp.ones(3))
-    assert jo.solve_state() is not None  # outside every framework: accepted
+
+@pytest.mark.parametrize("framework", ["haiku", "linen", "nnx"])
+def test_every_built_in_stateful_adapter_registers_a_solve_source(framework: str) -> None:
+    """Haiku, Linen and NNX apply declarations: none is refused while it runs."""
+    pytest.importorskip({"haiku": "haiku", "linen": "flax", "nnx": "flax"}[framework])
+    import importlib
+
+    importlib.import_module(f"jaxoverride_{framework}")
+    from jaxoverride.adapter_kit import _solve_policy
+
+    assert framework in _solve_policy._sources

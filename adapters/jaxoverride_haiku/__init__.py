@@ -19,7 +19,11 @@ except ImportError as _error:  # pragma: no cover - exercised in a subprocess by
     ) from _error
 
 from jaxoverride.adapter_kit import publish_errors as _publish_errors
-from jaxoverride_haiku import _context, _framework as _framework  # registers its record
+from jaxoverride_haiku import (
+    _context,
+    _framework as _framework,  # registers its record
+    _solve as _solve,  # registers its solve_state source
+)
 from jaxoverride_haiku._context import *  # noqa: F403  (its __all__: context, install, ...)
 from jaxoverride_haiku._convert import PureFunctionWriteError as PureFunctionWriteError
 from jaxoverride_haiku._frames import in_transform as in_transform, state_usable as state_usable

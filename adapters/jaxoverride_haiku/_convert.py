@@ -19,13 +19,28 @@ from collections.abc import Callable, Iterator
 from typing import Any, NoReturn
 
 import haiku as hk
-from haiku._src import base, stateful
+from haiku._src import base
 
 from jaxoverride import adapter_kit as kit, errors
+from jaxoverride.adapter_kit import Participant
 from jaxoverride_haiku._creation import init_safe_call
-from jaxoverride_haiku._frames import Threaded, state_names, state_usable
-from jaxoverride_haiku._rng import REFUSAL, RefusingSequence, placeholder_state
+from jaxoverride_haiku._frames import (
+    InternalState,
+    Threaded,
+    policy_state,
+    solve_policy,
+    state_names,
+    state_usable,
+)
+from jaxoverride_haiku._rng import (
+    REFUSAL,
+    CountingSequence,
+    RefusingSequence,
+    placeholder_state,
+    replayed,
+)
 from jaxoverride_haiku._site import current_site, init_once
+from jaxoverride_haiku._source import HaikuSource
 
 
 class PureFunctionWriteError(errors.PureFunctionWriteError):
@@ -60,28 +75,62 @@ _CONVERTED = (
     "call), or pass the value in as an argument (optimistix's and diffrax's args, with the "
     "key drawn before the call); a solver with a non-implicit mode (fpsolve's "
     "implicit=False, jaxopt's implicit_diff=False) does not convert the function, but "
-    "optimistix, lineax and diffrax (with its default adjoint) convert their callbacks, so "
-    "there this is the only way."
+    "optimistix, lineax and diffrax (with its default adjoint) convert their callbacks. "
+    + "{declare}"
+)
+
+DECLARE = (
+    "Or declare what the solver's evaluations see: `with jaxoverride.solve_state(): ...` "
+    "around the solver call (rng='per_solve': every evaluation draws the keys of the "
+    "solve's entry; state='at_solution': every evaluation starts from the entry's state, "
+    "and a backward pass's writes are dropped)."
 )
 
 
 def _refusal(where: str, what: str, why: tuple[str, str]) -> PureFunctionWriteError:
     inside, reason = why
-    return PureFunctionWriteError(f"{where}: {what} inside {inside}. " + reason.format(where=where))
+    text = reason.format(where=where, declare=DECLARE)
+    if "{declare}" not in reason:
+        text += " " + DECLARE
+    return PureFunctionWriteError(f"{where}: {what} inside {inside}. {text}")
 
 
 @contextlib.contextmanager
 def pure_frame(
-    where: str, inside: str = "the function being converted", reason: str = _CONVERTED
+    where: str,
+    inside: str = "the function being converted",
+    reason: str = _CONVERTED,
+    policy: Participant | None = None,
+    writes_dropped: bool = False,
 ) -> Iterator[None]:
     """Refuses state writes and rng draws in the current Haiku frame.
 
     ``inside`` names the function for the error, and ``reason`` says why nothing written
-    there could come out and what to do instead (``{where}`` is filled in).
+    there could come out and what to do instead (``{where}`` is filled in). ``policy``:
+    the ``jaxoverride.solve_state`` declaration in force, whose frozen rng and state are
+    allowed (the frame holds the entry's): draws, and writes where ``writes_dropped``
+    (a backward pass's writes are dropped; a converted function's would be lost).
     """
 
     def refuse_write(next_setter: Any, value: Any, context: hk.SetterContext) -> Any:
-        del next_setter, value
+        module = context.module_name
+        frozen = policy is not None and policy.freezes(
+            "state", (module, f"{module}/{context.name}")
+        )
+        if frozen and writes_dropped:
+            return next_setter(value)
+        if frozen:
+            raise PureFunctionWriteError(
+                f"{where}: the Haiku state {context.full_name!r} was written inside "
+                f"{inside}, under jaxoverride.solve_state. {where} turns the function "
+                "into a pure jaxpr, so nothing it writes can come out, and the solve "
+                "could not keep the state at its solution (state='at_solution'): the "
+                "statistics would silently stay as they were. Update the state once "
+                "outside the solver (after it, at its result), or use a solver that "
+                "converts the map with jax.closure_convert (fpsolve: the converted "
+                "function hands its writes out) or evaluates it itself in its forward "
+                "pass (fpsolve's implicit=False, jaxopt's FixedPointIteration)."
+            )
         raise _refusal(
             where, f"the Haiku state {context.full_name!r} was written", (inside, reason)
         )
@@ -90,6 +139,10 @@ def pure_frame(
         raise _refusal(where, "an rng key was drawn (hk.next_rng_key)", (inside, reason))
 
     frame = base.current_frame()
+    if policy is not None and policy.freezes("rng", ()):
+        with hk.custom_setter(refuse_write):
+            yield
+        return
     sequence = frame.rng_stack.peek()
     guard = (
         None
@@ -104,6 +157,15 @@ def pure_frame(
         REFUSAL.reset(token)
 
 
+_ADVANCE = "jaxoverride_haiku: draws in a converted function"
+
+
+def _advanced(policy: Participant, left: InternalState, calls: list[int | None]) -> Any:
+    """``left`` with the rng stream the entry's after the draws ``calls``."""
+    entry = policy.freeze(left)
+    return left if entry.rng is None else left._replace(rng=replayed(entry.rng, calls))
+
+
 def _converting(
     where: str,
     fun: Callable[..., Any],
@@ -114,27 +176,45 @@ def _converting(
     temporary, write-refusing frame of the caller's state, entered inside JAX's trace."""
 
     def apply() -> Any:
-        state = stateful.internal_state()
+        # Under ``jaxoverride.solve_state`` the function sees the frozen state, and may
+        # draw and write what the declaration freezes (nothing comes out: dropped).
+        policy = solve_policy()
+        state = policy_state(policy)
         thread = Threaded(1, where, check_params=False)
 
         site = current_site()
 
+        draws: list[list[int | None]] = []
+
         def traced(*args: Any, **kwargs: Any) -> Any:
-            with thread.frame(0, state) as inner, pure_frame(where):
+            with thread.frame(0, state) as inner, pure_frame(where, policy=policy):
                 before = state_names(inner.state)
-                out = fun(*args, **kwargs)
+                sequence = inner.rng_stack.peek()
+                if policy is None or sequence is None or REFUSAL.get() is not None:
+                    out = fun(*args, **kwargs)
+                else:
+                    counting = CountingSequence(sequence.internal_state)
+                    with inner.rng_stack(counting):
+                        out = fun(*args, **kwargs)
+                    draws.append(counting.calls)
                 if site is not None and state_names(inner.state) - before:
                     site.state_created = True  # lost in this frame: start again
                 return out
 
         out = trace(traced)
         thread.finish()
+        if policy is not None and draws and draws[-1] and state.rng is not None:
+            # The function drew the entry's keys, and nothing it drew comes out of the
+            # jaxpr: at the declaration's exit the stream has advanced as if the map had
+            # been called once, so the next draw after the solve never gets its keys.
+            calls = draws[-1]
+            policy.at_exit(_ADVANCE, lambda left: _advanced(policy, left, calls))
         return out
 
     return init_once(apply, lambda: init_safe_call(creation, apply))
 
 
 CONVERSIONS: dict[str, Callable[..., Any]] = kit.conversion_overrides(
-    state_usable, _converting, module=__name__
+    state_usable, _converting, module=__name__, source=HaikuSource
 )
 """Neutral name -> Haiku override, for the names that convert a function into a jaxpr."""

@@ -19,7 +19,7 @@ from typing import Any
 
 from haiku._src import base, stateful
 
-from jaxoverride.adapter_kit import get_opaque_trace_state, is_applying
+from jaxoverride.adapter_kit import Participant, get_opaque_trace_state, is_applying, participant
 from jaxoverride_haiku._rng import reserve_full_block, temporary_state
 
 InternalState = stateful.InternalState
@@ -71,6 +71,37 @@ def state_usable() -> bool:
     if not base.frame_stack:
         return False
     return _trace_level_matches(base.frame_stack.peek().jax_trace_stack.peek())
+
+
+class _Haiku:
+    """What ``kit.participant`` recognises a Haiku source by."""
+
+    framework = "haiku"
+
+
+def solve_policy() -> Participant | None:
+    """The ``jaxoverride.solve_state`` declaration's ``Participant`` for Haiku, or None."""
+    return participant(_Haiku) if base.frame_stack else None
+
+
+def policy_state(policy: Participant | None) -> InternalState:
+    """The frame's state (params closed over), for a boundary: under a declaration with a
+    full block of rng keys reserved (the rng's slots then match the entry's) and its
+    frozen parts as at entry."""
+    if policy is None:
+        return stateful.internal_state()
+    reserve_full_block()
+    return policy.freeze(stateful.internal_state())
+
+
+def policy_left(policy: Participant | None, frame: Any, before: InternalState) -> InternalState:
+    """What changed in the current frame since ``before`` (``stateful.difference``), under
+    a declaration what the traced function leaves (``Participant.left``)."""
+    if policy is None:
+        return stateful.difference(before, stateful.internal_state())
+    reserve_full_block()
+    after = policy.left(stateful.internal_state(), frame)
+    return stateful.difference(before, after)
 
 
 def current_frame() -> base.Frame:

@@ -31,6 +31,9 @@ from jaxoverride_haiku._frames import (
     Names,
     current_frame,
     naming_signature,
+    policy_left,
+    policy_state,
+    solve_policy,
     state_usable,
     submodule_sets,
 )
@@ -162,13 +165,21 @@ class HaikuJit:
         fun = self._fun
 
         def pure(key: _Key, state: stateful.InternalState, *args: Any, **kwargs: Any) -> Any:
+            policy = solve_policy()
             with temporary_state(state), base.push_jax_trace_level():
                 inner = current_frame()
                 submodules_before = [
                     set(s) if s is not None else None for s in submodule_sets(inner)
                 ]
-                out = fun(*args, **kwargs)
-                changed = stateful.difference(state, stateful.internal_state())
+                # Under ``jaxoverride.solve_state`` the frozen values inside are this
+                # function's own state argument: nothing of the caller is baked in.
+                frame = None if policy is None else policy.push(state)
+                try:
+                    out = fun(*args, **kwargs)
+                    changed = policy_left(policy, frame, state)
+                finally:
+                    if policy is not None and frame is not None:
+                        policy.pop(frame)
                 key.end = Names.capture(inner)
                 key.submodules = [
                     set(after - before) if after is not None and before is not None else set()
@@ -185,8 +196,9 @@ class HaikuJit:
             pure.__signature__ = signature  # type: ignore[attr-defined]
         return pure
 
-    def _key(self, frame: base.Frame) -> _Key:
-        content = (frame.freeze_params, naming_signature(frame), customisations())
+    def _key(self, frame: base.Frame, policy: Any = None) -> _Key:
+        slots = None if policy is None else frozenset(policy.frozen)
+        content = (frame.freeze_params, naming_signature(frame), customisations(), slots)
         key = self._keys.get(content)
         if key is None:
             with self._lock:
@@ -200,10 +212,11 @@ class HaikuJit:
         if not state_usable():
             return self._plain(*args, **kwargs)
         frame = current_frame()
-        key = self._key(frame)
+        policy = solve_policy()
+        key = self._key(frame, policy)
         inner = self._inner if self._single_in_sharding is None else self._inner_for(len(args))
-        out, changed = inner(key, stateful.internal_state(), *args, **kwargs)
-        update_state(changed)
+        out, changed = inner(key, policy_state(policy), *args, **kwargs)
+        update_state(changed if policy is None else policy.written(changed))
         key.replay(frame)
         return out
 
@@ -213,9 +226,10 @@ class HaikuJit:
         was: nothing runs); outside, the stateless jitted function."""
         if not state_usable():
             return getattr(self._plain, method)(*args, **kwargs)
-        key = self._key(current_frame())
+        policy = solve_policy()
+        key = self._key(current_frame(), policy)
         inner = self._inner if self._single_in_sharding is None else self._inner_for(len(args))
-        staged = getattr(inner, method)(key, stateful.internal_state(), *args, **kwargs)
+        staged = getattr(inner, method)(key, policy_state(policy), *args, **kwargs)
         return staged[0] if method == "eval_shape" else staged
 
     def _jitted(self) -> list[Callable[..., Any]]:

@@ -46,12 +46,14 @@ import jaxoverride as jo
 from jaxoverride import errors
 from jaxoverride.adapter_kit import (
     LiftedRule,
+    Participant,
     StagedPrimal,
     bwd_cotangents,
     fwd_output_pair,
     instantiate_zeros,
     perturbed_leaves,
     positional_arguments,
+    resumed,
     staged as kit_staged,
     unwrap_primals,
     zero_tangents,
@@ -64,6 +66,7 @@ from jaxoverride_haiku._frames import (
     Names,
     current_frame,
     new_parameters_error,
+    solve_policy,
     state_usable,
 )
 from jaxoverride_haiku._rng import (
@@ -214,11 +217,25 @@ def _mutable(bundles: Any) -> collections.defaultdict[str, dict[str, Any]]:
     return collections.defaultdict(dict, {module: dict(b) for module, b in bundles.items()})
 
 
-def _after(frame: base.Frame) -> tuple[Any, Any]:
-    """What a rule hands back: state and rng, the rng with a full block (a fixed structure)."""
+def _rebased(policy: Participant, state: InternalState, entry: InternalState) -> InternalState:
+    """``state`` with the frozen parts of ``entry`` (the state a rule's call received):
+    what its backward pass re-evaluates from, with no value of the declaration's trace
+    closed over (JAX may trace bwd after that trace ended)."""
+    frame = policy.push(entry)
+    try:
+        return policy.freeze(state)
+    finally:
+        policy.pop(frame)
+
+
+def _after(frame: base.Frame, call: _RuleCall) -> tuple[Any, Any]:
+    """What a rule hands back: state and rng, the rng with a full block (a fixed structure);
+    under ``jaxoverride.solve_state`` what the run leaves (``Participant.left``)."""
     sequence = frame.rng_stack.peek()
     if sequence is not None:
         sequence.reserve_up_to_full()
+    if call.policy is not None and call.policy_frames:
+        update_state(call.policy.left(stateful.internal_state(), call.policy_frames[-1]))
     rng = None if sequence is None else sequence.internal_state
     state: Any = frame.state  # a mapping inside a transform
     return stateful.copy_structure(dict(state)), rng
@@ -237,6 +254,8 @@ class _RuleCall:
         "end",
         "finished",
         "left_out",
+        "policy",
+        "policy_frames",
         "refuse",
         "template",
         "where",
@@ -271,6 +290,10 @@ class _RuleCall:
         # outputs, so a sequence passed through would come back unknown.
         self.drew: bool | None = None
         self.finished = False
+        # The ``jaxoverride.solve_state`` declaration in force at the call (JAX runs bwd
+        # after it has exited), and the boundaries pushed for the runs now open.
+        self.policy = solve_policy()
+        self.policy_frames: list[Any] = []
 
     @contextlib.contextmanager
     def frame(
@@ -311,6 +334,14 @@ class _RuleCall:
                 stack.enter_context(hk.custom_creator(self._refuse_left_out, params=True))
             before = base.param_names()
             entry = _state_identities(frame)
+            if self.policy is not None:
+                # JAX may run this after the declaration has exited (bwd): it is in force
+                # again inside; the frozen values are the rule's own argument's.
+                stack.enter_context(resumed(self.policy))
+                pushed = self.policy.push(values, backward=not forward)
+                self.policy_frames.append(pushed)
+                stack.callback(self.policy_frames.pop)
+                stack.callback(self.policy.pop, pushed)
             yield frame
             created = base.param_names() - before
             if created and current_site() is None:  # at init, made at the site on purpose
@@ -345,7 +376,8 @@ class _RuleCall:
         for module, name in self.changed:
             changed.setdefault(module, {})[name] = state[module][name]
         rng = None if self.drew is False else rng
-        update_state(InternalState(params=None, state=changed, rng=rng))
+        left = InternalState(params=None, state=changed, rng=rng)
+        update_state(left if self.policy is None else self.policy.written(left))
         self.finished = True
         if self.end is not None:
             self.end.restore_into(current_frame())
@@ -401,7 +433,8 @@ def _run(
     saved = None if sequence is None else (sequence, sequence.internal_state)
     try:
         reserve_full_block()
-        rule, values = bind(stateful.internal_state())
+        values = stateful.internal_state()
+        rule, values = bind(values if call.policy is None else call.policy.freeze(values))
         out, after = rule(values, *args)
     except BaseException:
         if saved is not None:
@@ -434,7 +467,7 @@ class HaikuRule(LiftedRule):
         def primal(values: Any, *args: Any) -> Any:
             with call.frame(values) as frame:
                 out = fun(*args)
-                return out, _after(frame)
+                return out, _after(frame, call)
 
         return primal
 
@@ -454,16 +487,26 @@ class HaikuRule(LiftedRule):
                 args = unwrap_primals(args)
             with call.frame(values, refused) as frame:
                 out, residuals = fwd_output_pair(fwd(*args), fwd, self._fun)
-                after = _after(frame)
+                after = _after(frame, call)
                 forward_values = stateful.internal_state()
-            return (out, after), (residuals, forward_values)
+            # Under ``jaxoverride.solve_state`` bwd re-evaluates from the entry's frozen
+            # state: the values this call received, passed as a residual.
+            entry = None if call.policy is None else values
+            return (out, after), (residuals, forward_values, entry)
 
         def lifted_bwd(*rest: Any) -> Any:
-            *static, (residuals, forward_values), (out_cotangent, (state_cotangent, _)) = rest
+            *static, saved, (out_cotangent, (state_cotangent, _)) = rest
+            residuals, forward_values, entry = saved
             _refuse_differentiated_state(call, state_cotangent)
             if not symbolic_zeros:
                 out_cotangent = instantiate_zeros(out_cotangent)
-            with call.frame(forward_values, forward=False), pure_frame(call.where, *_BACKWARD):
+            policy = call.policy
+            if policy is not None:
+                forward_values = _rebased(policy, forward_values, entry)
+            with (
+                call.frame(forward_values, forward=False),
+                pure_frame(call.where, *_BACKWARD, policy=policy, writes_dropped=True),
+            ):
                 cotangents = bwd(*static, residuals, out_cotangent)
             return (None, *bwd_cotangents(cotangents, primal_tree))
 
@@ -489,13 +532,13 @@ class HaikuRule(LiftedRule):
                 # ``nondifferentiable`` raises in its rule), run the primal instead.
                 with call.frame(values, refused) as frame:
                     out = self._fun(*self._in_order(count, static, primals))
-                    after = _after(frame)
+                    after = _after(frame, call)
                 return (out, after), (zero_tangents(out), zero_tangents(after))
             if not symbolic_zeros:
                 tangents = instantiate_zeros(tangents)
             with call.frame(values, refused) as frame:
                 out, out_tangent = jvp(*static, tuple(primals), tuple(tangents))
-                after = _after(frame)
+                after = _after(frame, call)
             return (out, after), (out_tangent, zero_tangents(after))
 
         def bind(values: InternalState) -> tuple[Any, InternalState]:

@@ -30,6 +30,7 @@ import copy
 from collections.abc import Callable, Hashable
 from typing import Any, NamedTuple
 
+import jax
 from haiku._src import base
 
 from jaxoverride import adapter_kit as kit
@@ -108,6 +109,7 @@ class HaikuSource(kit.EnterLeaveSource):
     """
 
     abort_changed_predicate = True
+    framework = "haiku"  # the key ``jaxoverride.solve_state`` knows it by
     __slots__ = ("_added", "_restored", "where")
 
     def __init__(self, where: str):
@@ -123,6 +125,9 @@ class HaikuSource(kit.EnterLeaveSource):
 
     def read(self) -> InternalState:
         return loop_state(self._carry_params())
+
+    def parts(self, state: InternalState) -> list[kit.StatePart | None]:
+        return state_parts(state)
 
     def enter(self, state: InternalState) -> _Entered:
         outer = current_frame()
@@ -182,3 +187,44 @@ class HaikuSource(kit.EnterLeaveSource):
             return None
         frame = current_frame()
         return (frame.freeze_params, naming_signature(frame), customisations())
+
+
+def _key_name(entry: Any) -> Any:
+    for attribute in ("key", "name", "idx"):
+        if hasattr(entry, attribute):
+            return getattr(entry, attribute)
+    return str(entry)
+
+
+def state_parts(state: InternalState) -> list[kit.StatePart | None]:
+    """What each leaf of ``state`` is, for ``jaxoverride.solve_state``.
+
+    The rng sequence (its key and reserved subkeys) is Haiku's one stream; each state
+    entry (both halves of its ``StatePair``) is state named by its module; params are
+    untouched. A slot is the leaf's path, which does not depend on what else ``state``
+    holds.
+
+    Args:
+      state: an ``InternalState`` (params may be None, the rng a full block or None).
+
+    Returns:
+      One ``StatePart`` (or None, for params) per leaf, in ``tree_flatten`` order.
+
+    Example:
+      >>> import jax.numpy as jnp
+      >>> from haiku._src import base
+      >>> pair = base.StatePair(jnp.zeros(()), jnp.zeros(()))
+      >>> parts = state_parts(InternalState(None, {"bn": {"mean": pair}}, None))
+      >>> [(p.kind, p.names) for p in parts]
+      [('state', ('bn',)), ('state', ('bn',))]
+    """
+    parts: list[kit.StatePart | None] = []
+    for path, _ in jax.tree_util.tree_flatten_with_path(state)[0]:
+        keys = tuple(_key_name(entry) for entry in path)
+        if keys[0] == "rng":
+            parts.append(kit.StatePart("rng", (), keys))
+        elif keys[0] == "state":
+            parts.append(kit.StatePart("state", (keys[1], f"{keys[1]}/{keys[2]}"), keys))
+        else:
+            parts.append(None)
+    return parts

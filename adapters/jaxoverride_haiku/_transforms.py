@@ -15,33 +15,46 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from haiku._src import stateful
-
 import jaxoverride as jo
 from jaxoverride import adapter_kit as kit
 from jaxoverride_haiku._creation import init_safe_call
-from jaxoverride_haiku._frames import Threaded, state_usable
+from jaxoverride_haiku._frames import (
+    Threaded,
+    policy_left,
+    policy_state,
+    solve_policy,
+    state_usable,
+)
 from jaxoverride_haiku._rng import update_state
 
 
 class TracedCall(kit.StatefulCall):
     """One call of a function that a JAX transform traces once, Haiku state threaded."""
 
-    __slots__ = ("thread",)
+    __slots__ = ("policy", "thread")
 
     def __init__(self, where: str):
-        super().__init__(stateful.internal_state())
+        # Under ``jaxoverride.solve_state``: the call starts from the frozen state, and
+        # what it leaves is written through the declaration (``Participant``).
+        self.policy = solve_policy()
+        super().__init__(policy_state(self.policy))
         self.thread = Threaded(1, where, check_params=False)
 
     def traced(self, state: Any, thunk: Callable[[], Any]) -> tuple[Any, Any]:
         """``thunk()`` in a frame holding ``state``; returns ``(out, what_changed)``."""
+        policy = self.policy
         with self.thread.frame(0, state):
-            out = thunk()
-            changed = stateful.difference(state, stateful.internal_state())
+            frame = None if policy is None else policy.push(state)
+            try:
+                out = thunk()
+                changed = policy_left(policy, frame, state)
+            finally:
+                if policy is not None and frame is not None:
+                    policy.pop(frame)
         return out, changed
 
     def finish(self, left: Any) -> None:
-        update_state(left)
+        update_state(left if self.policy is None else self.policy.written(left))
         self.thread.finish()
         # JAX may keep the traced function (pmap's cache of its shard_map), and with it
         # this call: it must not keep the caller's trace's values.

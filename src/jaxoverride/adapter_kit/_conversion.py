@@ -36,7 +36,7 @@ from jaxoverride.adapter_kit._declared_conversion import (
 from jaxoverride.adapter_kit._jax_arguments import jax_arguments
 from jaxoverride.adapter_kit._operands import zeros_for
 from jaxoverride.adapter_kit._solve_policy import Participant, participant
-from jaxoverride.adapter_kit._state_threading import StateSource
+from jaxoverride.adapter_kit._state_threading import StateSource, init_safe
 
 
 def conversion_overrides(
@@ -87,8 +87,12 @@ def conversion_overrides(
     ) -> Any:
         under = declared("jaxoverride.closure_convert")
         if under is not None:
-            return declared_closure_convert(
-                "jaxoverride.closure_convert", *under, below, fun, example_args
+            return init_safe(
+                under[0],
+                lambda: fun(*example_args),
+                lambda: declared_closure_convert(
+                    "jaxoverride.closure_convert", *under, below, fun, example_args
+                ),
             )
         return converting(
             "jaxoverride.closure_convert",
@@ -119,15 +123,19 @@ def conversion_overrides(
         )
         under = declared("jaxoverride.lax.custom_root")
         if under is not None:
-            return declared_custom_root(
-                "jaxoverride.lax.custom_root",
-                *under,
-                below,
-                f,
-                initial_guess,
-                solve,
-                tangent_solve,
-                has_aux,
+            return init_safe(
+                under[0],
+                lambda: f(initial_guess),
+                lambda: declared_custom_root(
+                    "jaxoverride.lax.custom_root",
+                    *under,
+                    below,
+                    f,
+                    initial_guess,
+                    solve,
+                    tangent_solve,
+                    has_aux,
+                ),
             )
         return converting(
             "jaxoverride.lax.custom_root",
@@ -144,8 +152,12 @@ def conversion_overrides(
         under = declared("jaxoverride.lax.custom_linear_solve")
         if under is not None:
             where = "jaxoverride.lax.custom_linear_solve"
-            return declared_linear_solve(
-                where, *under, below, matvec, b, solve, transpose_solve, **options
+            return init_safe(
+                under[0],
+                lambda: matvec(b),
+                lambda: declared_linear_solve(
+                    where, *under, below, matvec, b, solve, transpose_solve, **options
+                ),
             )
         return converting(
             "jaxoverride.lax.custom_linear_solve",

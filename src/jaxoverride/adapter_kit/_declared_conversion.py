@@ -58,6 +58,11 @@ class _Declared:
             )
         return out, after
 
+    def release(self) -> None:
+        """Drops the values of the conversion's trace: the converted function, which a
+        backward rule may keep, then holds none."""
+        self.state = self.thread = None
+
     def record(self, after: Any) -> None:
         if self.recording:
             self.policy.written(after)
@@ -109,7 +114,24 @@ def declared_closure_convert(
       >>> kit.unregister_solve_source("doc")
     """
     declared = _Declared(where, source, policy)
-    converted, constants = below(functools.partial(declared.run, fun), *example_args)
+    # The state enters as floats of the same bits, frozen parts as at entry: closure_convert
+    # hoists closed-over float tracers into arguments, where a key or an integer would
+    # stay a constant of the jaxpr (a tracer of a trace that has ended when JAX traces a
+    # backward rule that calls the converted function).
+    floats, restoring = _as_floats(policy.freeze(declared.state))
+
+    def run(*args: Any) -> tuple[Any, Any]:
+        declared.state = state = _restored(floats, *restoring)
+        try:
+            with policy.rebased(state):
+                return declared.run(fun, *args)
+        finally:
+            declared.state = None  # a value of closure_convert's trace
+
+    try:
+        converted, constants = below(run, *example_args)
+    finally:
+        declared.release()
 
     @functools.wraps(fun)
     def evaluated(*args: Any) -> Any:

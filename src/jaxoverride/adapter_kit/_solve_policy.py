@@ -182,7 +182,16 @@ class Participant:
       0.0
     """
 
-    __slots__ = ("_closed", "_frames", "declaration", "framework", "frozen", "snapshot", "source")
+    __slots__ = (
+        "_at_exit",
+        "_closed",
+        "_frames",
+        "declaration",
+        "framework",
+        "frozen",
+        "snapshot",
+        "source",
+    )
 
     def __init__(self, declaration: solve_state, framework: str, source: Any):
         self.declaration = declaration
@@ -199,10 +208,17 @@ class Participant:
         }
         self._frames: list[_Frame] = [_Frame()]
         self._closed = [False]  # shared with the views: set at the declaration's exit
+        self._at_exit: dict[Hashable, Callable[[Any], Any]] = {}  # shared with the views
 
     def _freezes(self, part: StatePart) -> bool:
-        policy = self.declaration.policy(part.kind, part.names)
-        return policy in (PER_SOLVE, AT_SOLUTION)
+        return self.freezes(part.kind, part.names)
+
+    def freezes(self, kind: str, names: tuple[str, ...]) -> bool:
+        """Whether the declaration freezes the state of ``kind`` named ``names`` (rng per
+        solve, state at the solution): every evaluation then sees the entry's, so a
+        backward pass may draw or write it (its writes dropped) where it must otherwise
+        refuse."""
+        return self.declaration.policy(kind, names) in (PER_SOLVE, AT_SOLUTION)
 
     def seen_by(self, source: Any) -> Participant:
         """This participant, the states it is given described by ``source``'s ``parts``
@@ -297,7 +313,7 @@ class Participant:
                 f"{part.kind} {'/'.join(part.names) or part.kind}"
                 for leaf, part in zip(after_leaves, after_parts, strict=True)
                 if part is not None
-                and part.slot not in self.frozen
+                and not self._freezes(part)  # by name: a part created inside counts too
                 and entry.get(part.slot, leaf) is not leaf
             }
         )
@@ -369,6 +385,15 @@ class Participant:
         ]
         return jax.tree_util.tree_unflatten(treedef, out)
 
+    def at_exit(self, key: Hashable, adjust: Callable[[Any], Any]) -> None:
+        """Has the declaration's exit pass the state it writes through ``adjust`` (the
+        last one given under ``key``): for what an evaluation did that no state can carry
+        out, such as the draws of a map converted into a jaxpr, whose stream must still
+        have advanced once at the exit. ``adjust`` runs at the exit, where ``freeze``
+        gives the entry's frozen parts."""
+        if not self._closed[0]:
+            self._at_exit[key] = adjust
+
     def finish(self, failed: bool) -> None:
         """At the declaration's exit: the state the last forward evaluation left (or, on
         failure, the entry snapshot) becomes the framework's. Then the participant keeps
@@ -379,8 +404,12 @@ class Participant:
             if failed:
                 self.source.write(self.snapshot)
             elif self.frozen:
-                self.source.write(self.left(self.source.read(), self._frames[0]))
+                state = self.left(self.source.read(), self._frames[0])
+                for adjust in self._at_exit.values():
+                    state = adjust(state)
+                self.source.write(state)
         finally:
+            self._at_exit.clear()
             self._closed[0] = True
             self.snapshot = None
             self.frozen.update(dict.fromkeys(self.frozen))

@@ -1,0 +1,96 @@
+"""``jaxoverride.solve_state`` in a Haiku DEQ through optimistix and diffrax, unmodified.
+
+Run in a fresh interpreter by ``tests/test_solve_state_haiku.py``: the Equinox family is
+interposed before its first import (``_equinox_common``). Both convert the map with
+``make_jaxpr`` (``eqx.filter_closure_convert``), so nothing drawn inside comes out of the
+jaxpr: the declaration still gives one mask per solve, and at its exit the stream has
+advanced as if the map had been called once, so the draw after the solve gets a key of
+its own. A case is ``optimistix`` or ``diffrax`` (the default adjoint).
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import haiku as hk
+import jax
+import jax.numpy as jnp
+
+import _equinox_common  # noqa: F401  (interposes the Equinox family, then imports it)
+import jaxoverride as jo
+import jaxoverride_haiku as joh
+from _equinox_common import report
+from _solve_state_solvers import diffrax_node, masks_seen, optimistix_fixed_point, record
+
+X = jnp.linspace(-1.0, 1.0, 3)
+RUNS = {"optimistix": optimistix_fixed_point, "diffrax": diffrax_node}
+
+
+def _dropout(key: jax.Array, shape: tuple[int, ...], after: bool = False) -> jax.Array:
+    data = jax.random.key_data(key)
+    record(jnp.concatenate([data, data]) if after else data)  # the draw after: tagged
+    return jax.random.bernoulli(key, 0.8, shape)
+
+
+def _model(case: str, fixed: bool) -> hk.Transformed:
+    run = RUNS[case]
+    field = case == "diffrax"  # dy/dt = layer(y) - y; a fixed point map otherwise
+
+    def forward(x: jax.Array) -> jax.Array:
+        layer = hk.Linear(3, w_init=hk.initializers.RandomNormal(0.3))
+        mask = _dropout(hk.next_rng_key(), x.shape) if fixed else None
+
+        def f(z: jax.Array) -> jax.Array:
+            keep = _dropout(hk.next_rng_key(), z.shape) if mask is None else mask
+            out = jnp.tanh(layer(jnp.where(keep, z, 0.0)) + 0.3)
+            return out - z if field else out
+
+        if fixed:
+            z, _ = run(f, x)
+        else:
+            with jo.solve_state():
+                z, _ = run(f, x)
+        _dropout(hk.next_rng_key(), x.shape, after=True)
+        return z
+
+    return hk.transform(forward)
+
+
+def _keys(seen: list[bytes]) -> tuple[set[bytes], set[bytes]]:
+    return {s for s in seen if len(s) == 8}, {s[:8] for s in seen if len(s) == 16}
+
+
+def run(case: str) -> dict[str, Any]:
+    model, twin = _model(case, False), _model(case, True)
+    key = jax.random.key(1)
+    with joh.context():
+        params = model.init(jax.random.key(0), X)
+        with masks_seen() as seen:
+            z = model.apply(params, key, X)
+        with masks_seen() as seen_grad:
+            grad = jax.jit(jax.grad(lambda p: jnp.sum(model.apply(p, key, X) ** 2)))(params)
+        with masks_seen() as seen_twin:
+            z_twin = twin.apply(params, key, X)
+        grad_twin = jax.grad(lambda p: jnp.sum(twin.apply(p, key, X) ** 2))(params)
+    solve, after = _keys(seen)
+    solve_grad, after_grad = _keys(seen_grad)
+    largest = lambda a, b: max(
+        float(jnp.abs(x - y).max())
+        for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True)
+    )
+    return {
+        "evaluations": len([s for s in seen if len(s) == 8]),
+        "masks": len(solve),
+        "masks_grad": len(solve_grad | solve),
+        "after_reuses": bool(solve & after) or bool(solve_grad & after_grad),
+        "twin_mask_is_the_solves": seen_twin[0] in solve,
+        "z_vs_twin": largest(z, z_twin),
+        "grad_vs_twin": largest(grad, grad_twin),
+    }
+
+
+CASES = list(RUNS)
+
+if __name__ == "__main__":
+    report(sys.argv[1:] or CASES, run)
