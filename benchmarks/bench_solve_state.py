@@ -2,12 +2,10 @@
 the hand-written twin.
 
 For each of Haiku, Flax Linen and Flax NNX: ``jit(grad)`` of the loss of a DEQ layer whose
-map is ``z -> tanh(BN(dropout(z) W + x U))``, solved by ``examples/fpsolve.py`` (Linen and
-NNX: Anderson, implicit gradient; Haiku: 30 unrolled steps, since the Haiku adapter
-refuses a state write in a closure-converted map), with the framework's own dropout and
-BatchNorm *inside* the map and the solve wrapped in ``jo.solve_state()`` (one mask per
-solve, the statistics at the solution).
-The twin is what a user writes without the declaration, in the same framework: it draws
+map is ``z -> tanh(BN(dropout(z) W + x U))``, solved by ``examples/fpsolve.py`` (Anderson,
+implicit gradient), with the framework's own dropout and BatchNorm *inside* the map and
+the solve wrapped in ``jo.solve_state()`` (one mask per solve, the statistics at the
+solution). The twin is what a user writes without the declaration, in the same framework: it draws
 the dropout key before the solve and passes it through the map's ``args`` (the map draws
 the same mask from it at every evaluation), normalises with the batch statistics by hand
 inside the map, and updates the running statistics once, after the solve, by calling the
@@ -38,9 +36,6 @@ SUITE = "solve_state"
 HIDDEN, INPUTS, BATCH = 16, 8, 64
 RATE, MOMENTUM, EPSILON = 0.1, 0.9, 1e-5
 SOLVER = {"method": "anderson", "implicit": True}
-# Haiku refuses a state write in a closure-converted map (fpsolve's implicit methods), as
-# it could not reach the solution: its rows use the unrolled scan, which evaluates the map.
-HAIKU_SOLVER = {"method": "unrolled", "max_iter": 30}
 DECLARED, TWIN = "jo.solve_state()", "key through args, stats updated once"
 
 
@@ -84,7 +79,8 @@ def _haiku(quick: bool) -> list[Row]:
         norm = hk.BatchNorm(False, False, decay_rate=MOMENTUM, eps=EPSILON, name="norm")
         return hidden, inject, norm
 
-    def declared(x: jax.Array) -> jax.Array:
+    def declared(x: jax.Array, key: jax.Array | None) -> jax.Array:
+        del key  # drawn from the frame's stream, inside the map
         hidden, inject, norm = layers()
 
         def cell(z: jax.Array, u: jax.Array) -> jax.Array:
@@ -92,25 +88,27 @@ def _haiku(quick: bool) -> list[Row]:
             return jnp.tanh(norm(hidden(z) + u, is_training=True))
 
         with jo.solve_state():
-            return fixed_point(cell, jnp.zeros((BATCH, HIDDEN)), inject(x), **HAIKU_SOLVER).value
+            return fixed_point(cell, jnp.zeros((BATCH, HIDDEN)), inject(x), **SOLVER).value
 
-    def twin(x: jax.Array) -> jax.Array:
+    def twin(x: jax.Array, key: jax.Array) -> jax.Array:
+        # The key drawn before the call, an argument (with an rng in apply instead, no
+        # declaration and fpsolve's implicit mode, the Haiku adapter fails under
+        # jax.jit(jax.grad): a tracer among the inner jit's constants, open).
         hidden, inject, norm = layers()
-        key = hk.next_rng_key()
         cell = lambda z, a: jnp.tanh(_normalised(hidden(_dropped(a[1], z)) + a[0]))
-        z = fixed_point(cell, jnp.zeros((BATCH, HIDDEN)), (inject(x), key), **HAIKU_SOLVER).value
+        z = fixed_point(cell, jnp.zeros((BATCH, HIDDEN)), (inject(x), key), **SOLVER).value
         norm(hidden(_dropped(key, z)) + inject(x), is_training=True)  # the statistics, once
         return z
 
     x, key = _inputs(), jax.random.key(1)
     with jaxoverride_haiku.context():
         grads = {}
-        for name, forward in ((DECLARED, declared), (TWIN, twin)):
+        for name, forward, rng in ((DECLARED, declared, key), (TWIN, twin, None)):
             model = hk.transform_with_state(forward)
-            params, state = model.init(jax.random.key(2), x)
+            params, state = model.init(jax.random.key(2), x, key)
 
-            def loss(params: Any, state: Any, model: Any = model) -> Any:
-                z, state = model.apply(params, state, key, x)
+            def loss(params: Any, state: Any, model: Any = model, rng: Any = rng) -> Any:
+                z, state = model.apply(params, state, rng, x, key)
                 return jnp.sum(z**2), state
 
             grad = jax.jit(jax.grad(loss, has_aux=True))

@@ -20,11 +20,7 @@ import jaxoverride as jo
 import jaxoverride_haiku
 from fpsolve import fixed_point
 
-# How training solves and differentiates. Not fpsolve's implicit methods: they
-# closure-convert the map, and the Haiku adapter refuses a state write (BatchNorm's) in a
-# converted map, since it could not reach the solution; the unrolled scan evaluates the map
-# itself, and under the declaration keeps the last step's statistics.
-SOLVER = {"method": "unrolled", "max_iter": 30}
+SOLVER = {"method": "anderson", "implicit": True}  # how training solves (and differentiates)
 
 
 def deq(

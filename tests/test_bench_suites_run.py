@@ -31,19 +31,7 @@ pytestmark = [
 ]
 
 
-# Suites with a row that needs what main does not have yet: skipped, with the reason.
-WAITING = {"bench_solve_state": "waits for the Haiku solve_state merge (its Haiku row)"}
-
-
-@pytest.mark.parametrize(
-    "suite",
-    [
-        pytest.param(
-            suite, marks=[pytest.mark.skip(reason=WAITING[suite])] if suite in WAITING else []
-        )
-        for suite in SUITES
-    ],
-)
+@pytest.mark.parametrize("suite", SUITES)
 def test_the_suite_runs_and_measures_every_row(suite, tmp_path):
     out = tmp_path / "rows.json"
     env = dict(os.environ)

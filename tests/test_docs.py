@@ -89,22 +89,9 @@ EXPECTED_FAILURES = {
 }
 
 
-# Programs that need what main does not have yet: skipped, with the reason.
-WAITING = {"haiku-dropout": "waits for the Haiku solve_state merge"}
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    ("page", "name"),
-    [
-        pytest.param(
-            page,
-            name,
-            id=f"{_label(page)}:{name}",
-            marks=[pytest.mark.skip(reason=WAITING[name])] if name in WAITING else [],
-        )
-        for page, name in FRESH
-    ],
+    ("page", "name"), FRESH, ids=[f"{_label(page)}:{name}" for page, name in FRESH]
 )
 def test_fresh_interpreter_blocks_run(page: Path, name: str):
     source = fresh_programs(page)[name]

@@ -13,11 +13,6 @@ import _examples  # noqa: F401  (puts examples/ on the path)
 import deq_dropout
 
 _CURVES: dict[str, dict[str, list[float]]] = {}
-_HAIKU_WAITS = pytest.mark.skip(reason="waits for the Haiku solve_state merge")
-FRAMEWORKS = [
-    pytest.param(name, marks=_HAIKU_WAITS) if name == "haiku" else name
-    for name in deq_dropout.FRAMEWORKS
-]
 
 
 def curves_of(framework: str) -> dict[str, list[float]]:
@@ -27,7 +22,7 @@ def curves_of(framework: str) -> dict[str, list[float]]:
     return _CURVES[framework]
 
 
-@pytest.mark.parametrize("framework", FRAMEWORKS)
+@pytest.mark.parametrize("framework", deq_dropout.FRAMEWORKS)
 def test_one_mask_per_solve_converges_and_a_mask_per_evaluation_does_not(framework: str):
     per_solve, per_evaluation = (curves_of(framework)[k] for k in ("per_solve", "per_evaluation"))
     # The same first step (the same entry state), then one keeps its map and converges.
@@ -39,7 +34,6 @@ def test_one_mask_per_solve_converges_and_a_mask_per_evaluation_does_not(framewo
     assert min(per_evaluation[1:]) > 1e-2, per_evaluation
 
 
-@_HAIKU_WAITS
 def test_the_example_draws_the_checked_in_figure(tmp_path: Any):
     drawn = tmp_path / "figure.png"
     deq_dropout.draw_figure({name: curves_of(name) for name in deq_dropout.FRAMEWORKS}, drawn)
@@ -48,7 +42,7 @@ def test_the_example_draws_the_checked_in_figure(tmp_path: Any):
     assert deq_dropout.FIGURE.stat().st_size > 10_000
 
 
-@pytest.mark.parametrize("framework", FRAMEWORKS)
+@pytest.mark.parametrize("framework", deq_dropout.FRAMEWORKS)
 def test_the_classifier_trains_with_dropout_and_batchnorm_in_the_solve(framework: str):
     losses, held_out = deq_dropout.modules()[framework].train(steps=4)
     assert losses[-1] < 0.8 * losses[0], losses
