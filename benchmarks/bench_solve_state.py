@@ -66,6 +66,12 @@ def _pair(
     return ratio_rows(SUITE, case, samples, TWIN, {DECLARED: at_most(1.05)})
 
 
+def _compiled_grad(loss: Callable[..., Any], params: Any, state: Any) -> Callable[[], Any]:
+    """A call of ``jax.jit(jax.grad(loss, has_aux=True))`` at ``params`` and ``state``."""
+    grad = jax.jit(jax.grad(loss, has_aux=True))
+    return lambda: grad(params, state)
+
+
 def _haiku(quick: bool) -> list[Row]:
     import haiku as hk
 
@@ -111,8 +117,7 @@ def _haiku(quick: bool) -> list[Row]:
                 z, state = model.apply(params, state, rng, x, key)
                 return jnp.sum(z**2), state
 
-            grad = jax.jit(jax.grad(loss, has_aux=True))
-            grads[name] = lambda g=grad, p=params, s=state: g(p, s)
+            grads[name] = _compiled_grad(loss, params, state)
         return _pair("Haiku DEQ with dropout and BatchNorm, jax.jit(jax.grad)",
                      grads[DECLARED], grads[TWIN], quick)  # fmt: skip
 
@@ -161,9 +166,7 @@ def _linen(quick: bool) -> list[Row]:
                 )  # fmt: skip
                 return jnp.sum(z**2), updates["batch_stats"]
 
-            grad = jax.jit(jax.grad(loss, has_aux=True))
-            params, stats = variables["params"], variables["batch_stats"]
-            grads[name] = lambda g=grad, p=params, s=stats: g(p, s)
+            grads[name] = _compiled_grad(loss, variables["params"], variables["batch_stats"])
         return _pair("Linen DEQ with dropout and BatchNorm, jax.jit(jax.grad)",
                      grads[DECLARED], grads[TWIN], quick)  # fmt: skip
 

@@ -69,10 +69,9 @@ def residual_curves() -> dict[str, list[float]]:
     """One forward solve of a fresh model in training mode, recorded per iteration, with
     a new mask per evaluation and with one mask per solve."""
     x, _ = task.data()
-    solver = task.FIGURE_SOLVER
     curves = {}
     with jaxoverride_haiku.context():
-        forward = hk.transform_with_state(lambda x, rng: deq(x, True, solver, rng))
+        forward = hk.transform_with_state(lambda x, rng: deq(x, True, task.FIGURE_SOLVER, rng))
         params, state = forward.init(jax.random.key(0), x, "per_solve")
         for rng in task.SEMANTICS:
             with task.recording() as residuals:
