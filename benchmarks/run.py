@@ -52,6 +52,7 @@ SUITES = [
     "bench_equinox",
     "bench_equinox_nnx",
     "bench_linen",
+    "bench_solve_state",
 ]
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"

@@ -78,6 +78,15 @@ def test_code_blocks_run(page: Path):
 
 
 FRESH = [(page, name) for page in PAGES for name in fresh_programs(page)]
+# Programs that fail today, each with the error it must fail with and why (the page says
+# so beside the program); one that runs fails the test: drop it from here.
+EXPECTED_FAILURES = {
+    "linen-ode": (
+        "UnexpectedTracerError",
+        "open (issue 29): under a declaration, diffrax's DirectAdjoint makes the Linen and "
+        "NNX adapters leak a tracer of equinox's bounded while loop",
+    ),
+}
 
 
 @pytest.mark.slow
@@ -89,6 +98,11 @@ def test_fresh_interpreter_blocks_run(page: Path, name: str):
     result = subprocess.run(
         [sys.executable, "-c", source], cwd=ROOT, capture_output=True, text=True, timeout=600
     )
+    if name in EXPECTED_FAILURES:
+        error, reason = EXPECTED_FAILURES[name]
+        assert result.returncode != 0, f"{name} runs now: drop it from EXPECTED_FAILURES"
+        assert error in result.stderr, f"{_label(page)} ({name}):\n{result.stderr[-3000:]}"
+        pytest.xfail(reason)
     assert result.returncode == 0, f"{_label(page)} ({name}):\n{result.stderr[-3000:]}"
 
 
@@ -96,9 +110,19 @@ def test_the_recipes_run_in_fresh_interpreters():
     """Every framework's recipe is a complete program that trains through both libraries."""
     programs = fresh_programs(DOCS / "recipes.md")
     assert {"haiku", "nnx", "linen", "plain"} <= set(programs), sorted(programs)
-    for name, source in programs.items():
+    for name in ("haiku", "nnx", "linen", "plain"):
         for needed in ("optx.fixed_point", "diffrax.diffeqsolve", "optax.", "unrolled_loss"):
-            assert needed in source, f"the {name} recipe does not use {needed}"
+            assert needed in programs[name], f"the {name} recipe does not use {needed}"
+    # Dropout and BatchNorm inside the solve, declared, in every framework; a neural ODE
+    # with BatchNorm through diffrax.
+    stateful = {f"{name}-dropout" for name in ("haiku", "nnx", "linen")}
+    assert stateful <= set(programs), sorted(programs)
+    for name in stateful:
+        for needed in ("optx.fixed_point", "jo.solve_state(", "dropout", "BatchNorm", "optax."):
+            assert needed in programs[name], f"the {name} recipe does not use {needed}"
+    for needed in ("diffrax.diffeqsolve", "jo.solve_state(", "BatchNorm", "optax."):
+        assert needed in programs["linen-ode"], f"the neural ODE recipe does not use {needed}"
+    for name, source in programs.items():
         if name != "plain":  # interposed before anything imports equinox
             first_import = re.search(r"^import (?!jaxoverride\b).*$", source, re.MULTILINE)
             assert first_import is not None
