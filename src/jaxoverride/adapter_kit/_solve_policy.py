@@ -55,6 +55,7 @@ from typing import Any
 import jax
 
 from jaxoverride import _frameworks, _solve_state
+from jaxoverride._compat import current_trace
 from jaxoverride._solve_state import AT_SOLUTION, PER_SOLVE, solve_state
 
 KINDS = ("rng", "state")
@@ -147,15 +148,17 @@ def _slots(source: Any, state: Any) -> tuple[list[Any], list[Any], Any]:
 class _Frame:
     """One boundary being traced: the state the last call inside it left (and the
     source that describes it), for a rebased frame its own frozen parts, and whether it
-    runs in a backward pass (whose writes are never kept)."""
+    runs in a backward pass (whose writes are never kept); and the JAX trace it began
+    in (a write-out evaluated in another trace is not this boundary's: ``here``)."""
 
-    __slots__ = ("backward", "frozen", "last", "last_source")
+    __slots__ = ("backward", "frozen", "last", "last_source", "trace")
 
     def __init__(self, frozen: dict[Hashable, Any] | None = None, backward: bool = False):
         self.last: Any = None
         self.last_source: Any = None
         self.frozen = frozen
         self.backward = backward
+        self.trace = current_trace()
 
 
 class Participant:
@@ -283,6 +286,43 @@ class Participant:
             frame.last, frame.last_source = state, self.source
         return self.freeze(state)
 
+    def here(self) -> bool:
+        """Whether a value made now belongs to the innermost boundary: the declaration is
+        open, the boundary runs forward, and JAX is tracing (or evaluating) in the very
+        trace that boundary began in, not in a transform's or a rule's trace inside it."""
+        frame = self._frames[-1]
+        return not (self._closed[0] or frame.backward) and frame.trace is current_trace()
+
+    def frozen_written(self, state: Any) -> dict[Hashable, Any]:
+        """The leaves of ``state`` in the parts the declaration freezes that are not the
+        entry's very values (of the innermost rebased frame), by slot: what an evaluation
+        that left ``state`` wrote there."""
+        leaves, parts, _ = _slots(self.source, state)
+        entry = self._entry()
+        return {
+            part.slot: leaf
+            for leaf, part in zip(leaves, parts, strict=True)
+            if part is not None and part.slot in self.frozen and entry.get(part.slot) is not leaf
+        }
+
+    def written_parts(self, values: dict[Hashable, Any]) -> None:
+        """Keeps ``values`` (frozen parts by slot: what an evaluation of a converted map
+        wrote, handed out by ``write_out``) as the innermost boundary's last, over what
+        it had; a no-op unless ``here()``."""
+        if not values or not self.here():
+            return
+        frame = self._frames[-1]
+        kept: dict[Hashable, Any] = {}
+        if frame.last is not None:
+            leaves, parts, _ = _slots(frame.last_source, frame.last)
+            kept = {
+                part.slot: leaf
+                for leaf, part in zip(leaves, parts, strict=True)
+                if part is not None and part.slot in self.frozen
+            }
+        kept.update(values)
+        frame.last, frame.last_source = list(kept.values()), _BySlot(list(kept))
+
     def changed_per_evaluation(self, before: Any, after: Any) -> list[str]:
         """The names of the parts the declaration leaves per evaluation that ``after``
         changed from ``before``: in a function converted into a jaxpr such a write could
@@ -397,6 +437,19 @@ class Participant:
             for name in self.declaration.named(kind)
             if (kind, name) not in known
         ]
+
+
+class _BySlot:
+    """Describes a list of frozen parts' values by their slots (``written_parts``)."""
+
+    __slots__ = ("slots",)
+
+    def __init__(self, slots: list[Hashable]):
+        self.slots = slots
+
+    def parts(self, state: Any) -> list[StatePart]:
+        del state
+        return [StatePart("state", (), slot) for slot in self.slots]
 
 
 @contextlib.contextmanager
