@@ -164,14 +164,7 @@ def test_one_mask_per_solve_and_state_at_the_solution(toy: Toy, solver: str, jit
         with jo.solve_state(state={"mean": "at_solution"}):
             return run(toy, z0)
 
-    with jax.checking_leaks():
-        if jitted:
-            z, steps, store = jax.jit(lambda z0, s: _with_store(toy, s, solve, z0))(
-                jnp.ones(3), dict(toy.store)
-            )
-            toy.store.update(store)
-        else:
-            z, steps = solve(jnp.ones(3))
+    z, steps = _solved(toy, solve, jitted)
     assert toy.distinct_masks() == 1
     # The stream advanced once, as if the map had been called once.
     expected_key, _ = jax.random.split(key0)
@@ -191,6 +184,19 @@ def test_one_mask_per_solve_and_state_at_the_solution(toy: Toy, solver: str, jit
     solve(jnp.ones(3))
     jax.effects_barrier()
     assert len(set(toy.masks)) == 1
+
+
+def _solved(toy: Toy, solve: Any, jitted: bool) -> tuple[jax.Array, jax.Array]:
+    """``solve(ones)``, eager or under ``jax.jit`` (the store passed in and written back),
+    inside ``jax.checking_leaks()``."""
+    with jax.checking_leaks():
+        if not jitted:
+            return solve(jnp.ones(3))
+        z, steps, store = jax.jit(lambda z0, s: _with_store(toy, s, solve, z0))(
+            jnp.ones(3), dict(toy.store)
+        )
+    toy.store.update(store)
+    return z, steps
 
 
 def _with_store(toy: Toy, store: dict[str, Any], solve: Any, z0: jax.Array) -> Any:
@@ -387,14 +393,7 @@ def test_a_map_converted_by_make_jaxpr_keeps_its_last_forward_write(toy: Toy, ji
 
             return _loop(body, z0), z0
 
-    with jax.checking_leaks():
-        if jitted:
-            z, _, store = jax.jit(lambda z0, s: _with_store(toy, s, solve, z0))(
-                jnp.ones(3), dict(toy.store)
-            )
-            toy.store.update(store)
-        else:
-            z, _ = solve(jnp.ones(3))
+    z, _ = _solved(toy, solve, jitted)
     assert toy.distinct_masks() == 1
     # One EMA update at z*, the stream advanced once, one call: the last forward
     # evaluation's writes, handed out of the jaxpr.

@@ -338,6 +338,7 @@ from jaxoverride.adapter_kit._stateful_transforms import (
 )
 from jaxoverride.adapter_kit._write_out import (
     Written as Written,
+    ahead_of_evaluation as ahead_of_evaluation,
     write_out as write_out,
     write_out_p as write_out_p,
 )
@@ -350,6 +351,7 @@ __all__ += [
     "declared_custom_root",
     "declared_linear_solve",
     "write_out",
+    "ahead_of_evaluation",
     "write_out_p",
     "Written",
     "StatePart",

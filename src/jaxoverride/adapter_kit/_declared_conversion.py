@@ -146,7 +146,7 @@ def declared_make_jaxpr(
     Example:
       A declaration over a dict-of-arrays framework "doc" whose map writes a mean:
 
-      >>> import jax, jax.numpy as jnp, jaxoverride as jo
+      >>> import jax, jax.extend.core, jax.numpy as jnp, jaxoverride as jo
       >>> from jaxoverride import adapter_kit as kit
       >>> store = {"mean": jnp.zeros(())}
       >>> class Source(kit.DictStateSource):
@@ -162,7 +162,7 @@ def declared_make_jaxpr(
       ...     traced = kit.declared_make_jaxpr(
       ...         "doc", source, kit.participant(source), f)
       ...     closed = jax.make_jaxpr(traced)(1.0)
-      ...     _ = jax.core.eval_jaxpr(closed.jaxpr, closed.consts, 3.0)
+      ...     _ = jax.extend.core.jaxpr_as_fun(closed)(3.0)
       >>> float(store["mean"])  # the last evaluation's write, kept at the exit
       3.0
       >>> kit.unregister_solve_source("doc")

@@ -49,6 +49,7 @@ import contextlib
 import copy
 import dataclasses
 import threading
+import weakref
 from collections.abc import Callable, Hashable, Iterator
 from typing import Any
 
@@ -158,7 +159,9 @@ class _Frame:
         self.last_source: Any = None
         self.frozen = frozen
         self.backward = backward
-        self.trace = current_trace()
+        # weakly: a frame outlives its trace where a jaxpr's write-out holds the
+        # participant (``write_out``), and must not keep the trace's values alive
+        self.trace = weakref.ref(current_trace())
 
 
 class Participant:
@@ -280,8 +283,11 @@ class Participant:
             return state
         frame = self._frames[-1]
         # A call that hands back the entry's very values only carried them through: it
-        # is no evaluation, and must not replace the last one.
+        # is no evaluation, and must not replace the last one. A call that ends in a trace
+        # other than the boundary's (inside a shape evaluation or a rule's trace that no
+        # boundary marks) left values of that trace: the boundary cannot keep them.
         keep = not (backward or frame.backward or self._closed[0])
+        keep = keep and frame.trace() is current_trace()
         if keep and not self._untouched(state, self._entry()):
             frame.last, frame.last_source = state, self.source
         return self.freeze(state)
@@ -291,7 +297,7 @@ class Participant:
         open, the boundary runs forward, and JAX is tracing (or evaluating) in the very
         trace that boundary began in, not in a transform's or a rule's trace inside it."""
         frame = self._frames[-1]
-        return not (self._closed[0] or frame.backward) and frame.trace is current_trace()
+        return not (self._closed[0] or frame.backward) and frame.trace() is current_trace()
 
     def frozen_written(self, state: Any) -> dict[Hashable, Any]:
         """The leaves of ``state`` in the parts the declaration freezes that are not the
@@ -350,14 +356,16 @@ class Participant:
         )
 
     def left(self, state: Any, frame: _Frame) -> Any:
-        """What a traced function leaves: ``state``, or, where its frozen parts are still
-        the entry's, what its last inner call left (merged part by part; with none, the
-        state it was handed: see ``push``)."""
+        """What a traced function leaves: ``state``, with each frozen part that is still
+        the entry's taken from what its last inner call left (with none, the state it
+        was handed: see ``push``). A part written directly after that call is
+        ``state``'s: the newest write of each part wins, so a map that writes one part
+        (a collection), then calls a custom rule, then draws (the stream) leaves both."""
         last = frame.last
         entry = frame.frozen if frame.frozen is not None else self._entry()
-        if last is None or not self.frozen or not self._untouched(state, entry):
+        if last is None or not self.frozen:
             return state
-        return self._merged(state, last, frame.last_source)
+        return self._merged(state, last, frame.last_source, entry)
 
     def untouched(self, state: Any) -> bool:
         """Whether ``state``'s frozen parts are the entry's very objects (of the innermost
@@ -390,12 +398,19 @@ class Participant:
         its functions, or a boundary writes after its call: where the frozen parts are
         untouched, what the innermost boundary has as its last. So a ``cond`` in a loop
         body whose taken branch runs no evaluation passes on what the last evaluation
-        left, not the entry state."""
+        left, not the entry state. Where they are touched, an evaluation ran directly
+        since (a map that writes a collection, then calls a custom rule on its output):
+        that state is kept as the innermost boundary's last (as ``written`` keeps a
+        call's), since the call starting now freezes those parts and ``written`` resets
+        them after it."""
         if not self.frozen:
             return state
-        return self.left(state, self._frames[-1])
+        frame = self._frames[-1]
+        if self.here() and not self._untouched(state, self._entry()):
+            frame.last, frame.last_source = state, self.source
+        return self.left(state, frame)
 
-    def _merged(self, state: Any, last: Any, last_source: Any) -> Any:
+    def _merged(self, state: Any, last: Any, last_source: Any, entry: dict[Hashable, Any]) -> Any:
         leaves, parts, treedef = _slots(self.source, state)
         last_leaves, last_parts, _ = _slots(last_source, last)
         by_slot = {
@@ -404,7 +419,9 @@ class Participant:
             if part is not None and part.slot in self.frozen
         }
         out = [
-            by_slot.get(part.slot, leaf) if part is not None else leaf
+            by_slot.get(part.slot, leaf)
+            if part is not None and (part.slot not in entry or entry[part.slot] is leaf)
+            else leaf
             for leaf, part in zip(leaves, parts, strict=True)
         ]
         return jax.tree_util.tree_unflatten(treedef, out)

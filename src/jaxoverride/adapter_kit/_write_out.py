@@ -40,20 +40,29 @@ class Written:
     Args:
       policy: the declaration's ``Participant`` (its frames are the declaration's).
       write: ``write(values)``, the adapter's action for the operands as values of the
-        evaluating trace, called only where ``policy.here()``.
+        evaluating trace, called only where ``policy.here()`` (or, with ``everywhere``,
+        at every evaluation: a check that keeps nothing).
       where: the neutral name that converted the map, for the jaxpr's text.
+      everywhere: call ``write`` at every evaluation.
     """
 
-    __slots__ = ("policy", "where", "write")
+    __slots__ = ("everywhere", "policy", "where", "write")
 
-    def __init__(self, policy: Participant, write: Callable[[list[Any]], None], where: str):
+    def __init__(
+        self,
+        policy: Participant,
+        write: Callable[[list[Any]], None],
+        where: str,
+        everywhere: bool = False,
+    ):
         self.policy = policy
         self.write = write
         self.where = where
+        self.everywhere = everywhere
 
     def received(self, values: Sequence[Any]) -> None:
         """Hands ``values`` to ``write`` where they belong to the innermost boundary."""
-        if self.policy.here():
+        if self.everywhere or self.policy.here():
             self.write(list(values))
 
     def __repr__(self) -> str:
@@ -99,21 +108,53 @@ def write_out(
       None.
 
     Example:
-      >>> import jax, jax.numpy as jnp, jaxoverride as jo
+      >>> import jax, jax.extend.core, jaxoverride as jo
       >>> from jaxoverride import adapter_kit as kit
-      >>> class Source(kit.DictStateSource):
-      ...     framework = "doc"
-      ...     def parts(self, state):
-      ...         return [kit.StatePart("state", ("mean",), "mean")]
-      >>> store = {"mean": jnp.zeros(())}
-      >>> with jo.solve_state():
-      ...     policy = kit.Participant(jo.solve_state(), "doc", Source(store))
-      ...     got = []
-      ...     closed = jax.make_jaxpr(
-      ...         lambda x: kit.write_out(policy, [2 * x], got.extend, "doc") or x)(1.0)
-      ...     _ = jax.core.eval_jaxpr(closed.jaxpr, closed.consts, 3.0)
+      >>> policy = kit.Participant(jo.solve_state(), "doc", kit.DictStateSource({}))
+      >>> got = []
+      >>> closed = jax.make_jaxpr(
+      ...     lambda x: kit.write_out(policy, [2 * x], got.extend, "doc") or x)(1.0)
+      >>> got  # traced, not evaluated: nothing yet
+      []
+      >>> _ = jax.extend.core.jaxpr_as_fun(closed)(3.0)
       >>> got
       [Array(6., dtype=float32, weak_type=True)]
     """
     if values:
         write_out_p.bind(*values, written=Written(policy, write, where))
+
+
+def ahead_of_evaluation(policy: Participant, check: Callable[[], None], where: str) -> None:
+    """Stages ``check()`` at the start of each later evaluation of the jaxpr being traced.
+
+    Call it first in the function being traced: the jaxpr gains a ``write_out_p``
+    equation over nothing, before any other, and each evaluation of the jaxpr, in any
+    trace, calls ``check()`` there, before the evaluation has staged anything (so does
+    staging it). An
+    adapter whose boundaries learn which state a traced function writes by aborting its
+    trace (NNX's probes) raises there, so that the aborted trace holds none of the
+    jaxpr's constants, and so that a trace that only learns what a function uses (a
+    staged custom rule's primal) learns it too.
+
+    Args:
+      policy: the declaration's ``Participant`` for the framework.
+      check: called with no arguments; it keeps nothing, and what it raises propagates.
+      where: the neutral name that converts the map, for the jaxpr's text.
+
+    Returns:
+      None: the equation is staged in the trace running now.
+
+    Example:
+      >>> import jax, jax.extend.core, jaxoverride as jo
+      >>> from jaxoverride import adapter_kit as kit
+      >>> def traced(x):
+      ...     empty = kit.Participant(jo.solve_state(), "doc", kit.DictStateSource({}))
+      ...     kit.ahead_of_evaluation(empty, lambda: print("checked"), "doc")
+      ...     return x + 1
+      >>> closed = jax.make_jaxpr(traced)(1.0)  # staging it checks too
+      checked
+      >>> float(jax.extend.core.jaxpr_as_fun(closed)(2.0)[0])
+      checked
+      3.0
+    """
+    write_out_p.bind(written=Written(policy, lambda values: check(), where, everywhere=True))
