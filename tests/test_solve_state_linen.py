@@ -281,12 +281,12 @@ LIBRARIES = FreshScript(
     timeout=1500,
 )
 _MERGED_KIT_LEAK = pytest.mark.xfail(
-    strict=False,  # the equinox family's own leaks differ between the supported sets
+    strict=False,  # passes on jax 0.10.2 and 0.12, fails on 0.8.1: the sets differ
     reason=(
-        "open (issue 29): since the three adapters' Participant variants were merged into "
-        "one, diffrax's DirectAdjoint under the Linen adapter leaks a tracer of equinox's "
-        "bounded while loop into the declaration's frames (an UnexpectedTracerError, never a "
-        "silent result); it passed on the Linen-only kit"
+        "open (issue 29) on jax 0.8.1 only: diffrax's DirectAdjoint under the Linen "
+        "adapter, jax.jit(jax.grad) fails inside JAX (an AssertionError, never a silent "
+        "result); the tracer that leaked into the declaration's frames since the merged "
+        "kit is gone (a frame keeps only values of its own trace)"
     ),
 )
 DECLARED = [
