@@ -7,7 +7,9 @@ lineax and diffrax are interposed before their first import (``_equinox_common``
 ``python tests/_solve_state_linen_script.py CASE [CASE ...]`` prints one JSON object: per
 case, the masks drawn, the steps and the largest differences from the fixed-mask twin
 (the same library on the explicit variables and the recorded mask), eager against
-``jax.jit``, the gradient under ``jax.jit(jax.grad)`` against the twin's, or the refusal.
+``jax.jit``, the gradient under ``jax.jit(jax.grad)`` against the twin's, with BatchNorm
+the running statistics against one update at the twin's z*; without the declaration,
+the refusal.
 A case is ``<library>[_<variant>]``: ``optimistix`` (fixed point iteration) or
 ``diffrax_default`` / ``diffrax_direct`` (a neural ODE with that adjoint); ``_norm`` keeps
 the BatchNorm in the map (the others have dropout only), ``_undeclared`` runs without
@@ -53,7 +55,7 @@ def run(case: str) -> dict[str, Any]:
     model = m.DEQ(solve, declare=declare, norm=norm)
     apply = lambda v, key: m.apply(model, v, key, mutable)
     with jol.context():
-        if (norm and library != "diffrax_direct") or declare is None:
+        if declare is None:
             with masks_seen() as seen:
                 refusal = _refusal(lambda: apply(variables, KEY))
             return {"refusal": refusal, "masks": len(set(seen))}

@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import jax
+import jax.extend.core
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -167,14 +168,7 @@ def test_one_mask_per_solve_and_state_at_the_solution(toy: Toy, solver: str, jit
         with jo.solve_state(state={"mean": "at_solution"}):
             return run(toy, z0)
 
-    with jax.checking_leaks():
-        if jitted:
-            z, steps, store = jax.jit(lambda z0, s: _with_store(toy, s, solve, z0))(
-                jnp.ones(3), dict(toy.store)
-            )
-            toy.store.update(store)
-        else:
-            z, steps = solve(jnp.ones(3))
+    z, steps = _solved(toy, solve, jitted)
     assert toy.distinct_masks() == 1
     # The stream advanced once, as if the map had been called once.
     expected_key, _ = jax.random.split(key0)
@@ -194,6 +188,19 @@ def test_one_mask_per_solve_and_state_at_the_solution(toy: Toy, solver: str, jit
     solve(jnp.ones(3))
     jax.effects_barrier()
     assert len(set(toy.masks)) == 1
+
+
+def _solved(toy: Toy, solve: Any, jitted: bool) -> tuple[jax.Array, jax.Array]:
+    """``solve(ones)``, eager or under ``jax.jit`` (the store passed in and written back),
+    inside ``jax.checking_leaks()``."""
+    with jax.checking_leaks():
+        if not jitted:
+            return solve(jnp.ones(3))
+        z, steps, store = jax.jit(lambda z0, s: _with_store(toy, s, solve, z0))(
+            jnp.ones(3), dict(toy.store)
+        )
+    toy.store.update(store)
+    return z, steps
 
 
 def _with_store(toy: Toy, store: dict[str, Any], solve: Any, z0: jax.Array) -> Any:
@@ -545,3 +552,74 @@ def test_solver_map_marks_once_and_equals_another_marking() -> None:
     assert f == jo.solver_map(g) and hash(f) == hash(jo.solver_map(g))
     assert f != jo.solver_map(lambda z: z)
     assert f.__name__ == "g" and f.__wrapped__ is g  # type: ignore[attr-defined]
+
+
+def _converted_by_make_jaxpr(f: Any, example: jax.Array) -> Any:
+    """Equinox's ``filter_closure_convert``, in short: the map traced by (the neutral)
+    ``make_jaxpr``, its jaxpr evaluated equation by equation at each call."""
+    closed = jo.make_jaxpr(f)(example)
+    return lambda z: jax.extend.core.jaxpr_as_fun(closed)(z)[0]
+
+
+@pytest.mark.parametrize("jitted", [False, True], ids=["eager", "jit"])
+def test_a_map_converted_by_make_jaxpr_keeps_its_last_forward_write(toy: Toy, jitted: bool) -> None:
+    key0 = toy.store["key"]
+
+    def solve(z0: jax.Array) -> tuple[jax.Array, jax.Array]:
+        with jo.solve_state():
+            g = _converted_by_make_jaxpr(toy.f, z0)
+
+            def body(z: jax.Array) -> jax.Array:
+                # a JAX-internal evaluation in the body (a JVP, as a Newton Jacobian or a
+                # linearisation takes) is no forward evaluation: it keeps nothing
+                jax.jvp(g, (z,), (jnp.ones_like(z),))
+                return g(z)
+
+            return _loop(body, z0), z0
+
+    z, _ = _solved(toy, solve, jitted)
+    assert toy.distinct_masks() == 1
+    # One EMA update at z*, the stream advanced once, one call: the last forward
+    # evaluation's writes, handed out of the jaxpr.
+    np.testing.assert_allclose(toy.store["mean"], (1 - MOMENTUM) * z, atol=1e-6)
+    expected_key, _ = jax.random.split(key0)
+    np.testing.assert_array_equal(
+        jax.random.key_data(toy.store["key"]), jax.random.key_data(expected_key)
+    )
+    assert int(toy.store["calls"]) == 1
+    twin_z, _, _ = fixed_mask_twin(key0, jnp.ones(3))
+    np.testing.assert_allclose(z, twin_z, atol=1e-6)
+
+
+def test_a_map_converted_by_make_jaxpr_under_jit_grad_as_the_unrolled_twin(toy: Toy) -> None:
+    key0 = toy.store["key"]
+
+    def loss(scale: jax.Array, store: dict[str, Any]) -> Any:
+        def solve(z0: jax.Array) -> tuple[jax.Array, jax.Array]:
+            with jo.solve_state():
+                g = _converted_by_make_jaxpr(lambda z: scale * toy.f(z), z0)
+                return jo.lax.fori_loop(0, 60, lambda _, z: g(z), z0), z0
+
+        z, _, after = _with_store(toy, store, solve, jnp.ones(3))
+        return z.sum(), (z, after)
+
+    with jax.checking_leaks():
+        grad, (z, store) = jax.jit(jax.grad(loss, has_aux=True))(jnp.float32(1.0), dict(toy.store))
+    assert toy.distinct_masks() == 1
+    _, sub = jax.random.split(key0)
+    mask = jax.random.bernoulli(sub, 0.7, (3,))
+
+    def unrolled(scale: jax.Array) -> jax.Array:
+        g = lambda z: scale * (0.5 * jnp.cos(jnp.where(mask, z, 0.0)) + 0.2)
+        return jax.lax.fori_loop(0, 60, lambda _, z: g(z), jnp.ones(3))
+
+    twin_grad = jax.grad(lambda s: unrolled(s).sum())(jnp.float32(1.0))
+    np.testing.assert_allclose(grad, twin_grad, atol=1e-5)
+    # The statistics: one update, at the last forward evaluation's input (the 60th
+    # iterate's predecessor: the map's input), not at a JVP's re-evaluation.
+    z59 = jax.lax.fori_loop(
+        0, 59, lambda _, z: 0.5 * jnp.cos(jnp.where(mask, z, 0.0)) + 0.2, jnp.ones(3)
+    )
+    np.testing.assert_allclose(store["mean"], (1 - MOMENTUM) * z59, atol=1e-5)
+    assert int(store["calls"]) == 1
+    del z

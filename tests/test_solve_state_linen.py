@@ -15,8 +15,8 @@ implicit or not) and jaxopt's ``FixedPointIteration`` (``implicit_diff`` on and 
 6. without the declaration: a mask per evaluation (non-implicit) or a refusal naming
    the declaration (implicit), as before;
 and the same through optimistix and diffrax (default adjoint and ``DirectAdjoint``), in a
-fresh interpreter (slow); a map those convert by ``make_jaxpr`` cannot hand out the
-statistics, so a write kept at the solution is refused there, with the reason;
+fresh interpreter (slow), BatchNorm included where they convert the map by ``make_jaxpr``
+(the statistics come out of its jaxpr: ``kit.write_out``);
 7. with no rng stream or mutable collection, the declaration changes nothing (the same
    jaxpr); per stream and per collection, it applies only to what it names.
 
@@ -309,11 +309,25 @@ LIBRARIES = FreshScript(
     [jo, jol],
     timeout=1500,
 )
+_MERGED_KIT_LEAK = pytest.mark.xfail(
+    tuple(int(p) for p in jax.__version__.split(".")[:2]) < (0, 10),
+    strict=False,  # the oldest set only; passes on jax 0.10.2 and 0.12
+    reason=(
+        "open (issue 29) on jax 0.8.1 only: diffrax's DirectAdjoint under the Linen "
+        "adapter, jax.jit(jax.grad) fails inside JAX (an AssertionError, never a silent "
+        "result); the tracer that leaked into the declaration's frames since the merged "
+        "kit is gone (a frame keeps only values of its own trace)"
+    ),
+)
 DECLARED = [
     ("optimistix", "optimistix"),
+    ("optimistix", "optimistix_norm"),
     ("diffrax", "diffrax_default"),
-    ("diffrax", "diffrax_direct"),
-    ("diffrax", "diffrax_direct_norm"),
+    ("diffrax", "diffrax_default_norm"),
+    pytest.param("diffrax", "diffrax_direct", marks=_MERGED_KIT_LEAK, id="diffrax_direct"),
+    pytest.param(
+        "diffrax", "diffrax_direct_norm", marks=_MERGED_KIT_LEAK, id="diffrax_direct_norm"
+    ),
 ]
 
 
@@ -326,20 +340,12 @@ def test_libraries_one_mask_per_solve_as_the_fixed_mask_twin(group: str, case: s
     assert result["steps"] == result["steps_twin"] == result["steps_jit"]
     for measure in ("z_vs_twin", "jit_vs_eager", "grad_vs_twin", "grad_updates_vs_eager"):
         assert result[measure] <= 1e-5, (measure, result)
-    if case.endswith("_norm"):  # diffrax's DirectAdjoint does not convert the map
+    if case.endswith("_norm"):
+        # One EMA update with the batch statistics at z*: optimistix and diffrax's default
+        # adjoint convert the map by make_jaxpr (equinox's filter_closure_convert), whose
+        # jaxpr hands the statistics out at each evaluation (refused on main).
         assert result["statistics_vs_twin"] <= 1e-5
         assert result["statistics_moved"] > 1e-3
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("case", ["optimistix_norm", "diffrax_default_norm"])
-def test_libraries_converting_by_make_jaxpr_refuse_statistics_at_the_solution(case: str) -> None:
-    # Their map becomes a jaxpr whose outputs are fixed: the statistics cannot come out,
-    # and dropping them would leave them silently at their entry value.
-    refusal = LIBRARIES.reported(case.split("_")[0], case)["refusal"]
-    assert refusal["type"] == "PureFunctionWriteError"
-    assert "batch_stats/block/bn/mean" in refusal["message"]
-    assert "even under jaxoverride.solve_state" in refusal["message"]
 
 
 @pytest.mark.slow

@@ -11,6 +11,10 @@ Each traces the user's function into a jaxpr whose inputs and outputs are fixed.
 * a variable write or an rng draw inside it is refused at the write itself
   (``PureFunctionWriteError``): nothing written inside a converted function could come
   out of it. A neutral loop inside may still carry the state; what it leaves is put back.
+  Under ``jaxoverride.solve_state`` the streams it freezes draw the solve's key, and the
+  collections it keeps at the solution come out of ``closure_convert``'s converted
+  function (``_declared``) and of ``make_jaxpr``'s jaxpr (``kit.declared_make_jaxpr``:
+  each evaluation of the jaxpr in a solver's loop hands them out).
 
 JAX caches a conversion by the function's identity and its closed-over values: a
 parameter read from the scope, changed since (or another tracer under ``jax.grad``),
@@ -46,12 +50,12 @@ CONVERTED_DECLARED = (
     "{where} turns the function into a jaxpr whose outputs are fixed, so a write inside "
     "it cannot come out, even under jaxoverride.solve_state: the declaration keeps this "
     "collection at the solution, and dropping the write would leave it silently at its "
-    "entry value (an rng draw is fine there: it draws the solve's one key). Only a map "
-    "converted by jaxoverride.closure_convert (fpsolve's implicit mode) writes it; with "
-    "a solver that converts by make_jaxpr (optimistix, diffrax's default adjoint, "
-    "equinox's filter_closure_convert) or a custom_root/custom_linear_solve, update the "
-    "collection outside the solve (call the layer once at the solution, after the solver "
-    "returns), or use the solver's non-implicit mode."
+    "entry value (an rng draw is fine there: it draws the solve's one key). A map "
+    "converted by jaxoverride.closure_convert (fpsolve's implicit mode) or by "
+    "jaxoverride.make_jaxpr (optimistix, diffrax's default adjoint, equinox's "
+    "filter_closure_convert) writes it; in a custom_root or custom_linear_solve, update "
+    "the collection outside the solve (call the layer once at the solution, after the "
+    "solver returns), or use the solver's non-implicit mode."
 )
 
 
@@ -75,6 +79,9 @@ def _converting(
 ) -> Any:
     source = _source.source(where)
     policy = _source.declaration()
+    if where == "jaxoverride.make_jaxpr" and _declared.frozen_collections_any(policy):
+        assert policy is not None
+        return init_safe(source, creation, lambda: trace(_written_out(where, source, policy, fun)))
     # Draws of the streams frozen: the solve's key; writes cannot come out (see above).
     allowed = frozenset(a for a in _declared.allowed(policy) if a[0] == "rng")
     reason = CONVERTED_DECLARED if _declared.frozen_collections_any(policy) else CONVERTED
@@ -86,6 +93,22 @@ def _converting(
             return fun(*args, **kwargs)
 
     return init_safe(source, creation, lambda: trace(traced))
+
+
+def _written_out(
+    where: str, source: Any, policy: kit.Participant, fun: Callable[..., Any]
+) -> Callable[..., Any]:
+    """``fun`` to trace into a jaxpr under a declaration that keeps collections at the
+    solution: run through the source, its writes handed out of the jaxpr at each
+    evaluation (``kit.declared_make_jaxpr``); a write it leaves per evaluation is
+    refused there."""
+    declared = kit.declared_make_jaxpr(where, source, policy, fun)
+
+    def traced(*args: Any, **kwargs: Any) -> Any:
+        with _declared.evaluating(policy, source.roots):
+            return declared(*args, **kwargs)
+
+    return traced
 
 
 CONVERSIONS: dict[str, Callable[..., Any]] = kit.conversion_overrides(

@@ -20,6 +20,7 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
+import jax
 from flax.errors import TraceContextError
 
 import jaxoverride as jo
@@ -41,6 +42,10 @@ _WHY = (
     "A jaxpr has fixed outputs, and code that closure-converts a callback (Equinox's "
     "filter_closure_convert in optimistix, lineax and diffrax) evaluates it inside its own "
     "primitives and custom derivative rules"
+)
+_WHY_ELSEWHERE = (
+    "Its jaxpr was evaluated where those Variables are not tracked (outside the "
+    "jaxoverride_nnx.track they were converted in)"
 )
 _FIX = (
     "Move the write out of the callback (before or after the solver call); reading tracked "
@@ -71,6 +76,10 @@ def make_jaxpr(fun: Callable[..., Any], *args: Any, **kwargs: Any) -> Callable[.
         tracked = current()
         if tracked is None:
             return plain(*call_args, **call_kwargs)
+        policy = policy_for(tracked)
+        if policy is not None:
+            declared = own_jit_trace(_written_out(tracked, policy, fun))
+            return below(declared, *args, **kwargs)(*call_args, **call_kwargs)
         pure = _pure(tracked, fun, _WHAT, WHERE, why=_WHY, fix=_FIX)
 
         @own_jit_trace  # its constants are read afresh at each call: not stale
@@ -84,6 +93,57 @@ def make_jaxpr(fun: Callable[..., Any], *args: Any, **kwargs: Any) -> Callable[.
         return below(fresh, *args, **kwargs)(*call_args, **call_kwargs)
 
     return call
+
+
+def _written_out(tracked: Tracked, policy: kit.Participant, fun: Callable[..., Any]) -> Any:
+    """``fun`` to trace into a jaxpr under ``jaxoverride.solve_state``: it runs on the
+    tracked Variables with the frozen parts as at entry, and what it writes to them is
+    handed out of the jaxpr at each evaluation (``kit.write_out``): evaluated in a
+    solver's loop body, it writes the Variables there as a direct call of ``fun`` would,
+    and the solve keeps its last forward evaluation's. A write to a Variable the
+    declaration does not freeze is refused (it could not come out)."""
+    count = len(tracked.variables)
+
+    indices: list[int] = []
+
+    def given() -> None:
+        # Where the evaluation's boundary was not given a Variable the map writes (a
+        # loop's first trace holds a probe for it), it traces again with it given; this
+        # asks before the evaluation stages anything of the jaxpr.
+        check_given([RAW.__get__(tracked.variables[i]) for i in indices])
+
+    @functools.wraps(fun)
+    def traced(*args: Any, **kwargs: Any) -> Any:
+        kit.ahead_of_evaluation(policy, given, WHERE)
+        before = list(map(RAW.__get__, tracked.variables))
+        try:
+            out, after = run_lifted(tracked, None, fun, args, kwargs, WHERE, policy=policy)
+        except TraceContextError as error:  # a write to a Variable that is not lifted
+            raise _refuse_write_error(error) from error
+        written = changed(before, after[:count])
+        frozen = policy.frozen
+        unfrozen = {i: v for i, v in written.items() if (id(tracked.variables[i]), 0) not in frozen}
+        if unfrozen:
+            raise write_refused(tracked, unfrozen, _WHAT, _WHY, _FIX, WHERE)
+        indices[:] = sorted(written)
+        leaves, treedef = jax.tree.flatten(written)
+
+        def write(values: list[Any]) -> None:
+            # as a direct call of ``fun`` there writes: the boundary threads it out
+            here = current() or tracked
+            position = {id(v): i for i, v in enumerate(here.variables)}
+            updates = jax.tree.unflatten(treedef, values)
+            if missing := {
+                i: v for i, v in updates.items() if id(tracked.variables[i]) not in position
+            }:
+                raise write_refused(tracked, missing, _WHAT, _WHY_ELSEWHERE, _FIX, WHERE)
+            moved = {position[id(tracked.variables[i])]: v for i, v in updates.items()}
+            write_back(here, moved, WHERE)
+
+        kit.write_out(policy, leaves, write, WHERE)
+        return out
+
+    return traced
 
 
 def closure_convert(fun: Callable[..., Any], *example_args: Any) -> Any:

@@ -296,6 +296,7 @@ from jaxoverride.adapter_kit._declared_conversion import (
     declared_closure_convert as declared_closure_convert,
     declared_custom_root as declared_custom_root,
     declared_linear_solve as declared_linear_solve,
+    declared_make_jaxpr as declared_make_jaxpr,
 )
 from jaxoverride.adapter_kit._solve_policy import (
     Participant as Participant,
@@ -335,13 +336,24 @@ from jaxoverride.adapter_kit._stateful_transforms import (
     stateful_with_aux as stateful_with_aux,
     wraps as wraps,
 )
+from jaxoverride.adapter_kit._write_out import (
+    Written as Written,
+    ahead_of_evaluation as ahead_of_evaluation,
+    write_out as write_out,
+    write_out_p as write_out_p,
+)
 
 __all__ += init_safe_control.__all__
 __all__ += [
     "Participant",
     "declared_closure_convert",
+    "declared_make_jaxpr",
     "declared_custom_root",
     "declared_linear_solve",
+    "write_out",
+    "ahead_of_evaluation",
+    "write_out_p",
+    "Written",
     "StatePart",
     "participant",
     "register_solve_source",

@@ -32,6 +32,7 @@ from jaxoverride.adapter_kit._declared_conversion import (
     declared_closure_convert,
     declared_custom_root,
     declared_linear_solve,
+    declared_make_jaxpr,
 )
 from jaxoverride.adapter_kit._jax_arguments import jax_arguments
 from jaxoverride.adapter_kit._operands import zeros_for
@@ -57,9 +58,9 @@ def conversion_overrides(
       module: the adapter's module, which call logs then name as the overrides'.
       source: ``source(where)``, the framework's ``StateSource``: inside a
         ``jaxoverride.solve_state`` that its framework takes part in, ``closure_convert``,
-        ``custom_root`` and ``custom_linear_solve`` run the function through it under the
-        declaration (``_declared_conversion``) in place of ``converting``. None: always
-        ``converting``.
+        ``make_jaxpr``, ``custom_root`` and ``custom_linear_solve`` run the function
+        through it under the declaration (``_declared_conversion``) in place of
+        ``converting``. None: always ``converting``.
 
     Returns:
       ``{"closure_convert": ..., "make_jaxpr": ..., "lax.custom_root": ...,
@@ -108,6 +109,10 @@ def conversion_overrides(
         def traced_jaxpr(*call_args: Any, **call_kwargs: Any) -> Any:
             if not active():
                 return plain(*call_args, **call_kwargs)
+            under = declared("jaxoverride.make_jaxpr")
+            if under is not None:
+                traced = declared_make_jaxpr("jaxoverride.make_jaxpr", *under, fun)
+                return below(traced, *args, **kwargs)(*call_args, **call_kwargs)
             return converting(
                 "jaxoverride.make_jaxpr",
                 fun,

@@ -11,6 +11,10 @@ function runs with them, through the source, as a loop body does:
   boundary (``Participant.written``): evaluated in a solver's loop body it flows out
   through the carry as a loop body's writes do, so the solve keeps the state its last
   forward evaluation wrote; a backward pass's evaluations are dropped there;
+* ``make_jaxpr``: the jaxpr's outputs are the caller's, so what the function wrote to
+  the parts the declaration freezes is handed out by a ``write_out`` equation instead:
+  each evaluation of the jaxpr in the trace of the declaration's innermost boundary
+  keeps it there (``Participant.written_parts``), as ``closure_convert``'s do;
 * ``custom_root``: the evaluations inside ``solve`` are the forward ones; what the last
   one left comes out of JAX's call as an auxiliary output of ``solve`` (``has_aux``) and
   is kept at the caller; ``f``'s other evaluations (the tangent solve's linearisation)
@@ -30,6 +34,7 @@ import jax.numpy as jnp
 from jaxoverride import errors
 from jaxoverride.adapter_kit._solve_policy import Participant
 from jaxoverride.adapter_kit._state_threading import StateSource, Threaded
+from jaxoverride.adapter_kit._write_out import write_out
 
 
 class _Declared:
@@ -140,6 +145,65 @@ def declared_closure_convert(
         return out
 
     return evaluated, constants
+
+
+def declared_make_jaxpr(
+    where: str,
+    source: StateSource,
+    policy: Participant,
+    fun: Callable[..., Any],
+) -> Callable[..., Any]:
+    """``fun`` to trace with ``make_jaxpr`` in its place,
+    whose jaxpr hands out, at each evaluation, what ``fun`` wrote (above).
+
+    Args:
+      where: the neutral name, for messages.
+      source: the framework's ``StateSource`` at the call.
+      policy: its ``Participant``.
+      fun: the function being traced.
+
+    Returns:
+      The function to trace in place of ``fun``.
+
+    Example:
+      A declaration over a dict-of-arrays framework "doc" whose map writes a mean:
+
+      >>> import jax, jax.extend.core, jax.numpy as jnp, jaxoverride as jo
+      >>> from jaxoverride import adapter_kit as kit
+      >>> store = {"mean": jnp.zeros(())}
+      >>> class Source(kit.DictStateSource):
+      ...     framework = "doc"
+      ...     def parts(self, state):
+      ...         return [kit.StatePart("state", ("mean",), "mean")]
+      >>> kit.register_solve_source("doc", lambda: Source(store))
+      >>> def f(x):
+      ...     store["mean"] = 0.5 * store["mean"] + x
+      ...     return 2.0 * x
+      >>> with jo.solve_state():
+      ...     source = Source(store)
+      ...     traced = kit.declared_make_jaxpr(
+      ...         "doc", source, kit.participant(source), f)
+      ...     closed = jax.make_jaxpr(traced)(1.0)
+      ...     _ = jax.extend.core.jaxpr_as_fun(closed)(3.0)
+      >>> float(store["mean"])  # the last evaluation's write, kept at the exit
+      3.0
+      >>> kit.unregister_solve_source("doc")
+    """
+    declared = _Declared(where, source, policy)
+
+    @functools.wraps(fun)
+    def traced(*args: Any, **kwargs: Any) -> Any:
+        out, after = declared.run(lambda *a: fun(*a, **kwargs), *args)
+        written = policy.frozen_written(after)
+        slots = list(written)
+
+        def write(values: list[Any]) -> None:
+            policy.written_parts(dict(zip(slots, values, strict=True)))
+
+        write_out(policy, list(written.values()), write, where)
+        return out
+
+    return traced
 
 
 def declared_custom_root(

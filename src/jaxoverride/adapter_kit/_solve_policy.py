@@ -52,12 +52,14 @@ import contextlib
 import copy
 import dataclasses
 import threading
+import weakref
 from collections.abc import Callable, Hashable, Iterator
 from typing import Any
 
 import jax
 
 from jaxoverride import _frameworks, _solve_state
+from jaxoverride._compat import current_trace
 from jaxoverride._solve_state import AT_SOLUTION, PER_SOLVE, solve_state
 
 KINDS = ("rng", "state")
@@ -150,15 +152,19 @@ def _slots(source: Any, state: Any) -> tuple[list[Any], list[Any], Any]:
 class _Frame:
     """One boundary being traced: the state the last call inside it left (and the
     source that describes it), for a rebased frame its own frozen parts, and whether it
-    runs in a backward pass (whose writes are never kept)."""
+    runs in a backward pass (whose writes are never kept); and the JAX trace it began
+    in (a write-out evaluated in another trace is not this boundary's: ``here``)."""
 
-    __slots__ = ("backward", "frozen", "last", "last_source")
+    __slots__ = ("backward", "frozen", "last", "last_source", "trace")
 
     def __init__(self, frozen: dict[Hashable, Any] | None = None, backward: bool = False):
         self.last: Any = None
         self.last_source: Any = None
         self.frozen = frozen
         self.backward = backward
+        # weakly: a frame outlives its trace where a jaxpr's write-out holds the
+        # participant (``write_out``), and must not keep the trace's values alive
+        self.trace = weakref.ref(current_trace())
 
 
 class Participant:
@@ -296,11 +302,51 @@ class Participant:
             return state
         frame = self._frames[-1]
         # A call that hands back the entry's very values only carried them through: it
-        # is no evaluation, and must not replace the last one.
+        # is no evaluation, and must not replace the last one. A call that ends in a trace
+        # other than the boundary's (inside a shape evaluation or a rule's trace that no
+        # boundary marks) left values of that trace: the boundary cannot keep them.
         keep = not (backward or frame.backward or self._closed[0])
+        keep = keep and frame.trace() is current_trace()
         if keep and not self._untouched(state, self._entry()):
             frame.last, frame.last_source = state, self.source
         return self.freeze(state)
+
+    def here(self) -> bool:
+        """Whether a value made now belongs to the innermost boundary: the declaration is
+        open, the boundary runs forward, and JAX is tracing (or evaluating) in the very
+        trace that boundary began in, not in a transform's or a rule's trace inside it."""
+        frame = self._frames[-1]
+        return not (self._closed[0] or frame.backward) and frame.trace() is current_trace()
+
+    def frozen_written(self, state: Any) -> dict[Hashable, Any]:
+        """The leaves of ``state`` in the parts the declaration freezes that are not the
+        entry's very values (of the innermost rebased frame), by slot: what an evaluation
+        that left ``state`` wrote there."""
+        leaves, parts, _ = _slots(self.source, state)
+        entry = self._entry()
+        return {
+            part.slot: leaf
+            for leaf, part in zip(leaves, parts, strict=True)
+            if part is not None and part.slot in self.frozen and entry.get(part.slot) is not leaf
+        }
+
+    def written_parts(self, values: dict[Hashable, Any]) -> None:
+        """Keeps ``values`` (frozen parts by slot: what an evaluation of a converted map
+        wrote, handed out by ``write_out``) as the innermost boundary's last, over what
+        it had; a no-op unless ``here()``."""
+        if not values or not self.here():
+            return
+        frame = self._frames[-1]
+        kept: dict[Hashable, Any] = {}
+        if frame.last is not None:
+            leaves, parts, _ = _slots(frame.last_source, frame.last)
+            kept = {
+                part.slot: leaf
+                for leaf, part in zip(leaves, parts, strict=True)
+                if part is not None and part.slot in self.frozen
+            }
+        kept.update(values)
+        frame.last, frame.last_source = list(kept.values()), _BySlot(list(kept))
 
     def changed_per_evaluation(self, before: Any, after: Any) -> list[str]:
         """The names of the parts the declaration leaves per evaluation that ``after``
@@ -329,14 +375,16 @@ class Participant:
         )
 
     def left(self, state: Any, frame: _Frame) -> Any:
-        """What a traced function leaves: ``state``, or, where its frozen parts are still
-        the entry's, what its last inner call left (merged part by part; with none, the
-        state it was handed: see ``push``)."""
+        """What a traced function leaves: ``state``, with each frozen part that is still
+        the entry's taken from what its last inner call left (with none, the state it
+        was handed: see ``push``). A part written directly after that call is
+        ``state``'s: the newest write of each part wins, so a map that writes one part
+        (a collection), then calls a custom rule, then draws (the stream) leaves both."""
         last = frame.last
         entry = frame.frozen if frame.frozen is not None else self._entry()
-        if last is None or not self.frozen or not self._untouched(state, entry):
+        if last is None or not self.frozen:
             return state
-        return self._merged(state, last, frame.last_source)
+        return self._merged(state, last, frame.last_source, entry)
 
     def untouched(self, state: Any) -> bool:
         """Whether ``state``'s frozen parts are the entry's very objects (of the innermost
@@ -369,12 +417,19 @@ class Participant:
         its functions, or a boundary writes after its call: where the frozen parts are
         untouched, what the innermost boundary has as its last. So a ``cond`` in a loop
         body whose taken branch runs no evaluation passes on what the last evaluation
-        left, not the entry state."""
+        left, not the entry state. Where they are touched, an evaluation ran directly
+        since (a map that writes a collection, then calls a custom rule on its output):
+        that state is kept as the innermost boundary's last (as ``written`` keeps a
+        call's), since the call starting now freezes those parts and ``written`` resets
+        them after it."""
         if not self.frozen:
             return state
-        return self.left(state, self._frames[-1])
+        frame = self._frames[-1]
+        if self.here() and not self._untouched(state, self._entry()):
+            frame.last, frame.last_source = state, self.source
+        return self.left(state, frame)
 
-    def _merged(self, state: Any, last: Any, last_source: Any) -> Any:
+    def _merged(self, state: Any, last: Any, last_source: Any, entry: dict[Hashable, Any]) -> Any:
         leaves, parts, treedef = _slots(self.source, state)
         last_leaves, last_parts, _ = _slots(last_source, last)
         by_slot = {
@@ -383,7 +438,9 @@ class Participant:
             if part is not None and part.slot in self.frozen
         }
         out = [
-            by_slot.get(part.slot, leaf) if part is not None else leaf
+            by_slot.get(part.slot, leaf)
+            if part is not None and (part.slot not in entry or entry[part.slot] is leaf)
+            else leaf
             for leaf, part in zip(leaves, parts, strict=True)
         ]
         return jax.tree_util.tree_unflatten(treedef, out)
@@ -479,6 +536,19 @@ class Participant:
             for name in self.declaration.named(kind)
             if (kind, name) not in known
         ]
+
+
+class _BySlot:
+    """Describes a list of frozen parts' values by their slots (``written_parts``)."""
+
+    __slots__ = ("slots",)
+
+    def __init__(self, slots: list[Hashable]):
+        self.slots = slots
+
+    def parts(self, state: Any) -> list[StatePart]:
+        del state
+        return [StatePart("state", (), slot) for slot in self.slots]
 
 
 @contextlib.contextmanager
