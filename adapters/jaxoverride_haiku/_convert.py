@@ -214,7 +214,15 @@ def _converting(
     return init_once(apply, lambda: init_safe_call(creation, apply))
 
 
+def _declared_source(where: str) -> HaikuSource | None:
+    """The source the kit's declared conversions run the function through; None for
+    ``make_jaxpr``, which stays ``_converting``'s under a declaration: its draws see the
+    entry's keys and advance the stream at the exit, and a write is refused (the kit's
+    write-out path does not create Haiku's parameters at init yet)."""
+    return None if where == "jaxoverride.make_jaxpr" else HaikuSource(where)
+
+
 CONVERSIONS: dict[str, Callable[..., Any]] = kit.conversion_overrides(
-    state_usable, _converting, module=__name__, source=HaikuSource
+    state_usable, _converting, module=__name__, source=_declared_source
 )
 """Neutral name -> Haiku override, for the names that convert a function into a jaxpr."""

@@ -44,7 +44,7 @@ def conversion_overrides(
     active: Callable[[], bool],
     converting: Callable[[str, Callable[..., Any], Callable[..., Any], Callable[[], Any]], Any],
     module: str | None = None,
-    source: Callable[[str], StateSource] | None = None,
+    source: Callable[[str], StateSource | None] | None = None,
 ) -> dict[str, Callable[..., Any]]:
     """The overrides of the converting names, from an adapter's ``converting``.
 
@@ -60,7 +60,8 @@ def conversion_overrides(
         ``jaxoverride.solve_state`` that its framework takes part in, ``closure_convert``,
         ``make_jaxpr``, ``custom_root`` and ``custom_linear_solve`` run the function
         through it under the declaration (``_declared_conversion``) in place of
-        ``converting``. None: always ``converting``.
+        ``converting``; where ``source(where)`` is None, that name stays
+        ``converting``'s. None: always ``converting``.
 
     Returns:
       ``{"closure_convert": ..., "make_jaxpr": ..., "lax.custom_root": ...,
@@ -80,6 +81,8 @@ def conversion_overrides(
         if source is None:
             return None
         current = source(where)
+        if current is None:  # this name stays ``converting``'s
+            return None
         policy = participant(current)
         return None if policy is None else (current, policy)
 
@@ -110,14 +113,19 @@ def conversion_overrides(
             if not active():
                 return plain(*call_args, **call_kwargs)
             under = declared("jaxoverride.make_jaxpr")
+            creation = lambda: fun(*zeros_for(call_args), **zeros_for(call_kwargs))
             if under is not None:
                 traced = declared_make_jaxpr("jaxoverride.make_jaxpr", *under, fun)
-                return below(traced, *args, **kwargs)(*call_args, **call_kwargs)
+                return init_safe(
+                    under[0],
+                    creation,
+                    lambda: below(traced, *args, **kwargs)(*call_args, **call_kwargs),
+                )
             return converting(
                 "jaxoverride.make_jaxpr",
                 fun,
                 lambda traced: below(traced, *args, **kwargs)(*call_args, **call_kwargs),
-                lambda: fun(*zeros_for(call_args), **zeros_for(call_kwargs)),
+                creation,
             )
 
         return traced_jaxpr
