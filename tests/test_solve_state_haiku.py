@@ -433,3 +433,25 @@ def test_a_boundary_whose_branch_evaluates_nothing_passes_the_last_evaluations_s
     np.testing.assert_allclose(
         after["~"]["mean"], MOMENTUM * state["~"]["mean"] + (1 - MOMENTUM) * last, atol=1e-6
     )
+
+
+def test_a_loop_after_a_converted_one_starts_from_no_value_of_the_conversions_trace() -> None:
+    # what the loop inside make_jaxpr left belongs to that trace: the loop after it must
+    # not be handed it (a leaked tracer), the draws in both are the solve's
+    def forward(x: jax.Array) -> jax.Array:
+        def f(z: jax.Array) -> jax.Array:
+            return 0.5 * jnp.cos(z) * _dropout(hk.next_rng_key(), z.shape)
+
+        loop = lambda z: jo.lax.scan(lambda c, _: (f(c), None), z, None, length=2)[0]
+        with jo.solve_state():
+            jo.make_jaxpr(loop)(x)
+            return loop(x)
+
+    model = hk.transform(forward)
+    params = model.init(jax.random.key(0), X)
+    with masks_seen() as seen:
+        z = model.apply(params, jax.random.key(1), X)
+    assert len(seen) == 2 and len(set(seen)) == 1  # the loop's two evaluations, one key
+    key = jax.random.wrap_key_data(jnp.asarray(np.frombuffer(seen[0], np.uint32)))
+    mask = jax.random.bernoulli(key, KEEP, X.shape)
+    np.testing.assert_allclose(z, 0.5 * jnp.cos(0.5 * jnp.cos(X) * mask) * mask, atol=1e-6)

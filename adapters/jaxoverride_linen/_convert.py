@@ -135,8 +135,16 @@ def eval_shape(fun: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     source = _source.source(where)
 
     def call() -> Any:
+        # Under ``jaxoverride.solve_state`` a boundary of its own, whose last state (a
+        # value of eval_shape's trace) is dropped with it, as the writes are.
+        policy = _source.declaration()
+
+        def traced(*a: Any, **k: Any) -> Any:
+            with contextlib.nullcontext() if policy is None else policy.discarded():
+                return fun(*a, **k)
+
         with discarding(source.roots):
-            return below(lambda *a, **k: fun(*a, **k), *args, **kwargs)
+            return below(traced, *args, **kwargs)
 
     creation = lambda: fun(*traced_arguments(zeros_for(args)), **zeros_for(kwargs))
     return init_safe(source, creation, call)
