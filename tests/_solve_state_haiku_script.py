@@ -5,7 +5,10 @@ interposed before its first import (``_equinox_common``). Both convert the map w
 ``make_jaxpr`` (``eqx.filter_closure_convert``), so nothing drawn inside comes out of the
 jaxpr: the declaration still gives one mask per solve, and at its exit the stream has
 advanced as if the map had been called once, so the draw after the solve gets a key of
-its own. A case is ``optimistix`` or ``diffrax`` (the default adjoint).
+its own. A case is ``optimistix`` or ``diffrax`` (the default adjoint), or
+``diffrax-direct``: diffrax's ``DirectAdjoint`` (equinox's bounded while loop: scans of
+checkpointed ``cond``s), whose map writes a running mean and a counter through neutral
+loops, branches, checkpoints, jits and rules, nothing converted.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from typing import Any
 import haiku as hk
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 import _equinox_common  # noqa: F401  (interposes the Equinox family, then imports it)
 import jaxoverride as jo
@@ -90,7 +94,46 @@ def run(case: str) -> dict[str, Any]:
     }
 
 
-CASES = list(RUNS)
+def _stateful_field(x: jax.Array) -> jax.Array:
+    """A neural ODE under ``DirectAdjoint`` whose field records each input it is
+    evaluated at and writes a running mean of it and a count of its evaluations."""
+    layer = hk.Linear(3, w_init=hk.initializers.RandomNormal(0.3))
+
+    def f(z: jax.Array) -> jax.Array:
+        record(z)
+        mean = hk.get_state("mean", z.shape, init=jnp.zeros)
+        hk.set_state("mean", 0.9 * mean + 0.1 * z)
+        count = hk.get_state("count", [], jnp.int32, init=jnp.zeros)
+        hk.set_state("count", count + 1)
+        return jnp.tanh(layer(z) + 0.3) - z
+
+    with jo.solve_state():
+        z, _ = diffrax_node(f, x, "direct")
+    return z
+
+
+def run_direct() -> dict[str, Any]:
+    """``diffrax-direct``: the state after apply, eager and under ``jax.jit(apply)``,
+    against one update from the entry state at the last evaluation's input."""
+    model = hk.transform_with_state(_stateful_field)
+    out: dict[str, Any] = {}
+    with joh.context():
+        params, state = model.init(jax.random.key(0), X)
+        for how, apply in (("eager", model.apply), ("jit", jax.jit(model.apply))):
+            with masks_seen() as seen:
+                _, after = apply(params, state, None, X)
+            last = np.frombuffer(seen[-1], np.float32)
+            expected = 0.9 * np.asarray(state["~"]["mean"]) + 0.1 * last
+            out[f"{how}_evaluations"] = len(seen)
+            out[f"{how}_count"] = int(after["~"]["count"])
+            out[f"{how}_mean_vs_last"] = float(np.abs(after["~"]["mean"] - expected).max())
+            out[f"{how}_mean_moved"] = float(np.abs(after["~"]["mean"]).max())
+    return out
+
+
+CASES = [*RUNS, "diffrax-direct"]
 
 if __name__ == "__main__":
-    report(sys.argv[1:] or CASES, run)
+    report(
+        sys.argv[1:] or CASES, lambda case: run_direct() if case == "diffrax-direct" else run(case)
+    )

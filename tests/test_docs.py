@@ -80,13 +80,7 @@ def test_code_blocks_run(page: Path):
 FRESH = [(page, name) for page in PAGES for name in fresh_programs(page)]
 # Programs that fail today, each with the error it must fail with and why (the page says
 # so beside the program); one that runs fails the test: drop it from here.
-EXPECTED_FAILURES = {
-    "linen-ode": (
-        "UnexpectedTracerError",
-        "open (issue 29): under a declaration, diffrax's DirectAdjoint makes the Linen and "
-        "NNX adapters leak a tracer of equinox's bounded while loop",
-    ),
-}
+EXPECTED_FAILURES: dict[str, tuple[str, str]] = {}
 
 
 @pytest.mark.slow

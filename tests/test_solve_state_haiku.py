@@ -355,7 +355,7 @@ def test_a_name_that_no_module_has_is_refused() -> None:
 
 LIBRARIES = FreshScript(
     Path(__file__).with_name("_solve_state_haiku_script.py"),
-    {"optimistix": ["optimistix"], "diffrax": ["diffrax"]},
+    {"optimistix": ["optimistix"], "diffrax": ["diffrax"], "diffrax-direct": ["diffrax-direct"]},
     [jo, joh],
     timeout=1500,
 )
@@ -372,3 +372,88 @@ def test_a_map_converted_by_make_jaxpr_draws_one_mask_and_the_stream_moves_on(ca
     assert not result["after_reuses"], "the draw after the solve reused the solve's key"
     assert result["twin_mask_is_the_solves"]
     assert result["z_vs_twin"] <= 1e-6 and result["grad_vs_twin"] <= 1e-5, result
+
+
+@pytest.mark.slow
+def test_direct_adjoint_leaves_one_update_at_the_last_evaluation_eager_and_under_jit() -> None:
+    # DirectAdjoint: equinox's bounded while loop, scans of checkpointed conds whose
+    # no-op branch passes the state on; the state is the last evaluation's, not the entry's
+    result = LIBRARIES.reported("diffrax-direct", "diffrax-direct")
+    for how in ("eager", "jit"):
+        assert result[f"{how}_evaluations"] > 1, result
+        assert result[f"{how}_count"] == 1, result  # one update from the entry's
+        assert result[f"{how}_mean_moved"] > 1e-3, result
+        assert result[f"{how}_mean_vs_last"] <= 1e-6, result
+
+
+def _gated_in(boundary: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Wraps a loop step in the neutral boundary named ``boundary``."""
+
+    def custom_jvp(step: Callable[..., Any]) -> Callable[..., Any]:
+        rule = jo.custom_jvp(step)
+        rule.defjvp(lambda primals, tangents: (rule(*primals), tangents[0]))
+        return rule
+
+    return {
+        "checkpoint": jo.checkpoint,
+        "jit": jo.jit,
+        "custom_jvp": custom_jvp,
+        "vmap": lambda step: jo.vmap(step, in_axes=None, out_axes=None, axis_size=1),
+    }[boundary]
+
+
+@pytest.mark.parametrize("how", ["eager", "jit"])
+@pytest.mark.parametrize("boundary", ["checkpoint", "jit", "custom_jvp", "vmap"])
+def test_a_boundary_whose_branch_evaluates_nothing_passes_the_last_evaluations_state_on(
+    boundary: str, how: str
+) -> None:
+    # equinox's bounded while loop (diffrax's DirectAdjoint) in small: a loop of
+    # boundaries around a cond whose no-op branch runs no evaluation; on the last trip
+    # the state the last evaluation left must come through, not the entry's
+    def forward(x: jax.Array) -> jax.Array:
+        def f(z: jax.Array) -> jax.Array:
+            n = hk.get_state("n", [], jnp.int32, init=jnp.zeros)
+            hk.set_state("n", n + 1)
+            mean = hk.get_state("mean", z.shape, init=jnp.zeros)
+            hk.set_state("mean", MOMENTUM * mean + (1 - MOMENTUM) * z)
+            return 0.5 * jnp.cos(z)
+
+        evaluate = lambda carry: (f(carry[0]), carry[1] + 1.0)
+        step = _gated_in(boundary)(
+            lambda carry: jo.lax.cond(carry[1] < 1.5, evaluate, lambda c: c, carry)
+        )
+        with jo.solve_state():
+            (z, _), _ = jo.lax.scan(lambda c, _: (step(c), None), (x, 0.0), None, length=3)
+        return z
+
+    model = hk.transform_with_state(forward)
+    params, state = model.init(None, X)
+    apply = jax.jit(model.apply) if how == "jit" else model.apply
+    _, after = apply(params, state, None, X)
+    last = 0.5 * jnp.cos(X)  # the second (last) evaluation's input
+    assert int(after["~"]["n"]) == int(state["~"]["n"]) + 1
+    np.testing.assert_allclose(
+        after["~"]["mean"], MOMENTUM * state["~"]["mean"] + (1 - MOMENTUM) * last, atol=1e-6
+    )
+
+
+def test_a_loop_after_a_converted_one_starts_from_no_value_of_the_conversions_trace() -> None:
+    # what the loop inside make_jaxpr left belongs to that trace: the loop after it must
+    # not be handed it (a leaked tracer), the draws in both are the solve's
+    def forward(x: jax.Array) -> jax.Array:
+        def f(z: jax.Array) -> jax.Array:
+            return 0.5 * jnp.cos(z) * _dropout(hk.next_rng_key(), z.shape)
+
+        loop = lambda z: jo.lax.scan(lambda c, _: (f(c), None), z, None, length=2)[0]
+        with jo.solve_state():
+            jo.make_jaxpr(loop)(x)
+            return loop(x)
+
+    model = hk.transform(forward)
+    params = model.init(jax.random.key(0), X)
+    with masks_seen() as seen:
+        z = model.apply(params, jax.random.key(1), X)
+    assert len(seen) == 2 and len(set(seen)) == 1  # the loop's two evaluations, one key
+    key = jax.random.wrap_key_data(jnp.asarray(np.frombuffer(seen[0], np.uint32)))
+    mask = jax.random.bernoulli(key, KEEP, X.shape)
+    np.testing.assert_allclose(z, 0.5 * jnp.cos(0.5 * jnp.cos(X) * mask) * mask, atol=1e-6)

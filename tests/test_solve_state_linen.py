@@ -399,3 +399,28 @@ def test_eval_shape_inside_the_declaration_keeps_nothing() -> None:
     keep = mask_of(seen[-1])
     expected = twin_statistics(variables, z, keep)
     assert largest(updates["batch_stats"]["block"], expected) <= 1e-5
+
+
+class _ShapedFirst(nn.Module):
+    """A loop whose map draws dropout, run under ``jax.eval_shape`` first, then for real
+    (as equinox checks a loop body's shapes inside DirectAdjoint's bounded loop)."""
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        def f(z: jax.Array) -> jax.Array:
+            return 0.5 * jnp.cos(z) * jax.random.bernoulli(self.make_rng("dropout"), 0.8, z.shape)
+
+        loop = lambda z: jo.lax.scan(lambda c, _: (f(c), None), z, None, length=2)[0]
+        with jo.solve_state():
+            jo.eval_shape(loop, x)
+            return loop(x)
+
+
+def test_a_loop_after_eval_shape_starts_from_no_value_of_its_trace() -> None:
+    # what the loop inside eval_shape left belongs to that trace (its writes are
+    # dropped): the loop after it must not be handed it, a leaked tracer
+    with jol.context(), jax.checking_leaks():
+        z = _ShapedFirst().apply({}, X, rngs={"dropout": KEY})
+        fixed = jax.jit(lambda: _ShapedFirst().apply({}, X, rngs={"dropout": KEY}))()
+    assert jnp.isfinite(z).all()
+    assert largest(z, fixed) <= 1e-6

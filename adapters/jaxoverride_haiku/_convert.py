@@ -187,7 +187,10 @@ def _converting(
         draws: list[list[int | None]] = []
 
         def traced(*args: Any, **kwargs: Any) -> Any:
-            with thread.frame(0, state) as inner, pure_frame(where, policy=policy):
+            # Nothing comes out of the jaxpr: under a declaration, what the JAX calls
+            # inside leave is dropped with its boundary (``Participant.discarded``).
+            dropped = contextlib.nullcontext() if policy is None else policy.discarded()
+            with dropped, thread.frame(0, state) as inner, pure_frame(where, policy=policy):
                 before = state_names(inner.state)
                 sequence = inner.rng_stack.peek()
                 if policy is None or sequence is None or REFUSAL.get() is not None:

@@ -94,6 +94,16 @@ def policy_state(policy: Participant | None) -> InternalState:
     return policy.freeze(stateful.internal_state())
 
 
+def policy_received(policy: Participant | None) -> InternalState | None:
+    """The state a boundary starting now is handed before its frozen parts are frozen:
+    what the evaluations before it left (``Participant.current``), for it to pass on where
+    it runs no evaluation (``Participant.push``'s ``received``); None without a policy."""
+    if policy is None:
+        return None
+    reserve_full_block()
+    return policy.current(stateful.internal_state())
+
+
 def policy_left(policy: Participant | None, frame: Any, before: InternalState) -> InternalState:
     """What changed in the current frame since ``before`` (``stateful.difference``), under
     a declaration what the traced function leaves (``Participant.left``)."""

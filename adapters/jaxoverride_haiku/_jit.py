@@ -23,7 +23,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from haiku._src import base, module as hk_module, stateful
+from haiku._src import base, module as hk_module
 
 import jaxoverride as jo
 from jaxoverride.adapter_kit import resolve_argnums
@@ -32,6 +32,7 @@ from jaxoverride_haiku._frames import (
     current_frame,
     naming_signature,
     policy_left,
+    policy_received,
     policy_state,
     solve_policy,
     state_usable,
@@ -164,16 +165,18 @@ class HaikuJit:
     def _pure_function(self) -> Callable[..., Any]:
         fun = self._fun
 
-        def pure(key: _Key, state: stateful.InternalState, *args: Any, **kwargs: Any) -> Any:
+        def pure(key: _Key, handed: Any, *args: Any, **kwargs: Any) -> Any:
             policy = solve_policy()
+            state, received = (handed, None) if policy is None else handed
             with temporary_state(state), base.push_jax_trace_level():
                 inner = current_frame()
                 submodules_before = [
                     set(s) if s is not None else None for s in submodule_sets(inner)
                 ]
                 # Under ``jaxoverride.solve_state`` the frozen values inside are this
-                # function's own state argument: nothing of the caller is baked in.
-                frame = None if policy is None else policy.push(state)
+                # function's own state argument: nothing of the caller is baked in; where
+                # it runs no evaluation it passes on ``received``, an argument too.
+                frame = None if policy is None else policy.push(state, received=received)
                 try:
                     out = fun(*args, **kwargs)
                     changed = policy_left(policy, frame, state)
@@ -215,7 +218,7 @@ class HaikuJit:
         policy = solve_policy()
         key = self._key(frame, policy)
         inner = self._inner if self._single_in_sharding is None else self._inner_for(len(args))
-        out, changed = inner(key, policy_state(policy), *args, **kwargs)
+        out, changed = inner(key, _handed(policy), *args, **kwargs)
         update_state(changed if policy is None else policy.written(changed))
         key.replay(frame)
         return out
@@ -229,7 +232,7 @@ class HaikuJit:
         policy = solve_policy()
         key = self._key(current_frame(), policy)
         inner = self._inner if self._single_in_sharding is None else self._inner_for(len(args))
-        staged = getattr(inner, method)(key, policy_state(policy), *args, **kwargs)
+        staged = getattr(inner, method)(key, _handed(policy), *args, **kwargs)
         return staged[0] if method == "eval_shape" else staged
 
     def _jitted(self) -> list[Callable[..., Any]]:
@@ -237,6 +240,15 @@ class HaikuJit:
 
     def __repr__(self) -> str:
         return f"<jaxoverride_haiku jit of {self._fun!r}>"
+
+
+def _handed(policy: Any) -> Any:
+    """The state argument of the jitted pure function: the frame's state, under a
+    ``jaxoverride.solve_state`` declaration with what the evaluations before the call left
+    (``policy_received``), so a call that runs no evaluation passes that on, not the
+    entry state."""
+    state = policy_state(policy)
+    return state if policy is None else (state, policy_received(policy))
 
 
 def jit(fun: Callable[..., Any], **options: Any) -> HaikuJit:

@@ -228,6 +228,23 @@ def _rebased(policy: Participant, state: InternalState, entry: InternalState) ->
         policy.pop(frame)
 
 
+def _handed(policy: Participant, values: InternalState) -> tuple[InternalState, InternalState]:
+    """The values a rule takes under ``jaxoverride.solve_state``: ``values`` with the
+    frozen parts as at entry, and what the evaluations before the call left (its params
+    left out: it is passed on, never read), which a run that evaluates nothing (a
+    ``cond``'s no-op branch inside the rule) passes on (``Participant.push``)."""
+    received = policy.current(values)._replace(params={})
+    return policy.freeze(values), received
+
+
+def _split(values: Any) -> tuple[InternalState, InternalState | None]:
+    """A rule's values and, under a declaration, what it received (``_handed``)."""
+    if isinstance(values, InternalState):
+        return values, None
+    internal, received = values
+    return internal, received
+
+
 def _after(frame: base.Frame, call: _RuleCall) -> tuple[Any, Any]:
     """What a rule hands back: state and rng, the rng with a full block (a fixed structure);
     under ``jaxoverride.solve_state`` what the run leaves (``Participant.left``)."""
@@ -304,6 +321,7 @@ class _RuleCall:
         ``refused``: names of differentiated values whose reads are refused. ``forward``:
         whether this run's naming state is the one the caller continues from.
         """
+        values, received = _split(values)
         rng = None
         if values.rng is not None:
             refuse = self.refuse
@@ -338,7 +356,7 @@ class _RuleCall:
                 # JAX may run this after the declaration has exited (bwd): it is in force
                 # again inside; the frozen values are the rule's own argument's.
                 stack.enter_context(resumed(self.policy))
-                pushed = self.policy.push(values, backward=not forward)
+                pushed = self.policy.push(values, received=received, backward=not forward)
                 self.policy_frames.append(pushed)
                 stack.callback(self.policy_frames.pop)
                 stack.callback(self.policy.pop, pushed)
@@ -419,13 +437,14 @@ def _full_names(params: Any) -> set[str]:
 
 
 def _run(
-    bind: Callable[[InternalState], tuple[Any, InternalState]],
+    bind: Callable[[Any], tuple[Any, Any]],
     call: _RuleCall,
     args: tuple[Any, ...],
 ) -> Any:
     """Calls JAX's rule on the caller's values and hands back what it wrote.
 
-    ``bind(values)`` returns the rule and the values it takes. A full block of rng keys
+    ``bind(values)`` returns the rule and the values it takes (under a declaration, with
+    what the evaluations before the call left: ``_handed``). A full block of rng keys
     is reserved first (the same rng structure in and out); a failure puts the caller's
     sequence back as it was.
     """
@@ -434,7 +453,7 @@ def _run(
     try:
         reserve_full_block()
         values = stateful.internal_state()
-        rule, values = bind(values if call.policy is None else call.policy.freeze(values))
+        rule, values = bind(values if call.policy is None else _handed(call.policy, values))
         out, after = rule(values, *args)
     except BaseException:
         if saved is not None:
@@ -481,7 +500,7 @@ class HaikuRule(LiftedRule):
         )
 
         def lifted_fwd(values: Any, *args: Any) -> Any:
-            refused = _differentiated(values, perturbed_leaves)
+            refused = _differentiated(_split(values)[0], perturbed_leaves)
             values = unwrap_primals(values)
             if not symbolic_zeros:
                 args = unwrap_primals(args)
@@ -491,7 +510,7 @@ class HaikuRule(LiftedRule):
                 forward_values = stateful.internal_state()
             # Under ``jaxoverride.solve_state`` bwd re-evaluates from the entry's frozen
             # state: the values this call received, passed as a residual.
-            entry = None if call.policy is None else values
+            entry = None if call.policy is None else _split(values)[0]
             return (out, after), (residuals, forward_values, entry)
 
         def lifted_bwd(*rest: Any) -> Any:
@@ -524,7 +543,7 @@ class HaikuRule(LiftedRule):
 
         def lifted_jvp(*rest: Any) -> Any:
             *static, (values, *primals), (value_tangents, *tangents) = rest
-            refused = _differentiated(value_tangents, perturbed_leaves)
+            refused = _differentiated(_split(value_tangents)[0], perturbed_leaves)
             if not any(perturbed_leaves(tangents)):
                 # Only Haiku's values are differentiated, and the rule gives no tangent
                 # for them (a read of one is refused): as JAX, which calls no rule when
@@ -541,17 +560,19 @@ class HaikuRule(LiftedRule):
                 after = _after(frame, call)
             return (out, after), (out_tangent, zero_tangents(after))
 
-        def bind(values: InternalState) -> tuple[Any, InternalState]:
+        def bind(values: Any) -> tuple[Any, Any]:
             primal = self._primal(call)
             if kit_staged():
                 # JAX would trace the primal here: trace it once instead, and pass only
                 # the params it reads (``adapter_kit.StagedPrimal``).
                 nondiff = [n - 1 for n in self._lifted_nondiff]
                 traced = StagedPrimal.trace(primal, values, args, nondiff)
-                kept = _kept_params(values, traced.used)
-                pruned = _without_params(values, kept)
-                call.left_out = frozenset(_full_names(values.params) - _full_names(pruned.params))
-                values, primal = pruned, traced.primal(kept)
+                internal, received = _split(values)
+                kept = _kept_params(internal, traced.used)
+                pruned = _without_params(internal, kept)
+                call.left_out = frozenset(_full_names(internal.params) - _full_names(pruned.params))
+                values = pruned if received is None else (pruned, received)
+                primal = traced.primal(kept)
             rule = self._below(primal, nondiff_argnums=self._lifted_nondiff)
             rule.defjvp(lifted_jvp, symbolic_zeros=True)
             return rule, values

@@ -21,6 +21,7 @@ from jaxoverride_haiku._creation import init_safe_call
 from jaxoverride_haiku._frames import (
     Threaded,
     policy_left,
+    policy_received,
     policy_state,
     solve_policy,
     state_usable,
@@ -31,12 +32,15 @@ from jaxoverride_haiku._rng import update_state
 class TracedCall(kit.StatefulCall):
     """One call of a function that a JAX transform traces once, Haiku state threaded."""
 
-    __slots__ = ("policy", "thread")
+    __slots__ = ("policy", "received", "thread")
 
     def __init__(self, where: str):
         # Under ``jaxoverride.solve_state``: the call starts from the frozen state, and
-        # what it leaves is written through the declaration (``Participant``).
+        # what it leaves is written through the declaration (``Participant``); where it
+        # runs no evaluation, it leaves what the evaluations before it left (``received``,
+        # closed over: the call's trace is made per call, never cached).
         self.policy = solve_policy()
+        self.received = policy_received(self.policy)
         super().__init__(policy_state(self.policy))
         self.thread = Threaded(1, where, check_params=False)
 
@@ -44,7 +48,7 @@ class TracedCall(kit.StatefulCall):
         """``thunk()`` in a frame holding ``state``; returns ``(out, what_changed)``."""
         policy = self.policy
         with self.thread.frame(0, state):
-            frame = None if policy is None else policy.push(state)
+            frame = None if policy is None else policy.push(state, received=self.received)
             try:
                 out = thunk()
                 changed = policy_left(policy, frame, state)
@@ -58,7 +62,7 @@ class TracedCall(kit.StatefulCall):
         self.thread.finish()
         # JAX may keep the traced function (pmap's cache of its shard_map), and with it
         # this call: it must not keep the caller's trace's values.
-        self.state = None
+        self.state = self.received = None
 
 
 _STATE = kit.TransformState(

@@ -24,7 +24,7 @@ would come back stale. Each call traces a fresh wrapper, which never hits that c
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import jaxoverride as jo
@@ -158,23 +158,16 @@ def eval_shape(fun: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     source = _source.source(where)
 
     def call() -> Any:
-        with discarding(source.roots), _kept_nowhere(_source.declaration()):
-            return below(lambda *a, **k: fun(*a, **k), *args, **kwargs)
+        # Under ``jaxoverride.solve_state`` a boundary of its own, whose last state (a
+        # value of eval_shape's trace) is dropped with it, as the writes are.
+        policy = _source.declaration()
+
+        def traced(*a: Any, **k: Any) -> Any:
+            with contextlib.nullcontext() if policy is None else policy.discarded():
+                return fun(*a, **k)
+
+        with discarding(source.roots):
+            return below(traced, *args, **kwargs)
 
     creation = lambda: fun(*traced_arguments(zeros_for(args)), **zeros_for(kwargs))
     return init_safe(source, creation, call)
-
-
-@contextlib.contextmanager
-def _kept_nowhere(policy: kit.Participant | None) -> Iterator[None]:
-    """Inside, under a ``jaxoverride.solve_state`` declaration, no evaluation is kept as
-    the last one: ``eval_shape`` drops its side effects, and the states its loops write
-    are values of its own trace (an outer frame that kept one would leak it, as diffrax's
-    ``DirectAdjoint`` showed: equinox checks its step's shapes in a loop's condition)."""
-    frame = None if policy is None else policy.push(backward=True)
-    try:
-        yield
-    finally:
-        if frame is not None:
-            assert policy is not None
-            policy.pop(frame)

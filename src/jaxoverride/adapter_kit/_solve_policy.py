@@ -288,6 +288,18 @@ class Participant:
         self._frames.append(frame)
         return frame
 
+    @contextlib.contextmanager
+    def discarded(self) -> Iterator[None]:
+        """A boundary whose state comes out nowhere (``eval_shape``, a function converted
+        into a jaxpr whose writes are dropped): what the JAX calls inside write is kept as
+        its own last and dropped with it, never as an outer boundary's, which would then
+        hand on a value of a trace that has ended (a leaked tracer)."""
+        frame = self.push()
+        try:
+            yield
+        finally:
+            self.pop(frame)
+
     def pop(self, frame: _Frame) -> None:
         """The boundary ``push`` returned ends (with any inner one an exception left)."""
         for index in range(len(self._frames) - 1, 0, -1):
