@@ -596,3 +596,42 @@ def test_a_jvp_rule_reading_a_param_its_staged_function_does_not_use_is_refused(
     _close(jax.jit(jax.grad(loss))(X), expected)
     with jax.checking_leaks():
         _close(jax.grad(loss)(X), expected)
+
+
+class CountsAndRecurses(nn.Module):
+    """A rule whose function writes a counter and whose JVP rule calls the rule itself (as
+    optimistix's ``_asarray`` does)."""
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        calls = self.variable("counters", "calls", lambda: jnp.zeros((), jnp.int32))
+
+        @jo.custom_jvp
+        def rule(y: jax.Array) -> jax.Array:
+            calls.value += 1
+            return y * 2.0
+
+        @rule.defjvp
+        def rule_jvp(primals: Any, tangents: Any) -> Any:
+            return rule(*primals), tangents[0] * 2.0
+
+        return jnp.sum(rule(x))
+
+
+@pytest.mark.xfail(
+    strict=True,
+    raises=TypeError,
+    reason="open: a JVP rule traced after apply returned (jax.grad outside jax.jit) runs "
+    "outside any bound module, so the rule it calls is JAX's own, and that rule's write "
+    "puts a tracer of its own trace into the scope; it comes out as a constant of the "
+    "linearized program (JAX: 'No constant handler for type: DynamicJaxprTracer'), never a "
+    "silent result. Eager, and jax.jit(jax.grad(...)), work",
+)
+def test_a_jvp_rule_calling_its_writing_rule_traced_after_apply_returned():
+    model = CountsAndRecurses()
+    variables = model.init(KEY, X)
+    apply = jax.jit(lambda v, x: model.apply(v, x, mutable=["counters"]))
+    loss = lambda x: model.apply(variables, x, mutable=["counters"])[0]
+    _close(jax.grad(loss)(X), 2.0 * jnp.ones(N))
+    _close(jax.jit(jax.grad(loss))(X), 2.0 * jnp.ones(N))
+    _close(jax.grad(lambda x: apply(variables, x)[0])(X), 2.0 * jnp.ones(N))
