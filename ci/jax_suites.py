@@ -27,10 +27,11 @@ mode, each adapter active with nothing to do:
 ``--next on`` runs with each of JAX's next flags that this JAX has turned on
 (``JAX_CUSTOM_VJP3=1``, ``JAX_CUSTOM_JVP3=1``, ``JAX_REMAT3=1``: JAX's next ``custom_vjp``,
 ``custom_jvp`` and ``checkpoint``; ``tests/_next_flags.py``), ``--next both`` runs every mode
-both ways; the first line printed names the JAX and its flags. The table printed at the end
-counts passed, failed and skipped tests per mode and suite; ``--reports DIR`` keeps each
-run's junit XML (with the tracebacks); ``--show-failures`` lists the failing test ids with
-their first error line. Nothing from JAX's repository is kept.
+both ways; the first line printed names the JAX, its flags, and how the runs set them. The
+table printed at the end counts passed, failed and skipped tests per mode and suite;
+``--reports DIR`` keeps each run's junit XML (with the tracebacks); ``--show-failures``
+lists the failing test ids with their first error line. Nothing from JAX's repository is
+kept.
 """
 
 from __future__ import annotations
@@ -206,6 +207,14 @@ def flag_environment(flags: list[str], on: bool) -> dict[str, str]:
     return {flag.upper(): "1" if on else "0" for flag in flags}
 
 
+def header(record: str, flags: list[str], settings: list[bool]) -> str:
+    """The first line printed: this JAX and its next flags as the runner's process has them
+    (``record``), then as the runs set them (in the pytest processes, through
+    ``flag_environment``)."""
+    runs = " then ".join("on" if on else "off" for on in settings)
+    return f"{record}; the runs set {', '.join(flags) or 'none of them'} {runs}"
+
+
 def _with_rebinding(source: str) -> str:
     """The suite's source with ``_REBIND_LINE`` after its last top-level import."""
     tree = ast.parse(source)
@@ -347,7 +356,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unknown modes {unknown}; the modes are {', '.join(MODES)}")
     settings = {"off": [False], "on": [True], "both": [False, True]}[options.next]
     flags = next_flags()
-    print(flags.record(), flush=True)
+    print(header(flags.record(), list(flags.available()), settings), flush=True)
     suites = options.suites.split(",")
     if options.reports:
         options.reports.mkdir(parents=True, exist_ok=True)

@@ -96,6 +96,19 @@ def test_next_sets_each_flag_this_jax_has_through_its_environment_variable():
         assert shown.stdout.strip() == str([on] * len(flags)), shown.stderr
 
 
+def test_the_first_line_says_how_the_runs_set_the_flags():
+    """The runner's own process has the flags as the caller's environment left them (off,
+    usually); the line must say the runs turn them on, not only that they are off here."""
+    runner = _runner()
+    flags = ["jax_custom_vjp3", "jax_remat3"]
+    record = "jax 0.12.0.1: next flags jax_custom_vjp3=off, jax_remat3=off"
+    assert runner.header(record, flags, [True]) == (
+        f"{record}; the runs set jax_custom_vjp3, jax_remat3 on"
+    )
+    assert runner.header(record, flags, [False, True]).endswith("jax_remat3 off then on")
+    assert runner.header("jax 0.8.1: next flags none", [], [False]).endswith("none of them off")
+
+
 def test_counts_are_per_suite_with_one_line_per_failure(tmp_path):
     report = tmp_path / "report.xml"
     report.write_text(

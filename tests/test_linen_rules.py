@@ -526,3 +526,112 @@ def test_error_classes_subclass_the_shared_ones():
     )
     assert issubclass(jaxoverride_linen.DifferentiatedStateError, joe.DifferentiatedStateError)
     assert issubclass(jaxoverride_linen.PureFunctionWriteError, joe.PureFunctionWriteError)
+
+
+# -- a staged custom_jvp takes only the params its function reads --------------------------
+
+
+class DenseThenRule(nn.Module):
+    """A Dense, then a rule whose function reads the Dense's kernel only (and counts its
+    calls); its JVP rule reads the Dense's bias too if ``jvp_reads_bias``."""
+
+    jvp_reads_bias: bool = False
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        dense = nn.Dense(N)
+        calls = self.variable("counters", "calls", lambda: jnp.zeros((), jnp.int32))
+
+        @jo.custom_jvp
+        def rule(y: jax.Array) -> jax.Array:
+            calls.value += 1
+            return y @ dense.get_variable("params", "kernel")
+
+        @rule.defjvp
+        def rule_jvp(primals: Any, tangents: Any) -> Any:
+            bias = dense.get_variable("params", "bias") if self.jvp_reads_bias else 1.0
+            kernel = dense.get_variable("params", "kernel")
+            return primals[0] @ kernel, (tangents[0] @ kernel) * bias
+
+        return jnp.sum(rule(dense(x)))
+
+
+def _dense_then_rule_grad(params: Any, bias_in_jvp: bool) -> jax.Array:
+    kernel, bias = params["Dense_0"]["kernel"], params["Dense_0"]["bias"]
+    return kernel @ (kernel @ jnp.ones(N) * (bias if bias_in_jvp else 1.0))
+
+
+def test_a_staged_custom_jvp_takes_only_the_params_its_function_uses():
+    """Staged (here by ``make_jaxpr``), the rule's equation takes the kernel, the counter it
+    writes and its argument, not the unused bias: from JAX 0.12 each input of a staged
+    ``custom_jvp`` met in ``jax.linearize`` becomes a residual (optimistix's Newton step:
+    one more leaf of lineax's operator)."""
+    model = DenseThenRule()
+    variables = model.init(KEY, X)
+    apply = lambda v, x: model.apply(v, x, mutable=["counters"])
+    jaxpr = jax.make_jaxpr(apply)(variables, X).jaxpr
+    (rule,) = [eqn for eqn in jaxpr.eqns if eqn.primitive.name == "custom_jvp_call"]
+    assert sorted(v.aval.shape for v in rule.invars) == [(), (N,), (N, N)]
+    expected = _dense_then_rule_grad(variables["params"], False)
+    loss = lambda x: apply(variables, x)[0]
+    with jax.checking_leaks():
+        eager = jax.grad(loss)(X)
+    _close(eager, expected)
+    _close(jax.grad(lambda x: jax.jit(apply)(variables, x)[0])(X), expected)
+    _, state = jax.jit(apply)(variables, X)
+    calls = lambda v: int(np.asarray(v["counters"]["calls"]))
+    assert calls(state) == calls(variables) + 1
+
+
+def test_a_jvp_rule_reading_a_param_its_staged_function_does_not_use_is_refused():
+    """The staged rule does not take the bias, so its JVP rule, traced from the staged
+    equation (``jax.grad(jax.jit(apply))``), cannot read it: refused, naming the fix. Not
+    staged (``jax.jit(jax.grad(apply))``: JAX runs the JVP rule at the call), it works."""
+    model = DenseThenRule(jvp_reads_bias=True)
+    variables = model.init(KEY, X)
+    loss = lambda x: model.apply(variables, x, mutable=["counters"])[0]
+    with pytest.raises(ValueError, match="'params/Dense_0/bias', which the primal function"):
+        jax.grad(jax.jit(loss))(X)
+    expected = _dense_then_rule_grad(variables["params"], True)
+    _close(jax.jit(jax.grad(loss))(X), expected)
+    with jax.checking_leaks():
+        _close(jax.grad(loss)(X), expected)
+
+
+class CountsAndRecurses(nn.Module):
+    """A rule whose function writes a counter and whose JVP rule calls the rule itself (as
+    optimistix's ``_asarray`` does)."""
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        calls = self.variable("counters", "calls", lambda: jnp.zeros((), jnp.int32))
+
+        @jo.custom_jvp
+        def rule(y: jax.Array) -> jax.Array:
+            calls.value += 1
+            return y * 2.0
+
+        @rule.defjvp
+        def rule_jvp(primals: Any, tangents: Any) -> Any:
+            return rule(*primals), tangents[0] * 2.0
+
+        return jnp.sum(rule(x))
+
+
+@pytest.mark.xfail(
+    strict=True,
+    raises=TypeError,
+    reason="open: a JVP rule traced after apply returned (jax.grad outside jax.jit) runs "
+    "outside any bound module, so the rule it calls is JAX's own, and that rule's write "
+    "puts a tracer of its own trace into the scope; it comes out as a constant of the "
+    "linearized program (JAX: 'No constant handler for type: DynamicJaxprTracer'), never a "
+    "silent result. Eager, and jax.jit(jax.grad(...)), work",
+)
+def test_a_jvp_rule_calling_its_writing_rule_traced_after_apply_returned():
+    model = CountsAndRecurses()
+    variables = model.init(KEY, X)
+    apply = jax.jit(lambda v, x: model.apply(v, x, mutable=["counters"]))
+    loss = lambda x: model.apply(variables, x, mutable=["counters"])[0]
+    _close(jax.grad(loss)(X), 2.0 * jnp.ones(N))
+    _close(jax.jit(jax.grad(loss))(X), 2.0 * jnp.ones(N))
+    _close(jax.grad(lambda x: apply(variables, x)[0])(X), 2.0 * jnp.ones(N))

@@ -377,15 +377,8 @@ class _RuleCall:
 
     def _refuse_left_out(self, next_creator: Any, shape: Any, dtype: Any, init: Any, context: Any):
         if context.full_name in self.left_out:
-            raise ValueError(
-                f"{self.where}: the JVP rule reads the Haiku parameter {context.full_name!r}, "
-                "which the primal function does not use. Where the call is staged (inside "
-                "jax.jit, a loop or jax.make_jaxpr), the rule takes only the params its "
-                "primal function uses (from JAX 0.12 every other would become a residual of "
-                "jax.linearize). Pass the value to the rule as an argument "
-                "(jaxoverride.closure_convert makes what a function reads arguments), or "
-                "use it in the primal function."
-            )
+            what = f"the Haiku parameter {context.full_name!r}"
+            raise StagedPrimal.unused_read_error(self.where, what)
         return next_creator(shape, dtype, init)
 
     def finish(self, after: tuple[Any, Any]) -> None:

@@ -25,6 +25,7 @@ from typing import Any
 
 from flax.core import scope as core_scope
 
+from jaxoverride import adapter_kit as kit
 from jaxoverride_linen import _trees as trees
 from jaxoverride_linen._errors import ClosedOverDifferentiationError, PureFunctionWriteError
 from jaxoverride_linen._per_thread import local as _local
@@ -33,14 +34,25 @@ Scope = core_scope.Scope
 
 
 class _Lifted:
-    """The values that reads of one root scope see while a rule's function runs."""
+    """The values that reads of one root scope see while a rule's function runs.
 
-    __slots__ = ("params", "refused", "where")
+    ``left_out``: the paths of the ``params`` the rule was not given (a staged
+    ``custom_jvp`` takes only those its primal function reads), whose reads are refused.
+    """
 
-    def __init__(self, params: Any, refused: frozenset[tuple[str, ...]], where: str):
+    __slots__ = ("left_out", "params", "refused", "where")
+
+    def __init__(
+        self,
+        params: Any,
+        refused: frozenset[tuple[str, ...]],
+        where: str,
+        left_out: frozenset[tuple[str, ...]] = frozenset(),
+    ):
         self.params = params
         self.refused = refused
         self.where = where
+        self.left_out = left_out
 
 
 def _refuse_read(lifted: _Lifted, col: str, path: tuple[str, ...]) -> None:
@@ -73,6 +85,9 @@ def guard_get_variable(original: Callable[..., Any]) -> Callable[..., Any]:
             value = trees.get_path(lifted.params, path)
             if value is not trees.MISSING:
                 return value
+            if path in lifted.left_out:
+                what = f"the Linen parameter {'/'.join(('params', *path))!r}"
+                raise kit.StagedPrimal.unused_read_error(lifted.where, what)
         return original(self, col, name, default)
 
     return get_variable
@@ -80,7 +95,11 @@ def guard_get_variable(original: Callable[..., Any]) -> Callable[..., Any]:
 
 @contextlib.contextmanager
 def lifted_reads(
-    roots: Sequence[Any], params: Sequence[Any], refused: Sequence[frozenset], where: str
+    roots: Sequence[Any],
+    params: Sequence[Any],
+    refused: Sequence[frozenset],
+    where: str,
+    left_out: Sequence[frozenset] | None = None,
 ) -> Iterator[None]:
     """Reads of ``roots`` see ``params``; reads of the ``refused`` paths raise.
 
@@ -89,17 +108,22 @@ def lifted_reads(
       params: each root's ``params`` tree, as the rule received it.
       refused: each root's paths ``(collection, *path)`` being differentiated.
       where: the neutral name, for the error.
+      left_out: each root's ``params`` paths that the rule was not given (reads raise);
+        none by default.
     """
     frames = _local.lifted
     frame = dict(frames[-1]) if frames else {}
-    for variables, tree, paths in zip(roots, params, refused, strict=True):
+    left_out = left_out or [frozenset()] * len(roots)
+    for variables, tree, paths, unused in zip(roots, params, refused, left_out, strict=True):
         outer = frame.get(id(variables))
+        # A rule inside a rule: its values come from the outer one's, so what the outer
+        # one was not given stays missing, and what it refuses stays refused (with the
+        # outer one's name).
+        unused = unused | (outer.left_out if outer is not None else frozenset())
         if outer is not None and outer.refused - paths:
-            # A rule inside a rule: its values come from the outer one's, so what the
-            # outer one refuses stays refused (with the outer one's name).
-            frame[id(variables)] = _Lifted(tree, paths | outer.refused, outer.where)
+            frame[id(variables)] = _Lifted(tree, paths | outer.refused, outer.where, unused)
         else:
-            frame[id(variables)] = _Lifted(tree, paths, where)
+            frame[id(variables)] = _Lifted(tree, paths, where, unused)
     frames.append(frame)
     try:
         yield

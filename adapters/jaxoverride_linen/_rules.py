@@ -135,6 +135,7 @@ class _Call:
         "evaluated",
         "forward",
         "kept",
+        "left_out",
         "policy",
         "roots",
         "source",
@@ -158,6 +159,8 @@ class _Call:
         self.backward.policy = self.policy
         # Per leaf of the threaded state: left as it came in by every forward run so far.
         self.kept: list[bool] | None = None
+        # Per root, the params paths a staged custom_jvp was not given (``_used_params``).
+        self.left_out: list[frozenset[tuple[str, ...]]] | None = None
 
     def note_kept(self, state: Any, after: Any) -> None:
         """Records which leaves of ``state`` a forward run left as they were (the same
@@ -192,7 +195,7 @@ class _Call:
     @contextlib.contextmanager
     def reading(self, params: Any, refused: Sequence[frozenset] | None = None) -> Iterator[None]:
         refused = refused or [frozenset()] * len(self.roots)
-        with lifted_reads(self.roots, params, refused, self.where):
+        with lifted_reads(self.roots, params, refused, self.where, self.left_out):
             yield
 
     def run(self, values: Any, fun: Callable[..., Any], *args: Any, refused: Any = None) -> Any:
@@ -333,13 +336,22 @@ class LinenRule(kit.LiftedRule):
 
         return primal
 
-    def _call(self, rule: Any, call: _Call, source: Any, args: tuple[Any, ...]) -> Any:
+    def _call(
+        self,
+        bind: Callable[[Any], tuple[Any, Any]],
+        call: _Call,
+        source: Any,
+        args: tuple[Any, ...],
+    ) -> Any:
+        """Calls JAX's rule on the caller's values; ``bind(values)`` returns the rule and
+        the values it takes."""
         with hidden_rngs(source.roots):  # the state without keys (see _DRAW)
             state = source.read()
         policy = call.policy
         if policy is not None:
             state = policy.freeze(state)
-        out, after = rule((_params(source), state), *args)
+        rule, values = bind((_params(source), state))
+        out, after = rule(values, *args)
         after = call.written(state, after)
         if policy is not None:
             after = policy.written(after, backward=not call.evaluated)
@@ -379,7 +391,7 @@ class LinenRule(kit.LiftedRule):
         # Symbolic zeros tell which of Linen's values are being differentiated; the user's
         # rules see them only if they asked.
         rule.defvjp(lifted_fwd, lifted_bwd, symbolic_zeros=True, optimize_remat=optimize_remat)
-        return self._call(rule, call, source, args)
+        return self._call(lambda values: (rule, values), call, source, args)
 
     def _lifted_jvp(self, source: Any, args: tuple[Any, ...]) -> Any:
         call = _Call(source, self._where)
@@ -406,9 +418,59 @@ class LinenRule(kit.LiftedRule):
             out, out_tangent = pair
             return (out, after), (out_tangent, kit.zero_tangents(after))
 
-        rule = self._below(self._primal(call), nondiff_argnums=self._lifted_nondiff)
-        rule.defjvp(lifted_jvp, symbolic_zeros=True)
-        return self._call(rule, call, source, args)
+        def bind(values: Any) -> tuple[Any, Any]:
+            primal = self._primal(call)
+            if kit.staged():
+                # JAX would trace the primal here: trace it once instead, and pass only
+                # the params it reads (``adapter_kit.StagedPrimal``).
+                static = [n % (count + 1) - 1 for n in self._lifted_nondiff]
+                traced = kit.StagedPrimal.trace(primal, values, args, static)
+                values, kept, call.left_out = _used_params(values, traced.used)
+                primal = traced.primal(kept)
+            rule = self._below(primal, nondiff_argnums=self._lifted_nondiff)
+            rule.defjvp(lifted_jvp, symbolic_zeros=True)
+            return rule, values
+
+        return self._call(bind, call, source, args)
+
+
+def _used_params(values: Any, used: list[bool]) -> tuple[Any, list[bool], list[frozenset]]:
+    """``values`` with only the params that ``used`` marks, and all of the state (the rule
+    hands it back).
+
+    Args:
+      values: the rule's ``(params, state)``, ``params`` one tree of dicts per root.
+      used: per leaf of ``values``, whether the staged primal reads it
+        (``kit.StagedPrimal.used``).
+
+    Returns:
+      ``(values, kept, left_out)``: the values the rule takes, per leaf of ``values``
+      whether it is among them (a variable whose leaves are partly read is kept whole),
+      and per root the paths of the params left out.
+    """
+    params, state = values
+    flags = iter(used)
+    kept: list[bool] = []
+    pruned, left_out = [], []
+    for tree in params:
+        taken: dict[str, Any] = {}
+        dropped = set()
+        variables = jax.tree_util.tree_flatten_with_path(
+            tree, is_leaf=lambda node: not isinstance(node, dict)
+        )[0]
+        for keys, variable in variables:
+            path = tuple(key.key for key in keys)
+            reads = [next(flags) for _ in jax.tree.leaves(variable)]
+            keep = not reads or any(reads)
+            kept += [keep] * len(reads)
+            if keep:
+                trees.put_path(taken, path, variable)
+            else:
+                dropped.add(path)
+        pruned.append(taken)
+        left_out.append(frozenset(dropped))
+    kept += [True for _ in flags]  # the state
+    return (pruned, state), kept, left_out
 
 
 IMPLICIT_OVERRIDES: dict[str, Callable[..., Any]] = {

@@ -105,6 +105,35 @@ class StagedPrimal:
 
         return primal
 
+    @staticmethod
+    def unused_read_error(where: str, what: str) -> ValueError:
+        """The error for a JVP rule that reads a value its staged primal does not use.
+
+        The rule took only what the primal reads (``used``), so the value is not among
+        its arguments; read anyway, it would be a value of the caller's trace.
+
+        Args:
+          where: the neutral name of the rule, as the adapter's messages name it.
+          what: the value, as the framework names it (``"the Haiku parameter 'cell/b'"``).
+
+        Returns:
+          A ``ValueError`` naming the value, why it is missing, and the fix.
+
+        Example:
+          >>> from jaxoverride import adapter_kit as kit
+          >>> error = kit.StagedPrimal.unused_read_error("custom_jvp", "the parameter 'b'")
+          >>> str(error).startswith("custom_jvp: the JVP rule reads the parameter 'b', which")
+          True
+        """
+        return ValueError(
+            f"{where}: the JVP rule reads {what}, which the primal function does not use. "
+            "Where the call is staged (inside jax.jit, a loop or jax.make_jaxpr), the rule "
+            "takes only the params its primal function uses (from JAX 0.12 every other would "
+            "become a residual of jax.linearize). Pass the value to the rule as an argument "
+            "(jaxoverride.closure_convert makes what a function reads arguments), or use it "
+            "in the primal function."
+        )
+
 
 def _read_variables(jaxpr: Any) -> set[Any]:
     """The variables an equation of ``jaxpr`` reads, and those it returns."""
