@@ -388,3 +388,53 @@ def test_libraries_converting_by_make_jaxpr_jit_grad_as_the_twin(case: str):
     assert result["masks_grad_entry"]
     assert result["grad_vs_twin"] <= 1e-5 * max(1.0, result["grad_scale"]), result
     assert result["state_grad_vs_eager"] <= 1e-5, result
+
+
+class _Counted(nnx.Module):
+    """A map that counts its evaluations and keeps a running mean of its input."""
+
+    def __init__(self) -> None:
+        self.mean = nnx.BatchStat(jnp.zeros(3))
+        self.count = nnx.BatchStat(jnp.zeros((), jnp.int32))
+
+    def __call__(self, z: jax.Array) -> jax.Array:
+        self.mean.value = 0.9 * self.mean.value + 0.1 * z
+        self.count.value = self.count.value + 1
+        return 0.5 * jnp.cos(z)
+
+
+def _ruled(f: Any) -> Any:
+    ruled = jo.custom_jvp(f)
+    ruled.defjvp(lambda primals, tangents: (ruled(*primals), tangents[0]))
+    return ruled
+
+
+BOUNDARIES = {"jit": jo.jit, "checkpoint": jo.checkpoint, "custom_jvp": _ruled}
+
+
+@pytest.mark.parametrize("jitted", [False, True], ids=["eager", "jit"])
+@pytest.mark.parametrize("boundary", list(BOUNDARIES))
+def test_a_boundary_whose_branch_evaluates_nothing_passes_the_last_evaluation_on(
+    boundary: str, jitted: bool
+) -> None:
+    # The loop's last trips take the no-op branch inside the boundary (as equinox's
+    # bounded loop does): the statistics are the last evaluation's, not the entry's.
+    model = _Counted()
+    wrap = BOUNDARIES[boundary]
+
+    def step(carry: Any, _: Any) -> Any:
+        z, i = carry
+        inner = wrap(lambda z, evaluate: jo.lax.cond(evaluate > 0, model, lambda z: z, z))
+        return (inner(z, jnp.float32(i < 2)), i + 1), None
+
+    def solve(x: jax.Array) -> jax.Array:
+        with jo.solve_state():
+            (z, _), _ = jo.lax.scan(step, (x, 0), None, length=4)
+        return z
+
+    x = jnp.linspace(-1.0, 1.0, 3)
+    with jon.context(), jon.track(model), jax.checking_leaks():
+        (jo.jit(solve) if jitted else solve)(x)
+    # evaluations at x (i = 0) and at 0.5 cos(x) (i = 1): the last one's update, once
+    assert int(model.count.value) == 1
+    np.testing.assert_allclose(model.mean.value, 0.1 * (0.5 * jnp.cos(x)), atol=1e-6)
