@@ -678,7 +678,7 @@ _HIDDEN: contextvars.ContextVar[Tracked | None] = contextvars.ContextVar(
 
 
 def _call_hidden(
-    jitted: Any, tracked: Tracked, values: list[Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+    jitted: Any, tracked: Tracked, values: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
 ) -> Any:
     """Calls ``jitted`` with the tracked set visible to ``lifted`` only.
 

@@ -46,12 +46,15 @@ class _Declared:
         self.where = where
         self.source = source
         self.policy = policy
-        self.thread = Threaded(source, 1, where)
+        self.thread: Threaded | None = Threaded(source, 1, where)
         self.state = self.thread.read()
         self.recording = True
 
     def run(self, fun: Callable[..., Any], *args: Any) -> tuple[Any, Any]:
-        out, after = self.thread.run(0, self.state, fun, *args)
+        thread = self.thread
+        if thread is None:
+            raise RuntimeError(f"{self.where}: the converted function ran after its release")
+        out, after = thread.run(0, self.state, fun, *args)
         changed = self.policy.changed_per_evaluation(self.state, after)
         if changed:
             raise errors.PureFunctionWriteError(
