@@ -96,21 +96,27 @@ class CountingSequence(CheckedSequence):
       [None, 2]
     """
 
-    __slots__ = ("calls",)
+    __slots__ = ("_taking", "calls")
 
     def __init__(self, state: Any):
         super().__init__(state)
         self.calls: list[int | None] = []
+        self._taking = False  # Haiku's take draws through next: one call, not n + 1
 
     def __next__(self) -> Any:
-        self.calls.append(None)
+        if not self._taking:
+            self.calls.append(None)
         return super().__next__()
 
     next = __next__
 
     def take(self, num: int) -> Any:
         self.calls.append(num)
-        return super().take(num)
+        self._taking = True
+        try:
+            return super().take(num)
+        finally:
+            self._taking = False
 
 
 def replayed(state: Any, calls: list[int | None]) -> Any:

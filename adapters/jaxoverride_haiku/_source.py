@@ -216,7 +216,7 @@ def state_parts(state: InternalState) -> list[kit.StatePart | None]:
       >>> pair = base.StatePair(jnp.zeros(()), jnp.zeros(()))
       >>> parts = state_parts(InternalState(None, {"bn": {"mean": pair}}, None))
       >>> [(p.kind, p.names) for p in parts]
-      [('state', ('bn',)), ('state', ('bn',))]
+      [('state', ('bn', 'bn/mean')), ('state', ('bn', 'bn/mean'))]
     """
     parts: list[kit.StatePart | None] = []
     for path, _ in jax.tree_util.tree_flatten_with_path(state)[0]:

@@ -110,11 +110,16 @@ def check_unchanged_structure(
 
 
 def _received(
-    policy: Any, values: Mapping[int, Any], received: Sequence[Any] | None, live: Sequence[Any]
+    policy: Any,
+    values: Mapping[int, Any],
+    received: Sequence[Any] | Mapping[int, Any] | None,
+    live: Sequence[Any],
 ) -> dict[int, Any]:
     """By index, what the evaluations before a boundary left: ``received`` (a cached
     trace's argument, in ``values``' order), else read from the caller's live values (a
     trace made anew at each call, which may close over them)."""
+    if isinstance(received, Mapping):
+        return {i: received.get(i, values[i]) for i in values}
     if received is not None:
         return dict(zip(values, received, strict=True))
     return policy.current({i: live[i] for i in values})
@@ -130,7 +135,7 @@ def run_lifted(
     owner: object = None,
     policy: Any = None,
     rebase: bool = False,
-    received: Sequence[Any] | None = None,
+    received: Sequence[Any] | Mapping[int, Any] | None = None,
 ) -> tuple[Any, list[Any]]:
     """Calls ``fn`` with the lifted Variables holding ``values`` (or their current values).
 
