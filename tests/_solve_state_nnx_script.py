@@ -38,7 +38,6 @@ from _solve_state_solvers import (
 RUNS = {
     "optimistix": optimistix_fixed_point,
     "diffrax": lambda f, y: diffrax_node(f, y, "default"),
-    "diffrax_direct": lambda f, y: diffrax_node(f, y, "direct"),
 }
 
 

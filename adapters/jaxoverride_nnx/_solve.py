@@ -140,34 +140,15 @@ def frozen_values(
     return [state[i] for i in order]
 
 
-def declared_values(
-    policy: Participant, tracked: Tracked, order: Sequence[int], values: Sequence[Any]
-) -> tuple[list[Any], list[Any]]:
-    """What a cached trace (``jit``) is handed under a declaration: ``values`` (of the
-    tracked values ``order``) frozen, and what the evaluations before the call left
-    (``Participant.current``), both as arguments, so that nothing of the caller is baked
-    into the trace: a function that evaluates nothing passes the latter on."""
-    state = dict(zip(order, values, strict=True))
-    received = policy.current(state)
-    return frozen_values(policy, tracked, order, values), [received[i] for i in order]
-
-
 def entering(
-    policy: Participant,
-    tracked: Tracked,
-    values: Mapping[int, Any],
-    rebase: bool,
-    received: Mapping[int, Any],
+    policy: Participant, tracked: Tracked, values: Mapping[int, Any], rebase: bool
 ) -> tuple[dict[int, Any], Any]:
     """``values`` frozen, and the frame pushed for the traced function that receives them.
     ``rebase``: a cached trace (``jit``), whose inputs were frozen at the call's read;
-    inside it the frozen parts are those inputs (``Participant.push``). ``received``: what
-    the evaluations before the call left (``Participant.current``: a cached trace's own
-    argument, else read from the caller's live values before the trace gave them new
-    identities), which a function that evaluates nothing passes on."""
+    inside it the frozen parts are those inputs (``Participant.push``)."""
     if rebase:
-        return dict(values), policy.push(values, received=dict(received))
-    return policy.freeze(dict(values)), policy.push(received=dict(received))
+        return dict(values), policy.push(values, received=values)
+    return policy.freeze(dict(values)), policy.push(received=policy.current(dict(values)))
 
 
 def leaving(
