@@ -137,7 +137,6 @@ class _Call:
         "kept",
         "left_out",
         "policy",
-        "received",
         "roots",
         "source",
         "where",
@@ -156,10 +155,6 @@ class _Call:
         self.policy = self.forward.policy
         self.forward.policy = None
         self.evaluated = False  # whether a forward run evaluated anything (``kit.Threaded``)
-        # What the evaluations before the call left (``Participant.current``, read at the
-        # call): a forward run that evaluates nothing passes it on. The rule's trace is
-        # made at each call, so it may close over it.
-        self.received: Any = None
         self.backward = kit.Threaded(source, 1, where, backward=True)
         self.backward.policy = self.policy
         # Per leaf of the threaded state: left as it came in by every forward run so far.
@@ -225,7 +220,7 @@ class _Call:
             return out, after
         # The state argument was frozen at the call's read: inside the rule's trace it
         # stands for the entry state (``rebased``).
-        frame = policy.push(state, received=state if self.received is None else self.received)
+        frame = policy.push(state, received=state)
         with policy.rebased(state):
             try:
                 with self.reading(params, refused), hidden_rngs(source.roots), _valid(source):
@@ -354,13 +349,9 @@ class LinenRule(kit.LiftedRule):
             state = source.read()
         policy = call.policy
         if policy is not None:
-            call.received = policy.current(state)
             state = policy.freeze(state)
         rule, values = bind((_params(source), state))
-        try:
-            out, after = rule(values, *args)
-        finally:
-            call.received = None  # a value of the caller's trace: a later rule run keeps none
+        out, after = rule(values, *args)
         after = call.written(state, after)
         if policy is not None:
             after = policy.written(after, backward=not call.evaluated)
