@@ -278,8 +278,15 @@ def counting_compiles() -> Iterator[list[str]]:
         jax.monitoring.unregister_event_duration_listener(listener)
 
 
+def program_text(jaxpr: Any) -> str:
+    """A jaxpr's text without what names an object rather than the program: an axis's id
+    and an address (``jax.debug.callback``'s callback is a new closure per trace, printed
+    with its address on JAX 0.8)."""
+    return _ADDRESS.sub("", _AXIS_ID.sub("<axis>", str(jaxpr)))
+
+
 def jaxpr_text(fn: Callable[..., Any], *args: Any) -> str:
-    return _AXIS_ID.sub("<axis>", str(jax.make_jaxpr(fn)(*args)))
+    return program_text(jax.make_jaxpr(fn)(*args))
 
 
 # ---------------------------------------------------------------------------------------

@@ -27,6 +27,7 @@ import pytest
 import jaxoverride as jo
 import jaxoverride_haiku as joh
 from _libraries import FreshScript, interposed
+from _parity import program_text
 from _solve_state_solvers import fpsolve_run, jaxopt_run, masks_seen, record
 from jaxoverride import errors
 
@@ -274,12 +275,12 @@ def test_with_nothing_active_the_declaration_changes_nothing() -> None:
         with jo.solve_state():
             return solve(x)
 
-    assert str(jax.make_jaxpr(declared)(X)) == str(jax.make_jaxpr(solve)(X))
+    assert program_text(jax.make_jaxpr(declared)(X)) == program_text(jax.make_jaxpr(solve)(X))
     # inside a transform, a model with no state and no rng: the same jaxpr too
     plain = hk.transform(lambda x: solve(hk.Linear(3)(x)))
     inside = hk.transform(lambda x: declared(hk.Linear(3)(x)))
     params = plain.init(jax.random.key(0), X)
-    assert str(jax.make_jaxpr(lambda p: inside.apply(p, None, X))(params)) == str(
+    assert program_text(jax.make_jaxpr(lambda p: inside.apply(p, None, X))(params)) == program_text(
         jax.make_jaxpr(lambda p: plain.apply(p, None, X))(params)
     )
 

@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 
 import jaxoverride as jo
+from _parity import program_text
 from _solve_state_solvers import checking_leaks_linearized
 from jaxoverride import adapter_kit as kit
 
@@ -282,7 +283,9 @@ def test_with_no_framework_running_the_jaxpr_is_unchanged() -> None:
         with jo.solve_state():
             return solve(z0)
 
-    assert str(jax.make_jaxpr(declared)(jnp.ones(3))) == str(jax.make_jaxpr(solve)(jnp.ones(3)))
+    assert program_text(jax.make_jaxpr(declared)(jnp.ones(3))) == program_text(
+        jax.make_jaxpr(solve)(jnp.ones(3))
+    )
 
 
 @pytest.mark.parametrize(
@@ -532,7 +535,8 @@ def _marked_program(marked: bool, declared: bool) -> Any:
 @pytest.mark.parametrize("declared", [False, True])
 def test_solver_map_idle_is_the_same_jaxpr(declared: bool) -> None:
     jaxprs = {
-        m: str(jax.make_jaxpr(_marked_program(m, declared))(jnp.ones(3))) for m in (False, True)
+        m: program_text(jax.make_jaxpr(_marked_program(m, declared))(jnp.ones(3)))
+        for m in (False, True)
     }
     assert jaxprs[False] == jaxprs[True]
 
@@ -540,7 +544,7 @@ def test_solver_map_idle_is_the_same_jaxpr(declared: bool) -> None:
 def test_solver_map_under_a_framework_with_nothing_declared_is_the_same_jaxpr(toy: Toy) -> None:
     # The toy runs (its loops thread its state) but no declaration: the marker calls f.
     program = lambda m: jax.make_jaxpr(_marked_program(m, declared=False))(jnp.ones(3))
-    assert str(program(False)) == str(program(True))
+    assert program_text(program(False)) == program_text(program(True))
 
 
 def test_solver_map_marks_once_and_equals_another_marking() -> None:

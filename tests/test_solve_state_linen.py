@@ -39,6 +39,7 @@ import pytest
 import jaxoverride as jo
 import jaxoverride_linen as jol
 from _libraries import FreshScript, interposed
+from _parity import program_text
 from _solve_state_linen import (
     DEQ,
     Block,
@@ -256,12 +257,15 @@ def test_without_state_the_declaration_changes_nothing(method: str) -> None:
     with jol.context():
         variables = _Plain(False).init(jax.random.key(0), X)
         jaxprs = [
-            str(jax.make_jaxpr(lambda v, d=d, m=m: _Plain(d, m, method).apply(v, X))(variables))
+            program_text(
+                jax.make_jaxpr(lambda v, d=d, m=m: _Plain(d, m, method).apply(v, X))(variables)
+            )
             for d, m in cases
         ]
         # outside every Linen module too
         outside = [
-            str(jax.make_jaxpr(lambda x, d=d, m=m: _outside(x, d, m, method))(X)) for d, m in cases
+            program_text(jax.make_jaxpr(lambda x, d=d, m=m: _outside(x, d, m, method))(X))
+            for d, m in cases
         ]
     assert len(set(jaxprs)) == 1
     assert len(set(outside)) == 1
@@ -272,7 +276,7 @@ def test_a_marked_map_with_nothing_declared_is_the_same_jaxpr() -> None:
     variables = init()
     with jol.context():
         jaxprs = {
-            marked: str(
+            marked: program_text(
                 jax.make_jaxpr(lambda v, m=marked: apply(DEQ(_marking(m)), v, KEY))(variables)
             )
             for marked in (False, True)

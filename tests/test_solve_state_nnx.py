@@ -27,6 +27,7 @@ from flax import nnx
 import jaxoverride as jo
 import jaxoverride_nnx as jon
 from _libraries import FreshScript, interposed
+from _parity import program_text
 from _solve_state_solvers import fpsolve_run, jaxopt_run, masks_seen, record
 
 D, B = 4, 8
@@ -276,9 +277,9 @@ def test_nothing_tracked_the_declaration_changes_nothing():
         with jo.solve_state():
             return solve(z0)
 
-    assert str(jax.make_jaxpr(declared)(X)) == str(jax.make_jaxpr(solve)(X))
+    assert program_text(jax.make_jaxpr(declared)(X)) == program_text(jax.make_jaxpr(solve)(X))
     marked = lambda z0: fpsolve_run("anderson", True)(jo.solver_map(f), z0)[0]
-    assert str(jax.make_jaxpr(marked)(X)) == str(jax.make_jaxpr(solve)(X))
+    assert program_text(jax.make_jaxpr(marked)(X)) == program_text(jax.make_jaxpr(solve)(X))
 
 
 @pytest.mark.parametrize("declared", [None, {"rng": "per_evaluation", "state": "per_evaluation"}])
@@ -297,7 +298,7 @@ def test_a_marked_map_with_nothing_to_do_is_the_same_jaxpr(declared: Any):
                 out = inner()
             return out, nnx.state(inner)
 
-        jaxprs.append(str(jax.make_jaxpr(program)(state)))
+        jaxprs.append(program_text(jax.make_jaxpr(program)(state)))
     assert jaxprs[0] == jaxprs[1]
 
 
