@@ -11,8 +11,9 @@ case, the masks drawn, the steps, and the largest differences from the fixed-mas
 (the same library on the explicit parameters and the entry mask): the solution, the
 running statistics against one EMA update at z*, eager against ``jo.jit``, and the
 gradient under ``jo.jit(jo.grad)`` against the twin's (or the error it raised). A case
-is ``optimistix`` (fixed point iteration) or ``diffrax`` (a neural ODE with the default
-adjoint).
+is ``optimistix`` (fixed point iteration), ``diffrax`` (a neural ODE with the default
+adjoint) or ``diffrax_direct`` (the same with ``DirectAdjoint``, which evaluates the field
+itself inside its loops and ``eval_shape``).
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from _solve_state_solvers import (
 RUNS = {
     "optimistix": optimistix_fixed_point,
     "diffrax": lambda f, y: diffrax_node(f, y, "default"),
+    "diffrax_direct": lambda f, y: diffrax_node(f, y, "direct"),
 }
 
 

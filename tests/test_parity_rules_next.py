@@ -30,7 +30,10 @@ from test_parity_rules import CASES, _sin_times, _sin_times_bwd, _sin_times_fwd,
 NEXT_FLAGS = tuple(flag for flag in _next_flags.available() if flag.startswith("jax_custom_"))
 """The flags of JAX's next custom-rule implementation that this JAX has."""
 
-pytestmark = pytest.mark.skipif(not NEXT_FLAGS, reason="this JAX has no custom_vjp3/custom_jvp3")
+pytestmark = pytest.mark.skipif(
+    not NEXT_FLAGS,
+    reason=f"jax {jax.__version__} has no jax_custom_vjp3/jax_custom_jvp3 (0.9.1 and later do)",
+)
 
 
 @pytest.fixture(autouse=True, scope="module")

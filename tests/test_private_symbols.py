@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ast
 import importlib
+import importlib.metadata
 import importlib.util
 import pathlib
 import types
@@ -24,7 +25,8 @@ import pytest
 # imports either, so there the names resolve to another module and cannot be compared.
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("flax.nnx.graphlib") is None,
-    reason="this Flax predates flax.nnx.graphlib, the module the audited names live in",
+    reason=f"Flax {importlib.metadata.version('flax')} predates flax.nnx.graphlib (0.12.1, the "
+    "oldest supported, names it flax.nnx.graph), the module the audited names live in",
 )
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent

@@ -470,29 +470,51 @@ class _NoOpLast(nn.Module):
         return z
 
 
-_RULE_PASSES_THE_ENTRY_ON = pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "open (issue 29), a silent wrong result on main too: a Linen rule whose function "
-        "evaluates nothing passes the entry state on, not what the evaluations before the "
-        "call left (a fix broke the make_jaxpr write-out in this session and was reverted)"
-    ),
-)
-
-
 @pytest.mark.parametrize("jitted", [False, True], ids=["eager", "jit"])
 @pytest.mark.parametrize("boundary", list(BOUNDARIES))
 def test_a_boundary_whose_branch_evaluates_nothing_passes_the_last_evaluation_on(
-    boundary: str, jitted: bool, request: pytest.FixtureRequest
+    boundary: str, jitted: bool
 ) -> None:
-    if boundary == "custom_jvp":
-        request.applymarker(_RULE_PASSES_THE_ENTRY_ON)
     x = jnp.linspace(-1.0, 1.0, 3)
     model = _NoOpLast(boundary)
-    with jol.context(), jax.checking_leaks():
+    # A rule that writes state inside jit leaks, with or without a declaration (the next
+    # test): the leak check is that test's, the values are this one's.
+    leaks = contextlib.nullcontext() if (boundary, jitted) == ("custom_jvp", True) else None
+    with jol.context(), leaks or jax.checking_leaks():
         variables = model.init(jax.random.key(0), x)
         apply = lambda v: model.apply(v, x, mutable=["batch_stats"])
         _, updates = (jax.jit(apply) if jitted else apply)(variables)
     # evaluations at x (i = 0) and at 0.5 cos(x) (i = 1): the last one's update, once
     assert int(updates["batch_stats"]["count"]) == 1
     np.testing.assert_allclose(updates["batch_stats"]["mean"], 0.1 * (0.5 * jnp.cos(x)), atol=1e-6)
+
+
+class _RuleWritingCount(nn.Module):
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        count = self.variable("batch_stats", "count", lambda: jnp.zeros((), jnp.int32))
+
+        def f(z: jax.Array) -> jax.Array:
+            count.value = count.value + 1
+            return 0.5 * jnp.cos(z)
+
+        return x if self.is_initializing() else _ruled(f)(x)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason=(
+        "open, found in issue 29's work and older than it: a Linen custom_jvp that writes a "
+        "variable inside jax.jit keeps the call's scopes (and so the jit's tracers in their "
+        "variables) reachable from the JVP rule that JAX keeps in the jaxpr, for a JVP "
+        "traced later (grad of the jitted apply); jax.checking_leaks reports it. The "
+        "values are right (the previous test)"
+    ),
+)
+def test_a_rule_writing_state_inside_jit_keeps_no_tracer() -> None:
+    x = jnp.linspace(-1.0, 1.0, 3)
+    model = _RuleWritingCount()
+    with jol.context(), jax.checking_leaks():
+        variables = model.init(jax.random.key(0), x)
+        _, updates = jax.jit(lambda v: model.apply(v, x, mutable=["batch_stats"]))(variables)
+    assert int(updates["batch_stats"]["count"]) == 1

@@ -342,14 +342,14 @@ def test_a_name_no_variable_has_is_refused():
 
 LIBRARIES = FreshScript(
     Path(__file__).with_name("_solve_state_nnx_script.py"),
-    {"optimistix": ["optimistix"], "diffrax": ["diffrax"]},
+    {"optimistix": ["optimistix"], "diffrax": ["diffrax"], "diffrax_direct": ["diffrax_direct"]},
     [jo, jon],
     timeout=1500,
 )
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("case", ["optimistix", "diffrax"])
+@pytest.mark.parametrize("case", ["optimistix", "diffrax", "diffrax_direct"])
 def test_libraries_converting_by_make_jaxpr_keep_the_statistics_at_the_solution(case: str):
     """optimistix's ``fixed_point`` and diffrax's default adjoint convert the map by
     ``make_jaxpr`` (equinox's ``filter_closure_convert``); the BatchNorm's statistics
@@ -380,7 +380,7 @@ _DIFFRAX_GRAD = pytest.mark.xfail(
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "case",
-    ["optimistix", pytest.param("diffrax", marks=_DIFFRAX_GRAD, id="diffrax")],
+    ["optimistix", pytest.param("diffrax", marks=_DIFFRAX_GRAD, id="diffrax"), "diffrax_direct"],
 )
 def test_libraries_converting_by_make_jaxpr_jit_grad_as_the_twin(case: str):
     """(3) under ``jo.jit(jo.grad)`` the gradient equals the fixed-mask twin's through
@@ -414,15 +414,6 @@ def _ruled(f: Any) -> Any:
 BOUNDARIES = {"jit": jo.jit, "checkpoint": jo.checkpoint, "custom_jvp": _ruled}
 
 
-# Open (issue 29), a silent wrong result on main too: NNX's jit, checkpoint and rules hand
-# a function that evaluates nothing the entry state, not what the evaluations before the
-# call left. A fix (the jit taking it as an argument) broke the make_jaxpr write-out of
-# diffrax's default adjoint in this session, and was reverted.
-@pytest.mark.xfail(
-    strict=True,
-    reason="open (issue 29): a boundary whose function evaluates nothing passes the entry "
-    "state on (the statistics come out at entry)",
-)
 @pytest.mark.parametrize("jitted", [False, True], ids=["eager", "jit"])
 @pytest.mark.parametrize("boundary", list(BOUNDARIES))
 def test_a_boundary_whose_branch_evaluates_nothing_passes_the_last_evaluation_on(

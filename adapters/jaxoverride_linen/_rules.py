@@ -8,9 +8,11 @@ JAX traces a rule's functions at levels of their own, and refuses (as a leaked t
 value being differentiated that a rule closes over. A function that calls Linen
 submodules closes over the whole scope: its parameters, its mutable collections and its
 rng streams. Here each call builds JAX's rule over a function that takes Linen's values
-``(params, state)`` as a leading argument (``state``: the mutable collections and one key
-per rng stream, as the adapter's state source threads them through loops) and returns
-``state`` after it as an extra output:
+``(params, state, received)`` as a leading argument (``state``: the mutable collections and
+one key per rng stream, as the adapter's state source threads them through loops;
+``received``: under a ``jaxoverride.solve_state`` declaration, the leaves of what the
+evaluations before the call left where they differ from the frozen ``state``, else empty)
+and returns ``state`` after it as an extra output:
 
 * every function of the rule runs with the scopes showing those values (params through
   ``_guards.lifted_reads``, the rest installed by the source), so submodules defined in
@@ -85,7 +87,7 @@ def _as_dicts(tree: Any) -> Any:
 
 def _differentiated(values: Any) -> list[frozenset[tuple[str, ...]]]:
     """Per root, the paths ``(collection, *path)`` holding a leaf being differentiated."""
-    params, state = values
+    params, state = values[0], values[1]
     refused = []
     for tree, root_state in zip(params, state, strict=True):
         collections = root_state[0]  # the source's state per root: collections first
@@ -137,6 +139,7 @@ class _Call:
         "kept",
         "left_out",
         "policy",
+        "received_at",
         "roots",
         "source",
         "where",
@@ -155,6 +158,11 @@ class _Call:
         self.policy = self.forward.policy
         self.forward.policy = None
         self.evaluated = False  # whether a forward run evaluated anything (``kit.Threaded``)
+        # Under a declaration, the leaves of the state (in ``jax.tree.leaves`` order) where
+        # what the evaluations before the call left is not what the rule is given (frozen):
+        # those come in as the rule's third value (``_call``), so that a forward run that
+        # evaluates nothing passes them on.
+        self.received_at: tuple[int, ...] = ()
         self.backward = kit.Threaded(source, 1, where, backward=True)
         self.backward.policy = self.policy
         # Per leaf of the threaded state: left as it came in by every forward run so far.
@@ -199,11 +207,12 @@ class _Call:
             yield
 
     def run(self, values: Any, fun: Callable[..., Any], *args: Any, refused: Any = None) -> Any:
-        """``fun(*args)`` with the scopes showing ``values``; returns ``(out, state)``.
+        """``fun(*args)`` with the scopes showing ``values`` (``(params, state, received)``,
+        see ``received_at``); returns ``(out, state)``.
 
         An rng draw inside is refused: the rule threads no key (see ``_DRAW``).
         """
-        params, state = values
+        params, state, received = values
         source, where = self.source, self.where
 
         policy = self.policy
@@ -220,7 +229,7 @@ class _Call:
             return out, after
         # The state argument was frozen at the call's read: inside the rule's trace it
         # stands for the entry state (``rebased``).
-        frame = policy.push(state, received=state)
+        frame = policy.push(state, received=self._received(state, received))
         with policy.rebased(state):
             try:
                 with self.reading(params, refused), hidden_rngs(source.roots), _valid(source):
@@ -234,9 +243,19 @@ class _Call:
         self.note_kept(state, after)
         return out, after
 
+    def _received(self, state: Any, received: Sequence[Any]) -> Any:
+        """What the evaluations before the call left: ``state`` with the leaves at
+        ``received_at`` taken from ``received``."""
+        if not received:
+            return state
+        leaves, tree = jax.tree.flatten(state)
+        for index, value in zip(self.received_at, received, strict=True):
+            leaves[index] = value
+        return jax.tree.unflatten(tree, leaves)
+
     def run_pure(self, values: Any, fun: Callable[..., Any], *args: Any) -> Any:
         """``fun(*args)`` as ``run``, every write and draw refused; returns ``out``."""
-        params, state = values
+        params, state = values[0], values[1]
         source, where = self.source, self.where
 
         policy = self.backward.policy
@@ -348,9 +367,18 @@ class LinenRule(kit.LiftedRule):
         with hidden_rngs(source.roots):  # the state without keys (see _DRAW)
             state = source.read()
         policy = call.policy
+        received: list[Any] = []
         if policy is not None:
+            before = jax.tree.leaves(policy.current(state))
             state = policy.freeze(state)
-        rule, values = bind((_params(source), state))
+            # An argument, not a closure: the rule's functions may be traced after the call.
+            call.received_at = tuple(
+                i
+                for i, (a, b) in enumerate(zip(before, jax.tree.leaves(state), strict=True))
+                if a is not b
+            )
+            received = [before[i] for i in call.received_at]
+        rule, values = bind((_params(source), state, received))
         out, after = rule(values, *args)
         after = call.written(state, after)
         if policy is not None:
@@ -439,7 +467,7 @@ def _used_params(values: Any, used: list[bool]) -> tuple[Any, list[bool], list[f
     hands it back).
 
     Args:
-      values: the rule's ``(params, state)``, ``params`` one tree of dicts per root.
+      values: the rule's ``(params, state, received)``, ``params`` one tree of dicts per root.
       used: per leaf of ``values``, whether the staged primal reads it
         (``kit.StagedPrimal.used``).
 
@@ -448,7 +476,7 @@ def _used_params(values: Any, used: list[bool]) -> tuple[Any, list[bool], list[f
       whether it is among them (a variable whose leaves are partly read is kept whole),
       and per root the paths of the params left out.
     """
-    params, state = values
+    params, state, received = values
     flags = iter(used)
     kept: list[bool] = []
     pruned, left_out = [], []
@@ -469,8 +497,8 @@ def _used_params(values: Any, used: list[bool]) -> tuple[Any, list[bool], list[f
                 dropped.add(path)
         pruned.append(taken)
         left_out.append(frozenset(dropped))
-    kept += [True for _ in flags]  # the state
-    return (pruned, state), kept, left_out
+    kept += [True for _ in flags]  # the state, and what came before the call
+    return (pruned, state, received), kept, left_out
 
 
 IMPLICIT_OVERRIDES: dict[str, Callable[..., Any]] = {

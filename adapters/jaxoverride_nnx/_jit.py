@@ -47,7 +47,7 @@ from jaxoverride_nnx._lift import (
     write_back,
 )
 from jaxoverride_nnx._reach import reached
-from jaxoverride_nnx._solve import declared, frozen_key, frozen_values, policy_for, written
+from jaxoverride_nnx._solve import declared, declared_values, frozen_key, policy_for, written
 from jaxoverride_nnx._touched import (
     NeedsState,
     check_carried,
@@ -256,7 +256,7 @@ class NnxJit:
                 if tracked.owner is None:  # inside a neutral transform: see _call_hidden
                     values = build.read(tracked, (fun, args, kwargs))
                     if policy is not None:
-                        values = frozen_values(policy, tracked, build.order, values)
+                        values = declared_values(policy, tracked, build.order, values)
                     result = _call_hidden(build.jitted, tracked, values, args, kwargs)
                 else:
                     if build.attrs:
@@ -268,7 +268,7 @@ class NnxJit:
                         values = list(map(_GET, reads))
                         check_carried(tracked, build.var_order, values, (fun, args, kwargs))
                     if policy is not None:
-                        values = frozen_values(policy, tracked, build.order, values)
+                        values = declared_values(policy, tracked, build.order, values)
                     result = build.jitted(values, *args, **kwargs)
             except (NeedsState, LayoutChanged) as error:
                 if error.owner is not build:
@@ -459,6 +459,11 @@ class NnxJit:
             assert tracked is not None
             check_static(tracked, args, kwargs)
             args, kwargs = from_refs((args, kwargs), tracked)
+            policy = policy_for(tracked)
+            received = None
+            if policy is not None:  # the caller hands (frozen, received): declared_values
+                values, received = values
+                received = values if received is None else received
             given = dict(zip(order, values, strict=True))
             out, after = run_lifted(
                 tracked,
@@ -468,8 +473,9 @@ class NnxJit:
                 kwargs,
                 _WHERE,
                 owner=build,
-                policy=policy_for(tracked),
+                policy=policy,
                 rebase=True,
+                received=received,
             )
             out, has_refs = to_refs(out, tracked)
             written = tuple(i for i in build.var_order if after[i] is not given[i])
@@ -524,7 +530,7 @@ class NnxJit:
                 jitted = build.jitted if method is None else getattr(build.jitted, method)
                 values = build.read(view, (self._fun, args, kwargs))
                 if policy is not None:
-                    values = frozen_values(policy, view, build.order, values)
+                    values = declared_values(policy, view, build.order, values)
                 return jitted(values, *args, **kwargs), build
             except (NeedsState, LayoutChanged) as error:
                 if error.owner is not build:
@@ -673,7 +679,7 @@ _HIDDEN: contextvars.ContextVar[Tracked | None] = contextvars.ContextVar(
 
 
 def _call_hidden(
-    jitted: Any, tracked: Tracked, values: list[Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+    jitted: Any, tracked: Tracked, values: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
 ) -> Any:
     """Calls ``jitted`` with the tracked set visible to ``lifted`` only.
 

@@ -109,6 +109,22 @@ def check_unchanged_structure(
                 )
 
 
+def _received(
+    policy: Any,
+    values: Mapping[int, Any],
+    received: Sequence[Any] | Mapping[int, Any] | None,
+    live: Sequence[Any],
+) -> dict[int, Any]:
+    """By index, what the evaluations before a boundary left: ``received`` (a cached
+    trace's argument, in ``values``' order), else read from the caller's live values (a
+    trace made anew at each call, which may close over them)."""
+    if isinstance(received, Mapping):
+        return {i: received.get(i, values[i]) for i in values}
+    if received is not None:
+        return dict(zip(values, received, strict=True))
+    return policy.current({i: live[i] for i in values})
+
+
 def run_lifted(
     tracked: Tracked,
     values: Sequence[Any] | Mapping[int, Any] | None,
@@ -119,6 +135,7 @@ def run_lifted(
     owner: object = None,
     policy: Any = None,
     rebase: bool = False,
+    received: Sequence[Any] | Mapping[int, Any] | None = None,
 ) -> tuple[Any, list[Any]]:
     """Calls ``fn`` with the lifted Variables holding ``values`` (or their current values).
 
@@ -132,7 +149,8 @@ def run_lifted(
 
     With ``policy`` (a ``jaxoverride.solve_state`` participant, ``_solve``) the values
     the function receives are frozen (``rebase``: they were frozen at the call's read,
-    and are the frozen parts inside it) and what it leaves is the declaration's.
+    and are the frozen parts inside it; ``received``, with ``values``' order, what the
+    evaluations before the call left) and what it leaves is the declaration's.
 
     Returns:
       ``(fn's output, the Variables' values after the call)``; every Variable is restored
@@ -148,12 +166,14 @@ def run_lifted(
     if policy is not None:
         if owner is not None:
             assert isinstance(values, Mapping)
-            values, frame = entering(policy, tracked, values, rebase)
+            before = _received(policy, values, received, saved_values)
+            values, frame = entering(policy, tracked, values, rebase, before)
         else:
             assert not isinstance(values, Mapping)
             base = saved_values if values is None else values
             start = dict(enumerate(base[:count]))
-            frozen, frame = entering(policy, tracked, start, rebase)
+            before = _received(policy, start, received, saved_values)
+            frozen, frame = entering(policy, tracked, start, rebase, before)
             values = [frozen[i] for i in range(count)] + list(base[count:])
     given: Mapping[int, Any] = {}
     if owner is not None:

@@ -225,6 +225,7 @@ class _LiftedRule(LiftedRule):
             values = given_values(tracked, given, (*functions, args))
             if policy is not None:
                 order_all = sorted(values)
+                live.received = policy.current(dict(values))
                 frozen = frozen_values(policy, tracked, order_all, [values[i] for i in order_all])
                 values = dict(zip(order_all, frozen, strict=True))
             order = [i for i in sorted(given) if i < count]
@@ -233,6 +234,7 @@ class _LiftedRule(LiftedRule):
                 out, written = rule(values, *args)
             finally:
                 live.done = True
+                live.received = None  # values of the caller's trace: a later run keeps none
             pairs = zip(order, written, strict=True)
             return out, {i: value for i, value in pairs if value is not None}
 
@@ -302,12 +304,15 @@ class _Live:
     there first can no longer be given to the call, and is refused with the fix.
     """
 
-    __slots__ = ("done", "owner", "policy")
+    __slots__ = ("done", "owner", "policy", "received")
 
     def __init__(self, owner: object, policy: Any = None):
         self.owner = owner
         self.done = False
         self.policy = policy  # the jaxoverride.solve_state participant of the call
+        # What the evaluations before the call left (read at the call, the same for every
+        # function of the rule traced during it); after the call, the values given.
+        self.received: dict[int, Any] | None = None
 
     def run(
         self,
@@ -330,6 +335,7 @@ class _Live:
                     owner=self.owner,
                     policy=self.policy,
                     rebase=True,
+                    received=values if self.received is None else self.received,
                 )
         except NeedsState as error:
             if error.owner is not self.owner or not self.done:

@@ -140,15 +140,45 @@ def frozen_values(
     return [state[i] for i in order]
 
 
+def declared_values(
+    policy: Participant, tracked: Tracked, order: Sequence[int], values: Sequence[Any]
+) -> tuple[list[Any], list[Any] | None]:
+    """What a cached trace (``jit``) is handed under a declaration: ``values`` (of the
+    tracked values ``order``) frozen, and what the evaluations before the call left
+    (``Participant.current``), both as arguments, so that nothing of the caller is baked
+    into the trace: a function that evaluates nothing passes the latter on.
+
+    Where the latter are the frozen values themselves (nothing evaluated since the
+    entry), it is None, and the trace passes its frozen inputs on: the trace tells what
+    its function wrote by identity with its inputs, and the same values handed twice
+    would make a function that only carries them look like one that wrote the entry
+    state, kept over what an enclosing boundary's evaluation left (diffrax's default
+    adjoint, whose statistics then came out at entry)."""
+    state = dict(zip(order, values, strict=True))
+    received = policy.current(state)
+    frozen = frozen_values(policy, tracked, order, values)
+    passed = [received[i] for i in order]
+    if all(a is b for a, b in zip(passed, frozen, strict=True)):
+        return frozen, None
+    return frozen, passed
+
+
 def entering(
-    policy: Participant, tracked: Tracked, values: Mapping[int, Any], rebase: bool
+    policy: Participant,
+    tracked: Tracked,
+    values: Mapping[int, Any],
+    rebase: bool,
+    received: Mapping[int, Any],
 ) -> tuple[dict[int, Any], Any]:
     """``values`` frozen, and the frame pushed for the traced function that receives them.
     ``rebase``: a cached trace (``jit``), whose inputs were frozen at the call's read;
-    inside it the frozen parts are those inputs (``Participant.push``)."""
+    inside it the frozen parts are those inputs (``Participant.push``). ``received``: what
+    the evaluations before the call left (``Participant.current``: a cached trace's own
+    argument, else read from the caller's live values before the trace gave them new
+    identities), which a function that evaluates nothing passes on."""
     if rebase:
-        return dict(values), policy.push(values, received=values)
-    return policy.freeze(dict(values)), policy.push(received=policy.current(dict(values)))
+        return dict(values), policy.push(values, received=dict(received))
+    return policy.freeze(dict(values)), policy.push(received=dict(received))
 
 
 def leaving(

@@ -14,6 +14,7 @@ stands for its ``nnx.Param`` Variables, and its gradient is an ``nnx.State``, as
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import inspect
@@ -424,10 +425,15 @@ def eval_shape(fun: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         return call_plain(below, (fun, *args), kwargs, "jaxoverride.eval_shape")
     view = tracked
 
+    # Under ``jaxoverride.solve_state`` a boundary of its own, whose last state (a value
+    # of eval_shape's trace) is dropped with it, as the writes are.
+    policy = policy_for(view)
+
     @own_jit_trace  # a fresh function per call, traced through jit: reads are not stale
     def pure(*inner_args: Any, **inner_kwargs: Any) -> Any:
         inner_args, inner_kwargs = from_refs((inner_args, inner_kwargs), view)
-        out, _ = run_lifted(view, None, fun, inner_args, inner_kwargs, "jaxoverride.eval_shape")
+        with contextlib.nullcontext() if policy is None else policy.discarded():
+            out, _ = run_lifted(view, None, fun, inner_args, inner_kwargs, "jaxoverride.eval_shape")
         return to_refs(out, view)[0]
 
     return from_refs(below(pure, *args_, **kwargs_), view)
