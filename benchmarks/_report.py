@@ -103,6 +103,10 @@ def markdown(
             "",
             f"![{suite}: each ratio against its target]({chart_path(charts, suite, prefix)})",
             "",
+        ]
+        if when := chosen[0].get("measured"):
+            lines += [f"Measured alone (`--suite {suite}`): {when}.", ""]
+        lines += [
             "| case | ours / baseline | ratio | target | met |",
             "|---|---|---:|---|---|",
         ]

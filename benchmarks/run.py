@@ -20,7 +20,9 @@ beside the CPU report and never over it. ``--newest`` names the CPU run on the n
 ``--deadline SECONDS`` runs the suites that start after that many seconds with ``--quick``
 (fewer rounds), and says so in each of their rows' notes: for a machine lent for minutes.
 ``--suite NAME`` (repeatable: ``core``, ``haiku``, ...) runs only those suites and puts
-their rows in place of theirs in the saved results, keeping every other suite's.
+their rows in place of theirs in the saved results, keeping every other suite's; the
+header stays the one of the run that measured the rest, and each suite run alone says
+under its heading when and on what it was measured.
 ``--help`` lists the options; an unknown one is refused before anything runs or is written.
 """
 
@@ -191,6 +193,14 @@ def parser() -> argparse.ArgumentParser:
     return command
 
 
+def _measured_now() -> str:
+    """When and on what a suite run alone (``--suite``) measured its rows."""
+    import jax
+
+    stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    return f"{stamp}; jax {jax.__version__}; Python {platform.python_version()}; {_machine()}"
+
+
 def _ordered(by_suite: dict[str, list[dict]]) -> list[dict]:
     """The rows, suite by suite in ``SUITES`` order (rows of unknown suites last)."""
     order = {suite.removeprefix("bench_"): index for index, suite in enumerate(SUITES)}
@@ -235,6 +245,9 @@ def main(argv: list[str] | None = None) -> None:
                 continue
             for row in suite_rows if late else []:
                 row["note"] = f"{row['note']}; {QUICK_NOTE}" if row["note"] else QUICK_NOTE
+            for row in suite_rows if options.suites else []:
+                # not the header's run: the report says when, and on what, these were
+                row["measured"] = _measured_now()
             by_suite[suite.removeprefix("bench_")] = suite_rows
             rows = _ordered(by_suite)
             results.write_text(json.dumps(rows, indent=1))
@@ -247,7 +260,8 @@ def main(argv: list[str] | None = None) -> None:
         variant, "# Benchmark report"
     )
     measured = _MEASURED.match(report.read_text()) if report.exists() else None
-    if options.report_only and measured and (found := _MACHINE.search(measured[1])):
+    keep_header = options.report_only or options.suites  # a part of the rows is new
+    if keep_header and measured and (found := _MACHINE.search(measured[1])):
         # The rows were measured then and there, not now and here.
         # The "Ran on" line of the run that measured them, if its report had one.
         header = "\n\n".join(part for part in (title, measured[1], measured[2]) if part)

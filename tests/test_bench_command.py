@@ -149,3 +149,28 @@ def test_report_only_keeps_the_ran_on_line_of_the_run_that_measured(
     page = (tmp_path / "benchmark-report.md").read_text()
     assert page.startswith(f"# Benchmark report\n\n{measured}\n\n{ran_on}\n\n"), page
     assert page.count("Ran on ") == 1 and fake_suites == []
+
+
+def test_a_suite_run_alone_keeps_the_header_and_says_when_it_was_measured(
+    tmp_path: Path, fake_suites: list[str]
+) -> None:
+    results = tmp_path / "results.json"
+    results.write_text(json.dumps([_row("core", "old"), _row("nnx", "old")]))
+    measured = (
+        "2026-01-01 00:00 UTC; jax 0.12.0.1; Python 3.12.1; x86_64, 2 cores; CPU backend. "
+        "Written by `make bench`."
+    )
+    (tmp_path / "benchmark-report.md").write_text(
+        f"# Benchmark report\n\n{measured}\n\n**old summary**\n"
+    )
+    run.main(["--suite", "nnx", "--results", str(results)])
+    page = (tmp_path / "benchmark-report.md").read_text()
+    # the rest was measured then: the header stays that run's
+    assert page.startswith(f"# Benchmark report\n\n{measured}\n\n"), page
+    core, nnx = page.split("## core")[1].split("## nnx")
+    assert "Measured alone" not in core
+    stamp = next(line for line in nnx.splitlines() if line.startswith("Measured alone"))
+    assert stamp.startswith("Measured alone (`--suite nnx`): 20")
+    assert f"Python {sys.version.split()[0]}" in stamp and "jax " in stamp
+    saved = {row["suite"]: row for row in json.loads(results.read_text())}
+    assert "measured" in saved["nnx"] and "measured" not in saved["core"]
