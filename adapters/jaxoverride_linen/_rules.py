@@ -180,7 +180,8 @@ class _Call:
 
     def written(self, before: Any, after: Any) -> Any:
         """``after``, the rule's state output, with each leaf that no forward run wrote
-        taken from ``before`` (the caller's value, which the rule was given).
+        taken from ``before`` (the caller's value, which the rule was given; under a
+        declaration, what the evaluations before the call left, ``received``).
 
         JAX 0.12 stages a ``custom_jvp`` call met in a partial evaluation with an unknown
         input as one equation whose outputs are all unknown (``JaxprTrace
@@ -240,7 +241,7 @@ class _Call:
             if frame.last is not None or not policy.untouched(after):
                 self.evaluated = True
             after = policy.left(after, frame)
-        self.note_kept(state, after)
+        self.note_kept(self._received(state, received), after)
         return out, after
 
     def _received(self, state: Any, received: Sequence[Any]) -> Any:
@@ -368,8 +369,10 @@ class LinenRule(kit.LiftedRule):
             state = source.read()
         policy = call.policy
         received: list[Any] = []
+        carried = state  # what a leaf that no forward run wrote comes out as
         if policy is not None:
-            before = jax.tree.leaves(policy.current(state))
+            carried = policy.current(state)
+            before = jax.tree.leaves(carried)
             state = policy.freeze(state)
             # An argument, not a closure: the rule's functions may be traced after the call.
             call.received_at = tuple(
@@ -380,7 +383,7 @@ class LinenRule(kit.LiftedRule):
             received = [before[i] for i in call.received_at]
         rule, values = bind((_params(source), state, received))
         out, after = rule(values, *args)
-        after = call.written(state, after)
+        after = call.written(carried, after)
         if policy is not None:
             after = policy.written(after, backward=not call.evaluated)
         call.forward.finish(after)
