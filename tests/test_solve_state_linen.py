@@ -52,6 +52,7 @@ from _solve_state_linen import (
     twin_statistics,
 )
 from _solve_state_solvers import (  # imports fpsolve (examples/ on the path)
+    DIRECT_ADJOINT_GRAD_BEFORE_JAX_010,
     checking_leaks_linearized,
     fpsolve,
     fpsolve_run,
@@ -314,24 +315,19 @@ LIBRARIES = FreshScript(
     [jo, jol],
     timeout=1500,
 )
-_MERGED_KIT_LEAK = pytest.mark.xfail(
-    tuple(int(p) for p in jax.__version__.split(".")[:2]) < (0, 10),
-    strict=False,  # the oldest set only; passes on jax 0.10.2 and 0.12
-    reason=(
-        "open (issue 29) on jax 0.8.1 only: diffrax's DirectAdjoint under the Linen "
-        "adapter, jax.jit(jax.grad) fails inside JAX (an AssertionError, never a silent "
-        "result); the tracer that leaked into the declaration's frames since the merged "
-        "kit is gone (a frame keeps only values of its own trace)"
-    ),
-)
 DECLARED = [
     ("optimistix", "optimistix"),
     ("optimistix", "optimistix_norm"),
     ("diffrax", "diffrax_default"),
     ("diffrax", "diffrax_default_norm"),
-    pytest.param("diffrax", "diffrax_direct", marks=_MERGED_KIT_LEAK, id="diffrax_direct"),
     pytest.param(
-        "diffrax", "diffrax_direct_norm", marks=_MERGED_KIT_LEAK, id="diffrax_direct_norm"
+        "diffrax", "diffrax_direct", marks=DIRECT_ADJOINT_GRAD_BEFORE_JAX_010, id="diffrax_direct"
+    ),
+    pytest.param(
+        "diffrax",
+        "diffrax_direct_norm",
+        marks=DIRECT_ADJOINT_GRAD_BEFORE_JAX_010,
+        id="diffrax_direct_norm",
     ),
 ]
 
