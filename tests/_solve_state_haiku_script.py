@@ -9,6 +9,14 @@ its own. A case is ``optimistix`` or ``diffrax`` (the default adjoint), or
 ``diffrax-direct``: diffrax's ``DirectAdjoint`` (equinox's bounded while loop: scans of
 checkpointed ``cond``s), whose map writes a running mean and a counter through neutral
 loops, branches, checkpoints, jits and rules, nothing converted.
+
+``optimistix-state`` and ``diffrax-state``: the map also normalises with an
+``hk.BatchNorm`` and counts its evaluations (``hk.set_state``), its state written out of
+the converted map's jaxpr at each evaluation (``kit.declared_make_jaxpr``); each reports
+the masks drawn, the steps, and the largest differences from the fixed-mask twin
+(``test_solve_state_haiku.stateful_model``, through the same library): the solution, the
+state against one update at z*, eager against ``jax.jit(apply)``, and the gradient
+under ``jo.jit(jo.grad)`` (or the error it raised).
 """
 
 from __future__ import annotations
@@ -24,6 +32,7 @@ import numpy as np
 import _equinox_common  # noqa: F401  (interposes the Equinox family, then imports it)
 import jaxoverride as jo
 import jaxoverride_haiku as joh
+import test_solve_state_haiku as m
 from _equinox_common import report
 from _solve_state_solvers import diffrax_node, masks_seen, optimistix_fixed_point, record
 
@@ -131,9 +140,70 @@ def run_direct() -> dict[str, Any]:
     return out
 
 
-CASES = [*RUNS, "diffrax-direct"]
+def run_state(case: str) -> dict[str, Any]:
+    """``optimistix-state`` or ``diffrax-state`` (see above)."""
+    library = case.removesuffix("-state")
+    solve, field = RUNS[library], library == "diffrax"
+    model = m.stateful_model(solve, field=field)
+    twin = m.stateful_model(solve, fixed=True, field=field)
+    key = jax.random.key(1)
+    with joh.context():
+        params, start = m.initialised(model)  # init under the declaration
+        with masks_seen() as seen:
+            (z, steps), after = model.apply(params, start, key, X)
+        (z_jit, steps_jit), after_jit = jax.jit(model.apply)(params, start, key, X)
+        with masks_seen() as seen_twin:
+            (z_twin, steps_twin), after_twin = twin.apply(params, start, key, X)
+    solve_keys, drawn_after = _keys(seen)
+    result = {
+        "evaluations": len([s for s in seen if len(s) == 8]),
+        "masks": len(solve_keys),
+        "after_reuses": bool(solve_keys & drawn_after),
+        "twin_mask_is_the_solves": seen_twin[0] in solve_keys,
+        "steps": int(steps),
+        "steps_twin": int(steps_twin),
+        "steps_jit": int(steps_jit),
+        "z_vs_twin": m.largest(z, z_twin),
+        "jit_vs_eager": m.largest(z_jit, z),
+        "state_vs_twin": m.largest(after, after_twin),
+        "state_jit_vs_eager": m.largest(after_jit, after),
+        "statistics_moved": float(np.abs(after["bn/~/mean_ema"]["average"]).max()),
+        "count_advanced": int(after["~"]["count"]) - int(start["~"]["count"]),
+    }
+
+    def loss(transformed: hk.TransformedWithState) -> Any:
+        def value(p: Any) -> Any:
+            (z, _), state = transformed.apply(p, start, key, X)
+            return jnp.sum(z**2), state
+
+        return value
+
+    with joh.context():
+        try:
+            with masks_seen() as seen_grad:
+                grads, after_grad = jo.jit(jo.grad(loss(model), has_aux=True))(params)
+        except Exception as error:  # reported to the test, which asserts on it
+            return {**result, "grad_error": f"{type(error).__name__}: {error}"}
+        twin_grads, _ = jax.grad(loss(twin), has_aux=True)(params)
+    solve_grad, after_grad_keys = _keys(seen_grad)
+    return {
+        **result,
+        "masks_grad_entry": solve_grad == solve_keys,
+        "after_reuses_grad": bool(solve_grad & after_grad_keys),
+        "grad_vs_twin": m.largest(grads, twin_grads),
+        "grad_scale": max(float(jnp.abs(g).max()) for g in jax.tree.leaves(twin_grads)),
+        "state_grad_vs_eager": m.largest(after_grad, after),
+    }
+
+
+CASES = [*RUNS, "diffrax-direct", "optimistix-state", "diffrax-state"]
+
+
+def _run(case: str) -> dict[str, Any]:
+    if case == "diffrax-direct":
+        return run_direct()
+    return run_state(case) if case.endswith("-state") else run(case)
+
 
 if __name__ == "__main__":
-    report(
-        sys.argv[1:] or CASES, lambda case: run_direct() if case == "diffrax-direct" else run(case)
-    )
+    report(sys.argv[1:] or CASES, _run)

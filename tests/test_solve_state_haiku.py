@@ -5,7 +5,9 @@ Under the declaration every evaluation of the map draws the solve's entry keys (
 per solve, a new one on the next call) and starts from the entry's state; where the
 evaluations run through neutral loops, jits and rules (the non-implicit solvers, jaxopt)
 the running mean ends as one EMA update at the solution, also where the solver converts
-the map (fpsolve ``implicit=True``: the converted function hands its writes out). Inside
+the map (fpsolve ``implicit=True``: the converted function hands its writes out; a map
+converted by ``make_jaxpr``, as optimistix and diffrax convert it, hands them out of its
+jaxpr at each evaluation, BatchNorm statistics and counters included). Inside
 a backward rule's re-evaluation (jaxopt ``implicit_diff=True``) a draw sees the entry's
 keys, never another draw's; outside a declaration it is refused, and the refusal names
 the declaration.
@@ -20,6 +22,7 @@ from typing import Any
 
 import haiku as hk
 import jax
+import jax.extend
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -108,9 +111,10 @@ def _context():
         yield
 
 
-def _apply(model: hk.TransformedWithState, how: str, seed: int = 1) -> tuple[Any, list[bytes]]:
+def initialised(model: hk.TransformedWithState) -> tuple[Any, Any]:
+    """``model.init``'s params and state, the params set to the same values for a model
+    and its twin (whose init draws the mask first, so its initialisers draw other keys)."""
     params, state = model.init(jax.random.key(0), X)
-    # the same weights for the model and its twin (whose init draws the mask first)
     params = jax.tree.map(
         lambda w: (
             jnp.full_like(w, 0.3) * jnp.eye(*w.shape[-2:]) - 0.1
@@ -119,6 +123,11 @@ def _apply(model: hk.TransformedWithState, how: str, seed: int = 1) -> tuple[Any
         ),
         params,
     )
+    return params, state
+
+
+def _apply(model: hk.TransformedWithState, how: str, seed: int = 1) -> tuple[Any, list[bytes]]:
+    params, state = initialised(model)
     apply = jax.jit(model.apply) if how == "jit" else model.apply
     with masks_seen() as seen:
         out = apply(params, state, jax.random.key(seed), X)
@@ -196,18 +205,129 @@ def test_a_converted_map_draws_the_solves_mask(name: str, how: str) -> None:
     np.testing.assert_allclose(z, z_fixed, atol=1e-6)
 
 
-def test_a_converted_write_the_declaration_leaves_per_evaluation_is_refused() -> None:
-    # one write per evaluation of a pure jaxpr cannot come out of it: refused, named
+# -- a map converted by make_jaxpr (as equinox's filter_closure_convert converts it) --
+
+
+def jaxpr_solver(f: Callable[[jax.Array], jax.Array], z0: jax.Array) -> tuple[Any, Any]:
+    """A fixed point solver that converts its map with ``jo.make_jaxpr`` and evaluates
+    the jaxpr in its loop, as optimistix and diffrax do (``filter_closure_convert``)."""
+    closed = jo.make_jaxpr(f)(z0)
+    evaluate = jax.extend.core.jaxpr_as_fun(closed)
+    return jo.lax.fori_loop(0, 40, lambda _, z: evaluate(z)[0], z0), 40
+
+
+def _count() -> None:
+    n = hk.get_state("count", [], jnp.int32, init=jnp.zeros)
+    hk.set_state("count", n + 1)
+
+
+def _batch(h: jax.Array, x: jax.Array) -> jax.Array:
+    """The BatchNorm's batch: the layer's output and three rows of the input."""
+    return jnp.stack([h, x + 1.0, x - 1.0, x + 2.0])
+
+
+def stateful_model(
+    run: Runner, fixed: bool = False, field: bool = False, declared: Any = None
+) -> hk.TransformedWithState:
+    """A DEQ layer whose map draws dropout, normalises with an ``hk.BatchNorm`` (its
+    moving averages: ``hk.ExponentialMovingAverage``) and counts its evaluations
+    (``hk.set_state``); then one more draw. ``field``: the map is ``dy/dt`` (a neural
+    ODE's). ``declared``: ``jo.solve_state``'s arguments.
+
+    ``fixed``: the explicit twin: the mask drawn before the solve, the map normalising
+    with the batch's statistics without writing them, and the statistics and the count
+    updated once after the solve, at its result z*."""
+
     def forward(x: jax.Array) -> Any:
+        layer = hk.Linear(3, w_init=hk.initializers.RandomNormal(0.3))
+        norm = hk.BatchNorm(True, True, MOMENTUM, name="bn")
+        fixed_mask = _dropout(hk.next_rng_key(), x.shape) if fixed else None
+
         def f(z: jax.Array) -> jax.Array:
-            mean = hk.get_state("mean", z.shape, init=jnp.zeros)
-            hk.set_state("mean", MOMENTUM * mean + (1 - MOMENTUM) * z)
-            return jnp.tanh(0.5 * z + 0.3)
+            mask = _dropout(hk.next_rng_key(), z.shape) if fixed_mask is None else fixed_mask
+            h = layer(jnp.where(mask, z, 0.0))
+            normed = norm(_batch(h, x), is_training=not fixed, test_local_stats=fixed)[0]
+            if not fixed:
+                _count()
+            out = jnp.tanh(h + 0.1 * normed + 0.3)
+            return out - z if field else out
 
-        with jo.solve_state(state="per_evaluation"):
-            return CONVERTED["fpsolve-forward-implicit"](f, x)
+        if fixed_mask is not None:
+            z, steps = run(f, x)
+            norm(_batch(layer(jnp.where(fixed_mask, z, 0.0)), x), is_training=True)
+            _count()
+        else:
+            with jo.solve_state(**(declared or {})):
+                z, steps = run(f, x)
+        _dropout(hk.next_rng_key(), x.shape, after=True)
+        return z, steps
 
-    model = hk.transform_with_state(forward)
+    return hk.transform_with_state(forward)
+
+
+def largest(a: Any, b: Any) -> float:
+    """The largest difference between two pytrees of arrays of one structure."""
+    diffs = jax.tree.map(lambda u, v: float(np.max(np.abs(np.asarray(u) - np.asarray(v)))), a, b)
+    return max(jax.tree.leaves(diffs), default=0.0)
+
+
+@pytest.mark.parametrize("how", ["eager", "jit"])
+def test_a_map_converted_by_make_jaxpr_keeps_its_state_at_the_solution(how: str) -> None:
+    # the BatchNorm's statistics and the count come out of the jaxpr at each evaluation
+    # (refused on main), the solve keeping its last forward evaluation's: one update at z*
+    ((z, steps), after), seen = _apply(stateful_model(jaxpr_solver), how)
+    solve, drawn_after = _split(seen)
+    assert len(solve) == steps and len(set(solve)) == 1, "one mask per solve"
+    assert drawn_after and not set(drawn_after) & set(solve)
+    ((z_twin, _), after_twin), seen_twin = _apply(stateful_model(jaxpr_solver, fixed=True), "eager")
+    assert seen_twin[0] == solve[0]
+    np.testing.assert_allclose(z, z_twin, atol=1e-6)
+    _, start = initialised(stateful_model(jaxpr_solver))  # init, under the declaration
+    assert jax.tree.structure(start) == jax.tree.structure(after_twin)
+    assert int(after["~"]["count"]) == int(start["~"]["count"]) + 1
+    assert float(np.abs(after["bn/~/mean_ema"]["average"]).max()) > 1e-2  # moved
+    assert largest(after, after_twin) <= 1e-5, (after, after_twin)
+    ((z_other, _), after_other), _ = _apply(
+        stateful_model(jaxpr_solver), "eager" if how == "jit" else "jit"
+    )
+    np.testing.assert_allclose(z_other, z, atol=1e-6)
+    assert largest(after_other, after) <= 1e-6
+
+
+def test_a_map_converted_by_make_jaxpr_differentiates_as_its_twin() -> None:
+    # under jo.jit(jo.grad): the twin's gradient, and its state (one update at z*)
+    model, twin = stateful_model(jaxpr_solver), stateful_model(jaxpr_solver, fixed=True)
+    params, state = initialised(model)
+
+    def loss(transformed: hk.TransformedWithState) -> Callable[[Any], Any]:
+        def value(p: Any) -> Any:
+            (z, _), after = transformed.apply(p, state, jax.random.key(1), X)
+            return jnp.sum(z**2), after
+
+        return value
+
+    with masks_seen() as seen:
+        grads, after = jo.jit(jo.grad(loss(model), has_aux=True))(params)
+    expected, after_twin = jax.grad(loss(twin), has_aux=True)(params)
+    assert len(set(_split(seen)[0])) == 1
+    assert largest(grads, expected) <= 1e-5, (grads, expected)
+    assert max(float(jnp.abs(g).max()) for g in jax.tree.leaves(expected)) > 1e-2
+    assert largest(after, after_twin) <= 1e-5
+
+
+@pytest.mark.parametrize("solver", ["closure_convert", "make_jaxpr"])
+@pytest.mark.parametrize(
+    "declared",
+    [{"state": "per_evaluation"}, {"state": {"bn": "at_solution"}}],
+    ids=["per_evaluation", "bn_only"],
+)
+def test_a_converted_write_the_declaration_leaves_per_evaluation_is_refused(
+    solver: str, declared: dict[str, Any]
+) -> None:
+    # one write per evaluation of a pure jaxpr cannot come out of it: refused, named
+    # (``bn_only``: the statistics would come out, the count is left per evaluation)
+    run = CONVERTED["fpsolve-forward-implicit"] if solver == "closure_convert" else jaxpr_solver
+    model = stateful_model(run, declared=declared)
     with pytest.raises(errors.PureFunctionWriteError, match=r"leaves per evaluation"):
         model.init(jax.random.key(0), X)
 
@@ -356,7 +476,13 @@ def test_a_name_that_no_module_has_is_refused() -> None:
 
 LIBRARIES = FreshScript(
     Path(__file__).with_name("_solve_state_haiku_script.py"),
-    {"optimistix": ["optimistix"], "diffrax": ["diffrax"], "diffrax-direct": ["diffrax-direct"]},
+    {
+        "optimistix": ["optimistix"],
+        "diffrax": ["diffrax"],
+        "diffrax-direct": ["diffrax-direct"],
+        "optimistix-state": ["optimistix-state"],
+        "diffrax-state": ["diffrax-state"],
+    },
     [jo, joh],
     timeout=1500,
 )
@@ -373,6 +499,35 @@ def test_a_map_converted_by_make_jaxpr_draws_one_mask_and_the_stream_moves_on(ca
     assert not result["after_reuses"], "the draw after the solve reused the solve's key"
     assert result["twin_mask_is_the_solves"]
     assert result["z_vs_twin"] <= 1e-6 and result["grad_vs_twin"] <= 1e-5, result
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", ["optimistix-state", "diffrax-state"])
+def test_libraries_converting_by_make_jaxpr_keep_the_state_at_the_solution(case: str) -> None:
+    """optimistix's ``fixed_point`` and diffrax's default adjoint convert the map by
+    ``make_jaxpr`` (equinox's ``filter_closure_convert``); the BatchNorm's statistics and
+    the count come out of its jaxpr (refused on main): one mask per solve and a new key
+    after it, the fixed-mask twin's steps and solution, one update at z*, init under the
+    declaration, eager and ``jax.jit(apply)`` alike."""
+    result = LIBRARIES.reported(case, case)
+    assert result["evaluations"] > 1 and result["masks"] == 1, result
+    assert result["twin_mask_is_the_solves"] and not result["after_reuses"], result
+    assert result["steps"] == result["steps_twin"] == result["steps_jit"], result
+    assert result["count_advanced"] == 1 and result["statistics_moved"] > 1e-3, result
+    for measure in ("z_vs_twin", "jit_vs_eager", "state_vs_twin", "state_jit_vs_eager"):
+        assert result[measure] <= 1e-5, (measure, result)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", ["optimistix-state", "diffrax-state"])
+def test_libraries_converting_by_make_jaxpr_jit_grad_as_the_twin(case: str) -> None:
+    """Under ``jo.jit(jo.grad)``: the fixed-mask twin's gradient through the same library,
+    the solve's one mask, and the state as eager."""
+    result = LIBRARIES.reported(case, case)
+    assert "grad_error" not in result, result["grad_error"]
+    assert result["masks_grad_entry"] and not result["after_reuses_grad"], result
+    assert result["grad_vs_twin"] <= 1e-5 * max(1.0, result["grad_scale"]), result
+    assert result["state_grad_vs_eager"] <= 1e-5, result
 
 
 @pytest.mark.slow

@@ -595,6 +595,27 @@ def test_a_map_converted_by_make_jaxpr_keeps_its_last_forward_write(toy: Toy, ji
     np.testing.assert_allclose(z, twin_z, atol=1e-6)
 
 
+@pytest.mark.parametrize("jitted", [False, True], ids=["eager", "jit"])
+def test_a_function_converted_after_an_evaluation_hands_out_only_its_own_writes(
+    toy: Toy, jitted: bool
+) -> None:
+    # As equinox converts a loop's test inside diffrax's step, after the step evaluated
+    # the map: the test, which writes nothing, is handed what that evaluation left; it
+    # must not hand that out of its jaxpr at each evaluation, over what the evaluations
+    # since then wrote (on main the mean ended at the first evaluation's update).
+    def solve(z0: jax.Array) -> tuple[jax.Array, jax.Array]:
+        with jo.solve_state():
+            g = _converted_by_make_jaxpr(toy.f, z0)
+            z1 = g(z0)
+            test = _converted_by_make_jaxpr(lambda z: 2.0 * z, z0)
+            return _loop(lambda z: 0.5 * test(g(z)), z1), z0
+
+    z, _ = _solved(toy, solve, jitted)
+    assert toy.distinct_masks() == 1
+    np.testing.assert_allclose(toy.store["mean"], (1 - MOMENTUM) * z, atol=1e-6)
+    assert int(toy.store["calls"]) == 1
+
+
 def test_a_map_converted_by_make_jaxpr_under_jit_grad_as_the_unrolled_twin(toy: Toy) -> None:
     key0 = toy.store["key"]
 

@@ -10,6 +10,15 @@ Each traces the user's function into a jaxpr whose inputs and outputs are fixed.
   ``closure_convert`` hoists when they are being differentiated or traced;
 * a state write (``hk.set_state``) or an rng draw inside it is refused at the write
   itself: nothing written inside a converted function could come out of it.
+
+Under ``jaxoverride.solve_state`` all four run the function through ``HaikuSource``, the
+kit's declared conversions (``kit.conversion_overrides``' ``source``): every evaluation
+draws the solve's keys and starts from the entry's state, and what it writes to the
+parts the declaration freezes comes out (``closure_convert``'s converted function returns
+it; ``make_jaxpr``'s jaxpr hands it out at each evaluation, ``kit.declared_make_jaxpr``),
+so the solve ends with its last forward evaluation's state: the stream advanced once,
+BatchNorm statistics at the solution. A write to a part it leaves per evaluation is
+refused there.
 """
 
 from __future__ import annotations
@@ -19,26 +28,13 @@ from collections.abc import Callable, Iterator
 from typing import Any, NoReturn
 
 import haiku as hk
-from haiku._src import base
+from haiku._src import base, stateful
 
 from jaxoverride import adapter_kit as kit, errors
 from jaxoverride.adapter_kit import Participant
 from jaxoverride_haiku._creation import init_safe_call
-from jaxoverride_haiku._frames import (
-    InternalState,
-    Threaded,
-    policy_state,
-    solve_policy,
-    state_names,
-    state_usable,
-)
-from jaxoverride_haiku._rng import (
-    REFUSAL,
-    CountingSequence,
-    RefusingSequence,
-    placeholder_state,
-    replayed,
-)
+from jaxoverride_haiku._frames import Threaded, state_names, state_usable
+from jaxoverride_haiku._rng import REFUSAL, RefusingSequence, placeholder_state
 from jaxoverride_haiku._site import current_site, init_once
 from jaxoverride_haiku._source import HaikuSource
 
@@ -101,36 +97,20 @@ def pure_frame(
     inside: str = "the function being converted",
     reason: str = _CONVERTED,
     policy: Participant | None = None,
-    writes_dropped: bool = False,
 ) -> Iterator[None]:
     """Refuses state writes and rng draws in the current Haiku frame.
 
     ``inside`` names the function for the error, and ``reason`` says why nothing written
     there could come out and what to do instead (``{where}`` is filled in). ``policy``:
-    the ``jaxoverride.solve_state`` declaration in force, whose frozen rng and state are
-    allowed (the frame holds the entry's): draws, and writes where ``writes_dropped``
-    (a backward pass's writes are dropped; a converted function's would be lost).
+    the ``jaxoverride.solve_state`` declaration a backward pass runs under, whose frozen
+    rng and state the frame holds as at entry: draws of them are allowed and writes to
+    them dropped (a backward pass's writes never come out).
     """
 
     def refuse_write(next_setter: Any, value: Any, context: hk.SetterContext) -> Any:
         module = context.module_name
-        frozen = policy is not None and policy.freezes(
-            "state", (module, f"{module}/{context.name}")
-        )
-        if frozen and writes_dropped:
+        if policy is not None and policy.freezes("state", (module, f"{module}/{context.name}")):
             return next_setter(value)
-        if frozen:
-            raise PureFunctionWriteError(
-                f"{where}: the Haiku state {context.full_name!r} was written inside "
-                f"{inside}, under jaxoverride.solve_state. {where} turns the function "
-                "into a pure jaxpr, so nothing it writes can come out, and the solve "
-                "could not keep the state at its solution (state='at_solution'): the "
-                "statistics would silently stay as they were. Update the state once "
-                "outside the solver (after it, at its result), or use a solver that "
-                "converts the map with jax.closure_convert (fpsolve: the converted "
-                "function hands its writes out) or evaluates it itself in its forward "
-                "pass (fpsolve's implicit=False, jaxopt's FixedPointIteration)."
-            )
         raise _refusal(
             where, f"the Haiku state {context.full_name!r} was written", (inside, reason)
         )
@@ -157,75 +137,36 @@ def pure_frame(
         REFUSAL.reset(token)
 
 
-_ADVANCE = "jaxoverride_haiku: draws in a converted function"
-
-
-def _advanced(policy: Participant, left: InternalState, calls: list[int | None]) -> Any:
-    """``left`` with the rng stream the entry's after the draws ``calls``."""
-    entry = policy.freeze(left)
-    return left if entry.rng is None else left._replace(rng=replayed(entry.rng, calls))
-
-
 def _converting(
     where: str,
     fun: Callable[..., Any],
     trace: Callable[[Callable[..., Any]], Any],
     creation: Callable[[], Any],
 ) -> Any:
-    """At init the creation pass; then ``trace(traced)``, where ``traced`` runs ``fun`` in a
-    temporary, write-refusing frame of the caller's state, entered inside JAX's trace."""
+    """Outside a declaration: at init the creation pass; then ``trace(traced)``, where
+    ``traced`` runs ``fun`` in a temporary, write-refusing frame of the caller's state,
+    entered inside JAX's trace. (Under one, the kit runs ``fun`` through ``HaikuSource``.)"""
 
     def apply() -> Any:
-        # Under ``jaxoverride.solve_state`` the function sees the frozen state, and may
-        # draw and write what the declaration freezes (nothing comes out: dropped).
-        policy = solve_policy()
-        state = policy_state(policy)
         thread = Threaded(1, where, check_params=False)
-
         site = current_site()
 
-        draws: list[list[int | None]] = []
-
         def traced(*args: Any, **kwargs: Any) -> Any:
-            # Nothing comes out of the jaxpr: under a declaration, what the JAX calls
-            # inside leave is dropped with its boundary (``Participant.discarded``).
-            dropped = contextlib.nullcontext() if policy is None else policy.discarded()
-            with dropped, thread.frame(0, state) as inner, pure_frame(where, policy=policy):
+            with thread.frame(0, stateful.internal_state()) as inner, pure_frame(where):
                 before = state_names(inner.state)
-                sequence = inner.rng_stack.peek()
-                if policy is None or sequence is None or REFUSAL.get() is not None:
-                    out = fun(*args, **kwargs)
-                else:
-                    counting = CountingSequence(sequence.internal_state)
-                    with inner.rng_stack(counting):
-                        out = fun(*args, **kwargs)
-                    draws.append(counting.calls)
+                out = fun(*args, **kwargs)
                 if site is not None and state_names(inner.state) - before:
                     site.state_created = True  # lost in this frame: start again
                 return out
 
         out = trace(traced)
         thread.finish()
-        if policy is not None and draws and draws[-1] and state.rng is not None:
-            # The function drew the entry's keys, and nothing it drew comes out of the
-            # jaxpr: at the declaration's exit the stream has advanced as if the map had
-            # been called once, so the next draw after the solve never gets its keys.
-            calls = draws[-1]
-            policy.at_exit(_ADVANCE, lambda left: _advanced(policy, left, calls))
         return out
 
     return init_once(apply, lambda: init_safe_call(creation, apply))
 
 
-def _declared_source(where: str) -> HaikuSource | None:
-    """The source the kit's declared conversions run the function through; None for
-    ``make_jaxpr``, which stays ``_converting``'s under a declaration: its draws see the
-    entry's keys and advance the stream at the exit, and a write is refused (the kit's
-    write-out path does not create Haiku's parameters at init yet)."""
-    return None if where == "jaxoverride.make_jaxpr" else HaikuSource(where)
-
-
 CONVERSIONS: dict[str, Callable[..., Any]] = kit.conversion_overrides(
-    state_usable, _converting, module=__name__, source=_declared_source
+    state_usable, _converting, module=__name__, source=HaikuSource
 )
 """Neutral name -> Haiku override, for the names that convert a function into a jaxpr."""

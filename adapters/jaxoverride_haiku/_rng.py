@@ -85,53 +85,6 @@ class RefusingSequence(CheckedSequence):
         pass
 
 
-class CountingSequence(CheckedSequence):
-    """A sequence that records what was drawn from it (``calls``: ``None`` for a key,
-    ``n`` for ``take(n)``), so that the same draws can be replayed on another sequence.
-
-    Example:
-      >>> counting = CountingSequence(hk.PRNGSequence(0).internal_state)
-      >>> _ = next(counting), counting.take(2)
-      >>> counting.calls
-      [None, 2]
-    """
-
-    __slots__ = ("_taking", "calls")
-
-    def __init__(self, state: Any):
-        super().__init__(state)
-        self.calls: list[int | None] = []
-        self._taking = False  # Haiku's take draws through next: one call, not n + 1
-
-    def __next__(self) -> Any:
-        if not self._taking:
-            self.calls.append(None)
-        return super().__next__()
-
-    next = __next__
-
-    def take(self, num: int) -> Any:
-        self.calls.append(num)
-        self._taking = True
-        try:
-            return super().take(num)
-        finally:
-            self._taking = False
-
-
-def replayed(state: Any, calls: list[int | None]) -> Any:
-    """The rng state ``state`` after the draws ``calls`` (``CountingSequence.calls``), with
-    a full block reserved (the structure every boundary reads)."""
-    sequence = CheckedSequence(state)
-    for call in calls:
-        if call is None:
-            next(sequence)
-        else:
-            sequence.take(call)
-    sequence.reserve_up_to_full()
-    return sequence.internal_state
-
-
 def carried_sequence(state: Any) -> CheckedSequence:
     """The sequence of a frame built from carried rng state (a loop body, a branch, a
     nested jit or rule): a ``RefusingSequence`` where draws are refused (``REFUSAL``)."""

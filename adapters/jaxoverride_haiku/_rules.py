@@ -517,7 +517,7 @@ class HaikuRule(LiftedRule):
                 forward_values = _rebased(policy, forward_values, entry)
             with (
                 call.frame(forward_values, forward=False),
-                pure_frame(call.where, *_BACKWARD, policy=policy, writes_dropped=True),
+                pure_frame(call.where, *_BACKWARD, policy=policy),
             ):
                 cotangents = bwd(*static, residuals, out_cotangent)
             return (None, *bwd_cotangents(cotangents, primal_tree))

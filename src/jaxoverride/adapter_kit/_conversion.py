@@ -115,11 +115,16 @@ def conversion_overrides(
             under = declared("jaxoverride.make_jaxpr")
             creation = lambda: fun(*zeros_for(call_args), **zeros_for(call_kwargs))
             if under is not None:
-                traced = declared_make_jaxpr("jaxoverride.make_jaxpr", *under, fun)
+                # The declared function reads the source's state when it is made: at init
+                # that is after the creation pass, inside the call (as closure_convert's).
                 return init_safe(
                     under[0],
                     creation,
-                    lambda: below(traced, *args, **kwargs)(*call_args, **call_kwargs),
+                    lambda: below(
+                        declared_make_jaxpr("jaxoverride.make_jaxpr", *under, fun),
+                        *args,
+                        **kwargs,
+                    )(*call_args, **call_kwargs),
                 )
             return converting(
                 "jaxoverride.make_jaxpr",

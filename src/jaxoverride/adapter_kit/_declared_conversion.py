@@ -193,11 +193,20 @@ def declared_make_jaxpr(
       >>> kit.unregister_solve_source("doc")
     """
     declared = _Declared(where, source, policy)
+    # What the evaluations before the conversion left, which the function is handed and
+    # passes on where it writes nothing (a solver's loop test, converted in its loop):
+    # not its write. Handed out of the jaxpr, it would be a constant of the conversion,
+    # replacing at every evaluation what the evaluations since then wrote.
+    handed = policy.frozen_written(declared.state)
 
     @functools.wraps(fun)
     def traced(*args: Any, **kwargs: Any) -> Any:
         out, after = declared.run(lambda *a: fun(*a, **kwargs), *args)
-        written = policy.frozen_written(after)
+        written = {
+            slot: leaf
+            for slot, leaf in policy.frozen_written(after).items()
+            if handed.get(slot) is not leaf
+        }
         slots = list(written)
 
         def write(values: list[Any]) -> None:

@@ -192,7 +192,6 @@ class Participant:
     """
 
     __slots__ = (
-        "_at_exit",
         "_closed",
         "_frames",
         "declaration",
@@ -217,7 +216,6 @@ class Participant:
         }
         self._frames: list[_Frame] = [_Frame()]
         self._closed = [False]  # shared with the views: set at the declaration's exit
-        self._at_exit: dict[Hashable, Callable[[Any], Any]] = {}  # shared with the views
 
     def _freezes(self, part: StatePart) -> bool:
         return self.freezes(part.kind, part.names)
@@ -457,15 +455,6 @@ class Participant:
         ]
         return jax.tree_util.tree_unflatten(treedef, out)
 
-    def at_exit(self, key: Hashable, adjust: Callable[[Any], Any]) -> None:
-        """Has the declaration's exit pass the state it writes through ``adjust`` (the
-        last one given under ``key``): for what an evaluation did that no state can carry
-        out, such as the draws of a map converted into a jaxpr, whose stream must still
-        have advanced once at the exit. ``adjust`` runs at the exit, where ``freeze``
-        gives the entry's frozen parts."""
-        if not self._closed[0]:
-            self._at_exit[key] = adjust
-
     def finish(self, failed: bool) -> None:
         """At the declaration's exit: the state the last forward evaluation left (or, on
         failure, the entry snapshot) becomes the framework's. Then the participant keeps
@@ -476,12 +465,8 @@ class Participant:
             if failed:
                 self.source.write(self.snapshot)
             elif self.frozen:
-                state = self.left(self.source.read(), self._frames[0])
-                for adjust in self._at_exit.values():
-                    state = adjust(state)
-                self.source.write(state)
+                self.source.write(self.left(self.source.read(), self._frames[0]))
         finally:
-            self._at_exit.clear()
             self._closed[0] = True
             self.snapshot = None
             self.frozen.update(dict.fromkeys(self.frozen))
