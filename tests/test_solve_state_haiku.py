@@ -29,9 +29,14 @@ import pytest
 
 import jaxoverride as jo
 import jaxoverride_haiku as joh
-from _libraries import FreshScript, interposed
+from _libraries import HAIKU_OPTIMISTIX_GRAD_ON_JAX_012, JAX_012, FreshScript, interposed
 from _parity import program_text
-from _solve_state_solvers import fpsolve_run, jaxopt_run, masks_seen, record
+from _solve_state_solvers import (
+    fpsolve_run,
+    jaxopt_run,
+    masks_seen,
+    record,
+)
 from jaxoverride import errors
 
 MOMENTUM = 0.9
@@ -489,7 +494,16 @@ LIBRARIES = FreshScript(
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("case", ["optimistix", "diffrax"])
+@pytest.mark.parametrize(
+    "case",
+    [
+        pytest.param(
+            "optimistix",
+            marks=pytest.mark.xfail(JAX_012, reason=HAIKU_OPTIMISTIX_GRAD_ON_JAX_012, strict=True),
+        ),
+        "diffrax",
+    ],
+)
 def test_a_map_converted_by_make_jaxpr_draws_one_mask_and_the_stream_moves_on(case: str) -> None:
     # optimistix and diffrax's default adjoint turn the map into a jaxpr: nothing drawn
     # there comes out, yet the draw after the solve must not get the solve's key
@@ -519,7 +533,16 @@ def test_libraries_converting_by_make_jaxpr_keep_the_state_at_the_solution(case:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("case", ["optimistix-state", "diffrax-state"])
+@pytest.mark.parametrize(
+    "case",
+    [
+        pytest.param(
+            "optimistix-state",
+            marks=pytest.mark.xfail(JAX_012, reason=HAIKU_OPTIMISTIX_GRAD_ON_JAX_012, strict=True),
+        ),
+        "diffrax-state",
+    ],
+)
 def test_libraries_converting_by_make_jaxpr_jit_grad_as_the_twin(case: str) -> None:
     """Under ``jo.jit(jo.grad)``: the fixed-mask twin's gradient through the same library,
     the solve's one mask, and the state as eager."""
