@@ -493,17 +493,14 @@ LIBRARIES = FreshScript(
 )
 
 
+def _failing_on_jax_012(case: str) -> Any:
+    """``case``, a strict xfail on jax 0.12 (``HAIKU_OPTIMISTIX_GRAD_ON_JAX_012``)."""
+    xfail = pytest.mark.xfail(JAX_012, reason=HAIKU_OPTIMISTIX_GRAD_ON_JAX_012, strict=True)
+    return pytest.param(case, marks=xfail)
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize(
-    "case",
-    [
-        pytest.param(
-            "optimistix",
-            marks=pytest.mark.xfail(JAX_012, reason=HAIKU_OPTIMISTIX_GRAD_ON_JAX_012, strict=True),
-        ),
-        "diffrax",
-    ],
-)
+@pytest.mark.parametrize("case", [_failing_on_jax_012("optimistix"), "diffrax"])
 def test_a_map_converted_by_make_jaxpr_draws_one_mask_and_the_stream_moves_on(case: str) -> None:
     # optimistix and diffrax's default adjoint turn the map into a jaxpr: nothing drawn
     # there comes out, yet the draw after the solve must not get the solve's key
@@ -533,16 +530,7 @@ def test_libraries_converting_by_make_jaxpr_keep_the_state_at_the_solution(case:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(
-    "case",
-    [
-        pytest.param(
-            "optimistix-state",
-            marks=pytest.mark.xfail(JAX_012, reason=HAIKU_OPTIMISTIX_GRAD_ON_JAX_012, strict=True),
-        ),
-        "diffrax-state",
-    ],
-)
+@pytest.mark.parametrize("case", [_failing_on_jax_012("optimistix-state"), "diffrax-state"])
 def test_libraries_converting_by_make_jaxpr_jit_grad_as_the_twin(case: str) -> None:
     """Under ``jo.jit(jo.grad)``: the fixed-mask twin's gradient through the same library,
     the solve's one mask, and the state as eager."""
