@@ -230,7 +230,8 @@ class _Call:
             return out, after
         # The state argument was frozen at the call's read: inside the rule's trace it
         # stands for the entry state (``rebased``).
-        frame = policy.push(state, received=self._received(state, received))
+        handed = self._received(state, received)
+        frame = policy.push(state, received=handed)
         with policy.rebased(state):
             try:
                 with self.reading(params, refused), hidden_rngs(source.roots), _valid(source):
@@ -241,7 +242,7 @@ class _Call:
             if frame.last is not None or not policy.untouched(after):
                 self.evaluated = True
             after = policy.left(after, frame)
-        self.note_kept(self._received(state, received), after)
+        self.note_kept(handed, after)
         return out, after
 
     def _received(self, state: Any, received: Sequence[Any]) -> Any:
