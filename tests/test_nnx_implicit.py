@@ -10,6 +10,7 @@ closure-converted function is refused.
 from __future__ import annotations
 
 import functools
+import types
 
 import jax
 import jax.numpy as jnp
@@ -401,6 +402,54 @@ def test_a_custom_jvp_rule_writing_what_the_primal_does_not_is_refused():
         with pytest.raises(TypeError, match=r"JVP rule wrote .*`Counted.calls`.*primal function"):
             jo.jit(lambda: jo.grad(loss)(model))()
     assert int(model.calls[...]) == 0
+
+
+class _Field(nnx.Module):
+    """``z -> tanh(w z + mean)``, updating a running mean of ``z`` first."""
+
+    def __init__(self) -> None:
+        self.w = nnx.Param(jnp.full(4, 0.5))
+        self.mean = nnx.BatchStat(jnp.zeros(4))
+
+    def __call__(self, z: jax.Array) -> jax.Array:
+        self.mean[...] = 0.9 * self.mean[...] + 0.1 * z
+        return jnp.tanh(self.w[...] * z + self.mean[...])
+
+
+def test_a_jvp_rule_traced_later_may_eval_shape_what_its_primal_does_not_use():
+    """equinox's checkpointed loop (diffrax's adjoints): a stop-gradient ``custom_jvp``
+    whose JVP rule runs the loop body under ``eval_shape`` to find what is perturbed.
+    JAX traces that rule while it linearizes the inner jit, after the call returned, so
+    the model's Variables were never given to the rule: ``eval_shape`` computes types
+    only, and hands them in as arguments of their types (this raised a RuntimeError)."""
+    field = _Field()
+    # Deeper than the first guess follows (equinox's body function reaches the model
+    # through its closures): the rule is not given the model's Variables.
+    reach = types.SimpleNamespace(inner=types.SimpleNamespace(model=field))
+    shapes = []
+
+    def body(v):
+        return reach.inner.model(v)
+
+    @jo.custom_jvp
+    def stop_unless_perturbed(z):
+        return z
+
+    @stop_unless_perturbed.defjvp
+    def _(primals, tangents):
+        (z,), (z_dot,) = primals, tangents
+        shapes.append(jo.eval_shape(body, z))
+        return z, z_dot
+
+    step = jo.jit(lambda z: field(stop_unless_perturbed(z)))
+    loss = lambda x: jnp.sum(step(2.0 * x) ** 2)
+    with jaxoverride_nnx.track(field), jax.checking_leaks():
+        got = jo.jit(jo.grad(loss))(X)
+    expected = jax.grad(lambda x: jnp.sum(jnp.tanh(0.5 * 2 * x + 0.1 * 2 * x) ** 2))(X)
+    np.testing.assert_allclose(got, expected, rtol=1e-6)
+    assert [(s.shape, s.dtype) for s in shapes] == [((4,), jnp.float32)]
+    # One update, the primal's: eval_shape's write is dropped with its trace.
+    np.testing.assert_allclose(field.mean[...], 0.1 * 2 * X, rtol=1e-6)
 
 
 def _sin_vjp_writing(counter, primal_writes, fwd_writes):

@@ -371,24 +371,12 @@ def test_libraries_converting_by_make_jaxpr_keep_the_statistics_at_the_solution(
         assert result[measure] <= 1e-5, (measure, result)
 
 
-_DIFFRAX_GRAD = pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "open (issue 29): under jo.jit(jo.grad), equinox's checkpointed while loop "
-        "evaluates the vector field inside the JVP rule of a stop-gradient custom_jvp "
-        "(to find what is perturbed), which JAX traces after the call returned; the map's "
-        "jaxpr asks there for the BatchNorm Variables, which that rule's primal does not "
-        "use, and NNX refuses it by name (a RuntimeError, never a silent result)"
-    ),
-)
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "case",
     [
         "optimistix",
-        pytest.param("diffrax", marks=_DIFFRAX_GRAD, id="diffrax"),
+        "diffrax",
         pytest.param(
             "diffrax_direct", marks=DIRECT_ADJOINT_GRAD_BEFORE_JAX_010, id="diffrax_direct"
         ),

@@ -36,13 +36,15 @@ def _raise(self: Probe, *args: Any, **kwargs: Any) -> Any:
 class Probe:
     """Stands for a tracked value that the running function was not given (see module)."""
 
-    __slots__ = ("_index", "_owner", "dtype", "shape")
+    __slots__ = ("_index", "_owner", "dtype", "shape", "weak_type")
 
     def __init__(self, owner: object, index: int, like: Any):
         object.__setattr__(self, "_owner", owner)
         object.__setattr__(self, "_index", index)
         object.__setattr__(self, "shape", tuple(np.shape(like)))
         object.__setattr__(self, "dtype", getattr(like, "dtype", None))
+        weak = isinstance(like, (int, float, complex)) or getattr(like, "weak_type", False)
+        object.__setattr__(self, "weak_type", bool(weak))
 
     @property
     def ndim(self) -> int:
@@ -86,6 +88,22 @@ def probe_for(owner: object, index: int, value: Any) -> Any:
     if isinstance(value, (jax.Array, np.ndarray, np.generic, int, float, complex, bool)):
         return Probe(owner, index, value)
     return jax.tree.map(lambda leaf: Probe(owner, index, leaf), value)
+
+
+def has_probe(value: Any) -> bool:
+    """Whether ``value`` (a tracked value: a pytree of arrays) holds a probe."""
+    return any(map(is_probe, jax.tree.leaves(value)))
+
+
+def probe_types(value: Any) -> Any:
+    """``value`` with each probe replaced by its type (a ``jax.ShapeDtypeStruct``)."""
+
+    def typed(leaf: Any) -> Any:
+        if not is_probe(leaf):
+            return jax.ShapeDtypeStruct(np.shape(leaf), jax.typeof(leaf).dtype)
+        return jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, weak_type=leaf.weak_type)
+
+    return jax.tree.map(typed, value)
 
 
 def check_given(values: Sequence[Any]) -> None:

@@ -43,6 +43,7 @@ from jaxoverride_nnx._lift import (
     with_arguments,
     write_back,
 )
+from jaxoverride_nnx._probes import has_probe, probe_types
 from jaxoverride_nnx._solve import policy_for, written
 from jaxoverride_nnx._stale_reads import own_jit_trace
 from jaxoverride_nnx._touched import Threads, given_values
@@ -429,14 +430,24 @@ def eval_shape(fun: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     # of eval_shape's trace) is dropped with it, as the writes are.
     policy = policy_for(view)
 
+    # A Variable that holds a probe (a rule's function traced by JAX after the call,
+    # which was not given it) enters as an argument of its type: eval_shape computes
+    # types only, so any value of the Variable's type gives the same result.
+    now = view.read()
+    probed = {i: probe_types(v) for i, v in enumerate(now) if has_probe(v)}
+
     @own_jit_trace  # a fresh function per call, traced through jit: reads are not stale
-    def pure(*inner_args: Any, **inner_kwargs: Any) -> Any:
+    def pure(stand_ins: dict[int, Any], /, *inner_args: Any, **inner_kwargs: Any) -> Any:
         inner_args, inner_kwargs = from_refs((inner_args, inner_kwargs), view)
+        values = None
+        if stand_ins:
+            values = [stand_ins.get(i, v) for i, v in enumerate(now)]
         with contextlib.nullcontext() if policy is None else policy.discarded():
-            out, _ = run_lifted(view, None, fun, inner_args, inner_kwargs, "jaxoverride.eval_shape")
+            where = "jaxoverride.eval_shape"
+            out, _ = run_lifted(view, values, fun, inner_args, inner_kwargs, where)
         return to_refs(out, view)[0]
 
-    return from_refs(below(pure, *args_, **kwargs_), view)
+    return from_refs(below(pure, probed, *args_, **kwargs_), view)
 
 
 def _no_modules(where: str, primals: Any) -> None:
