@@ -117,3 +117,30 @@ def test_raise_as_jax_prefers_jaxs_error():
 def test_no_operand_is_jaxs_default():
     assert inspect.signature(jax.lax.cond).parameters["operand"].default is kit.NO_OPERAND
     assert inspect.signature(jax.shard_map).parameters["in_specs"].default is kit.INFER_SPECS
+
+
+class _TraceAgain(kit.TraceAbort):
+    """What an adapter raises inside a trace to trace again."""
+
+
+def test_a_released_trace_abort_leaves_no_tracer_of_the_enclosing_trace():
+    """JAX frees a trace that an exception aborts only if the catcher releases it: the
+    aborted loop body kept an effectful equation with the jit's ``x`` as a constant,
+    which ``jax.checking_leaks()`` reports otherwise. The catcher's trace goes on."""
+    aborts = []
+
+    def outer(x):
+        def body(c):
+            jax.debug.callback(lambda v: None, x)
+            raise _TraceAgain()
+
+        try:
+            jax.lax.while_loop(lambda c: c < 3, body, 0)
+        except _TraceAgain as abort:
+            aborts.append(isinstance(abort, Exception))
+            abort.release()
+        return x + 1
+
+    with jax.checking_leaks():
+        assert float(jax.jit(outer)(1.0)) == 2.0
+    assert aborts == [False]  # user code that catches Exception cannot swallow it

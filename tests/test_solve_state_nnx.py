@@ -13,7 +13,6 @@ a new mask (non-implicit solvers) or the write is refused with the declaration n
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -39,27 +38,6 @@ from _solve_state_solvers import (
 D, B = 4, 8
 X = jax.random.normal(jax.random.key(3), (B, D))
 EPS = 1e-5  # nnx.BatchNorm's default epsilon
-
-# fpsolve's Newton marks its map (``jaxoverride.solver_map``), so its two direct calls per
-# iteration are two evaluations: one mask per solve, as the other methods. Under
-# ``jax.checking_leaks()`` it still fails, with or without the marker (reproduced with
-# fpsolve's decorator removed): inside fpsolve's ``jo.jit``, NNX's
-# while loop first traces its body without the ``lin`` module (its first guess follows
-# three references: Newton's body -> g -> the map -> the model is one too many), so a probe
-# aborts that trace and the loop traces again; the declaration's frozen values, the jit's
-# inputs, were already constants of the aborted trace, and JAX 0.10.2 keeps an aborted
-# trace's constants alive (its ``finalize_const`` callbacks), which checking_leaks reports.
-NEWTON_ABORTED_TRACE_LEAK = pytest.mark.xfail(
-    strict=True,
-    reason="NNX: a probe aborts the while body's first trace inside fpsolve's jit, after "
-    "the declaration's frozen jit inputs became its constants; checking_leaks reports them",
-)
-
-
-def leak_checked(method: str) -> Any:
-    """``jax.checking_leaks()``, except for Newton (``NEWTON_ABORTED_TRACE_LEAK``: its
-    own test keeps the check, as a strict xfail)."""
-    return contextlib.nullcontext() if method == "newton" else jax.checking_leaks()
 
 
 class Counter(nnx.Variable):
@@ -157,7 +135,7 @@ def test_one_mask_per_solve_state_at_the_solution(method: str, implicit: bool, m
     model = Deq(run)
     start = state_of(model)
     mask = entry_mask(model)
-    with jon.track(model), leak_checked(method), masks_seen() as seen:
+    with jon.track(model), jax.checking_leaks(), masks_seen() as seen:
         z, steps = apply(model, mode)
     assert len(seen) > 2 and set(seen) == {mask.astype(np.float32).tobytes()}
     twin_z, twin_steps = run(twin_map(params_of(model), mask), jnp.zeros_like(X))
@@ -185,16 +163,6 @@ def test_one_mask_per_solve_state_at_the_solution(method: str, implicit: bool, m
         np.testing.assert_allclose(value, after[name], atol=1e-5)
 
 
-@NEWTON_ABORTED_TRACE_LEAK
-@pytest.mark.parametrize("implicit", [False, True])
-def test_newton_under_checking_leaks(implicit: bool):
-    """The Newton cases above, with the leak check they skip."""
-    model = Deq(fpsolve_run("newton", implicit))
-    with jon.track(model), jax.checking_leaks(), masks_seen() as seen:
-        model()
-    assert len(set(seen)) == 1
-
-
 def unrolled_loss(params: dict[str, jax.Array], mask: np.ndarray) -> jax.Array:
     f = twin_map(params, mask)
     z, _ = jax.lax.scan(lambda z, _: (f(z), None), jnp.zeros_like(X), length=100)
@@ -218,7 +186,7 @@ def test_implicit_gradient_equals_the_unrolled_one(method: str, mode: str):
         return jnp.sum(m()[0] ** 2)
 
     grad = jo.grad(loss) if mode == "eager" else jo.jit(jo.grad(loss))
-    with jon.track(model), leak_checked(method), masks_seen() as seen:
+    with jon.track(model), jax.checking_leaks(), masks_seen() as seen:
         grads = grad(model)
     assert set(seen) == {mask.astype(np.float32).tobytes()}
     np.testing.assert_allclose(grads["lin"]["kernel"][...], expected["kernel"], atol=1e-5)

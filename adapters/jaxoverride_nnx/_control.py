@@ -235,6 +235,7 @@ def _stateless(
     except NeedsState as error:
         if error.owner is not owner:
             raise
+        error.release()
         touched = module_of(tracked, error.index)
         for wrapper in (*wrappers, *then):
             wrapper.threads.found[tracked.key] = touched

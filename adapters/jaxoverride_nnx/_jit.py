@@ -33,7 +33,7 @@ import numpy as np
 from jax.core import Tracer
 
 import jaxoverride as jo
-from jaxoverride.adapter_kit import infer_argnums_and_argnames, jit_name, shift_argnums
+from jaxoverride.adapter_kit import TraceAbort, infer_argnums_and_argnames, jit_name, shift_argnums
 from jaxoverride_nnx import _tracked
 from jaxoverride_nnx._compat import RAW_VALUE
 from jaxoverride_nnx._errors import untracked_static
@@ -184,6 +184,7 @@ class NnxJit:
                         except (NeedsState, LayoutChanged) as error:
                             if error.owner is not build:
                                 raise
+                            error.release()
                             hot[0] = _COLD
                             return miss(args, kwargs)
                         if not writes:
@@ -273,6 +274,7 @@ class NnxJit:
             except (NeedsState, LayoutChanged) as error:
                 if error.owner is not build:
                     raise
+                error.release()
                 hot[0] = _COLD
                 retry(key, tracked, error)
                 last[0] = (None, None)
@@ -535,6 +537,7 @@ class NnxJit:
             except (NeedsState, LayoutChanged) as error:
                 if error.owner is not build:
                     raise
+                error.release()
                 self._retry(key, view, error)
             finally:
                 ACTIVE.reset(token)
@@ -574,10 +577,11 @@ class NnxJit:
         return f"<jaxoverride_nnx jit of {self._fun!r}>"
 
 
-class LayoutChanged(BaseException):
+class LayoutChanged(TraceAbort):
     """A trace of a build returned another layout than its first (see ``_Build.settle``).
 
-    A ``BaseException``, as ``NeedsState``: it is never seen outside the adapter.
+    A ``BaseException`` (``adapter_kit.TraceAbort``), as ``NeedsState``: it is never seen
+    outside the adapter.
     """
 
     def __init__(self, owner: _Build):

@@ -15,12 +15,15 @@ from typing import Any
 import jax
 import numpy as np
 
+from jaxoverride.adapter_kit import TraceAbort
 
-class NeedsState(BaseException):
+
+class NeedsState(TraceAbort):
     """A probe was used: the running function touches a tracked value it was not given.
 
-    A ``BaseException``, so that user code that catches ``Exception`` cannot swallow it
-    (it is never seen outside the adapter).
+    A ``BaseException`` (``adapter_kit.TraceAbort``), so that user code that catches
+    ``Exception`` cannot swallow it (it is never seen outside the adapter); the catcher
+    that traces again calls ``release()`` first.
     """
 
     def __init__(self, owner: object, index: int):

@@ -120,6 +120,7 @@ class Threads:
             except NeedsState as error:
                 if error.owner is not owner:
                     raise
+                error.release()
                 more = module_of(tracked, error.index)
                 assert not more <= given, "a given value was probed"
                 given = given | more

@@ -146,6 +146,24 @@ def current_trace() -> Any:
     return _find_top_trace(())
 
 
+def release_trace(trace: Any) -> None:
+    """Drops what a staging trace that an exception aborted holds (see
+    ``PRIVATE_ATTRIBUTES["DynamicJaxprTrace.invalidate"]``); nothing for another trace.
+
+    Args:
+      trace: a JAX trace that will never be used again.
+
+    Example:
+      >>> import jax
+      >>> from jaxoverride._compat import current_trace, release_trace
+      >>> seen = []
+      >>> _ = jax.make_jaxpr(lambda x: seen.append(current_trace()) or x)(1.0)
+      >>> release_trace(seen[0])  # already released by JAX: harmless
+    """
+    if getattr(trace, "frame", None) is not None:
+        trace.invalidate()
+
+
 def staged_for(trace: Any) -> str | None:
     """What a staging trace traces for (``"jit"``, ``"scan"``, ...), or None for another trace.
 
@@ -438,6 +456,12 @@ PRIVATE_ATTRIBUTES: dict[str, str] = {
         "the jaxpr a staging trace builds, for its debug info (staged_for: is this a jax.jit "
         "trace, whose traced function JAX caches with the constants it closed over)"
     ),
+    "DynamicJaxprTrace.invalidate": (
+        "drops what a staging trace holds (its equations and constants); JAX calls it when "
+        "a trace ends normally but not when an exception aborts it, and a constant's "
+        "weakref.finalize callback then keeps the aborted trace, and the tracers of the "
+        "enclosing trace it holds as constants, alive for good (release_trace)"
+    ),
     "JaxprStackFrame.debug_info": (
         "the public DebugInfo (jax.extend.core) of that jaxpr, whose traced_for names the "
         "transform (staged_for); JAX has no accessor from a trace"
@@ -492,5 +516,6 @@ __all__ = [
     "rule_jvp",
     "rule_nondiff_argnums",
     "set_user_context_global",
+    "release_trace",
     "staged_for",
 ]

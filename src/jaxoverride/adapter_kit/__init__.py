@@ -186,6 +186,7 @@ from jaxoverride.adapter_kit._rule_checks import (
     jvp_output_pair as jvp_output_pair,
 )
 from jaxoverride.adapter_kit._staged_reads import StagedPrimal as StagedPrimal, staged as staged
+from jaxoverride.adapter_kit._trace_abort import TraceAbort as TraceAbort
 from jaxoverride.adapter_kit.init_safe_control import *  # noqa: F403  (its __all__, listed once)
 
 __all__ = [
@@ -211,6 +212,7 @@ __all__ = [
     "StateStructureError",
     "StatefulCall",
     "Threaded",
+    "TraceAbort",
     "TransformState",
     "WrapperCache",
     "applying",

@@ -51,6 +51,7 @@ from jaxoverride.adapter_kit._operands import (
 from jaxoverride.adapter_kit._phase import applying, is_applying
 from jaxoverride.adapter_kit._solve_policy import Participant, participant
 from jaxoverride.adapter_kit._state_source import StateSource, require_source
+from jaxoverride.adapter_kit._trace_abort import TraceAbort
 from jaxoverride.errors import StructureChangeError
 
 # A traced body left state whose structure differs from the state it received: the
@@ -399,7 +400,8 @@ def threaded_while_loop(
             if handed.variant is None:
                 try:
                     value, state = below(*handed.functions, (init_val, handed.thread.read()))
-                except _PredicateChangedStateError:
+                except _PredicateChangedStateError as abort:
+                    abort.release()
                     handed.variant = "stateful"  # reused: the next call goes straight there
                 else:
                     if not cond_changed_state:
@@ -459,7 +461,7 @@ def _first_test(traces: dict[Any, Any], test: Callable[..., Any], *operands: Any
     return jax.tree.unflatten(out_tree, eval_jaxpr(closed.jaxpr, closed.consts, *leaves))
 
 
-class _PredicateChangedStateError(Exception):
+class _PredicateChangedStateError(TraceAbort):
     """Raised while JAX traces a ``cond_fun`` that changed the state (see
     ``abort_changed_predicate``)."""
 
