@@ -73,14 +73,6 @@ SOLVERS = {
 IMPLICIT = [name for name in SOLVERS if name.endswith("-implicit")]
 KEY = jax.random.key(3)
 
-# Newton's body calls the map twice with no neutral call between (the step's g(z) and
-# the residual check's g(z_new)): the kit tells evaluations apart by its boundaries only,
-# so the two are one run of the stream, and draw two masks (see the report of issue 29).
-NEWTON_DIRECT = pytest.mark.xfail(
-    strict=True,
-    reason="kit semantics: two direct calls of the map in one loop body are one run",
-)
-
 
 def _cases(names: list[str]) -> list[Any]:
     return names
