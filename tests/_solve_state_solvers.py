@@ -26,6 +26,7 @@ import pytest
 
 import _examples  # noqa: F401  (puts examples/ on the path)
 import fpsolve
+import jaxoverride as jo
 
 Map = Callable[[jax.Array], jax.Array]
 
@@ -77,6 +78,21 @@ def jaxopt_run(implicit_diff: bool) -> Callable[[Map, jax.Array], tuple[Any, Any
         return z, state.iter_num
 
     return run
+
+
+def jaxopt_converted_run(f: Map, z0: jax.Array) -> tuple[Any, Any]:
+    """jaxopt's ``FixedPointIteration(implicit_diff=True)`` on the map converted first by
+    ``jaxoverride.closure_convert``, its closed-over parameters passed to ``run()``: the
+    fix that the refusal of a closed-over parameter names (jaxopt's implicit
+    differentiation gives gradients for ``run()``'s arguments only)."""
+    import jaxopt
+
+    converted, constants = jo.closure_convert(f, z0)
+    solver = jaxopt.FixedPointIteration(
+        lambda z, *c: converted(z, *c), maxiter=200, tol=1e-6, implicit_diff=True
+    )
+    z, state = solver.run(z0, *constants)
+    return z, state.iter_num
 
 
 def optimistix_fixed_point(f: Map, z0: jax.Array) -> tuple[Any, Any]:

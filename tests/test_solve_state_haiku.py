@@ -33,6 +33,7 @@ from _libraries import HAIKU_OPTIMISTIX_GRAD_ON_JAX_012, JAX_012, FreshScript, i
 from _parity import program_text
 from _solve_state_solvers import (
     fpsolve_run,
+    jaxopt_converted_run,
     jaxopt_run,
     masks_seen,
     record,
@@ -162,13 +163,19 @@ def test_one_mask_per_solve_and_statistics_at_the_solution(name: str, how: str) 
 
 # Reverse mode through a while loop (the non-implicit solvers) is refused by JAX itself,
 # and jaxopt's implicit_diff=True differentiates run()'s arguments only (a closed-over
-# Haiku parameter is refused by name): the implicit fpsolve solves are the ones to test.
-@pytest.mark.parametrize(
-    "name", [n for n in THREADED if n.startswith("fpsolve-") and "implicit" in n]
-)
+# Haiku parameter is refused by name): the implicit fpsolve solves are the ones to test,
+# and jaxopt on the fix that refusal names (the map converted by jo.closure_convert, its
+# parameters passed to run()).
+GRADIENT: dict[str, Runner] = {
+    **{n: run for n, run in THREADED.items() if n.startswith("fpsolve-") and "implicit" in n},
+    "jaxopt-implicit-converted": jaxopt_converted_run,
+}
+
+
+@pytest.mark.parametrize("name", list(GRADIENT))
 def test_the_gradient_is_the_fixed_mask_twins_eager_and_under_jit(name: str) -> None:
     # the twin draws its mask before the solve and updates the mean once after it
-    model, twin = _model(THREADED[name]), _model(THREADED[name], fixed=True)
+    model, twin = _model(GRADIENT[name]), _model(GRADIENT[name], fixed=True)
     params, state = model.init(jax.random.key(0), X)
 
     def loss(transformed: hk.TransformedWithState) -> Callable[[Any], Any]:

@@ -56,6 +56,7 @@ from _solve_state_solvers import (  # imports fpsolve (examples/ on the path)
     checking_leaks_linearized,
     fpsolve,
     fpsolve_run,
+    jaxopt_converted_run,
     jaxopt_run,
     masks_seen,
     relative_residual,
@@ -131,11 +132,18 @@ def _loss(model: DEQ, params: Any, variables: Any) -> tuple[jax.Array, Any]:
 
 # jaxopt's implicit_diff differentiates the arguments of run() only: a Linen map closes
 # over its parameters, which the Linen adapter refuses to read there, as without the
-# declaration (ClosedOverDifferentiationError, naming closure_convert).
-@pytest.mark.parametrize("name", [n for n in IMPLICIT if not n.startswith("jaxopt")])
+# declaration (ClosedOverDifferentiationError, naming closure_convert). The fix it names,
+# the map converted by jo.closure_convert and its parameters passed to run(), is tested.
+GRADIENT_SOLVERS = {
+    **{name: SOLVERS[name] for name in IMPLICIT if not name.startswith("jaxopt")},
+    "jaxopt-implicit-converted": jaxopt_converted_run,
+}
+
+
+@pytest.mark.parametrize("name", list(GRADIENT_SOLVERS))
 def test_implicit_gradient_equals_the_unrolled_gradient_with_the_same_mask(name: str) -> None:
     variables = init()
-    model = DEQ(SOLVERS[name], declare={})
+    model = DEQ(GRADIENT_SOLVERS[name], declare={})
     grad = jax.grad(lambda p, v: _loss(model, p, v), has_aux=True)
     with solving(name):
         with masks_seen() as seen:
