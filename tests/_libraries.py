@@ -36,17 +36,6 @@ import jaxoverride as jo
 
 EQUINOX_FAMILY = ("optimistix", "diffrax", "lineax", "equinox")
 
-JAX_012 = tuple(int(p) for p in jax.__version__.split(".")[:2]) >= (0, 12)
-
-HAIKU_OPTIMISTIX_GRAD_ON_JAX_012 = (
-    "open (issue 29) on jax 0.12 only (the newest set): a Haiku map with a draw, under a "
-    "declaration, through optimistix's implicit adjoint under jax.jit(jax.grad): lineax's "
-    "transpose (jax.vjp of the converted map) fails with JAX's 'Linearization failed to "
-    "produce known values for all output primals' (JAX 0.12 stages a custom_jvp met in a "
-    "partial evaluation with only unknown outputs); never a silent result"
-)
-"""Why Haiku's optimistix ``jit(grad)`` under a declaration fails on jax 0.12."""
-
 UPSTREAM_LEAK_UNDER_JAX_011 = (
     "upstream, not jaxoverride: equinox's lru-cached filter_eval_shape keeps a jaxpr with "
     "tracers from jax 0.11 (0.11.2 and 0.12.0.1 run). jax 0.11 merged ClosedJaxpr into "

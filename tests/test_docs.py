@@ -20,8 +20,6 @@ from types import ModuleType
 
 import pytest
 
-from _libraries import HAIKU_OPTIMISTIX_GRAD_ON_JAX_012, JAX_012
-
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
 PAGES = [ROOT / "README.md", *sorted(DOCS.rglob("*.md"))]
@@ -83,11 +81,6 @@ FRESH = [(page, name) for page in PAGES for name in fresh_programs(page)]
 # Programs that fail today, each with the error it must fail with and why (the page says
 # so beside the program); one that runs fails the test: drop it from here.
 EXPECTED_FAILURES: dict[str, tuple[str, str]] = {}
-if JAX_012:  # the newest set only
-    EXPECTED_FAILURES["haiku-dropout"] = (
-        "Linearization failed to produce known values",
-        HAIKU_OPTIMISTIX_GRAD_ON_JAX_012,
-    )
 
 
 @pytest.mark.slow

@@ -204,13 +204,17 @@ def _late_write_error(where: str, names: set[tuple[str, str]]) -> ValueError:
     )
 
 
-def _state_identities(frame: base.Frame) -> dict[tuple[str, str], int]:
-    """The identity of each state entry's ``StatePair`` (every write makes a new one).
+def _state_identities(state: Any) -> dict[tuple[str, str], tuple[int, ...]]:
+    """The identities of each state entry's values (``StatePair``'s leaves): every write
+    stores new ones, while moving state between frames keeps them.
 
-    Identities are not kept beyond the run, whose frame holds the objects meanwhile.
+    Identities are not kept beyond the run, whose values are held meanwhile.
     """
-    state: Any = frame.state
-    return {(module, name): id(pair) for module, b in state.items() for name, pair in b.items()}
+    return {
+        (module, name): tuple(_leaf_ids(pair))
+        for module, bundle in (state or {}).items()
+        for name, pair in bundle.items()
+    }
 
 
 def _mutable(bundles: Any) -> collections.defaultdict[str, dict[str, Any]]:
@@ -303,8 +307,12 @@ class _RuleCall:
         # Whether a forward run drew a key (None: no forward run yet). The rng sequence
         # reaches the caller only then, for the same reason as the state entries: from
         # JAX 0.12 a custom_jvp staged in a partial evaluation with an unknown input (a
-        # tangent, inside jax.linearize: optimistix's Newton step) has only unknown
-        # outputs, so a sequence passed through would come back unknown.
+        # tangent, inside jax.linearize: optimistix's Newton step; a custom_jvp's JVP
+        # rule that calls another on its tangent, as optimistix's ``_asarray`` does, met
+        # in lineax's transpose) has only unknown outputs, so a sequence passed through
+        # would come back unknown. Both compare with what the run was handed, under a
+        # declaration also what the evaluations before the call left (``received``),
+        # which a run that evaluates nothing passes on: that is no write or draw.
         self.drew: bool | None = None
         self.finished = False
         # The ``jaxoverride.solve_state`` declaration in force at the call (JAX runs bwd
@@ -351,7 +359,11 @@ class _RuleCall:
             if self.left_out:
                 stack.enter_context(hk.custom_creator(self._refuse_left_out, params=True))
             before = base.param_names()
-            entry = _state_identities(frame)
+            # What the run is handed: its own values and, under a declaration, what the
+            # evaluations before the call left (which a run that evaluates nothing passes
+            # on, ``_after``). A value left as one of them is no write or draw.
+            handed = [values] if received is None else [values, received]
+            entry = [_state_identities(given.state) for given in handed]
             if self.policy is not None:
                 # JAX may run this after the declaration has exited (bwd): it is in force
                 # again inside; the frozen values are the rule's own argument's.
@@ -367,13 +379,23 @@ class _RuleCall:
             if forward:
                 self.end = Names.capture(frame)
                 if rng is not None:
-                    drew = _leaf_ids(rng.internal_state) != _leaf_ids(values.rng)
+                    left = _leaf_ids(rng.internal_state)
+                    drew = all(left != _leaf_ids(given.rng) for given in handed)
                     self.drew = bool(self.drew) or drew
-                leaving = _state_identities(frame)
-                changed = {n for n, pair in leaving.items() if entry.get(n) != pair}
-                if self.finished and changed - self.changed:
-                    raise _late_write_error(self.where, changed - self.changed)
-                self.changed |= changed
+                leaving = _state_identities(frame.state)
+                changed = {n for n, ids in leaving.items() if all(e.get(n) != ids for e in entry)}
+                if not self.finished:
+                    self.changed |= changed
+                else:
+                    late = changed - self.changed
+                    if self.policy is not None:
+                        # Under a declaration a later run (optimistix's JVP rule, which
+                        # calls lineax's jitted solve) may pass what it received on
+                        # through a neutral jit as new values, which no identity tells
+                        # from a write: only an entry it was not handed is one for sure.
+                        late = {n for n in late if all(n not in e for e in entry)}
+                    if late:
+                        raise _late_write_error(self.where, late)
 
     def _refuse_left_out(self, next_creator: Any, shape: Any, dtype: Any, init: Any, context: Any):
         if context.full_name in self.left_out:
