@@ -241,6 +241,7 @@ def pure(
     reason: str,
     writes: bool = True,
     allowed: frozenset[tuple[str, str]] = frozenset(),
+    keep_allowed: bool = False,
 ) -> Iterator[None]:
     """Refuses rng draws (and, if ``writes``, variable writes) through the roots ``roots``.
 
@@ -252,7 +253,9 @@ def pure(
         filled in).
       writes: refuse writes too; what loops inside leave is then put back on exit.
       allowed: ``("rng", stream)`` and ``("state", collection)`` let through (what a
-        ``jaxoverride.solve_state`` freezes); what they write is put back on exit too.
+        ``jaxoverride.solve_state`` freezes); what they write is put back on exit too,
+        unless ``keep_allowed`` (the state source that runs the function reads it then:
+        ``kit.declared_closure_convert``).
     """
     saved = []
     for root in roots:
@@ -260,6 +263,7 @@ def pure(
             (parent, key, parent[key])
             for col, tree in root.variables.items()
             if writes and col != "params" and isinstance(tree, dict)
+            if not (keep_allowed and ("state", col) in allowed)
             for parent, key in _leaves(tree)
         ]
         saved.append((root, dict(root.rngs), leaves))
