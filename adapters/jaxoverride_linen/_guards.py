@@ -57,16 +57,9 @@ class _Lifted:
 
 def _refuse_read(lifted: _Lifted, col: str, path: tuple[str, ...]) -> None:
     full = (col, *path)
-    if not any(full == refused[: len(full)] for refused in lifted.refused):
-        return
-    raise ClosedOverDifferentiationError(
-        f"{lifted.where}: the rule reads the Linen variable {'/'.join(full)!r}, which is "
-        "being differentiated, without having it as an argument. A custom rule gives "
-        "gradients for its explicit arguments only, so it would get a silently zero "
-        "gradient (JAX refuses the same for a closed-over value). Pass it in: "
-        "jaxoverride.closure_convert(f, *example_args) hoists what f reads into explicit "
-        "arguments; or pass the parameters to the solver's solve/run call as arguments."
-    )
+    if any(full == refused[: len(full)] for refused in lifted.refused):
+        what = f"the Linen variable {'/'.join(full)!r}"
+        raise ClosedOverDifferentiationError.reading(lifted.where, what)
 
 
 def guard_get_variable(original: Callable[..., Any]) -> Callable[..., Any]:
