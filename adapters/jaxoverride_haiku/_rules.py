@@ -35,7 +35,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import contextvars
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import haiku as hk
@@ -48,15 +48,9 @@ from jaxoverride.adapter_kit import (
     LiftedRule,
     Participant,
     StagedPrimal,
-    bwd_cotangents,
-    fwd_output_pair,
-    instantiate_zeros,
     perturbed_leaves,
     positional_arguments,
     resumed,
-    staged as kit_staged,
-    unwrap_primals,
-    zero_tangents,
 )
 from jaxoverride_haiku import _layer
 from jaxoverride_haiku._convert import pure_frame
@@ -184,13 +178,7 @@ def _refuse_differentiated_state(call: _RuleCall, cotangents: dict[str, Any]) ->
         if any(perturbed_leaves(cotangents[module][name].current))
     )
     if names:
-        raise DifferentiatedStateError(
-            f"{call.where}: the Haiku state {', '.join(names)} came out of the rule (written "
-            "in it, or carried through a neutral loop or jit inside it) and is differentiated "
-            "afterwards. The rule's bwd gives cotangents from its output only, so the state "
-            "would get a silently zero gradient. Write the state outside the rule (before or "
-            "after the call), or return the value from the rule as part of its output."
-        )
+        raise DifferentiatedStateError.came_out(call.where, f"the Haiku state {', '.join(names)}")
 
 
 def _late_write_error(where: str, names: set[tuple[str, str]]) -> ValueError:
@@ -270,6 +258,7 @@ class _RuleCall:
     """
 
     __slots__ = (
+        "__weakref__",
         "changed",
         "drew",
         "end",
@@ -397,6 +386,59 @@ class _RuleCall:
                     if late:
                         raise _late_write_error(self.where, late)
 
+    # -- kit.RuleCall and kit.RuleBackward -------------------------------------------------
+
+    def differentiated(self, values: Any) -> frozenset:
+        """Names of the params and state being differentiated (``_differentiated``)."""
+        return _differentiated(_split(values)[0], perturbed_leaves)
+
+    def run(
+        self, values: Any, fun: Callable[..., Any], args: Sequence[Any], refused: Any = None
+    ) -> tuple[Any, Any]:
+        """``fun(*args)`` in a fresh frame holding ``values``; returns ``(out, after)``."""
+        with self.frame(values, refused or frozenset()) as frame:
+            out = fun(*args)
+            return out, _after(frame, self)
+
+    def run_forward(
+        self, values: Any, fun: Callable[..., Any], args: Sequence[Any], refused: Any
+    ) -> tuple[Any, Any, Any]:
+        """As ``run``; also the values as ``fun`` left them, which bwd runs from, and under
+        ``jaxoverride.solve_state`` the values this call received (bwd re-evaluates from
+        their frozen state: ``_rebased``)."""
+        with self.frame(values, refused) as frame:
+            out = fun(*args)
+            after = _after(frame, self)
+            forward_values = stateful.internal_state()
+        entry = None if self.policy is None else _split(values)[0]
+        return out, after, (forward_values, entry)
+
+    def staged_values(self, values: Any, used: list[bool]) -> tuple[Any, list[bool]]:
+        """The values a staged custom_jvp takes: the params its primal uses, all of the
+        state and rng (a read of a param left out is refused: ``_refuse_left_out``)."""
+        internal, received = _split(values)
+        kept = _kept_params(internal, used)
+        pruned = _without_params(internal, kept)
+        self.left_out = frozenset(_full_names(internal.params) - _full_names(pruned.params))
+        return (pruned if received is None else (pruned, received)), kept
+
+    def refuse_differentiated_state(self, cotangent: Any) -> None:
+        """Refuses a derivative of state that came out (``_refuse_differentiated_state``)."""
+        _refuse_differentiated_state(self, cotangent[0])
+
+    def run_backward(self, saved: Any, fun: Callable[..., Any], args: Sequence[Any]) -> Any:
+        """``fun(*args)`` (bwd) in a fresh frame holding the values as fwd left them, every
+        state write and rng draw refused (``pure_frame``)."""
+        forward_values, entry = saved
+        policy = self.policy
+        if policy is not None:
+            forward_values = _rebased(policy, forward_values, entry)
+        with (
+            self.frame(forward_values, forward=False),
+            pure_frame(self.where, *_BACKWARD, policy=policy),
+        ):
+            return fun(*args)
+
     def _refuse_left_out(self, next_creator: Any, shape: Any, dtype: Any, init: Any, context: Any):
         if context.full_name in self.left_out:
             what = f"the Haiku parameter {context.full_name!r}"
@@ -495,104 +537,14 @@ class HaikuRule(LiftedRule):
             lambda: init_safe_call(lambda: self._fun(*args), lambda: lifted(args)),
         )
 
-    def _primal(self, call: _RuleCall) -> Callable[..., Any]:
-        fun = self._fun
-
-        def primal(values: Any, *args: Any) -> Any:
-            with call.frame(values) as frame:
-                out = fun(*args)
-                return out, _after(frame, call)
-
-        return primal
-
     def _lifted_vjp(self, args: tuple[Any, ...]) -> Any:
         call = _RuleCall(self._where)
-        assert self._rule is not None
-        fwd, bwd, symbolic_zeros, optimize_remat = self._rule
-        static = {n % (len(args) + 1) - 1 for n in self._lifted_nondiff}
-        primal_tree = jax.tree.structure(
-            tuple(arg for index, arg in enumerate(args) if index not in static)
-        )
-
-        def lifted_fwd(values: Any, *args: Any) -> Any:
-            refused = _differentiated(_split(values)[0], perturbed_leaves)
-            values = unwrap_primals(values)
-            if not symbolic_zeros:
-                args = unwrap_primals(args)
-            with call.frame(values, refused) as frame:
-                out, residuals = fwd_output_pair(fwd(*args), fwd, self._fun)
-                after = _after(frame, call)
-                forward_values = stateful.internal_state()
-            # Under ``jaxoverride.solve_state`` bwd re-evaluates from the entry's frozen
-            # state: the values this call received, passed as a residual.
-            entry = None if call.policy is None else _split(values)[0]
-            return (out, after), (residuals, forward_values, entry)
-
-        def lifted_bwd(*rest: Any) -> Any:
-            *static, saved, (out_cotangent, (state_cotangent, _)) = rest
-            residuals, forward_values, entry = saved
-            _refuse_differentiated_state(call, state_cotangent)
-            if not symbolic_zeros:
-                out_cotangent = instantiate_zeros(out_cotangent)
-            policy = call.policy
-            if policy is not None:
-                forward_values = _rebased(policy, forward_values, entry)
-            with (
-                call.frame(forward_values, forward=False),
-                pure_frame(call.where, *_BACKWARD, policy=policy),
-            ):
-                cotangents = bwd(*static, residuals, out_cotangent)
-            return (None, *bwd_cotangents(cotangents, primal_tree))
-
-        rule = self._below(self._primal(call), nondiff_argnums=self._lifted_nondiff)
-        # Symbolic zeros tell which of Haiku's values are being differentiated; the user's
-        # rules see them only if they asked.
-        rule.defvjp(lifted_fwd, lifted_bwd, symbolic_zeros=True, optimize_remat=optimize_remat)
+        rule = self._vjp_rule(call, call, args)
         return _run(lambda values: (rule, values), call, args)
 
     def _lifted_jvp(self, args: tuple[Any, ...]) -> Any:
         call = _RuleCall(self._where)
-        assert self._rule is not None
-        jvp, symbolic_zeros = self._rule
-        count = len(args)  # only the count: the rule must not close over the arguments
-
-        def lifted_jvp(*rest: Any) -> Any:
-            *static, (values, *primals), (value_tangents, *tangents) = rest
-            refused = _differentiated(_split(value_tangents)[0], perturbed_leaves)
-            if not any(perturbed_leaves(tangents)):
-                # Only Haiku's values are differentiated, and the rule gives no tangent
-                # for them (a read of one is refused): as JAX, which calls no rule when
-                # none of the function's own arguments is perturbed (equinox's
-                # ``nondifferentiable`` raises in its rule), run the primal instead.
-                with call.frame(values, refused) as frame:
-                    out = self._fun(*self._in_order(count, static, primals))
-                    after = _after(frame, call)
-                return (out, after), (zero_tangents(out), zero_tangents(after))
-            if not symbolic_zeros:
-                tangents = instantiate_zeros(tangents)
-            with call.frame(values, refused) as frame:
-                out, out_tangent = jvp(*static, tuple(primals), tuple(tangents))
-                after = _after(frame, call)
-            return (out, after), (out_tangent, zero_tangents(after))
-
-        def bind(values: Any) -> tuple[Any, Any]:
-            primal = self._primal(call)
-            if kit_staged():
-                # JAX would trace the primal here: trace it once instead, and pass only
-                # the params it reads (``adapter_kit.StagedPrimal``).
-                nondiff = [n - 1 for n in self._lifted_nondiff]
-                traced = StagedPrimal.trace(primal, values, args, nondiff)
-                internal, received = _split(values)
-                kept = _kept_params(internal, traced.used)
-                pruned = _without_params(internal, kept)
-                call.left_out = frozenset(_full_names(internal.params) - _full_names(pruned.params))
-                values = pruned if received is None else (pruned, received)
-                primal = traced.primal(kept)
-            rule = self._below(primal, nondiff_argnums=self._lifted_nondiff)
-            rule.defjvp(lifted_jvp, symbolic_zeros=True)
-            return rule, values
-
-        return _run(bind, call, args)
+        return _run(self._jvp_binder(call, args), call, args)
 
 
 _BUILDERS = HaikuRule.overrides()

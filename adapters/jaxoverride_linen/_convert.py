@@ -13,8 +13,9 @@ Each traces the user's function into a jaxpr whose inputs and outputs are fixed.
   out of it. A neutral loop inside may still carry the state; what it leaves is put back.
   Under ``jaxoverride.solve_state`` the streams it freezes draw the solve's key, and the
   collections it keeps at the solution come out of ``closure_convert``'s converted
-  function (``_declared``) and of ``make_jaxpr``'s jaxpr (``kit.declared_make_jaxpr``:
-  each evaluation of the jaxpr in a solver's loop hands them out).
+  function (``kit.declared_closure_convert``) and of ``make_jaxpr``'s jaxpr
+  (``kit.declared_make_jaxpr``: each evaluation of the jaxpr in a solver's loop hands
+  them out).
 
 JAX caches a conversion by the function's identity and its closed-over values: a
 parameter read from the scope, changed since (or another tracer under ``jax.grad``),
@@ -24,6 +25,7 @@ would come back stale. Each call traces a fresh wrapper, which never hits that c
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -32,7 +34,7 @@ from jaxoverride import adapter_kit as kit
 from jaxoverride.adapter_kit import init_safe, traced_arguments, zeros_for
 from jaxoverride_linen import _declared, _source
 from jaxoverride_linen._declared import SOLVE_STATE_FIX
-from jaxoverride_linen._guards import discarding, pure
+from jaxoverride_linen._guards import discarding, hidden_rngs, pure
 
 CONVERTED = (
     "{where} turns the function into a pure jaxpr of its inputs, so nothing it writes or "
@@ -121,8 +123,11 @@ _converting_closure = CONVERSIONS["closure_convert"]
 
 def closure_convert(fun: Callable[..., Any], *example_args: Any) -> Any:
     """``jax.closure_convert`` inside bound Linen modules (``_converting``); under a
-    ``jaxoverride.solve_state`` that keeps collections at the solution, the converted
-    function writes them as ``fun`` did, each time it is called (``_declared``)."""
+    ``jaxoverride.solve_state`` that keeps collections at the solution, the kit's
+    ``declared_closure_convert``: each evaluation of the converted function keeps what
+    ``fun`` wrote to them. Its state is read with the rng streams hidden (a frozen stream
+    draws the solve's key; another draw, or a write to another collection, is refused at
+    the write, and what a loop inside leaves there is put back)."""
     policy = _source.declaration() if _source.in_bound_module() else None
     if not _declared.frozen_collections_any(policy):
         return _converting_closure(fun, *example_args)
@@ -131,10 +136,17 @@ def closure_convert(fun: Callable[..., Any], *example_args: Any) -> Any:
     where = "jaxoverride.closure_convert"
     source = _source.source(where)
     allowed = _declared.allowed(policy)
-    guard = lambda: pure_scope(source, where, allowed=allowed)
-    call = lambda: _declared.stateful_closure_convert(
-        lower, fun, example_args, source, policy, guard
-    )
+
+    @functools.wraps(fun)
+    def guarded(*args: Any) -> Any:
+        inside = "the function being converted"
+        with pure(source.roots, where, inside, CONVERTED, allowed=allowed, keep_allowed=True):
+            return fun(*args)
+
+    def call() -> Any:
+        with hidden_rngs(source.roots):
+            return kit.declared_closure_convert(where, source, policy, lower, guarded, example_args)
+
     return init_safe(source, lambda: fun(*example_args), call)
 
 

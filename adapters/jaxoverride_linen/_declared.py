@@ -8,9 +8,9 @@ custom rule's functions, its ``bwd``) refuse writes and draws outside a declarat
 * a draw from a stream it freezes (one key per solve) is drawn from the entry key, with
   the stream's counters as at entry, so it gives the key every other evaluation draws;
 * a write to a collection it keeps at the solution starts from the entry state; a
-  closure-converted function hands it out (``stateful_closure_convert``), so that each
-  call of the converted map writes it as the map itself would; elsewhere it is dropped
-  (a backward pass re-evaluating the map writes nothing);
+  closure-converted function hands it out (``kit.declared_closure_convert``), so that
+  each call of the converted map writes it as the map itself would; elsewhere it is
+  dropped (a backward pass re-evaluating the map writes nothing);
 * a draw or write that the declaration leaves per evaluation is refused as before.
 
 A custom rule keeps the declaration found when it is called: JAX runs ``bwd`` after the
@@ -20,7 +20,7 @@ declaration has exited (``evaluating`` makes it the one Linen's draws see).
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any, cast
 
 from jaxoverride import adapter_kit as kit
@@ -126,49 +126,3 @@ def _install_entry_state(policy: kit.Participant, roots: Sequence[Any]) -> None:
             col, path = slot[2], slot[3]
             if trees.get_path(root.variables.get(col, {}), path) is not trees.MISSING:
                 trees.put_path(root.variables[col], path, value)
-
-
-def stateful_closure_convert(
-    lower: Callable[..., Any],
-    fun: Callable[..., Any],
-    example_args: tuple[Any, ...],
-    source: Any,
-    policy: kit.Participant,
-    guard: Callable[[], contextlib.AbstractContextManager[None]],
-) -> tuple[Callable[..., Any], Any]:
-    """``closure_convert`` of ``fun`` whose converted function writes the collections
-    ``policy`` keeps at the solution, as ``fun`` wrote them, each time it is called.
-
-    Args:
-      lower: the ``closure_convert`` below.
-      fun, example_args: as for ``jax.closure_convert``.
-      source: the Linen source of the modules running now.
-      policy: the declaration.
-      guard: the pure-function guard to trace ``fun`` under (``_convert.pure_scope``).
-
-    Returns:
-      ``(converted, constants)`` as ``jax.closure_convert`` returns them.
-    """
-    roots = source.roots
-    kept = [frozen_collections(policy, root.variables) for root in roots]
-
-    def traced(*args: Any) -> Any:
-        with guard(), evaluating(policy, roots, install=True):
-            out = fun(*args)
-            written = [
-                {col: trees.copy_dicts(root.variables[col]) for col in cols}
-                for root, cols in zip(roots, kept, strict=True)
-            ]
-        return out, written
-
-    converted, constants = lower(traced, *example_args)
-
-    def stateful(*args: Any) -> Any:
-        out, written = converted(*args)
-        for root, cols in zip(roots, written, strict=True):
-            for col, tree in cols.items():
-                for path, value in trees.paths(tree):
-                    trees.put_path(root.variables[col], path, value)
-        return out
-
-    return stateful, constants

@@ -57,16 +57,9 @@ class _Lifted:
 
 def _refuse_read(lifted: _Lifted, col: str, path: tuple[str, ...]) -> None:
     full = (col, *path)
-    if not any(full == refused[: len(full)] for refused in lifted.refused):
-        return
-    raise ClosedOverDifferentiationError(
-        f"{lifted.where}: the rule reads the Linen variable {'/'.join(full)!r}, which is "
-        "being differentiated, without having it as an argument. A custom rule gives "
-        "gradients for its explicit arguments only, so it would get a silently zero "
-        "gradient (JAX refuses the same for a closed-over value). Pass it in: "
-        "jaxoverride.closure_convert(f, *example_args) hoists what f reads into explicit "
-        "arguments; or pass the parameters to the solver's solve/run call as arguments."
-    )
+    if any(full == refused[: len(full)] for refused in lifted.refused):
+        what = f"the Linen variable {'/'.join(full)!r}"
+        raise ClosedOverDifferentiationError.reading(lifted.where, what)
 
 
 def guard_get_variable(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -241,6 +234,7 @@ def pure(
     reason: str,
     writes: bool = True,
     allowed: frozenset[tuple[str, str]] = frozenset(),
+    keep_allowed: bool = False,
 ) -> Iterator[None]:
     """Refuses rng draws (and, if ``writes``, variable writes) through the roots ``roots``.
 
@@ -252,7 +246,9 @@ def pure(
         filled in).
       writes: refuse writes too; what loops inside leave is then put back on exit.
       allowed: ``("rng", stream)`` and ``("state", collection)`` let through (what a
-        ``jaxoverride.solve_state`` freezes); what they write is put back on exit too.
+        ``jaxoverride.solve_state`` freezes); what they write is put back on exit too,
+        unless ``keep_allowed`` (the state source that runs the function reads it then:
+        ``kit.declared_closure_convert``).
     """
     saved = []
     for root in roots:
@@ -260,6 +256,7 @@ def pure(
             (parent, key, parent[key])
             for col, tree in root.variables.items()
             if writes and col != "params" and isinstance(tree, dict)
+            if not (keep_allowed and ("state", col) in allowed)
             for parent, key in _leaves(tree)
         ]
         saved.append((root, dict(root.rngs), leaves))

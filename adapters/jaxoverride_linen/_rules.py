@@ -207,7 +207,13 @@ class _Call:
         with lifted_reads(self.roots, params, refused, self.where, self.left_out):
             yield
 
-    def run(self, values: Any, fun: Callable[..., Any], *args: Any, refused: Any = None) -> Any:
+    def differentiated(self, values: Any) -> list[frozenset[tuple[str, ...]]]:
+        """Per root, the paths being differentiated (``kit.RuleCall``)."""
+        return _differentiated(values)
+
+    def run(
+        self, values: Any, fun: Callable[..., Any], args: Sequence[Any], refused: Any = None
+    ) -> tuple[Any, Any]:
         """``fun(*args)`` with the scopes showing ``values`` (``(params, state, received)``,
         see ``received_at``); returns ``(out, state)``.
 
@@ -245,6 +251,18 @@ class _Call:
         self.note_kept(handed, after)
         return out, after
 
+    def run_forward(
+        self, values: Any, fun: Callable[..., Any], args: Sequence[Any], refused: Any
+    ) -> tuple[Any, Any, Any]:
+        """As ``run``; also the params and the state ``bwd`` reads (as fwd left them)."""
+        out, after = self.run(values, fun, args, refused)
+        return out, after, (values[0], after)
+
+    def staged_values(self, values: Any, used: list[bool]) -> tuple[Any, list[bool]]:
+        """The values a staged custom_jvp takes (``_used_params``)."""
+        values, kept, self.left_out = _used_params(values, used)
+        return values, kept
+
     def _received(self, state: Any, received: Sequence[Any]) -> Any:
         """What the evaluations before the call left: ``state`` with the leaves at
         ``received_at`` taken from ``received``."""
@@ -255,9 +273,10 @@ class _Call:
             leaves[index] = value
         return jax.tree.unflatten(tree, leaves)
 
-    def run_pure(self, values: Any, fun: Callable[..., Any], *args: Any) -> Any:
-        """``fun(*args)`` as ``run``, every write and draw refused; returns ``out``."""
-        params, state = values[0], values[1]
+    def run_backward(self, saved: Any, fun: Callable[..., Any], args: Sequence[Any]) -> Any:
+        """``fun(*args)`` as ``run``, on the params and state ``saved`` (``run_forward``),
+        every write and draw refused; returns ``out``."""
+        params, state = saved
         source, where = self.source, self.where
 
         policy = self.backward.policy
@@ -293,8 +312,12 @@ class _Backward:
         self.modules = [weakref.ref(module) for module in call.source.modules]
         self.where = call.where
 
-    def run_pure(self, values: Any, fun: Callable[..., Any], *args: Any) -> Any:
-        """``fun(*args)`` as ``_Call.run_pure`` while the caller's modules live."""
+    def refuse_differentiated_state(self, cotangent: Any) -> None:
+        """Refuses a derivative of a variable that came out (``kit.RuleBackward``)."""
+        _refuse_differentiated_state(self.where, cotangent)
+
+    def run_backward(self, saved: Any, fun: Callable[..., Any], args: Sequence[Any]) -> Any:
+        """``fun(*args)`` as ``_Call.run_backward`` while the caller's modules live."""
         call = self.call()
         if call is None:
             modules = [ref() for ref in self.modules]
@@ -302,7 +325,7 @@ class _Backward:
                 return fun(*args)  # the scopes are gone: nothing for bwd to route
             source = _source.LinenSource(self.where, modules=modules)
             call = _Call(source, self.where)
-        return call.run_pure(values, fun, *args)
+        return call.run_backward(saved, fun, args)
 
 
 def _refuse_differentiated_state(where: str, state_cotangent: Any) -> None:
@@ -315,13 +338,8 @@ def _refuse_differentiated_state(where: str, state_cotangent: Any) -> None:
         if any(kit.perturbed_leaves(value))
     )
     if names:
-        raise DifferentiatedStateError(
-            f"{where}: the Linen variables {', '.join(names)} came out of the rule "
-            "(written in it, or carried through a neutral loop or jit inside it) and are "
-            "differentiated afterwards. The rule's bwd gives cotangents from its output only, "
-            "so they would get a silently zero gradient. Write them outside the rule (before "
-            "or after the call), or return the value from the rule as part of its output."
-        )
+        what = f"the Linen state {', '.join(names)}"
+        raise DifferentiatedStateError.came_out(where, what)
 
 
 class LinenRule(kit.LiftedRule):
@@ -341,21 +359,6 @@ class LinenRule(kit.LiftedRule):
         # as given.
         creation = lambda: self._fun(*kit.traced_arguments(args, self._nondiff))
         return init_safe(source, creation, lambda: lifted(source, args))
-
-    def _primal(self, call: _Call) -> Callable[..., Any]:
-        fun = self._fun
-        # JAX keeps the primal function in its ``custom_vjp`` bwd (for messages), which
-        # outlives the call in a linear program (see ``_Backward``); it runs it only while
-        # the call binds, when the call is alive.
-        live = weakref.ref(call)
-
-        def primal(values: Any, *args: Any) -> Any:
-            call = live()
-            if call is None:
-                raise RuntimeError(f"{self._where}: the primal function ran after its call")
-            return call.run(values, fun, *args)
-
-        return primal
 
     def _call(
         self,
@@ -392,78 +395,12 @@ class LinenRule(kit.LiftedRule):
 
     def _lifted_vjp(self, source: Any, args: tuple[Any, ...]) -> Any:
         call = _Call(source, self._where)
-        assert self._rule is not None
-        fwd, bwd, symbolic_zeros, optimize_remat = self._rule
-        fun = self._fun
-        static = {n % (len(args) + 1) - 1 for n in self._lifted_nondiff}
-        primal_tree = jax.tree.structure(
-            tuple(arg for index, arg in enumerate(args) if index not in static)
-        )
-
-        def lifted_fwd(values: Any, *args: Any) -> Any:
-            refused = _differentiated(values)
-            values = kit.unwrap_primals(values)
-            if not symbolic_zeros:
-                args = kit.unwrap_primals(args)
-            pair, after = call.run(values, fwd, *args, refused=refused)
-            out, residuals = kit.fwd_output_pair(pair, fwd, fun)
-            return (out, after), (residuals, (values[0], after))
-
-        backward = _Backward(call)  # bwd holds no strong reference to the call
-
-        def lifted_bwd(*rest: Any) -> Any:
-            *nondiff, (residuals, forward_values), (out_cotangent, state_cotangent) = rest
-            _refuse_differentiated_state(backward.where, state_cotangent)
-            if not symbolic_zeros:
-                out_cotangent = kit.instantiate_zeros(out_cotangent)
-            cotangents = backward.run_pure(forward_values, bwd, *nondiff, residuals, out_cotangent)
-            return (None, *kit.bwd_cotangents(cotangents, primal_tree))
-
-        rule = self._below(self._primal(call), nondiff_argnums=self._lifted_nondiff)
-        # Symbolic zeros tell which of Linen's values are being differentiated; the user's
-        # rules see them only if they asked.
-        rule.defvjp(lifted_fwd, lifted_bwd, symbolic_zeros=True, optimize_remat=optimize_remat)
+        rule = self._vjp_rule(call, _Backward(call), args)  # bwd holds the call weakly
         return self._call(lambda values: (rule, values), call, source, args)
 
     def _lifted_jvp(self, source: Any, args: tuple[Any, ...]) -> Any:
         call = _Call(source, self._where)
-        assert self._rule is not None
-        jvp, symbolic_zeros = self._rule
-        count = len(args)  # only the count: the rule must not close over the arguments
-
-        def lifted_jvp(*rest: Any) -> Any:
-            *nondiff, (values, *primals), (value_tangents, *tangents) = rest
-            refused = _differentiated(value_tangents)
-            if not any(kit.perturbed_leaves(tangents)):
-                # Only Linen's values are differentiated, and the rule gives no tangent for
-                # them (a read of one is refused): as JAX, which calls no rule when none of
-                # the function's own arguments is perturbed (equinox's ``nondifferentiable``
-                # raises in its rule), run the primal function instead.
-                ordered = self._in_order(count, nondiff, primals)
-                out, after = call.run(values, self._fun, *ordered, refused=refused)
-                return (out, after), (kit.zero_tangents(out), kit.zero_tangents(after))
-            if not symbolic_zeros:
-                tangents = kit.instantiate_zeros(tangents)
-            pair, after = call.run(
-                values, jvp, *nondiff, tuple(primals), tuple(tangents), refused=refused
-            )
-            out, out_tangent = pair
-            return (out, after), (out_tangent, kit.zero_tangents(after))
-
-        def bind(values: Any) -> tuple[Any, Any]:
-            primal = self._primal(call)
-            if kit.staged():
-                # JAX would trace the primal here: trace it once instead, and pass only
-                # the params it reads (``adapter_kit.StagedPrimal``).
-                static = [n % (count + 1) - 1 for n in self._lifted_nondiff]
-                traced = kit.StagedPrimal.trace(primal, values, args, static)
-                values, kept, call.left_out = _used_params(values, traced.used)
-                primal = traced.primal(kept)
-            rule = self._below(primal, nondiff_argnums=self._lifted_nondiff)
-            rule.defjvp(lifted_jvp, symbolic_zeros=True)
-            return rule, values
-
-        return self._call(bind, call, source, args)
+        return self._call(self._jvp_binder(call, args), call, source, args)
 
 
 def _used_params(values: Any, used: list[bool]) -> tuple[Any, list[bool], list[frozenset]]:

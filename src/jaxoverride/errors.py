@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 from jaxoverride import _tree_diff
 
 _ClosedOver = TypeVar("_ClosedOver", bound="ClosedOverDifferentiationError")
+_CameOut = TypeVar("_CameOut", bound="DifferentiatedStateError")
 
 __all__ = [
     "ClosedOverDifferentiationError",
@@ -81,7 +82,33 @@ class DifferentiatedStateError(JaxoverrideError, ValueError):
 
     The rule's ``bwd`` gives cotangents only for the rule's own output, so the state would
     get a silently zero gradient.
+
+    Example:
+      >>> from jaxoverride.errors import DifferentiatedStateError
+      >>> error = DifferentiatedStateError.came_out("jaxoverride.custom_vjp", "the state `n`")
+      >>> str(error)[:62]
+      'jaxoverride.custom_vjp: the state `n` came out of the rule (wr'
     """
+
+    @classmethod
+    def came_out(cls: type[_CameOut], where: str, what: str) -> _CameOut:
+        """The error for state that came out of a rule and is differentiated after it.
+
+        Args:
+          where: the neutral function, such as ``"jaxoverride.custom_vjp"``.
+          what: the state, in the framework's words (``"the Haiku state ~/y"``).
+
+        Returns:
+          An instance of ``cls`` (an adapter's subclass builds its own) with the message
+          every adapter gives: what came out, why its gradient would be zero, and the fix.
+        """
+        return cls(
+            f"{where}: {what} came out of the rule (written in it, or carried through a "
+            "neutral loop or jit inside it) and is differentiated afterwards. The rule's bwd "
+            "gives cotangents from its output only, so it would get a silently zero "
+            "gradient. Write it outside the rule (before or after the call), or return the "
+            "value from the rule as part of its output."
+        )
 
 
 class PureFunctionWriteError(JaxoverrideError, RuntimeError):

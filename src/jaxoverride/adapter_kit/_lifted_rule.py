@@ -5,19 +5,82 @@ a lifted function whose first argument is the state. What it needs from the user
 decorated function is always the same: JAX's own rule object built below (for calls
 where the adapter has nothing to do, for JAX's checks of the rule functions, and for the
 attributes users read), and the rule functions the user defined, to lift at call time.
+How the rule is built over the lifted function is the same too (``LiftedRule._vjp_rule``,
+``LiftedRule._jvp_binder``); what differs is how the adapter runs one of the user's
+functions over its state (a ``RuleCall``) and its backward rule (a ``RuleBackward``).
 """
 
 from __future__ import annotations
 
 import functools
 import inspect
+import weakref
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Protocol
+
+import jax
 
 import jaxoverride as jo
 from jaxoverride._compat import rule_jvp
 from jaxoverride.adapter_kit._argnums import shift_argnums
-from jaxoverride.adapter_kit._rule_args import nondiff_positions
+from jaxoverride.adapter_kit._rule_args import (
+    bwd_cotangents,
+    fwd_output_pair,
+    instantiate_zeros,
+    nondiff_positions,
+    perturbed_leaves,
+    unwrap_primals,
+    zero_tangents,
+)
+from jaxoverride.adapter_kit._staged_reads import StagedPrimal, staged
+
+
+class RuleCall(Protocol):
+    """One call of a lifted rule: how an adapter runs the user's functions over its state.
+
+    ``values`` is the rule's leading argument (the framework's state as the adapter lifts
+    it); ``after`` that state after a run (the rule's extra output); ``refused`` what
+    ``differentiated`` returned (reads of it raise ``ClosedOverDifferentiationError``),
+    or None. The object holds no JAX value (JAX keeps the rule's functions) and supports
+    weak references.
+
+    * ``differentiated(values)``: what is being differentiated, from ``values`` as a
+      ``symbolic_zeros`` rule receives them (``fwd``'s primals, the JVP rule's tangents);
+    * ``run(values, fun, args, refused=None)``: ``fun(*args)`` over ``values``; returns
+      ``(out, after)``;
+    * ``run_forward(values, fun, args, refused)``: as ``run`` for ``fwd``; returns
+      ``(out, after, saved)``, ``saved`` (a residual) what ``bwd`` runs from;
+    * ``staged_values(values, used)``: for a staged ``custom_jvp``, the values the rule
+      takes given what its primal reads (``StagedPrimal.used``), and per leaf of
+      ``values`` whether it is among them.
+    """
+
+    def differentiated(self, values: Any) -> Any: ...
+
+    def run(
+        self, values: Any, fun: Callable[..., Any], args: Sequence[Any], refused: Any = None
+    ) -> tuple[Any, Any]: ...
+
+    def run_forward(
+        self, values: Any, fun: Callable[..., Any], args: Sequence[Any], refused: Any
+    ) -> tuple[Any, Any, Any]: ...
+
+    def staged_values(self, values: Any, used: list[bool]) -> tuple[Any, list[bool]]: ...
+
+
+class RuleBackward(Protocol):
+    """How an adapter runs a lifted ``custom_vjp``'s ``bwd``, which JAX may run after the
+    call returned (so it holds no JAX value of the call).
+
+    * ``refuse_differentiated_state(cotangent)``: refuses a cotangent of ``after`` (the
+      state that came out would get a silently zero gradient: ``DifferentiatedStateError``);
+    * ``run_backward(saved, fun, args)``: ``fun(*args)`` over ``saved``
+      (``RuleCall.run_forward``'s), every write and draw refused; returns its output.
+    """
+
+    def refuse_differentiated_state(self, cotangent: Any) -> None: ...
+
+    def run_backward(self, saved: Any, fun: Callable[..., Any], args: Sequence[Any]) -> Any: ...
 
 
 class LiftedRule:
@@ -28,7 +91,9 @@ class LiftedRule:
     JAX checks the functions as it does) and record them in ``_rule``:
     ``(fwd, bwd, symbolic_zeros, optimize_remat)`` or ``(jvp, symbolic_zeros)``. Any
     other public attribute is read from the rule below. A subclass defines ``__call__``:
-    ``self._plain(*args, **kwargs)`` where it has nothing to do, else its lifted rule.
+    ``self._plain(*args, **kwargs)`` where it has nothing to do, else its lifted rule:
+    JAX's rule over a function whose first argument is its state, built by ``_vjp_rule``
+    or ``_jvp_binder`` from a ``RuleCall`` (and a ``RuleBackward``) of its own.
 
     Attributes:
       _name: ``"custom_vjp"`` or ``"custom_jvp"``.
@@ -119,6 +184,110 @@ class LiftedRule:
             ordered[position] = value
         rest = iter(primals)
         return [ordered[i] if i in positions else next(rest) for i in range(count)]
+
+    def _static_positions(self, count: int) -> list[int]:
+        """The positions, among the user's ``count`` arguments, of the non-differentiable
+        ones (negative positions resolved)."""
+        return [n % (count + 1) - 1 for n in self._lifted_nondiff]
+
+    def _lifted_primal(self, call: RuleCall) -> Callable[..., Any]:
+        """The primal function of the lifted rule: ``(values, *args) -> (out, after)``.
+
+        JAX keeps the primal function in a ``custom_vjp``'s bwd (for messages), which
+        outlives the call in a linear program: it holds ``call`` weakly (JAX runs it only
+        while the call binds, when the call is alive).
+        """
+        fun, where, live = self._fun, self._where, weakref.ref(call)
+
+        def primal(values: Any, *args: Any) -> Any:
+            call = live()
+            if call is None:
+                raise RuntimeError(f"{where}: the primal function ran after its call")
+            return call.run(values, fun, args)
+
+        return primal
+
+    def _vjp_rule(self, call: RuleCall, backward: RuleBackward, args: Sequence[Any]) -> Any:
+        """JAX's ``custom_vjp`` below over the lifted primal, for a call on ``args``.
+
+        ``fwd`` runs through ``call`` (its ``refused`` from the symbolic zeros, which the
+        rule is registered with to learn what is being differentiated; the user's rules
+        see them only if they asked), ``bwd`` through ``backward``: the rule holds no
+        strong reference to ``call`` there. The rule takes ``(values, *args)`` and returns
+        ``(out, after)``.
+        """
+        assert self._rule is not None
+        fwd, bwd, symbolic_zeros, optimize_remat = self._rule
+        fun = self._fun
+        static = set(self._static_positions(len(args)))
+        primal_tree = jax.tree.structure(
+            tuple(arg for index, arg in enumerate(args) if index not in static)
+        )
+
+        def lifted_fwd(values: Any, *args: Any) -> Any:
+            refused = call.differentiated(values)
+            values = unwrap_primals(values)
+            if not symbolic_zeros:
+                args = unwrap_primals(args)
+            pair, after, saved = call.run_forward(values, fwd, args, refused)
+            out, residuals = fwd_output_pair(pair, fwd, fun)
+            return (out, after), (residuals, saved)
+
+        def lifted_bwd(*rest: Any) -> Any:
+            *nondiff, (residuals, saved), (out_cotangent, state_cotangent) = rest
+            backward.refuse_differentiated_state(state_cotangent)
+            if not symbolic_zeros:
+                out_cotangent = instantiate_zeros(out_cotangent)
+            cotangents = backward.run_backward(saved, bwd, (*nondiff, residuals, out_cotangent))
+            return (None, *bwd_cotangents(cotangents, primal_tree))
+
+        rule = self._below(self._lifted_primal(call), nondiff_argnums=self._lifted_nondiff)
+        rule.defvjp(lifted_fwd, lifted_bwd, symbolic_zeros=True, optimize_remat=optimize_remat)
+        return rule
+
+    def _jvp_binder(self, call: RuleCall, args: Sequence[Any]) -> Callable[[Any], tuple[Any, Any]]:
+        """``bind(values)``: JAX's ``custom_jvp`` below over the lifted primal, and the
+        values it takes, for a call on ``args``.
+
+        The JVP rule runs through ``call``; where only the state is differentiated, the
+        primal function instead, as JAX calls no rule when none of the function's own
+        arguments is perturbed (equinox's ``nondifferentiable`` raises in its rule), with
+        zero tangents (a read of a differentiated value is refused). Where the call is
+        staged, the primal is traced once and the rule takes only the values it reads
+        (``StagedPrimal``, ``RuleCall.staged_values``).
+        """
+        assert self._rule is not None
+        jvp, symbolic_zeros = self._rule
+        count = len(args)  # only the count: the rule must not close over the arguments
+
+        def lifted_jvp(*rest: Any) -> Any:
+            *nondiff, (values, *primals), (value_tangents, *tangents) = rest
+            refused = call.differentiated(value_tangents)
+            if not any(perturbed_leaves(tangents)):
+                ordered = self._in_order(count, nondiff, primals)
+                out, after = call.run(values, self._fun, ordered, refused)
+                return (out, after), (zero_tangents(out), zero_tangents(after))
+            if not symbolic_zeros:
+                tangents = instantiate_zeros(tangents)
+            pair, after = call.run(
+                values, jvp, (*nondiff, tuple(primals), tuple(tangents)), refused
+            )
+            out, out_tangent = pair
+            return (out, after), (out_tangent, zero_tangents(after))
+
+        def bind(values: Any) -> tuple[Any, Any]:
+            primal = self._lifted_primal(call)
+            if staged():
+                # JAX would trace the primal here: trace it once instead, and pass only
+                # the values it reads.
+                traced = StagedPrimal.trace(primal, values, args, self._static_positions(count))
+                values, kept = call.staged_values(values, traced.used)
+                primal = traced.primal(kept)
+            rule = self._below(primal, nondiff_argnums=self._lifted_nondiff)
+            rule.defjvp(lifted_jvp, symbolic_zeros=True)
+            return rule, values
+
+        return bind
 
     @classmethod
     def overrides(cls) -> dict[str, Callable[..., Any]]:
