@@ -29,6 +29,13 @@ def _ours(cls: type) -> bool:
     return cls.__module__.partition(".")[0].startswith("jaxoverride")
 
 
+def _raised_to_users(cls: type) -> bool:
+    """Whether an exception of ``cls`` may reach a user. An ``adapter_kit.TraceAbort``
+    subclass does not: an adapter raises it inside JAX's traces to trace again, and the
+    same adapter catches it (``NeedsState``: a probe was used)."""
+    return cls is jo.adapter_kit.TraceAbort or not issubclass(cls, jo.adapter_kit.TraceAbort)
+
+
 def _reachable() -> set[type[BaseException]]:
     """The exception classes the public modules name, and every subclass of them that
     jaxoverride or an adapter defines (raised ones included, made on the fly or not)."""
@@ -45,7 +52,7 @@ def _reachable() -> set[type[BaseException]]:
             continue
         found.add(cls)
         pending += cls.__subclasses__()
-    return {cls for cls in found if _ours(cls)}
+    return {cls for cls in found if _ours(cls) and _raised_to_users(cls)}
 
 
 def _public_path(cls: type) -> bool:
