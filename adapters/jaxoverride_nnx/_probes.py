@@ -99,14 +99,11 @@ def has_probe(value: Any) -> bool:
 
 
 def probe_types(value: Any) -> Any:
-    """``value`` with each probe replaced by its type (a ``jax.ShapeDtypeStruct``)."""
-
-    def typed(leaf: Any) -> Any:
-        if not is_probe(leaf):
-            return jax.ShapeDtypeStruct(np.shape(leaf), jax.typeof(leaf).dtype)
-        return jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, weak_type=leaf.weak_type)
-
-    return jax.tree.map(typed, value)
+    """``value`` (a probed tracked value: every leaf a probe, ``probe_for``) with each
+    probe replaced by its type (a ``jax.ShapeDtypeStruct``)."""
+    return jax.tree.map(
+        lambda p: jax.ShapeDtypeStruct(p.shape, p.dtype, weak_type=p.weak_type), value
+    )
 
 
 def check_given(values: Sequence[Any]) -> None:
