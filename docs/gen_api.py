@@ -88,7 +88,12 @@ def _describe(package: str, name: str, obj: object) -> str:
         return f"neutral `jax.{prefix}{name}`: JAX's own while nothing is active"
     if isinstance(obj, frozenset):
         return "the overridable names: " + ", ".join(f"`{x}`" for x in sorted(obj))
-    if isinstance(obj, Mapping) or not (callable(obj) or inspect.isclass(obj)):
+    # A bound C method (a ContextVar's ``get``) carries its type's docstring, not ours.
+    if (
+        isinstance(obj, Mapping)
+        or inspect.isbuiltin(obj)
+        or not (callable(obj) or inspect.isclass(obj))
+    ):
         doc = _attribute_doc(package, name)
     return _first_paragraph(doc).replace("|", "\\|")
 

@@ -33,7 +33,13 @@ import numpy as np
 from jax.core import Tracer
 
 import jaxoverride as jo
-from jaxoverride.adapter_kit import TraceAbort, infer_argnums_and_argnames, jit_name, shift_argnums
+from jaxoverride.adapter_kit import (
+    TraceAbort,
+    declarations_entered,
+    infer_argnums_and_argnames,
+    jit_name,
+    shift_argnums,
+)
 from jaxoverride_nnx import _tracked
 from jaxoverride_nnx._compat import RAW_VALUE
 from jaxoverride_nnx._errors import untracked_static
@@ -47,7 +53,7 @@ from jaxoverride_nnx._lift import (
     write_back,
 )
 from jaxoverride_nnx._reach import reached
-from jaxoverride_nnx._solve import declared, declared_values, frozen_key, policy_for, written
+from jaxoverride_nnx._solve import declared_values, frozen_key, policy_for, written
 from jaxoverride_nnx._touched import (
     NeedsState,
     check_carried,
@@ -148,6 +154,7 @@ class NnxJit:
         hot: list[Any] = [_COLD]
         per_arity = self._per_arity
         active_get = ACTIVE.get
+        any_declaration = declarations_entered
         plain_types = _PLAIN_TYPES
         scope = _tracked
 
@@ -164,7 +171,7 @@ class NnxJit:
             the object ``mark`` says the check passed for with this very plan."""
 
             def hot_call(*args: Any, **kwargs: Any) -> Any:
-                if declared():  # under jaxoverride.solve_state: no flat plan (see general)
+                if any_declaration():  # under jaxoverride.solve_state: no flat plan (see general)
                     return miss(args, kwargs)
                 plan = hot[0]
                 tracked, epoch, jitted, reads, writes, refs, build = plan

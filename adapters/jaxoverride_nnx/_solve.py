@@ -111,20 +111,6 @@ def policy_for(tracked: Tracked) -> Participant | None:
     return kit.participant(Values(tracked))
 
 
-class _Probe:
-    """Only asks whether a declaration is active for NNX (``declared``)."""
-
-    framework = FRAMEWORK
-
-
-_PROBE = _Probe()
-
-
-def declared() -> bool:
-    """Whether a ``jaxoverride.solve_state`` declaration takes NNX's state now."""
-    return kit.participant(_PROBE) is not None
-
-
 def frozen_key(policy: Participant, tracked: Tracked) -> tuple[str, tuple[int, ...]]:
     """A cache key for a trace made under ``policy``: which tracked Variables it freezes
     (a trace never holds the frozen values themselves: see ``entering``'s ``rebase``)."""

@@ -303,6 +303,7 @@ from jaxoverride.adapter_kit._declared_conversion import (
 from jaxoverride.adapter_kit._solve_policy import (
     Participant as Participant,
     StatePart as StatePart,
+    declarations_entered as declarations_entered,
     participant as participant,
     register_solve_source as register_solve_source,
     resumed as resumed,
@@ -357,6 +358,7 @@ __all__ += [
     "write_out_p",
     "Written",
     "StatePart",
+    "declarations_entered",
     "participant",
     "register_solve_source",
     "resumed",

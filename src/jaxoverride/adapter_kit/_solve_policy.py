@@ -548,6 +548,21 @@ class _BySlot:
         return [StatePart("state", (), slot) for slot in self.slots]
 
 
+declarations_entered: Callable[[], tuple[Any, ...]] = _solve_state._active.get
+"""Whether a ``jaxoverride.solve_state`` declaration is entered now: a non-empty tuple
+if one is, else ``()``.
+
+A bound C method, so asking costs no Python frame: for a cache-hit path that serves only
+undeclared calls and hands every other call to its general path (which asks
+``participant``).
+
+Example:
+  >>> from jaxoverride import adapter_kit as kit
+  >>> kit.declarations_entered()
+  ()
+"""
+
+
 @contextlib.contextmanager
 def resumed(entered: Participant | None) -> Iterator[None]:
     """Runs the block under ``entered``'s declaration (a ``Participant`` captured when a
