@@ -80,8 +80,3 @@ def kind_of_node(x: Any) -> int:
     if k == NODE and isinstance(x, tuple) and not x:
         return IDENTITYLESS
     return k
-
-
-def is_dynamic(x: Any) -> bool:
-    """Whether ``x`` is a value JAX traces (an array or a Python scalar)."""
-    return kind(x) in (ARRAY, SCALAR)

@@ -67,16 +67,6 @@ def frozen_collections_any(policy: kit.Participant | None) -> bool:
     return policy is not None and any(slot[0] == "state" for slot, _ in frozen(policy))
 
 
-def frozen_collections(policy: kit.Participant | None, variables: Any) -> list[str]:
-    """The collections of the root with these ``variables`` that ``policy`` keeps at the
-    solution, in order."""
-    if policy is None:
-        return []
-    return sorted(
-        {slot[2] for slot, _ in frozen(policy) if slot[0] == "state" and slot[1] == id(variables)}
-    )
-
-
 @contextlib.contextmanager
 def evaluating(
     policy: kit.Participant | None, roots: Sequence[Any], install: bool = False
