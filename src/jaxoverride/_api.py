@@ -48,19 +48,27 @@ eval_shape = cast("EvalShape", neutral_call("eval_shape", jax.eval_shape))
 closure_convert = neutral_call("closure_convert", jax.closure_convert)
 
 
-def _jax_constructor_signature(jax_class: type) -> inspect.Signature:
-    """What ``inspect.signature(jax_class)`` shows, as the signature of an ``__init__``.
+def _jax_constructor(jax_class: type) -> Callable[..., None]:
+    """``NeutralRule.__init__`` with the signature ``inspect.signature(jax_class)`` shows.
 
     ``inspect.signature`` of a neutral class must equal JAX's class's, which moves between
     releases: read from an annotated ``__init__`` (JAX 0.8; ``custom_jvp`` until 0.11.0,
     and both again in 0.12), or from a ``__new__`` without annotations (``custom_vjp``
     0.9 to 0.11, whose ``fun`` defaults to None from 0.11.1 so that ``copy.deepcopy``
-    can make the object; ``custom_jvp`` in 0.11.1 and 0.11.2). Set on ``__init__``, not
-    the class, so that an instance's signature is still that of the function it wraps.
+    can make the object; ``custom_jvp`` in 0.11.1 and 0.11.2). Set on each class's own
+    ``__init__``, not the class, so that an instance's signature is still that of the
+    function it wraps.
     """
+
+    def __init__(self, fun, nondiff_argnums=(), nondiff_argnames=()):  # noqa: N807
+        NeutralRule.__init__(self, fun, nondiff_argnums, nondiff_argnames)
+
     theirs = inspect.signature(jax_class)
     self = inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)
-    return theirs.replace(parameters=[self, *theirs.parameters.values()])
+    __init__.__signature__ = theirs.replace(  # type: ignore[attr-defined]
+        parameters=[self, *theirs.parameters.values()]
+    )
+    return __init__
 
 
 class custom_vjp(NeutralRule[ReturnValue]):  # noqa: N801  (JAX's name)
@@ -68,10 +76,7 @@ class custom_vjp(NeutralRule[ReturnValue]):  # noqa: N801  (JAX's name)
     _default = jax.custom_vjp
     _kind = "VJP"
 
-    def __init__(self, fun, nondiff_argnums=(), nondiff_argnames=()):
-        super().__init__(fun, nondiff_argnums, nondiff_argnames)
-
-    __init__.__signature__ = _jax_constructor_signature(jax.custom_vjp)  # type: ignore[attr-defined]
+    __init__ = _jax_constructor(jax.custom_vjp)
 
     def defvjp(
         self,
@@ -86,18 +91,13 @@ class custom_vjp(NeutralRule[ReturnValue]):  # noqa: N801  (JAX's name)
         under ``jax_custom_vjp3`` in JAX 0.8.1 to 0.11.0 the rule itself (for chaining;
         ``custom_vjp3.defvjp`` returns ``None`` again in 0.11.2).
         """
-        _check_rule_function(
-            fwd,
-            role="fwd (the forward rule)",
-            where="jaxoverride.custom_vjp.defvjp",
-            example="f.defvjp(my_fwd, my_bwd)",
-        )
-        _check_rule_function(
-            bwd,
-            role="bwd (the backward rule)",
-            where="jaxoverride.custom_vjp.defvjp",
-            example="f.defvjp(my_fwd, my_bwd)",
-        )
+        for rule, role in ((fwd, "fwd (the forward rule)"), (bwd, "bwd (the backward rule)")):
+            _check_rule_function(
+                rule,
+                role=role,
+                where="jaxoverride.custom_vjp.defvjp",
+                example="f.defvjp(my_fwd, my_bwd)",
+            )
         options = {"symbolic_zeros": symbolic_zeros, "optimize_remat": optimize_remat}
         return self._define("defvjp", (fwd, bwd), options)
 
@@ -111,10 +111,7 @@ class custom_jvp(NeutralRule[ReturnValue]):  # noqa: N801  (JAX's name)
     _default = jax.custom_jvp
     _kind = "JVP"
 
-    def __init__(self, fun, nondiff_argnums=(), nondiff_argnames=()):
-        super().__init__(fun, nondiff_argnums, nondiff_argnames)
-
-    __init__.__signature__ = _jax_constructor_signature(jax.custom_jvp)  # type: ignore[attr-defined]
+    __init__ = _jax_constructor(jax.custom_jvp)
 
     def defjvp(
         self,
