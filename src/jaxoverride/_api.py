@@ -48,36 +48,7 @@ eval_shape = cast("EvalShape", neutral_call("eval_shape", jax.eval_shape))
 closure_convert = neutral_call("closure_convert", jax.closure_convert)
 
 
-def _jax_constructor(jax_class: type) -> Callable[..., None]:
-    """``NeutralRule.__init__`` with the signature ``inspect.signature(jax_class)`` shows.
-
-    ``inspect.signature`` of a neutral class must equal JAX's class's, which moves between
-    releases: read from an annotated ``__init__`` (JAX 0.8; ``custom_jvp`` until 0.11.0,
-    and both again in 0.12), or from a ``__new__`` without annotations (``custom_vjp``
-    0.9 to 0.11, whose ``fun`` defaults to None from 0.11.1 so that ``copy.deepcopy``
-    can make the object; ``custom_jvp`` in 0.11.1 and 0.11.2). Set on each class's own
-    ``__init__``, not the class, so that an instance's signature is still that of the
-    function it wraps.
-    """
-
-    def __init__(self, fun, nondiff_argnums=(), nondiff_argnames=()):  # noqa: N807
-        NeutralRule.__init__(self, fun, nondiff_argnums, nondiff_argnames)
-
-    theirs = inspect.signature(jax_class)
-    self = inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)
-    __init__.__signature__ = theirs.replace(  # type: ignore[attr-defined]
-        parameters=[self, *theirs.parameters.values()]
-    )
-    return __init__
-
-
-class custom_vjp(NeutralRule[ReturnValue]):  # noqa: N801  (JAX's name)
-    _name = "custom_vjp"
-    _default = jax.custom_vjp
-    _kind = "VJP"
-
-    __init__ = _jax_constructor(jax.custom_vjp)
-
+class custom_vjp(NeutralRule[ReturnValue], jax_class=jax.custom_vjp):  # noqa: N801  (JAX's name)
     def defvjp(
         self,
         fwd: Callable[..., tuple[ReturnValue, Any]],
@@ -106,13 +77,7 @@ class custom_vjp(NeutralRule[ReturnValue]):  # noqa: N801  (JAX's name)
     defvjp.__signature__ = inspect.signature(jax.custom_vjp.defvjp)  # type: ignore[attr-defined]
 
 
-class custom_jvp(NeutralRule[ReturnValue]):  # noqa: N801  (JAX's name)
-    _name = "custom_jvp"
-    _default = jax.custom_jvp
-    _kind = "JVP"
-
-    __init__ = _jax_constructor(jax.custom_jvp)
-
+class custom_jvp(NeutralRule[ReturnValue], jax_class=jax.custom_jvp):  # noqa: N801  (JAX's name)
     def defjvp(
         self,
         jvp: Callable[..., tuple[ReturnValue, ReturnValue]],
