@@ -213,7 +213,12 @@ class Tracked:
 
     def derive(self, objects: Sequence[Any], names: Sequence[str]) -> Tracked:
         """A frozen view that also lifts the graph nodes ``objects`` (call arguments)."""
-        extra = walk(objects, names, known_vars=self._known_vars(), known_nodes=self._known_nodes())
+        extra = walk(
+            objects,
+            names,
+            known_vars=self._known("var_ids", "variables"),
+            known_nodes=self._known("node_ids", "nodes"),
+        )
         key = TrackKey(self.key.ids, self.key.refs, (self.key.fingerprint, extra.fingerprint))
         if self.extra is None:
             return Tracked(self.graph, key, None, extra)
@@ -231,18 +236,12 @@ class Tracked:
             merged.node_ids.update({k: v + offset_n for k, v in part.node_ids.items()})
         return Tracked(self.graph, key, None, merged)
 
-    def _known_vars(self) -> dict[int, int]:
-        known = dict(self.graph.var_ids)
+    def _known(self, ids: str, field: str) -> dict[int, int]:
+        """The graph's ``ids`` map and the extra's, as ``_index`` reads them, in one."""
+        known = dict(getattr(self.graph, ids))
         if self.extra is not None:
-            offset = len(self.graph.variables)
-            known.update({k: v + offset for k, v in self.extra.var_ids.items()})
-        return known
-
-    def _known_nodes(self) -> dict[int, int]:
-        known = dict(self.graph.node_ids)
-        if self.extra is not None:
-            offset = len(self.graph.nodes)
-            known.update({k: v + offset for k, v in self.extra.node_ids.items()})
+            offset = len(getattr(self.graph, field))
+            known.update({k: v + offset for k, v in getattr(self.extra, ids).items()})
         return known
 
 
