@@ -468,8 +468,8 @@ class NeutralRule(Generic[ReturnValue]):
     _kind: str  # "VJP" or "JVP", for JAX's own wording of a missing rule
 
     def __init_subclass__(cls, jax_class: type | None = None, **options: Any):
-        """A neutral rule class named as ``jax_class`` (``custom_vjp``: ``_kind`` "VJP"),
-        which builds it, with its constructor's signature (``_jax_constructor``)."""
+        """A neutral class over ``jax_class``: it builds ``jax_class``, with its constructor's
+        signature (``_jax_constructor``), and is named as JAX's (``custom_vjp``: "VJP")."""
         super().__init_subclass__(**options)
         if jax_class is not None:
             cls._name = cls.__name__
