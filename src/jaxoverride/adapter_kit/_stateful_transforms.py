@@ -1,8 +1,8 @@
 """Transforms that trace their function once per call, a framework's state passed through.
 
-``vmap``, ``pmap``, the ``grad``-like transforms, ``checkpoint``/``remat`` and the calls
-``jvp``, ``vjp`` and ``linearize`` all have one shape: the function runs with the
-framework's state installed, and returns what it left as an auxiliary output that JAX
+``vmap``, ``pmap``, ``shard_map``, the ``grad``-like transforms, ``checkpoint``/``remat``
+and the calls ``jvp``, ``vjp`` and ``linearize`` all have one shape: the function runs with
+the framework's state installed, and returns what it left as an auxiliary output that JAX
 does not map, differentiate or batch; after the JAX call the caller's state is updated
 once. So a counter increments once per call, not once per basis vector. A framework
 describes how it does that with a ``TransformState``; the builders here make the
