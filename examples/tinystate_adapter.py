@@ -25,8 +25,6 @@ import functools
 from collections.abc import Callable, Iterator
 from typing import Any
 
-import jax
-
 import jaxoverride as jo
 import tinystate
 from jaxoverride import adapter_kit as kit, errors
@@ -135,36 +133,8 @@ def _batched_state_error(where: str, err: Exception) -> errors.JaxoverrideError:
 
 
 TRANSFORMS = kit.stateful_transforms(
-    _STATE, _batched_state_error, mapped=("vmap", "pmap"), module=__name__
+    _STATE, _batched_state_error, mapped=("vmap", "pmap", "shard_map"), module=__name__
 )
-
-
-def shard_map(f: Any = None, /, **options: Any) -> Any:
-    """``shard_map``: the state passed in replicated and out replicated (``P()``)."""
-    lower = jo.next_impl("shard_map")
-    if f is None:
-        return functools.partial(shard_map, **options)
-    where = "jaxoverride.shard_map"
-    plain = lower(f, **options)
-
-    @kit.wraps(f)
-    def sharded(*args: Any, **kwargs: Any) -> Any:
-        if not active():
-            return plain(*args, **kwargs)
-
-        def call() -> Any:
-            traced = _STATE.begin(where)
-            pure = kit.wraps(f)(lambda *a, **k: traced.run(f, a, k))
-            specs = {**options, "out_specs": (options["out_specs"], jax.sharding.PartitionSpec())}
-            out, left = lower(pure, **specs)(*args, **kwargs)
-            traced.finish(left)
-            return out
-
-        in_specs = options.get("in_specs", kit.INFER_SPECS)
-        block = lambda: kit.shard_block_arguments(args, in_specs, options.get("mesh"))
-        return _STATE.init_safe(where, lambda: f(*block(), **kwargs), call)
-
-    return sharded
 
 
 def jit(fun: Callable[..., Any], *args: Any, **kwargs: Any) -> Callable[..., Any]:
@@ -282,7 +252,6 @@ TABLE = kit.OverrideTable(
         **TRANSFORMS,
         **CONVERSIONS,
         **Rule.overrides(),
-        "shard_map": shard_map,
         "jit": jit,
         "eval_shape": eval_shape,
     },

@@ -64,16 +64,7 @@ class PureFunctionWriteError(errors.PureFunctionWriteError):
     """
 
 
-_CONVERTED = (
-    "{where} turns the function into a pure jaxpr of its inputs, so nothing it writes or "
-    "draws could come out, and the value would be silently lost or stale. Move the write or "
-    "the draw out of the function that is converted (do it before or after the solver "
-    "call), or pass the value in as an argument (optimistix's and diffrax's args, with the "
-    "key drawn before the call); a solver with a non-implicit mode (fpsolve's "
-    "implicit=False, jaxopt's implicit_diff=False) does not convert the function, but "
-    "optimistix, lineax and diffrax (with its default adjoint) convert their callbacks. "
-    + "{declare}"
-)
+_CONVERTED = kit.CONVERTED_WRITE_REASON + ". {declare}"
 
 DECLARE = (
     "Or declare what the solver's evaluations see: `with jaxoverride.solve_state(): ...` "

@@ -251,11 +251,7 @@ def _after(frame: base.Frame, call: _RuleCall) -> tuple[Any, Any]:
 
 
 class _RuleCall:
-    """One call of a lifted rule: the caller's Python frame state and where it ends.
-
-    JAX keeps the rule's functions (which close over this) in the jaxpr, so it holds no
-    JAX value: the caller's values are the rule's leading argument.
-    """
+    """One call of a lifted rule (a kit ``RuleCall``): the caller's frame state and its end."""
 
     __slots__ = (
         "__weakref__",

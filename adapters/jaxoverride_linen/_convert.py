@@ -37,14 +37,9 @@ from jaxoverride_linen._declared import SOLVE_STATE_FIX
 from jaxoverride_linen._guards import discarding, hidden_rngs, pure
 
 CONVERTED = (
-    "{where} turns the function into a pure jaxpr of its inputs, so nothing it writes or "
-    "draws could come out, and the value would be silently lost or stale. Move the write or "
-    "the draw out of the function that is converted (do it before or after the solver "
-    "call), or pass the value in as an argument (optimistix's and diffrax's args, with the "
-    "key drawn before the call); a solver with a non-implicit mode (fpsolve's "
-    "implicit=False, jaxopt's implicit_diff=False) does not convert the function, but "
-    "optimistix, lineax and diffrax (with its default adjoint) convert their callbacks, so "
-    "there this is the only way without a declaration. " + SOLVE_STATE_FIX
+    kit.CONVERTED_WRITE_REASON
+    + ", so there this is the only way without a declaration. "
+    + SOLVE_STATE_FIX
 )
 
 

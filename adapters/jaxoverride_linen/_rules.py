@@ -125,11 +125,7 @@ def _valid(source: Any) -> Iterator[None]:
 
 
 class _Call:
-    """One call of a lifted rule: the caller's source and the threading of its state.
-
-    JAX keeps the rule's functions (which close over this) in the jaxpr, so it holds no
-    JAX value: the caller's values are the rule's leading argument.
-    """
+    """One call of a lifted rule (a kit ``RuleCall``): the caller's source and its threading."""
 
     __slots__ = (
         "__weakref__",

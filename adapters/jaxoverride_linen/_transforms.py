@@ -14,7 +14,6 @@ never crosses a separate trace.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -123,39 +122,11 @@ def make_jaxpr(fun: Callable[..., Any], *args: Any, **kwargs: Any) -> Callable[.
     return _in_modules(fun, below(fun, *args, **kwargs), traced)
 
 
-# -- shard_map -------------------------------------------------------------------------
-
-
-def shard_map(f: Any = None, /, **options: Any) -> Any:
-    below = jo.next_impl("shard_map")
-    if f is None:
-        return functools.partial(shard_map, **options)
-    where = "jaxoverride.shard_map"
-
-    def sharded(*call_args: Any, **call_kwargs: Any) -> Any:
-        def call() -> Any:
-            state_call = _STATE.begin(where)
-            pure = kit.wraps(f)(lambda *a, **k: state_call.run(f, a, k))
-            specs = {**options, "out_specs": (options["out_specs"], jax.sharding.PartitionSpec())}
-            out, after = below(pure, **specs)(*call_args, **call_kwargs)
-            state_call.finish(after)
-            return out
-
-        # At init, the first device's block creates the variables, once.
-        in_specs = options.get("in_specs", kit.INFER_SPECS)
-        block = lambda: kit.shard_block_arguments(call_args, in_specs, options.get("mesh"))
-        creation = lambda: f(*kit.traced_arguments(block()), **call_kwargs)
-        return _STATE.init_safe(where, creation, call)
-
-    return _in_modules(f, below(f, **options), sharded)
-
-
 OVERRIDES: dict[str, Callable[..., Any]] = {
     **kit.stateful_transforms(
-        _STATE, _batched_state_error, mapped=("vmap", "pmap"), module=__name__
+        _STATE, _batched_state_error, mapped=("vmap", "pmap", "shard_map"), module=__name__
     ),
     "jit": jit,
-    "shard_map": shard_map,
     "eval_shape": eval_shape,
     "make_jaxpr": make_jaxpr,
 }

@@ -163,41 +163,37 @@ class Tracked:
 
     # -- lookups --------------------------------------------------------------------
     def var_index(self, obj: Any) -> int | None:
-        index = self.graph.var_ids.get(id(obj))
-        if index is None and self.extra is not None:
-            index = self.extra.var_ids.get(id(obj))
-            if index is not None:
-                index += len(self.graph.variables)
-        return index
+        return self._index(obj, "var_ids", "variables")
 
     def node_index(self, obj: Any) -> int | None:
-        index = self.graph.node_ids.get(id(obj))
-        if index is None and self.extra is not None:
-            index = self.extra.node_ids.get(id(obj))
-            if index is not None:
-                index += len(self.graph.nodes)
-        return index
+        return self._index(obj, "node_ids", "nodes")
 
     def node(self, index: int) -> Any:
-        nodes = self.graph.nodes
-        if index < len(nodes):
-            return nodes[index]()
-        assert self.extra is not None
-        return self.extra.nodes[index - len(nodes)]()
+        return self._entry(index, "nodes")()
 
     def path(self, index: int) -> str:
-        return self._path(index, "paths")
+        return self._entry(index, "paths")
 
     def node_path(self, index: int) -> str:
-        return self._path(index, "node_paths")
+        return self._entry(index, "node_paths")
 
-    def _path(self, index: int, field: str) -> str:
-        """Entry ``index`` of the graph's ``field`` list, then of the extra's (for errors)."""
-        paths = getattr(self.graph, field)
-        if index < len(paths):
-            return paths[index]
+    def _index(self, obj: Any, ids: str, field: str) -> int | None:
+        """Where ``obj`` stands in the graph's ``field`` list, then in the extra's (after
+        the graph's): its ``ids`` map; None if in neither."""
+        index = getattr(self.graph, ids).get(id(obj))
+        if index is None and self.extra is not None:
+            index = getattr(self.extra, ids).get(id(obj))
+            if index is not None:
+                index += len(getattr(self.graph, field))
+        return index
+
+    def _entry(self, index: int, field: str) -> Any:
+        """Entry ``index`` of the graph's ``field`` list, then of the extra's."""
+        entries = getattr(self.graph, field)
+        if index < len(entries):
+            return entries[index]
         assert self.extra is not None
-        return getattr(self.extra, field)[index - len(paths)]
+        return getattr(self.extra, field)[index - len(entries)]
 
     def contains(self, obj: Any) -> bool:
         # The missing-adapter check asks this at every checked call: dict look-ups only.
@@ -217,7 +213,12 @@ class Tracked:
 
     def derive(self, objects: Sequence[Any], names: Sequence[str]) -> Tracked:
         """A frozen view that also lifts the graph nodes ``objects`` (call arguments)."""
-        extra = walk(objects, names, known_vars=self._known_vars(), known_nodes=self._known_nodes())
+        extra = walk(
+            objects,
+            names,
+            known_vars=self._known("var_ids", "variables"),
+            known_nodes=self._known("node_ids", "nodes"),
+        )
         key = TrackKey(self.key.ids, self.key.refs, (self.key.fingerprint, extra.fingerprint))
         if self.extra is None:
             return Tracked(self.graph, key, None, extra)
@@ -235,18 +236,12 @@ class Tracked:
             merged.node_ids.update({k: v + offset_n for k, v in part.node_ids.items()})
         return Tracked(self.graph, key, None, merged)
 
-    def _known_vars(self) -> dict[int, int]:
-        known = dict(self.graph.var_ids)
+    def _known(self, ids: str, field: str) -> dict[int, int]:
+        """The graph's ``ids`` map and the extra's, as ``_index`` reads them, in one."""
+        known = dict(getattr(self.graph, ids))
         if self.extra is not None:
-            offset = len(self.graph.variables)
-            known.update({k: v + offset for k, v in self.extra.var_ids.items()})
-        return known
-
-    def _known_nodes(self) -> dict[int, int]:
-        known = dict(self.graph.node_ids)
-        if self.extra is not None:
-            offset = len(self.graph.nodes)
-            known.update({k: v + offset for k, v in self.extra.node_ids.items()})
+            offset = len(getattr(self.graph, field))
+            known.update({k: v + offset for k, v in getattr(self.extra, ids).items()})
         return known
 
 

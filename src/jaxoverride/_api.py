@@ -48,31 +48,7 @@ eval_shape = cast("EvalShape", neutral_call("eval_shape", jax.eval_shape))
 closure_convert = neutral_call("closure_convert", jax.closure_convert)
 
 
-def _jax_constructor_signature(jax_class: type) -> inspect.Signature:
-    """What ``inspect.signature(jax_class)`` shows, as the signature of an ``__init__``.
-
-    ``inspect.signature`` of a neutral class must equal JAX's class's, which moves between
-    releases: read from an annotated ``__init__`` (JAX 0.8; ``custom_jvp`` until 0.11.0,
-    and both again in 0.12), or from a ``__new__`` without annotations (``custom_vjp``
-    0.9 to 0.11, whose ``fun`` defaults to None from 0.11.1 so that ``copy.deepcopy``
-    can make the object; ``custom_jvp`` in 0.11.1 and 0.11.2). Set on ``__init__``, not
-    the class, so that an instance's signature is still that of the function it wraps.
-    """
-    theirs = inspect.signature(jax_class)
-    self = inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)
-    return theirs.replace(parameters=[self, *theirs.parameters.values()])
-
-
-class custom_vjp(NeutralRule[ReturnValue]):  # noqa: N801  (JAX's name)
-    _name = "custom_vjp"
-    _default = jax.custom_vjp
-    _kind = "VJP"
-
-    def __init__(self, fun, nondiff_argnums=(), nondiff_argnames=()):
-        super().__init__(fun, nondiff_argnums, nondiff_argnames)
-
-    __init__.__signature__ = _jax_constructor_signature(jax.custom_vjp)  # type: ignore[attr-defined]
-
+class custom_vjp(NeutralRule[ReturnValue], jax_class=jax.custom_vjp):  # noqa: N801  (JAX's name)
     def defvjp(
         self,
         fwd: Callable[..., tuple[ReturnValue, Any]],
@@ -86,18 +62,13 @@ class custom_vjp(NeutralRule[ReturnValue]):  # noqa: N801  (JAX's name)
         under ``jax_custom_vjp3`` in JAX 0.8.1 to 0.11.0 the rule itself (for chaining;
         ``custom_vjp3.defvjp`` returns ``None`` again in 0.11.2).
         """
-        _check_rule_function(
-            fwd,
-            role="fwd (the forward rule)",
-            where="jaxoverride.custom_vjp.defvjp",
-            example="f.defvjp(my_fwd, my_bwd)",
-        )
-        _check_rule_function(
-            bwd,
-            role="bwd (the backward rule)",
-            where="jaxoverride.custom_vjp.defvjp",
-            example="f.defvjp(my_fwd, my_bwd)",
-        )
+        for rule, role in ((fwd, "fwd (the forward rule)"), (bwd, "bwd (the backward rule)")):
+            _check_rule_function(
+                rule,
+                role=role,
+                where="jaxoverride.custom_vjp.defvjp",
+                example="f.defvjp(my_fwd, my_bwd)",
+            )
         options = {"symbolic_zeros": symbolic_zeros, "optimize_remat": optimize_remat}
         return self._define("defvjp", (fwd, bwd), options)
 
@@ -106,16 +77,7 @@ class custom_vjp(NeutralRule[ReturnValue]):  # noqa: N801  (JAX's name)
     defvjp.__signature__ = inspect.signature(jax.custom_vjp.defvjp)  # type: ignore[attr-defined]
 
 
-class custom_jvp(NeutralRule[ReturnValue]):  # noqa: N801  (JAX's name)
-    _name = "custom_jvp"
-    _default = jax.custom_jvp
-    _kind = "JVP"
-
-    def __init__(self, fun, nondiff_argnums=(), nondiff_argnames=()):
-        super().__init__(fun, nondiff_argnums, nondiff_argnames)
-
-    __init__.__signature__ = _jax_constructor_signature(jax.custom_jvp)  # type: ignore[attr-defined]
-
+class custom_jvp(NeutralRule[ReturnValue], jax_class=jax.custom_jvp):  # noqa: N801  (JAX's name)
     def defjvp(
         self,
         jvp: Callable[..., tuple[ReturnValue, ReturnValue]],

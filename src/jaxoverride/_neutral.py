@@ -419,6 +419,29 @@ def _check_rule_function(value: object, *, role: str, where: str, example: str) 
         )
 
 
+def _jax_constructor(jax_class: type) -> Callable[..., None]:
+    """``NeutralRule.__init__`` with the signature ``inspect.signature(jax_class)`` shows.
+
+    ``inspect.signature`` of a neutral class must equal JAX's class's, which moves between
+    releases: read from an annotated ``__init__`` (JAX 0.8; ``custom_jvp`` until 0.11.0,
+    and both again in 0.12), or from a ``__new__`` without annotations (``custom_vjp``
+    0.9 to 0.11, whose ``fun`` defaults to None from 0.11.1 so that ``copy.deepcopy``
+    can make the object; ``custom_jvp`` in 0.11.1 and 0.11.2). Set on each class's own
+    ``__init__``, not the class, so that an instance's signature is still that of the
+    function it wraps.
+    """
+
+    def __init__(self, fun, nondiff_argnums=(), nondiff_argnames=()):  # noqa: N807
+        NeutralRule.__init__(self, fun, nondiff_argnums, nondiff_argnames)
+
+    theirs = inspect.signature(jax_class)
+    self = inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    __init__.__signature__ = theirs.replace(  # type: ignore[attr-defined]
+        parameters=[self, *theirs.parameters.values()]
+    )
+    return __init__
+
+
 class NeutralRule(Generic[ReturnValue]):
     """Base of ``jaxoverride.custom_vjp`` and ``jaxoverride.custom_jvp``.
 
@@ -443,6 +466,16 @@ class NeutralRule(Generic[ReturnValue]):
     _name: str
     _default: Callable[..., Any]
     _kind: str  # "VJP" or "JVP", for JAX's own wording of a missing rule
+
+    def __init_subclass__(cls, jax_class: type | None = None, **options: Any):
+        """A neutral class over ``jax_class``: it builds ``jax_class``, with its constructor's
+        signature (``_jax_constructor``), and is named as JAX's (``custom_vjp``: "VJP")."""
+        super().__init_subclass__(**options)
+        if jax_class is not None:
+            cls._name = cls.__name__
+            cls._default = jax_class
+            cls._kind = cls.__name__.removeprefix("custom_").upper()
+            cls.__init__ = _jax_constructor(jax_class)
 
     # The annotations are JAX's, to the letter: ``inspect.signature`` compares them.
     def __init__(

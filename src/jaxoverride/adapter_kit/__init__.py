@@ -111,7 +111,10 @@ from jaxoverride.adapter_kit._control_overrides import (
     control_flow_overrides as control_flow_overrides,
     threaded_control_flow as threaded_control_flow,
 )
-from jaxoverride.adapter_kit._conversion import conversion_overrides as conversion_overrides
+from jaxoverride.adapter_kit._conversion import (
+    CONVERTED_WRITE_REASON as CONVERTED_WRITE_REASON,
+    conversion_overrides as conversion_overrides,
+)
 from jaxoverride.adapter_kit._frameworks import (
     Framework as Framework,
     declare_handler as declare_handler,
@@ -191,6 +194,7 @@ from jaxoverride.adapter_kit.init_safe_control import *  # noqa: F403  (its __al
 
 __all__ = [
     "CALLS",
+    "CONVERTED_WRITE_REASON",
     "INFER_SPECS",
     "JAX_IMPLS",
     "NO_OPERAND",

@@ -39,6 +39,27 @@ from jaxoverride.adapter_kit._operands import zeros_for
 from jaxoverride.adapter_kit._solve_policy import Participant, participant
 from jaxoverride.adapter_kit._state_threading import StateSource, init_safe
 
+CONVERTED_WRITE_REASON = (
+    "{where} turns the function into a pure jaxpr of its inputs, so nothing it writes or "
+    "draws could come out, and the value would be silently lost or stale. Move the write or "
+    "the draw out of the function that is converted (do it before or after the solver "
+    "call), or pass the value in as an argument (optimistix's and diffrax's args, with the "
+    "key drawn before the call); a solver with a non-implicit mode (fpsolve's "
+    "implicit=False, jaxopt's implicit_diff=False) does not convert the function, but "
+    "optimistix, lineax and diffrax (with its default adjoint) convert their callbacks"
+)
+"""The start of an adapter's refusal of a write or a draw in a converted function.
+
+It says why, outside a declaration, nothing written there comes out and what to do
+instead; ``{where}`` is the neutral name (``str.format``). The adapter ends it with how to
+declare the state (``jaxoverride.solve_state``) in its framework's words.
+
+Example:
+  >>> from jaxoverride import adapter_kit as kit
+  >>> kit.CONVERTED_WRITE_REASON.format(where="jaxoverride.closure_convert")[:56]
+  'jaxoverride.closure_convert turns the function into a pu'
+"""
+
 
 def conversion_overrides(
     active: Callable[[], bool],

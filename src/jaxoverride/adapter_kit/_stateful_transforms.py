@@ -1,8 +1,8 @@
 """Transforms that trace their function once per call, a framework's state passed through.
 
-``vmap``, ``pmap``, the ``grad``-like transforms, ``checkpoint``/``remat`` and the calls
-``jvp``, ``vjp`` and ``linearize`` all have one shape: the function runs with the
-framework's state installed, and returns what it left as an auxiliary output that JAX
+``vmap``, ``pmap``, ``shard_map``, the ``grad``-like transforms, ``checkpoint``/``remat``
+and the calls ``jvp``, ``vjp`` and ``linearize`` all have one shape: the function runs with
+the framework's state installed, and returns what it left as an auxiliary output that JAX
 does not map, differentiate or batch; after the JAX call the caller's state is updated
 once. So a counter increments once per call, not once per basis vector. A framework
 describes how it does that with a ``TransformState``; the builders here make the
@@ -36,9 +36,11 @@ from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import jax
+from jax.sharding import PartitionSpec
 
 import jaxoverride as jo
 from jaxoverride.adapter_kit._argnums import shift_argnums
+from jaxoverride.adapter_kit._mapped import INFER_SPECS, shard_block_arguments
 from jaxoverride.adapter_kit._operands import traced_arguments, unbatched_arguments
 from jaxoverride.adapter_kit._state_source import StateSource
 from jaxoverride.adapter_kit._state_threading import Threaded, init_safe
@@ -262,19 +264,20 @@ def _options(
 def stateful_mapping(
     state: TransformState, name: str, batched_state_error: Callable[[str, Exception], Exception]
 ) -> Callable[..., Callable[..., Any]]:
-    """The override of ``vmap`` or ``pmap``: the state passed in unmapped and out unbatched.
+    """The override of ``vmap`` or ``pmap``: the state passed in unmapped and out unbatched;
+    of ``shard_map``: passed in and out replicated (``PartitionSpec()``).
 
     At init the creation pass calls the function on the first slice of its mapped
-    arguments.
+    arguments (``shard_map``: on the block the first device sees).
 
     Args:
       state: the framework's ``TransformState``.
-      name: ``"vmap"`` or ``"pmap"``.
+      name: ``"vmap"``, ``"pmap"`` or ``"shard_map"``.
       batched_state_error: ``batched_state_error(where, err)``, the error to raise when
-        JAX says that the state left depends on the mapped axis.
+        JAX says that the state left depends on the mapped axis (not ``shard_map``'s).
 
     Returns:
-      The override, with ``jax.vmap``'s (or ``jax.pmap``'s) signature.
+      The override, with the signature of ``jax.vmap`` (``jax.pmap``, ``jax.shard_map``).
 
     Example:
       >>> import jax.numpy as jnp
@@ -287,6 +290,8 @@ def stateful_mapping(
       >>> out.tolist()
       [0.0, 2.0, 4.0]
     """
+    if name == "shard_map":
+        return _function_transform(state, name, _sharded(state))
     signature = inspect.signature(getattr(jax, name))
     where = f"jaxoverride.{name}"
 
@@ -318,6 +323,32 @@ def stateful_mapping(
         return mapped
 
     return _function_transform(state, name, prepare)
+
+
+def _sharded(state: TransformState) -> Prepare:
+    """``shard_map``'s ``prepare`` (``stateful_mapping``): its options are keywords."""
+    where = "jaxoverride.shard_map"
+
+    def prepare(below: Callable[..., Any], fun: Any, args: Any, options: Any) -> Any:
+        specs = {**options, "out_specs": (options["out_specs"], PartitionSpec())}
+        in_specs = options.get("in_specs", INFER_SPECS)
+
+        def sharded(call_args: tuple[Any, ...], call_kwargs: dict[str, Any]) -> Any:
+            def call() -> Any:
+                traced = state.begin(where)
+                pure = wraps(fun)(lambda *a, **k: traced.run(fun, a, k))
+                out, left = below(pure, *args, **specs)(*call_args, **call_kwargs)
+                traced.finish(left)
+                return out
+
+            # At init, the first device's block creates the variables, once.
+            block = lambda: shard_block_arguments(call_args, in_specs, options.get("mesh"))
+            creation = lambda: fun(*traced_arguments(block()), **call_kwargs)
+            return state.init_safe(where, creation, call)
+
+        return sharded
+
+    return prepare
 
 
 def _split_aux(has_aux: bool, out: Any, left: Any) -> tuple[Any, Any]:
@@ -533,7 +564,7 @@ def stateful_transforms(
     Args:
       state: the framework's ``TransformState``.
       batched_state_error: as for ``stateful_mapping``.
-      mapped: the mapping transforms to include (``"vmap"``, ``"pmap"``).
+      mapped: the mapping transforms to include (``"vmap"``, ``"pmap"``, ``"shard_map"``).
       module: the adapter's module, which call logs (``jaxoverride_debug``) then name
         as the overrides' (``module.grad``); the kit's own if None.
 
