@@ -644,15 +644,31 @@ class TransformCheck:
                 snapshot = _stack.effective_snapshot()
             target = builds_get(snapshot)
             served = fast[0]
-            value = _served_object(served, snapshot, target, fun, one_cell)
-            if value is not _EMPTY:
-                out = target(*args, **kwargs) if kwargs else target(*args)  # type: ignore[misc]
-                if served[5](value):
-                    if directs and snapshot in directs and not _stack._guards:
-                        go_direct(snapshot)  # type: ignore[misc]
-                    return out
-                fast[0] = _NO_FAST
-                return check._covered_or_refused(out, value, snapshot)
+            if (
+                served[0] is snapshot
+                and served[1] is target  # not dropped from ``builds`` since
+                and fun.__code__ is served[2]
+                and not fun.__defaults__
+                and not fun.__kwdefaults__
+                and "__wrapped__" not in fun.__dict__
+                and enabled
+            ):
+                try:
+                    value = one_cell.cell_contents  # type: ignore[union-attr]
+                except ValueError:  # an empty cell
+                    value = _EMPTY
+                if id(value) == served[3] and type(value) is served[4]:
+                    for running in _frameworks.probes:
+                        if running():
+                            break
+                    else:
+                        out = target(*args, **kwargs) if kwargs else target(*args)  # type: ignore[misc]
+                        if served[5](value):
+                            if directs and snapshot in directs and not _stack._guards:
+                                go_direct(snapshot)  # type: ignore[misc]
+                            return out
+                        fast[0] = _NO_FAST
+                        return check._covered_or_refused(out, value, snapshot)
             if snapshot is root:
                 return run(plain, snapshot, args, kwargs)
             if target is None:
@@ -737,9 +753,25 @@ class TransformCheck:
 
         def captured() -> Any:
             served = fast[0]
-            if _served_object(served, snapshot, target, fun, one_cell) is _EMPTY:
-                return None
-            return served  # replaced whole by the next inline check that passes
+            if (
+                served[0] is snapshot
+                and served[1] is target
+                and fun.__code__ is served[2]
+                and not fun.__defaults__
+                and not fun.__kwdefaults__
+                and "__wrapped__" not in fun.__dict__
+                and enabled
+            ):
+                try:
+                    value = one_cell.cell_contents
+                except ValueError:  # an empty cell
+                    return None
+                if id(value) == served[3] and type(value) is served[4]:
+                    for running in _frameworks.probes:
+                        if running():
+                            return None
+                    return served  # replaced whole by the next inline check that passes
+            return None
 
         return captured
 
@@ -787,40 +819,6 @@ class TransformCheck:
 
 
 _EMPTY = object()  # an empty closure cell or an absent global, in _direct_values
-
-
-def _served_object(
-    served: tuple[Any, ...],
-    snapshot: _stack.Snapshot,
-    target: Any,
-    fun: Any,
-    one_cell: Any,
-) -> Any:
-    """The object in ``fun``'s one closure cell where a call finds ``served`` (``_fast``)
-    all the same: same stack and target (not dropped from ``builds`` since), same code
-    and cell object (same identity and type), no defaults, no ``__wrapped__``, the check
-    on and no framework scope running; else ``_EMPTY``."""
-    if (
-        served[0] is snapshot
-        and served[1] is target
-        and fun.__code__ is served[2]
-        and not fun.__defaults__
-        and not fun.__kwdefaults__
-        and "__wrapped__" not in fun.__dict__
-        and enabled
-    ):
-        try:
-            value = one_cell.cell_contents
-        except ValueError:  # an empty cell
-            return _EMPTY
-        if id(value) == served[3] and type(value) is served[4]:
-            for running in _frameworks.probes:
-                if running():
-                    return _EMPTY
-            return value
-    return _EMPTY
-
-
 _NO_FAST = (object(), None, None, -1, None, None)  # ``checked_call`` with nothing to serve
 _EMPTIES = itertools.repeat(_EMPTY)
 _CELL_CONTENTS = operator.attrgetter("cell_contents")
