@@ -93,6 +93,27 @@ KINDS = {
 }
 
 
+def jit_over_a_cell(module: Any) -> tuple[Any, Callable[[Any], None]]:
+    """A ``jaxoverride.jit`` of ``lambda x: model(x)`` whose closure cell ``model`` holds
+    ``module``, and the function that rebinds that cell, as a program's ``model = other``
+    after building the jit does.
+
+    Example:
+      >>> apply, rebind = jit_over_a_cell(first)
+      >>> rebind(second)  # apply(x) now reads second
+    """
+    import jaxoverride as jo
+
+    model = module
+    jitted = jo.jit(lambda x: model(x))
+
+    def rebind(other: Any) -> None:
+        nonlocal model
+        model = other
+
+    return jitted, rebind
+
+
 def leaves(models: Any) -> list[np.ndarray]:
     """Every Variable value in ``models`` (graph order), keys as their raw data."""
     out = []

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from _nnx_models import jit_over_a_cell
 from jaxoverride import _detect
 
 MODEL = nnx.Linear(2, 2, rngs=nnx.Rngs(0))
@@ -128,19 +129,9 @@ def test_the_memo_keeps_no_module_alive():
 
 
 def _jit_over_a_cell(seeds: tuple[int, int]) -> tuple[Any, Any, Any, Callable[[Any], None]]:
-    """Two Linear modules (from ``seeds``), a ``jo.jit`` of ``lambda x: model(x)`` whose
-    closure cell ``model`` holds the first, and the function that rebinds that cell."""
-    import jaxoverride as jo
-
+    """Two Linear modules (from ``seeds``) and ``jit_over_a_cell`` of the first."""
     first, second = (nnx.Linear(2, 2, rngs=nnx.Rngs(seed)) for seed in seeds)
-    model = first
-    jitted = jo.jit(lambda x: model(x))
-
-    def rebind(module: Any) -> None:
-        nonlocal model
-        model = module
-
-    return first, second, jitted, rebind
+    return first, second, *jit_over_a_cell(first)
 
 
 def test_under_track_a_cell_rebound_to_an_untracked_module_is_refused_at_the_next_call():
