@@ -93,21 +93,50 @@ def ratio_rows(
             continue
         ratio = statistics.median(t / b for t, b in zip(times, base, strict=True))
         description, check = targets.get(name, ("", None))
-        rows.append(
-            Row(
-                suite=suite,
-                case=case,
-                ours=name,
-                baseline=baseline,
-                ours_us=statistics.median(times) * 1e6,
-                baseline_us=statistics.median(base) * 1e6,
-                ratio=ratio,
-                target=description,
-                met=None if check is None else bool(check(ratio)),
-                note=note,
-            )
-        )
+        verdict = (ratio, description, None if check is None else bool(check(ratio)))
+        rows.append(median_row(suite, case, {name: times, baseline: base}, verdict, note))
     return rows
+
+
+def median_row(
+    suite: str,
+    case: str,
+    samples: dict[str, list[float]],
+    verdict: tuple[float, str, bool | None],
+    note: str = "",
+) -> Row:
+    """The row of one candidate against its baseline, from their samples.
+
+    Args:
+      suite: the suite's name.
+      case: what was measured.
+      samples: seconds per call or run, the candidate first and then the baseline, each
+        under its label.
+      verdict: the ratio of the candidate to the baseline, the target and whether it is met
+        (``None``: no target).
+      note: what the reader should know about the numbers.
+
+    Returns:
+      The row, with the medians of the samples in microseconds.
+
+    Example:
+      >>> median_row("core", "c", {"jo": [2e-6], "jax": [1e-6]}, (2.0, "<= 3x", True)).ratio
+      2.0
+    """
+    (ours, ours_s), (baseline, baseline_s) = samples.items()
+    ratio, target, met = verdict
+    return Row(
+        suite=suite,
+        case=case,
+        ours=ours,
+        baseline=baseline,
+        ours_us=statistics.median(ours_s) * 1e6,
+        baseline_us=statistics.median(baseline_s) * 1e6,
+        ratio=ratio,
+        target=target,
+        met=met,
+        note=note,
+    )
 
 
 def guarded(suite: str, case: str, measure: Callable[[bool], list[Row]], quick: bool) -> list[Row]:

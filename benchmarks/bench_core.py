@@ -37,7 +37,7 @@ import jax
 import jax.numpy as jnp
 
 import jaxoverride as jo
-from benchmarks._harness import Row, at_most, interleaved, main, ratio_rows
+from benchmarks._harness import Row, at_most, interleaved, main, median_row, ratio_rows
 from jaxoverride import _stack, lax as jlax
 
 SUITE = "core"
@@ -242,18 +242,14 @@ def _import_time(quick: bool) -> list[Row]:
         increments.append(increment)
     increment = statistics.median(increments)
     jax_time = statistics.median(jax_times)
+    note = f"jaxoverride adds {increment * 1e3:.1f} ms to jax's {jax_time * 1e3:.0f} ms"
     return [
-        Row(
-            suite=SUITE,
-            case=f"import time, fresh processes (median of {runs})",
-            ours="import jaxoverride (after jax)",
-            baseline="import jax",
-            ours_us=increment * 1e6,
-            baseline_us=jax_time * 1e6,
-            ratio=increment / jax_time,
-            target="<= 30 ms",
-            met=increment <= 0.030,
-            note=f"jaxoverride adds {increment * 1e3:.1f} ms to jax's {jax_time * 1e3:.0f} ms",
+        median_row(
+            SUITE,
+            f"import time, fresh processes (median of {runs})",
+            {"import jaxoverride (after jax)": increments, "import jax": jax_times},
+            (increment / jax_time, "<= 30 ms", increment <= 0.030),
+            note,
         )
     ]
 
@@ -312,20 +308,10 @@ def _raw_jit_after_import(quick: bool) -> list[Row]:
             for worker in workers.values():
                 worker.close()
     ratio = statistics.median(ratios)
-    return [
-        Row(
-            suite=SUITE,
-            case=f"raw jax.jit dispatch, side-by-side processes ({pairs} pairs x {rounds} rounds)",
-            ours="jax.jit after import jaxoverride",
-            baseline="jax.jit without jaxoverride",
-            ours_us=statistics.median(with_jo) * 1e6,
-            baseline_us=statistics.median(without) * 1e6,
-            ratio=ratio,
-            target="<= 1.03x",
-            met=ratio <= 1.03,
-            note="jaxoverride registers two jax.make_user_context keys at import",
-        )
-    ]
+    case = f"raw jax.jit dispatch, side-by-side processes ({pairs} pairs x {rounds} rounds)"
+    samples = {"jax.jit after import jaxoverride": with_jo, "jax.jit without jaxoverride": without}
+    note = "jaxoverride registers two jax.make_user_context keys at import"
+    return [median_row(SUITE, case, samples, (ratio, "<= 1.03x", ratio <= 1.03), note)]
 
 
 def _skipped(case: str, why: str) -> Row:

@@ -75,7 +75,7 @@ def _counting_transform(name: str) -> Callable[..., Any]:
         return jo.jit_api(
             call,
             fun,
-            stage=lambda method, a, k: getattr(built, method)(*a, **k),
+            stage=lambda method, args, kwargs: getattr(built, method)(*args, **kwargs),
             jitted=lambda: [built],
         )
 

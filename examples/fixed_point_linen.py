@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import flax.linen as nn
 import jax
@@ -86,7 +86,8 @@ def gradient_gap(problem: Problem) -> float:
     variables = variables_of(problem)
 
     def loss(params: Any, layer: FixedPointLayer) -> jax.Array:
-        return jnp.sum(layer.apply({"params": params}, problem.x) ** 2)
+        # Linen types apply's result loosely (it may be a pair); this call returns z*.
+        return jnp.sum(cast(jax.Array, layer.apply({"params": params}, problem.x)) ** 2)
 
     implicit_layer = FixedPointLayer(problem.n, "anderson")
     unrolled_layer = FixedPointLayer(problem.n, "unrolled", max_iter=UNROLLED_STEPS)

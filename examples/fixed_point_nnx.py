@@ -50,6 +50,7 @@ class DenseMap(nnx.Module):
         model = cls(problem.n, problem.U.shape[0], nnx.Rngs(0))
         model.hidden.kernel[...] = problem.W
         model.inject.kernel[...] = problem.U
+        assert model.inject.bias is not None  # nnx.Linear's bias is optional; it has one
         model.inject.bias[...] = problem.b
         return model
 

@@ -43,6 +43,17 @@ class Solution(NamedTuple):
     residual: Array  # ||f(z*) - z*||, relative to max(1, ||z*||)
 
 
+class _Settings(NamedTuple):
+    """The solver's options (see ``fixed_point``); hashable, so a static argument."""
+
+    method: str
+    tol: float
+    max_iter: int
+    m: int
+    beta: float
+    ridge: float
+
+
 def _residual(z: Array, fz: Array) -> Array:
     return jnp.linalg.norm((fz - z).ravel()) / jnp.maximum(1.0, jnp.linalg.norm(z.ravel()))
 
@@ -61,16 +72,8 @@ def _forward(f: FixedPointMap, z0: Array, args: Any, tol: float, max_iter: int) 
     return Solution(z, i, residual)
 
 
-def _anderson(
-    f: FixedPointMap,
-    z0: Array,
-    args: Any,
-    tol: float,
-    max_iter: int,
-    m: int,
-    beta: float,
-    ridge: float,
-) -> Solution:
+def _anderson(f: FixedPointMap, z0: Array, args: Any, settings: _Settings) -> Solution:
+    _, tol, max_iter, m, beta, ridge = settings
     shape, n = z0.shape, z0.size
     f0 = f(z0, args).ravel()
     xs = jnp.tile(z0.ravel(), (m, 1))
@@ -143,38 +146,18 @@ def _unrolled(f: FixedPointMap, z0: Array, args: Any, max_iter: int) -> Solution
     return Solution(z, jnp.asarray(max_iter), _residual(z, f(z, args)))
 
 
-def _solve(
-    f: FixedPointMap,
-    z0: Array,
-    args: Any,
-    method: str,
-    tol: float,
-    max_iter: int,
-    m: int,
-    beta: float,
-    ridge: float,
-) -> Solution:
+def _solve(f: FixedPointMap, z0: Array, args: Any, settings: _Settings) -> Solution:
+    method, tol, max_iter = settings.method, settings.tol, settings.max_iter
     if method == "forward":
         return _forward(f, z0, args, tol, max_iter)
     if method == "anderson":
-        return _anderson(f, z0, args, tol, max_iter, m, beta, ridge)
+        return _anderson(f, z0, args, settings)
     if method == "newton":
         return _newton(f, z0, args, tol, max_iter)
     return _unrolled(f, z0, args, max_iter)
 
 
-_solve_jit = jo.jit(
-    _solve, static_argnames=("f", "method", "tol", "max_iter", "m", "beta", "ridge")
-)
-
-
-class _Settings(NamedTuple):
-    method: str
-    tol: float
-    max_iter: int
-    m: int
-    beta: float
-    ridge: float
+_solve_jit = jo.jit(_solve, static_argnames=("f", "settings"))
 
 
 def _closing(converted: Callable[..., Array], constants: Any) -> FixedPointMap:
@@ -185,7 +168,7 @@ def _closing(converted: Callable[..., Array], constants: Any) -> FixedPointMap:
 def _implicit(
     converted: Callable[..., Array], settings: _Settings, z0: Array, args: Any, constants: Any
 ) -> Solution:
-    return _solve(_closing(converted, constants), z0, args, *settings)
+    return _solve(_closing(converted, constants), z0, args, settings)
 
 
 def _implicit_fwd(
@@ -203,7 +186,7 @@ def _implicit_bwd(
     _, vjp_z = jo.vjp(lambda z: converted(z, args, *constants), z)
     # The adjoint u solves u = z_bar + u df/dz: a fixed point of a linear map, solved by
     # the same method as the forward problem.
-    adjoint = _solve(lambda u, _: vjp_z(u)[0] + z_bar, z_bar, None, *settings).value
+    adjoint = _solve(lambda u, _: vjp_z(u)[0] + z_bar, z_bar, None, settings).value
     _, vjp_rest = jo.vjp(lambda a, c: converted(z, a, *c), args, constants)
     args_bar, constants_bar = vjp_rest(adjoint)
     return jnp.zeros_like(z), args_bar, constants_bar
@@ -264,9 +247,9 @@ def fixed_point(
     if method not in METHODS:
         raise ValueError(f"fixed_point: unknown method {method!r}; choose one of {METHODS}.")
     z0 = jnp.asarray(z0)
+    settings = _Settings(method, tol, max_iter, m, beta, ridge)
     if implicit and method != "unrolled":
-        settings = _Settings(method, tol, max_iter, m, beta, ridge)
         solve_implicitly = _solve_implicitly_jit if jit else _solve_implicitly
         return solve_implicitly(f, z0, args, settings)
     solve = _solve_jit if jit else _solve
-    return solve(f, z0, args, method, tol, max_iter, m, beta, ridge)
+    return solve(f, z0, args, settings)

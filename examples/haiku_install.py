@@ -13,6 +13,8 @@ Run: ``python examples/haiku_install.py``.
 
 from __future__ import annotations
 
+from typing import Any
+
 import haiku as hk
 import jax
 import jax.numpy as jnp
@@ -35,11 +37,17 @@ class CountingOperator(hk.Module):
         return hk.Linear(N, with_bias=False, name="linear")(v)
 
 
+def power_iteration(matrix: Any, v0: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """``optax.power_iteration`` as this example runs it: (eigenvalue, eigenvector)."""
+    eigenvalue, eigenvector = optax.power_iteration(
+        matrix, v0=v0, num_iters=500, error_tolerance=1e-7
+    )
+    return jnp.asarray(eigenvalue), jnp.asarray(eigenvector)
+
+
 def spectral_radius(v0: jax.Array) -> tuple[jax.Array, jax.Array]:
     """A Haiku model that measures the dominant eigenvalue of its own linear layer."""
-    return optax.power_iteration(
-        CountingOperator(name="operator"), v0=v0, num_iters=500, error_tolerance=1e-7
-    )
+    return power_iteration(CountingOperator(name="operator"), v0)
 
 
 def main() -> None:
@@ -50,7 +58,7 @@ def main() -> None:
     params, state = model.init(rng, v0)
     _, state = model.apply(params, state, None, v0)
     try:
-        state["operator"]["calls"] + 1
+        _ = state["operator"]["calls"] + 1
     except jax.errors.UnexpectedTracerError:
         # The loop body wrote state from inside the loop's trace: a leaked tracer.
         print("raw optax inside hk.transform: the count leaked out of the loop as a tracer")
@@ -61,9 +69,7 @@ def main() -> None:
 
     # The same library call, outside Haiku, on the explicit matrix (x @ w == w.T @ x).
     w = params["operator/linear"]["w"]
-    expected, expected_vector = optax.power_iteration(
-        w.T, v0=v0, num_iters=500, error_tolerance=1e-7
-    )
+    expected, expected_vector = power_iteration(w.T, v0)
     print(f"params created at init: {jax.tree.map(jnp.shape, params)}")
     print(f"dominant eigenvalue via Haiku: {float(eigenvalue):.6f}, "
           f"on the explicit matrix: {float(expected):.6f}")  # fmt: skip

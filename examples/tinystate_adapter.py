@@ -32,6 +32,9 @@ from jaxoverride import adapter_kit as kit, errors
 LABEL = "tinystate_adapter"
 """The name of the adapter's layer: what ``tinystate_record``'s ``label`` names."""
 
+FRAMEWORK = "tinystate"
+"""The key ``jaxoverride.solve_state`` knows tinystate by (``Source.framework``)."""
+
 active = tinystate.in_transform  # where the overrides act; elsewhere each is JAX's own
 
 
@@ -59,7 +62,7 @@ class Source(kit.EnterLeaveSource):
     naming state, so ``names``/``restore_names`` keep the contract's defaults.
     """
 
-    framework = "tinystate"  # for jaxoverride.solve_state: the key registered below
+    framework = FRAMEWORK  # "tinystate", for jaxoverride.solve_state: registered below
 
     def __init__(self, where: str):
         self.where = where
@@ -120,7 +123,7 @@ class Source(kit.EnterLeaveSource):
 # -- The overrides the kit builds on the source ----------------------------------------
 
 CONTROL_FLOW = kit.threaded_control_flow(active, Source, module=__name__)
-kit.register_solve_source(Source.framework, lambda: Source("solve_state") if active() else None)
+kit.register_solve_source(FRAMEWORK, lambda: Source("solve_state") if active() else None)
 _STATE = kit.source_transform_state(active, Source)
 
 

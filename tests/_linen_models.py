@@ -2,11 +2,46 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+
+def call_counter(module: Any, collection: str, name: str) -> Callable[[], jax.Array]:
+    """An int32 variable ``collection``/``name`` of ``module`` (called inside its compact
+    method), zero when created, and the function that adds one to it and returns the count.
+
+    Example:
+      >>> tick = call_counter(self, "counters", "n")  # in an ``@nn.compact`` method
+      >>> tick()  # count.value = count.value + 1; the new count
+    """
+    count = module.variable(collection, name, lambda: jnp.zeros((), jnp.int32))
+
+    def tick() -> jax.Array:
+        count.value = count.value + 1
+        return count.value
+
+    return tick
+
+
+def counting(
+    module: Any, collection: str, name: str, fun: Callable[..., Any]
+) -> Callable[..., Any]:
+    """``fun``, counting its calls in ``call_counter(module, collection, name)``.
+
+    Example:
+      >>> step = counting(self, "counters", "n", nn.Dense(3))  # in an ``@nn.compact`` method
+    """
+    tick = call_counter(module, collection, name)
+
+    def counted(*args: Any) -> Any:
+        tick()
+        return fun(*args)
+
+    return counted
 
 
 def leaves_are_arrays(tree: Any) -> bool:

@@ -93,6 +93,43 @@ KINDS = {
 }
 
 
+def jit_over_a_cell(module: Any) -> tuple[Any, Callable[[Any], None]]:
+    """A ``jaxoverride.jit`` of ``lambda x: model(x)`` whose closure cell ``model`` holds
+    ``module``, and the function that rebinds that cell, as a program's ``model = other``
+    after building the jit does.
+
+    Example:
+      >>> apply, rebind = jit_over_a_cell(first)
+      >>> rebind(second)  # apply(x) now reads second
+    """
+    import jaxoverride as jo
+
+    model = module
+    jitted = jo.jit(lambda x: model(x))
+
+    def rebind(other: Any) -> None:
+        nonlocal model
+        model = other
+
+    return jitted, rebind
+
+
+def identity_with_jvp(custom_jvp: Any, rule: Callable[[Any, Any], Any]) -> Any:
+    """The identity ``f(x) = x`` as a ``custom_jvp`` (``jax.custom_jvp`` or
+    ``jaxoverride.custom_jvp``) whose JVP is ``rule(primals, tangents)``.
+
+    Example:
+      >>> f = identity_with_jvp(jo.custom_jvp, lambda p, t: (p[0], 2 * t[0]))
+    """
+
+    @custom_jvp
+    def f(x):
+        return x
+
+    f.defjvp(rule)
+    return f
+
+
 def leaves(models: Any) -> list[np.ndarray]:
     """Every Variable value in ``models`` (graph order), keys as their raw data."""
     out = []

@@ -8,6 +8,7 @@ import numpy as np
 
 import jaxoverride as jo
 import jaxoverride_dag as dag
+from _dag_nodes import counting
 
 
 @jax.tree_util.register_pytree_node_class
@@ -21,16 +22,6 @@ class Pair:
     @classmethod
     def tree_unflatten(cls, aux, children):
         return cls(*children)
-
-
-def counting(fun):
-    calls: list[int] = []
-
-    def counted(*args, **kwargs):
-        calls.append(1)
-        return fun(*args, **kwargs)
-
-    return counted, calls
 
 
 def test_new_instances_with_the_same_pattern_do_not_retrace():

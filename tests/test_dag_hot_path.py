@@ -10,6 +10,7 @@ import pytest
 
 import jaxoverride as jo
 import jaxoverride_dag as dag
+from _dag_nodes import counting
 
 _COMPILES: list[str] = []
 
@@ -27,22 +28,12 @@ def compiles() -> int:
     return len(_COMPILES)
 
 
-def traced_counting(fun):
-    traces: list[int] = []
-
-    def counted(*args, **kwargs):
-        traces.append(1)
-        return fun(*args, **kwargs)
-
-    return counted, traces
-
-
 def params(n: int = 4) -> dict[str, jax.Array]:
     return {f"w{i}": jnp.full((2,), float(i)) for i in range(n)}
 
 
 def test_new_dicts_of_the_same_keys_hit_the_cache_without_retracing():
-    body, traces = traced_counting(lambda d: {k: v * 2 for k, v in d.items()})
+    body, traces = counting(lambda d: {k: v * 2 for k, v in d.items()})
     inputs = [params() for _ in range(4)]
     with jax.checking_leaks(), dag.context():
         f = jo.jit(body)
@@ -58,7 +49,7 @@ def test_new_dicts_of_the_same_keys_hit_the_cache_without_retracing():
 
 
 def test_a_value_shared_between_keys_stays_shared_and_retraces_once():
-    body, traces = traced_counting(lambda d: d)
+    body, traces = counting(lambda d: d)
     with dag.context():
         f = jo.jit(body)
         f(params())
@@ -181,7 +172,7 @@ def test_sharing_between_arguments_and_nested_leaves_is_found(share):
 
 
 def test_the_one_array_path_follows_the_last_entry():
-    body, traces = traced_counting(lambda x: jax.tree.map(lambda a: a * 2, x))
+    body, traces = counting(lambda x: jax.tree.map(lambda a: a * 2, x))
     with jax.checking_leaks(), dag.context():
         f = jo.jit(body)
         x = jnp.ones(2)

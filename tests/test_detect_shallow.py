@@ -7,6 +7,7 @@ without the full search: the result must be the full search's, in its order.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import jax.numpy as jnp
@@ -14,6 +15,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from _nnx_models import jit_over_a_cell
 from jaxoverride import _detect
 
 MODEL = nnx.Linear(2, 2, rngs=nnx.Rngs(0))
@@ -126,26 +128,28 @@ def test_the_memo_keeps_no_module_alive():
     assert check.captured() == []
 
 
+def _jit_over_a_cell(seeds: tuple[int, int]) -> tuple[Any, Any, Any, Callable[[Any], None]]:
+    """Two Linear modules (from ``seeds``) and ``jit_over_a_cell`` of the first."""
+    first, second = (nnx.Linear(2, 2, rngs=nnx.Rngs(seed)) for seed in seeds)
+    return first, second, *jit_over_a_cell(first)
+
+
 def test_under_track_a_cell_rebound_to_an_untracked_module_is_refused_at_the_next_call():
-    import jaxoverride as jo
     import jaxoverride_nnx
     from jaxoverride.errors import MissingAdapterError
 
-    first = nnx.Linear(2, 2, rngs=nnx.Rngs(4))
-    second = nnx.Linear(2, 2, rngs=nnx.Rngs(5))
-    model = first
-    jitted = jo.jit(lambda x: model(x))
+    first, second, jitted, rebind = _jit_over_a_cell((4, 5))
     x = jnp.ones(2)
     with jaxoverride_nnx.track(first):
         jitted(x)
         jitted(x)  # served by the memo
-        model = second
+        rebind(second)
         with pytest.raises(MissingAdapterError, match="track it too"):
             jitted(x)
-        model = first
+        rebind(first)
         jitted(x)
     with jaxoverride_nnx.track(first, second):
-        model = second
+        rebind(second)
         np.testing.assert_allclose(jitted(x), second(x), rtol=1e-6)
 
 
@@ -178,17 +182,14 @@ def test_the_fast_path_obeys_the_escape_hatch():
     import jaxoverride as jo
     import jaxoverride_nnx
 
-    first = nnx.Linear(2, 2, rngs=nnx.Rngs(8))
-    second = nnx.Linear(2, 2, rngs=nnx.Rngs(9))
-    model = first
-    jitted = jo.jit(lambda x: model(x))
+    first, second, jitted, rebind = _jit_over_a_cell((8, 9))
     x = jnp.ones(2)
     with jaxoverride_nnx.track(first):
         jitted(x)
         jitted(x)
         previous = jo.set_adapter_check(False)
         try:
-            model = second  # refused with the check on; the program means it here
+            rebind(second)  # refused with the check on; the program means it here
             jitted(x)
         finally:
             jo.set_adapter_check(previous)

@@ -354,6 +354,22 @@ def _nnx_counter() -> Any:
     return Counter
 
 
+@contextlib.contextmanager
+def _served_directly_under_track(first: Any) -> Iterator[tuple[Any, Callable[[Any], None], Any]]:
+    """``jit_over_a_cell(first)`` called three times under ``track(first)``, after which the
+    NNX adapter's direct call serves it; yields the jit, the cell's rebind and the input,
+    inside that ``track``."""
+    import jaxoverride_nnx
+    from _nnx_models import jit_over_a_cell
+
+    apply, rebind = jit_over_a_cell(first)
+    x = jnp.ones(2)
+    with jaxoverride_nnx.track(first):
+        for _ in range(3):
+            apply(x)
+        yield apply, rebind, x
+
+
 def test_nnx_track_goes_direct_under_the_check_and_every_refusal_still_fires():
     """Under ``track`` a checked ``jo.jit`` of a one-cell closure is served by the NNX
     adapter's direct call (no check frame); a rebound cell, a structural change and a
@@ -364,18 +380,13 @@ def test_nnx_track_goes_direct_under_the_check_and_every_refusal_still_fires():
 
     counter = _nnx_counter()
     first, second, other = counter(0), counter(1), counter(2)
-    model = first
-    apply = jo.jit(lambda x: model(x))
-    x = jnp.ones(2)
-    with jaxoverride_nnx.track(first):
-        for _ in range(3):
-            apply(x)
+    with _served_directly_under_track(first) as (apply, rebind, x):
         assert state_of(apply).check is not None and state_of(apply).direct is not None
         direct = apply.func
-        model = second  # not tracked
+        rebind(second)  # not tracked
         with pytest.raises(MissingAdapterError, match="track it too"):
             apply(x)
-        model = first
+        rebind(first)
         np.testing.assert_allclose(apply(x), first(x), rtol=1e-6)
         apply(x)
         assert apply.func is direct  # still direct: the misses went through the check
@@ -396,21 +407,14 @@ def test_nnx_track_goes_direct_under_the_check_and_every_refusal_still_fires():
 
 
 def test_a_checked_direct_call_with_the_check_off_runs_as_the_check_off_does():
-    import jaxoverride_nnx
-
     counter = _nnx_counter()
     first, second = counter(0), counter(1)
-    model = first
-    apply = jo.jit(lambda x: model(x))
-    x = jnp.ones(2)
-    with jaxoverride_nnx.track(first):
-        for _ in range(3):
-            apply(x)
+    with _served_directly_under_track(first) as (apply, rebind, x):
         previous = jo.set_adapter_check(False)
         try:
-            model = second  # the program means it: run as without the check
+            rebind(second)  # the program means it: run as without the check
             apply(x)
-            model = first
+            rebind(first)
             apply(x)
         finally:
             jo.set_adapter_check(previous)

@@ -88,6 +88,17 @@ def scoped_installs() -> list[float]:
     ]
 
 
+def scoped_install_range() -> tuple[float, float]:
+    """The cheapest and the dearest of ``scoped_installs``, as design.md and faq.md quote them."""
+    installs = scoped_installs()
+    return min(installs), max(installs)
+
+
+def predicate_ratio() -> tuple[float]:
+    """The cost of an install whose ``when`` is false, as design.md and faq.md quote it."""
+    return (ratio(*_CORE_PREDICATE),)
+
+
 def demo_unrolled_steps() -> float:
     source = (ROOT / "examples" / "_demo.py").read_text()
     match = re.search(r"^UNROLLED_STEPS = (\d+)", source, re.MULTILINE)
@@ -168,30 +179,16 @@ FIGURES = [
         lambda: (ratio("core", "jit dispatch, nothing active"),),
     ),
     Figure("design.md", r"however minimal, costs about ([\d.]+)x", lambda: (forwarder_cost(),)),
-    Figure(
-        "design.md",
-        r"\(([\d.]+)x with `when=lambda: False`\)",
-        lambda: (ratio(*_CORE_PREDICATE),),
-    ),
-    Figure(
-        "design.md",
-        r"cost ([\d.]+)-([\d.]+)x outside their scopes",
-        lambda: (min(scoped_installs()), max(scoped_installs())),
-    ),
+    Figure("design.md", r"\(([\d.]+)x with `when=lambda: False`\)", predicate_ratio),
+    Figure("design.md", r"cost ([\d.]+)-([\d.]+)x outside their scopes", scoped_install_range),
     Figure(
         "design.md",
         r"calls \(([\d.]+)x in `make bench`, within its target of ([\d.]+)x\)",
         lambda: ratio_and_target("core", case_starting("core", "raw jax.jit dispatch, ")),
     ),
+    Figure("faq.md", r"costs about ([\d.]+)x `jax.jit` with `when=lambda: False`", predicate_ratio),
     Figure(
-        "faq.md",
-        r"costs about ([\d.]+)x `jax.jit` with `when=lambda: False`",
-        lambda: (ratio(*_CORE_PREDICATE),),
-    ),
-    Figure(
-        "faq.md",
-        r"([\d.]+)-([\d.]+)x for `jaxoverride_haiku.install\(\)`",
-        lambda: (min(scoped_installs()), max(scoped_installs())),
+        "faq.md", r"([\d.]+)-([\d.]+)x for `jaxoverride_haiku.install\(\)`", scoped_install_range
     ),
     Figure(
         "haiku.md",

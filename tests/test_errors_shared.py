@@ -56,16 +56,23 @@ def _nnx_closed_over():
         jo.grad(lambda p: f(1.0))(w)
 
 
-def _haiku_pure_write():
-    def f(x):
+def haiku_pure_write_model() -> hk.TransformedWithState:
+    """A Haiku model that closure-converts a function writing Haiku state: its init, over
+    ``jnp.ones(2)`` under the adapter, raises PureFunctionWriteError (test_messages too)."""
+
+    def forward(x):
         def g(v):
             hk.set_state("n", jnp.ones(()))
             return v
 
         return jo.closure_convert(g, x)
 
+    return hk.transform_with_state(forward)
+
+
+def _haiku_pure_write():
     with joh.context():
-        hk.transform_with_state(f).init(None, jnp.ones(2))
+        haiku_pure_write_model().init(None, jnp.ones(2))
 
 
 def _nnx_pure_write():

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import textwrap
+from collections.abc import Callable
 from typing import Any
 
 import haiku as hk
@@ -30,7 +31,7 @@ import jaxoverride as jo
 import jaxoverride_haiku
 import jaxoverride_linen
 import jaxoverride_nnx
-from _fresh import run_source
+from _fresh import MISSING_ADAPTER_MESSAGE, run_source
 from jaxoverride import adapter_kit
 from jaxoverride.errors import MissingAdapterError
 
@@ -51,15 +52,14 @@ def _tracers(tree: object) -> list[object]:
 # -- 1. A never-interposed solver library, called while an adapter is active ---------------
 
 # Shared by the subprocesses: asserts the error of a never-interposed optx.fixed_point.
-_EXPECT = """
+_EXPECT = (
+    MISSING_ADAPTER_MESSAGE
+    + """
+
 def expect_first_call_error(run, framework):
     reached.clear()
-    try:
-        run()
-    except jo.errors.MissingAdapterError as error:
-        message = str(error)
-    else:
-        raise AssertionError(f"{framework}: the raw transform ran framework code silently")
+    silently = f"{framework}: the raw transform ran framework code silently"
+    message = missing_adapter_message(run, silently)
     assert reached == [], f"{framework}: caught only after the call returned to the model"
     assert message.startswith("optimistix.fixed_point is a transform"), message
     assert "jaxoverride.interpose_on_import('equinox', 'lineax', 'optimistix')" in message, message
@@ -68,40 +68,72 @@ def expect_first_call_error(run, framework):
     from jaxoverride import _stack
     assert _stack.context_snapshot() is _stack.ROOT, "a context was left entered"
 """
+)
+
+# The models the subprocesses solve in, each checked under the adapter's context() and
+# install(); ``{fixed_point}`` is how they reach the solver (``optx.fixed_point``, looked up
+# at each call, or ``fixed_point``, bound by name before any adapter).
+_HAIKU_MODEL = """
+def forward(x):
+    layer = hk.Linear(2, w_init=hk.initializers.RandomNormal(0.1), name="cell")
+    fun = lambda z, _: jnp.tanh(layer(z) + x)
+    z = {fixed_point}(fun, solver, jnp.zeros(2), max_steps=50, throw=False).value
+    reached.append(True)
+    return z
+
+haiku_model = hk.transform(forward)
+
+def haiku_in_context():
+    with jaxoverride_haiku.context():
+        haiku_model.init(key, x)
+
+expect_first_call_error(haiku_in_context, "Haiku")
+jaxoverride_haiku.install()
+expect_first_call_error(lambda: haiku_model.init(key, x), "Haiku")
+"""
+
+_LINEN_MODEL = """
+class Deq(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+        dense = nn.Dense(2)
+        fun = lambda z, _: jnp.tanh(dense(z) + x)
+        z = {fixed_point}(fun, solver, jnp.zeros(2), max_steps=50, throw=False).value
+        reached.append(True)
+        return z
+
+def linen_in_context():
+    with jaxoverride_linen.context():
+        Deq().init(key, x)
+
+expect_first_call_error(linen_in_context, "Flax Linen")
+jaxoverride_linen.install()
+expect_first_call_error(lambda: Deq().init(key, x), "Flax Linen")
+"""
+
+
+def _run_expecting_first_call_errors(imports: str, *body: str) -> None:
+    """Runs ``imports``, then ``expect_first_call_error`` (_EXPECT), then the ``body`` parts,
+    each dedented, in a fresh interpreter that must print ``ok``."""
+    parts = [imports, "reached = []\n", _EXPECT, *body]
+    assert _run("".join(textwrap.dedent(part) for part in parts)).strip() == "ok"
 
 
 def test_haiku_never_interposed_solver_is_caught_at_its_call_under_install_and_context():
-    out = _run(
+    _run_expecting_first_call_errors(
         """
         import jax, jax.numpy as jnp, haiku as hk
         import optimistix as optx  # before any interpose_on_import
         import jaxoverride as jo, jaxoverride_haiku
         import sys
         flax_modules = {name for name in sys.modules if name.startswith("flax")}
-        reached = []
+        """,
         """
-        + textwrap.indent(_EXPECT, " " * 8)
-        + """
         solver = optx.FixedPointIteration(rtol=1e-6, atol=1e-6)
-
-        def forward(x):
-            layer = hk.Linear(2, w_init=hk.initializers.RandomNormal(0.1), name="cell")
-            fun = lambda z, _: jnp.tanh(layer(z) + x)
-            z = optx.fixed_point(fun, solver, jnp.zeros(2), max_steps=50, throw=False).value
-            reached.append(True)
-            return z
-
-        model = hk.transform(forward)
         key, x = jax.random.PRNGKey(0), jnp.ones(2)
-
-        def init_in_context():
-            with jaxoverride_haiku.context():
-                model.init(key, x)
-
-        expect_first_call_error(init_in_context, "Haiku")
-        jaxoverride_haiku.install()
-        expect_first_call_error(lambda: model.init(key, x), "Haiku")
-
+        """,
+        _HAIKU_MODEL.format(fixed_point="optx.fixed_point"),
+        """
         # A never-interposed solver over a function that touches no Haiku state is right
         # as raw JAX: it runs, with the adapter active.
         def pure(x):
@@ -117,41 +149,23 @@ def test_haiku_never_interposed_solver_is_caught_at_its_call_under_install_and_c
         now = {name for name in sys.modules if name.startswith("flax")}
         assert now == flax_modules, now - flax_modules  # the check imported no framework
         print("ok")
-        """
+        """,
     )
-    assert out.strip() == "ok"
 
 
 def test_linen_never_interposed_solver_is_caught_at_its_call_under_install_and_context():
-    out = _run(
+    _run_expecting_first_call_errors(
         """
         import jax, jax.numpy as jnp, flax.linen as nn
         import optimistix as optx
         import jaxoverride as jo, jaxoverride_linen
-        reached = []
+        """,
         """
-        + textwrap.indent(_EXPECT, " " * 8)
-        + """
         solver = optx.FixedPointIteration(rtol=1e-6, atol=1e-6)
-
-        class Deq(nn.Module):
-            @nn.compact
-            def __call__(self, x):
-                dense = nn.Dense(2)
-                fun = lambda z, _: jnp.tanh(dense(z) + x)
-                z = optx.fixed_point(fun, solver, jnp.zeros(2), max_steps=50, throw=False).value
-                reached.append(True)
-                return z
-
         key, x = jax.random.PRNGKey(0), jnp.ones(2)
-
-        def init_in_context():
-            with jaxoverride_linen.context():
-                Deq().init(key, x)
-
-        expect_first_call_error(init_in_context, "Flax Linen")
-        jaxoverride_linen.install()
-        expect_first_call_error(lambda: Deq().init(key, x), "Flax Linen")
+        """,
+        _LINEN_MODEL.format(fixed_point="optx.fixed_point"),
+        """
         # The escape hatch: the silent failure it stood for (tracers as parameters).
         jo.set_adapter_check(False)
         variables = Deq().init(key, x)
@@ -161,22 +175,19 @@ def test_linen_never_interposed_solver_is_caught_at_its_call_under_install_and_c
         jaxoverride_linen.uninstall()
         assert "haiku" not in __import__("sys").modules
         print("ok")
-        """
+        """,
     )
-    assert out.strip() == "ok"
 
 
 def test_nnx_never_interposed_solver_over_a_tracked_module_is_caught_at_its_call():
-    out = _run(
+    _run_expecting_first_call_errors(
         """
         import jax, jax.numpy as jnp
         from flax import nnx
         import optimistix as optx
         import jaxoverride as jo, jaxoverride_nnx
-        reached = []
+        """,
         """
-        + textwrap.indent(_EXPECT, " " * 8)
-        + """
         solver = optx.FixedPointIteration(rtol=1e-6, atol=1e-6)
         model = nnx.Linear(2, 2, rngs=nnx.Rngs(0))
 
@@ -195,9 +206,8 @@ def test_nnx_never_interposed_solver_over_a_tracked_module_is_caught_at_its_call
         assert solve().shape == (2,)
         assert "haiku" not in __import__("sys").modules
         print("ok")
-        """
+        """,
     )
-    assert out.strip() == "ok"
 
 
 def test_a_solver_bound_by_name_before_the_first_adapter_entry_is_caught_at_its_call():
@@ -207,53 +217,23 @@ def test_a_solver_bound_by_name_before_the_first_adapter_entry_is_caught_at_its_
     ``install()``, Linen's ``context()`` and ``install()`` and NNX's ``track``, the call
     raises with the fix, as ``optx.fixed_point(...)`` does, instead of tracer parameters
     (Haiku ``context()``, Linen) or stale weights served from raw JAX's cache (NNX)."""
-    out = _run(
+    _run_expecting_first_call_errors(
         """
         import jax, jax.numpy as jnp, haiku as hk, flax.linen as nn
         from flax import nnx
         from optimistix import FixedPointIteration, fixed_point  # before any adapter
         import jaxoverride as jo, jaxoverride_haiku, jaxoverride_linen, jaxoverride_nnx
-        reached = []
+        """,
         """
-        + textwrap.indent(_EXPECT, " " * 8)
-        + """
         solver = FixedPointIteration(rtol=1e-6, atol=1e-6)
         key, x = jax.random.PRNGKey(0), jnp.ones(2)
-
-        def forward(x):
-            layer = hk.Linear(2, w_init=hk.initializers.RandomNormal(0.1), name="cell")
-            fun = lambda z, _: jnp.tanh(layer(z) + x)
-            z = fixed_point(fun, solver, jnp.zeros(2), max_steps=50, throw=False).value
-            reached.append(True)
-            return z
-
-        haiku_model = hk.transform(forward)
-
-        def haiku_in_context():
-            with jaxoverride_haiku.context():
-                haiku_model.init(key, x)
-
-        expect_first_call_error(haiku_in_context, "Haiku")
-        jaxoverride_haiku.install()
-        expect_first_call_error(lambda: haiku_model.init(key, x), "Haiku")
+        """,
+        _HAIKU_MODEL.format(fixed_point="fixed_point"),
+        """
         jaxoverride_haiku.uninstall()
-
-        class Deq(nn.Module):
-            @nn.compact
-            def __call__(self, x):
-                dense = nn.Dense(2)
-                fun = lambda z, _: jnp.tanh(dense(z) + x)
-                z = fixed_point(fun, solver, jnp.zeros(2), max_steps=50, throw=False).value
-                reached.append(True)
-                return z
-
-        def linen_in_context():
-            with jaxoverride_linen.context():
-                Deq().init(key, x)
-
-        expect_first_call_error(linen_in_context, "Flax Linen")
-        jaxoverride_linen.install()
-        expect_first_call_error(lambda: Deq().init(key, x), "Flax Linen")
+        """,
+        _LINEN_MODEL.format(fixed_point="fixed_point"),
+        """
         jaxoverride_linen.uninstall()
 
         model = nnx.Linear(2, 2, rngs=nnx.Rngs(0))
@@ -288,9 +268,8 @@ def test_a_solver_bound_by_name_before_the_first_adapter_entry_is_caught_at_its_
             out = out.apply({}, None).value
         assert jnp.allclose(out, expected), (out, expected)
         print("ok")
-        """
+        """,
     )
-    assert out.strip() == "ok"
 
 
 def test_the_fix_in_the_error_works_and_the_guard_keeps_reports_truthful():
@@ -400,16 +379,21 @@ def _haiku_model() -> hk.Transformed:
     return hk.transform(lambda x: _haiku_layer(x))
 
 
+def _assert_raises_with_the_fix(run: Callable[[], object], *phrases: str) -> None:
+    """``run()`` raises MissingAdapterError, whose message has ``phrases`` and the hatch."""
+    with pytest.raises(MissingAdapterError) as info:
+        run()
+    for phrase in (*phrases, HATCH):
+        assert phrase in str(info.value)
+
+
 def test_module_level_jit_in_haiku_without_the_adapter_raises_with_the_fix():
     # Earlier tests that installed adapters may have left it on its slow path, which its
     # first idle call leaves; this test is about JAX's own (fast) path.
     _haiku_layer._switch_to_fast()
     assert _haiku_layer.func is _haiku_layer.__dict__["_jaxoverride_state"].plain  # JAX's path
-    with pytest.raises(MissingAdapterError) as info:
-        _haiku_model().init(jax.random.PRNGKey(0), X)
-    message = str(info.value)
-    assert "jaxoverride.jit met Haiku" in message
-    assert "jaxoverride_haiku.install()" in message and HATCH in message
+    init = lambda: _haiku_model().init(jax.random.PRNGKey(0), X)
+    _assert_raises_with_the_fix(init, "jaxoverride.jit met Haiku", "jaxoverride_haiku.install()")
 
 
 def test_module_level_jit_in_haiku_with_the_adapter_gives_arrays():
@@ -422,11 +406,9 @@ def test_module_level_jit_in_haiku_with_the_adapter_gives_arrays():
 
 
 def test_module_level_jit_in_linen_without_the_adapter_raises_with_the_fix():
-    with pytest.raises(MissingAdapterError) as info:
-        _LinenModel().init(jax.random.PRNGKey(0), X)
-    message = str(info.value)
-    assert "jaxoverride.jit met Flax Linen" in message
-    assert "jaxoverride_linen.install()" in message and HATCH in message
+    init = lambda: _LinenModel().init(jax.random.PRNGKey(0), X)
+    fix = "jaxoverride_linen.install()"
+    _assert_raises_with_the_fix(init, "jaxoverride.jit met Flax Linen", fix)
 
 
 def test_module_level_jit_in_linen_with_the_adapter_gives_arrays():
@@ -439,11 +421,9 @@ def test_module_level_jit_in_linen_with_the_adapter_gives_arrays():
 
 
 def test_module_level_jit_over_an_nnx_module_without_track_raises_with_the_fix():
-    with pytest.raises(MissingAdapterError) as info:
-        _nnx_layer(X)
-    message = str(info.value)
-    assert "bake their current weights" in message
-    assert "jaxoverride_nnx.track(" in message and HATCH in message
+    _assert_raises_with_the_fix(
+        lambda: _nnx_layer(X), "bake their current weights", "jaxoverride_nnx.track("
+    )
 
 
 def test_module_level_jit_over_an_nnx_module_under_track_sees_new_weights():

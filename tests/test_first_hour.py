@@ -16,7 +16,7 @@ import jaxoverride as jo
 import jaxoverride_haiku
 import jaxoverride_linen
 import jaxoverride_nnx
-from _fresh import run_source
+from _fresh import MISSING_ADAPTER_MESSAGE, run_source
 from jaxoverride import lax as jlax
 from jaxoverride.errors import MissingAdapterError
 
@@ -284,25 +284,25 @@ _NEVER_INTERPOSED = {
     """,
 }
 
-_PROLOGUE = """
+_PROLOGUE = (
+    """
 import jax
 import jax.numpy as jnp
 import optimistix as optx  # imported before any interpose_on_import: never interposed
 import jaxoverride as jo
 
 solver = optx.FixedPointIteration(rtol=1e-6, atol=1e-6)
+"""
+    + MISSING_ADAPTER_MESSAGE
+    + """
 
 def expect(run):
-    try:
-        run()
-    except jo.errors.MissingAdapterError as error:
-        message = str(error)
-    else:
-        raise AssertionError("no MissingAdapterError")
+    message = missing_adapter_message(run, "no MissingAdapterError")
     assert message.startswith("optimistix.fixed_point is a transform"), message
     assert "jaxoverride.interpose_on_import('equinox', 'lineax', 'optimistix')" in message
     print("RAISED")
 """
+)
 
 
 @pytest.mark.slow

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from flax import errors as flax_errors
 
-from _linen_models import assert_trees_close, leaves_are_arrays, shapes
+from _linen_models import assert_trees_close, call_counter, leaves_are_arrays, shapes
 from jaxoverride import lax as jlax
 
 pytestmark = pytest.mark.usefixtures("linen_installed")
@@ -128,11 +128,10 @@ def test_a_cond_fun_that_writes_state_runs_as_python_would():
     class Counts(nn.Module):
         @nn.compact
         def __call__(self, x: jax.Array) -> jax.Array:
-            count = self.variable("counts", "n", lambda: jnp.zeros((), jnp.int32))
+            tick = call_counter(self, "counts", "n")
 
             def cond(h: jax.Array) -> jax.Array:
-                count.value = count.value + 1
-                return count.value < 4
+                return tick() < 4
 
             return jlax.while_loop(cond, lambda h: nn.Dense(1)(h), x)
 

@@ -12,7 +12,12 @@ import numpy as np
 import pytest
 
 import jaxoverride as jo
-from _linen_models import assert_trees_close, check_init_exact, leaves_are_arrays
+from _linen_models import (
+    assert_trees_close,
+    check_init_exact,
+    counting,
+    leaves_are_arrays,
+)
 from jaxoverride import lax as jlax
 
 pytestmark = pytest.mark.usefixtures("linen_installed")
@@ -80,13 +85,7 @@ def test_batch_stats_written_under_vmap_must_not_depend_on_the_batch():
     class Model(nn.Module):
         @nn.compact
         def __call__(self, x: jax.Array) -> jax.Array:
-            counter = self.variable("counters", "n", lambda: jnp.zeros((), jnp.int32))
-
-            def step(r: jax.Array) -> jax.Array:
-                counter.value = counter.value + 1
-                return dense(r)
-
-            return jo.vmap(step)(x)
+            return jo.vmap(counting(self, "counters", "n", dense))(x)
 
     x = jnp.ones((4, 3))
     with jax.checking_leaks():

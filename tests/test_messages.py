@@ -16,6 +16,7 @@ import jaxoverride_haiku
 import jaxoverride_nnx
 from _fresh import run_source
 from jaxoverride import lax as jlax
+from test_errors_shared import haiku_pure_write_model
 
 # The one list of solver packages every message names (optimistix imports lineax and equinox).
 EQUINOX_FIX = "jaxoverride.interpose_on_import('equinox', 'lineax', 'optimistix')"
@@ -67,19 +68,12 @@ def test_nnx_closure_convert_refusal_names_the_variable_and_the_key_through_argu
 
 
 def test_haiku_pure_function_refusal_suggests_fpsolve_implicit_false_as_linen_does():
-    def forward(x):
-        def g(v):
-            hk.set_state("n", jnp.ones(()))
-            return v
-
-        return jo.closure_convert(g, x)
-
     with (
         jax.checking_leaks(),
         jaxoverride_haiku.context(),
         pytest.raises(jo.errors.PureFunctionWriteError) as info,
     ):
-        hk.transform_with_state(forward).init(None, jnp.ones(2))
+        haiku_pure_write_model().init(None, jnp.ones(2))
     assert "fpsolve's implicit=False, jaxopt's implicit_diff=False" in str(info.value)
 
 

@@ -11,6 +11,7 @@ from flax import nnx
 
 import jaxoverride as jo
 import jaxoverride_nnx
+from _nnx_models import identity_with_jvp
 
 # -- track scopes and install ---------------------------------------------------------
 
@@ -156,14 +157,11 @@ def _jvp_trees_differ(api):
 
 
 def _jvp_primal_type(api):
-    @api.custom_jvp
-    def f(x):
-        return x
-
-    @f.defjvp
     def f_jvp(primals, tangents):
         (x,), (xdot,) = primals, tangents
         return (x, x), (xdot, xdot)
+
+    f = identity_with_jvp(api.custom_jvp, f_jvp)
 
     def scan_apply(x):
         return api.lax.scan(lambda c, _: (f(c), None), x, None, length=1)[0]

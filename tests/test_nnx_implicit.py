@@ -21,6 +21,7 @@ from flax import nnx
 import _implicit_solver as solver
 import jaxoverride as jo
 import jaxoverride_nnx
+from _nnx_models import identity_with_jvp
 from jaxoverride import lax as jlax
 from jaxoverride_nnx import ClosedOverDifferentiationError, PureFunctionWriteError
 
@@ -431,16 +432,12 @@ def test_a_jvp_rule_traced_later_may_eval_shape_what_its_primal_does_not_use():
     def body(v):
         return reach.inner.model(v)
 
-    @jo.custom_jvp
-    def stop_unless_perturbed(z):
-        return z
-
-    @stop_unless_perturbed.defjvp
-    def _(primals, tangents):
+    def stop_unless_perturbed_jvp(primals, tangents):
         (z,), (z_dot,) = primals, tangents
         shapes.append(jo.eval_shape(body, z))
         return z, z_dot
 
+    stop_unless_perturbed = identity_with_jvp(jo.custom_jvp, stop_unless_perturbed_jvp)
     step = jo.jit(lambda z: field(stop_unless_perturbed(z)))
     loss = lambda x: jnp.sum(step(2.0 * x) ** 2)
     with jaxoverride_nnx.track(field), jax.checking_leaks():

@@ -33,6 +33,44 @@ class Model(nnx.Module):
         self.w = nnx.Param(jnp.float32(1.5))
 
 
+# The primal functions and calls the cases share; each case writes its own malformed rules.
+
+
+def _squared_times_w(n: Any, w: Callable[[], Any]) -> Any:
+    @n.custom_jvp
+    def f(x):
+        return x**2 * w()
+
+    return f
+
+
+def _times_w_jvp_through_scan(n: Any, w: Callable[[], Any], rule: Any) -> Callable[[], Any]:
+    @n.custom_jvp
+    def f(x):
+        return x * w()
+
+    f.defjvp(rule)
+    x = jnp.float32(1.0)
+    return lambda: n.jvp(lambda x: _scan_apply(n.scan, f, x), (x,), (x,))
+
+
+def _times_w_vjp(n: Any, w: Callable[[], Any], fwd: Any, bwd: Any) -> Any:
+    @n.custom_vjp
+    def f(x):
+        return x * w()
+
+    f.defvjp(fwd, bwd)
+    return f
+
+
+def _grad_through_scan(n: Any, f: Any) -> Callable[[], Any]:
+    return lambda: n.grad(lambda x: _scan_apply(n.scan, f, x))(jnp.float32(1.0))
+
+
+def _jvp_at_two(n: Any, f: Any) -> Callable[[], Any]:
+    return lambda: n.jvp(f, (2.0,), (1.0,))
+
+
 def jvp_inconsistent_pytree_structures(n: Any, w: Callable[[], Any]) -> Callable[[], Any]:
     @n.custom_jvp
     def f(x):
@@ -43,25 +81,21 @@ def jvp_inconsistent_pytree_structures(n: Any, w: Callable[[], Any]) -> Callable
         (x,), (t,) = primals, tangents
         return f(x), [2 * x * t, x]
 
-    return lambda: n.jvp(f, (2.0,), (1.0,))
+    return _jvp_at_two(n, f)
 
 
 def jvp_rule_doesnt_return_pair(n: Any, w: Callable[[], Any]) -> Callable[[], Any]:
-    @n.custom_jvp
-    def f(x):
-        return x**2 * w()
+    f = _squared_times_w(n, w)
 
     @f.defjvp
     def foo_jvp(primals, tangents):
         return tangents[0] * w()
 
-    return lambda: n.jvp(f, (2.0,), (1.0,))
+    return _jvp_at_two(n, f)
 
 
 def primal_tangent_aval_disagreement(n: Any, w: Callable[[], Any]) -> Callable[[], Any]:
-    @n.custom_jvp
-    def f(x):
-        return x**2 * w()
+    f = _squared_times_w(n, w)
 
     @f.defjvp
     def foo_jvp(primals, tangents):
@@ -72,106 +106,74 @@ def primal_tangent_aval_disagreement(n: Any, w: Callable[[], Any]) -> Callable[[
 
 
 def jvp_primal_out_structure(n: Any, w: Callable[[], Any]) -> Callable[[], Any]:
-    @n.custom_jvp
-    def f(x):
-        return x * w()
-
-    @f.defjvp
     def f_jvp(primals, tangents):
         (x,), (xdot,) = primals, tangents
         return (x, x * w()), (xdot, xdot)
 
-    x = jnp.float32(1.0)
-    return lambda: n.jvp(lambda x: _scan_apply(n.scan, f, x), (x,), (x,))
+    return _times_w_jvp_through_scan(n, w, f_jvp)
 
 
 def jvp_primal_out_shape(n: Any, w: Callable[[], Any]) -> Callable[[], Any]:
-    @n.custom_jvp
-    def f(x):
-        return x * w()
-
-    @f.defjvp
     def f_jvp2(primals, tangents):
         (x,), (xdot,) = primals, tangents
         return jnp.zeros((3, *x.shape), x.dtype) * w(), xdot
 
-    x = jnp.float32(1.0)
-    return lambda: n.jvp(lambda x: _scan_apply(n.scan, f, x), (x,), (x,))
+    return _times_w_jvp_through_scan(n, w, f_jvp2)
 
 
 def vjp_inconsistent_pytree_structures(n: Any, w: Callable[[], Any]) -> Callable[[], Any]:
-    @n.custom_vjp
-    def f(x):
-        return x * w()
-
     def foo_fwd(x):
         return x * w(), None
 
     def foo_bwd(_, g):
         return (g, g)
 
-    f.defvjp(foo_fwd, foo_bwd)
+    f = _times_w_vjp(n, w, foo_fwd, foo_bwd)
     return lambda: n.grad(f)(2.0)
 
 
 def vjp_bwd_returns_non_tuple(n: Any, w: Callable[[], Any]) -> Callable[[], Any]:
-    @n.custom_vjp
-    def f(x):
-        return x * w()
-
     def foo_fwd(x):
         return x * w(), None
 
     def foo_bwd(_, g):
         return 2.0 * g
 
-    f.defvjp(foo_fwd, foo_bwd)
+    f = _times_w_vjp(n, w, foo_fwd, foo_bwd)
     return lambda: n.grad(f)(3.0)
 
 
 def fwd_rule_doesnt_return_pair(n: Any, w: Callable[[], Any]) -> Callable[[], Any]:
-    @n.custom_vjp
-    def f(x):
-        return x * w()
-
     def f_fwd(x):
         return x * w()
 
     def f_bwd(_, y_bar):
         return (y_bar,)
 
-    f.defvjp(f_fwd, f_bwd)
+    f = _times_w_vjp(n, w, f_fwd, f_bwd)
     return lambda: n.grad(f)(1.0)
 
 
 def fwd_primal_out_structure(n: Any, w: Callable[[], Any]) -> Callable[[], Any]:
-    @n.custom_vjp
-    def f(x):
-        return x * w()
-
     def f_fwd(x):
         return (x, x * w()), None
 
     def f_bwd(_, y_bar):
         return (y_bar,)
 
-    f.defvjp(f_fwd, f_bwd)
-    return lambda: n.grad(lambda x: _scan_apply(n.scan, f, x))(jnp.float32(1.0))
+    f = _times_w_vjp(n, w, f_fwd, f_bwd)
+    return _grad_through_scan(n, f)
 
 
 def fwd_primal_out_shape(n: Any, w: Callable[[], Any]) -> Callable[[], Any]:
-    @n.custom_vjp
-    def f(x):
-        return x * w()
-
     def f_fwd2(x):
         return jnp.zeros((3, *x.shape), x.dtype) * w(), None
 
     def f_bwd2(_, y_bar):
         return (y_bar,)
 
-    f.defvjp(f_fwd2, f_bwd2)
-    return lambda: n.grad(lambda x: _scan_apply(n.scan, f, x))(jnp.float32(1.0))
+    f = _times_w_vjp(n, w, f_fwd2, f_bwd2)
+    return _grad_through_scan(n, f)
 
 
 def bwd_rule_shape_mismatch(n: Any, w: Callable[[], Any]) -> Callable[[], Any]:

@@ -7,6 +7,7 @@ pass-through override (see ``_parity``), and must give the same outputs, the sam
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -96,15 +97,73 @@ def pair_branch_b(pair):
     return pair[0] * pair[1]
 
 
+# Rows of one family differ only in their options: each builder writes the family's call once.
+
+
+def scan_case(id: str, xs_rows: int, *options: Any, argnums=(0,), **keywords: Any) -> Case:
+    """``lax.scan(scan_body, carry, xs, *options, **keywords)``, a carry of 3 and xs of
+    ``xs_rows`` by 3."""
+    return Case(
+        id,
+        lambda api, c, xs: api.lax.scan(scan_body, c, xs, *options, **keywords),
+        lambda: (f32(3), f32(xs_rows, 3)),
+        ("lax.scan",),
+        argnums=argnums,
+    )
+
+
+def while_case(id: str, start: int) -> Case:
+    """``lax.while_loop(while_cond, while_body, (start, x))`` over an x of 3, forward-mode:
+    JAX cannot reverse-differentiate a while loop."""
+    return Case(
+        id,
+        lambda api, x: api.lax.while_loop(while_cond, while_body, (start, x)),
+        lambda: (f32(3),),
+        ("lax.while_loop",),
+        diff="fwd",
+    )
+
+
+def fori_case(id: str, lower: int, upper: int, **keywords: Any) -> Case:
+    """``lax.fori_loop(lower, upper, fori_body, x, **keywords)`` over an x of 3."""
+    return Case(
+        id,
+        lambda api, x: api.lax.fori_loop(lower, upper, fori_body, x, **keywords),
+        lambda: (f32(3),),
+        ("lax.fori_loop",),
+    )
+
+
+def one_operand_cond_case(id: str, predicate: Callable[[Any], Any], size: int) -> Case:
+    """``lax.cond(predicate(x), one_a, one_b, x)`` over an x of ``size``."""
+    return Case(
+        id,
+        lambda api, x: api.lax.cond(predicate(x), one_a, one_b, x),
+        lambda: (f32(size),),
+        ("lax.cond",),
+    )
+
+
+def switch_case(id: str, index: int) -> Case:
+    """``lax.switch(index, [one_a, one_b, one_c], x)`` over an x of 3."""
+    return Case(
+        id,
+        lambda api, x: api.lax.switch(index, [one_a, one_b, one_c], x),
+        lambda: (f32(3),),
+        ("lax.switch",),
+    )
+
+
+def map_case(id: str, shape: tuple[int, int], **keywords: Any) -> Case:
+    """``lax.map(map_f, xs, **keywords)`` over xs of ``shape``."""
+    return Case(
+        id, lambda api, xs: api.lax.map(map_f, xs, **keywords), lambda: (f32(*shape),), ("lax.map",)
+    )
+
+
 CASES = [
     # --- scan ---------------------------------------------------------------------------
-    Case(
-        "scan",
-        lambda api, c, xs: api.lax.scan(scan_body, c, xs),
-        lambda: (f32(3), f32(5, 3)),
-        ("lax.scan",),
-        argnums=(0, 1),
-    ),
+    scan_case("scan", 5, argnums=(0, 1)),
     Case(
         "scan-xs-none-length",
         lambda api, c: api.lax.scan(count_body, c, length=4),
@@ -117,45 +176,12 @@ CASES = [
         lambda: (f32(2),),
         ("lax.scan",),
     ),
-    Case(
-        "scan-reverse",
-        lambda api, c, xs: api.lax.scan(scan_body, c, xs, reverse=True),
-        lambda: (f32(3), f32(4, 3)),
-        ("lax.scan",),
-        argnums=(0, 1),
-    ),
-    Case(
-        "scan-unroll-2",
-        lambda api, c, xs: api.lax.scan(scan_body, c, xs, unroll=2),
-        lambda: (f32(3), f32(5, 3)),
-        ("lax.scan",),
-        argnums=(0, 1),
-    ),
-    Case(
-        "scan-unroll-true",
-        lambda api, c, xs: api.lax.scan(scan_body, c, xs, unroll=True),
-        lambda: (f32(3), f32(4, 3)),
-        ("lax.scan",),
-    ),
-    Case(
-        "scan-unroll-beyond-length",
-        lambda api, c, xs: api.lax.scan(scan_body, c, xs, unroll=16),
-        lambda: (f32(3), f32(3, 3)),
-        ("lax.scan",),
-    ),
-    Case(
-        "scan-all-positional",
-        lambda api, c, xs: api.lax.scan(scan_body, c, xs, 4, True, 2),
-        lambda: (f32(3), f32(4, 3)),
-        ("lax.scan",),
-        argnums=(0, 1),
-    ),
-    Case(
-        "scan-length-with-xs",
-        lambda api, c, xs: api.lax.scan(scan_body, c, xs, length=6),
-        lambda: (f32(3), f32(6, 3)),
-        ("lax.scan",),
-    ),
+    scan_case("scan-reverse", 4, reverse=True, argnums=(0, 1)),
+    scan_case("scan-unroll-2", 5, unroll=2, argnums=(0, 1)),
+    scan_case("scan-unroll-true", 4, unroll=True),
+    scan_case("scan-unroll-beyond-length", 3, unroll=16),
+    scan_case("scan-all-positional", 4, 4, True, 2, argnums=(0, 1)),
+    scan_case("scan-length-with-xs", 6, length=6),
     Case(
         "scan-zero-length",
         lambda api, c, xs: api.lax.scan(scan_body, c, xs),
@@ -177,13 +203,7 @@ CASES = [
         diff=None,
     ),
     # --- while_loop ---------------------------------------------------------------------
-    Case(
-        "while_loop",
-        lambda api, x: api.lax.while_loop(while_cond, while_body, (0, x)),
-        lambda: (f32(3),),
-        ("lax.while_loop",),
-        diff="fwd",
-    ),
+    while_case("while_loop", 0),
     Case(
         "while_loop-keywords",
         lambda api, x: api.lax.while_loop(
@@ -193,20 +213,9 @@ CASES = [
         ("lax.while_loop",),
         diff="fwd",
     ),
-    Case(
-        "while_loop-zero-trips",
-        lambda api, x: api.lax.while_loop(while_cond, while_body, (20, x)),
-        lambda: (f32(3),),
-        ("lax.while_loop",),
-        diff="fwd",
-    ),
+    while_case("while_loop-zero-trips", 20),
     # --- fori_loop ----------------------------------------------------------------------
-    Case(
-        "fori_loop-static-bounds",
-        lambda api, x: api.lax.fori_loop(0, 5, fori_body, x),
-        lambda: (f32(3),),
-        ("lax.fori_loop",),
-    ),
+    fori_case("fori_loop-static-bounds", 0, 5),
     Case(
         "fori_loop-traced-bounds",
         lambda api, lo, hi, x: jax.jit(lambda lo, hi, x: api.lax.fori_loop(lo, hi, fori_body, x))(
@@ -225,37 +234,17 @@ CASES = [
         diff="fwd",
         argnums=(1,),
     ),
-    Case(
-        "fori_loop-unroll",
-        lambda api, x: api.lax.fori_loop(0, 6, fori_body, x, unroll=3),
-        lambda: (f32(3),),
-        ("lax.fori_loop",),
-    ),
+    fori_case("fori_loop-unroll", 0, 6, unroll=3),
     Case(
         "fori_loop-keywords",
         lambda api, x: api.lax.fori_loop(lower=2, upper=4, body_fun=fori_body, init_val=x),
         lambda: (f32(3),),
         ("lax.fori_loop",),
     ),
-    Case(
-        "fori_loop-empty-range",
-        lambda api, x: api.lax.fori_loop(5, 2, fori_body, x),
-        lambda: (f32(3),),
-        ("lax.fori_loop",),
-    ),
+    fori_case("fori_loop-empty-range", 5, 2),
     # --- cond ---------------------------------------------------------------------------
-    Case(
-        "cond-one-operand",
-        lambda api, x: api.lax.cond(x.sum() > 0, one_a, one_b, x),
-        lambda: (f32(4),),
-        ("lax.cond",),
-    ),
-    Case(
-        "cond-false-branch",
-        lambda api, x: api.lax.cond(x.sum() > 100, one_a, one_b, x),
-        lambda: (f32(4),),
-        ("lax.cond",),
-    ),
+    one_operand_cond_case("cond-one-operand", lambda x: x.sum() > 0, 4),
+    one_operand_cond_case("cond-false-branch", lambda x: x.sum() > 100, 4),
     Case(
         "cond-several-operands",
         lambda api, x, y, z: api.lax.cond(x[0] < 0, branch_a, branch_b, x, y, z),
@@ -276,12 +265,7 @@ CASES = [
         lambda: (f32(3),),
         ("lax.cond",),
     ),
-    Case(
-        "cond-python-bool-predicate",
-        lambda api, x: api.lax.cond(False, one_a, one_b, x),
-        lambda: (f32(3),),
-        ("lax.cond",),
-    ),
+    one_operand_cond_case("cond-python-bool-predicate", lambda x: False, 3),
     Case(
         "cond-integer-predicate",
         lambda api, p, x: api.lax.cond(p, one_a, one_b, x),
@@ -290,24 +274,9 @@ CASES = [
         argnums=(1,),
     ),
     # --- switch -------------------------------------------------------------------------
-    Case(
-        "switch-in-range",
-        lambda api, x: api.lax.switch(1, [one_a, one_b, one_c], x),
-        lambda: (f32(3),),
-        ("lax.switch",),
-    ),
-    Case(
-        "switch-index-above-range",
-        lambda api, x: api.lax.switch(7, [one_a, one_b, one_c], x),
-        lambda: (f32(3),),
-        ("lax.switch",),
-    ),
-    Case(
-        "switch-negative-index",
-        lambda api, x: api.lax.switch(-4, [one_a, one_b, one_c], x),
-        lambda: (f32(3),),
-        ("lax.switch",),
-    ),
+    switch_case("switch-in-range", 1),
+    switch_case("switch-index-above-range", 7),
+    switch_case("switch-negative-index", -4),
     Case(
         "switch-traced-out-of-range",
         lambda api, i, x: api.lax.switch(i, (one_a, one_b, one_c), x),
@@ -336,19 +305,9 @@ CASES = [
         ("lax.switch",),
     ),
     # --- map ----------------------------------------------------------------------------
-    Case("map", lambda api, xs: api.lax.map(map_f, xs), lambda: (f32(5, 3),), ("lax.map",)),
-    Case(
-        "map-batch-size-with-remainder",
-        lambda api, xs: api.lax.map(map_f, xs, batch_size=3),
-        lambda: (f32(7, 2),),
-        ("lax.map",),
-    ),
-    Case(
-        "map-batch-size-divides",
-        lambda api, xs: api.lax.map(map_f, xs, batch_size=2),
-        lambda: (f32(4, 2),),
-        ("lax.map",),
-    ),
+    map_case("map", (5, 3)),
+    map_case("map-batch-size-with-remainder", (7, 2), batch_size=3),
+    map_case("map-batch-size-divides", (4, 2), batch_size=2),
     Case(
         "map-pytree",
         lambda api, a, b: api.lax.map(tree_map_f, {"a": a, "b": b}),

@@ -9,6 +9,8 @@ under pass-through overrides, and must give the same outputs, jaxprs and derivat
 from __future__ import annotations
 
 import inspect
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -162,14 +164,14 @@ def custom_linear_solve_call(api, b, d):
     return api.lax.custom_linear_solve(matvec, b, solve, transpose_solve)
 
 
+def two_array_case(id: str, fn: Callable[..., Any], size: int, offset: float, uses: str) -> Case:
+    """``fn(api, x, y)`` over an x and a y of ``size`` (y's values offset by ``offset``),
+    differentiated in both, dispatching through ``uses``."""
+    return Case(id, fn, lambda: (f32(size), f32(size, offset=offset)), (uses,), argnums=(0, 1))
+
+
 CASES = [
-    Case(
-        "custom_vjp",
-        custom_vjp_call,
-        lambda: (f32(3), f32(3, offset=0.4)),
-        ("custom_vjp",),
-        argnums=(0, 1),
-    ),
+    two_array_case("custom_vjp", custom_vjp_call, 3, 0.4, "custom_vjp"),
     Case("custom_vjp-nondiff_argnums", custom_vjp_nondiff, lambda: (f32(4),), ("custom_vjp",)),
     Case(
         "custom_vjp-symbolic_zeros",
@@ -179,20 +181,8 @@ CASES = [
     ),
     Case("custom_jvp-defjvp", custom_jvp_call, lambda: (f32(3),), ("custom_jvp",)),
     Case("custom_jvp-defjvp-fwd", custom_jvp_call, lambda: (f32(3),), ("custom_jvp",), diff="fwd"),
-    Case(
-        "custom_jvp-defjvps",
-        custom_jvp_defjvps,
-        lambda: (f32(2), f32(2, offset=1.0)),
-        ("custom_jvp",),
-        argnums=(0, 1),
-    ),
-    Case(
-        "closure_convert",
-        closure_convert_call,
-        lambda: (f32(3), f32(3, offset=0.5)),
-        ("closure_convert",),
-        argnums=(0, 1),
-    ),
+    two_array_case("custom_jvp-defjvps", custom_jvp_defjvps, 2, 1.0, "custom_jvp"),
+    two_array_case("closure_convert", closure_convert_call, 3, 0.5, "closure_convert"),
     Case(
         "implicit-fixed-point",
         implicit_fixed_point,
@@ -210,12 +200,8 @@ CASES = [
         jaxpr=False,
     ),
     Case("custom_root", custom_root_call, lambda: (jnp.float32(2.0),), ("lax.custom_root",)),
-    Case(
-        "custom_linear_solve",
-        custom_linear_solve_call,
-        lambda: (f32(4), f32(4, offset=3.0)),
-        ("lax.custom_linear_solve",),
-        argnums=(0, 1),
+    two_array_case(
+        "custom_linear_solve", custom_linear_solve_call, 4, 3.0, "lax.custom_linear_solve"
     ),
 ]
 

@@ -7,6 +7,8 @@ under pass-through overrides, and must give the same outputs, jaxprs and derivat
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -86,6 +88,30 @@ def sharded(x, spec=None):
 
 def matrices():
     return f32(4, 3), f32(3, 3, offset=0.2), f32(3, 2, offset=-0.1)
+
+
+def transformed_case(
+    id: str,
+    uses: str,
+    transform: Callable[[Any], Any],
+    fun: Callable[..., Any],
+    shape: tuple[int, ...] = (3,),
+    **options: Any,
+) -> Case:
+    """``transform(api)(fun, **options)(x)`` over an x of ``shape``, for the cases that differ
+    only in the transform (``lambda api: api.grad``), the function and the options."""
+    return Case(
+        id,
+        lambda api, x: transform(api)(fun, **options)(x),
+        lambda: (f32(*shape),),
+        (uses,),
+    )
+
+
+def axis_name_case(uses: str, mapping: Callable[[Any], Any], shape: tuple[int, int]) -> Case:
+    """``normalise`` mapped over xs of ``shape`` by ``mapping(api)`` (``api.vmap``,
+    ``api.pmap``) with ``axis_name="i"``: its psum is a collective over the mapped axis."""
+    return transformed_case(f"{uses}-axis-name", uses, mapping, normalise, shape, axis_name="i")
 
 
 CASES = [
@@ -186,12 +212,7 @@ CASES = [
         ("vmap",),
         argnums=(0, 1),
     ),
-    Case(
-        "vmap-axis-name",
-        lambda api, xs: api.vmap(normalise, axis_name="i")(xs),
-        lambda: (f32(5, 2),),
-        ("vmap",),
-    ),
+    axis_name_case("vmap", lambda api: api.vmap, (5, 2)),
     Case(
         "vmap-axis-size",
         lambda api, x: api.vmap(lambda v: v * 2.0, in_axes=None, axis_size=3)(x),
@@ -216,12 +237,7 @@ CASES = [
         argnums=(0, 1),
     ),
     # --- pmap on 8 CPU devices ----------------------------------------------------------
-    Case(
-        "pmap-axis-name",
-        lambda api, x: api.pmap(normalise, axis_name="i")(x),
-        lambda: (f32(8, 3),),
-        ("pmap",),
-    ),
+    axis_name_case("pmap", lambda api: api.pmap, (8, 3)),
     Case(
         "pmap-in-axes-static-broadcast",
         lambda api, x, y: api.pmap(
@@ -253,12 +269,7 @@ CASES = [
         ("grad",),
         argnums=(0, 1),
     ),
-    Case(
-        "grad-has-aux",
-        lambda api, x: api.grad(with_aux, has_aux=True)(x),
-        lambda: (f32(3),),
-        ("grad",),
-    ),
+    transformed_case("grad-has-aux", "grad", lambda api: api.grad, with_aux, has_aux=True),
     Case(
         "grad-allow-int",
         lambda api, x, n: api.grad(lambda a, k: jnp.sum(a * k), argnums=(0, 1), allow_int=True)(
@@ -323,11 +334,12 @@ CASES = [
         lambda: (f32(3),),
         ("checkpoint",),
     ),
-    Case(
+    transformed_case(
         "checkpoint-prevent-cse-false",
-        lambda api, x: api.checkpoint(g_scalar, prevent_cse=False)(x),
-        lambda: (f32(3),),
-        ("checkpoint",),
+        "checkpoint",
+        lambda api: api.checkpoint,
+        g_scalar,
+        prevent_cse=False,
     ),
     Case(
         "remat-policy",

@@ -39,6 +39,7 @@ import pytest
 import jaxoverride as jo
 import jaxoverride_linen as jol
 from _libraries import FreshScript, interposed
+from _linen_models import call_counter, counting
 from _parity import program_text
 from _solve_state_linen import (
     DEQ,
@@ -445,11 +446,11 @@ class _NoOpLast(nn.Module):
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
         mean = self.variable("batch_stats", "mean", jnp.zeros, (3,))
-        count = self.variable("batch_stats", "count", lambda: jnp.zeros((), jnp.int32))
+        tick = call_counter(self, "batch_stats", "count")
 
         def f(z: jax.Array) -> jax.Array:
             mean.value = 0.9 * mean.value + 0.1 * z
-            count.value = count.value + 1
+            tick()
             return 0.5 * jnp.cos(z)
 
         wrap = BOUNDARIES[self.boundary]
@@ -489,12 +490,7 @@ def test_a_boundary_whose_branch_evaluates_nothing_passes_the_last_evaluation_on
 class _RuleWritingCount(nn.Module):
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
-        count = self.variable("batch_stats", "count", lambda: jnp.zeros((), jnp.int32))
-
-        def f(z: jax.Array) -> jax.Array:
-            count.value = count.value + 1
-            return 0.5 * jnp.cos(z)
-
+        f = counting(self, "batch_stats", "count", lambda z: 0.5 * jnp.cos(z))
         return x if self.is_initializing() else _ruled(f)(x)
 
 
