@@ -18,6 +18,10 @@ from flax import nnx
 from _nnx_models import jit_over_a_cell
 from jaxoverride import _detect
 
+# The private lookups below read the loaded framework records; a neutral call loads them
+# (`watching`) before it looks. Without this the file passed only after another test had.
+_detect.frameworks()
+
 MODEL = nnx.Linear(2, 2, rngs=nnx.Rngs(0))
 OTHER = nnx.Linear(2, 2, rngs=nnx.Rngs(1))
 COUNTER = nnx.Variable(jnp.array(0))
