@@ -15,7 +15,7 @@ from __future__ import annotations
 import collections
 import contextlib
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, ClassVar
 
 from haiku._src import base, stateful
 
@@ -76,7 +76,7 @@ def state_usable() -> bool:
 class _Haiku:
     """What ``kit.participant`` recognises a Haiku source by."""
 
-    framework = "haiku"
+    framework: ClassVar[str | None] = "haiku"
 
 
 def solve_policy() -> Participant | None:

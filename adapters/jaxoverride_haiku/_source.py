@@ -28,7 +28,7 @@ from __future__ import annotations
 import contextlib
 import copy
 from collections.abc import Callable, Hashable
-from typing import Any, NamedTuple
+from typing import Any, ClassVar, NamedTuple
 
 import jax
 from haiku._src import base
@@ -109,7 +109,7 @@ class HaikuSource(kit.EnterLeaveSource):
     """
 
     abort_changed_predicate = True
-    framework = "haiku"  # the key ``jaxoverride.solve_state`` knows it by
+    framework: ClassVar[str | None] = "haiku"  # the key ``jaxoverride.solve_state`` knows it by
     __slots__ = ("_added", "_restored", "where")
 
     def __init__(self, where: str):

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import collections
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -330,7 +330,7 @@ class LinenSource(kit.EnterLeaveSource):
     """
 
     alternative_branches = True
-    framework = "linen"  # its key for ``jaxoverride.solve_state`` (``parts``)
+    framework: ClassVar[str | None] = "linen"  # its key for ``jaxoverride.solve_state`` (``parts``)
 
     __slots__ = (
         "_counters_at_read",

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import contextvars
 from collections.abc import Callable, Hashable, Sequence
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 import jax
 
@@ -302,7 +302,7 @@ class _Source(kit.ScopedStateSource):
     # A while_loop tests once before the loop and at the end of each step, as Python does.
     carried_predicate = True
     # jaxoverride.solve_state: the kit's Threaded applies a declaration to these calls.
-    framework = FRAMEWORK
+    framework: ClassVar[str | None] = FRAMEWORK
     __slots__ = ("constants", "state", "tracked", "where", "wrappers")
 
     def __init__(

@@ -18,7 +18,7 @@ they write after the JAX call.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import jax
 from flax import nnx
@@ -73,7 +73,7 @@ class Values:
       tracked: the tracked set the indices refer to.
     """
 
-    framework = FRAMEWORK
+    framework: ClassVar[str | None] = FRAMEWORK
     __slots__ = ("tracked",)
 
     def __init__(self, tracked: Tracked):

@@ -305,6 +305,7 @@ from jaxoverride.adapter_kit._declared_conversion import (
     declared_make_jaxpr as declared_make_jaxpr,
 )
 from jaxoverride.adapter_kit._solve_policy import (
+    NamesFramework as NamesFramework,
     Participant as Participant,
     StatePart as StatePart,
     declarations_entered as declarations_entered,
@@ -352,6 +353,7 @@ from jaxoverride.adapter_kit._write_out import (
 
 __all__ += init_safe_control.__all__
 __all__ += [
+    "NamesFramework",
     "Participant",
     "declared_closure_convert",
     "declared_make_jaxpr",

@@ -54,7 +54,7 @@ import dataclasses
 import threading
 import weakref
 from collections.abc import Callable, Hashable, Iterator
-from typing import Any
+from typing import Any, ClassVar, Protocol
 
 import jax
 
@@ -588,11 +588,29 @@ def resumed(entered: Participant | None) -> Iterator[None]:
         yield
 
 
-def participant(source: Any) -> Participant | None:
+class NamesFramework(Protocol):
+    """What ``participant`` reads of a source, or of a class of sources: ``framework``,
+    the key its solve source is registered under (``StateSource.framework``), or None
+    where no declaration applies to it. Declared as ``ClassVar[str | None]``.
+
+    Example:
+      >>> from typing import ClassVar
+      >>> from jaxoverride import adapter_kit as kit
+      >>> class Marker:
+      ...     framework: ClassVar[str | None] = "doc"
+      >>> kit.participant(Marker) is None  # no declaration entered
+      True
+    """
+
+    framework: ClassVar[str | None]
+
+
+def participant(source: NamesFramework | type[NamesFramework]) -> Participant | None:
     """The innermost declaration's ``Participant`` for ``source``'s framework.
 
     Args:
-      source: a ``StateSource`` (its ``framework`` attribute names the framework).
+      source: a ``StateSource``, or any ``NamesFramework`` (a class: it names the
+        framework only, and the participant itself is returned).
 
     Returns:
       The ``Participant`` seen by ``source`` (``Participant.seen_by``), or None (no
@@ -606,7 +624,7 @@ def participant(source: Any) -> Participant | None:
     entered = _solve_state.current_entered()
     if entered is None:
         return None
-    framework = getattr(source, "framework", None)
+    framework = source.framework
     found = None if framework is None else entered.get(framework)
     return None if found is None else found.seen_by(source)
 
