@@ -18,7 +18,7 @@ from typing import Any, NamedTuple
 from jax import tree_util as jtu
 
 import jaxoverride as jo
-from jaxoverride.adapter_kit import infer_argnums_and_argnames, jit_name
+from jaxoverride.adapter_kit import CachedPlan, Direct, infer_argnums_and_argnames, jit_name
 from jaxoverride_dag._axes import spread
 from jaxoverride_dag._kinds import ARRAY, DYNAMIC_TYPES, KINDS, SCALAR, kind
 from jaxoverride_dag._out import Packed
@@ -162,10 +162,10 @@ class DagJit:
         "general",
         "in_tree",
         "jit_kwargs",
-        "last",
         "lower_jit",
         "one",
         "out_tree",
+        "plans",
         "static",
     )
 
@@ -194,7 +194,10 @@ class DagJit:
         self.static = StaticArgs(*static)
         self._entries: dict[Any, _Entry] = {}
         # The hot path's view of the last entry that has one, and of one per structure.
-        self.last: FastPathEntry | None = None
+        hot_path = _hot_path if not self.static else _hot_path_static
+        self.plans: CachedPlan[FastPathEntry | None] = CachedPlan(
+            None, lambda _, direct: hot_path(self, direct)
+        )
         self._hot: dict[Any, FastPathEntry] = {}
         # Every call but one array (see ``_hot_path``); ``one_general`` is it for one.
         self.general = _general_path(self)
@@ -222,7 +225,8 @@ class DagJit:
 
     def compiled(self) -> list[Any]:
         """The ``jax.jit`` of every plan that a call may still run."""
-        hot = [*list(self._hot.values()), *([self.last] if self.last is not None else [])]
+        last = self.plans.plan
+        hot = [*list(self._hot.values()), *([last] if last is not None else [])]
         functions = [entry.fn for entry in list(self._entries.values())] + [h.fn for h in hot]
         return list({id(fn): fn for fn in functions}.values())
 
@@ -246,7 +250,7 @@ class DagJit:
         return unpack_output(entry.fn(*prefix, *dyn))
 
     def _set_last(self, hot: FastPathEntry | None) -> None:
-        self.last = hot
+        self.plans.keep(hot)
         self.one = hot.fn if hot is not None and hot.flat == 1 else self.one_general
 
     def one_general(self, arg: Any) -> Any:
@@ -371,18 +375,13 @@ def dag_jit(fun: Callable[..., Any], /, **options: Any) -> Callable[..., Any]:
     # shares its cache): ``jo.jit(f)(x)`` built again compiles nothing again.
     options_key = tuple(sorted(options.items()))
     state = jo.reuse_jit(fun, (DagJit, options_key, below), lambda: DagJit(fun, options, below))
-    hot_path = _hot_path if not state.static else _hot_path_static
-    jitted = hot_path(state)
-
-    def direct(current: Any, stack: Any, fallback: Callable[..., Any]) -> Callable[..., Any]:
-        return hot_path(state, (current, stack, fallback))
 
     def stage(method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         entry, prefix, dyn = state.resolve(args, kwargs)
         staged = getattr(entry.fn, method)(*prefix, *dyn)
         return unpack_output(staged) if method == "eval_shape" else staged
 
-    jo.jit_api(jitted, fun, stage=stage, jitted=state.compiled, direct=direct)
+    jitted = state.plans.jit_api(fun, stage=stage, jitted=state.compiled)
     jitted._jaxoverride_dag_state = state  # type: ignore[attr-defined]
     return jitted
 
@@ -457,11 +456,6 @@ def _recover(
     return call_slow(args, kwargs)
 
 
-# ``(current, stack, fallback)`` of a direct call (see ``jaxoverride.jit_api``): the hot
-# path then first checks that its stack is the caller's, in the same frame.
-Direct = tuple[Callable[[], object], object, Callable[..., Any]]
-
-
 def _unreachable(*args: Any, **kwargs: Any) -> Any:
     raise AssertionError("a DAG hot path without a direct stack has no fallback")
 
@@ -469,7 +463,7 @@ def _unreachable(*args: Any, **kwargs: Any) -> Any:
 _NO_ARGUMENT: Any = object()
 
 
-def _hot_path(state: DagJit, direct_to: Direct | None = None) -> Callable[..., Any]:
+def _hot_path(state: DagJit, direct: Direct | None = None) -> Callable[..., Any]:
     # The commonest call, one array, is taken in a frame of its own that holds nothing
     # else: a frame's cost grows with its free variables (copied in on every call) and
     # its locals (cleared on every return), and the one-array call is all frame. Taking
@@ -480,43 +474,31 @@ def _hot_path(state: DagJit, direct_to: Direct | None = None) -> Callable[..., A
     dynamic_types = DYNAMIC_TYPES
     packed = Packed
     nothing = _NO_ARGUMENT
-    if direct_to is None:
+    current, stack, fallback, _ = direct or (None, None, _unreachable, None)
 
-        def jitted(first: Any = nothing, /, *args: Any, **kwargs: Any) -> Any:
-            if not args and not kwargs and type(first) in dynamic_types:
-                one = state.one  # the last entry's jax.jit, else ``general``'s
-                out = one(first)
-                return out.unpack() if type(out) is packed else out
-            return general(args if first is nothing else (first, *args), kwargs)
-
-        return jitted
-
-    current, stack, fallback = direct_to
-
-    def jitted_direct(first: Any = nothing, /, *args: Any, **kwargs: Any) -> Any:
-        if current() is not stack:
-            if first is not nothing:
-                args = (first, *args)
-            return fallback(*args, **kwargs)
+    def jitted(first: Any = nothing, /, *args: Any, **kwargs: Any) -> Any:
+        if current is not None and current() is not stack:
+            return fallback(*(args if first is nothing else (first, *args)), **kwargs)
         if not args and not kwargs and type(first) in dynamic_types:
             one = state.one  # the last entry's jax.jit, else ``general``'s
             out = one(first)
             return out.unpack() if type(out) is packed else out
         return general(args if first is nothing else (first, *args), kwargs)
 
-    return jitted_direct
+    return jitted
 
 
 def _general_path(state: DagJit) -> Callable[[tuple[Any, ...], dict[str, Any]], Any]:
     """What a call that is not one array costs: ``general(args, kwargs)``."""
     call_slow = state.call_slow
+    plans = state.plans
     dynamic_types = DYNAMIC_TYPES
     getrefcount = sys.getrefcount
     is_ = operator.is_
     packed = Packed
 
     def general(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        last = state.last
+        last = plans.plan
         if last is None:
             return call_slow(args, kwargs)
         (_, flat, treedef, static_pick, static_values, dyn_pick, fn, size, dict_values,
@@ -576,15 +558,16 @@ def _general_path(state: DagJit) -> Callable[[tuple[Any, ...], dict[str, Any]], 
     return general
 
 
-def _hot_path_static(state: DagJit, direct_to: Direct | None = None) -> Callable[..., Any]:
+def _hot_path_static(state: DagJit, direct: Direct | None = None) -> Callable[..., Any]:
     call_slow = state.call_slow
+    plans = state.plans
     split = state.static.split
-    current, stack, fallback = direct_to or (None, None, _unreachable)
+    current, stack, fallback, _ = direct or (None, None, _unreachable, None)
 
     def jitted(*args: Any, **kwargs: Any) -> Any:
         if current is not None and current() is not stack:
             return fallback(*args, **kwargs)
-        last = state.last
+        last = plans.plan
         if last is None:
             return call_slow(args, kwargs)
         layout, _, treedef, static_pick, static_values, dyn_pick, fn, _, _, _, _ = last

@@ -8,13 +8,14 @@ tracked set's ``TrackKey`` (root identities and graph fingerprint) in a table th
 holds no module, so weights are never baked in as constants, a changed tracked set
 gets its own trace and a dead module's entries are pruned.
 
-A repeated call is served from a flat plan, made when the general path last ran: the
-tracked set and structure epoch it is right for, the jitted function, the tuple of
-Variables it reads and the tuple of those it writes. Each trace of a build must return
-the same layout (``_Layout``: which Variables it writes, whether the output holds
-modules); the output is then the bare output, or ``(output, new values)`` in the order
-of that tuple. A trace with another layout gets a build that returns the general,
-self-describing form (``(output, {index: value})``), so no call misreads an output.
+A repeated call is served from the flat plan (``adapter_kit.CachedPlan``) that the
+general path last kept: the tracked set and structure epoch it is right for, the jitted
+function, the tuple of Variables it reads and the tuple of those it writes. Each trace
+of a build must return the same layout (``_Build.layout``: which Variables it writes,
+whether the output holds modules); the output is then the bare output, or ``(output,
+new values)`` in the order of that tuple. A trace with another layout gets a build that
+returns the general, self-describing form (``(output, {index: value})``), so no call
+misreads an output.
 """
 
 from __future__ import annotations
@@ -34,6 +35,8 @@ from jax.core import Tracer
 
 import jaxoverride as jo
 from jaxoverride.adapter_kit import (
+    CachedPlan,
+    Direct,
     TraceAbort,
     declarations_entered,
     infer_argnums_and_argnames,
@@ -87,7 +90,6 @@ class NnxJit:
     ):
         self._fun = fun
         self._below = below
-        self._plain = below(fun, *args, **kwargs)
         options = dict(_JIT_SIGNATURE.bind(fun, *args, **kwargs).arguments)
         del options["fun"]
         static = infer_argnums_and_argnames(
@@ -99,9 +101,7 @@ class NnxJit:
         self._static_nums, self._static_names = static
         # A trace is cached by its static arguments: what they reach is checked where it
         # is traced (``_check_static``), never per call.
-        self._plain = (
-            below(self._checking_static(fun), *args, **kwargs) if any(static) else self._plain
-        )
+        self._plain = below(self._checking_static(fun) if any(static) else fun, *args, **kwargs)
         options["static_argnums"] = shift_argnums(static[0])
         options["static_argnames"] = static[1]
         if donate[0] or donate[1]:
@@ -128,9 +128,6 @@ class NnxJit:
         self.call = self._make_call()
 
     # -- the call ---------------------------------------------------------------------
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return self.call(*args, **kwargs)
-
     def _make_call(self) -> Callable[..., Any]:
         """The callable that ``jaxoverride.jit`` runs: the hot path as a plain closure
         (cheaper to call than an object), with JAX's jitted-function API."""
@@ -150,8 +147,8 @@ class NnxJit:
         # (see ``_plan``). A call with the same tracked set, no structural change since
         # and plain positional arguments is served from it: it still reads every
         # Variable (a write that bypasses NNX's checks, or nnx.jit's own, leaves no
-        # other trace). One tuple, replaced whole (threads).
-        hot: list[Any] = [_COLD]
+        # other trace).
+        cached: CachedPlan[Any] = CachedPlan(_COLD, lambda _, direct: make_hot(direct))
         per_arity = self._per_arity
         active_get = ACTIVE.get
         any_declaration = declarations_entered
@@ -160,20 +157,18 @@ class NnxJit:
 
         def serving(
             miss: Callable[[tuple[Any, ...], dict[str, Any]], Any],
-            current: Callable[[], object] | None = None,
-            stack: object = None,
-            captured: Callable[[], Any] | None = None,
+            direct: Direct | None = None,
             mark: list[Any] | None = None,
-            fallback: Callable[..., Any] | None = None,
         ) -> Callable[..., Any]:
-            """The hot path: ``call``, or with ``current`` a checked direct call (see
-            ``checked_direct``) that serves only in ``stack`` and while ``captured()`` is
-            the object ``mark`` says the check passed for with this very plan."""
+            """The hot path: with ``direct`` a checked direct call (``make_hot``) that
+            serves only in its stack and while ``captured()`` is the object ``mark`` says
+            the check passed for with this very plan."""
+            current, stack, fallback, captured = direct or (None, None, None, None)
 
             def hot_call(*args: Any, **kwargs: Any) -> Any:
                 if any_declaration():  # under jaxoverride.solve_state: no flat plan (see general)
                     return miss(args, kwargs)
-                plan = hot[0]
+                plan = cached.plan
                 tracked, epoch, jitted, reads, writes, refs, build = plan
                 if current is not None:
                     if current() is not stack:
@@ -192,7 +187,7 @@ class NnxJit:
                             if error.owner is not build:
                                 raise
                             error.release()
-                            hot[0] = _COLD
+                            cached.drop()
                             return miss(args, kwargs)
                         if not writes:
                             return from_refs(result, tracked) if refs else result
@@ -209,27 +204,29 @@ class NnxJit:
 
             return hot_call
 
-        def checked_direct(
-            current: Callable[[], object],
-            stack: object,
-            fallback: Callable[..., Any],
-            captured: Callable[[], Any],
-        ) -> Callable[..., Any]:
+        def make_hot(direct: Direct | None) -> Callable[..., Any]:
+            if direct is None:
+                call = serving(general)
+                call.tracked_jit = self  # type: ignore[attr-defined]
+                functools.update_wrapper(call, self._fun, updated=())
+                return call
             # (plan, the check's token for the captured object) after a call that passed
             # the check with that plan's tracked set active at its epoch: the object's
             # cover (``_is_tracked``: its id in that set's graph) is then known for that
             # plan. One tuple, replaced whole (threads).
             mark: list[Any] = [(_COLD, _COLD)]
+            fallback, captured = direct.fallback, direct.captured
+            assert captured is not None
 
             def checked(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
                 out = fallback(*args, **kwargs)
                 token = captured()
-                plan = hot[0]
+                plan = cached.plan
                 if token is not None and plan[0] is active_get() and plan[1] == scope._epoch:
                     mark[0] = (plan, token)
                 return out
 
-            return serving(checked, current, stack, captured, mark, fallback)
+            return serving(checked, direct, mark)
 
         def general(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
             tracked = ACTIVE.get()
@@ -282,7 +279,7 @@ class NnxJit:
                 if error.owner is not build:
                     raise
                 error.release()
-                hot[0] = _COLD
+                cached.drop()
                 retry(key, tracked, error)
                 last[0] = (None, None)
                 return general(args, kwargs)
@@ -305,18 +302,15 @@ class NnxJit:
                 and build.layout is not None
                 and _reads_the_slot(reads)
             ):
-                hot[0] = _plan(tracked, build, reads)
+                cached.keep(_plan(tracked, build, reads))
             return from_refs(out, tracked) if refs else out
 
-        call = serving(general)
-        call.tracked_jit = self  # type: ignore[attr-defined]
-        functools.update_wrapper(call, self._fun, updated=())
-        return jo.jit_api(
-            call,
+        return cached.jit_api(
             self._fun,
             stage=self._stage,
             jitted=self._jitted,
-            checked_direct=checked_direct if per_arity is None else None,
+            direct=per_arity is None,
+            checked=True,
         )
 
     def _retry(self, key: Any, tracked: Tracked, error: NeedsState | LayoutChanged) -> None:
@@ -433,7 +427,7 @@ class NnxJit:
     def _compile(self, key: Any, tracked: Tracked | None = None, arguments: Any = ()) -> _Build:
         if self._deaths != _tracked.deaths():
             self._deaths = _tracked.deaths()
-            for stale in [k for k in self._cache if not _alive(k)]:
+            for stale in [k for k in self._cache if not (k[0] if type(k) is tuple else k).alive()]:
                 del self._cache[stale]
         tracked = tracked or ACTIVE.get()
         assert tracked is not None
@@ -549,36 +543,20 @@ class NnxJit:
             finally:
                 ACTIVE.reset(token)
 
-    def eval_shape(self, *args: Any, **kwargs: Any) -> Any:
-        """Output shapes, as ``jax.jit(fun).eval_shape``; tracked modules are not changed."""
-        key, view, args, kwargs = self._entry(args, kwargs)
-        if view is None:
-            return self._plain.eval_shape(*args, **kwargs)
-        result, build = self._on_build(key, view, "eval_shape", args, kwargs)
-        out, _, refs = build.unpack(result)
-        return from_refs(out, view) if refs else out
-
-    def lower(self, *args: Any, **kwargs: Any) -> Any:
-        """Lowers the lifted function: its first argument is the list of Variable values."""
-        return self._staged("lower", args, kwargs)
-
-    def trace(self, *args: Any, **kwargs: Any) -> Any:
-        """Traces the lifted function: its first argument is the list of Variable values."""
-        return self._staged("trace", args, kwargs)
-
     def _stage(self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        if method == "eval_shape":
-            return self.eval_shape(*args, **kwargs)
-        return self._staged(method, args, kwargs)
-
-    def _jitted(self) -> list[Any]:
-        return [self._plain, *(build.jitted for build in self._cache.values())]
-
-    def _staged(self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """``lower``, ``trace`` or ``eval_shape`` of the lifted function, whose first
+        argument is the list of Variable values; ``eval_shape`` changes no module."""
         key, view, args, kwargs = self._entry(args, kwargs)
         if view is None:
             return getattr(self._plain, method)(*args, **kwargs)
-        return self._on_build(key, view, method, args, kwargs)[0]
+        result, build = self._on_build(key, view, method, args, kwargs)
+        if method != "eval_shape":
+            return result
+        out, _, refs = build.unpack(result)
+        return from_refs(out, view) if refs else out
+
+    def _jitted(self) -> list[Any]:
+        return [self._plain, *(build.jitted for build in self._cache.values())]
 
     def __repr__(self) -> str:
         return f"<jaxoverride_nnx jit of {self._fun!r}>"
@@ -741,10 +719,6 @@ def _reads_the_slot(variables: list[Any]) -> bool:
         if not exact:
             return False
     return True
-
-
-def _alive(key: Any) -> bool:
-    return (key[0] if type(key) is tuple else key).alive()
 
 
 def jit(fun: Callable[..., Any], *args: Any, **kwargs: Any) -> Callable[..., Any]:

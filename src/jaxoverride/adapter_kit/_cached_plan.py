@@ -1,0 +1,106 @@
+"""One cached-plan path for a jitted call under an adapter."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any, Generic, NamedTuple, TypeVar
+
+from jaxoverride._jitapi import Stage, jit_api
+
+P = TypeVar("P")
+
+
+class Direct(NamedTuple):
+    """A hot path called directly (``jaxoverride.jit_api``) serves only while
+    ``current() is stack``, else returns ``fallback(*args, **kwargs)``, testing that
+    first; ``captured`` is ``checked_direct``'s, ``None`` for ``direct``."""
+
+    current: Callable[[], object]
+    stack: object
+    fallback: Callable[..., Any]
+    captured: Callable[[], Any] | None = None
+
+
+class CachedPlan(Generic[P]):
+    """The plan of a jitted call's last general call, and the hot paths that serve it.
+
+    A plan is what a repeated call needs, flat: the jitted function and what a call must
+    look like to be served by it. ``plan`` is replaced whole (``keep``, ``drop``), so a
+    thread reads one plan or the other. The hot path is the adapter's closure
+    ``make_hot(cached, direct)``: it reads ``cached.plan``, checks cheaply that the call
+    matches it, calls the jitted function directly, and hands any other call to the
+    adapter's general path, which keeps a new plan. The check is the adapter's code in
+    that frame: a kit call per call would cost a frame, a measurable share of a cache hit.
+
+    Args:
+      cold: the plan that serves no call (``plan`` at first and after ``drop``).
+      make_hot: ``make_hot(cached, direct)``: the hot path, or with a ``Direct`` the one
+        that a neutral wrapper built in ``direct.stack`` calls.
+
+    Example:
+      >>> import jax, jax.numpy as jnp
+      >>> from jaxoverride.adapter_kit import CachedPlan
+      >>> def make_hot(cached, direct):
+      ...     def general(args):  # the adapter's general path: builds and keeps a plan
+      ...         cached.keep(jax.jit(lambda x: 2 * x))
+      ...         return cached.plan(*args)
+      ...     def hot(*args):
+      ...         plan = cached.plan
+      ...         return general(args) if plan is None else plan(*args)
+      ...     return hot
+      >>> stage = lambda method, args, kwargs: None  # what ``.lower`` and the rest run
+      >>> double = CachedPlan(None, make_hot).jit_api(lambda x: 2 * x, stage=stage, jitted=list)
+      >>> double(jnp.ones(2)).tolist(), double(jnp.ones(2)).tolist()
+      ([2.0, 2.0], [2.0, 2.0])
+    """
+
+    __slots__ = ("cold", "make_hot", "plan")
+
+    def __init__(self, cold: P, make_hot: Callable[[CachedPlan[P], Direct | None], Any]):
+        self.plan = self.cold = cold
+        self.make_hot = make_hot
+
+    def keep(self, plan: P) -> None:
+        """Serves the calls that match ``plan`` from it from now on."""
+        self.plan = plan
+
+    def drop(self) -> None:
+        """Serves no call from a plan until the general path keeps one again."""
+        self.plan = self.cold
+
+    def jit_api(
+        self,
+        fun: Callable[..., Any],
+        *,
+        stage: Stage,
+        jitted: Callable[[], Iterable[Any]],
+        direct: bool = True,
+        checked: bool = False,
+    ) -> Callable[..., Any]:
+        """The hot path with JAX's jitted-function API (``jaxoverride.jit_api``).
+
+        Args:
+          fun, stage, jitted: as ``jaxoverride.jit_api``'s.
+          direct: whether a neutral wrapper may call a hot path made for its stack.
+          checked: whether that call may skip the missing-adapter check (``jit_api``'s
+            ``checked_direct``: the adapter covers the state a function captures).
+
+        Returns:
+          ``make_hot(self, None)``, with the attributes that ``jit_api`` sets.
+        """
+        make = self.make_hot
+
+        def plain(current: Callable[[], object], stack: object, fallback: Any) -> Any:
+            return make(self, Direct(current, stack, fallback))
+
+        def covered(current: Callable[[], object], stack: object, fallback: Any, captured: Any):
+            return make(self, Direct(current, stack, fallback, captured))
+
+        return jit_api(
+            make(self, None),
+            fun,
+            stage=stage,
+            jitted=jitted,
+            direct=plain if direct and not checked else None,
+            checked_direct=covered if direct and checked else None,
+        )
