@@ -86,17 +86,6 @@ class FastPathEntry(NamedTuple):
     arguments: int
 
 
-def _argument_leaves(plan: Plan) -> tuple[int, ...]:
-    """The positions among the traced leaves of those that are arguments themselves."""
-    treedef, slots = plan.root
-    top: list[bool] = []
-    for part in treedef.children():  # the positional arguments, then the keyword ones
-        for child in part.children():
-            top += [child.num_nodes == 1 and child.num_leaves == 1] * child.num_leaves
-    traced = [is_top for is_top, slot in zip(top, slots, strict=True) if slot < plan.n_dyn]
-    return tuple(i for i, is_top in enumerate(traced) if is_top)
-
-
 def _one_dict(treedef: Any, n_dyn: int) -> Callable[[dict[Any, Any]], tuple[Any, ...]] | None:
     """The getter of the values of ``treedef``'s only argument, in JAX's key order, if the
     call is ``f(d)`` with ``d`` a plain dict of ``n_dyn >= 2`` traced leaves.
@@ -117,8 +106,15 @@ def _one_dict(treedef: Any, n_dyn: int) -> Callable[[dict[Any, Any]], tuple[Any,
 
 
 def _nested(plan: Plan) -> tuple[Callable[[Sequence[Any]], Sequence[Any]] | None, int]:
-    """The picker of the traced leaves below the arguments, and the number of the others."""
-    arguments = _argument_leaves(plan)
+    """The picker of the traced leaves below the arguments, and the number of the others
+    (the traced leaves that are arguments themselves)."""
+    treedef, slots = plan.root
+    top: list[bool] = []
+    for part in treedef.children():  # the positional arguments, then the keyword ones
+        for child in part.children():
+            top += [child.num_nodes == 1 and child.num_leaves == 1] * child.num_leaves
+    traced = [is_top for is_top, slot in zip(top, slots, strict=True) if slot < plan.n_dyn]
+    arguments = [i for i, is_top in enumerate(traced) if is_top]
     if not arguments:
         return None, 0
     return run_picker([i for i in range(plan.n_dyn) if i not in arguments]), len(arguments)
@@ -381,7 +377,8 @@ def dag_jit(fun: Callable[..., Any], /, **options: Any) -> Callable[..., Any]:
         staged = getattr(entry.fn, method)(*prefix, *dyn)
         return unpack_output(staged) if method == "eval_shape" else staged
 
-    jitted = state.plans.jit_api(fun, stage=stage, jitted=state.compiled)
+    plans = state.plans
+    jitted = jo.jit_api(plans.hot(), fun, stage=stage, jitted=state.compiled, direct=plans.direct)
     jitted._jaxoverride_dag_state = state  # type: ignore[attr-defined]
     return jitted
 
@@ -456,10 +453,6 @@ def _recover(
     return call_slow(args, kwargs)
 
 
-def _unreachable(*args: Any, **kwargs: Any) -> Any:
-    raise AssertionError("a DAG hot path without a direct stack has no fallback")
-
-
 _NO_ARGUMENT: Any = object()
 
 
@@ -474,11 +467,12 @@ def _hot_path(state: DagJit, direct: Direct | None = None) -> Callable[..., Any]
     dynamic_types = DYNAMIC_TYPES
     packed = Packed
     nothing = _NO_ARGUMENT
-    current, stack, fallback, _ = direct or (None, None, _unreachable, None)
+    current, stack, fallback, _ = direct or (None, None, None, None)
 
     def jitted(first: Any = nothing, /, *args: Any, **kwargs: Any) -> Any:
         if current is not None and current() is not stack:
-            return fallback(*(args if first is nothing else (first, *args)), **kwargs)
+            args = args if first is nothing else (first, *args)
+            return fallback(*args, **kwargs)  # type: ignore[misc]
         if not args and not kwargs and type(first) in dynamic_types:
             one = state.one  # the last entry's jax.jit, else ``general``'s
             out = one(first)
@@ -562,11 +556,11 @@ def _hot_path_static(state: DagJit, direct: Direct | None = None) -> Callable[..
     call_slow = state.call_slow
     plans = state.plans
     split = state.static.split
-    current, stack, fallback, _ = direct or (None, None, _unreachable, None)
+    current, stack, fallback, _ = direct or (None, None, None, None)
 
     def jitted(*args: Any, **kwargs: Any) -> Any:
         if current is not None and current() is not stack:
-            return fallback(*args, **kwargs)
+            return fallback(*args, **kwargs)  # type: ignore[misc]
         last = plans.plan
         if last is None:
             return call_slow(args, kwargs)

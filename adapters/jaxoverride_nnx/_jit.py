@@ -148,7 +148,9 @@ class NnxJit:
         # and plain positional arguments is served from it: it still reads every
         # Variable (a write that bypasses NNX's checks, or nnx.jit's own, leaves no
         # other trace).
-        cached: CachedPlan[Any] = CachedPlan(_COLD, lambda _, direct: make_hot(direct))
+        cached: CachedPlan[Any] = CachedPlan(
+            _COLD, lambda _, direct: serving(general) if direct is None else checked_direct(direct)
+        )
         per_arity = self._per_arity
         active_get = ACTIVE.get
         any_declaration = declarations_entered
@@ -204,12 +206,7 @@ class NnxJit:
 
             return hot_call
 
-        def make_hot(direct: Direct | None) -> Callable[..., Any]:
-            if direct is None:
-                call = serving(general)
-                call.tracked_jit = self  # type: ignore[attr-defined]
-                functools.update_wrapper(call, self._fun, updated=())
-                return call
+        def checked_direct(direct: Direct) -> Callable[..., Any]:
             # (plan, the check's token for the captured object) after a call that passed
             # the check with that plan's tracked set active at its epoch: the object's
             # cover (``_is_tracked``: its id in that set's graph) is then known for that
@@ -305,12 +302,15 @@ class NnxJit:
                 cached.keep(_plan(tracked, build, reads))
             return from_refs(out, tracked) if refs else out
 
-        return cached.jit_api(
+        call = cached.hot()
+        call.tracked_jit = self  # type: ignore[attr-defined]
+        functools.update_wrapper(call, self._fun, updated=())
+        return jo.jit_api(
+            call,
             self._fun,
             stage=self._stage,
             jitted=self._jitted,
-            direct=per_arity is None,
-            checked=True,
+            checked_direct=cached.checked_direct if per_arity is None else None,
         )
 
     def _retry(self, key: Any, tracked: Tracked, error: NeedsState | LayoutChanged) -> None:
@@ -345,9 +345,7 @@ class NnxJit:
         self, tracked: Tracked | None, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> tuple[Tracked, tuple[Any, ...], dict[str, Any]]:
         static = self._static_positions(len(args))
-        dynamic_args = [a for i, a in enumerate(args) if i not in static]
-        dynamic_kwargs = {k: v for k, v in kwargs.items() if k not in self._static_names}
-        view = with_arguments(tracked, dynamic_args, dynamic_kwargs)
+        view = with_arguments(tracked, *self._dynamic(args, kwargs))
         assert view is not None
         new_args = tuple(a if i in static else to_refs(a, view)[0] for i, a in enumerate(args))
         new_kwargs = {
@@ -394,19 +392,19 @@ class NnxJit:
     def _static_positions(self, count: int) -> set[int]:
         return {n % count if n < 0 else n for n in self._static_nums if -count <= n < count}
 
-    def _clean_arguments(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
-        """True when no dynamic argument holds an NNX graph node (checked cheaply)."""
-        if not kwargs:
-            for arg in args:
-                if type(arg) not in _PLAIN_TYPES:
-                    break
-            else:
-                return True
+    def _dynamic(
+        self, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> tuple[list[Any], dict[str, Any]]:
         static = self._static_positions(len(args)) if self._static_nums else ()
-        dynamic = (
+        return (
             [a for i, a in enumerate(args) if i not in static],
             {k: v for k, v in kwargs.items() if k not in self._static_names},
         )
+
+    def _clean_arguments(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+        """True when no dynamic argument holds an NNX graph node (checked cheaply: the
+        call's plain arrays are tested by ``general`` before)."""
+        dynamic = self._dynamic(args, kwargs)
         try:
             treedef = jax.tree_util.tree_structure(dynamic)
             if treedef in self._clean:

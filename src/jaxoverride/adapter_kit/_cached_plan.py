@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any, Generic, NamedTuple, TypeVar
-
-from jaxoverride._jitapi import Stage, jit_api
 
 P = TypeVar("P")
 
@@ -31,6 +29,7 @@ class CachedPlan(Generic[P]):
     matches it, calls the jitted function directly, and hands any other call to the
     adapter's general path, which keeps a new plan. The check is the adapter's code in
     that frame: a kit call per call would cost a frame, a measurable share of a cache hit.
+    ``hot``, ``direct`` and ``checked_direct`` make it for ``jaxoverride.jit_api``.
 
     Args:
       cold: the plan that serves no call (``plan`` at first and after ``drop``).
@@ -38,7 +37,7 @@ class CachedPlan(Generic[P]):
         that a neutral wrapper built in ``direct.stack`` calls.
 
     Example:
-      >>> import jax, jax.numpy as jnp
+      >>> import jax, jax.numpy as jnp, jaxoverride as jo
       >>> from jaxoverride.adapter_kit import CachedPlan
       >>> def make_hot(cached, direct):
       ...     def general(args):  # the adapter's general path: builds and keeps a plan
@@ -48,8 +47,10 @@ class CachedPlan(Generic[P]):
       ...         plan = cached.plan
       ...         return general(args) if plan is None else plan(*args)
       ...     return hot
+      >>> cached = CachedPlan(None, make_hot)
       >>> stage = lambda method, args, kwargs: None  # what ``.lower`` and the rest run
-      >>> double = CachedPlan(None, make_hot).jit_api(lambda x: 2 * x, stage=stage, jitted=list)
+      >>> built = lambda: [] if cached.plan is None else [cached.plan]  # for .clear_cache
+      >>> double = jo.jit_api(cached.hot(), lambda x: 2 * x, stage=stage, jitted=built)
       >>> double(jnp.ones(2)).tolist(), double(jnp.ones(2)).tolist()
       ([2.0, 2.0], [2.0, 2.0])
     """
@@ -68,39 +69,23 @@ class CachedPlan(Generic[P]):
         """Serves no call from a plan until the general path keeps one again."""
         self.plan = self.cold
 
-    def jit_api(
-        self,
-        fun: Callable[..., Any],
-        *,
-        stage: Stage,
-        jitted: Callable[[], Iterable[Any]],
-        direct: bool = True,
-        checked: bool = False,
+    def hot(self) -> Callable[..., Any]:
+        """The hot path that an override of ``"jit"`` returns: ``make_hot(self, None)``."""
+        return self.make_hot(self, None)
+
+    def direct(
+        self, current: Callable[[], object], stack: object, fallback: Callable[..., Any]
     ) -> Callable[..., Any]:
-        """The hot path with JAX's jitted-function API (``jaxoverride.jit_api``).
+        """``jaxoverride.jit_api``'s ``direct``: the hot path for ``stack``."""
+        return self.make_hot(self, Direct(current, stack, fallback))
 
-        Args:
-          fun, stage, jitted: as ``jaxoverride.jit_api``'s.
-          direct: whether a neutral wrapper may call a hot path made for its stack.
-          checked: whether that call may skip the missing-adapter check (``jit_api``'s
-            ``checked_direct``: the adapter covers the state a function captures).
-
-        Returns:
-          ``make_hot(self, None)``, with the attributes that ``jit_api`` sets.
-        """
-        make = self.make_hot
-
-        def plain(current: Callable[[], object], stack: object, fallback: Any) -> Any:
-            return make(self, Direct(current, stack, fallback))
-
-        def covered(current: Callable[[], object], stack: object, fallback: Any, captured: Any):
-            return make(self, Direct(current, stack, fallback, captured))
-
-        return jit_api(
-            make(self, None),
-            fun,
-            stage=stage,
-            jitted=jitted,
-            direct=plain if direct and not checked else None,
-            checked_direct=covered if direct and checked else None,
-        )
+    def checked_direct(
+        self,
+        current: Callable[[], object],
+        stack: object,
+        fallback: Callable[..., Any],
+        captured: Callable[[], Any],
+    ) -> Callable[..., Any]:
+        """``jaxoverride.jit_api``'s ``checked_direct``: the hot path for ``stack``, for an
+        adapter that covers the state a function captures."""
+        return self.make_hot(self, Direct(current, stack, fallback, captured))
