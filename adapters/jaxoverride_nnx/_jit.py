@@ -195,7 +195,7 @@ class NnxJit:
                             return from_refs(result, tracked) if refs else result
                         out, values = result
                         if type(values[0]) is not _ARRAY and isinstance(values[0], Tracer):
-                            write_back(tracked, build.updates(values), _WHERE)  # all or none
+                            write_back(tracked, build.unpack(result)[1], _WHERE)  # all or none
                         elif len(writes) == 1:  # a counter, a step: the usual case, no loop
                             _SET(writes[0], values[0])
                         else:
@@ -251,7 +251,7 @@ class NnxJit:
             if key is pair[0]:
                 build = pair[1]
             else:
-                build = cache.get(key) or compile_(key)
+                build = cache.get(key) or compile_(key, tracked)
                 last[0] = (key, build)
             reads = None
             try:
@@ -310,7 +310,7 @@ class NnxJit:
             self._fun,
             stage=self._stage,
             jitted=self._jitted,
-            checked_direct=cached.checked_direct if per_arity is None else None,
+            checked_direct=cached.direct if per_arity is None else None,
         )
 
     def _retry(self, key: Any, tracked: Tracked, error: NeedsState | LayoutChanged) -> None:
@@ -422,19 +422,17 @@ class NnxJit:
     def _key(self, tracked: Tracked, args: tuple[Any, ...]) -> Any:
         return tracked.key if self._per_arity is None else (tracked.key, len(args))
 
-    def _compile(self, key: Any, tracked: Tracked | None = None, arguments: Any = ()) -> _Build:
+    def _compile(self, key: Any, tracked: Tracked, arguments: Any = ()) -> _Build:
         if self._deaths != _tracked.deaths():
             self._deaths = _tracked.deaths()
             for stale in [k for k in self._cache if not (k[0] if type(k) is tuple else k).alive()]:
                 del self._cache[stale]
-        tracked = tracked or ACTIVE.get()
-        assert tracked is not None
         build = self._build(key, tracked, referenced(tracked, [self._fun, arguments]))
         self._cache[key] = build
         return build
 
     def _build(
-        self, key: Any, tracked: Tracked | None, given: frozenset[int], general: bool = False
+        self, key: Any, tracked: Tracked, given: frozenset[int], general: bool = False
     ) -> _Build:
         """A ``jax.jit`` of the function given the tracked values ``given`` (see
         ``_touched``: at first none; a module it touches is added when found), returning
@@ -444,7 +442,6 @@ class NnxJit:
             count = key[1]
             dynamic = count - len(self._static_positions(count))
             options = {**options, "in_shardings": (None, *[self._per_arity] * dynamic)}
-        assert tracked is not None
         build = _Build(tracked, given, general or self._sharded_out)
         build.jitted = self._below(self._lifted(build), **options)
         return build
@@ -636,11 +633,6 @@ class _Build:
         if not written:
             return result, None, refs
         return result[0], dict(zip(written, result[1], strict=True)), refs
-
-    def updates(self, values: tuple[Any, ...]) -> dict[int, Any]:
-        """``{index: value}`` of new values in the order of the layout's writes."""
-        assert self.layout is not None
-        return dict(zip(self.layout[0], values, strict=True))
 
     def read(self, tracked: Tracked, reach: Sequence[Any]) -> list[Any]:
         """The given values, now (probes of an enclosing call refused), for a call whose

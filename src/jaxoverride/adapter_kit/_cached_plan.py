@@ -9,9 +9,11 @@ P = TypeVar("P")
 
 
 class Direct(NamedTuple):
-    """A hot path called directly (``jaxoverride.jit_api``) serves only while
-    ``current() is stack``, else returns ``fallback(*args, **kwargs)``, testing that
-    first; ``captured`` is ``checked_direct``'s, ``None`` for ``direct``."""
+    """The stack that a hot path is made for, called directly (``jaxoverride.jit_api``).
+
+    It serves only while ``current() is stack``, else returns ``fallback(*args,
+    **kwargs)``, testing that first; ``captured`` is ``checked_direct``'s, else ``None``.
+    """
 
     current: Callable[[], object]
     stack: object
@@ -29,7 +31,7 @@ class CachedPlan(Generic[P]):
     matches it, calls the jitted function directly, and hands any other call to the
     adapter's general path, which keeps a new plan. The check is the adapter's code in
     that frame: a kit call per call would cost a frame, a measurable share of a cache hit.
-    ``hot``, ``direct`` and ``checked_direct`` make it for ``jaxoverride.jit_api``.
+    ``hot`` and ``direct`` make it for ``jaxoverride.jit_api``.
 
     Args:
       cold: the plan that serves no call (``plan`` at first and after ``drop``).
@@ -74,18 +76,13 @@ class CachedPlan(Generic[P]):
         return self.make_hot(self, None)
 
     def direct(
-        self, current: Callable[[], object], stack: object, fallback: Callable[..., Any]
-    ) -> Callable[..., Any]:
-        """``jaxoverride.jit_api``'s ``direct``: the hot path for ``stack``."""
-        return self.make_hot(self, Direct(current, stack, fallback))
-
-    def checked_direct(
         self,
         current: Callable[[], object],
         stack: object,
         fallback: Callable[..., Any],
-        captured: Callable[[], Any],
+        captured: Callable[[], Any] | None = None,
     ) -> Callable[..., Any]:
-        """``jaxoverride.jit_api``'s ``checked_direct``: the hot path for ``stack``, for an
-        adapter that covers the state a function captures."""
+        """``jaxoverride.jit_api``'s ``direct``, or with ``captured`` its ``checked_direct``
+        (for an adapter that covers the state a function captures): the hot path for
+        ``stack``."""
         return self.make_hot(self, Direct(current, stack, fallback, captured))
