@@ -18,7 +18,7 @@ from typing import Any, NamedTuple
 from jax import tree_util as jtu
 
 import jaxoverride as jo
-from jaxoverride.adapter_kit import CachedPlan, Direct, infer_argnums_and_argnames, jit_name
+from jaxoverride.adapter_kit import infer_argnums_and_argnames, jit_name
 from jaxoverride_dag._axes import spread
 from jaxoverride_dag._kinds import ARRAY, DYNAMIC_TYPES, KINDS, SCALAR, kind
 from jaxoverride_dag._out import Packed
@@ -158,10 +158,10 @@ class DagJit:
         "general",
         "in_tree",
         "jit_kwargs",
+        "last",
         "lower_jit",
         "one",
         "out_tree",
-        "plans",
         "static",
     )
 
@@ -190,10 +190,7 @@ class DagJit:
         self.static = StaticArgs(*static)
         self._entries: dict[Any, _Entry] = {}
         # The hot path's view of the last entry that has one, and of one per structure.
-        hot_path = _hot_path if not self.static else _hot_path_static
-        self.plans: CachedPlan[FastPathEntry | None] = CachedPlan(
-            None, lambda _, direct: hot_path(self, direct)
-        )
+        self.last: FastPathEntry | None = None
         self._hot: dict[Any, FastPathEntry] = {}
         # Every call but one array (see ``_hot_path``); ``one_general`` is it for one.
         self.general = _general_path(self)
@@ -221,8 +218,7 @@ class DagJit:
 
     def compiled(self) -> list[Any]:
         """The ``jax.jit`` of every plan that a call may still run."""
-        last = self.plans.plan
-        hot = [*list(self._hot.values()), *([last] if last is not None else [])]
+        hot = [*list(self._hot.values()), *([self.last] if self.last is not None else [])]
         functions = [entry.fn for entry in list(self._entries.values())] + [h.fn for h in hot]
         return list({id(fn): fn for fn in functions}.values())
 
@@ -246,7 +242,7 @@ class DagJit:
         return unpack_output(entry.fn(*prefix, *dyn))
 
     def _set_last(self, hot: FastPathEntry | None) -> None:
-        self.plans.keep(hot)
+        self.last = hot
         self.one = hot.fn if hot is not None and hot.flat == 1 else self.one_general
 
     def one_general(self, arg: Any) -> Any:
@@ -377,8 +373,12 @@ def dag_jit(fun: Callable[..., Any], /, **options: Any) -> Callable[..., Any]:
         staged = getattr(entry.fn, method)(*prefix, *dyn)
         return unpack_output(staged) if method == "eval_shape" else staged
 
-    plans = state.plans
-    jitted = jo.jit_api(plans.hot(), fun, stage=stage, jitted=state.compiled, direct=plans.direct)
+    hot_path = _hot_path if not state.static else _hot_path_static
+
+    def direct(current: Any, stack: Any, fallback: Callable[..., Any]) -> Callable[..., Any]:
+        return hot_path(state, (current, stack, fallback))
+
+    jitted = jo.jit_api(hot_path(state), fun, stage=stage, jitted=state.compiled, direct=direct)
     jitted._jaxoverride_dag_state = state  # type: ignore[attr-defined]
     return jitted
 
@@ -454,6 +454,9 @@ def _recover(
 
 
 _NO_ARGUMENT: Any = object()
+# ``(current, stack, fallback)`` of a direct call (see ``jaxoverride.jit_api``): the hot
+# path then first checks that its stack is the caller's, in the same frame.
+Direct = tuple[Callable[[], object], object, Callable[..., Any]]
 
 
 def _hot_path(state: DagJit, direct: Direct | None = None) -> Callable[..., Any]:
@@ -467,7 +470,7 @@ def _hot_path(state: DagJit, direct: Direct | None = None) -> Callable[..., Any]
     dynamic_types = DYNAMIC_TYPES
     packed = Packed
     nothing = _NO_ARGUMENT
-    current, stack, fallback, _ = direct or (None, None, None, None)
+    current, stack, fallback = direct or (None, None, None)
 
     def jitted(first: Any = nothing, /, *args: Any, **kwargs: Any) -> Any:
         if current is not None and current() is not stack:
@@ -485,14 +488,13 @@ def _hot_path(state: DagJit, direct: Direct | None = None) -> Callable[..., Any]
 def _general_path(state: DagJit) -> Callable[[tuple[Any, ...], dict[str, Any]], Any]:
     """What a call that is not one array costs: ``general(args, kwargs)``."""
     call_slow = state.call_slow
-    plans = state.plans
     dynamic_types = DYNAMIC_TYPES
     getrefcount = sys.getrefcount
     is_ = operator.is_
     packed = Packed
 
     def general(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        last = plans.plan
+        last = state.last
         if last is None:
             return call_slow(args, kwargs)
         (_, flat, treedef, static_pick, static_values, dyn_pick, fn, size, dict_values,
@@ -554,14 +556,13 @@ def _general_path(state: DagJit) -> Callable[[tuple[Any, ...], dict[str, Any]], 
 
 def _hot_path_static(state: DagJit, direct: Direct | None = None) -> Callable[..., Any]:
     call_slow = state.call_slow
-    plans = state.plans
     split = state.static.split
-    current, stack, fallback, _ = direct or (None, None, None, None)
+    current, stack, fallback = direct or (None, None, None)
 
     def jitted(*args: Any, **kwargs: Any) -> Any:
         if current is not None and current() is not stack:
             return fallback(*args, **kwargs)  # type: ignore[misc]
-        last = plans.plan
+        last = state.last
         if last is None:
             return call_slow(args, kwargs)
         layout, _, treedef, static_pick, static_values, dyn_pick, fn, _, _, _, _ = last

@@ -8,14 +8,13 @@ tracked set's ``TrackKey`` (root identities and graph fingerprint) in a table th
 holds no module, so weights are never baked in as constants, a changed tracked set
 gets its own trace and a dead module's entries are pruned.
 
-A repeated call is served from the flat plan (``adapter_kit.CachedPlan``) that the
-general path last kept: the tracked set and structure epoch it is right for, the jitted
-function, the tuple of Variables it reads and the tuple of those it writes. Each trace
-of a build must return the same layout (``_Build.layout``: which Variables it writes,
-whether the output holds modules); the output is then the bare output, or ``(output,
-new values)`` in the order of that tuple. A trace with another layout gets a build that
-returns the general, self-describing form (``(output, {index: value})``), so no call
-misreads an output.
+A repeated call is served from the flat plan that the general path last kept: the
+tracked set and structure epoch it is right for, the jitted function, the tuple of
+Variables it reads and the tuple of those it writes. Each trace of a build must return
+the same layout (``_Build.layout``: which Variables it writes, whether the output holds
+modules); the output is then the bare output, or ``(output, new values)`` in the order
+of that tuple. A trace with another layout gets a build that returns the general,
+self-describing form (``(output, {index: value})``), so no call misreads an output.
 """
 
 from __future__ import annotations
@@ -35,8 +34,6 @@ from jax.core import Tracer
 
 import jaxoverride as jo
 from jaxoverride.adapter_kit import (
-    CachedPlan,
-    Direct,
     TraceAbort,
     declarations_entered,
     infer_argnums_and_argnames,
@@ -147,10 +144,8 @@ class NnxJit:
         # (see ``_plan``). A call with the same tracked set, no structural change since
         # and plain positional arguments is served from it: it still reads every
         # Variable (a write that bypasses NNX's checks, or nnx.jit's own, leaves no
-        # other trace).
-        cached: CachedPlan[Any] = CachedPlan(
-            _COLD, lambda _, direct: serving(general) if direct is None else checked_direct(direct)
-        )
+        # other trace). One tuple, replaced whole (threads).
+        hot: list[Any] = [_COLD]
         per_arity = self._per_arity
         active_get = ACTIVE.get
         any_declaration = declarations_entered
@@ -159,10 +154,10 @@ class NnxJit:
 
         def serving(
             miss: Callable[[tuple[Any, ...], dict[str, Any]], Any],
-            direct: Direct | None = None,
+            direct: tuple[Any, ...] | None = None,
             mark: list[Any] | None = None,
         ) -> Callable[..., Any]:
-            """The hot path: with ``direct`` a checked direct call (``make_hot``) that
+            """The hot path: with ``direct`` a checked direct call (``checked_direct``) that
             serves only in its stack and while ``captured()`` is the object ``mark`` says
             the check passed for with this very plan."""
             current, stack, fallback, captured = direct or (None, None, None, None)
@@ -170,7 +165,7 @@ class NnxJit:
             def hot_call(*args: Any, **kwargs: Any) -> Any:
                 if any_declaration():  # under jaxoverride.solve_state: no flat plan (see general)
                     return miss(args, kwargs)
-                plan = cached.plan
+                plan = hot[0]
                 tracked, epoch, jitted, reads, writes, refs, build = plan
                 if current is not None:
                     if current() is not stack:
@@ -189,7 +184,7 @@ class NnxJit:
                             if error.owner is not build:
                                 raise
                             error.release()
-                            cached.drop()
+                            hot[0] = _COLD
                             return miss(args, kwargs)
                         if not writes:
                             return from_refs(result, tracked) if refs else result
@@ -206,24 +201,27 @@ class NnxJit:
 
             return hot_call
 
-        def checked_direct(direct: Direct) -> Callable[..., Any]:
+        def checked_direct(
+            current: Callable[[], object],
+            stack: object,
+            fallback: Callable[..., Any],
+            captured: Callable[[], Any],
+        ) -> Callable[..., Any]:
             # (plan, the check's token for the captured object) after a call that passed
             # the check with that plan's tracked set active at its epoch: the object's
             # cover (``_is_tracked``: its id in that set's graph) is then known for that
             # plan. One tuple, replaced whole (threads).
             mark: list[Any] = [(_COLD, _COLD)]
-            fallback, captured = direct.fallback, direct.captured
-            assert captured is not None
 
             def checked(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
                 out = fallback(*args, **kwargs)
                 token = captured()
-                plan = cached.plan
+                plan = hot[0]
                 if token is not None and plan[0] is active_get() and plan[1] == scope._epoch:
                     mark[0] = (plan, token)
                 return out
 
-            return serving(checked, direct, mark)
+            return serving(checked, (current, stack, fallback, captured), mark)
 
         def general(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
             tracked = ACTIVE.get()
@@ -276,7 +274,7 @@ class NnxJit:
                 if error.owner is not build:
                     raise
                 error.release()
-                cached.drop()
+                hot[0] = _COLD
                 retry(key, tracked, error)
                 last[0] = (None, None)
                 return general(args, kwargs)
@@ -299,10 +297,10 @@ class NnxJit:
                 and build.layout is not None
                 and _reads_the_slot(reads)
             ):
-                cached.keep(_plan(tracked, build, reads))
+                hot[0] = _plan(tracked, build, reads)
             return from_refs(out, tracked) if refs else out
 
-        call = cached.hot()
+        call = serving(general)
         call.tracked_jit = self  # type: ignore[attr-defined]
         functools.update_wrapper(call, self._fun, updated=())
         return jo.jit_api(
@@ -310,7 +308,7 @@ class NnxJit:
             self._fun,
             stage=self._stage,
             jitted=self._jitted,
-            checked_direct=cached.direct if per_arity is None else None,
+            checked_direct=checked_direct if per_arity is None else None,
         )
 
     def _retry(self, key: Any, tracked: Tracked, error: NeedsState | LayoutChanged) -> None:

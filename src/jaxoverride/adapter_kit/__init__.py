@@ -30,8 +30,6 @@ needs lives here, once:
   ``shift_argnums``), a weak-keyed wrapper cache (``WrapperCache``), the replay
   that raises JAX's own error (``raise_as_jax``), batched ``lax.map``
   (``batched_map``) and the ``NO_OPERAND`` sentinel;
-- the one cached-plan path of a jitted call (``CachedPlan``, ``Direct``): the last
-  plan, kept by the adapter's general path and served by its hot path;
 - the init phase (``init_context``, ``is_initializing``, ``applying``,
   ``is_applying``) and the init-safe combinators on which adapters without a state
   source build their creation pass (``init_safe_call``, ``init_safe_scan``, ...);
@@ -109,7 +107,6 @@ from jaxoverride.adapter_kit._batched_map import (
     split_batches as split_batches,
 )
 from jaxoverride.adapter_kit._cache import WrapperCache as WrapperCache
-from jaxoverride.adapter_kit._cached_plan import CachedPlan as CachedPlan, Direct as Direct
 from jaxoverride.adapter_kit._control_overrides import (
     control_flow_overrides as control_flow_overrides,
     threaded_control_flow as threaded_control_flow,
@@ -356,8 +353,6 @@ from jaxoverride.adapter_kit._write_out import (
 
 __all__ += init_safe_control.__all__
 __all__ += [
-    "CachedPlan",
-    "Direct",
     "NamesFramework",
     "Participant",
     "declared_closure_convert",
