@@ -164,16 +164,62 @@ class _SameWrites:
 
 
 class _Call:
-    """One call of a lifted rule (the kit's ``RuleCall`` and ``RuleBackward``): the
-    tracked Variables given (``order``; ``values`` by index), and the call's ``_Live``."""
+    """One call of a lifted rule (the kit's ``RuleCall`` and ``RuleBackward``): its probes'
+    mark, the tracked Variables given (``order``; ``values`` by index), and whether the
+    call still runs.
 
-    __slots__ = ("__weakref__", "fun", "live", "order", "same", "tracked", "where")
+    JAX may trace ``fwd`` or the JVP rule after the call returned (under
+    ``jax.grad(jax.jit(f))``) and traces ``bwd`` while it transposes: a module touched
+    there first can no longer be given to the call, and is refused with the fix.
+    """
 
-    def __init__(self, rule: NNXRule, tracked: Tracked, order: list[int], live: _Live):
-        self.tracked, self.order, self.live = tracked, order, live
+    __slots__ = (
+        "__weakref__", "done", "fun", "order", "owner", "policy", "received", "same", "tracked",
+        "where",
+    )  # fmt: skip
+
+    def __init__(
+        self, rule: NNXRule, tracked: Tracked, order: list[int], owner: object, policy: Any
+    ):
+        self.tracked, self.order, self.owner = tracked, order, owner
         self.fun, self.where = rule._fun, rule._where
         first = "forward rule (fwd)" if rule._name == "custom_vjp" else "JVP rule"
         self.same = _SameWrites(tracked, rule._where, first, order)
+        self.done = False
+        self.policy = policy  # the jaxoverride.solve_state participant of the call
+        # What the evaluations before the call left (read at the call, the same for every
+        # function of the rule traced during it); after the call, the values given.
+        self.received: dict[int, Any] | None = None
+
+    def lifted(
+        self, values: dict[int, Any], fn: Callable[..., Any], args: Sequence[Any], role: str
+    ) -> tuple[Any, list[Any]]:
+        """``fn(*args)`` with the Variables holding ``values`` (the others probes)."""
+        tracked, where = self.tracked, self.where
+        try:
+            with resumed(self.policy):
+                return run_lifted(
+                    tracked,
+                    values,
+                    fn,
+                    args,
+                    {},
+                    where,
+                    owner=self.owner,
+                    policy=self.policy,
+                    rebase=True,
+                    received=values if self.received is None else self.received,
+                )
+        except NeedsState as error:
+            if error.owner is not self.owner or not self.done:
+                raise
+            raise RuntimeError(
+                f"{where}: the {role}, traced by JAX after the call returned, uses the "
+                f"tracked Variable `{tracked.path(error.index)}` (or its module), which the "
+                "primal function does not use, so it was not given to the rule. Use the "
+                "same modules in the primal function and in the rules (a rule usually "
+                "calls the primal function), or pass the value as an argument."
+            ) from None
 
     def differentiated(self, values: dict[int, Any]) -> list[int]:
         """The Variables being differentiated (reads of them are refused: ``_refusing_reads``)."""
@@ -184,7 +230,7 @@ class _Call:
         self, role: str, values: Any, fun: Callable[..., Any], args: Sequence[Any], refused: Any
     ) -> tuple[Any, list[Any]]:
         with _refusing_reads(self.tracked, refused, self.where):
-            out, after = self.live.run(self.tracked, values, fun, args, self.where, role)
+            out, after = self.lifted(values, fun, args, role)
         return out, self.same.conform(role, values, after)
 
     def run(
@@ -216,9 +262,9 @@ class _Call:
         for DynamicJaxprTracer"). bwd sees the values of the call instead.
         """
         tracked, values = self.tracked, saved
-        cotangents, after = self.live.run(tracked, values, fun, args, self.where, "bwd rule")
+        cotangents, after = self.lifted(values, fun, args, "bwd rule")
         written = {i: after[i] for i in self.order if after[i] is not values[i]}
-        if written and self.live.policy is None:  # under solve_state: dropped
+        if written and self.policy is None:  # under solve_state: dropped
             raise write_refused(
                 tracked,
                 written,
@@ -265,20 +311,19 @@ class NNXRule(LiftedRule):
         policy = policy_for(tracked)
 
         def attempt(given: frozenset[int], owner: object) -> Any:
-            live = _Live(owner, policy)
+            order = [i for i in sorted(given) if i < count]
+            call = _Call(self, tracked, order, owner, policy)
             if not given:  # JAX's rule over the user's functions, run with probes
                 try:
-                    return self._probing_rule(tracked, live)(*args), {}
+                    return self._probing_rule(call)(*args), {}
                 finally:
-                    live.done = True
+                    call.done = True
             values = given_values(tracked, given, (*functions, args))
             if policy is not None:
                 order_all = sorted(values)
-                live.received = policy.current(dict(values))
+                call.received = policy.current(dict(values))
                 frozen = frozen_values(policy, tracked, order_all, [values[i] for i in order_all])
                 values = dict(zip(order_all, frozen, strict=True))
-            order = [i for i in sorted(given) if i < count]
-            call = _Call(self, tracked, order, live)
             try:
                 if self._name == "custom_vjp":
                     rule = self._vjp_rule(call, call, args, differentiable_state=bool(order))
@@ -286,8 +331,8 @@ class NNXRule(LiftedRule):
                     rule, values = self._jvp_binder(call, args, bool(order))(values)
                 out, written = rule(values, *args)
             finally:
-                live.done = True
-                live.received = None  # values of the caller's trace: a later run keeps none
+                call.done = True
+                call.received = None  # values of the caller's trace: a later run keeps none
             pairs = zip(order, written, strict=True)
             return out, {i: value for i, value in pairs if value is not None}
 
@@ -295,71 +340,15 @@ class NNXRule(LiftedRule):
         write_back(tracked, declared_writes(policy, tracked, updates), self._where)
         return out
 
-    def _probing_rule(self, tracked: Tracked, live: _Live) -> Any:
+    def _probing_rule(self, call: _Call) -> Any:
         """JAX's rule over the user's own functions, each run with every tracked value a
         probe: as long as they touch no tracked module, the rule is the user's (JAX's
         jaxprs, and JAX's errors about the user's functions); a touch retraces with it."""
 
         def probing(fn: Callable[..., Any], role: str) -> Callable[..., Any]:
-            def probed(*inner: Any) -> Any:
-                return live.run(tracked, {}, fn, inner, self._where, role)[0]
-
-            return probed
+            return lambda *inner: call.lifted({}, fn, inner, role)[0]
 
         return self._rule_over(probing)
-
-
-class _Live:
-    """One call of a lifted rule: its probes' mark, and whether the call still runs.
-
-    JAX may trace ``fwd`` or the JVP rule after the call returned (under
-    ``jax.grad(jax.jit(f))``) and traces ``bwd`` while it transposes: a module touched
-    there first can no longer be given to the call, and is refused with the fix.
-    """
-
-    __slots__ = ("done", "owner", "policy", "received")
-
-    def __init__(self, owner: object, policy: Any = None):
-        self.owner = owner
-        self.done = False
-        self.policy = policy  # the jaxoverride.solve_state participant of the call
-        # What the evaluations before the call left (read at the call, the same for every
-        # function of the rule traced during it); after the call, the values given.
-        self.received: dict[int, Any] | None = None
-
-    def run(
-        self,
-        tracked: Tracked,
-        values: dict[int, Any],
-        fn: Callable[..., Any],
-        args: Sequence[Any],
-        where: str,
-        role: str,
-    ) -> tuple[Any, list[Any]]:
-        try:
-            with resumed(self.policy):
-                return run_lifted(
-                    tracked,
-                    values,
-                    fn,
-                    args,
-                    {},
-                    where,
-                    owner=self.owner,
-                    policy=self.policy,
-                    rebase=True,
-                    received=values if self.received is None else self.received,
-                )
-        except NeedsState as error:
-            if error.owner is not self.owner or not self.done:
-                raise
-            raise RuntimeError(
-                f"{where}: the {role}, traced by JAX after the call returned, uses the "
-                f"tracked Variable `{tracked.path(error.index)}` (or its module), which the "
-                "primal function does not use, so it was not given to the rule. Use the "
-                "same modules in the primal function and in the rules (a rule usually "
-                "calls the primal function), or pass the value as an argument."
-            ) from None
 
 
 _BUILDERS = NNXRule.overrides()
