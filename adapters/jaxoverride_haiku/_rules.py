@@ -49,7 +49,6 @@ from jaxoverride.adapter_kit import (
     Participant,
     StagedPrimal,
     perturbed_leaves,
-    positional_arguments,
     resumed,
 )
 from jaxoverride_haiku import _layer
@@ -402,7 +401,7 @@ class _RuleCall:
         """As ``run``; also the values as ``fun`` left them, which bwd runs from, and under
         ``jaxoverride.solve_state`` the values this call received (bwd re-evaluates from
         their frozen state: ``_rebased``)."""
-        with self.frame(values, refused) as frame:
+        with self.frame(values, refused or frozenset()) as frame:
             out = fun(*args)
             after = _after(frame, self)
             forward_values = stateful.internal_state()
@@ -526,7 +525,10 @@ class HaikuRule(LiftedRule):
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if self._rule is None or not state_usable():
             return self._plain(*args, **kwargs)
-        args = positional_arguments(self._fun, args, kwargs)
+        called = self._call_arguments(args, kwargs)
+        if called is None:  # JAX's own error about the call
+            return self._plain(*args, **kwargs)
+        args = called
         lifted = self._lifted_vjp if self._name == "custom_vjp" else self._lifted_jvp
         return init_once(
             lambda: lifted(args),

@@ -348,7 +348,10 @@ class LinenRule(kit.LiftedRule):
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if self._rule is None or not _source.in_bound_module():
             return self._plain(*args, **kwargs)
-        args = kit.positional_arguments(self._fun, args, kwargs)
+        called = self._call_arguments(args, kwargs)
+        if called is None:  # JAX's own error about the call
+            return self._plain(*args, **kwargs)
+        args = called
         source = _source.source(self._where)
         lifted = self._lifted_vjp if self._name == "custom_vjp" else self._lifted_jvp
         # The creation pass sees the arguments as JAX's rule does: arrays, nondiff ones

@@ -84,8 +84,6 @@ PRIVATE_SYMBOLS: dict[str, str] = {
     "flax.nnx.pytreelib.PytreeState": "a module's trace state, re-pointed at the adapter's trace",
     "flax.nnx.tracers.TraceState": "the trace a Variable records, re-pointed likewise",
     "flax.nnx.tracers.current_jax_trace": "the trace that a Variable write compares against",
-    "jax._src.custom_derivatives._sum_tangents": "custom_jvp.defjvps's own sum, as JAX",
-    "jax._src.custom_derivatives._zeros_like_pytree": "custom_jvp.defjvps's own zeros, as JAX",
 }
 """Every private upstream name the NNX adapter uses, with why no public name serves.
 

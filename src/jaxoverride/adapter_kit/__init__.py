@@ -27,7 +27,8 @@ needs lives here, once:
 - the arguments of a call as JAX's function reads them (``jax_arguments``,
   ``scan_arguments``);
   argnum inference (``infer_argnums_and_argnames``, ``resolve_argnums``,
-  ``shift_argnums``), a weak-keyed wrapper cache (``WrapperCache``), the replay
+  ``shift_argnums``), a weak-keyed wrapper cache (``WrapperCache``; ``kept``: what an
+  adapter keeps next to the functions handed to JAX), the replay
   that raises JAX's own error (``raise_as_jax``), batched ``lax.map``
   (``batched_map``) and the ``NO_OPERAND`` sentinel;
 - the init phase (``init_context``, ``is_initializing``, ``applying``,
@@ -120,6 +121,7 @@ from jaxoverride.adapter_kit._frameworks import (
     declare_handler as declare_handler,
     register_framework as register_framework,
 )
+from jaxoverride.adapter_kit._handed import kept as kept
 from jaxoverride.adapter_kit._installer import ScopedInstaller as ScopedInstaller
 from jaxoverride.adapter_kit._jax_arguments import (
     jax_arguments as jax_arguments,
@@ -253,6 +255,7 @@ __all__ = [
     "jit_name",
     "join_batches",
     "jvp_output_pair",
+    "kept",
     "mesh_axis_sizes",
     "nondiff_positions",
     "output_shapes",

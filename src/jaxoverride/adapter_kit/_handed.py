@@ -30,11 +30,13 @@ import contextlib
 import functools
 import threading
 from collections.abc import Callable, Hashable, Iterator, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from jaxoverride.adapter_kit._cache import Getter, WrapperCache
 from jaxoverride.adapter_kit._solve_policy import participant
 from jaxoverride.adapter_kit._state_source import StateSource
+
+T = TypeVar("T")
 
 Run = Callable[..., Any]
 """``run(functions, *args)``: a wrapper's body, given the user's functions resolved."""
@@ -79,7 +81,10 @@ class HandedCall:
         self.traces: dict[Any, Any] = {}
 
 
-_CACHE: WrapperCache[HandedCall] = WrapperCache(limit=32)
+# The one cache of what is handed to JAX (``HandedCall``s, ``_Separate`` wrappers) and of
+# what adapters keep next to it (``kept``). A function's entries share one table, and so
+# are dropped together: a record never outlives less than the wrappers it describes.
+_CACHE: WrapperCache[Any] = WrapperCache(limit=32)
 
 
 class _Current:
@@ -104,7 +109,32 @@ class _Separate:
         self.function = function
 
 
-_SEPARATE: WrapperCache[_Separate] = WrapperCache(limit=32)
+def kept(functions: Sequence[Any], key: Hashable, make: Callable[[], T]) -> T:
+    """What an adapter keeps next to the functions it hands to the kit's combinators.
+
+    A reused wrapper's trace does not run again, so what a trace found out (which state
+    it wrote, which modules it touched) must outlive the call, next to the functions
+    (``ScopedStateSource``). It lives in the cache of the wrappers themselves, held by
+    the functions weakly; entries under one first function are dropped together, so a
+    record lives at least as long as the wrappers of ``functions[0]``.
+
+    Args:
+      functions: the user's functions (the first one is the weak key, as for the
+        wrappers: pass a call's functions in the order the combinator takes them).
+      key: what else the record depends on (the kind of call, the state's layout).
+      make: builds the record, the first time.
+
+    Returns:
+      The record: the same object while the functions live and the key is equal.
+
+    Example:
+      >>> from jaxoverride.adapter_kit import kept
+      >>> def body(x):
+      ...     return x
+      >>> kept((body,), "scan", set) is kept((body,), "scan", set)
+      True
+    """
+    return _CACHE.get(functions, ("kept", key), lambda getters: make())
 
 
 def _none() -> None:
@@ -219,5 +249,5 @@ def _separately(
             resolved[named] = getters[0]
             return _Separate(current, Handed(resolved, named, run))
 
-        entries.append(_SEPARATE.get((fun,), (where, position, situation), build))
+        entries.append(_CACHE.get((fun,), ("separate", where, position, situation), build))
     return entries

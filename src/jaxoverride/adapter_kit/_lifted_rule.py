@@ -12,16 +12,18 @@ functions over its state (a ``RuleCall``) and its backward rule (a ``RuleBackwar
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import weakref
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
 import jax
+from jax.custom_derivatives import SymbolicZero
 
 import jaxoverride as jo
-from jaxoverride._compat import rule_jvp
+from jaxoverride._compat import jit_name, rule_jvp
 from jaxoverride.adapter_kit._argnums import shift_argnums
 from jaxoverride.adapter_kit._rule_args import (
     bwd_cotangents,
@@ -29,9 +31,10 @@ from jaxoverride.adapter_kit._rule_args import (
     instantiate_zeros,
     nondiff_positions,
     perturbed_leaves,
+    positional_arguments,
     unwrap_primals,
-    zero_tangents,
 )
+from jaxoverride.adapter_kit._rule_checks import argument_types, check_bwd_types, jvp_output_pair
 from jaxoverride.adapter_kit._staged_reads import StagedPrimal, staged
 
 
@@ -41,8 +44,8 @@ class RuleCall(Protocol):
     ``values`` is the rule's leading argument (the framework's state as the adapter lifts
     it); ``after`` that state after a run (the rule's extra output); ``refused`` what
     ``differentiated`` returned (reads of it raise ``ClosedOverDifferentiationError``),
-    or None. The object holds no JAX value (JAX keeps the rule's functions) and supports
-    weak references.
+    or None: nothing refused. The object holds no JAX value (JAX keeps the rule's
+    functions) and supports weak references.
 
     * ``differentiated(values)``: what is being differentiated, from ``values`` as a
       ``symbolic_zeros`` rule receives them (``fwd``'s primals, the JVP rule's tangents);
@@ -138,6 +141,10 @@ class LiftedRule:
         self._nondiff = _resolved_nondiff(self._plain, fun, nondiff_argnums, nondiff_argnames)
         self._rule: tuple[Any, ...] | None = None
 
+    # Whether a staged custom_jvp's primal is traced once, the rule given only the values
+    # it reads (``_jvp_binder``).
+    _stages_primal: ClassVar[bool] = True
+
     def defvjp(
         self,
         fwd: Callable[..., Any],
@@ -190,12 +197,51 @@ class LiftedRule:
         ones (negative positions resolved)."""
         return [n % (count + 1) - 1 for n in self._lifted_nondiff]
 
-    def _lifted_primal(self, call: RuleCall) -> Callable[..., Any]:
+    def _call_arguments(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """The call's arguments as JAX binds them (``positional_arguments``), or None
+        where JAX refuses them (the rule below then raises JAX's own error)."""
+        try:
+            signature = inspect.signature(self._fun)
+        except (TypeError, ValueError):
+            return positional_arguments(self._fun, args, kwargs)  # JAX decides
+        try:
+            bound = signature.bind(*args, **kwargs)
+        except TypeError:
+            return None
+        if bound.kwargs:  # keyword-only arguments have no position
+            return None
+        bound.apply_defaults()
+        return bound.args if kwargs else args
+
+    def _rule_over(self, wrap: Callable[[Callable[..., Any], str], Callable[..., Any]]) -> Any:
+        """The user's rule below, each of its functions run through ``wrap(fn, role)``
+        (``role``: ``"primal function"``, ``"forward rule (fwd)"``, ``"bwd rule"`` or
+        ``"JVP rule"``) and named as ``fn``: JAX's jaxprs and errors are the user's."""
+        assert self._rule is not None
+        named = lambda fn, role: _named_as(wrap(fn, role), fn)
+        rule = self._below(
+            named(self._fun, "primal function"), nondiff_argnums=tuple(sorted(self._nondiff))
+        )
+        if self._name == "custom_vjp":
+            fwd, bwd, symbolic_zeros, optimize_remat = self._rule
+            rule.defvjp(
+                named(fwd, "forward rule (fwd)"),
+                named(bwd, "bwd rule"),
+                symbolic_zeros=symbolic_zeros,
+                optimize_remat=optimize_remat,
+            )
+        else:
+            jvp, symbolic_zeros = self._rule
+            rule.defjvp(named(jvp, "JVP rule"), symbolic_zeros=symbolic_zeros)
+        return rule
+
+    def _lifted_primal(self, call: RuleCall, seen: list[Any]) -> Callable[..., Any]:
         """The primal function of the lifted rule: ``(values, *args) -> (out, after)``.
 
         JAX keeps the primal function in a ``custom_vjp``'s bwd (for messages), which
         outlives the call in a linear program: it holds ``call`` weakly (JAX runs it only
-        while the call binds, when the call is alive).
+        while the call binds, when the call is alive). ``seen`` receives its output's
+        types, which JAX's checks of the rule's primal output compare against.
         """
         fun, where, live = self._fun, self._where, weakref.ref(call)
 
@@ -203,88 +249,122 @@ class LiftedRule:
             call = live()
             if call is None:
                 raise RuntimeError(f"{where}: the primal function ran after its call")
-            return call.run(values, fun, args)
+            out, after = call.run(values, fun, args)
+            with contextlib.suppress(TypeError):  # not JAX types: JAX's own error follows
+                seen[:] = [jax.tree.map(jax.typeof, out)]
+            return out, after
 
-        return primal
+        return _named_as(primal, fun)
 
-    def _vjp_rule(self, call: RuleCall, backward: RuleBackward, args: Sequence[Any]) -> Any:
+    def _vjp_rule(
+        self,
+        call: RuleCall,
+        backward: RuleBackward,
+        args: Sequence[Any],
+        differentiable_state: bool = True,
+    ) -> Any:
         """JAX's ``custom_vjp`` below over the lifted primal, for a call on ``args``.
 
         ``fwd`` runs through ``call`` (its ``refused`` from the symbolic zeros, which the
         rule is registered with to learn what is being differentiated; the user's rules
         see them only if they asked), ``bwd`` through ``backward``: the rule holds no
         strong reference to ``call`` there. The rule takes ``(values, *args)`` and returns
-        ``(out, after)``.
+        ``(out, after)``. JAX's remat optimisation takes no symbolic zeros: there, as with
+        JAX's own rule, nothing tells which values are differentiated (``refused`` is
+        None), and so it is where ``differentiable_state`` is False (the state holds no
+        value that could be): then the rule is registered as the user's.
         """
         assert self._rule is not None
         fwd, bwd, symbolic_zeros, optimize_remat = self._rule
         fun = self._fun
         static = set(self._static_positions(len(args)))
-        primal_tree = jax.tree.structure(
-            tuple(arg for index, arg in enumerate(args) if index not in static)
-        )
+        primals = tuple(arg for index, arg in enumerate(args) if index not in static)
+        primal_tree = jax.tree.structure(primals)
+        try:  # only the types: bwd, traced later, must not hold the arguments
+            primal_types = argument_types(primals)
+        except TypeError:  # not JAX types: JAX's own error follows
+            primal_types = None
+        lifting = differentiable_state and not optimize_remat
+        seen: list[Any] = []
 
         def lifted_fwd(values: Any, *args: Any) -> Any:
-            refused = call.differentiated(values)
+            refused = call.differentiated(values) if lifting else None
             values = unwrap_primals(values)
             if not symbolic_zeros:
                 args = unwrap_primals(args)
             pair, after, saved = call.run_forward(values, fwd, args, refused)
-            out, residuals = fwd_output_pair(pair, fwd, fun)
+            out, residuals = fwd_output_pair(pair, fwd, fun, seen[0] if seen else None)
             return (out, after), (residuals, saved)
 
         def lifted_bwd(*rest: Any) -> Any:
             *nondiff, (residuals, saved), (out_cotangent, state_cotangent) = rest
-            backward.refuse_differentiated_state(state_cotangent)
+            if lifting:
+                backward.refuse_differentiated_state(state_cotangent)
             if not symbolic_zeros:
                 out_cotangent = instantiate_zeros(out_cotangent)
             cotangents = backward.run_backward(saved, bwd, (*nondiff, residuals, out_cotangent))
-            return (None, *bwd_cotangents(cotangents, primal_tree))
+            cotangents = bwd_cotangents(cotangents, primal_tree)
+            if primal_types is not None:  # JAX's check, with the user's indices
+                check_bwd_types(cotangents, primal_types, fun)
+            return (None, *cotangents)
 
-        rule = self._below(self._lifted_primal(call), nondiff_argnums=self._lifted_nondiff)
-        rule.defvjp(lifted_fwd, lifted_bwd, symbolic_zeros=True, optimize_remat=optimize_remat)
+        rule = self._below(self._lifted_primal(call, seen), nondiff_argnums=self._lifted_nondiff)
+        rule.defvjp(
+            _named_as(lifted_fwd, fwd),
+            _named_as(lifted_bwd, bwd),
+            symbolic_zeros=lifting or symbolic_zeros,
+            optimize_remat=optimize_remat,
+        )
         return rule
 
-    def _jvp_binder(self, call: RuleCall, args: Sequence[Any]) -> Callable[[Any], tuple[Any, Any]]:
+    def _jvp_binder(
+        self, call: RuleCall, args: Sequence[Any], differentiable_state: bool = True
+    ) -> Callable[[Any], tuple[Any, Any]]:
         """``bind(values)``: JAX's ``custom_jvp`` below over the lifted primal, and the
         values it takes, for a call on ``args``.
 
         The JVP rule runs through ``call``; where only the state is differentiated, the
         primal function instead, as JAX calls no rule when none of the function's own
         arguments is perturbed (equinox's ``nondifferentiable`` raises in its rule), with
-        zero tangents (a read of a differentiated value is refused). Where the call is
-        staged, the primal is traced once and the rule takes only the values it reads
-        (``StagedPrimal``, ``RuleCall.staged_values``).
+        zero tangents (a read of a differentiated value is refused). The state after the
+        call gets zero tangents. Where the call is staged (and the class's
+        ``_stages_primal``), the primal is traced once and the rule takes only the values
+        it reads (``StagedPrimal``, ``RuleCall.staged_values``). Where
+        ``differentiable_state`` is False, the rule is registered as the user's.
         """
         assert self._rule is not None
         jvp, symbolic_zeros = self._rule
+        fun = self._fun
         count = len(args)  # only the count: the rule must not close over the arguments
+        seen: list[Any] = []
 
         def lifted_jvp(*rest: Any) -> Any:
             *nondiff, (values, *primals), (value_tangents, *tangents) = rest
-            refused = call.differentiated(value_tangents)
+            refused = call.differentiated(value_tangents) if differentiable_state else None
             if not any(perturbed_leaves(tangents)):
                 ordered = self._in_order(count, nondiff, primals)
-                out, after = call.run(values, self._fun, ordered, refused)
-                return (out, after), (zero_tangents(out), zero_tangents(after))
+                out, after = call.run(values, fun, ordered, refused)
+                return (out, after), (_symbolic_zeros(out), _symbolic_zeros(after))
             if not symbolic_zeros:
                 tangents = instantiate_zeros(tangents)
             pair, after = call.run(
                 values, jvp, (*nondiff, tuple(primals), tuple(tangents)), refused
             )
-            out, out_tangent = pair
-            return (out, after), (out_tangent, zero_tangents(after))
+            out, out_tangent = jvp_output_pair(pair, jvp, fun, seen[0] if seen else None)
+            return (out, after), (out_tangent, _symbolic_zeros(after))
 
         def bind(values: Any) -> tuple[Any, Any]:
-            primal = self._lifted_primal(call)
-            if staged():
+            primal = self._lifted_primal(call, seen)
+            if self._stages_primal and staged():
                 # JAX would trace the primal here: trace it once instead, and pass only
                 # the values it reads.
                 traced = StagedPrimal.trace(primal, values, args, self._static_positions(count))
                 values, kept = call.staged_values(values, traced.used)
                 primal = traced.primal(kept)
             rule = self._below(primal, nondiff_argnums=self._lifted_nondiff)
-            rule.defjvp(lifted_jvp, symbolic_zeros=True)
+            rule.defjvp(
+                _named_as(lifted_jvp, jvp), symbolic_zeros=differentiable_state or symbolic_zeros
+            )
             return rule, values
 
         return bind
@@ -338,3 +418,24 @@ def _resolved_nondiff(
     except (TypeError, ValueError):
         names = set()
     return nondiff_positions(fun, argnums, [name for name in argnames if name in names])
+
+
+def _symbolic_zeros(tree: Any) -> Any:
+    """Symbolic zero tangents for the values of ``tree`` (JAX's for an unperturbed output)."""
+    return jax.tree.map(lambda x: SymbolicZero(jax.typeof(x).to_tangent_aval()), tree)
+
+
+def _named_as(lifted: Callable[..., Any], user: Callable[..., Any]) -> Callable[..., Any]:
+    """``lifted`` under the user's function's name and source location, so that JAX's
+    errors and jaxprs name the user's function, not the adapter's. Its own signature
+    stays: JAX binds arguments with ``inspect.signature``."""
+    signature = inspect.signature(lifted)
+    name = jit_name(user)
+    lifted.__name__ = name
+    lifted.__qualname__ = getattr(user, "__qualname__", name)
+    module = getattr(user, "__module__", None)
+    if isinstance(module, str):
+        lifted.__module__ = module
+    lifted.__signature__ = signature  # type: ignore[attr-defined]
+    lifted.__wrapped__ = user  # type: ignore[attr-defined]  # JAX's source info
+    return lifted
