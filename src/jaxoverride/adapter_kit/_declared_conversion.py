@@ -160,9 +160,7 @@ def declared_make_jaxpr(
     whose jaxpr hands out, at each evaluation, what ``fun`` wrote (above).
 
     Args:
-      where: the neutral name, for messages.
-      source: the framework's ``StateSource`` at the call.
-      policy: its ``Participant``.
+      where, source, policy: as for ``declared_closure_convert``.
       fun: the function being traced.
 
     Returns:
@@ -232,38 +230,22 @@ def declared_custom_root(
     """``custom_root`` whose ``solve`` keeps what its last evaluation of ``f`` wrote.
 
     Args:
-      where: the neutral name, for messages.
-      source: the framework's ``StateSource`` at the call.
-      policy: its ``Participant``.
-      below: the ``custom_root`` below.
+      where, source, policy, below: as for ``declared_closure_convert``.
       f, initial_guess, solve, tangent_solve, has_aux: as for ``jax.lax.custom_root``.
 
     Returns:
       What ``jax.lax.custom_root`` returns.
 
     Example:
-      A declaration over a dict-of-arrays framework "doc" whose map draws from a key:
+      Under a declaration with a source that describes no state, it is ``custom_root``:
 
-      >>> import jax, jax.numpy as jnp, jaxoverride as jo
+      >>> import jax, jaxoverride as jo
       >>> from jaxoverride import adapter_kit as kit
-      >>> store = {"key": jax.random.key(0)}
-      >>> class Source(kit.DictStateSource):
-      ...     framework = "doc"
-      ...     def parts(self, state):
-      ...         return [kit.StatePart("rng", (), "key")]
-      >>> kit.register_solve_source("doc", lambda: Source(store))
-      >>> def f(x):
-      ...     store["key"], sub = jax.random.split(store["key"])
-      ...     return x * jax.random.uniform(sub)
-      >>> with jo.solve_state():
-      ...     source = Source(store)
-      ...     policy = kit.participant(source)
-      ...     root = kit.declared_custom_root(
-      ...         "doc", source, policy, jax.lax.custom_root, lambda x: f(x) - x, 0.0,
-      ...         lambda g, x: x, lambda g, y: y, False)
-      >>> float(root)
-      0.0
-      >>> kit.unregister_solve_source("doc")
+      >>> source = kit.DictStateSource({})
+      >>> policy = kit.Participant(jo.solve_state(), "doc", source)
+      >>> float(kit.declared_custom_root("doc", source, policy, jax.lax.custom_root,
+      ...     lambda x: 2.0 * x - 4.0, 0.0, lambda g, x: 2.0, lambda g, y: y / 2.0, False))
+      2.0
     """
     declared = _Declared(where, source, policy)
     declared.recording = False
@@ -347,10 +329,7 @@ def declared_linear_solve(
     """``custom_linear_solve`` whose ``matvec`` sees the declared state and keeps nothing.
 
     Args:
-      where: the neutral name, for messages.
-      source: the framework's ``StateSource`` at the call.
-      policy: its ``Participant``.
-      below: the ``custom_linear_solve`` below.
+      where, source, policy, below: as for ``declared_closure_convert``.
       matvec: the linear map.
       *args: the rest of ``jax.lax.custom_linear_solve``'s positional arguments.
       **options: its keyword arguments.
@@ -359,28 +338,14 @@ def declared_linear_solve(
       What ``jax.lax.custom_linear_solve`` returns.
 
     Example:
-      A declaration over a dict-of-arrays framework "doc" whose map draws from a key:
-
       >>> import jax, jax.numpy as jnp, jaxoverride as jo
       >>> from jaxoverride import adapter_kit as kit
-      >>> store = {"key": jax.random.key(0)}
-      >>> class Source(kit.DictStateSource):
-      ...     framework = "doc"
-      ...     def parts(self, state):
-      ...         return [kit.StatePart("rng", (), "key")]
-      >>> kit.register_solve_source("doc", lambda: Source(store))
-      >>> def f(x):
-      ...     store["key"], sub = jax.random.split(store["key"])
-      ...     return x * jax.random.uniform(sub)
-      >>> with jo.solve_state():
-      ...     source = Source(store)
-      ...     policy = kit.participant(source)
-      ...     x = kit.declared_linear_solve(
-      ...         "doc", source, policy, jax.lax.custom_linear_solve, lambda v: 2.0 * v,
-      ...         jnp.float32(4.0), lambda mv, b: b / 2.0)
+      >>> policy = kit.Participant(jo.solve_state(), "doc", kit.DictStateSource({}))
+      >>> halve = lambda matvec, b: b / 2.0
+      >>> x = kit.declared_linear_solve("doc", policy.source, policy,
+      ...     jax.lax.custom_linear_solve, lambda v: 2.0 * v, jnp.float32(4.0), halve)
       >>> float(x)
       2.0
-      >>> kit.unregister_solve_source("doc")
     """
     declared = _Declared(where, source, policy)
     declared.recording = False

@@ -179,16 +179,22 @@ class Participant:
       source: its ``StateSource`` at entry (read once: the entry snapshot).
 
     Example:
+      Each evaluation starts from the entry state; the last one's write is kept:
+
       >>> import jax.numpy as jnp, jaxoverride as jo
       >>> from jaxoverride import adapter_kit as kit
       >>> class Source(kit.DictStateSource):
       ...     framework = "doc"
       ...     def parts(self, state):
-      ...         return [kit.StatePart("state", ("mean",), "mean")]
-      >>> store = {"mean": jnp.zeros(())}
+      ...         return [kit.StatePart("state", ("calls",), "calls")]
+      >>> store = {"calls": jnp.int32(0)}
+      >>> def count():
+      ...     store["calls"] = store["calls"] + 1
       >>> policy = kit.Participant(jo.solve_state(), "doc", Source(store))
-      >>> float(policy.freeze({"mean": jnp.ones(())})["mean"])
-      0.0
+      >>> policy.evaluation(count), policy.evaluation(count)
+      (None, None)
+      >>> int(store["calls"]), int(policy.current(store)["calls"])  # live, last
+      (0, 1)
     """
 
     __slots__ = (
@@ -490,20 +496,11 @@ class Participant:
           What ``call()`` returns.
 
         Example:
-          >>> import jax.numpy as jnp, jaxoverride as jo
+          >>> import jaxoverride as jo
           >>> from jaxoverride import adapter_kit as kit
-          >>> class Source(kit.DictStateSource):
-          ...     framework = "doc"
-          ...     def parts(self, state):
-          ...         return [kit.StatePart("state", ("calls",), "calls")]
-          >>> store = {"calls": jnp.int32(0)}
-          >>> def count():
-          ...     store["calls"] = store["calls"] + 1
-          >>> policy = kit.Participant(jo.solve_state(), "doc", Source(store))
-          >>> policy.evaluation(count), policy.evaluation(count)  # each from the entry's 0
-          (None, None)
-          >>> int(store["calls"]), int(policy.current(store)["calls"])  # live, last
-          (0, 1)
+          >>> kit.Participant(jo.solve_state(), "doc", kit.DictStateSource({})).evaluation(
+          ...     lambda: 42)
+          42
         """
         source = self.source
         before = source.read()

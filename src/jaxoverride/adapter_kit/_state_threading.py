@@ -14,19 +14,6 @@ combinator does with them).
 
 Stability: semi-public, for adapters in this repository and their authors. The contract
 and the combinators' signatures change only with a note in the changelog.
-
-Example:
-  A source over a dict of arrays; ``scan`` threads it through ``jax.lax.scan``:
-
-  >>> import jax, jax.numpy as jnp
-  >>> from jaxoverride.adapter_kit import DictStateSource, threaded_scan
-  >>> store = {"count": jnp.int32(0)}
-  >>> def body(c, x):
-  ...     store["count"] = store["count"] + 1
-  ...     return c + x, None
-  >>> out, _ = threaded_scan(DictStateSource(store), jax.lax.scan, body, 0.0, jnp.ones(3))
-  >>> float(out), int(store["count"])
-  (3.0, 3)
 """
 
 from __future__ import annotations
@@ -335,16 +322,18 @@ def threaded_while_loop(
       The loop value for which ``cond_fun`` first returned false.
 
     Example:
+      A ``cond_fun`` that writes the state, tested before each step as in Python:
+
       >>> import jax, jax.numpy as jnp
       >>> from jaxoverride.adapter_kit import DictStateSource, threaded_while_loop
-      >>> store = {"steps": jnp.int32(0)}
-      >>> def body(x):
-      ...     store["steps"] = store["steps"] + 1
-      ...     return x * 2
-      >>> out = threaded_while_loop(
-      ...     DictStateSource(store), jax.lax.while_loop, lambda x: x < 10, body, 1)
-      >>> int(out), int(store["steps"])
-      (16, 4)
+      >>> store = {"tests": jnp.int32(0)}
+      >>> def below_ten(x):
+      ...     store["tests"] += 1
+      ...     return x < 10
+      >>> loop = jax.lax.while_loop
+      >>> out = threaded_while_loop(DictStateSource(store), loop, below_ten, lambda x: x * 2, 1)
+      >>> int(out), int(store["tests"])
+      (16, 5)
     """
 
     where = "jaxoverride.lax.while_loop"
@@ -497,14 +486,10 @@ def threaded_fori_loop(
       ``[lower_bound, upper_bound)``.
 
     Example:
-      >>> import jax, jax.numpy as jnp
+      >>> import jax
       >>> from jaxoverride.adapter_kit import DictStateSource, threaded_fori_loop
-      >>> store = {"sum": jnp.int32(0)}
-      >>> def body(i, x):
-      ...     store["sum"] = store["sum"] + i
-      ...     return x
-      >>> _ = threaded_fori_loop(DictStateSource(store), jax.lax.fori_loop, 0, 4, body, 0)
-      >>> int(store["sum"])
+      >>> add_index = lambda i, x: x + i
+      >>> int(threaded_fori_loop(DictStateSource({}), jax.lax.fori_loop, 0, 4, add_index, 0))
       6
     """
 
@@ -607,14 +592,19 @@ def threaded_cond(
       The output of ``true_fun`` if ``pred`` holds, else of ``false_fun``.
 
     Example:
+      Only the taken branch's write reaches the state:
+
       >>> import jax, jax.numpy as jnp
       >>> from jaxoverride.adapter_kit import DictStateSource, threaded_cond
-      >>> store = {"hits": jnp.int32(0)}
-      >>> def hit(x):
-      ...     store["hits"] = store["hits"] + 1
+      >>> store = {"branch": jnp.int32(0)}
+      >>> def taken(x):
+      ...     store["branch"] = jnp.int32(1)
       ...     return x
-      >>> out = threaded_cond(DictStateSource(store), jax.lax.cond, True, hit, lambda x: -x, 2.0)
-      >>> float(out), int(store["hits"])
+      >>> def other(x):
+      ...     store["branch"] = jnp.int32(2)
+      ...     return -x
+      >>> out = threaded_cond(DictStateSource(store), jax.lax.cond, True, taken, other, 2.0)
+      >>> float(out), int(store["branch"])
       (2.0, 1)
     """
     call = lambda fns, packed: below(pred, fns[0], fns[1], packed)
@@ -641,18 +631,11 @@ def threaded_switch(
       The output of ``branches[index]``, ``index`` clamped into range as JAX clamps it.
 
     Example:
-      >>> import jax, jax.numpy as jnp
+      >>> import jax
       >>> from jaxoverride.adapter_kit import DictStateSource, threaded_switch
-      >>> store = {"last": jnp.int32(-1)}
-      >>> def mark(i):
-      ...     def branch(x):
-      ...         store["last"] = jnp.int32(i)
-      ...         return x + i
-      ...     return branch
-      >>> out = threaded_switch(
-      ...     DictStateSource(store), jax.lax.switch, 2, [mark(0), mark(1), mark(2)], 10)
-      >>> int(out), int(store["last"])
-      (12, 2)
+      >>> branches = [lambda x: x, lambda x: x + 1, lambda x: x + 2]
+      >>> int(threaded_switch(DictStateSource({}), jax.lax.switch, 2, branches, 10))
+      12
     """
     call = lambda fns, packed: below(index, fns, packed)
     where = "jaxoverride.lax.switch"
@@ -732,15 +715,15 @@ def threaded_call(
     Example:
       >>> import jax, jax.numpy as jnp
       >>> from jaxoverride.adapter_kit import DictStateSource, threaded_call
-      >>> store = {"calls": jnp.int32(0)}
+      >>> store = {"seen": jnp.float32(0)}
       >>> def f(x):
-      ...     store["calls"] = store["calls"] + 1
+      ...     store["seen"] = x
       ...     return x * 2
       >>> pure, finish, state = threaded_call(DictStateSource(store), f, "jit")
       >>> out, after = jax.jit(pure)(state, 3.0)
       >>> finish(after)
-      >>> float(out), int(store["calls"])
-      (6.0, 1)
+      >>> float(out), float(store["seen"])
+      (6.0, 3.0)
     """
     thread = Threaded(source, 1, where)
 
