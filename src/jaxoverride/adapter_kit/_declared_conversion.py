@@ -1,24 +1,18 @@
 """Converted functions under ``jaxoverride.solve_state``: what a framework's state does there.
 
-Outside a declaration an adapter runs a function JAX converts into a pure jaxpr
-(``closure_convert``, ``custom_root``, ``custom_linear_solve``) reading its state only: a
-write or a draw could not come out, so it is refused. Inside one, the parts the
-declaration freezes have a defined value in every evaluation (the entry state), so the
-function runs with them, through the source, as a loop body does:
+Outside a declaration, a function JAX converts into a pure jaxpr (``closure_convert``,
+``custom_root``, ``custom_linear_solve``) may only read its state: a write could not
+come out. Inside one, the frozen parts have a defined value in every evaluation (the
+entry state), so the function runs through the source, as a loop body does:
 
-* ``closure_convert``: the converted function also returns the state it left, as an
-  output of its jaxpr, and each evaluation hands it to the declaration's innermost
-  boundary (``Participant.written``): evaluated in a solver's loop body it flows out
-  through the carry as a loop body's writes do, so the solve keeps the state its last
-  forward evaluation wrote; a backward pass's evaluations are dropped there;
-* ``make_jaxpr``: the jaxpr's outputs are the caller's, so what the function wrote to
-  the parts the declaration freezes is handed out by a ``write_out`` equation instead:
-  each evaluation of the jaxpr in the trace of the declaration's innermost boundary
-  keeps it there (``Participant.written_parts``), as ``closure_convert``'s do;
-* ``custom_root``: the evaluations inside ``solve`` are the forward ones; what the last
-  one left comes out of JAX's call as an auxiliary output of ``solve`` (``has_aux``) and
-  is kept at the caller; ``f``'s other evaluations (the tangent solve's linearisation)
-  and ``custom_linear_solve``'s ``matvec`` keep nothing;
+* ``closure_convert``: the jaxpr also returns the state the function left, and each
+  evaluation hands it to the innermost boundary (``Participant.written``), so in a
+  solver's loop it flows out through the carry; a backward pass's is dropped;
+* ``make_jaxpr``: the outputs are the caller's, so the writes are handed out by a
+  ``write_out`` equation (``Participant.written_parts``) instead;
+* ``custom_root``: the evaluations inside ``solve`` are the forward ones; the last one's
+  state comes out of ``solve`` as an auxiliary output and is kept; ``f``'s other
+  evaluations and ``custom_linear_solve``'s ``matvec`` keep nothing;
 * a write to a part the declaration leaves per evaluation is refused, as outside one.
 """
 

@@ -109,33 +109,26 @@ def first_slice(xs: Any, reverse: bool = False, *, replay: Callable[[], Any]) ->
     failure ``replay`` (JAX's loop over the same ``xs`` with a body that does nothing) runs
     under ``jax.eval_shape``, so that no user code runs.
     """
-
-    def first(leaf: Any) -> Any:
-        leaf = as_jax_operands(leaf)
-        if leaf.shape[0] == 0:
-            return jnp.zeros(leaf.shape[1:], leaf.dtype)
-        return leaf[-1 if reverse else 0]
-
     try:
-        return jax.tree_util.tree_map(first, xs)
-    except (AttributeError, IndexError, TypeError, ValueError) as error:
+        return jax.tree_util.tree_map(lambda x: _first(as_jax_operands(x), 0, reverse), xs)
+    except (ArithmeticError, AttributeError, IndexError, TypeError, ValueError) as error:
         failure = error
     jax.eval_shape(replay)  # raises JAX's error for these xs
     raise failure
 
 
+def _first(leaf: Any, axis: int, last: bool = False) -> Any:
+    """The first (``last``: the last) slice of ``leaf`` along ``axis``; zeros if empty."""
+    axis %= leaf.ndim
+    if leaf.shape[axis] == 0:
+        return jnp.zeros(leaf.shape[:axis] + leaf.shape[axis + 1 :], leaf.dtype)
+    return jnp.take(leaf, -1 if last else 0, axis=axis)
+
+
 def _take_first(tree: Any, axis: int | None) -> Any:
     if axis is None:
         return tree
-
-    def first(leaf: Any) -> Any:
-        leaf = jnp.asarray(leaf)
-        position = axis % leaf.ndim
-        if leaf.shape[position] == 0:
-            return jnp.zeros(leaf.shape[:position] + leaf.shape[position + 1 :], leaf.dtype)
-        return jnp.take(leaf, 0, axis=position)
-
-    return jax.tree_util.tree_map(first, tree)
+    return jax.tree_util.tree_map(lambda leaf: _first(jnp.asarray(leaf), axis), tree)
 
 
 def unbatched_arguments(args: tuple[Any, ...], in_axes: Any) -> tuple[Any, ...]:

@@ -1,16 +1,11 @@
 """State threading: run a framework's implicit state through JAX control flow, explicitly.
 
-A framework that keeps state outside JAX's view (Linen's variable collections and rng
-counters, Haiku's frame, NNX's Variables) cannot let a JAX loop body or branch touch it:
-the body is traced, and whatever it writes is a tracer that leaks out of the trace. The
-combinators here make that state an explicit part of the carry (or of the operands),
-install the traced values as the framework's state while the body runs, read back what
-the body left, restore the caller's values, and write the loop's result back after the
-JAX call.
-
-What a framework provides is a *state source*: ``StateSource`` (``_state_source``), whose
-docstring is the contract (its required methods, its optional parts, and what a
-combinator does with them).
+A framework that keeps state outside JAX's view (Linen's collections and rng counters,
+Haiku's frame, NNX's Variables) cannot let a traced loop body or branch write it: the
+write would be a leaked tracer. The combinators here put that state in the carry (or
+the operands), install the traced values while the body runs, read back what it left,
+restore the caller's values, and write the result back after the JAX call. A framework
+provides a ``StateSource`` (``_state_source``), whose docstring is the contract.
 
 Stability: semi-public, for adapters in this repository and their authors. The contract
 and the combinators' signatures change only with a note in the changelog.
@@ -56,18 +51,19 @@ _RETRACES = 3
 class Threaded:
     """Runs ``count`` functions traced by one JAX call, the source's state threaded.
 
-    Function ``i`` starts from the naming state in which function ``i - 1`` ended (the
-    first from the caller's), and a retrace starts from the same state again;
-    ``finish(state)`` writes the JAX call's state and leaves the caller's naming state
-    where the last traced function ended. With ``alternatives=True`` (branches, for a
-    source with ``alternative_branches``) every function starts from the caller's naming
-    state and ``finish`` leaves the join of their ends.
+    Function ``i`` starts from the names function ``i - 1`` ended in (the first from the
+    caller's; a retrace from the same again); ``finish(state)`` writes the JAX call's
+    state and leaves the caller's names where the last function ended. With
+    ``alternatives`` (branches of a source with ``alternative_branches``) each starts
+    from the caller's names and ``finish`` leaves the join of their ends.
 
     Args:
       source: the ``StateSource``.
       count: how many distinct functions the JAX call traces.
       where: the neutral name, for error messages.
       alternatives: whether the functions are alternatives (see above).
+      backward: whether it runs in a backward pass (under a declaration, its writes are
+        dropped).
     """
 
     __slots__ = ("_alternatives", "_ends", "_starts", "backward", "policy", "source", "where")
@@ -85,8 +81,7 @@ class Threaded:
         self._alternatives = alternatives
         self._starts: list[Any] = [source.names()] + [None] * (count - 1)
         self._ends: list[Any] = [None] * count
-        # The declaration (``jaxoverride.solve_state``) this call runs under, if any; a
-        # backward pass's calls keep the forward's, and their writes are dropped.
+        # The ``jaxoverride.solve_state`` declaration this call runs under, if any.
         self.policy: Participant | None = participant(source)
         self.backward = backward
         if self.policy is not None and not backward:
@@ -142,15 +137,10 @@ class Threaded:
     def finish(self, state: Any, ran: bool | None = True) -> None:
         """Writes the JAX call's final ``state`` and advances the caller's names.
 
-        ``ran=False`` (a loop whose trip count is 0 when it is traced) writes nothing: the
-        state after a loop that did not run is the state before it, and a variable that
-        its body would write first (a ``sow``) must not appear. ``ran=None`` (a loop
-        whose trip count the combinator cannot tell when it traces it) first hands
-        ``state`` to the source's ``check_unknown_trips``, which may refuse it.
-
-        If the source's ``retrace()`` returns True (a traced function met state that
-        ``read()`` did not include), nothing is written: the combinator discards the JAX
-        call's result and runs it again, ``read()`` now including it.
+        ``ran=False`` (a loop traced with 0 trips) writes nothing: a variable its body
+        would write first (a ``sow``) must not appear. ``ran=None`` (a trip count unknown
+        when traced) first hands ``state`` to the source's ``check_unknown_trips``. If
+        ``retrace()``, nothing is written and the combinator runs the JAX call again.
         """
         ends = [e for e in self._ends if e is not None]
         names = ends[-1] if ends else None
@@ -229,7 +219,22 @@ def _may_run(lower_bound: Any, upper_bound: Any) -> bool | None:
     return bool(upper_bound > lower_bound)
 
 
-def _wraps(fun: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+def wraps(fun: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """``functools.wraps(fun)``, or no wrapping where ``fun`` cannot be wrapped.
+
+    Args:
+      fun: the user's function.
+
+    Returns:
+      A decorator that copies ``fun``'s name, docstring and ``__wrapped__``.
+
+    Example:
+      >>> from jaxoverride.adapter_kit import wraps
+      >>> def f(x):
+      ...     return x
+      >>> wraps(f)(lambda x: x).__name__
+      'f'
+    """
     try:
         return functools.wraps(fun)
     except (AttributeError, TypeError):  # pragma: no cover - exotic callables
@@ -308,10 +313,9 @@ def threaded_while_loop(
     """``lax.while_loop`` with ``source``'s state in the carry, init-exact.
 
     ``cond_fun`` sees the state; if it changes it (a variable, an rng draw), the loop
-    evaluates it at the end of each body instead, carrying the predicate. A source with
-    ``carried_predicate = True`` always gets that form, its first test threaded too (see
-    the module docstring). The creation pass calls ``cond_fun`` and ``body_fun`` once, so
-    a zero-trip loop still creates its parameters.
+    evaluates it at the end of each body instead, carrying the predicate (always, for a
+    source with ``carried_predicate``). The creation pass calls ``cond_fun`` and
+    ``body_fun`` once, so a zero-trip loop still creates its parameters.
 
     Args:
       source: the ``StateSource``.
@@ -652,13 +656,10 @@ def threaded_map(
 ) -> Any:
     """``lax.map`` written, as JAX writes it, in terms of a (threaded) ``scan`` and ``vmap``.
 
-    JAX's map has no carry to thread state through, so this map is a scan: each element
-    sees the state the previous one left; with ``batch_size`` it is a scan of ``vmap``s
-    over JAX's own split (``batched_map``), the remainder one more ``vmap``.
-
-    The scan body is one function per ``f`` (and ``vmap``), held weakly: handed to a
-    ``scan`` whose source reuses its wrappers (``reuse_key``), an identical eager call
-    hits JAX's caches and compiles once.
+    JAX's map has no carry, so this map is a scan: each element sees the state the
+    previous one left; with ``batch_size``, a scan of ``vmap``s over JAX's own split
+    (``batched_map``). The scan body is one function per ``f`` (held weakly), so that an
+    identical eager call through a source that reuses its wrappers compiles once.
 
     Args:
       scan: the scan to use (the neutral ``jaxoverride.lax.scan``, so that it threads).
@@ -727,7 +728,7 @@ def threaded_call(
     """
     thread = Threaded(source, 1, where)
 
-    @_wraps(fun)
+    @wraps(fun)
     def pure(state: Any, *args: Any, **kwargs: Any) -> tuple[Any, Any]:
         return thread.run(0, state, lambda: fun(*args, **kwargs))
 

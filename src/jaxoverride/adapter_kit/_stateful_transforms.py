@@ -1,12 +1,12 @@
 """Transforms that trace their function once per call, a framework's state passed through.
 
-``vmap``, ``pmap``, ``shard_map``, the ``grad``-like transforms, ``checkpoint``/``remat``
-and the calls ``jvp``, ``vjp`` and ``linearize`` all have one shape: the function runs with
-the framework's state installed, and returns what it left as an auxiliary output that JAX
-does not map, differentiate or batch; after the JAX call the caller's state is updated
-once. So a counter increments once per call, not once per basis vector. A framework
-describes how it does that with a ``TransformState``; the builders here make the
-overrides, with the signatures of JAX's transforms.
+``vmap``, ``pmap``, ``shard_map``, the ``grad``-like transforms, ``checkpoint``/``remat``,
+``jvp``, ``vjp`` and ``linearize`` have one shape: the function runs with the
+framework's state installed and returns what it left as an auxiliary output that JAX
+does not map, differentiate or batch; the caller's state is updated once after the
+call (a counter increments once per call, not per basis vector). A framework describes
+how with a ``TransformState``; the builders here make the overrides, with JAX's
+signatures.
 
 Stability: semi-public, as the rest of the kit.
 """
@@ -14,7 +14,6 @@ Stability: semi-public, as the rest of the kit.
 from __future__ import annotations
 
 import contextvars
-import functools
 import inspect
 from collections.abc import Callable
 from typing import Any, NamedTuple
@@ -27,31 +26,9 @@ from jaxoverride.adapter_kit._argnums import shift_argnums
 from jaxoverride.adapter_kit._mapped import INFER_SPECS, shard_block_arguments
 from jaxoverride.adapter_kit._operands import traced_arguments, unbatched_arguments
 from jaxoverride.adapter_kit._state_source import StateSource
-from jaxoverride.adapter_kit._state_threading import Threaded, init_safe
+from jaxoverride.adapter_kit._state_threading import Threaded, init_safe, wraps
 
 Thunk = Callable[[], Any]
-
-
-def wraps(fun: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """``functools.wraps(fun)``, or no wrapping where ``fun`` cannot be wrapped.
-
-    Args:
-      fun: the user's function.
-
-    Returns:
-      A decorator that copies ``fun``'s name, docstring and ``__wrapped__``.
-
-    Example:
-      >>> from jaxoverride.adapter_kit import wraps
-      >>> def f(x):
-      ...     return x
-      >>> wraps(f)(lambda x: x).__name__
-      'f'
-    """
-    try:
-        return functools.wraps(fun)
-    except (AttributeError, TypeError):  # pragma: no cover - exotic callables
-        return lambda f: f
 
 
 class StatefulCall:
