@@ -1,9 +1,8 @@
 """Operands as JAX's own call hands them to a body: arrays, dtype and weak type kept.
 
-A creation pass calls bodies and branches outside JAX, so it must first do the one
-conversion JAX's ``cond``/``switch``/loops make before tracing: each leaf becomes an
-array (a Python ``1`` a weakly-typed ``int32``), so that a body reading ``x.shape`` or
-``x.dtype`` sees at init what it sees when JAX traces it.
+A creation pass calls bodies outside JAX, so it first makes the conversion JAX's control
+flow makes (a Python ``1`` becomes a weakly-typed ``int32``): a body reading ``x.dtype``
+sees at init what it sees when JAX traces it.
 """
 
 from __future__ import annotations
@@ -55,9 +54,6 @@ def traced_arguments(args: tuple[Any, ...], static: Any = ()) -> tuple[Any, ...]
     but those at the positions ``static`` (``static_argnums``, or the arguments that
     ``grad`` does not differentiate, which JAX passes as given) as arrays.
 
-    A creation pass calls the function outside the transform: so that it sees at init
-    what it sees when JAX traces it (``x.astype`` on a Python ``2.0``).
-
     Args:
       args: the positional arguments of the call.
       static: an int or a collection of ints, the positions JAX passes unconverted
@@ -80,8 +76,7 @@ def traced_arguments(args: tuple[Any, ...], static: Any = ()) -> tuple[Any, ...]
 def distinct_functions(functions: Sequence[Callable[..., Any]]) -> list[Callable[..., Any]]:
     """``functions`` without repeats of one object, first occurrence first.
 
-    JAX traces a branch object once however often it is listed; a creation pass calls
-    each distinct object once for the same reason.
+    JAX traces a branch object once however often it is listed; so does a creation pass.
 
     Args:
       functions: branches or cases, possibly the same object more than once.

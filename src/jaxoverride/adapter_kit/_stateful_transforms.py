@@ -86,9 +86,8 @@ class TransformState(NamedTuple):
       begin: ``begin(where)`` starts one call (``where`` is the neutral name).
       init_safe: ``init_safe(where, creation, apply)`` returns ``apply()``, after the
         creation pass ``creation()`` where the framework needs one.
-      init_safe_fresh: as ``init_safe``, for the transforms whose function may write
-        state that did not exist before (Linen's ``sow``): the calls begun inside
-        ``apply`` record such writes, and ``apply`` runs again with a place for them. None:
+      init_safe_fresh: as ``init_safe``, for a function that may write state that did not
+        exist before (Linen's ``sow``): ``apply`` runs again with a place for it. None:
         ``init_safe``.
     """
 
