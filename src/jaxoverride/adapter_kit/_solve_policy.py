@@ -314,9 +314,8 @@ class Participant:
         }
 
     def written_parts(self, values: dict[Hashable, Any]) -> None:
-        """Keeps ``values`` (frozen parts by slot: what an evaluation of a converted map
-        wrote, handed out by ``write_out``) as the innermost boundary's last, over what
-        it had; a no-op unless ``here()``."""
+        """Keeps ``values`` (frozen parts by slot, handed out by ``write_out``) as the
+        innermost boundary's last, over what it had; a no-op unless ``here()``."""
         if not values or not self.here():
             return
         frame = self._frames[-1]
@@ -354,11 +353,10 @@ class Participant:
         )
 
     def left(self, state: Any, frame: _Frame) -> Any:
-        """What a traced function leaves: ``state``, with each frozen part that is still
-        the entry's taken from what its last inner call left (with none, the state it
-        was handed: see ``push``). A part written directly after that call is
-        ``state``'s: the newest write of each part wins, so a map that writes one part
-        (a collection), then calls a custom rule, then draws (the stream) leaves both."""
+        """What a traced function leaves: ``state``, each frozen part still the entry's
+        taken from what its last inner call left (see ``push``). The newest write of each
+        part wins, so a map that writes a collection, then calls a rule, then draws
+        leaves both."""
         last = frame.last
         entry = frame.frozen if frame.frozen is not None else self._entry()
         if last is None or not self.frozen:
@@ -368,8 +366,7 @@ class Participant:
     @contextlib.contextmanager
     def rebased(self, state: Any) -> Iterator[None]:
         """Inside, the innermost frame's frozen parts are ``state``'s (a value of a trace
-        of its own, such as a custom rule's argument, which its caller froze), as
-        ``push(entry=state)`` makes them."""
+        of its own, such as a custom rule's argument), as ``push(entry=state)`` makes them."""
         frame = self._frames[-1]
         saved = frame.frozen
         frame.frozen = self._entries(state)
@@ -490,11 +487,8 @@ class _BySlot:
 
 declarations_entered: Callable[[], tuple[Any, ...]] = _solve_state._active.get
 """Whether a ``jaxoverride.solve_state`` declaration is entered now: a non-empty tuple
-if one is, else ``()``.
-
-A bound C method, so asking costs no Python frame: for a cache-hit path that serves only
-undeclared calls and hands every other call to its general path (which asks
-``participant``).
+if one is, else ``()``. A bound C method, so asking costs no Python frame (for a
+cache-hit path that serves only undeclared calls).
 
 Example:
   >>> from jaxoverride import adapter_kit as kit

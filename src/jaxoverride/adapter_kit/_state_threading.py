@@ -432,11 +432,8 @@ _FIRST_TESTS = 16  # first-test traces kept per reused wrapper, before they are 
 
 
 def _first_test(traces: dict[Any, Any], test: Callable[..., Any], *operands: Any) -> Any:
-    """``test(*operands)``: traced inline under a trace; eagerly, its jaxpr evaluated.
-
-    JAX traces ``cond_fun`` rather than running it: an identical eager call runs no
-    Python, and a fresh ``cond_fun`` (a solver's closure) costs no compilation of its own.
-    """
+    """``test(*operands)``: traced inline under a trace; eagerly, its jaxpr evaluated, as
+    JAX would trace ``cond_fun`` (no Python on an identical call, no compilation of its own)."""
     leaves, tree = jax.tree.flatten(operands)
     if any(isinstance(leaf, Tracer) for leaf in leaves):
         return test(*operands)
