@@ -98,32 +98,30 @@ def conversion_overrides(
       ['closure_convert', 'lax.custom_linear_solve', 'lax.custom_root', 'make_jaxpr']
     """
 
-    def declared(where: str) -> tuple[StateSource, Participant] | None:
-        if source is None:
-            return None
-        current = source(where)
-        if current is None:  # this name stays ``converting``'s
-            return None
-        policy = participant(current)
-        return None if policy is None else (current, policy)
+    def run(
+        where: str,
+        fun: Callable[..., Any],
+        creation: Callable[[], Any],
+        trace: Callable[[Callable[..., Any]], Any],
+        declared_call: Callable[[str, StateSource, Participant], Any],
+    ) -> Any:
+        """``converting``'s run, or, inside a declaration the framework takes part in,
+        ``declared_call(where, source, policy)`` (after the creation pass at init)."""
+        current = None if source is None else source(where)
+        policy = None if current is None else participant(current)
+        if current is None or policy is None:
+            return converting(where, fun, trace, creation)
+        return init_safe(current, creation, lambda: declared_call(where, current, policy))
 
     def closure_convert(
         below: Callable[..., Any], fun: Callable[..., Any], *example_args: Any
     ) -> Any:
-        under = declared("jaxoverride.closure_convert")
-        if under is not None:
-            return init_safe(
-                under[0],
-                lambda: fun(*example_args),
-                lambda: declared_closure_convert(
-                    "jaxoverride.closure_convert", *under, below, fun, example_args
-                ),
-            )
-        return converting(
+        return run(
             "jaxoverride.closure_convert",
             fun,
-            lambda traced: below(traced, *example_args),
             lambda: fun(*example_args),
+            lambda traced: below(traced, *example_args),
+            lambda w, s, p: declared_closure_convert(w, s, p, below, fun, example_args),
         )
 
     def make_jaxpr(fun: Callable[..., Any], *args: Any, **kwargs: Any) -> Callable[..., Any]:
@@ -133,54 +131,29 @@ def conversion_overrides(
         def traced_jaxpr(*call_args: Any, **call_kwargs: Any) -> Any:
             if not active():
                 return plain(*call_args, **call_kwargs)
-            under = declared("jaxoverride.make_jaxpr")
-            creation = lambda: fun(*zeros_for(call_args), **zeros_for(call_kwargs))
-            if under is not None:
-                # The declared function reads the source's state when it is made: at init
-                # that is after the creation pass, inside the call (as closure_convert's).
-                return init_safe(
-                    under[0],
-                    creation,
-                    lambda: below(
-                        declared_make_jaxpr("jaxoverride.make_jaxpr", *under, fun),
-                        *args,
-                        **kwargs,
-                    )(*call_args, **call_kwargs),
-                )
-            return converting(
+            # The declared function reads the source's state when it is made: at init that
+            # is after the creation pass, inside the call (as closure_convert's).
+            trace = lambda traced: below(traced, *args, **kwargs)(*call_args, **call_kwargs)
+            return run(
                 "jaxoverride.make_jaxpr",
                 fun,
-                lambda traced: below(traced, *args, **kwargs)(*call_args, **call_kwargs),
-                creation,
+                lambda: fun(*zeros_for(call_args), **zeros_for(call_kwargs)),
+                trace,
+                lambda w, s, p: trace(declared_make_jaxpr(w, s, p, fun)),
             )
 
         return traced_jaxpr
 
     def custom_root(below: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        f, initial_guess, solve, tangent_solve, has_aux = jax_arguments(
-            "lax.custom_root", *args, **kwargs
-        )
-        under = declared("jaxoverride.lax.custom_root")
-        if under is not None:
-            return init_safe(
-                under[0],
-                lambda: f(initial_guess),
-                lambda: declared_custom_root(
-                    "jaxoverride.lax.custom_root",
-                    *under,
-                    below,
-                    f,
-                    initial_guess,
-                    solve,
-                    tangent_solve,
-                    has_aux,
-                ),
-            )
-        return converting(
+        f, guess, solve, tangent_solve, has_aux = jax_arguments("lax.custom_root", *args, **kwargs)
+        return run(
             "jaxoverride.lax.custom_root",
             f,
-            lambda traced: below(traced, initial_guess, solve, tangent_solve, has_aux=has_aux),
-            lambda: f(initial_guess),
+            lambda: f(guess),
+            lambda traced: below(traced, guess, solve, tangent_solve, has_aux=has_aux),
+            lambda w, s, p: declared_custom_root(
+                w, s, p, below, f, guess, solve, tangent_solve, has_aux
+            ),
         )
 
     def custom_linear_solve(below: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
@@ -188,21 +161,13 @@ def conversion_overrides(
             "lax.custom_linear_solve", *args, **kwargs
         )
         options = {"symmetric": symmetric, "has_aux": has_aux}
-        under = declared("jaxoverride.lax.custom_linear_solve")
-        if under is not None:
-            where = "jaxoverride.lax.custom_linear_solve"
-            return init_safe(
-                under[0],
-                lambda: matvec(b),
-                lambda: declared_linear_solve(
-                    where, *under, below, matvec, b, solve, transpose_solve, **options
-                ),
-            )
-        return converting(
+        rest = (b, solve, transpose_solve)
+        return run(
             "jaxoverride.lax.custom_linear_solve",
             matvec,
-            lambda traced: below(traced, b, solve, transpose_solve, **options),
             lambda: matvec(b),
+            lambda traced: below(traced, *rest, **options),
+            lambda w, s, p: declared_linear_solve(w, s, p, below, matvec, *rest, **options),
         )
 
     overrides: dict[str, Callable[..., Any]] = {

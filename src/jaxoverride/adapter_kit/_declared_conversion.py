@@ -1,24 +1,18 @@
 """Converted functions under ``jaxoverride.solve_state``: what a framework's state does there.
 
-Outside a declaration an adapter runs a function JAX converts into a pure jaxpr
-(``closure_convert``, ``custom_root``, ``custom_linear_solve``) reading its state only: a
-write or a draw could not come out, so it is refused. Inside one, the parts the
-declaration freezes have a defined value in every evaluation (the entry state), so the
-function runs with them, through the source, as a loop body does:
+Outside a declaration, a function JAX converts into a pure jaxpr (``closure_convert``,
+``custom_root``, ``custom_linear_solve``) may only read its state: a write could not
+come out. Inside one, the frozen parts have a defined value in every evaluation (the
+entry state), so the function runs through the source, as a loop body does:
 
-* ``closure_convert``: the converted function also returns the state it left, as an
-  output of its jaxpr, and each evaluation hands it to the declaration's innermost
-  boundary (``Participant.written``): evaluated in a solver's loop body it flows out
-  through the carry as a loop body's writes do, so the solve keeps the state its last
-  forward evaluation wrote; a backward pass's evaluations are dropped there;
-* ``make_jaxpr``: the jaxpr's outputs are the caller's, so what the function wrote to
-  the parts the declaration freezes is handed out by a ``write_out`` equation instead:
-  each evaluation of the jaxpr in the trace of the declaration's innermost boundary
-  keeps it there (``Participant.written_parts``), as ``closure_convert``'s do;
-* ``custom_root``: the evaluations inside ``solve`` are the forward ones; what the last
-  one left comes out of JAX's call as an auxiliary output of ``solve`` (``has_aux``) and
-  is kept at the caller; ``f``'s other evaluations (the tangent solve's linearisation)
-  and ``custom_linear_solve``'s ``matvec`` keep nothing;
+* ``closure_convert``: the jaxpr also returns the state the function left, and each
+  evaluation hands it to the innermost boundary (``Participant.written``), so in a
+  solver's loop it flows out through the carry; a backward pass's is dropped;
+* ``make_jaxpr``: the outputs are the caller's, so the writes are handed out by a
+  ``write_out`` equation (``Participant.written_parts``) instead;
+* ``custom_root``: the evaluations inside ``solve`` are the forward ones; the last one's
+  state comes out of ``solve`` as an auxiliary output and is kept; ``f``'s other
+  evaluations and ``custom_linear_solve``'s ``matvec`` keep nothing;
 * a write to a part the declaration leaves per evaluation is refused, as outside one.
 """
 
@@ -160,9 +154,7 @@ def declared_make_jaxpr(
     whose jaxpr hands out, at each evaluation, what ``fun`` wrote (above).
 
     Args:
-      where: the neutral name, for messages.
-      source: the framework's ``StateSource`` at the call.
-      policy: its ``Participant``.
+      where, source, policy: as for ``declared_closure_convert``.
       fun: the function being traced.
 
     Returns:
@@ -232,38 +224,22 @@ def declared_custom_root(
     """``custom_root`` whose ``solve`` keeps what its last evaluation of ``f`` wrote.
 
     Args:
-      where: the neutral name, for messages.
-      source: the framework's ``StateSource`` at the call.
-      policy: its ``Participant``.
-      below: the ``custom_root`` below.
+      where, source, policy, below: as for ``declared_closure_convert``.
       f, initial_guess, solve, tangent_solve, has_aux: as for ``jax.lax.custom_root``.
 
     Returns:
       What ``jax.lax.custom_root`` returns.
 
     Example:
-      A declaration over a dict-of-arrays framework "doc" whose map draws from a key:
+      Under a declaration with a source that describes no state, it is ``custom_root``:
 
-      >>> import jax, jax.numpy as jnp, jaxoverride as jo
+      >>> import jax, jaxoverride as jo
       >>> from jaxoverride import adapter_kit as kit
-      >>> store = {"key": jax.random.key(0)}
-      >>> class Source(kit.DictStateSource):
-      ...     framework = "doc"
-      ...     def parts(self, state):
-      ...         return [kit.StatePart("rng", (), "key")]
-      >>> kit.register_solve_source("doc", lambda: Source(store))
-      >>> def f(x):
-      ...     store["key"], sub = jax.random.split(store["key"])
-      ...     return x * jax.random.uniform(sub)
-      >>> with jo.solve_state():
-      ...     source = Source(store)
-      ...     policy = kit.participant(source)
-      ...     root = kit.declared_custom_root(
-      ...         "doc", source, policy, jax.lax.custom_root, lambda x: f(x) - x, 0.0,
-      ...         lambda g, x: x, lambda g, y: y, False)
-      >>> float(root)
-      0.0
-      >>> kit.unregister_solve_source("doc")
+      >>> source = kit.DictStateSource({})
+      >>> policy = kit.Participant(jo.solve_state(), "doc", source)
+      >>> float(kit.declared_custom_root("doc", source, policy, jax.lax.custom_root,
+      ...     lambda x: 2.0 * x - 4.0, 0.0, lambda g, x: 2.0, lambda g, y: y / 2.0, False))
+      2.0
     """
     declared = _Declared(where, source, policy)
     declared.recording = False
@@ -347,10 +323,7 @@ def declared_linear_solve(
     """``custom_linear_solve`` whose ``matvec`` sees the declared state and keeps nothing.
 
     Args:
-      where: the neutral name, for messages.
-      source: the framework's ``StateSource`` at the call.
-      policy: its ``Participant``.
-      below: the ``custom_linear_solve`` below.
+      where, source, policy, below: as for ``declared_closure_convert``.
       matvec: the linear map.
       *args: the rest of ``jax.lax.custom_linear_solve``'s positional arguments.
       **options: its keyword arguments.
@@ -359,28 +332,14 @@ def declared_linear_solve(
       What ``jax.lax.custom_linear_solve`` returns.
 
     Example:
-      A declaration over a dict-of-arrays framework "doc" whose map draws from a key:
-
       >>> import jax, jax.numpy as jnp, jaxoverride as jo
       >>> from jaxoverride import adapter_kit as kit
-      >>> store = {"key": jax.random.key(0)}
-      >>> class Source(kit.DictStateSource):
-      ...     framework = "doc"
-      ...     def parts(self, state):
-      ...         return [kit.StatePart("rng", (), "key")]
-      >>> kit.register_solve_source("doc", lambda: Source(store))
-      >>> def f(x):
-      ...     store["key"], sub = jax.random.split(store["key"])
-      ...     return x * jax.random.uniform(sub)
-      >>> with jo.solve_state():
-      ...     source = Source(store)
-      ...     policy = kit.participant(source)
-      ...     x = kit.declared_linear_solve(
-      ...         "doc", source, policy, jax.lax.custom_linear_solve, lambda v: 2.0 * v,
-      ...         jnp.float32(4.0), lambda mv, b: b / 2.0)
+      >>> policy = kit.Participant(jo.solve_state(), "doc", kit.DictStateSource({}))
+      >>> halve = lambda matvec, b: b / 2.0
+      >>> x = kit.declared_linear_solve("doc", policy.source, policy,
+      ...     jax.lax.custom_linear_solve, lambda v: 2.0 * v, jnp.float32(4.0), halve)
       >>> float(x)
       2.0
-      >>> kit.unregister_solve_source("doc")
     """
     declared = _Declared(where, source, policy)
     declared.recording = False

@@ -79,10 +79,8 @@ def _culprits() -> str:
 def raw_transform_error(framework: str, where: str, count: int) -> MissingAdapterError:
     """The error for state that a raw transform captured while an adapter was active.
 
-    Names the imported libraries that still hold raw import-time transforms (the solver
-    libraries, and any other imported package holding one, such as a library of the
-    program's own with a module-level ``jax.jit``) and the ``interpose_on_import`` call
-    that reaches them.
+    Names the imported libraries that still hold raw import-time transforms and the
+    ``interpose_on_import`` call that reaches them.
 
     Args:
       framework: the framework's name, such as ``"Haiku"``.
@@ -115,9 +113,8 @@ def raw_transform_error(framework: str, where: str, count: int) -> MissingAdapte
 def adapter_check_on() -> bool:
     """Whether the missing-adapter check runs (``jaxoverride.set_adapter_check``).
 
-    An adapter's own backstop (Haiku's check at the end of ``hk.transform``, Linen's at the
-    end of a bound module's outermost call) asks this first, so that the one escape hatch
-    turns every such check off.
+    An adapter's own backstop (Haiku's at the end of ``hk.transform``) asks this first, so
+    that the one escape hatch turns every such check off.
 
     Returns:
       True unless the program turned the check off.
@@ -142,15 +139,11 @@ def jit_traces() -> list[Any]:
     """The traces that ``jax.jit`` started and the code running now runs inside, innermost
     first; empty outside every such trace.
 
-    ``jax.jit`` caches what it traced, with the constants the function closed over: a
-    framework value read there as a concrete array is baked in, and a later call of the
-    same function silently reuses it. The traces of ``jax.eval_shape`` and
-    ``jax.make_jaxpr`` are listed too (they trace through jit's cache, which a later
-    ``jax.jit`` of the same function reuses), and so are the jits a neutral ``jit`` runs,
-    where an adapter has swapped its tracers in for the framework's values. The traces of
-    ``jax.grad``, ``jax.vmap`` and the other transforms that run each time they are called
-    are not, and neither are the bodies that raw control flow or ``jax.checkpoint`` traces
-    (see "A solver library that was never interposed" on the "Troubleshooting" page).
+    ``jax.jit`` caches what it traced with the constants it closed over: a framework value
+    read there as a concrete array is baked in and silently reused later. The traces of
+    ``jax.eval_shape`` and ``jax.make_jaxpr`` (which go through jit's cache) and of the
+    jits a neutral ``jit`` runs are listed too; those of ``grad``, ``vmap`` and the other
+    transforms that run at each call, and raw control-flow bodies, are not.
 
     Returns:
       The trace objects, to compare by identity (an adapter may remember the one that

@@ -1,12 +1,9 @@
 """Creation passes for device-mapped functions: one shard's block, collectives bound.
 
-A ``pmap``/``shard_map`` body sees one slice (``pmap``) or one block (``shard_map``) of its
-arguments, and may call collectives (``lax.psum``, ``lax.pmean``, ``lax.axis_index``) over
-the mapped axes. The creation pass runs it on the block device 0 would see. Collectives
-need their axis names bound; rather than pay for that on every init, the pass is first
-tried as it is, and only when a collective names an unbound mapped axis is it run again
-inside ``jax.vmap(axis_size=1)`` for each of those axes (so ``psum`` sums one copy and
-``axis_index`` is 0). Parameters created from rng and shapes are concrete arrays there too.
+The creation pass runs a ``pmap``/``shard_map`` body on the slice or block device 0
+would see. A collective (``lax.psum``, ``lax.axis_index``) needs its axis bound: only
+when one names an unbound mapped axis is the pass run again inside
+``jax.vmap(axis_size=1)`` per axis (``psum`` sums one copy, ``axis_index`` is 0).
 """
 
 from __future__ import annotations
@@ -60,10 +57,9 @@ def _block(leaf: Any, spec: PartitionSpec | None, sizes: dict[Any, int]) -> Any:
 def varying_axes(value: Any) -> frozenset[Any]:
     """The mesh axes over which ``value`` may differ between devices inside ``shard_map``.
 
-    A stateful adapter writes state back once, unmapped, so state written inside
-    ``shard_map`` must not vary over any axis; with ``check_vma=True`` JAX records, for each
-    value, the manual axes it varies over. This reads that record where the running JAX
-    keeps it (``manual_axis_type.varying`` in JAX 0.10, ``vma`` before).
+    State written inside ``shard_map`` is written back once, unmapped, so it must vary
+    over no axis. Reads JAX's record (``check_vma=True``) where the running JAX keeps it
+    (``manual_axis_type.varying`` in JAX 0.10, ``vma`` before).
 
     Args:
       value: an array or tracer.
@@ -186,11 +182,9 @@ def create_binding_axes(
 ) -> Callable[[Thunk], Any]:
     """A ``create`` hook for mapped bodies: collectives over ``axis_names`` work in it.
 
-    The returned hook runs ``create(thunk)``; if that fails because a collective names
-    one of ``axis_names`` (unbound outside ``pmap``/``shard_map``), it runs
-    ``create`` again on the thunk inside ``jax.vmap(axis_size=1, axis_name=...)`` for each
-    axis: ``psum`` then sums one copy and ``axis_index`` is 0. ``create`` must undo a
-    failed pass (``create_by_calling`` has nothing to undo; Haiku's removes what it made).
+    The hook runs ``create(thunk)``; if a collective names an unbound axis of
+    ``axis_names``, it runs it again inside ``jax.vmap(axis_size=1, axis_name=...)`` per
+    axis. ``create`` must undo a failed pass (Haiku's removes what it made).
 
     Args:
       create: the ``create`` hook to extend (see ``init_safe_scan``).

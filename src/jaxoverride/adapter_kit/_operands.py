@@ -1,9 +1,8 @@
 """Operands as JAX's own call hands them to a body: arrays, dtype and weak type kept.
 
-A creation pass calls bodies and branches outside JAX, so it must first do the one
-conversion JAX's ``cond``/``switch``/loops make before tracing: each leaf becomes an
-array (a Python ``1`` a weakly-typed ``int32``), so that a body reading ``x.shape`` or
-``x.dtype`` sees at init what it sees when JAX traces it.
+A creation pass calls bodies outside JAX, so it first makes the conversion JAX's control
+flow makes (a Python ``1`` becomes a weakly-typed ``int32``): a body reading ``x.dtype``
+sees at init what it sees when JAX traces it.
 """
 
 from __future__ import annotations
@@ -55,9 +54,6 @@ def traced_arguments(args: tuple[Any, ...], static: Any = ()) -> tuple[Any, ...]
     but those at the positions ``static`` (``static_argnums``, or the arguments that
     ``grad`` does not differentiate, which JAX passes as given) as arrays.
 
-    A creation pass calls the function outside the transform: so that it sees at init
-    what it sees when JAX traces it (``x.astype`` on a Python ``2.0``).
-
     Args:
       args: the positional arguments of the call.
       static: an int or a collection of ints, the positions JAX passes unconverted
@@ -80,8 +76,7 @@ def traced_arguments(args: tuple[Any, ...], static: Any = ()) -> tuple[Any, ...]
 def distinct_functions(functions: Sequence[Callable[..., Any]]) -> list[Callable[..., Any]]:
     """``functions`` without repeats of one object, first occurrence first.
 
-    JAX traces a branch object once however often it is listed; a creation pass calls
-    each distinct object once for the same reason.
+    JAX traces a branch object once however often it is listed; so does a creation pass.
 
     Args:
       functions: branches or cases, possibly the same object more than once.
@@ -109,33 +104,26 @@ def first_slice(xs: Any, reverse: bool = False, *, replay: Callable[[], Any]) ->
     failure ``replay`` (JAX's loop over the same ``xs`` with a body that does nothing) runs
     under ``jax.eval_shape``, so that no user code runs.
     """
-
-    def first(leaf: Any) -> Any:
-        leaf = as_jax_operands(leaf)
-        if leaf.shape[0] == 0:
-            return jnp.zeros(leaf.shape[1:], leaf.dtype)
-        return leaf[-1 if reverse else 0]
-
     try:
-        return jax.tree_util.tree_map(first, xs)
-    except (AttributeError, IndexError, TypeError, ValueError) as error:
+        return jax.tree_util.tree_map(lambda x: _first(as_jax_operands(x), 0, reverse), xs)
+    except (ArithmeticError, AttributeError, IndexError, TypeError, ValueError) as error:
         failure = error
     jax.eval_shape(replay)  # raises JAX's error for these xs
     raise failure
 
 
+def _first(leaf: Any, axis: int, last: bool = False) -> Any:
+    """The first (``last``: the last) slice of ``leaf`` along ``axis``; zeros if empty."""
+    axis %= leaf.ndim
+    if leaf.shape[axis] == 0:
+        return jnp.zeros(leaf.shape[:axis] + leaf.shape[axis + 1 :], leaf.dtype)
+    return jnp.take(leaf, -1 if last else 0, axis=axis)
+
+
 def _take_first(tree: Any, axis: int | None) -> Any:
     if axis is None:
         return tree
-
-    def first(leaf: Any) -> Any:
-        leaf = jnp.asarray(leaf)
-        position = axis % leaf.ndim
-        if leaf.shape[position] == 0:
-            return jnp.zeros(leaf.shape[:position] + leaf.shape[position + 1 :], leaf.dtype)
-        return jnp.take(leaf, 0, axis=position)
-
-    return jax.tree_util.tree_map(first, tree)
+    return jax.tree_util.tree_map(lambda leaf: _first(jnp.asarray(leaf), axis), tree)
 
 
 def unbatched_arguments(args: tuple[Any, ...], in_axes: Any) -> tuple[Any, ...]:

@@ -70,10 +70,9 @@ def is_applying() -> bool:
     return _phase.get() is False
 
 
-@contextlib.contextmanager
-def applying() -> Iterator[None]:
-    """Runs the block as the apply pass: ``is_initializing()`` is false and
-    ``is_applying()`` true inside it.
+def applying() -> contextlib.AbstractContextManager[None]:
+    """Runs the block as the apply pass (``init_context(False)``): ``is_initializing()``
+    is false and ``is_applying()`` true inside it.
 
     Example:
       >>> from jaxoverride.adapter_kit import applying, init_context, is_initializing
@@ -82,8 +81,4 @@ def applying() -> Iterator[None]:
       >>> inside
       False
     """
-    token = _phase.set(False)
-    try:
-        yield
-    finally:
-        _phase.reset(token)
+    return init_context(False)

@@ -1,49 +1,31 @@
 """``jaxoverride.solve_state`` applied to a framework's state, once, for every adapter.
 
 A framework takes part by registering a *solve source* (``register_solve_source``): a
-function that returns the ``StateSource`` of the code running now, or None where the
-framework is not running. Its sources declare ``framework`` (the key they registered
-under) and ``parts(state)``: for each leaf of ``read()``'s state, a ``StatePart`` (an
-rng stream or a piece of mutable state, with its names and a slot that identifies it
-across reads), or None for what no policy touches (parameters).
+function that returns the ``StateSource`` of the code running now, or None. Its sources
+declare ``framework`` (the key they registered under) and ``parts(state)``: per leaf of
+``read()``'s state a ``StatePart`` (an rng stream or mutable state, its names, a slot
+that identifies it across reads), or None for what no policy touches (parameters).
 
-When a declaration is entered, each registered framework running now gives a source;
-its state is read once, the *entry snapshot*. The parts the declaration freezes (rng
-``"per_solve"``, state ``"at_solution"``) are then handled at the kit's boundaries, in
-``Threaded`` (every loop body, branch and transformed function an adapter runs through
-it) and by the adapters' own boundaries through the same ``Participant``:
+When a declaration is entered, each framework running now gives a source, read once:
+the *entry snapshot*. The parts it freezes (rng ``"per_solve"``, state
+``"at_solution"``) are handled at the kit's boundaries (``Threaded``, and adapters' own
+through the same ``Participant``):
 
-* **entering** a traced function (``freeze``): the frozen parts are the snapshot's, so
-  every evaluation starts from the entry state whatever the carry holds;
-* **writing** a JAX call's final state (``written``): the frozen parts written are the
-  snapshot's again, so the next evaluation, even one called directly, starts from the
-  entry state; the state the call left is kept as the innermost boundary's *last*;
-* **leaving** a traced function (``left``): if the frozen parts are still the ones it
-  entered with (nothing ran directly after its last inner call), it leaves its inner
-  call's *last* instead, so the state an evaluation wrote flows out through the loop's
-  carry;
-* **exit**: the framework's state becomes what the last forward evaluation left (the
-  scope's own *last*, or the live state if an evaluation ran directly after it): the
-  stream advanced once, the statistics at the solution. A backward pass's writes
-  (``written(..., backward=True)``) are dropped, never kept.
+* **entering** a traced function (``freeze``): the frozen parts are the snapshot's;
+* **writing** a JAX call's final state (``written``): the snapshot's again, so the next
+  evaluation starts from the entry state; the state the call left is kept as the
+  innermost boundary's *last*;
+* **leaving** a traced function (``left``): if its frozen parts are still the ones it
+  entered with, it leaves its inner call's *last*, which so flows out through the carry;
+* **exit**: the state becomes what the last forward evaluation left. A backward pass's
+  writes are dropped. On an exception the entry snapshot is written back.
 
-On an exception the entry snapshot is written back: a failed solve leaves the state as
-it found it.
-
-A framework whose boundaries describe their states in more than one way (NNX: a loop's
-carry holds the Variables it touches, a ``jit`` the ones it is given) gets, from
-``participant(source)``, a view whose ``parts`` are that source's (``seen_by``): the
-slots, not the layouts, tie the states together. A boundary whose trace is cached (a
-``jit``) rebases its frame (``push(entry)``): inside it, the frozen parts are the
-traced function's own inputs (frozen at the call's read), never the snapshot's values,
-which would be baked into the cached trace.
-
-Evaluations are told apart by these boundaries: two direct calls of the map with no
-neutral call between them are one run of the stream (the second continues where the
-first ended), as they are in eager Python. A map marked with ``jaxoverride.solver_map``
-is a boundary at each call (``Participant.evaluation``): it reads the framework's live
-state through the source, starts from the frozen parts as at entry, and keeps what it
-leaves as the innermost boundary's *last*, as a traced function does.
+A framework whose boundaries describe their states in more than one way (NNX) gets a
+view per source (``seen_by``): slots, not layouts, tie the states together. A boundary
+whose trace is cached (a ``jit``) rebases its frame (``push(entry)``), so that no
+snapshot value is baked into the cached trace. A map marked ``jaxoverride.solver_map``
+is a boundary at each call (``Participant.evaluation``); two direct calls with no
+neutral call between them are one run of the stream, as in eager Python.
 """
 
 from __future__ import annotations
@@ -150,10 +132,9 @@ def _slots(source: Any, state: Any) -> tuple[list[Any], list[Any], Any]:
 
 
 class _Frame:
-    """One boundary being traced: the state the last call inside it left (and the
-    source that describes it), for a rebased frame its own frozen parts, and whether it
-    runs in a backward pass (whose writes are never kept); and the JAX trace it began
-    in (a write-out evaluated in another trace is not this boundary's: ``here``)."""
+    """One boundary being traced: the state its last inner call left (and the source that
+    describes it), a rebased frame's own frozen parts, whether it runs backward (writes
+    never kept), and the JAX trace it began in (``here``)."""
 
     __slots__ = ("backward", "frozen", "last", "last_source", "trace")
 
@@ -179,16 +160,22 @@ class Participant:
       source: its ``StateSource`` at entry (read once: the entry snapshot).
 
     Example:
+      Each evaluation starts from the entry state; the last one's write is kept:
+
       >>> import jax.numpy as jnp, jaxoverride as jo
       >>> from jaxoverride import adapter_kit as kit
       >>> class Source(kit.DictStateSource):
       ...     framework = "doc"
       ...     def parts(self, state):
-      ...         return [kit.StatePart("state", ("mean",), "mean")]
-      >>> store = {"mean": jnp.zeros(())}
+      ...         return [kit.StatePart("state", ("calls",), "calls")]
+      >>> store = {"calls": jnp.int32(0)}
+      >>> def count():
+      ...     store["calls"] = store["calls"] + 1
       >>> policy = kit.Participant(jo.solve_state(), "doc", Source(store))
-      >>> float(policy.freeze({"mean": jnp.ones(())})["mean"])
-      0.0
+      >>> policy.evaluation(count), policy.evaluation(count)
+      (None, None)
+      >>> int(store["calls"]), int(policy.current(store)["calls"])  # live, last
+      (0, 1)
     """
 
     __slots__ = (
@@ -205,20 +192,11 @@ class Participant:
         self.declaration = declaration
         self.framework = framework
         self.source = source
-        state = source.read()
-        leaves, parts, _ = _slots(source, state)
-        self.snapshot = state
-        # slot -> the leaf at entry, for the parts the declaration freezes
-        self.frozen: dict[Hashable, Any] = {
-            part.slot: leaf
-            for leaf, part in zip(leaves, parts, strict=True)
-            if part is not None and self._freezes(part)
-        }
+        self.snapshot = source.read()
+        self.frozen: dict[Hashable, Any] = {}  # slot -> its leaf at entry, if frozen
         self._frames: list[_Frame] = [_Frame()]
         self._closed = [False]  # shared with the views: set at the declaration's exit
-
-    def _freezes(self, part: StatePart) -> bool:
-        return self.freezes(part.kind, part.names)
+        self.learn(self.snapshot)
 
     def freezes(self, kind: str, names: tuple[str, ...]) -> bool:
         """Whether the declaration freezes the state of ``kind`` named ``names`` (rng per
@@ -226,6 +204,9 @@ class Participant:
         backward pass may draw or write it (its writes dropped) where it must otherwise
         refuse."""
         return self.declaration.policy(kind, names) in (PER_SOLVE, AT_SOLUTION)
+
+    def _freezes(self, part: StatePart) -> bool:
+        return self.freezes(part.kind, part.names)
 
     def seen_by(self, source: Any) -> Participant:
         """This participant, the states it is given described by ``source``'s ``parts``
@@ -238,9 +219,9 @@ class Participant:
         return view
 
     def learn(self, state: Any) -> None:
-        """Takes the frozen parts of ``state`` that did not exist at entry (created inside
-        the declaration, e.g. at init) as their entry values, if no boundary is being
-        traced (so that no traced value of an inner function is kept)."""
+        """Takes ``state``'s frozen parts not yet known (at entry, or created inside the
+        declaration, e.g. at init) as their entry values, unless a boundary is being
+        traced (whose traced values must not be kept)."""
         if len(self._frames) != 1 or self._closed[0]:
             return
         leaves, parts, _ = _slots(self.source, state)
@@ -268,13 +249,11 @@ class Participant:
         return jax.tree_util.tree_unflatten(treedef, out)
 
     def push(self, entry: Any = None, received: Any = None, backward: bool = False) -> _Frame:
-        """A new innermost boundary (a traced function starts). With ``entry`` (the
-        state the traced function receives, its frozen parts already frozen), the frame
-        is rebased: inside it, ``freeze`` gives ``entry``'s frozen parts. ``received``:
-        the state it is handed before ``freeze`` (what the evaluations before it left),
-        its *last* until an inner call writes: a function that runs no evaluation (a
-        ``while_loop``'s test, a ``cond``'s no-op branch) passes it on. ``backward``: the
-        boundary runs in a backward pass, and so does every boundary inside it."""
+        """A new innermost boundary (a traced function starts). ``entry``: the state it
+        receives, already frozen; the frame is rebased to its frozen parts. ``received``:
+        the state before ``freeze``, its *last* until an inner call writes, so a function
+        that runs no evaluation (a ``while_loop``'s test) passes it on. ``backward``: this
+        boundary and every one inside it run in a backward pass."""
         frozen = None
         if entry is not None and self.frozen:
             # Only the entry's: a part the traced function was not handed is not frozen
@@ -288,10 +267,8 @@ class Participant:
 
     @contextlib.contextmanager
     def discarded(self) -> Iterator[None]:
-        """A boundary whose state comes out nowhere (``eval_shape``, a function converted
-        into a jaxpr whose writes are dropped): what the JAX calls inside write is kept as
-        its own last and dropped with it, never as an outer boundary's, which would then
-        hand on a value of a trace that has ended (a leaked tracer)."""
+        """A boundary whose state comes out nowhere (``eval_shape``): what is written
+        inside is dropped with it, never kept as an outer boundary's (a leaked tracer)."""
         frame = self.push()
         try:
             yield
@@ -317,14 +294,13 @@ class Participant:
         # boundary marks) left values of that trace: the boundary cannot keep them.
         keep = not (backward or frame.backward or self._closed[0])
         keep = keep and frame.trace() is current_trace()
-        if keep and not self._untouched(state, self._entry()):
+        if keep and not self.untouched(state):
             frame.last, frame.last_source = state, self.source
         return self.freeze(state)
 
     def here(self) -> bool:
         """Whether a value made now belongs to the innermost boundary: the declaration is
-        open, the boundary runs forward, and JAX is tracing (or evaluating) in the very
-        trace that boundary began in, not in a transform's or a rule's trace inside it."""
+        open, the boundary runs forward, and JAX is in the very trace it began in."""
         frame = self._frames[-1]
         return not (self._closed[0] or frame.backward) and frame.trace() is current_trace()
 
@@ -332,29 +308,18 @@ class Participant:
         """The leaves of ``state`` in the parts the declaration freezes that are not the
         entry's very values (of the innermost rebased frame), by slot: what an evaluation
         that left ``state`` wrote there."""
-        leaves, parts, _ = _slots(self.source, state)
         entry = self._entry()
         return {
-            part.slot: leaf
-            for leaf, part in zip(leaves, parts, strict=True)
-            if part is not None and part.slot in self.frozen and entry.get(part.slot) is not leaf
+            slot: leaf for slot, leaf in self._entries(state).items() if entry.get(slot) is not leaf
         }
 
     def written_parts(self, values: dict[Hashable, Any]) -> None:
-        """Keeps ``values`` (frozen parts by slot: what an evaluation of a converted map
-        wrote, handed out by ``write_out``) as the innermost boundary's last, over what
-        it had; a no-op unless ``here()``."""
+        """Keeps ``values`` (frozen parts by slot, handed out by ``write_out``) as the
+        innermost boundary's last, over what it had; a no-op unless ``here()``."""
         if not values or not self.here():
             return
         frame = self._frames[-1]
-        kept: dict[Hashable, Any] = {}
-        if frame.last is not None:
-            leaves, parts, _ = _slots(frame.last_source, frame.last)
-            kept = {
-                part.slot: leaf
-                for leaf, part in zip(leaves, parts, strict=True)
-                if part is not None and part.slot in self.frozen
-            }
+        kept = {} if frame.last is None else self._entries(frame.last, frame.last_source)
         kept.update(values)
         frame.last, frame.last_source = list(kept.values()), _BySlot(list(kept))
 
@@ -377,7 +342,10 @@ class Participant:
             }
         )
 
-    def _untouched(self, state: Any, frozen: dict[Hashable, Any]) -> bool:
+    def untouched(self, state: Any) -> bool:
+        """Whether ``state``'s frozen parts are the entry's very objects (of the innermost
+        rebased frame): what a traced function leaves when it evaluated nothing."""
+        frozen = self._entry()
         leaves, parts, _ = _slots(self.source, state)
         return all(
             part is None or part.slot not in frozen or frozen[part.slot] is leaf
@@ -385,27 +353,20 @@ class Participant:
         )
 
     def left(self, state: Any, frame: _Frame) -> Any:
-        """What a traced function leaves: ``state``, with each frozen part that is still
-        the entry's taken from what its last inner call left (with none, the state it
-        was handed: see ``push``). A part written directly after that call is
-        ``state``'s: the newest write of each part wins, so a map that writes one part
-        (a collection), then calls a custom rule, then draws (the stream) leaves both."""
+        """What a traced function leaves: ``state``, each frozen part still the entry's
+        taken from what its last inner call left (see ``push``). The newest write of each
+        part wins, so a map that writes a collection, then calls a rule, then draws
+        leaves both."""
         last = frame.last
         entry = frame.frozen if frame.frozen is not None else self._entry()
         if last is None or not self.frozen:
             return state
         return self._merged(state, last, frame.last_source, entry)
 
-    def untouched(self, state: Any) -> bool:
-        """Whether ``state``'s frozen parts are the entry's very objects (of the innermost
-        rebased frame): what a traced function leaves when it evaluated nothing."""
-        return self._untouched(state, self._entry())
-
     @contextlib.contextmanager
     def rebased(self, state: Any) -> Iterator[None]:
         """Inside, the innermost frame's frozen parts are ``state``'s (a value of a trace
-        of its own, such as a custom rule's argument, which its caller froze), as
-        ``push(entry=state)`` makes them."""
+        of its own, such as a custom rule's argument), as ``push(entry=state)`` makes them."""
         frame = self._frames[-1]
         saved = frame.frozen
         frame.frozen = self._entries(state)
@@ -414,8 +375,9 @@ class Participant:
         finally:
             frame.frozen = saved
 
-    def _entries(self, state: Any) -> dict[Hashable, Any]:
-        leaves, parts, _ = _slots(self.source, state)
+    def _entries(self, state: Any, source: Any = None) -> dict[Hashable, Any]:
+        """``state``'s leaves in frozen parts, by slot (described by ``source``'s parts)."""
+        leaves, parts, _ = _slots(self.source if source is None else source, state)
         return {
             part.slot: leaf
             for leaf, part in zip(leaves, parts, strict=True)
@@ -423,30 +385,21 @@ class Participant:
         }
 
     def current(self, state: Any) -> Any:
-        """The state a JAX call starting now (``state``, read from the framework) hands
-        its functions, or a boundary writes after its call: where the frozen parts are
-        untouched, what the innermost boundary has as its last. So a ``cond`` in a loop
-        body whose taken branch runs no evaluation passes on what the last evaluation
-        left, not the entry state. Where they are touched, an evaluation ran directly
-        since (a map that writes a collection, then calls a custom rule on its output):
-        that state is kept as the innermost boundary's last (as ``written`` keeps a
-        call's), since the call starting now freezes those parts and ``written`` resets
-        them after it."""
+        """The state a JAX call starting now hands its functions (``state``: read from the
+        framework): where the frozen parts are untouched, the innermost boundary's last,
+        so a branch that runs no evaluation passes on what the last one left. Where they
+        are touched, an evaluation ran directly since: ``state`` becomes the last (as in
+        ``written``), since this call freezes those parts again."""
         if not self.frozen:
             return state
         frame = self._frames[-1]
-        if self.here() and not self._untouched(state, self._entry()):
+        if self.here() and not self.untouched(state):
             frame.last, frame.last_source = state, self.source
         return self.left(state, frame)
 
     def _merged(self, state: Any, last: Any, last_source: Any, entry: dict[Hashable, Any]) -> Any:
         leaves, parts, treedef = _slots(self.source, state)
-        last_leaves, last_parts, _ = _slots(last_source, last)
-        by_slot = {
-            part.slot: leaf
-            for leaf, part in zip(last_leaves, last_parts, strict=True)
-            if part is not None and part.slot in self.frozen
-        }
+        by_slot = self._entries(last, last_source)
         out = [
             by_slot.get(part.slot, leaf)
             if part is not None and (part.slot not in entry or entry[part.slot] is leaf)
@@ -457,10 +410,8 @@ class Participant:
 
     def finish(self, failed: bool) -> None:
         """At the declaration's exit: the state the last forward evaluation left (or, on
-        failure, the entry snapshot) becomes the framework's. Then the participant keeps
-        no state value: a backward rule that captured it (and JAX's caches that hold the
-        rule) must hold no tracer of the forward's trace; inside the rule the frozen
-        parts are the rule's own inputs (``push(entry)``)."""
+        failure, the entry snapshot) becomes the framework's. Then no state value is
+        kept: a backward rule that captured the participant must hold no forward tracer."""
         try:
             if failed:
                 self.source.write(self.snapshot)
@@ -473,15 +424,11 @@ class Participant:
             self._frames[:] = [_Frame()]
 
     def evaluation(self, call: Callable[[], Any]) -> Any:
-        """Runs ``call()`` as one evaluation of a solver's map (``jaxoverride.solver_map``),
-        called directly: eagerly or inside a traced function, on the framework's live
-        state (``source.read``/``write``).
-
-        It is a boundary as a traced function is (``push``/``freeze``/``left``/``written``):
-        the live state's frozen parts are the entry's while ``call`` runs, whatever earlier
-        direct calls left; what it leaves is kept as the innermost boundary's last (never in
-        a backward pass) and the frozen parts are the entry's again after it. If ``call``
-        raises, the live state is put back as it was read.
+        """Runs ``call()`` as one evaluation of a solver's map (``jaxoverride.solver_map``)
+        on the framework's live state, a boundary as a traced function is: the frozen
+        parts are the entry's while it runs, what it leaves is kept as the innermost
+        boundary's last, and they are the entry's again after it. If ``call`` raises, the
+        live state is put back as it was read.
 
         Args:
           call: the evaluation, no arguments.
@@ -490,20 +437,11 @@ class Participant:
           What ``call()`` returns.
 
         Example:
-          >>> import jax.numpy as jnp, jaxoverride as jo
+          >>> import jaxoverride as jo
           >>> from jaxoverride import adapter_kit as kit
-          >>> class Source(kit.DictStateSource):
-          ...     framework = "doc"
-          ...     def parts(self, state):
-          ...         return [kit.StatePart("state", ("calls",), "calls")]
-          >>> store = {"calls": jnp.int32(0)}
-          >>> def count():
-          ...     store["calls"] = store["calls"] + 1
-          >>> policy = kit.Participant(jo.solve_state(), "doc", Source(store))
-          >>> policy.evaluation(count), policy.evaluation(count)  # each from the entry's 0
-          (None, None)
-          >>> int(store["calls"]), int(policy.current(store)["calls"])  # live, last
-          (0, 1)
+          >>> kit.Participant(jo.solve_state(), "doc", kit.DictStateSource({})).evaluation(
+          ...     lambda: 42)
+          42
         """
         source = self.source
         before = source.read()
@@ -524,8 +462,7 @@ class Participant:
 
     def check_names(self) -> list[str]:
         """The names the declaration gives that none of this framework's parts has."""
-        leaves, parts, _ = _slots(self.source, self.snapshot)
-        del leaves
+        parts = _slots(self.source, self.snapshot)[1]
         known = {(part.kind, name) for part in parts if part is not None for name in part.names}
         return [
             f"{kind} {name!r}"
@@ -550,11 +487,8 @@ class _BySlot:
 
 declarations_entered: Callable[[], tuple[Any, ...]] = _solve_state._active.get
 """Whether a ``jaxoverride.solve_state`` declaration is entered now: a non-empty tuple
-if one is, else ``()``.
-
-A bound C method, so asking costs no Python frame: for a cache-hit path that serves only
-undeclared calls and hands every other call to its general path (which asks
-``participant``).
+if one is, else ``()``. A bound C method, so asking costs no Python frame (for a
+cache-hit path that serves only undeclared calls).
 
 Example:
   >>> from jaxoverride import adapter_kit as kit

@@ -22,86 +22,52 @@ if TYPE_CHECKING:
 class StateSource:
     """The state contract: how a framework lets the kit thread its implicit state.
 
-    A source is made per neutral call (``source(where)`` in ``threaded_control_flow``
-    and ``source_transform_state``) and describes the framework's state *as it is at
-    that call*. Subclass it and give the three required methods: ``read()`` (the state,
-    a pytree of arrays), ``run(state, fun, *args)`` (``fun(*args)`` with ``state`` as
-    the framework's state; returns ``(out, state_after)``) and ``write(state)``. The
-    kit's combinators (``threaded_scan``, ``threaded_while_loop``,
-    ``threaded_fori_loop``, ``threaded_cond``, ``threaded_switch``, ``threaded_call``,
-    and the transforms of ``stateful_transforms``) use a source in this order:
+    A source is made per neutral call and describes the framework's state as it is at
+    that call. Subclass it and give ``read()`` (the state, a pytree of arrays),
+    ``run(state, fun, *args)`` (``fun(*args)`` with ``state`` installed; returns
+    ``(out, state_after)``) and ``write(state)``. A combinator (``threaded_*``, and the
+    transforms of ``stateful_transforms``) uses a source in this order:
 
-    0. ``framework`` and ``parts(state)`` (the state description) let a
-       ``jaxoverride.solve_state`` around the call apply to the framework's state: the
-       kit then freezes the declared parts at each traced function's entry and keeps
-       what the last forward evaluation left (``_solve_policy``).
-    1. ``initializing()``: at init, and not already inside the apply part of an init
-       (``is_applying()``), ``init_call(call, two_pass)`` runs, by default
-       ``two_pass()``: a *creation pass* ``create(thunk)``, where ``thunk`` calls each
-       body or branch once, outside JAX control flow, on the call's operands (a scan's
-       first slice, both branches of a ``cond``); then the call below as at apply, under
-       ``applying()``, so init returns what apply returns. If that call raises,
+    1. At init (``initializing()``, not inside an apply pass), ``init_call(call,
+       two_pass)``, by default ``two_pass()``: the creation pass ``create(thunk)``, which
+       calls each body or branch once outside JAX control flow, then the call as at apply
+       under ``applying()``, so init returns what apply returns. If the call raises,
        ``undo_creation()`` removes what ``create`` kept.
-    2. ``read()``: the state to thread, put into the carry (loops), the operands
-       (branches) or a leading argument (transforms).
-    3. For each function that JAX traces (a loop body, a branch, a transformed
-       function): ``restore_names(start)``, then ``run(traced state, fun, *args)``,
-       then ``names()`` records where its naming ended, and the caller's names are
-       restored. The state left must have the tree structure of the state entered, or
-       the combinator raises ``StateStructureError``.
-    4. ``retrace()``, then (a loop whose trip count is traced) ``check_unknown_trips``,
-       then ``write(state)``: the JAX call's final state becomes the framework's
-       state, and the caller's names continue from where the last traced function
-       ended (``join_names`` of the branches' ends, with ``alternative_branches``).
+    2. ``read()``: the state to thread, put into the carry, the operands or a leading
+       argument.
+    3. Per traced function: ``restore_names(start)``, ``run(traced state, fun, *args)``,
+       ``names()`` (where its naming ended), the caller's names restored. The state left
+       must keep the structure of the state entered (else ``StateStructureError``).
+    4. ``retrace()``, then ``check_unknown_trips`` (a loop whose trip count is traced),
+       then ``write(state)``; the caller's names continue from where the last traced
+       function ended (``join_names`` of the branches' ends, with ``alternative_branches``).
 
-    The optional parts, each with the default of a framework that has no such need:
+    The optional parts default to a framework that has no such need; the methods say
+    what each does. The ones that need more words:
 
-    * The init part. ``initializing()``: whether a creation pass runs first (default
-      False). ``create(thunk)``: runs the pass, keeping what it created (parameters, new
-      state entries) and undoing everything else (state values, rng draws, naming
-      counters). ``undo_creation()``: removes what ``create`` kept. ``init_call(call,
-      two_pass)``: the source's own way to make parameters (Haiku creates them at the
-      call site, inside the one trace of ``call()``), ``two_pass()`` to fall back on.
-    * The naming part. ``names()``: a copy of the Python-level state that decides how the
-      framework names what it creates (module counters), or None (the default: no
-      naming state); ``restore_names(names)`` puts such a copy back, so that every trace
-      of a function starts from the same names. Function ``i`` of a call starts where
-      function ``i - 1`` ended (Haiku's order of tracing), unless
-      ``alternative_branches``.
-    * ``alternative_branches = True``: the branches of a ``cond`` or ``switch`` are
-      alternatives, as the arms of a Python ``if``/``else``: each starts from the
-      caller's names (so two branches that create the same named submodule, or sow the
-      same name, share it, as Linen's ``nn.cond`` does), in the creation pass too, and
-      the caller continues from ``join_names(ends)`` of the names they ended in.
-    * ``carried_predicate = True``: every ``while_loop`` carries its predicate, as
-      ``while cond(x): x = body(x)`` runs: ``cond_fun`` is called once before the loop,
-      with the state threaded (what it writes is kept), and again after ``body_fun`` at
-      the end of each step. Otherwise ``cond_fun`` is traced by JAX's ``while_loop`` as
-      long as it leaves the state alone, and only one that changes it is moved into the
-      body (NNX asks for the carried form; Haiku and Linen do not).
-    * ``abort_changed_predicate = True``: a ``while_loop`` whose ``cond_fun`` changes the
-      state abandons the first JAX call while JAX traces ``cond_fun`` (before the body is
-      traced or compiled), and reused wrappers go straight to the carried form.
-    * ``retrace()``: True when a traced function met state that ``read()`` did not
-      include (Linen's ``sow`` in a loop body). The combinator then discards that JAX
-      call, before writing anything, and runs it again with ``read()`` including the new
-      state (at most three times). Default False.
-    * ``check_unknown_trips(state)``: called, before anything is written, with the final
-      state of a loop whose trip count the combinator cannot tell when it traces it (a
-      ``while_loop``; a ``fori_loop`` whose bounds are traced). State that exists only if
-      the loop ran (Linen: a variable its body writes first) cannot come out of such a
-      loop, since JAX fixes a call's outputs when it traces it: the source raises there,
-      and is left as it was before the loop. Default: accepts every state.
-    * ``reuse_key()``: a hashable summary of everything the functions handed to JAX
-      read that JAX does not see as an argument: calls with an equal key reuse them
-      (loop bodies, branches, ``threaded_map``'s scan body), so that an identical eager
-      call is traced and compiled once, as the raw JAX call. A reused function runs with
-      the current call's source but is not traced again on a JAX cache hit: what a trace
-      finds out must be kept with the function, not on the source. Default None: fresh
-      wrappers for each call.
-    * ``fresh_axes(axis)``: for ``source_transform_state``'s ``fresh_source``, the
-      ``vmap`` ``out_axes`` of state first written inside the mapped function (default
-      None: none).
+    * ``create(thunk)`` keeps what the pass created (parameters, new state entries) and
+      undoes the rest (state values, rng draws, naming counters); ``init_call`` is the
+      source's own way to make parameters (Haiku creates them inside the one trace).
+    * ``names()``: a copy of the Python state that decides how the framework names what
+      it creates (module counters), so every trace of a function starts from the same
+      names; function ``i`` starts where function ``i - 1`` ended (Haiku's order).
+    * ``alternative_branches``: the branches of a ``cond``/``switch`` are the arms of an
+      ``if``, each from the caller's names (two that create the same submodule share it,
+      as in Linen's ``nn.cond``).
+    * ``carried_predicate``: a ``while_loop`` tests before the loop (the test's writes
+      kept) and at the end of each step; otherwise JAX traces ``cond_fun`` and only one
+      that changes the state is moved into the body (NNX carries; Haiku, Linen do not).
+    * ``retrace()``: a traced function met state ``read()`` did not include (Linen's
+      ``sow`` in a loop body): the JAX call is discarded and run again (at most three
+      times).
+    * ``check_unknown_trips(state)``: state that exists only if the loop ran cannot
+      come out of a loop whose trip count is traced; the source raises there.
+    * ``reuse_key()``: a hashable summary of what the functions handed to JAX read
+      besides their arguments; calls with an equal key reuse them, so an identical eager
+      call compiles once. A reused function is not traced again on a JAX cache hit: what
+      a trace finds out must be kept with the function, not on the source.
+    * ``framework`` and ``parts(state)`` let a ``jaxoverride.solve_state`` apply
+      (``_solve_policy``).
 
     Example:
       A source over a dict of arrays (``DictStateSource`` is one); the state is

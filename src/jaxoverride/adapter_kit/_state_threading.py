@@ -1,32 +1,14 @@
 """State threading: run a framework's implicit state through JAX control flow, explicitly.
 
-A framework that keeps state outside JAX's view (Linen's variable collections and rng
-counters, Haiku's frame, NNX's Variables) cannot let a JAX loop body or branch touch it:
-the body is traced, and whatever it writes is a tracer that leaks out of the trace. The
-combinators here make that state an explicit part of the carry (or of the operands),
-install the traced values as the framework's state while the body runs, read back what
-the body left, restore the caller's values, and write the loop's result back after the
-JAX call.
-
-What a framework provides is a *state source*: ``StateSource`` (``_state_source``), whose
-docstring is the contract (its required methods, its optional parts, and what a
-combinator does with them).
+A framework that keeps state outside JAX's view (Linen's collections and rng counters,
+Haiku's frame, NNX's Variables) cannot let a traced loop body or branch write it: the
+write would be a leaked tracer. The combinators here put that state in the carry (or
+the operands), install the traced values while the body runs, read back what it left,
+restore the caller's values, and write the result back after the JAX call. A framework
+provides a ``StateSource`` (``_state_source``), whose docstring is the contract.
 
 Stability: semi-public, for adapters in this repository and their authors. The contract
 and the combinators' signatures change only with a note in the changelog.
-
-Example:
-  A source over a dict of arrays; ``scan`` threads it through ``jax.lax.scan``:
-
-  >>> import jax, jax.numpy as jnp
-  >>> from jaxoverride.adapter_kit import DictStateSource, threaded_scan
-  >>> store = {"count": jnp.int32(0)}
-  >>> def body(c, x):
-  ...     store["count"] = store["count"] + 1
-  ...     return c + x, None
-  >>> out, _ = threaded_scan(DictStateSource(store), jax.lax.scan, body, 0.0, jnp.ones(3))
-  >>> float(out), int(store["count"])
-  (3.0, 3)
 """
 
 from __future__ import annotations
@@ -69,18 +51,19 @@ _RETRACES = 3
 class Threaded:
     """Runs ``count`` functions traced by one JAX call, the source's state threaded.
 
-    Function ``i`` starts from the naming state in which function ``i - 1`` ended (the
-    first from the caller's), and a retrace starts from the same state again;
-    ``finish(state)`` writes the JAX call's state and leaves the caller's naming state
-    where the last traced function ended. With ``alternatives=True`` (branches, for a
-    source with ``alternative_branches``) every function starts from the caller's naming
-    state and ``finish`` leaves the join of their ends.
+    Function ``i`` starts from the names function ``i - 1`` ended in (the first from the
+    caller's; a retrace from the same again); ``finish(state)`` writes the JAX call's
+    state and leaves the caller's names where the last function ended. With
+    ``alternatives`` (branches of a source with ``alternative_branches``) each starts
+    from the caller's names and ``finish`` leaves the join of their ends.
 
     Args:
       source: the ``StateSource``.
       count: how many distinct functions the JAX call traces.
       where: the neutral name, for error messages.
       alternatives: whether the functions are alternatives (see above).
+      backward: whether it runs in a backward pass (under a declaration, its writes are
+        dropped).
     """
 
     __slots__ = ("_alternatives", "_ends", "_starts", "backward", "policy", "source", "where")
@@ -98,8 +81,7 @@ class Threaded:
         self._alternatives = alternatives
         self._starts: list[Any] = [source.names()] + [None] * (count - 1)
         self._ends: list[Any] = [None] * count
-        # The declaration (``jaxoverride.solve_state``) this call runs under, if any; a
-        # backward pass's calls keep the forward's, and their writes are dropped.
+        # The ``jaxoverride.solve_state`` declaration this call runs under, if any.
         self.policy: Participant | None = participant(source)
         self.backward = backward
         if self.policy is not None and not backward:
@@ -155,15 +137,10 @@ class Threaded:
     def finish(self, state: Any, ran: bool | None = True) -> None:
         """Writes the JAX call's final ``state`` and advances the caller's names.
 
-        ``ran=False`` (a loop whose trip count is 0 when it is traced) writes nothing: the
-        state after a loop that did not run is the state before it, and a variable that
-        its body would write first (a ``sow``) must not appear. ``ran=None`` (a loop
-        whose trip count the combinator cannot tell when it traces it) first hands
-        ``state`` to the source's ``check_unknown_trips``, which may refuse it.
-
-        If the source's ``retrace()`` returns True (a traced function met state that
-        ``read()`` did not include), nothing is written: the combinator discards the JAX
-        call's result and runs it again, ``read()`` now including it.
+        ``ran=False`` (a loop traced with 0 trips) writes nothing: a variable its body
+        would write first (a ``sow``) must not appear. ``ran=None`` (a trip count unknown
+        when traced) first hands ``state`` to the source's ``check_unknown_trips``. If
+        ``retrace()``, nothing is written and the combinator runs the JAX call again.
         """
         ends = [e for e in self._ends if e is not None]
         names = ends[-1] if ends else None
@@ -242,7 +219,22 @@ def _may_run(lower_bound: Any, upper_bound: Any) -> bool | None:
     return bool(upper_bound > lower_bound)
 
 
-def _wraps(fun: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+def wraps(fun: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """``functools.wraps(fun)``, or no wrapping where ``fun`` cannot be wrapped.
+
+    Args:
+      fun: the user's function.
+
+    Returns:
+      A decorator that copies ``fun``'s name, docstring and ``__wrapped__``.
+
+    Example:
+      >>> from jaxoverride.adapter_kit import wraps
+      >>> def f(x):
+      ...     return x
+      >>> wraps(f)(lambda x: x).__name__
+      'f'
+    """
     try:
         return functools.wraps(fun)
     except (AttributeError, TypeError):  # pragma: no cover - exotic callables
@@ -321,10 +313,9 @@ def threaded_while_loop(
     """``lax.while_loop`` with ``source``'s state in the carry, init-exact.
 
     ``cond_fun`` sees the state; if it changes it (a variable, an rng draw), the loop
-    evaluates it at the end of each body instead, carrying the predicate. A source with
-    ``carried_predicate = True`` always gets that form, its first test threaded too (see
-    the module docstring). The creation pass calls ``cond_fun`` and ``body_fun`` once, so
-    a zero-trip loop still creates its parameters.
+    evaluates it at the end of each body instead, carrying the predicate (always, for a
+    source with ``carried_predicate``). The creation pass calls ``cond_fun`` and
+    ``body_fun`` once, so a zero-trip loop still creates its parameters.
 
     Args:
       source: the ``StateSource``.
@@ -335,16 +326,18 @@ def threaded_while_loop(
       The loop value for which ``cond_fun`` first returned false.
 
     Example:
+      A ``cond_fun`` that writes the state, tested before each step as in Python:
+
       >>> import jax, jax.numpy as jnp
       >>> from jaxoverride.adapter_kit import DictStateSource, threaded_while_loop
-      >>> store = {"steps": jnp.int32(0)}
-      >>> def body(x):
-      ...     store["steps"] = store["steps"] + 1
-      ...     return x * 2
-      >>> out = threaded_while_loop(
-      ...     DictStateSource(store), jax.lax.while_loop, lambda x: x < 10, body, 1)
-      >>> int(out), int(store["steps"])
-      (16, 4)
+      >>> store = {"tests": jnp.int32(0)}
+      >>> def below_ten(x):
+      ...     store["tests"] += 1
+      ...     return x < 10
+      >>> loop = jax.lax.while_loop
+      >>> out = threaded_while_loop(DictStateSource(store), loop, below_ten, lambda x: x * 2, 1)
+      >>> int(out), int(store["tests"])
+      (16, 5)
     """
 
     where = "jaxoverride.lax.while_loop"
@@ -439,11 +432,8 @@ _FIRST_TESTS = 16  # first-test traces kept per reused wrapper, before they are 
 
 
 def _first_test(traces: dict[Any, Any], test: Callable[..., Any], *operands: Any) -> Any:
-    """``test(*operands)``: traced inline under a trace; eagerly, its jaxpr evaluated.
-
-    JAX traces ``cond_fun`` rather than running it: an identical eager call runs no
-    Python, and a fresh ``cond_fun`` (a solver's closure) costs no compilation of its own.
-    """
+    """``test(*operands)``: traced inline under a trace; eagerly, its jaxpr evaluated, as
+    JAX would trace ``cond_fun`` (no Python on an identical call, no compilation of its own)."""
     leaves, tree = jax.tree.flatten(operands)
     if any(isinstance(leaf, Tracer) for leaf in leaves):
         return test(*operands)
@@ -497,14 +487,10 @@ def threaded_fori_loop(
       ``[lower_bound, upper_bound)``.
 
     Example:
-      >>> import jax, jax.numpy as jnp
+      >>> import jax
       >>> from jaxoverride.adapter_kit import DictStateSource, threaded_fori_loop
-      >>> store = {"sum": jnp.int32(0)}
-      >>> def body(i, x):
-      ...     store["sum"] = store["sum"] + i
-      ...     return x
-      >>> _ = threaded_fori_loop(DictStateSource(store), jax.lax.fori_loop, 0, 4, body, 0)
-      >>> int(store["sum"])
+      >>> add_index = lambda i, x: x + i
+      >>> int(threaded_fori_loop(DictStateSource({}), jax.lax.fori_loop, 0, 4, add_index, 0))
       6
     """
 
@@ -607,14 +593,19 @@ def threaded_cond(
       The output of ``true_fun`` if ``pred`` holds, else of ``false_fun``.
 
     Example:
+      Only the taken branch's write reaches the state:
+
       >>> import jax, jax.numpy as jnp
       >>> from jaxoverride.adapter_kit import DictStateSource, threaded_cond
-      >>> store = {"hits": jnp.int32(0)}
-      >>> def hit(x):
-      ...     store["hits"] = store["hits"] + 1
+      >>> store = {"branch": jnp.int32(0)}
+      >>> def taken(x):
+      ...     store["branch"] = jnp.int32(1)
       ...     return x
-      >>> out = threaded_cond(DictStateSource(store), jax.lax.cond, True, hit, lambda x: -x, 2.0)
-      >>> float(out), int(store["hits"])
+      >>> def other(x):
+      ...     store["branch"] = jnp.int32(2)
+      ...     return -x
+      >>> out = threaded_cond(DictStateSource(store), jax.lax.cond, True, taken, other, 2.0)
+      >>> float(out), int(store["branch"])
       (2.0, 1)
     """
     call = lambda fns, packed: below(pred, fns[0], fns[1], packed)
@@ -641,18 +632,11 @@ def threaded_switch(
       The output of ``branches[index]``, ``index`` clamped into range as JAX clamps it.
 
     Example:
-      >>> import jax, jax.numpy as jnp
+      >>> import jax
       >>> from jaxoverride.adapter_kit import DictStateSource, threaded_switch
-      >>> store = {"last": jnp.int32(-1)}
-      >>> def mark(i):
-      ...     def branch(x):
-      ...         store["last"] = jnp.int32(i)
-      ...         return x + i
-      ...     return branch
-      >>> out = threaded_switch(
-      ...     DictStateSource(store), jax.lax.switch, 2, [mark(0), mark(1), mark(2)], 10)
-      >>> int(out), int(store["last"])
-      (12, 2)
+      >>> branches = [lambda x: x, lambda x: x + 1, lambda x: x + 2]
+      >>> int(threaded_switch(DictStateSource({}), jax.lax.switch, 2, branches, 10))
+      12
     """
     call = lambda fns, packed: below(index, fns, packed)
     where = "jaxoverride.lax.switch"
@@ -669,13 +653,10 @@ def threaded_map(
 ) -> Any:
     """``lax.map`` written, as JAX writes it, in terms of a (threaded) ``scan`` and ``vmap``.
 
-    JAX's map has no carry to thread state through, so this map is a scan: each element
-    sees the state the previous one left; with ``batch_size`` it is a scan of ``vmap``s
-    over JAX's own split (``batched_map``), the remainder one more ``vmap``.
-
-    The scan body is one function per ``f`` (and ``vmap``), held weakly: handed to a
-    ``scan`` whose source reuses its wrappers (``reuse_key``), an identical eager call
-    hits JAX's caches and compiles once.
+    JAX's map has no carry, so this map is a scan: each element sees the state the
+    previous one left; with ``batch_size``, a scan of ``vmap``s over JAX's own split
+    (``batched_map``). The scan body is one function per ``f`` (held weakly), so that an
+    identical eager call through a source that reuses its wrappers compiles once.
 
     Args:
       scan: the scan to use (the neutral ``jaxoverride.lax.scan``, so that it threads).
@@ -732,19 +713,19 @@ def threaded_call(
     Example:
       >>> import jax, jax.numpy as jnp
       >>> from jaxoverride.adapter_kit import DictStateSource, threaded_call
-      >>> store = {"calls": jnp.int32(0)}
+      >>> store = {"seen": jnp.float32(0)}
       >>> def f(x):
-      ...     store["calls"] = store["calls"] + 1
+      ...     store["seen"] = x
       ...     return x * 2
       >>> pure, finish, state = threaded_call(DictStateSource(store), f, "jit")
       >>> out, after = jax.jit(pure)(state, 3.0)
       >>> finish(after)
-      >>> float(out), int(store["calls"])
-      (6.0, 1)
+      >>> float(out), float(store["seen"])
+      (6.0, 3.0)
     """
     thread = Threaded(source, 1, where)
 
-    @_wraps(fun)
+    @wraps(fun)
     def pure(state: Any, *args: Any, **kwargs: Any) -> tuple[Any, Any]:
         return thread.run(0, state, lambda: fun(*args, **kwargs))
 

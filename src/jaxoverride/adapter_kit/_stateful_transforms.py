@@ -1,36 +1,19 @@
 """Transforms that trace their function once per call, a framework's state passed through.
 
-``vmap``, ``pmap``, ``shard_map``, the ``grad``-like transforms, ``checkpoint``/``remat``
-and the calls ``jvp``, ``vjp`` and ``linearize`` all have one shape: the function runs with
-the framework's state installed, and returns what it left as an auxiliary output that JAX
-does not map, differentiate or batch; after the JAX call the caller's state is updated
-once. So a counter increments once per call, not once per basis vector. A framework
-describes how it does that with a ``TransformState``; the builders here make the
-overrides, with the signatures of JAX's transforms.
+``vmap``, ``pmap``, ``shard_map``, the ``grad``-like transforms, ``checkpoint``/``remat``,
+``jvp``, ``vjp`` and ``linearize`` have one shape: the function runs with the
+framework's state installed and returns what it left as an auxiliary output that JAX
+does not map, differentiate or batch; the caller's state is updated once after the
+call (a counter increments once per call, not per basis vector). A framework describes
+how with a ``TransformState``; the builders here make the overrides, with JAX's
+signatures.
 
 Stability: semi-public, as the rest of the kit.
-
-Example:
-  A framework whose state is a dict of arrays (``DictStateSource``):
-
-  >>> import jax, jax.numpy as jnp
-  >>> from jaxoverride import adapter_kit as kit
-  >>> store = {"calls": jnp.int32(0)}
-  >>> import jaxoverride as jo
-  >>> state = kit.source_transform_state(lambda: True, lambda where: kit.DictStateSource(store))
-  >>> def loss(x):
-  ...     store["calls"] = store["calls"] + 1
-  ...     return x**2
-  >>> with jo.override_context({"grad": kit.stateful_differentiation(state, "grad", False)}):
-  ...     slope = jo.grad(loss)(3.0)
-  >>> float(slope), int(store["calls"])
-  (6.0, 1)
 """
 
 from __future__ import annotations
 
 import contextvars
-import functools
 import inspect
 from collections.abc import Callable
 from typing import Any, NamedTuple
@@ -43,31 +26,9 @@ from jaxoverride.adapter_kit._argnums import shift_argnums
 from jaxoverride.adapter_kit._mapped import INFER_SPECS, shard_block_arguments
 from jaxoverride.adapter_kit._operands import traced_arguments, unbatched_arguments
 from jaxoverride.adapter_kit._state_source import StateSource
-from jaxoverride.adapter_kit._state_threading import Threaded, init_safe
+from jaxoverride.adapter_kit._state_threading import Threaded, init_safe, wraps
 
 Thunk = Callable[[], Any]
-
-
-def wraps(fun: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """``functools.wraps(fun)``, or no wrapping where ``fun`` cannot be wrapped.
-
-    Args:
-      fun: the user's function.
-
-    Returns:
-      A decorator that copies ``fun``'s name, docstring and ``__wrapped__``.
-
-    Example:
-      >>> from jaxoverride.adapter_kit import wraps
-      >>> def f(x):
-      ...     return x
-      >>> wraps(f)(lambda x: x).__name__
-      'f'
-    """
-    try:
-        return functools.wraps(fun)
-    except (AttributeError, TypeError):  # pragma: no cover - exotic callables
-        return lambda f: f
 
 
 class StatefulCall:
@@ -125,9 +86,8 @@ class TransformState(NamedTuple):
       begin: ``begin(where)`` starts one call (``where`` is the neutral name).
       init_safe: ``init_safe(where, creation, apply)`` returns ``apply()``, after the
         creation pass ``creation()`` where the framework needs one.
-      init_safe_fresh: as ``init_safe``, for the transforms whose function may write
-        state that did not exist before (Linen's ``sow``): the calls begun inside
-        ``apply`` record such writes, and ``apply`` runs again with a place for them. None:
+      init_safe_fresh: as ``init_safe``, for a function that may write state that did not
+        exist before (Linen's ``sow``): ``apply`` runs again with a place for it. None:
         ``init_safe``.
     """
 
@@ -370,14 +330,19 @@ def stateful_differentiation(
       The override, with the JAX transform's signature.
 
     Example:
-      >>> import jaxoverride as jo
+      The state is updated once per call, not once per basis vector:
+
+      >>> import jax.numpy as jnp, jaxoverride as jo
       >>> from jaxoverride import adapter_kit as kit
-      >>> state = kit.source_transform_state(lambda: True, lambda w: kit.DictStateSource({}))
-      >>> jacfwd = kit.stateful_differentiation(state, "jacfwd", value_first=False)
-      >>> with jo.override_context({"jacfwd": jacfwd}):
-      ...     slope = jo.jacfwd(lambda x: 3 * x)(1.0)
-      >>> float(slope)
-      3.0
+      >>> store = {"calls": jnp.int32(0)}
+      >>> state = kit.source_transform_state(lambda: True, lambda where: kit.DictStateSource(store))
+      >>> def loss(x):
+      ...     store["calls"] = store["calls"] + 1
+      ...     return x**2
+      >>> with jo.override_context({"grad": kit.stateful_differentiation(state, "grad", False)}):
+      ...     slope = jo.grad(loss)(3.0)
+      >>> float(slope), int(store["calls"])
+      (6.0, 1)
     """
     signature = inspect.signature(getattr(jax, name))
     where = f"jaxoverride.{name}"
@@ -427,12 +392,12 @@ def stateful_with_aux(state: TransformState, name: str) -> Callable[..., Any]:
       >>> import jaxoverride as jo
       >>> from jaxoverride import adapter_kit as kit
       >>> state = kit.source_transform_state(lambda: True, lambda w: kit.DictStateSource({}))
-      >>> with jo.override_context({"vjp": kit.stateful_with_aux(state, "vjp")}):
-      ...     out, pullback = jo.vjp(lambda x: 2 * x, 1.0)
-      >>> float(pullback(1.0)[0])
-      2.0
+      >>> linearize = kit.stateful_with_aux(state, "linearize")
+      >>> with jo.override_context({"linearize": linearize}):
+      ...     out, f_jvp = jo.linearize(lambda x: x**3, 2.0)
+      >>> float(out), float(f_jvp(1.0))
+      (8.0, 12.0)
     """
-    where = f"jaxoverride.{name}"
 
     def call_impl(
         fun: Callable[..., Any], *primals: Any, has_aux: bool = False, **kwargs: Any
@@ -440,18 +405,33 @@ def stateful_with_aux(state: TransformState, name: str) -> Callable[..., Any]:
         below = jo.next_impl(name)
         if not state.active():
             return below(fun, *primals, has_aux=has_aux, **kwargs)
-
-        def call() -> Any:
-            traced = state.begin(where)
-            pure = wraps(fun)(lambda *a: _split_aux(has_aux, *traced.run(fun, a, {})))
-            out, function, (aux, left) = below(pure, *primals, has_aux=True, **kwargs)
-            traced.finish(left)
-            return (out, function, aux) if has_aux else (out, function)
-
-        creation = lambda: fun(*traced_arguments(primals))
-        return state.init_safe_allowing_fresh(where, creation, call)
+        with_aux = lambda pure: below(pure, *primals, has_aux=True, **kwargs)
+        return _aux_call(state, name, fun, has_aux, primals, with_aux)
 
     return _named(call_impl, name)
+
+
+def _aux_call(
+    state: TransformState,
+    name: str,
+    fun: Callable[..., Any],
+    has_aux: bool,
+    primals: Any,
+    with_aux: Callable[[Callable[..., Any]], tuple[Any, Any, Any]],
+) -> Any:
+    """``vjp``/``linearize``/``jvp``: ``with_aux(pure)`` is JAX's call with ``has_aux=True``,
+    which returns ``(out, second, (aux, left))``."""
+    where = f"jaxoverride.{name}"
+
+    def call() -> Any:
+        traced = state.begin(where)
+        pure = wraps(fun)(lambda *a: _split_aux(has_aux, *traced.run(fun, a, {})))
+        out, second, (aux, left) = with_aux(pure)
+        traced.finish(left)
+        return (out, second, aux) if has_aux else (out, second)
+
+    creation = lambda: fun(*traced_arguments(tuple(primals)))
+    return state.init_safe_allowing_fresh(where, creation, call)
 
 
 def stateful_jvp(state: TransformState) -> Callable[..., Any]:
@@ -464,30 +444,23 @@ def stateful_jvp(state: TransformState) -> Callable[..., Any]:
       The override, with ``jax.jvp``'s signature.
 
     Example:
+      Where ``active()`` is false, the override is the implementation below:
+
       >>> import jaxoverride as jo
       >>> from jaxoverride import adapter_kit as kit
-      >>> state = kit.source_transform_state(lambda: True, lambda w: kit.DictStateSource({}))
-      >>> with jo.override_context({"jvp": kit.stateful_jvp(state)}):
+      >>> idle = kit.source_transform_state(lambda: False, lambda w: kit.DictStateSource({}))
+      >>> with jo.override_context({"jvp": kit.stateful_jvp(idle)}):
       ...     out, tangent = jo.jvp(lambda x: x * x, (3.0,), (1.0,))
       >>> float(out), float(tangent)
       (9.0, 6.0)
     """
-    where = "jaxoverride.jvp"
 
     def jvp(fun: Callable[..., Any], primals: Any, tangents: Any, has_aux: bool = False) -> Any:
         below = jo.next_impl("jvp")
         if not state.active():
             return below(fun, primals, tangents, has_aux=has_aux)
-
-        def call() -> Any:
-            traced = state.begin(where)
-            pure = wraps(fun)(lambda *a: _split_aux(has_aux, *traced.run(fun, a, {})))
-            out, tangent_out, (aux, left) = below(pure, primals, tangents, has_aux=True)
-            traced.finish(left)
-            return (out, tangent_out, aux) if has_aux else (out, tangent_out)
-
-        creation = lambda: fun(*traced_arguments(tuple(primals)))
-        return state.init_safe_allowing_fresh(where, creation, call)
+        with_aux = lambda pure: below(pure, primals, tangents, has_aux=True)
+        return _aux_call(state, "jvp", fun, has_aux, primals, with_aux)
 
     return jvp
 
@@ -518,14 +491,14 @@ def stateful_rematerialization(state: TransformState, name: str) -> Callable[...
       The override, with ``jax.checkpoint``'s signature.
 
     Example:
-      >>> import jaxoverride as jo
+      >>> import jax.numpy as jnp, jaxoverride as jo
       >>> from jaxoverride import adapter_kit as kit
-      >>> state = kit.source_transform_state(lambda: True, lambda w: kit.DictStateSource({}))
-      >>> checkpoint = kit.stateful_rematerialization(state, "checkpoint")
-      >>> with jo.override_context({"checkpoint": checkpoint}):
-      ...     out = jo.checkpoint(lambda x: x + 1)(1.0)
+      >>> store = {"w": jnp.float32(3.0)}
+      >>> state = kit.source_transform_state(lambda: True, lambda w: kit.DictStateSource(store))
+      >>> with jo.override_context({"remat": kit.stateful_rematerialization(state, "remat")}):
+      ...     out = jo.remat(lambda x, n: x * store["w"] ** n, static_argnums=1)(2.0, 2)
       >>> float(out)
-      2.0
+      18.0
     """
     where = f"jaxoverride.{name}"
 

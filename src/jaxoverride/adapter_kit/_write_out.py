@@ -1,24 +1,16 @@
 """Writes out of a jaxpr: the state a converted map wrote, handed to its evaluation.
 
 A library that converts a map with ``jax.make_jaxpr`` (Equinox's
-``filter_closure_convert``: optimistix, lineax, diffrax's default adjoint) later
-evaluates the jaxpr itself, equation by equation (``jax.core.eval_jaxpr``), inside its
-own loops. The jaxpr's outputs are the library's: state the map wrote cannot be one.
-Under ``jaxoverride.solve_state`` the map's writes to the parts the declaration freezes
-are kept instead as the operands of ``write_out_p``, an equation of the jaxpr whose
-outputs are nothing. Each time an evaluation binds it, its ``Written`` hook receives
-those operands as values of the evaluating trace and, where that trace is the one the
-declaration's innermost boundary is tracing (``Participant.here``: a loop body that the
-kit threads, the declaration's own trace), hands them to the adapter, which keeps them
-as that evaluation's writes: they flow out through the loop's carry as a loop body's
-writes do, and the declaration's exit writes the last forward evaluation's.
-
-Anywhere else the hook keeps nothing: a transform's or rule's trace inside the boundary
-(a JVP, a linearisation, a batch, an abstract evaluation, JAX's own re-evaluation of a
-loop body for its derivative), a backward pass, or after the declaration exited. The
-primitive itself is inert: it computes nothing, lowers to nothing, has no effect (so
-JAX's dead-code elimination drops it once a jaxpr is staged), and its derivative and
-batching carry nothing.
+``filter_closure_convert``: optimistix, lineax, diffrax) later evaluates the jaxpr
+itself, inside its own loops; the jaxpr's outputs are the library's, so state the map
+wrote cannot be one. Under ``jaxoverride.solve_state`` the writes to the frozen parts
+become the operands of ``write_out_p``, an equation with no outputs. Each evaluation
+that binds it hands them, as values of the evaluating trace, to its ``Written`` hook,
+which passes them to the adapter only in the trace the declaration's innermost
+boundary is tracing (``Participant.here``), never in a transform's or rule's trace
+inside it, a backward pass, or after the exit. The primitive computes and lowers to
+nothing (dead-code elimination drops it once staged); its derivative and batching
+carry nothing.
 
 Stability: semi-public, as the rest of the kit.
 """
@@ -91,10 +83,9 @@ def write_out(
 ) -> None:
     """Stages ``values`` (what a map being converted wrote) for each later evaluation.
 
-    Call it inside the function being traced into a jaxpr, with the values as that
-    trace has them: the jaxpr gains one ``write_out_p`` equation over them (none if
-    ``values`` is empty), and each evaluation of the jaxpr in the trace of the
-    declaration's innermost boundary calls ``write(values)`` with its own values.
+    Call it inside the function being traced, with the values as that trace has them:
+    each evaluation of the jaxpr in the trace of the declaration's innermost boundary
+    calls ``write(values)`` with its own values (nothing is staged if ``values`` is empty).
 
     Args:
       policy: the declaration's ``Participant`` for the framework.
@@ -127,14 +118,10 @@ def write_out(
 def ahead_of_evaluation(policy: Participant, check: Callable[[], None], where: str) -> None:
     """Stages ``check()`` at the start of each later evaluation of the jaxpr being traced.
 
-    Call it first in the function being traced: the jaxpr gains a ``write_out_p``
-    equation over nothing, before any other, and each evaluation of the jaxpr, in any
-    trace, calls ``check()`` there, before the evaluation has staged anything (so does
-    staging it). An
-    adapter whose boundaries learn which state a traced function writes by aborting its
-    trace (NNX's probes) raises there, so that the aborted trace holds none of the
-    jaxpr's constants, and so that a trace that only learns what a function uses (a
-    staged custom rule's primal) learns it too.
+    Call it first in the function being traced: each evaluation of the jaxpr, in any
+    trace, calls ``check()`` before it has staged anything (so does staging it). An
+    adapter that learns what a traced function writes by aborting its trace (NNX's
+    probes) raises there, so the aborted trace holds none of the jaxpr's constants.
 
     Args:
       policy: the declaration's ``Participant`` for the framework.

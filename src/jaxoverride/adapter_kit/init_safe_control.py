@@ -1,18 +1,14 @@
 """Init-safe control flow: create every parameter first, then run the ordinary loop.
 
-At init each combinator makes a *creation pass*, running each body or branch once
-outside any JAX control flow, so that parameters are created by plain Python side
-effects rather than inside a trace, and then an *apply pass*: the very call that apply
-would make, with ``is_initializing()`` false. The result is therefore what apply
-returns, and a loop that runs zero times has still created its parameters.
+At init each combinator makes a *creation pass* (each body or branch once, outside JAX
+control flow, so parameters are created by plain Python side effects), then the very
+call apply would make, so init returns what apply returns and a zero-trip loop still
+creates its parameters. Two hooks customise it: ``initializing`` (whether to make the
+pass) and ``create`` (runs it). The combinators are the kit's ``threaded_*`` ones over
+a ``StateSource`` whose state is empty: only its init part, these two hooks, acts.
 
-Adapters customise two hooks: ``initializing`` says whether to make the creation pass,
-and ``create`` runs it (Haiku's keeps new parameters but restores rng and state). The
-combinators are the kit's ``threaded_*`` ones over a ``StateSource`` whose state is
-empty: only its init part, these two hooks, does anything.
-
-A public submodule of the kit, so that an adapter can re-export exactly its ``__all__``
-(as ``jaxoverride_plain`` does); everything here is also in ``jaxoverride.adapter_kit``.
+A public submodule, so that an adapter can re-export exactly its ``__all__`` (as
+``jaxoverride_plain`` does); everything here is also in ``jaxoverride.adapter_kit``.
 """
 
 from __future__ import annotations
@@ -94,13 +90,9 @@ def init_safe_call(
 
 
 class _EmptySource(StateSource):
-    """A ``StateSource`` whose state is empty: the init part alone.
-
-    ``initializing`` and ``create`` are the combinators' hooks; there is nothing to
-    read, install or write, and no naming state. Its wrappers are reused across calls
-    (``reuse_key``): they read nothing but the functions they call, so that an identical
-    eager call hits JAX's caches as the raw JAX call does.
-    """
+    """A ``StateSource`` whose state is empty: the init part alone, the two hooks. Its
+    wrappers read nothing but the functions they call, so they are reused (``reuse_key``)
+    and an identical eager call hits JAX's caches as the raw JAX call does."""
 
     __slots__ = ("_create", "_initializing")
 
@@ -136,9 +128,7 @@ def _threaded(
     **keywords: Any,
 ) -> Any:
     """``threaded(source, below, ...)`` over an ``_EmptySource`` when initialising, else
-    ``below(...)`` itself: with no state to thread, that is what the threaded call runs,
-    less its wrappers' cost on every eager call (and what the init-safe family always ran
-    at apply)."""
+    ``below(...)`` itself: what the threaded call would run, less its wrappers' cost."""
     if keywords.get("operand") is _NO_OPERAND:
         del keywords["operand"]  # not given (a cond's or switch's): passed on as not given
     if is_applying() or not initializing():
