@@ -542,13 +542,13 @@ class TransformCheck:
         if direct is not None and _shallow_values(fun) is not None:
             # The shallow lookup's answer depends on ``direct`` alone.
             positions = {id(value): position for position, value in enumerate(direct)}
-            found = [(name, positions.get(id(value))) for name, value in captured]
-            if all(at is not None for _, at in found):
+            found = tuple((name, positions.get(id(value), -1)) for name, value in captured)
+            if all(at >= 0 for _, at in found):
                 code = fun.__code__
                 ids, classes = tuple(map(id, direct)), tuple(map(type, direct))
                 self._memo = _Memo(
-                    code, _global_names(code), ids, classes, tuple(found), not fun.__defaults__
-                )  # type: ignore[arg-type]
+                    code, _global_names(code), ids, classes, found, not fun.__defaults__
+                )
         return captured
 
     def checked_call(
