@@ -39,6 +39,3 @@ def hide_own_frames() -> None:
         spec = importlib.util.find_spec(name)
         for directory in (spec and spec.submodule_search_locations) or ():
             hide_frames_under(directory)
-
-
-__all__ = ["ADAPTERS", "hide_own_frames"]

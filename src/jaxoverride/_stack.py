@@ -1,18 +1,15 @@
 """The override stack: interned layers and snapshots, and the process-wide idle flag.
 
-A *layer* is one immutable ``{name: implementation}`` mapping. A *snapshot* is an
-interned tuple of layers, bottom first. The contextvar ``_current`` holds an
-*activation* per entered context; the effective snapshot adds the installed adapters
-whose predicate holds underneath it.
+A *layer* is one immutable ``{name: implementation}`` mapping; a *snapshot* an interned
+tuple of layers, bottom first. The contextvar ``_current`` holds an *activation* per
+entered context; the effective snapshot adds the installed adapters whose predicate holds
+underneath it.
 
-``idle`` is true while no activation is alive anywhere in the process and no guarded
-adapter (one with a per-call ``when=`` predicate) is installed; a scoped installation
-counts only through the activations of its scopes. Neutral functions read it to take
-JAX's own path with no further work, and
-transform wrappers (see ``_neutral``) are switched to their plain JAX target while it
-holds. An activation counts as alive while any contextvars context can still see it,
-including one copied by ``asyncio.create_task``, because it is counted down only when
-the activation object itself is freed.
+``idle`` holds while no activation is alive anywhere in the process and no guarded
+adapter (a per-call ``when=``) is installed: neutral functions then take JAX's own path,
+and transform wrappers (``_neutral``) their plain JAX target. An activation is counted
+down only when it is freed, so one that a copied context (``asyncio.create_task``) can
+still see counts as alive.
 """
 
 from __future__ import annotations
@@ -263,11 +260,9 @@ def _not_set() -> None:
     """``on_new_modules`` until the package that sets it has finished importing."""
 
 
-# Called on a context entry when modules were imported since the last call: the
-# first-call check (``_first_call``) then looks for new raw import-time transforms.
-# An entry otherwise pays one length comparison for it. A hook, set from above (this
-# module imports nothing of the layers over it): ``jaxoverride`` sets the loader of
-# ``_first_call``, whose import puts its own ``refresh`` here.
+# Called on a context entry when modules were imported since the last call, for the
+# first-call check (``_first_call``) to look for new raw import-time transforms. Set from
+# above (``jaxoverride`` sets a loader of ``_first_call``, which puts its own here).
 modules_seen = -1
 on_new_modules: Callable[[], None] = _not_set
 
@@ -347,12 +342,9 @@ def _set_installed_locked(entries: tuple[Installed, ...]) -> None:
 
 def add_installed(entry: Installed) -> Installed:
     with _lock:
+        key = (entry.layer, entry.when, entry.scoped)
         for existing in installed:
-            if (existing.layer, existing.when, existing.scoped) == (
-                entry.layer,
-                entry.when,
-                entry.scoped,
-            ):
+            if (existing.layer, existing.when, existing.scoped) == key:
                 return existing
         _set_installed_locked((*installed, entry))
         return entry
