@@ -32,7 +32,7 @@ from jaxoverride import _frameworks, _stack
 from jaxoverride._compat import jit_name
 from jaxoverride._frameworks import Framework
 from jaxoverride._user_frames import call_made, names_of
-from jaxoverride._words import counted
+from jaxoverride._words import counted, listed
 from jaxoverride.errors import MissingAdapterError, _missing_adapter_also
 
 ENV_VAR = "JAXOVERRIDE_ADAPTER_CHECK"
@@ -262,8 +262,7 @@ def _owned(framework: Framework, captured: Captured) -> Captured:
 
 
 def _describe(captured: Captured) -> str:
-    shown = [f"`{name}` ({type(value).__name__})" for name, value in captured[:4]]
-    return ", ".join(shown) + (", ..." if len(captured) > 4 else "")
+    return listed([f"`{name}` ({type(value).__name__})" for name, value in captured], 4)
 
 
 def _fix(framework: Framework, captured: Captured, active: bool = False) -> str:

@@ -15,7 +15,7 @@ import jax.lax
 
 from jaxoverride import _api, _lax, _raw, lax as neutral_lax
 from jaxoverride._names import JAX_IMPLS
-from jaxoverride._words import counted
+from jaxoverride._words import counted, listed
 from jaxoverride.errors import ImportOrderWarning
 
 
@@ -143,12 +143,11 @@ def warn_unreachable(found: list[str], where: str, stacklevel: int) -> None:
     if not found:
         return
     packages = sorted({name.partition(".")[0] for name in found})
-    shown = ", ".join(found[:3]) + (", ..." if len(found) > 3 else "")
     warnings.warn(
         ImportOrderWarning(
             f"{where}: {', '.join(map(repr, packages))} holds {counted(len(found), 'transform')} "
-            f"built with raw JAX while it was imported ({shown}); rebinding cannot reach them, so "
-            "they keep calling raw JAX and adapters do not apply inside them. Fix: call "
+            f"built with raw JAX while it was imported ({listed(found)}); rebinding cannot reach "
+            "them, so they keep calling raw JAX and adapters do not apply inside them. Fix: call "
             f"{_raw.fix_for([*packages, *_raw.builders(found)])}."
         ),
         stacklevel=stacklevel,

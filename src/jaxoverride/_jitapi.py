@@ -16,7 +16,7 @@ import threading
 import types
 import weakref
 from collections.abc import Callable, Hashable, Iterable
-from typing import Any, Protocol, TypeVar
+from typing import Any, NamedTuple, Protocol, TypeVar
 
 F = TypeVar("F")
 T = TypeVar("T")
@@ -48,46 +48,20 @@ class MakeCheckedDirect(Protocol):
     ) -> Callable[..., Any]: ...
 
 
-class _Direct:
-    """``jit_api``'s ``direct`` and ``checked_direct``, with a weak reference to the
-    function they were given for."""
+class Directs(NamedTuple):
+    """``jit_api``'s ``direct`` and ``checked_direct``, and a weak reference to their owner."""
 
-    __slots__ = ("checked", "make", "owner")
-
-    def __init__(
-        self,
-        make: MakeDirect | None,
-        checked: MakeCheckedDirect | None,
-        owner: weakref.ref[Any],
-    ):
-        self.make = make
-        self.checked = checked
-        self.owner = owner
+    make: MakeDirect | None
+    checked: MakeCheckedDirect | None
+    owner: weakref.ref[Any]
 
 
-def _direct_holder(built: object) -> _Direct | None:
-    """The ``_Direct`` that ``jit_api`` set on ``built`` itself, if any.
-
-    Only ``built``'s own: a wrapper that forwards attributes to the function it wraps
-    (``__getattr__``), or copied its ``__dict__`` (``functools.wraps``), must not hand the
-    core the inner function's direct call, which would skip the wrapper.
-    """
+def directs_of(built: object) -> Directs | None:
+    """The ``Directs`` that ``jit_api`` set on ``built`` itself, if any: not those of a
+    function that a wrapper forwards attributes to (``__getattr__``) or copied the
+    ``__dict__`` of (``functools.wraps``), whose direct call would skip the wrapper."""
     holder = getattr(built, _DIRECT, None)
-    if type(holder) is _Direct and holder.owner() is built:
-        return holder
-    return None
-
-
-def direct_of(built: object) -> MakeDirect | None:
-    """The ``direct`` that ``jit_api`` was given for ``built`` itself, if any."""
-    holder = _direct_holder(built)
-    return None if holder is None else holder.make
-
-
-def checked_direct_of(built: object) -> MakeCheckedDirect | None:
-    """The ``checked_direct`` that ``jit_api`` was given for ``built`` itself, if any."""
-    holder = _direct_holder(built)
-    return None if holder is None else holder.checked
+    return holder if type(holder) is Directs and holder.owner() is built else None
 
 
 class Stage(Protocol):
@@ -191,7 +165,7 @@ def jit_api(
     attributes.update(clear_cache=clear_cache, _cache_size=cache_size, __wrapped__=fun)
     if direct is not None or checked_direct is not None:
         try:
-            attributes[_DIRECT] = _Direct(direct, checked_direct, weakref.ref(call))
+            attributes[_DIRECT] = Directs(direct, checked_direct, weakref.ref(call))
         except TypeError:
             pass  # no weak reference to it: it is dispatched, which is as right
     for name, value in attributes.items():
@@ -266,29 +240,25 @@ def reuse_jit(fun: Callable[..., Any], key: Hashable, make: Callable[[], T]) -> 
         hash(key)
     except TypeError:
         return make()
+    table: Any = _shared
     if isinstance(fun, types.FunctionType):
         with _shared_lock:
-            builds = fun.__dict__.get(_HOLDER)
+            table = fun.__dict__.get(_HOLDER)
             # functools.wraps copies a function's __dict__: a holder copied onto a wrapper
             # is the wrapped function's, never the wrapper's.
-            if type(builds) is not _Builds or builds.owner is None or builds.owner() is not fun:
-                builds = _Builds(weakref.ref(fun))
-                setattr(fun, _HOLDER, builds)
-            state = builds.get(key)
-        if state is None:
-            made = make()  # outside the lock: it runs the adapter's and the user's code
-            with _shared_lock:
-                state = builds.setdefault(key, made)
-        return state
-    try:
-        full_key = (fun, key)
-        hash(full_key)
-    except TypeError:
-        return make()
+            if type(table) is not _Builds or table.owner is None or table.owner() is not fun:
+                table = _Builds(weakref.ref(fun))
+                setattr(fun, _HOLDER, table)
+    else:
+        try:
+            key = (fun, key)
+            hash(key)
+        except TypeError:
+            return make()
     with _shared_lock:
-        state = _shared.get(full_key)
+        state = table.get(key)
     if state is None:
-        made = make()
+        made = make()  # outside the lock: it runs the adapter's and the user's code
         with _shared_lock:
-            state = _shared.setdefault(full_key, made)
+            state = table.setdefault(key, made)
     return state

@@ -102,11 +102,7 @@ def check_mapping(mapping: object, *, where: str) -> dict[str, Callable[..., Any
         if not callable(impl):
             raise TypeError(
                 f"{where}: the override for {name!r} must be callable with the signature of "
-                f"{_jax_path(name)}, got {type(impl).__name__} {impl!r}."
+                f"jax.{name}, got {type(impl).__name__} {impl!r}."
             )
         impls[name] = impl
     return impls
-
-
-def _jax_path(name: str) -> str:
-    return f"jax.{name}"

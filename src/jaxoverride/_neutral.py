@@ -20,7 +20,7 @@ from typing import Any, Generic, NoReturn, TypeVar, cast
 from jaxoverride import _detect, _stack
 from jaxoverride._compat import rule_nondiff_argnums
 from jaxoverride._dispatch import dispatch
-from jaxoverride._jitapi import checked_direct_of, direct_of
+from jaxoverride._jitapi import directs_of
 from jaxoverride._stack import ROOT, effective_snapshot
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -132,7 +132,8 @@ class _TransformState:
         # A checked wrapper goes direct only to an override that answers the check's
         # covering predicate itself, and only for a function the check can hand it.
         check = self.check
-        make = direct_of(built) if check is None else checked_direct_of(built)
+        holder = directs_of(built)
+        make = None if holder is None else holder.make if check is None else holder.checked
         guard = None if check is None or make is None else check.guard(snapshot, built)
         if make is not None and (check is None or guard is not None):
             direct = self._make_direct(make, snapshot, guard)

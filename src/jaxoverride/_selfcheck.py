@@ -17,7 +17,7 @@ from jaxoverride import (
     _requirements,
 )
 from jaxoverride._own_frames import ADAPTERS
-from jaxoverride._words import counted
+from jaxoverride._words import counted, listed
 
 # (distribution, import name) of what the report shows the versions of.
 DISTRIBUTIONS = (
@@ -156,8 +156,7 @@ def _raw_transforms(packages: Sequence[str]) -> list[str]:
         return ["  none of the solver libraries is imported in this process"]
     lines = []
     for package, names in held.items():
-        shown = ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
-        lines.append(f"  {package}: {len(names)} ({shown})")
+        lines.append(f"  {package}: {len(names)} ({listed(names)})")
     builders = _raw.builders([name for names in held.values() for name in names])
     lines.append(
         "  These keep calling raw JAX: adapters do not apply inside them. Fix: call "

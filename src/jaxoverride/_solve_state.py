@@ -1,26 +1,10 @@
 """The declaration around a solver call: what each evaluation of its map sees of the state.
 
-A model trained through a solver carries its dropout and BatchNorm into the solver's map,
-which the solver evaluates many times (iterations, Jacobians, convergence checks, the
-implicit backward's re-evaluations). ``solve_state`` declares, for the duration of one
-call, how the framework's rng streams and mutable state behave across those evaluations:
-
-* rng ``"per_solve"``: every evaluation sees the rng state as at entry, so it draws the
-  same keys in the same order; on exit the stream has advanced once, as if the map had
-  been called once. ``"per_evaluation"``: each evaluation draws new keys (eager Python).
-* state ``"at_solution"``: every evaluation starts from the state as at entry; on exit
-  the state is the one the last forward evaluation wrote (one update, at the converged
-  point); the other evaluations' writes are dropped, not refused. ``"per_evaluation"``:
-  each evaluation writes on top of the last (a counter of map calls).
-
-The core only keeps the declarations; the adapter kit applies them to the frameworks
-that register a state source with it (``adapter_kit.register_solve_source``). With no
-such framework running, a declaration changes nothing.
-
-The kit tells the map's evaluations apart at its boundaries (loop bodies, branches,
-transformed functions). Two direct calls of the map with nothing between them are one
-run of the stream, as in eager Python; ``solver_map`` marks a function whose every call
-is one evaluation, whatever calls it.
+The core only keeps the declarations (see ``solve_state`` and ``solver_map``); the
+adapter kit applies them to the frameworks that register a state source with it
+(``adapter_kit.register_solve_source``), telling the map's evaluations apart at its
+boundaries (loop bodies, branches, transformed functions). With no such framework
+running, a declaration changes nothing.
 """
 
 from __future__ import annotations
@@ -194,8 +178,6 @@ class solve_state:  # noqa: N801  (used as a context manager and a decorator, li
             _active.reset(token)
 
     def __call__(self, fun: F) -> F:
-        import functools
-
         @functools.wraps(fun)
         def declared(*args: Any, **kwargs: Any) -> Any:
             with solve_state(self.rng, self.state):

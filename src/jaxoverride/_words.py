@@ -1,6 +1,8 @@
-"""Counts in messages: "1 transform", "2 transforms"."""
+"""Counts and lists in messages: "1 transform", "2 transforms", "a, b, c, ..."."""
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 
 def counted(count: int, singular: str, plural: str | None = None) -> str:
@@ -23,3 +25,8 @@ def counted(count: int, singular: str, plural: str | None = None) -> str:
     """
     noun = singular if count == 1 else (plural if plural is not None else singular + "s")
     return f"{count} {noun}"
+
+
+def listed(items: Sequence[str], shown: int = 3) -> str:
+    """The first ``shown`` of ``items``, comma-separated, and ``", ..."`` for any more."""
+    return ", ".join(items[:shown]) + (", ..." if len(items) > shown else "")
