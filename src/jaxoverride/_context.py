@@ -302,12 +302,12 @@ def install(
       True
     """
     impls = check_mapping(mapping, where="jaxoverride.install")
-    if when is not None and not callable(when):
-        raise TypeError(
-            f"jaxoverride.install: when= must be a predicate taking no arguments, got "
-            f"{type(when).__name__} {when!r}."
-        )
     if when is not None:
+        if not callable(when):
+            raise TypeError(
+                f"jaxoverride.install: when= must be a predicate taking no arguments, got "
+                f"{type(when).__name__} {when!r}."
+            )
         try:
             inspect.signature(when).bind()
         except TypeError:

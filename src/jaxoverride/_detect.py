@@ -405,10 +405,9 @@ def _run_checked(
     try:
         out = run(*args, **kwargs)
     except BaseException as error:
-        if captured or search:
-            refusal = _write_refused(name, error, snapshot, captured, search)
-            if refusal is not None:
-                raise refusal from error
+        refusal = _write_refused(name, error, snapshot, captured, search)
+        if refusal is not None:
+            raise refusal from error
         raise
     if captured:
         _refuse_captured(name, captured, snapshot, differentiated, handled=True)
@@ -444,8 +443,6 @@ def run_call(
             break
     if name not in _DIFFERENTIATES and not running:
         # The common case: nothing to compare afterwards, nothing to search beforehand.
-        if not unhandled:
-            return run(*args, **kwargs)
         try:
             return run(*args, **kwargs)
         except BaseException as error:
