@@ -46,6 +46,9 @@ _DIFFERENTIATES = frozenset(
 )
 _SEARCH_DEPTH = 3
 _SEARCH_LIMIT = 512  # objects visited per search: a bound, not a tuning knob
+Captured = list[tuple[str, Any]]
+Args = tuple[Any, ...]
+Kwargs = dict[str, Any]
 
 
 def set_adapter_check(on: bool) -> bool:
@@ -165,7 +168,7 @@ def _values_of(
 _OPAQUE = (str, bytes, int, float, complex, type, types.CodeType, jax.Array, np.ndarray)
 
 
-def _static_state(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Captured:
+def _static_state(args: Args, kwargs: Kwargs) -> Captured:
     """The framework state that the static arguments of a ``jax.jit`` trace reach (those with a
     leaf that is not a tracer): JAX caches the trace by them, so their weights are baked
     in as the function's own captured ones are. Asked where JAX traces, never per call."""
@@ -228,9 +231,6 @@ def _shallow_values(fun: Any) -> list[tuple[str, Any]] | None:
     return values
 
 
-Captured = list[tuple[str, Any]]
-
-
 def is_state(value: Any) -> bool:
     """Whether ``value`` is the state of a live closure-captured framework."""
     return any(framework.is_state(value) for framework in _frameworks.capturing)
@@ -248,10 +248,6 @@ def captured_state(fun: Any) -> Captured:
         one = capturing[0].is_state
         return [(name, value) for name, value in found if one(value)]
     return [(name, value) for name, value in found if is_state(value)]
-
-
-def _holds_state(framework: Framework, values: Any) -> bool:
-    return any(framework.is_state(value) for _, value in _values_of(values))
 
 
 def _owned(framework: Framework, captured: Captured) -> Captured:
@@ -276,9 +272,7 @@ def _fix(framework: Framework, captured: Captured, active: bool = False) -> str:
     return framework.fix_for(names, covered=covered)
 
 
-def _raise_on_new_tracers(
-    scopes: list[Framework], before: dict[str, Any], name: str, when: str
-) -> None:
+def _raise_on_new_tracers(scopes: list[Framework], before: Kwargs, name: str, when: str) -> None:
     """Raises for the first framework whose state gained tracers since ``before``."""
     for framework in scopes:
         leaked = _frameworks.new_tracers(before[framework.key], framework.leaked_state())
@@ -323,7 +317,7 @@ def _refusal(
             "current weights in as constants and keep returning them after they change. "
             f"Fix: {_fix(framework, captured)}."
         )
-    if name in _DIFFERENTIATES and _holds_state(framework, diff):
+    if name in _DIFFERENTIATES and any(framework.is_state(v) for _, v in _values_of(diff)):
         return (
             f"the function captures {_describe(captured)} and is differentiated with respect "
             f"to {framework.key} state; the captured copy is not the one being "
@@ -359,7 +353,7 @@ def _write_refused(
     error: BaseException,
     snapshot: _stack.Snapshot,
     captured: Captured,
-    search: tuple[Any, ...],
+    search: Args,
 ) -> BaseException | None:
     """The ``MissingAdapterError`` for ``error``, a framework's own error for a write to its
     state captured (``captured``, or by a function in ``search``) under no adapter of it;
@@ -386,12 +380,12 @@ def _write_refused(
 def _run_checked(
     name: str,
     run: Callable[..., Any],
-    args: tuple[Any, ...],
-    kwargs: dict[str, Any],
+    args: Args,
+    kwargs: Kwargs,
     snapshot: _stack.Snapshot,
     captured: Captured,
     differentiated: Any,
-    search: tuple[Any, ...] = (),
+    search: Args = (),
 ) -> Any:
     """Runs ``run`` under the check. ``search`` holds what to look for captured framework
     state in only if the call fails with the framework's own write error (control flow,
@@ -415,7 +409,7 @@ def _run_checked(
     return out
 
 
-def _functions(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
+def _functions(args: Args, kwargs: Kwargs) -> Args:
     return tuple(
         value
         for value in (*args, *kwargs.values())
@@ -426,8 +420,8 @@ def _functions(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]
 def run_call(
     name: str,
     run: Callable[..., Any],
-    args: tuple[Any, ...],
-    kwargs: dict[str, Any],
+    args: Args,
+    kwargs: Kwargs,
     snapshot: _stack.Snapshot,
 ) -> Any:
     """Runs a neutral call (``lax.scan``, ``jvp``, ...) under the check."""
@@ -451,7 +445,7 @@ def run_call(
                 raise
             raise refusal from error
     captured: Captured = []
-    search: tuple[Any, ...] = ()
+    search: Args = ()
     # Under a framework's adapter, control flow threads what it reaches itself: no search.
     if unhandled:
         functions = _functions(args, kwargs)
@@ -696,8 +690,8 @@ class TransformCheck:
         self,
         target: Callable[..., Any],
         snapshot: _stack.Snapshot,
-        args: tuple[Any, ...],
-        kwargs: dict[str, Any],
+        args: Args,
+        kwargs: Kwargs,
     ) -> Any:
         if not enabled:
             return target(*args, **kwargs)

@@ -90,20 +90,14 @@ def _guard_for(raw: Any, where: str) -> _raw.RawGuard:
     return guard
 
 
-def _adapter_entered() -> bool:
-    """Whether the innermost entered context holds an adapter of a watched framework."""
-    layers = _stack.context_snapshot().layers
-    labels = _frameworks.labels
-    return any(layer.label in labels[f.key] for f in _frameworks.live for layer in layers)
-
-
 def refresh() -> None:
     """What a context entry runs when modules were imported since the last one."""
     if not _detect.watching():
         _stack.modules_seen = len(sys.modules)
         return
-    if not _adapter_entered():  # another context (dag, plain): look again at the next entry
-        return
+    layers, labels = _stack.context_snapshot().layers, _frameworks.labels
+    if not any(layer.label in labels[f.key] for f in _frameworks.live for layer in layers):
+        return  # no adapter of a watched framework entered: look again at the next entry
     _stack.modules_seen = len(sys.modules)
     try:
         guard_imported()

@@ -133,11 +133,6 @@ def _submodules(module: types.ModuleType) -> Iterable[types.ModuleType]:
             yield candidate
 
 
-def _is_precompiled(value: Any, target: types.ModuleType) -> bool:
-    package = target.__name__.partition(".")[0]
-    return _raw.holds_raw_transform(value) and _raw.defined_in(value, (package,))
-
-
 def warn_unreachable(found: list[str], where: str, stacklevel: int) -> None:
     """Warns that ``found`` raw import-time transforms stay out of reach."""
     if not found:
@@ -176,7 +171,8 @@ def bind_module(
             binding = _Binding(target, attribute, original, value)
             _bindings[(id(target), attribute)] = binding
         else:
-            if _is_precompiled(value, target):
+            package = target.__name__.partition(".")[0]
+            if _raw.holds_raw_transform(value) and _raw.defined_in(value, (package,)):
                 handle.precompiled.append(f"{target.__name__}.{attribute}")
             continue
         relevant = True

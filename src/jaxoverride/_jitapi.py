@@ -74,11 +74,9 @@ def _staging(stage: Stage, method: str, fun: Callable[..., Any]) -> Callable[...
     def staged(*args: Any, **kwargs: Any) -> Any:
         return stage(method, args, kwargs)
 
+    name = getattr(fun, "__name__", "f")
     staged.__name__ = staged.__qualname__ = method
-    staged.__doc__ = (
-        f"``jax.jit(f).{method}`` of the computation that a call with these arguments runs "
-        f"(for {getattr(fun, '__name__', 'f')!r})."
-    )
+    staged.__doc__ = f"``jax.jit(f).{method}`` of what a call with these arguments runs ({name!r})."
     return staged
 
 

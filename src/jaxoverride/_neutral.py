@@ -366,13 +366,9 @@ class Transformed(functools.partial):  # type: ignore[type-arg]
         )
 
 
-def _function_parameter(default: Callable[..., Any]) -> inspect.Parameter:
-    return next(iter(inspect.signature(default).parameters.values()))
-
-
 def neutral_transform(name: str, default: F) -> F:
     """Builds the neutral version of a JAX transform (a function of a function)."""
-    parameter = _function_parameter(default)
+    parameter = next(iter(inspect.signature(default).parameters.values()))
     optional = parameter.default is not inspect.Parameter.empty
     by_keyword = parameter.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD
 

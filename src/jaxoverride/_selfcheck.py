@@ -263,8 +263,7 @@ def _raw_transforms(packages: Sequence[str]) -> list[str]:
     if guarded:
         lines.append(
             f"  {counted(guarded, 'of them is', 'of them are')} checked at each call while an "
-            "adapter is active: one "
-            "that runs framework code raises MissingAdapterError."
+            "adapter is active: one that runs framework code raises MissingAdapterError."
         )
     return lines
 
