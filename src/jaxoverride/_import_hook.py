@@ -232,8 +232,7 @@ class ImportInterposition:
     def restore(self) -> None:
         """Stops watching the packages and rebinds jax's own objects in their modules.
 
-        Transforms that the packages built while watched (an ``eqx.filter_jit``'s cached
-        jit) stay neutral objects: with nothing active they are JAX, so that is harmless.
+        Transforms built while watched stay neutral (with nothing active they are JAX).
         Restoring twice does nothing.
         """
         if _unrecorded:
@@ -299,19 +298,14 @@ def _by_package(found: list[str], packages: Sequence[str]) -> str:
 def interpose_on_import(*packages: str) -> ImportInterposition:
     """Interposes every module of ``packages`` as it is imported, from its first line on.
 
-    ``interpose`` rebinds a module after it was imported, which cannot reach transforms the
-    module built while importing: ``eqx.filter_jit`` calls ``jax.jit`` when optimistix is
-    imported. This instead hands each module of the named packages (submodules included)
-    the neutral ``jax`` and ``jax.lax`` while it is imported, so ``jax.jit`` at import time
-    is ``jaxoverride.jit``, and records the module's references so that ``restore()``
-    rebinds jax's own. Modules of the packages that are already imported are interposed at
-    once. With nothing active the neutral API is JAX, so this is safe to leave in place.
-    It is idempotent, nests (each handle holds its packages until it is restored), and is
-    thread-safe.
-
-    Call it before the packages are imported, and name the packages whose import-time
-    transforms matter: for the Equinox family, ``"equinox"`` itself (its ``filter_jit``
-    builds the jits) as well as ``"optimistix"``, ``"lineax"``, ``"diffrax"``.
+    ``interpose`` cannot reach transforms a module built while importing
+    (``eqx.filter_jit`` calls ``jax.jit`` as optimistix is imported). This hands each
+    module of the packages the neutral ``jax`` and ``jax.lax`` while it is imported, and
+    records its references so that ``restore()`` rebinds jax's own; modules already
+    imported are interposed at once. Safe to leave in place, idempotent, nesting and
+    thread-safe. Call it before the packages are imported, naming those that build the
+    transforms too: for the Equinox family, ``"equinox"`` as well as ``"optimistix"``,
+    ``"lineax"``, ``"diffrax"``.
 
     Args:
       *packages: import names of packages (or single modules), such as ``"optimistix"``.

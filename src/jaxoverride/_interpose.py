@@ -186,11 +186,9 @@ def interpose(module: types.ModuleType, *, recursive: bool = False) -> Interposi
     """Makes an unmodified module's calls to jax go through the neutral API.
 
     The module's globals that refer to ``jax``, ``jax.lax`` or an overridable JAX function
-    (``import jax``, ``from jax import lax``, ``import jax.lax as lax``,
-    ``from jax.lax import scan``, ``from jax import jit``) are rebound to their neutral
-    counterparts; nothing else in the module changes. With nothing active the neutral API
-    is JAX itself, so this is safe to leave in place. It is idempotent and nests: each
-    handle keeps the bindings alive until it is restored.
+    (``import jax``, ``from jax.lax import scan``, ...) are rebound to their neutral
+    counterparts, nothing else. Safe to leave in place (with nothing active the neutral
+    API is JAX); idempotent, and nesting: each handle keeps its bindings until restored.
 
     Args:
       module: the module object whose functions call jax.

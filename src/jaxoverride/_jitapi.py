@@ -111,22 +111,16 @@ def jit_api(
         a fresh compilation must not skip.
       direct: optional, for an override whose call is hot enough that one Python frame
         matters. ``direct(current, stack, fallback)`` returns a new Python function that
-        behaves exactly as ``call`` while ``current() is stack``, and otherwise returns
-        ``fallback(*args, **kwargs)``, testing that first, in its own frame. The neutral
-        wrapper (``jaxoverride.jit(f)``) built in ``stack`` then calls it directly,
-        without its own dispatch, until the process goes idle, a guarded adapter is
-        installed, or the build is dropped. ``current`` is a C-level getter of the stack
-        of the calling thread or task; ``fallback`` dispatches as the wrapper otherwise
-        would.
-      checked_direct: optional, ``direct`` for a wrapper under the missing-adapter check
-        (a function that captures framework state), for an adapter that covers such state:
-        ``checked_direct(current, stack, fallback, captured)`` returns a function that
-        behaves as ``direct``'s, where ``fallback`` also runs the check, and that may
-        skip the check only while ``captured()`` returns the token (not None) of a call
-        that passed the check, where its adapter's ``covers`` predicate would still
-        answer as then (the token stands for the function's one captured object, while
-        nothing the check reads has changed). Whatever it does not serve so goes to
-        ``fallback``.
+        behaves as ``call`` while ``current() is stack`` (tested first, in its own frame)
+        and otherwise returns ``fallback(*args, **kwargs)``. ``jaxoverride.jit(f)`` built
+        in ``stack`` then calls it without its own dispatch, until the process goes idle,
+        a guarded adapter is installed or the build is dropped. ``current`` is a C-level
+        getter of the calling thread's or task's stack; ``fallback`` dispatches.
+      checked_direct: optional, ``direct`` for a function under the missing-adapter check,
+        for an adapter that covers captured state: ``checked_direct(current, stack,
+        fallback, captured)``, whose ``fallback`` also runs the check, and which may skip
+        the check only while ``captured()`` returns the token (not None) of a call that
+        passed it and its ``covers`` predicate would answer as then.
 
     Returns:
       ``call``, with the attributes set.
@@ -186,14 +180,8 @@ class _Builds(dict):  # type: ignore[type-arg]
         super().__init__()
         self.owner = owner
 
-    def __reduce__(self) -> tuple[Any, ...]:
+    def __reduce__(self) -> tuple[Any, ...]:  # copy, deepcopy and pickle: a new, empty one
         return (_Builds, ())
-
-    def __copy__(self) -> _Builds:
-        return _Builds()
-
-    def __deepcopy__(self, memo: dict[int, Any]) -> _Builds:
-        return _Builds()
 
 
 _shared: weakref.WeakValueDictionary[Hashable, Any] = weakref.WeakValueDictionary()
@@ -203,15 +191,12 @@ _shared_lock = threading.Lock()
 def reuse_jit(fun: Callable[..., Any], key: Hashable, make: Callable[[], T]) -> T:
     """What ``make()`` returned for an equal ``fun`` and ``key`` before, else ``make()``.
 
-    ``jax.jit(f)`` built twice, say ``jax.jit(f)(x)`` inside a loop, compiles once: every
-    ``jax.jit`` object of the same function and options shares one cache, which lives as
-    long as ``f``. An override of ``"jit"`` that keeps its own compiled functions (one per
-    argument plan, per tracked set) must share them the same way, or each
-    ``jaxoverride.jit(f)`` compiles ``f`` again. Build that per-function state through
-    this function. For a Python function the builds live as long as the function (they
-    are kept in an attribute of it, so that they and what it closes over are freed with
-    it, as JAX frees its cache); for another callable they are shared while anything
-    holds them. An unhashable ``fun`` or ``key`` is built afresh each time.
+    Every ``jax.jit`` object of one function and options shares one cache, so
+    ``jax.jit(f)(x)`` in a loop compiles once. An override of ``"jit"`` that keeps its own
+    compiled functions must share them the same way, by building that per-function state
+    through this function. For a Python function it lives as long as the function (in an
+    attribute of it); for another callable, while anything holds it. An unhashable ``fun``
+    or ``key`` is built afresh each time.
 
     Args:
       fun: the user's function, as passed to ``jax.jit``.

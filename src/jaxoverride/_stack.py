@@ -53,11 +53,9 @@ _TABLE_LIMIT = 4096
 _layers: dict[tuple[Any, ...], Layer] = {}
 
 
-def _interned(
-    table: dict[Any, T], key: Any, make: Callable[[], T], keep: dict[Any, T] | None = None
-) -> T:
-    """``table[key]``, made by ``make()`` under the lock the first time: one object per key,
-    so that equal keys give the same object. A full table is cleared, but for ``keep``."""
+def _interned(table: dict[Any, T], key: Any, make: Callable[[], T]) -> T:
+    """``table[key]``, made by ``make()`` under the lock the first time, so that equal keys
+    give the same object. A full table is cleared."""
     try:
         return table[key]
     except KeyError:
@@ -65,8 +63,6 @@ def _interned(
     with _lock:
         if len(table) >= _TABLE_LIMIT:
             table.clear()
-            if keep:
-                table.update(keep)
         return table.setdefault(key, make())
 
 
@@ -120,12 +116,10 @@ _snapshots: dict[tuple[Layer, ...], Snapshot] = {}
 
 
 def snapshot_of(layers: tuple[Layer, ...]) -> Snapshot:
-    return _interned(_snapshots, layers, lambda: Snapshot(layers), _ALWAYS_INTERNED)
+    return _interned(_snapshots, layers, lambda: Snapshot(layers)) if layers else ROOT
 
 
-ROOT = Snapshot(())
-_ALWAYS_INTERNED: dict[tuple[Layer, ...], Snapshot] = {(): ROOT}
-_snapshots.update(_ALWAYS_INTERNED)
+ROOT = Snapshot(())  # never in the table: it survives its overflow
 
 # The jax.jit cache key includes these values, so a raw jax.jit around code that calls
 # neutral functions retraces when the active overrides change instead of replaying a
@@ -183,12 +177,6 @@ def forget_direct(wrapper: object) -> None:
     """Stops recording ``wrapper`` as direct (it was switched to another target)."""
     with _lock:
         _direct.discard(wrapper)
-
-
-def _reset_direct_locked() -> None:
-    for wrapper in list(_direct):
-        wrapper._switch_to_slow()
-    _direct.clear()
 
 
 def _recompute_idle_locked() -> None:
@@ -336,7 +324,9 @@ def _set_installed_locked(entries: tuple[Installed, ...]) -> None:
     installed = entries
     _guards = tuple((entry.when, entry.layer) for entry in entries if not entry.scoped)
     if _guards:
-        _reset_direct_locked()
+        for wrapper in list(_direct):
+            wrapper._switch_to_slow()
+        _direct.clear()
     _recompute_idle_locked()
 
 
