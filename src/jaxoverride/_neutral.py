@@ -395,7 +395,7 @@ def neutral_transform(name: str, default: F) -> F:
     return cast(F, transform)
 
 
-def _check_rule_function(value: object, *, role: str, where: str, example: str) -> None:
+def _check_rule_function(value: object, role: str, where: str, example: str) -> None:
     if not callable(value):
         raise TypeError(
             f"{where}: {role} must be a function, got {type(value).__name__} {value!r}. "
@@ -465,9 +465,7 @@ class NeutralRule(Generic[ReturnValue]):
         nondiff_argnames: Sequence[str] = (),
     ):
         where = f"jaxoverride.{self._name}"
-        _check_rule_function(
-            fun, role="the decorated function", where=where, example=f"{where}(my_function)"
-        )
+        _check_rule_function(fun, "the decorated function", where, f"{where}(my_function)")
         _check_nondiff_argnums(fun, nondiff_argnums, where=where)
         plain = self._default(
             fun, nondiff_argnums=nondiff_argnums, nondiff_argnames=nondiff_argnames

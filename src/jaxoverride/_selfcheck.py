@@ -175,12 +175,11 @@ def _adapters() -> list[str]:
     extras = {r.extra for r in requirements() or []}
     lines = []
     for adapter in ADAPTERS:
-        missing = None if adapter in sys.modules else _framework_missing(adapter)
         if adapter in sys.modules:
             state = "imported"
         elif not _findable(adapter):
             state = "not found"
-        elif missing is not None:
+        elif (missing := _framework_missing(adapter)) is not None:
             extra = adapter.removeprefix("jaxoverride_")
             hint = f": pip install 'jaxoverride[{extra}]'" if extra in extras else ""
             state = f"not available, {missing} is not installed{hint}"
@@ -215,9 +214,7 @@ def _supported() -> list[str]:
         version = _version(distribution)
         where = f"supported: {specifiers}"
         if wanted_by:
-            where += f", for the {' and '.join(wanted_by)} extra" + (
-                "s" if len(wanted_by) > 1 else ""
-            )
+            where += f", for the {' and '.join(wanted_by)} extra{'s' * (len(wanted_by) > 1)}"
         if version == "not installed":
             lines.append(f"  {distribution}: not installed ({where})")
         elif satisfies(version, specifiers):
