@@ -136,32 +136,21 @@ class _TransformState:
         make = None if holder is None else holder.make if check is None else holder.checked
         guard = None if check is None or make is None else check.guard(snapshot, built)
         if make is not None and (check is None or guard is not None):
-            direct = self._make_direct(make, snapshot, guard)
-            if direct is not None:
-                directs[snapshot] = direct
-        return built
-
-    def _make_direct(
-        self,
-        make: Callable[..., Any],
-        snapshot: _stack.Snapshot,
-        guard: Callable[[], Any] | None = None,
-    ) -> Callable[..., Any] | None:
-        if self.fallback is None:
-            if self.check is None:
-                self.fallback = _slow_call(self, redirect=False)
-            else:  # the check in full, with no redirect (see ``_slow_call``)
-                self.fallback = self.check.checked_call(self.plain, self.builds, self.build)
+            if self.fallback is None:  # dispatch, or the check in full, with no redirect
+                self.fallback = (
+                    _slow_call(self, redirect=False)
+                    if check is None
+                    else check.checked_call(self.plain, self.builds, self.build)
+                )
                 self.fallback.__wrapped__ = self.plain  # type: ignore[attr-defined]
-        if guard is None:
-            direct = make(_stack.snapshot_now, snapshot, self.fallback)
-        else:
-            direct = make(_stack.snapshot_now, snapshot, self.fallback, guard)
-        try:
-            direct.__wrapped__ = self.plain  # as for the slow target: see ``_slow_target``
-        except AttributeError:
-            return None  # not a function: this wrapper keeps dispatching, which is as right
-        return direct
+            guarded = () if guard is None else (guard,)
+            direct = make(_stack.snapshot_now, snapshot, self.fallback, *guarded)
+            try:  # ``__wrapped__`` as for the slow target: see ``_slow_target``
+                direct.__wrapped__ = self.plain  # type: ignore[attr-defined]
+                directs[snapshot] = direct
+            except AttributeError:
+                pass  # not a function: this wrapper keeps dispatching, which is as right
+        return built
 
     def go_direct(self, snapshot: _stack.Snapshot) -> None:
         """Makes the build's direct call for ``snapshot`` the wrapper's target, if any."""
