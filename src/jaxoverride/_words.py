@@ -6,15 +6,8 @@ from collections.abc import Sequence
 
 
 def counted(count: int, singular: str, plural: str | None = None) -> str:
-    """``count`` and the noun phrase that agrees with it.
-
-    Args:
-      count: how many.
-      singular: the phrase for one (``"transform"``, ``"of them would be a tracer"``).
-      plural: the phrase for any other count; by default ``singular + "s"``.
-
-    Returns:
-      ``"1 transform"``, ``"3 transforms"``.
+    """``count`` and the noun phrase (``plural``, by default ``singular + "s"``) that
+    agrees with it.
 
     Example:
       >>> from jaxoverride._words import counted
