@@ -27,7 +27,7 @@ import sys
 # Lowest first. A module's layer is that of the first pattern it matches.
 LAYERS: tuple[tuple[str, ...], ...] = (
     # leaf helpers that import nothing of the project
-    ("jaxoverride._tree_diff", "jaxoverride._words", "jaxoverride._requirements"),
+    ("jaxoverride._tree_diff", "jaxoverride._words"),
     # what everything stands on: errors, JAX's private names, the override names
     ("jaxoverride.errors", "jaxoverride._compat", "jaxoverride._names", "jaxoverride._signatures"),
     ("jaxoverride._own_frames",),

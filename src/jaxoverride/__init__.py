@@ -9,7 +9,7 @@ stack and make the same calls stateful, init-safe or identity-preserving.
 
 from typing import TYPE_CHECKING, Any
 
-from jaxoverride import errors as errors, lax as lax
+from jaxoverride import _detect, _stack, errors as errors, lax as lax
 from jaxoverride._api import (
     checkpoint as checkpoint,
     closure_convert as closure_convert,
@@ -64,11 +64,9 @@ _hide_own_frames()  # errors and equations name the user's line, as JAX's own wo
 
 def _load_first_call_check() -> None:
     # ``_first_call`` (and the interposition machinery it reads) is loaded by the first
-    # context entry that has something to check, not by ``import jaxoverride``: its
+    # context entry that has something to check, not by ``import jaxoverride``; its
     # import puts its own ``refresh`` in ``_stack.on_new_modules``. Here, at the top of
     # the core, so that the lower layers never import upward, lazily or not.
-    from jaxoverride import _detect, _stack
-
     if not _detect.watching():
         _stack._no_check()
         return
@@ -77,14 +75,8 @@ def _load_first_call_check() -> None:
     _first_call.refresh()
 
 
-def _set_first_call_hook() -> None:
-    from jaxoverride import _stack
-
-    if _stack.on_new_modules is _stack._not_set:  # not _first_call's own, if loaded
-        _stack.on_new_modules = _load_first_call_check
-
-
-_set_first_call_hook()
+if _stack.on_new_modules is _stack._not_set:  # not _first_call's own, if loaded
+    _stack.on_new_modules = _load_first_call_check
 
 # Public names whose modules are imported at their first use, not by ``import
 # jaxoverride``: a program that never interposes, inspects the stack or runs the

@@ -64,10 +64,7 @@ class custom_vjp(NeutralRule[ReturnValue], jax_class=jax.custom_vjp):  # noqa: N
         """
         for rule, role in ((fwd, "fwd (the forward rule)"), (bwd, "bwd (the backward rule)")):
             _check_rule_function(
-                rule,
-                role=role,
-                where="jaxoverride.custom_vjp.defvjp",
-                example="f.defvjp(my_fwd, my_bwd)",
+                rule, role, "jaxoverride.custom_vjp.defvjp", "f.defvjp(my_fwd, my_bwd)"
             )
         options = {"symbolic_zeros": symbolic_zeros, "optimize_remat": optimize_remat}
         return self._define("defvjp", (fwd, bwd), options)
@@ -85,10 +82,7 @@ class custom_jvp(NeutralRule[ReturnValue], jax_class=jax.custom_jvp):  # noqa: N
     ) -> Callable[..., tuple[ReturnValue, ReturnValue]]:
         """Defines the JVP rule, as ``jax.custom_jvp.defjvp``; usable as a decorator."""
         _check_rule_function(
-            jvp,
-            role="jvp (the JVP rule)",
-            where="jaxoverride.custom_jvp.defjvp",
-            example="f.defjvp(my_jvp)",
+            jvp, "jvp (the JVP rule)", "jaxoverride.custom_jvp.defjvp", "f.defjvp(my_jvp)"
         )
         self._define("defjvp", (jvp,), {"symbolic_zeros": symbolic_zeros})
         return jvp
@@ -97,12 +91,8 @@ class custom_jvp(NeutralRule[ReturnValue], jax_class=jax.custom_jvp):  # noqa: N
         """Defines one JVP per argument, as ``jax.custom_jvp.defjvps``."""
         for jvp in jvps:
             if jvp is not None:
-                _check_rule_function(
-                    jvp,
-                    role="each jvp (or None)",
-                    where="jaxoverride.custom_jvp.defjvps",
-                    example="f.defjvps(my_jvp_of_x, None)",
-                )
+                where, example = "jaxoverride.custom_jvp.defjvps", "f.defjvps(my_jvp_of_x, None)"
+                _check_rule_function(jvp, "each jvp (or None)", where, example)
         self._define("defjvps", jvps, {})
 
 

@@ -1,36 +1,22 @@
 """Every JAX difference across the supported range (``jax>=0.8.1``), in one place.
 
-The core, the adapters, the tests and the benchmarks import these names from here rather
-than from JAX, so a JAX release that moves one is handled by this file alone:
+The core, the adapters, the tests and the benchmarks import these names from here, so a
+JAX release that moves one is handled by this file alone:
 
-- ``get_opaque_trace_state`` and ``jaxprs_in_params``: public in ``jax.extend.core``
-  from JAX 0.9; before that only in ``jax.core`` (where JAX 0.9+ deprecates them).
-  From JAX 0.11 a primitive's rules (abstract evaluation, ``impl``) run with *no* current
-  trace (JAX commit "take_current_trace should leave no trace"), where JAX's accessor
-  fails an ``assert``; before, they ran under the eval trace. There the token is
-  ``NO_TRACE``, which equals no trace's token.
-- ``set_user_context_global``: the context made by ``jax.make_user_context`` (new in JAX
-  0.7.2, the oldest thing the core needs) has ``set_global`` only from JAX 0.9; in 0.8
-  the same setter exists on the config object that the context wraps.
-- ``rule_nondiff_argnums``: ``jax.custom_vjp(f)`` is a ``custom_vjp3`` object when the flag
-  ``jax_custom_vjp3`` is on (JAX 0.8.1 to 0.11; its planned default), and that object keeps
-  the positions as a frozenset ``static_argnums`` instead of the sorted tuple
-  ``nondiff_argnums``. From JAX 0.12 it returns its usual ``custom_vjp`` object, which
-  switches to ``custom_vjp3`` at the call.
-- ``rule_jvp``: a ``custom_jvp`` object keeps its JVP rule (the one ``defjvps``
-  composes, too) as ``jvp``; the ``custom_jvp3`` object that ``jax.custom_jvp(f)``
-  returns under the flag ``jax_custom_jvp3`` (JAX 0.11.1 and 0.11.2) keeps it as
-  ``jvp_fun``.
-- ``jit_name``: ``jax.jit`` names the program of a callable without ``__name__``
-  ``<unnamed wrapped function>`` before JAX 0.10 and ``<unnamed function>`` after.
-- ``resolve_argnums``: JAX's private ``api_util.resolve_argnums`` returns the donated
-  positions counted among the *dynamic* arguments in JAX 0.8 (it rebases them past the
-  static ones), and counted among *all* arguments from JAX 0.9 on. Adapters need the
-  latter, so the former is converted back here.
-- ``NEGATIVE_ARGNUMS_NAME_PARAMETERS``: given only positions, ``jax.jit`` names the
-  parameters at them (``static_argnums`` adds ``static_argnames``); from JAX 0.12 a
-  negative position names the parameter it counts back to (``api_util
-  .infer_argnums_and_argnames``: ``i - num_params in argnums``), before it names none.
+- ``get_opaque_trace_state``, ``jaxprs_in_params``: in ``jax.extend.core`` from JAX 0.9,
+  before only in ``jax.core``. From JAX 0.11 a primitive's rules run with *no* current
+  trace, where JAX's accessor fails an ``assert``: the token is then ``NO_TRACE``.
+- ``set_user_context_global``: ``set_global`` of a ``jax.make_user_context`` context
+  exists from JAX 0.9; in 0.8 only on the config object it wraps.
+- ``rule_nondiff_argnums``: under ``jax_custom_vjp3`` (JAX 0.8.1 to 0.11) the object
+  keeps the positions as a frozenset ``static_argnums``.
+- ``rule_jvp``: a ``custom_jvp3`` object (``jax_custom_jvp3``, JAX 0.11.1 and 0.11.2)
+  keeps its rule as ``jvp_fun``, not ``jvp``.
+- ``jit_name``: JAX's name of an unnamed callable's program changed in JAX 0.10.
+- ``resolve_argnums``: JAX 0.8 counts donated positions among the *dynamic* arguments,
+  0.9 on among *all*; adapters need the latter.
+- ``NEGATIVE_ARGNUMS_NAME_PARAMETERS``: from JAX 0.12 a negative static position also
+  names the parameter it counts back to.
 """
 
 from __future__ import annotations
@@ -46,14 +32,13 @@ from jax._src import api_util, source_info_util, traceback_util
 from jax._src.core import ShardingTypeError as ShardingTypeError
 from jax._src.util import fun_name
 
-# ``jax.extend.core`` is imported at the first call that needs it, not with jaxoverride:
-# importing any ``jax.extend`` module runs ``jax.extend``'s ``__init__``, which imports
-# all of them, Pallas included (20-40 ms, more than ``import jaxoverride``'s budget).
+# ``jax.extend.core`` is imported at the first call that needs it: any ``jax.extend``
+# module imports all of them, Pallas included (20-40 ms, over ``import jaxoverride``'s budget).
 
 
 def _from_extend_core(name: str, alias: str) -> Callable[..., Any]:
-    """A stand-in for ``jax.extend.core.<name>`` that, at its first call, imports it and
-    puts it in its place (this module's global ``alias``): later calls cost nothing more."""
+    """A stand-in for ``jax.extend.core.<name>`` that imports it at its first call and puts
+    it in its place (the global ``alias``)."""
 
     def load(*args: Any, **kwargs: Any) -> Any:
         import jax.extend.core
@@ -74,21 +59,7 @@ _jaxprs_in_params = _from_extend_core("jaxprs_in_params", "_jaxprs_in_params")
 
 
 def jaxprs_in_params(params: Any) -> Any:
-    """JAX's ``jaxprs_in_params`` (``jax.extend.core``): the jaxprs an equation's params hold.
-
-    Args:
-      params: an equation's ``params``.
-
-    Returns:
-      An iterator over the jaxprs found in them.
-
-    Example:
-      >>> import jax
-      >>> from jaxoverride._compat import jaxprs_in_params
-      >>> eqn = jax.make_jaxpr(jax.jit(lambda x: x + 1))(1.0).eqns[0]
-      >>> len(list(jaxprs_in_params(eqn.params)))
-      1
-    """
+    """JAX's ``jaxprs_in_params`` (``jax.extend.core``): the jaxprs an equation's params hold."""
     return _jaxprs_in_params(params)
 
 
@@ -101,25 +72,12 @@ class _NoTrace:
         return "<no current JAX trace>"
 
 
-NO_TRACE: Any = _NoTrace()
-"""What ``get_opaque_trace_state`` returns where JAX has no current trace: equal only to
-itself, so never to the token of a trace that some code was entered in."""
+NO_TRACE: Any = _NoTrace()  # equal only to itself: never to a trace's token
 
 
 def get_opaque_trace_state(convention: str | None = None) -> Any:
-    """JAX's opaque token of the current trace, or ``NO_TRACE`` where there is none.
-
-    Args:
-      convention: passed to JAX, which ignores it (Haiku passes ``"haiku"``).
-
-    Returns:
-      The token, equal to another while the trace is the same.
-
-    Example:
-      >>> from jaxoverride._compat import NO_TRACE, get_opaque_trace_state
-      >>> get_opaque_trace_state() == get_opaque_trace_state() != NO_TRACE
-      True
-    """
+    """JAX's opaque token of the current trace (equal while the trace is the same), or
+    ``NO_TRACE`` where there is none; JAX ignores ``convention``."""
     try:
         return _jax_opaque_trace_state(convention)
     except (AssertionError, AttributeError):  # no current trace (asserted; None under -O)
@@ -127,58 +85,24 @@ def get_opaque_trace_state(convention: str | None = None) -> Any:
 
 
 def current_trace() -> Any:
-    """The JAX trace running now, or None where JAX has none (a primitive's rules, 0.11+).
-
-    JAX's public ``find_top_trace`` (``jax.extend.core`` from JAX 0.9, ``jax.core`` before)
-    ignores its argument in every supported JAX (the stackless core) and returns this.
-
-    Returns:
-      The trace object: the eval trace outside every transform.
-
-    Example:
-      >>> import jax
-      >>> from jaxoverride._compat import current_trace
-      >>> seen = [current_trace()]
-      >>> _ = jax.make_jaxpr(lambda x: seen.append(current_trace()) or x)(1.0)
-      >>> seen[1] is not seen[0], type(seen[1]).__name__
-      (True, 'DynamicJaxprTrace')
-    """
+    """The JAX trace running now (the eval trace outside every transform), or None where JAX
+    has none: JAX's ``find_top_trace`` ignores its argument in every supported JAX."""
     return _find_top_trace(())
 
 
 def release_trace(trace: Any) -> None:
     """Drops what a staging trace that an exception aborted holds (see
-    ``PRIVATE_ATTRIBUTES["DynamicJaxprTrace.invalidate"]``); nothing for another trace.
-
-    Args:
-      trace: a JAX trace that will never be used again.
-
-    Example:
-      >>> import jax
-      >>> from jaxoverride._compat import current_trace, release_trace
-      >>> seen = []
-      >>> _ = jax.make_jaxpr(lambda x: seen.append(current_trace()) or x)(1.0)
-      >>> release_trace(seen[0])  # already released by JAX: harmless
-    """
+    ``PRIVATE_ATTRIBUTES["DynamicJaxprTrace.invalidate"]``); nothing for another trace."""
     if getattr(trace, "frame", None) is not None:
         trace.invalidate()
 
 
 def staged_for(trace: Any) -> str | None:
-    """What a staging trace traces for (``"jit"``, ``"scan"``, ...), or None for another trace.
-
-    JAX names it in the debug info of the jaxpr that a ``DynamicJaxprTrace`` builds
-    (``DebugInfo.traced_for``): ``"jit"`` for ``jax.jit`` and for what traces through
-    jit's own cache (``.lower``, ``.trace``, ``jax.eval_shape``, ``jax.make_jaxpr``),
-    the primitive's name for control flow (``"scan"``, ``"while_body"``, ``"cond"``),
-    ``"checkpoint / remat"``, ``"shard_map"`` (``jax.pmap`` too). Read in JAX 0.8.1 and
-    0.10.2 (tested), 0.11.0 and main at 0.11.1.dev.
-
-    Args:
-      trace: a JAX trace, such as ``current_trace()``.
-
-    Returns:
-      The name, or None for a trace that stages nothing (eval, JVP, batching).
+    """What a staging trace traces for, or None for a trace that stages nothing (eval, JVP,
+    batching): JAX's ``DebugInfo.traced_for`` of the jaxpr it builds, ``"jit"`` for
+    ``jax.jit`` and what traces through its cache (``.lower``, ``jax.eval_shape``,
+    ``jax.make_jaxpr``), the primitive's name for control flow (``"scan"``,
+    ``"while_body"``), ``"checkpoint / remat"``, ``"shard_map"`` (``jax.pmap`` too).
 
     Example:
       >>> import jax
@@ -193,23 +117,7 @@ def staged_for(trace: Any) -> str | None:
 
 
 def set_user_context_global(context: Any, value: Any) -> None:
-    """Sets the value that a ``jax.make_user_context`` context has in every thread.
-
-    Args:
-      context: what ``jax.make_user_context`` returned.
-      value: the new process-wide value (part of ``jax.jit``'s cache key).
-
-    Returns:
-      None.
-
-    Example:
-      >>> import jax
-      >>> from jaxoverride._compat import set_user_context_global
-      >>> key = jax.make_user_context(0)
-      >>> set_user_context_global(key, 1)
-      >>> key.value
-      1
-    """
+    """Sets the value a ``jax.make_user_context`` context has in every thread."""
     setter = getattr(context, "set_global", None)
     if setter is None:  # JAX 0.8: only the wrapped config object has the setter.
         setter = context._obj.set_global
@@ -217,21 +125,7 @@ def set_user_context_global(context: Any, value: Any) -> None:
 
 
 def rule_nondiff_argnums(rule: Any) -> tuple[int, ...]:
-    """The non-differentiable positions of a JAX ``custom_vjp``/``custom_jvp`` object.
-
-    Args:
-      rule: what ``jax.custom_vjp(f, ...)`` or ``jax.custom_jvp(f, ...)`` returned; a
-        ``custom_vjp3`` object under ``jax_custom_vjp3``.
-
-    Returns:
-      The positions from ``nondiff_argnums`` and ``nondiff_argnames``, sorted.
-
-    Example:
-      >>> import jax
-      >>> from jaxoverride._compat import rule_nondiff_argnums
-      >>> rule_nondiff_argnums(jax.custom_vjp(lambda f, x: f(x), nondiff_argnums=(0,)))
-      (0,)
-    """
+    """The sorted non-differentiable positions of a JAX ``custom_vjp``/``custom_jvp`` object."""
     argnums = getattr(rule, "nondiff_argnums", None)
     if argnums is None:  # custom_vjp3: a frozenset, under another name
         argnums = sorted(rule.static_argnums)
@@ -376,25 +270,9 @@ def resolve_argnums(
 def hide_frames_under(directory: str) -> None:
     """Makes JAX treat the frames of files under ``directory`` as its own, not the user's.
 
-    JAX names the innermost frame outside its own files as the source of an equation
-    and of an error ("This error occurs at source: ...", from JAX 0.11), and drops its own
-    frames from the tracebacks of errors that pass through it. A neutral function is
-    JAX's stand-in, so its frames must count as JAX's for both, as Equinox and Flax do
-    for theirs: ``jax._src.source_info_util.register_exclusion`` (public as
-    ``jax.extend.source_info_util``'s, whose import costs more than all of jaxoverride's)
-    for the first, and the private ``jax._src.traceback_util.register_exclusion`` for
-    the second.
-
-    Args:
-      directory: a package's directory.
-
-    Returns:
-      None.
-
-    Example:
-      >>> import os, jaxoverride
-      >>> from jaxoverride._compat import hide_frames_under
-      >>> hide_frames_under(os.path.dirname(jaxoverride.__file__))  # done at import
+    JAX names the innermost frame outside its own files as the source of an equation and
+    of an error, and drops its own frames from tracebacks. A neutral function stands in
+    for JAX, so its frames must count as JAX's for both, as Equinox and Flax do for theirs.
     """
     directory = os.path.join(os.path.abspath(directory), "")  # not its longer siblings
     if directory in _hidden:
@@ -469,53 +347,16 @@ PRIVATE_ATTRIBUTES: dict[str, str] = {
 }
 """Private attributes read off public JAX objects, with why no public name serves.
 
-``adapter_kit.escaped_tracers`` reads the first two: the Haiku adapter's check, at the end of
-``hk.transform``, for state that a raw transform (one it never saw) left as tracers of an
-ended trace, and the Linen adapter's test for a module whose values are out of reach of the
-trace running now (a primitive's rule). It returns nothing where they are missing
-(``_leaks._live_traces``). The check that catches a never-interposed library at its call
-(``_first_call``) needs none of them: it compares the framework state before and after the
-call, by identity.
+``adapter_kit.escaped_tracers`` reads the first two (Haiku's end-of-transform check for
+tracers of an ended trace; Linen's test for values out of reach of the running trace),
+and finds nothing where they are missing. ``adapter_kit.jit_traces`` reads
+``parent_trace`` and the last two through ``staged_for``, each with ``getattr`` and a
+default, so a JAX that moves them makes the check it serves say nothing rather than fail.
 
-No public route answers "is this tracer's trace the current one or one it runs inside"
-(JAX 0.8.1 to 0.12.0, read for issue 20): ``jax.core.Tracer`` has no accessor for its
-trace; ``jax.extend.core.find_top_trace(xs)`` ignores ``xs`` since the stackless core and
-returns the current trace, which is how ``current_trace`` gets the start of the chain
-(the opaque token's private ``_trace_ref`` is no longer read); a trace's parent is kept
-only by the trace types that have one, with no accessor (JAX's own
-``unsafe_get_trace_stack`` is private and reads ``parent_trace`` too); the public
-``Trace.is_valid()`` cannot say a jit trace has ended (``DynamicJaxprTrace.invalidate``
-leaves it valid in 0.10.2, a TODO there), nor that a live trace is out of reach, which is
-what Linen needs; ``jax.checking_leaks()`` is a global mode that searches the garbage
-collector's referrers when a trace ends, for any tracer, and raises JAX's own error.
-
-``adapter_kit.jit_traces`` reads ``parent_trace`` and the last two (through
-``staged_for``), each with ``getattr`` and a default, so a JAX that moves them makes it
-find no trace (the check it serves then says nothing) rather than fail. They exist, with
-``traced_for == "jit"`` for ``jax.jit``, ``jax.eval_shape`` and ``jax.make_jaxpr``, in JAX
-0.8.1 and 0.10.2 (tested), 0.11.0 and main at 0.11.1.dev (read for issue 20). No public
-route says which transform a trace stages for: ``jax.core.Tracer`` and ``Trace`` have no
-such accessor, and ``jax.extend.core.DebugInfo`` is reached only from a jaxpr, not from the
-trace that is building it.
+No public route (JAX 0.8.1 to 0.12.0, read for issue 20) answers "is this tracer's trace
+the current one or one it runs inside": ``Tracer`` has no accessor for its trace,
+``find_top_trace`` ignores its argument, a trace's parent has no accessor,
+``Trace.is_valid()`` cannot tell an ended jit trace, and ``jax.checking_leaks()`` is a
+global mode. Nor does one say which transform a trace stages for: ``DebugInfo`` is
+reached only from a finished jaxpr.
 """
-
-
-__all__ = [
-    "JIT_WRAPPER_TYPE",
-    "PRIVATE_ATTRIBUTES",
-    "NEGATIVE_ARGNUMS_NAME_PARAMETERS",
-    "NO_TRACE",
-    "ShardingTypeError",
-    "get_opaque_trace_state",
-    "hide_frames_under",
-    "jaxprs_in_params",
-    "PRIVATE_SYMBOLS",
-    "current_trace",
-    "jit_name",
-    "resolve_argnums",
-    "rule_jvp",
-    "rule_nondiff_argnums",
-    "set_user_context_global",
-    "release_trace",
-    "staged_for",
-]

@@ -78,10 +78,10 @@ def calls_inside(manager: Any, fn: F) -> F:
 class OverrideContext(Mapping[str, Callable[..., Any]]):
     """A layer of overrides, entered with ``with``; returned by ``override_context``.
 
-    It is also a read-only mapping of its overrides, so contexts compose:
-    ``override_context({**jaxoverride_plain.context(), "jit": my_jit})``. One object may
-    be entered any number of times, nested, and from many threads and asyncio tasks at
-    once; it keeps no state of its own. Used as a decorator, it enters around each call.
+    A read-only mapping of its overrides, so contexts compose
+    (``override_context({**jaxoverride_plain.context(), "jit": my_jit})``), and a
+    decorator that enters around each call. It keeps no state: one object may be entered
+    any number of times, nested, from many threads and tasks at once.
 
     Example:
       >>> import jax, jaxoverride as jo
@@ -136,10 +136,9 @@ def override_context(
 ) -> OverrideContext:
     """A context in which neutral functions dispatch to the given implementations.
 
-    Contexts nest: the innermost override of a name wins, and reaches the ones below it
-    with ``jaxoverride.next_impl``. They are private to a thread and to an asyncio task,
-    unwind on exceptions, and are resolved when a neutral function is called, so
-    ``jo.jit(f)`` may be created before a context is entered.
+    Contexts nest (the innermost override of a name wins, and reaches those below it
+    with ``jaxoverride.next_impl``), are private to a thread and an asyncio task, unwind
+    on exceptions, and are resolved at each call, so ``jo.jit(f)`` may be made before.
 
     Args:
       mapping: ``{name: implementation}`` where each name is in
@@ -218,9 +217,9 @@ class Installation:
     def scope(self) -> _Scope:
         """A context manager inside which a ``scoped=True`` installation is active.
 
-        The adapter enters it from a hook of its framework (for Haiku: while a transform
-        runs); it may be entered any number of times, nested and from many threads. The
-        layer sits beneath every override context, as a guarded installation does.
+        The adapter enters it from a hook of its framework (Haiku: while a transform
+        runs), any number of times, nested, from many threads; the layer sits beneath
+        every override context.
 
         Raises:
           TypeError: the installation was not made with ``scoped=True``.
@@ -259,20 +258,13 @@ def install(
 ) -> Installation:
     """Registers overrides for every thread and task, active by a predicate or in scopes.
 
-    This is how a framework adapter makes library code stateful without the library
-    knowing: ``jaxoverride_haiku.install()`` installs the Haiku overrides so that they
-    are active only inside ``hk.transform``. Installed layers sit beneath all entered
-    contexts, in installation order. Installing an equal layer the same way again
-    returns the existing installation.
-
-    There are two ways to say when an installation is active:
-
-    * ``when=predicate`` is asked on every neutral call while installed. It is
-      general, but every call then pays for a Python-level dispatch and the predicate
-      (about 10 % of a ``jax.jit`` cache hit).
-    * ``scoped=True`` makes it active only inside ``installation.scope()``, which the
-      adapter enters from a hook of its framework. Outside every scope the process
-      stays idle and neutral functions cost what JAX's own do.
+    This is how an adapter makes library code stateful without the library knowing
+    (``jaxoverride_haiku.install()``: the Haiku overrides, active inside ``hk.transform``).
+    Installed layers sit beneath all entered contexts, in installation order; installing
+    an equal layer the same way again returns the existing installation. ``when=`` is
+    asked on every neutral call (a Python-level dispatch, about 10 % of a ``jax.jit``
+    cache hit); ``scoped=True`` is active only inside ``installation.scope()``, which the
+    adapter enters from a hook of its framework, so outside it the process stays idle.
 
     Args:
       mapping: as for ``override_context``; an ``OverrideContext`` works too.
@@ -302,12 +294,12 @@ def install(
       True
     """
     impls = check_mapping(mapping, where="jaxoverride.install")
-    if when is not None and not callable(when):
-        raise TypeError(
-            f"jaxoverride.install: when= must be a predicate taking no arguments, got "
-            f"{type(when).__name__} {when!r}."
-        )
     if when is not None:
+        if not callable(when):
+            raise TypeError(
+                f"jaxoverride.install: when= must be a predicate taking no arguments, got "
+                f"{type(when).__name__} {when!r}."
+            )
         try:
             inspect.signature(when).bind()
         except TypeError:

@@ -1,33 +1,22 @@
 """The missing-adapter check: a neutral function met framework state no adapter handles.
 
-The frameworks are the registered records (``_frameworks``); this module names none.
-What it catches, once a framework is imported and no adapter that handles it is active:
+The frameworks are the registered records (``_frameworks``). Once one is imported and no
+adapter of it is active, the check refuses: inside a scope of a scoped framework, a call
+that leaves tracers in its ``leaked_state()`` (reads are harmless); for a
+closure-captured framework, a transform whose function (or a jit's static arguments)
+captures its state and is jitted (weights baked in) or differentiated with respect to it
+(a zero gradient), and a write to captured state (its ``write_error()``). Under an
+adapter of the framework, captured state its ``covers=`` predicate does not cover.
 
-- scoped frameworks (a record whose ``running()`` tells that a scope of it runs): a
-  neutral function run inside such a scope that leaves tracers in the state the record's
-  ``leaked_state()`` lists (the body created a parameter or wrote state under a raw JAX
-  trace). Reads are harmless, so a neutral call that only reads runs as JAX.
-- closure-captured frameworks (a record whose ``is_state`` recognises its state): a
-  neutral transform whose function captures such state (or, for ``jit``, whose static
-  arguments reach it, checked where JAX traces) and is jitted (weights baked in
-  as constants) or differentiated with respect to that state (the captured copy gets a
-  zero gradient); a write to captured state (the record's ``write_error()``) is re-raised
-  with the fix; under an adapter of the framework, captured state its ``covers=``
-  predicate does not cover is refused.
-
-Idle cost: neutral calls (``lax.scan`` and friends, which trace) pay one length
-comparison of ``sys.modules`` while no registered framework is imported. A neutral
-transform pays only at creation, and is given a checked target only if it was created
-inside a framework scope or captures framework state; every other ``jo.jit`` keeps JAX's
-own dispatch.
+Idle cost: one length comparison of ``sys.modules`` per neutral call while no framework is
+imported; a transform pays at creation, and gets a checked target only if built inside a
+framework scope or over captured state.
 """
 
 from __future__ import annotations
 
 import functools
 import inspect
-import itertools
-import operator
 import os
 import sys
 import types
@@ -43,7 +32,7 @@ from jaxoverride import _frameworks, _stack
 from jaxoverride._compat import jit_name
 from jaxoverride._frameworks import Framework
 from jaxoverride._user_frames import call_made, names_of
-from jaxoverride._words import counted
+from jaxoverride._words import counted, listed
 from jaxoverride.errors import MissingAdapterError, _missing_adapter_also
 
 ENV_VAR = "JAXOVERRIDE_ADAPTER_CHECK"
@@ -57,6 +46,9 @@ _DIFFERENTIATES = frozenset(
 )
 _SEARCH_DEPTH = 3
 _SEARCH_LIMIT = 512  # objects visited per search: a bound, not a tuning knob
+Captured = list[tuple[str, Any]]
+Args = tuple[Any, ...]
+Kwargs = dict[str, Any]
 
 
 def set_adapter_check(on: bool) -> bool:
@@ -89,10 +81,7 @@ def set_adapter_check(on: bool) -> bool:
 
 
 def watching() -> bool:
-    """Whether the check has anything to look at: it is on and a framework is imported.
-
-    The live records are worked out again only when ``len(sys.modules)`` changed.
-    """
+    """Whether the check is on and a framework is imported (re-read when modules change)."""
     if not enabled:
         return False
     if len(_MODULES) != _frameworks.seen:
@@ -110,8 +99,18 @@ _HATCH = (
 
 
 def _handled(framework: Framework, snapshot: _stack.Snapshot) -> bool:
-    labels = _frameworks.labels[framework.key]
-    return any(layer.label in labels for layer in snapshot.layers)
+    """Whether a layer of ``snapshot`` handles ``framework``, remembered per snapshot."""
+    answers = _frameworks.handled_by[framework.key]
+    handled = answers.get(snapshot)
+    if handled is None:
+        if len(answers) >= _HANDLED_LIMIT:
+            answers.clear()
+        labels = _frameworks.labels[framework.key]
+        handled = answers[snapshot] = any(layer.label in labels for layer in snapshot.layers)
+    return handled
+
+
+_HANDLED_LIMIT = 256  # snapshots are interned: a bound, not a tuning knob
 
 
 def _covered(framework: Framework, value: Any) -> bool:
@@ -122,11 +121,10 @@ def _covered(framework: Framework, value: Any) -> bool:
 def _values_of(
     fun: Any, label: str = "the function", deep: bool = False
 ) -> Iterator[tuple[str, Any]]:
-    """``(name, value)`` for what ``fun`` reaches without being called: closure cells, the
-    globals its code names, defaults, partial arguments, a bound method's object, items of
-    lists and dicts among them; nested functions too, to a fixed depth. With ``deep``
-    (a jit's static arguments), containers do not count as a level and the attributes
-    of plain objects are followed too."""
+    """``(name, value)`` for what ``fun`` reaches without being called (``_function_values``,
+    partial arguments, a bound method's object, items of lists and dicts), to a fixed
+    depth. With ``deep`` (a jit's static arguments), containers do not count as a level
+    and the attributes of plain objects are followed too."""
     pending: list[tuple[Any, int, str]] = [(fun, 0, label)]
     seen: set[int] = set()
     while pending and len(seen) < _SEARCH_LIMIT:
@@ -145,20 +143,7 @@ def _values_of(
         elif isinstance(value, types.MethodType):
             inner = [("self", value.__self__), (name, value.__func__)]
         elif isinstance(value, types.FunctionType):
-            cells = value.__closure__ or ()
-            for free, cell in zip(value.__code__.co_freevars, cells, strict=False):
-                try:
-                    inner.append((free, cell.cell_contents))
-                except ValueError:  # an empty cell
-                    pass
-            inner += [("default", item) for item in value.__defaults__ or ()]
-            inner += list((value.__kwdefaults__ or {}).items())
-            names_of = value.__globals__
-            codes = [value.__code__]
-            while codes:
-                code = codes.pop()
-                inner += [(n, names_of[n]) for n in code.co_names if n in names_of]
-                codes += [c for c in code.co_consts if isinstance(c, types.CodeType)]
+            inner = _function_values(value)
             wrapped = getattr(value, "__wrapped__", None)
             if wrapped is not None:
                 inner.append((name, wrapped))
@@ -183,7 +168,7 @@ def _values_of(
 _OPAQUE = (str, bytes, int, float, complex, type, types.CodeType, jax.Array, np.ndarray)
 
 
-def _static_state(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Captured:
+def _static_state(args: Args, kwargs: Kwargs) -> Captured:
     """The framework state that the static arguments of a ``jax.jit`` trace reach (those with a
     leaf that is not a tracer): JAX caches the trace by them, so their weights are baked
     in as the function's own captured ones are. Asked where JAX traces, never per call."""
@@ -201,8 +186,7 @@ _WALKED = (functools.partial, types.MethodType, types.FunctionType, list, tuple,
 
 @functools.lru_cache(maxsize=1024)
 def _global_names(code: types.CodeType) -> tuple[str, ...]:
-    """The names that ``code`` and the code nested in it look up, as ``_values_of`` reads
-    them (code objects are immutable)."""
+    """The names that ``code`` and the code nested in it look up (code is immutable)."""
     names: list[str] = []
     codes = [code]
     while codes:
@@ -212,26 +196,27 @@ def _global_names(code: types.CodeType) -> tuple[str, ...]:
     return tuple(names)
 
 
+def _function_values(fun: types.FunctionType) -> list[tuple[str, Any]]:
+    """``(name, value)`` of ``fun``'s closure cells, defaults, keyword defaults and the
+    globals its code names."""
+    inner: list[tuple[str, Any]] = []
+    for free, cell in zip(fun.__code__.co_freevars, fun.__closure__ or (), strict=False):
+        try:
+            inner.append((free, cell.cell_contents))
+        except ValueError:  # an empty cell
+            pass
+    inner += [("default", item) for item in fun.__defaults__ or ()]
+    inner += list((fun.__kwdefaults__ or {}).items())
+    namespace = fun.__globals__
+    return inner + [(n, namespace[n]) for n in _global_names(fun.__code__) if n in namespace]
+
+
 def _shallow_values(fun: Any) -> list[tuple[str, Any]] | None:
     """What ``_values_of(fun)`` yields, in its order, for a function none of whose direct
-    values is searched further (the usual ``lambda x: model(x)``), without its search
-    machinery; None where the full search is needed."""
+    values is searched further (``lambda x: model(x)``); None where it needs the search."""
     if type(fun) is not types.FunctionType:
         return None
-    inner: list[tuple[str, Any]] = []
-    cells = fun.__closure__
-    if cells:
-        for free, cell in zip(fun.__code__.co_freevars, cells, strict=False):
-            try:
-                inner.append((free, cell.cell_contents))
-            except ValueError:  # an empty cell
-                pass
-    if fun.__defaults__:
-        inner += [("default", item) for item in fun.__defaults__]
-    if fun.__kwdefaults__:
-        inner += list(fun.__kwdefaults__.items())
-    names_of = fun.__globals__
-    inner += [(n, names_of[n]) for n in _global_names(fun.__code__) if n in names_of]
+    inner = _function_values(fun)
     if len(inner) >= _SEARCH_LIMIT or getattr(fun, "__wrapped__", None) is not None:
         return None
     seen = {id(fun)}
@@ -244,9 +229,6 @@ def _shallow_values(fun: Any) -> list[tuple[str, Any]] | None:
         seen.add(id(value))
         values.append((name, value))
     return values
-
-
-Captured = list[tuple[str, Any]]
 
 
 def is_state(value: Any) -> bool:
@@ -268,10 +250,6 @@ def captured_state(fun: Any) -> Captured:
     return [(name, value) for name, value in found if is_state(value)]
 
 
-def _holds_state(framework: Framework, values: Any) -> bool:
-    return any(framework.is_state(value) for _, value in _values_of(values))
-
-
 def _owned(framework: Framework, captured: Captured) -> Captured:
     """The part of ``captured`` that is ``framework``'s state."""
     if len(_frameworks.capturing) == 1:
@@ -280,8 +258,7 @@ def _owned(framework: Framework, captured: Captured) -> Captured:
 
 
 def _describe(captured: Captured) -> str:
-    shown = [f"`{name}` ({type(value).__name__})" for name, value in captured[:4]]
-    return ", ".join(shown) + (", ..." if len(captured) > 4 else "")
+    return listed([f"`{name}` ({type(value).__name__})" for name, value in captured], 4)
 
 
 def _fix(framework: Framework, captured: Captured, active: bool = False) -> str:
@@ -295,25 +272,17 @@ def _fix(framework: Framework, captured: Captured, active: bool = False) -> str:
     return framework.fix_for(names, covered=covered)
 
 
-def _raise(framework: Framework, what: str, name: str) -> None:
-    raise MissingAdapterError(
-        f"{call_made(f'jaxoverride.{name}')} met {framework.title}, and no adapter that handles "
-        f"{framework.key} is active: {what} Fix: {framework.fix}.{_HATCH}"
-    )
-
-
-def _raise_on_new_tracers(
-    scopes: list[Framework], before: dict[str, Any], name: str, when: str
-) -> None:
+def _raise_on_new_tracers(scopes: list[Framework], before: Kwargs, name: str, when: str) -> None:
     """Raises for the first framework whose state gained tracers since ``before``."""
     for framework in scopes:
         leaked = _frameworks.new_tracers(before[framework.key], framework.leaked_state())
         if leaked:
-            _raise(
-                framework,
-                f"{leak_text(framework, leaked, 'the function', when)} (the first use "
-                "then fails far from here, or the result is silently wrong).",
-                name,
+            raise MissingAdapterError(
+                f"{call_made(f'jaxoverride.{name}')} met {framework.title}, and no adapter "
+                f"that handles {framework.key} is active: "
+                f"{leak_text(framework, leaked, 'the function', when)} (the first use then "
+                "fails far from here, or the result is silently wrong). "
+                f"Fix: {framework.fix}.{_HATCH}"
             )
 
 
@@ -328,14 +297,9 @@ def leak_text(framework: Framework, leaked: list[Any], subject: str, when: str) 
 
 
 def _refusal(
-    framework: Framework,
-    name: str,
-    captured: Captured,
-    snapshot: _stack.Snapshot,
-    differentiated: Any,
+    framework: Framework, name: str, captured: Captured, snapshot: _stack.Snapshot, diff: Any
 ) -> str | None:
-    """Why running ``name`` over ``framework``'s captured state would be silently wrong,
-    if it would."""
+    """Why running ``name`` over ``framework``'s captured state would be silently wrong."""
     if not captured:
         return None
     if _handled(framework, snapshot):
@@ -353,7 +317,7 @@ def _refusal(
             "current weights in as constants and keep returning them after they change. "
             f"Fix: {_fix(framework, captured)}."
         )
-    if name in _DIFFERENTIATES and _holds_state(framework, differentiated):
+    if name in _DIFFERENTIATES and any(framework.is_state(v) for _, v in _values_of(diff)):
         return (
             f"the function captures {_describe(captured)} and is differentiated with respect "
             f"to {framework.key} state; the captured copy is not the one being "
@@ -384,28 +348,21 @@ def _refuse_captured(
             )
 
 
-def _write_errors() -> list[tuple[Framework, type[BaseException]]]:
-    """The live closure-captured frameworks' errors for a write under a raw trace."""
-    found = []
-    for framework in _frameworks.capturing:
-        error = framework.write_error()
-        if error is not None:
-            found.append((framework, error))
-    return found
-
-
 def _write_refused(
     name: str,
     error: BaseException,
     snapshot: _stack.Snapshot,
     captured: Captured,
-    search: tuple[Any, ...],
+    search: Args,
 ) -> BaseException | None:
-    """The ``MissingAdapterError`` to raise for ``error``, the own error of a framework no
-    active adapter handles for a write to its state captured (``captured``, or captured by
-    a function in ``search``); None to let ``error`` through."""
-    for framework, framework_error in _write_errors():
-        if not isinstance(error, framework_error) or _handled(framework, snapshot):
+    """The ``MissingAdapterError`` for ``error``, a framework's own error for a write to its
+    state captured (``captured``, or by a function in ``search``) under no adapter of it;
+    None to let ``error`` through."""
+    for framework in _frameworks.capturing:
+        framework_error = framework.write_error()
+        if framework_error is None or not isinstance(error, framework_error):
+            continue
+        if _handled(framework, snapshot):
             continue
         found = captured or [item for value in search for item in captured_state(value)]
         found = _owned(framework, found)
@@ -423,12 +380,12 @@ def _write_refused(
 def _run_checked(
     name: str,
     run: Callable[..., Any],
-    args: tuple[Any, ...],
-    kwargs: dict[str, Any],
+    args: Args,
+    kwargs: Kwargs,
     snapshot: _stack.Snapshot,
     captured: Captured,
     differentiated: Any,
-    search: tuple[Any, ...] = (),
+    search: Args = (),
 ) -> Any:
     """Runs ``run`` under the check. ``search`` holds what to look for captured framework
     state in only if the call fails with the framework's own write error (control flow,
@@ -442,10 +399,9 @@ def _run_checked(
     try:
         out = run(*args, **kwargs)
     except BaseException as error:
-        if captured or search:
-            refusal = _write_refused(name, error, snapshot, captured, search)
-            if refusal is not None:
-                raise refusal from error
+        refusal = _write_refused(name, error, snapshot, captured, search)
+        if refusal is not None:
+            raise refusal from error
         raise
     if captured:
         _refuse_captured(name, captured, snapshot, differentiated, handled=True)
@@ -453,7 +409,7 @@ def _run_checked(
     return out
 
 
-def _functions(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
+def _functions(args: Args, kwargs: Kwargs) -> Args:
     return tuple(
         value
         for value in (*args, *kwargs.values())
@@ -464,14 +420,14 @@ def _functions(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]
 def run_call(
     name: str,
     run: Callable[..., Any],
-    args: tuple[Any, ...],
-    kwargs: dict[str, Any],
+    args: Args,
+    kwargs: Kwargs,
     snapshot: _stack.Snapshot,
 ) -> Any:
     """Runs a neutral call (``lax.scan``, ``jvp``, ...) under the check."""
     unhandled = False
     for framework in _frameworks.capturing:
-        if not _handled_cached(framework, snapshot):
+        if not _handled(framework, snapshot):
             unhandled = True
             break
     running = False
@@ -481,8 +437,6 @@ def run_call(
             break
     if name not in _DIFFERENTIATES and not running:
         # The common case: nothing to compare afterwards, nothing to search beforehand.
-        if not unhandled:
-            return run(*args, **kwargs)
         try:
             return run(*args, **kwargs)
         except BaseException as error:
@@ -491,7 +445,7 @@ def run_call(
                 raise
             raise refusal from error
     captured: Captured = []
-    search: tuple[Any, ...] = ()
+    search: Args = ()
     # Under a framework's adapter, control flow threads what it reaches itself: no search.
     if unhandled:
         functions = _functions(args, kwargs)
@@ -511,43 +465,36 @@ class _Memo(NamedTuple):
     ids: tuple[int, ...]  # of the objects _direct_values read
     classes: tuple[type, ...]  # of the same objects
     found: tuple[tuple[str, int], ...]  # the captured ones: (name, position among them)
-    # Whether it read no defaults (closure cells and globals only): a call then recalls
-    # it inline, in ``checked_call``.
-    inline: bool = False
+    inline: bool = False  # it read no defaults: ``checked_call`` recalls it inline
 
 
-def _recalled(fun: types.FunctionType, memo: _Memo) -> list[Any] | None:
-    """What ``_direct_values(fun)`` reads now, where each is the object ``memo`` read
-    (same identity and type, so ``captured_state`` would find the same); else None.
+_EMPTY = object()  # an empty closure cell or an absent global, in _direct_values
+_NO_FAST = (object(), None, None, -1, None, None)  # ``guard`` with nothing to serve
 
-    Inline and without comprehensions: it runs at every jitted call under ``track``.
-    """
-    if fun.__code__ is not memo.code or fun.__kwdefaults__ or "__wrapped__" in fun.__dict__:
+
+def _direct_values(fun: types.FunctionType) -> list[Any] | None:
+    """Every object ``_shallow_values(fun)`` reads, in a fixed order (``_EMPTY`` for an
+    empty cell or an absent global); None where it reads more (keyword defaults, which
+    can change in place, or ``__wrapped__``)."""
+    if fun.__kwdefaults__ or getattr(fun, "__wrapped__", None) is not None:
         return None
-    cells = fun.__closure__
-    try:
-        direct = list(map(_CELL_CONTENTS, cells)) if cells else []
-    except ValueError:  # an empty cell
-        return None
-    if fun.__defaults__:
-        direct += fun.__defaults__
-    if memo.names:
-        direct += map(fun.__globals__.get, memo.names, _EMPTIES)
-    if tuple(map(id, direct)) == memo.ids and tuple(map(type, direct)) == memo.classes:
-        return direct
-    return None
+    direct: list[Any] = []
+    for cell in fun.__closure__ or ():
+        try:
+            direct.append(cell.cell_contents)
+        except ValueError:  # an empty cell
+            direct.append(_EMPTY)
+    direct += fun.__defaults__ or ()
+    get = fun.__globals__.get
+    return direct + [get(name, _EMPTY) for name in _global_names(fun.__code__)]
 
 
 class TransformCheck:
     """What a neutral transform built where the check applies checks at each call.
 
-    It keeps no captured object: what the function captures is looked up again at each
-    call (a module replaced in a closure is seen; a deleted one is not kept alive). For
-    a plain function that the shallow lookup serves, a call reads the objects that
-    lookup reads (closure cells, defaults, the globals its code names) and, where each
-    is the previous call's object (same identity and type), reuses the previous
-    answer's positions instead of searching again (``_Memo``: only identities, types
-    and the code object are kept).
+    It keeps no captured object, only the last lookup's ``_Memo`` (identities, types and
+    the code): a call whose function reads the same objects reuses its answer, so a module
+    replaced in a closure is seen and a deleted one is not kept alive.
     """
 
     __slots__ = ("_fast", "_memo", "framework", "fun", "name")
@@ -555,45 +502,42 @@ class TransformCheck:
     def __init__(self, name: str, fun: Any):
         self.name = name
         self.fun = fun  # the transform's state holds it already
-        # The closure-captured framework the inline paths serve: the one live at creation;
-        # None (every call through ``run``) where none is or several are.
+        # The one closure-captured framework live at creation, which the inline paths
+        # serve; None (every call through ``run``) where none is or several are.
         capturing = _frameworks.capturing
         self.framework: Framework | None = capturing[0] if len(capturing) == 1 else None
-        # One attribute, replaced whole: a thread reads one lookup's memo or another's.
-        self._memo: _Memo | None = None
+        self._memo: _Memo | None = None  # replaced whole (threads)
         # After an inline check passed for a function of one cell that holds the one
         # captured object: (snapshot, target, code, id and type of that object, the
-        # predicate covering it), shared by every ``checked_call`` and ``guard`` of this
-        # check. One tuple, replaced whole (threads).
+        # predicate covering it), for ``guard``. One tuple, replaced whole (threads).
         self._fast: list[Any] = [_NO_FAST]
 
     def captured(self) -> Captured:
-        """``captured_state(self.fun)``, from the last lookup's answer where every object
-        it read is the same one."""
+        """``captured_state(self.fun)``, from the memo while the same objects are read."""
         fun = self.fun
-        if type(fun) is not types.FunctionType:
+        if type(fun) is not types.FunctionType or not _frameworks.capturing:
             return captured_state(fun)
+        direct = _direct_values(fun)
         memo = self._memo
-        if memo is not None and _frameworks.capturing:
-            direct = _recalled(fun, memo)
-            if direct is not None:
-                return [(name, direct[at]) for name, at in memo.found]
+        if (
+            memo is not None
+            and direct is not None
+            and fun.__code__ is memo.code
+            and tuple(map(id, direct)) == memo.ids
+            and tuple(map(type, direct)) == memo.classes
+        ):
+            return [(name, direct[at]) for name, at in memo.found]
         captured = captured_state(fun)
         self._memo = None
-        direct = _direct_values(fun)
-        if direct is not None and _frameworks.capturing and _shallow_values(fun) is not None:
+        if direct is not None and _shallow_values(fun) is not None:
             # The shallow lookup's answer depends on ``direct`` alone.
             positions = {id(value): position for position, value in enumerate(direct)}
-            found = [(name, positions.get(id(value))) for name, value in captured]
-            if all(at is not None for _, at in found):
+            found = tuple((name, positions.get(id(value), -1)) for name, value in captured)
+            if all(at >= 0 for _, at in found):
                 code = fun.__code__
+                ids, classes = tuple(map(id, direct)), tuple(map(type, direct))
                 self._memo = _Memo(
-                    code,
-                    _global_names(code),
-                    tuple(map(id, direct)),
-                    tuple(map(type, direct)),
-                    tuple(found),  # type: ignore[arg-type]
-                    not fun.__defaults__,
+                    code, _global_names(code), ids, classes, found, not fun.__defaults__
                 )
         return captured
 
@@ -607,17 +551,12 @@ class TransformCheck:
     ) -> Callable[..., Any]:
         """The call of a checked neutral transform: it picks the target for the active
         stack (``plain`` at the root, else ``builds[snapshot]`` or ``build(snapshot)``)
-        and runs it under the check. With ``directs`` (the transform's direct calls that
-        serve checked calls, see ``guard``), a call whose check passed inline in a stack
-        that has one makes it the wrapper's target (``go_direct``).
+        and runs it under the check. With ``directs`` (see ``guard``), a call whose check
+        passed inline, in a stack that has a direct call, makes it the target (``go_direct``).
 
-        A call under an adapter of ``self.framework`` whose function
-        the memo serves (see the class) and that no framework scope encloses checks inline
-        what ``run`` would: that each captured object is covered by the adapter, after the
-        call. Every other call goes through ``run``. A function of one closure cell whose
-        object passed that check under this stack is checked in fewer steps at the next
-        call (``fast``): the same target, code and object there (same identity and type),
-        no defaults and no framework scope, then the one covering predicate, after the call.
+        Under an adapter of ``self.framework`` and no framework scope, a call whose
+        function the memo serves checks inline what ``run`` would: that the adapter covers
+        each captured object, after the call. Every other call goes through ``run``.
         """
         run = self.run
         check = self
@@ -634,43 +573,15 @@ class TransformCheck:
         plain_function = type(fun) is types.FunctionType
         cells = fun.__closure__ if plain_function else None
         one_cell = cells[0] if cells is not None and len(cells) == 1 else None
-        # A call that finds all of ``_fast`` the same checks only that the object is
-        # still covered.
         fast = self._fast
 
         def checked_call(*args: Any, **kwargs: Any) -> Any:
             snapshot = current_get().snapshot
             if _stack._guards:
                 snapshot = _stack.effective_snapshot()
-            target = builds_get(snapshot)
-            served = fast[0]
-            if (
-                served[0] is snapshot
-                and served[1] is target  # not dropped from ``builds`` since
-                and fun.__code__ is served[2]
-                and not fun.__defaults__
-                and not fun.__kwdefaults__
-                and "__wrapped__" not in fun.__dict__
-                and enabled
-            ):
-                try:
-                    value = one_cell.cell_contents  # type: ignore[union-attr]
-                except ValueError:  # an empty cell
-                    value = _EMPTY
-                if id(value) == served[3] and type(value) is served[4]:
-                    for running in _frameworks.probes:
-                        if running():
-                            break
-                    else:
-                        out = target(*args, **kwargs) if kwargs else target(*args)  # type: ignore[misc]
-                        if served[5](value):
-                            if directs and snapshot in directs and not _stack._guards:
-                                go_direct(snapshot)  # type: ignore[misc]
-                            return out
-                        fast[0] = _NO_FAST
-                        return check._covered_or_refused(out, value, snapshot)
             if snapshot is root:
                 return run(plain, snapshot, args, kwargs)
+            target = builds_get(snapshot)
             if target is None:
                 target = build(snapshot)
             memo = check._memo
@@ -687,9 +598,8 @@ class TransformCheck:
                 or not handled_here.get(snapshot)
             ):
                 return run(target, snapshot, args, kwargs)
-            # What ``run`` does for a function whose captures the memo serves, under the
-            # framework's adapter and no framework scope, inline: every jitted call under
-            # that adapter comes this way. Same code, so as many cells as then.
+            # Every jitted call under the adapter comes this way, or goes direct. Same
+            # code, so as many cells as then.
             names = memo.names
             try:
                 if one_cell is not None and not names:
@@ -731,16 +641,13 @@ class TransformCheck:
         self, snapshot: _stack.Snapshot, target: Callable[..., Any]
     ) -> Callable[[], Any] | None:
         """What a direct call that serves checked calls (``jit_api``'s ``checked_direct``)
-        asks at each call, for ``target`` built in ``snapshot``; None where no call of
-        this function can be served so (it is not a plain function of one closure cell).
+        asks at each call, for ``target`` built in ``snapshot``; None for a function that
+        is not a plain one of one closure cell.
 
-        ``captured()`` returns a token where a call would pass the check exactly as the
-        last inline check did (the state ``checked_call`` keeps after it: same stack and
-        target, same code and cell object, no defaults, no ``__wrapped__``, no framework
-        scope running, the check on), but for its covering predicate; else None.
-        Equal tokens (the same object) stand for the same captured object. The direct
-        call answers the predicate itself: it serves only under a token it saw a call
-        pass the check with.
+        ``captured()`` returns a token (the same object for the same captured object) where
+        a call would pass the check as the last inline one did (same stack, target, code and
+        cell object, no defaults, no ``__wrapped__``, no framework scope, the check on),
+        but for the covering predicate, which the direct call answers itself; else None.
         """
         fun = self.fun
         if type(fun) is not types.FunctionType or self.framework is None:
@@ -775,15 +682,6 @@ class TransformCheck:
 
         return captured
 
-    def _covered_or_refused(self, out: Any, value: Any, snapshot: _stack.Snapshot) -> Any:
-        """``out`` where the adapter covers ``value``, the one captured object, now."""
-        assert self.framework is not None  # the inline paths run only with one
-        if not _covered(self.framework, value):
-            memo = self._memo
-            name = memo.found[0][0] if memo is not None and memo.found else "the function"
-            self._refuse([(name, value)], snapshot)
-        return out
-
     def _refuse(self, captured: Captured, snapshot: _stack.Snapshot) -> NoReturn:
         _refuse_captured(self.name, captured, snapshot, None)
         raise AssertionError("an uncovered captured object passed the check")
@@ -792,8 +690,8 @@ class TransformCheck:
         self,
         target: Callable[..., Any],
         snapshot: _stack.Snapshot,
-        args: tuple[Any, ...],
-        kwargs: dict[str, Any],
+        args: Args,
+        kwargs: Kwargs,
     ) -> Any:
         if not enabled:
             return target(*args, **kwargs)
@@ -802,12 +700,11 @@ class TransformCheck:
         if (
             captured
             and framework is not None
-            and _handled_cached(framework, snapshot)
+            and _handled(framework, snapshot)
             and not _frameworks.scope_running()
         ):
-            # The usual call under the framework's adapter (``track``): what
-            # ``_run_checked`` does with it handled and no scope running, without its
-            # bookkeeping.
+            # The usual call under the adapter (a bound method under ``track``, say):
+            # ``_run_checked``'s work for it, without its bookkeeping.
             out = target(*args, **kwargs)
             predicates = _frameworks.covers.get(framework.key)
             if predicates:
@@ -816,51 +713,6 @@ class TransformCheck:
                         self._refuse(captured, snapshot)
             return out
         return _run_checked(self.name, target, args, kwargs, snapshot, captured, (args, kwargs))
-
-
-_EMPTY = object()  # an empty closure cell or an absent global, in _direct_values
-_NO_FAST = (object(), None, None, -1, None, None)  # ``checked_call`` with nothing to serve
-_EMPTIES = itertools.repeat(_EMPTY)
-_CELL_CONTENTS = operator.attrgetter("cell_contents")
-
-
-def _direct_values(fun: types.FunctionType) -> list[Any] | None:
-    """Every object ``_shallow_values(fun)`` reads, in a fixed order (``_EMPTY`` for an
-    empty cell or an absent global); None where it reads more (keyword defaults, which
-    can change in place, or ``__wrapped__``)."""
-    if fun.__kwdefaults__ or getattr(fun, "__wrapped__", None) is not None:
-        return None
-    direct: list[Any] = []
-    cells = fun.__closure__
-    if cells:
-        for cell in cells:
-            try:
-                direct.append(cell.cell_contents)
-            except ValueError:  # an empty cell
-                direct.append(_EMPTY)
-    defaults = fun.__defaults__
-    if defaults:
-        direct += defaults
-    names = _global_names(fun.__code__)
-    if names:
-        get = fun.__globals__.get
-        direct += [get(name, _EMPTY) for name in names]
-    return direct
-
-
-def _handled_cached(framework: Framework, snapshot: _stack.Snapshot) -> bool:
-    """``_handled(framework, snapshot)``, remembered per snapshot in
-    ``_frameworks.handled_by``."""
-    answers = _frameworks.handled_by[framework.key]
-    handled = answers.get(snapshot)
-    if handled is None:
-        if len(answers) >= _HANDLED_LIMIT:
-            answers.clear()
-        handled = answers[snapshot] = _handled(framework, snapshot)
-    return handled
-
-
-_HANDLED_LIMIT = 256  # snapshots are interned: a bound, not a tuning knob
 
 
 def transform_check(name: str, fun: Any) -> TransformCheck | None:
@@ -901,24 +753,18 @@ def _check_trace(name: str, fun: Callable[..., Any], args: Any, kwargs: Any) -> 
         captured = captured_state(fun) + _static_state(args, kwargs)
         _refuse_captured(name, captured, snapshot, None, handled=False)
     scopes = [f for f in scopes if not _handled(f, snapshot)]
-    if not scopes:
-        return fun(*args, **kwargs)
     before = {f.key: f.leaked_state() for f in scopes}
     out = fun(*args, **kwargs)
     _raise_on_new_tracers(scopes, before, name, "while JAX's own jit traced it, no adapter active")
     return out
 
 
-TRACE_CHECKED = frozenset({"jit"})
-
-
 class _Traced:
     """What ``jax.jit`` traces in place of ``fun``: the check, then ``fun``.
 
-    It holds ``fun`` weakly (the neutral transform holds it strongly), so that the one
-    ``_Traced`` kept per function never keeps the function alive; ``__wrapped__``,
-    ``__name__``, ``__qualname__``, ``__module__`` and ``__doc__`` make JAX name it, read
-    its signature and locate its source exactly as ``fun``'s.
+    It holds ``fun`` weakly (the neutral transform holds it strongly), so the one kept per
+    function never keeps it alive; its names and ``__wrapped__`` make JAX name it, read its
+    signature and locate its source as ``fun``'s.
     """
 
     # No __slots__: ``__module__`` and ``__doc__`` are the function's, per instance.
@@ -960,24 +806,13 @@ def _forget(key: int, table: dict[int, tuple[Any, _Traced]] = _traced) -> Callab
 def traced_check(name: str, fun: Any) -> Any:
     """What a neutral ``jit`` hands JAX's own ``jax.jit`` instead of ``fun``.
 
-    ``jo.jit(f)`` built outside every framework scope (at import time, say) keeps JAX's
-    own dispatch, so a call pays nothing for the check; the check runs where JAX traces
-    ``f``: inside a framework scope with no adapter of it active, state that ``f``
-    creates or writes under the trace raises ``MissingAdapterError``, and so does
-    framework state that ``f`` captures with no adapter of it active. What JAX sees carries
-    ``f``'s name, qualified name and ``__wrapped__``, so JAX's names, signatures, jaxprs
-    and compile cache are ``jax.jit(f)``'s. Any other transform, a generator function
-    (JAX's own error), a non-callable or an object that cannot be weakly referenced gets
-    ``fun`` back unchanged.
-
-    Args:
-      name: the neutral transform's name, such as ``"jit"``.
-      fun: the function given to it.
-
-    Returns:
-      The function to give JAX.
+    ``jo.jit(f)`` built outside every framework scope keeps JAX's own dispatch, so the
+    check runs where JAX traces ``f`` (state created or written under the trace, or
+    captured, with no adapter of its framework active), at no cost per call; JAX's names,
+    signatures, jaxprs and compile cache stay ``jax.jit(f)``'s. Any other transform, a
+    generator function, a non-callable or an object with no weak reference gets ``fun``.
     """
-    if name not in TRACE_CHECKED or not callable(fun) or inspect.isgeneratorfunction(fun):
+    if name != "jit" or not callable(fun) or inspect.isgeneratorfunction(fun):
         return fun
     key = id(fun)
     entry = _traced.get(key)

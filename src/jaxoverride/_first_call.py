@@ -1,35 +1,18 @@
 """The first-call check: a solver library never interposed, called while an adapter is active.
 
 A transform that a library built with raw JAX while it was imported (``optx.fixed_point``,
-an ``eqx.filter_jit`` wrapper; see ``_raw``) keeps calling raw JAX whatever is active, so
-framework code that it runs is out of the adapter's reach: parameters created inside it
-by a scoped framework are tracers of its trace, and the state of a closure-captured
-framework that its function captures is baked in as constants. Such a call is caught when
-it happens, not where the leaked tracer is used later. The frameworks are the registered
-records (``_frameworks``); this module names none.
+an ``eqx.filter_jit`` wrapper; see ``_raw``) keeps calling raw JAX, so framework code it
+runs is out of the adapter's reach. Such a call is caught when it happens:
 
-- When an adapter's context is entered (``context()`` or an installed adapter's scope)
-  and modules were imported since the last entry, the imported solver libraries' raw
-  import-time transforms are rebound, where those modules hold them, to a ``RawGuard``.
-  Nothing happens while no framework is imported or the check is off.
-- A guard called while the process is idle runs the raw transform at once. Otherwise, if
-  an adapter that handles a framework is active, it refuses a function that captures
-  that framework's state (a closure-captured one), and inside a running scope of a scoped
-  framework it compares the framework's state before and after the call: a new tracer
-  there is state written under the raw trace. Either raises ``MissingAdapterError``,
-  naming the transform, the packages and the ``interpose_on_import`` call that fixes it.
-
-Only public JAX is read (``jax.core.Tracer``, ``jax.tree_util``). A program may hold the
-raw object under a name of its own, bound before the first entry (``from optimistix import
-fixed_point`` at the top of a script), which rebinding the library's attribute does not
-reach. So an ``eqx.filter_jit`` wrapper (every solver entry point a model passes its
-function to) is guarded from inside as well: the ``jax.jit`` object it holds and calls is
-rebound, in the wrapper itself, to a guard, and every name bound to the wrapper reaches it.
-A bare ``jax.jit`` or ``custom_jvp`` object bound by name stays raw (JAX's C++ object cannot
-be changed); those of the solver libraries take arrays, not the model's function, and the
-adapters' own checks at the end of a framework scope catch what such a call leaves behind
-(a read of captured state inside such a jit's trace is the adapter's to refuse, on
-``adapter_kit.jit_traces``).
+- on an adapter's context entry after new imports, the imported solver libraries' raw
+  import-time transforms are rebound, where their modules hold them, to a ``RawGuard``;
+  inside an ``eqx.filter_jit`` wrapper, the ``jax.jit`` it holds is guarded too, which
+  reaches names a program bound to the wrapper before (``from optimistix import
+  fixed_point``). A bare ``jax.jit`` bound by name stays raw (JAX's C++ object).
+- a guard called while anything is active refuses a function that captures the state of
+  a closure-captured framework whose adapter is active, and, inside a running scope of a
+  scoped framework, a call that leaves new tracers in its state: ``MissingAdapterError``
+  names the transform and the ``interpose_on_import`` call that fixes it.
 """
 
 from __future__ import annotations
@@ -82,18 +65,14 @@ def guard_imported() -> int:
             _scanned.add(name)
             package = name.partition(".")[0]
             for attribute, value in vars(module).copy().items():
-                if not _raw.holds_raw_transform(value):
-                    continue
-                if not _raw.defined_in(value, (package,)):
+                if not _raw.holds_raw_transform(value) or not _raw.defined_in(value, (package,)):
                     continue
                 where = f"{name}.{attribute}"
                 raw = _raw.unguarded(value)
-                # The wrapper object itself is shared by every name bound to it, the
-                # program's own ``from optimistix import fixed_point`` made before this
-                # entry included: guarding the jit it holds reaches them all.
-                state = vars(raw) if _raw.held_jits(raw) else {}
+                # Every name bound to the wrapper, the program's own included, reaches
+                # the jit it holds: guard that one.
                 for inner in _raw.held_jits(raw):
-                    state[inner] = _guard_for(_raw.unguarded(state[inner]), where)
+                    vars(raw)[inner] = _guard_for(_raw.unguarded(vars(raw)[inner]), where)
                 guard = _guard_for(raw, where)
                 if value is not guard:
                     setattr(module, attribute, guard)
@@ -111,20 +90,14 @@ def _guard_for(raw: Any, where: str) -> _raw.RawGuard:
     return guard
 
 
-def _adapter_entered() -> bool:
-    """Whether the innermost entered context holds an adapter of a watched framework."""
-    layers = _stack.context_snapshot().layers
-    labels = _frameworks.labels
-    return any(layer.label in labels[f.key] for f in _frameworks.live for layer in layers)
-
-
 def refresh() -> None:
     """What a context entry runs when modules were imported since the last one."""
     if not _detect.watching():
         _stack.modules_seen = len(sys.modules)
         return
-    if not _adapter_entered():  # another context (dag, plain): look again at the next entry
-        return
+    layers, labels = _stack.context_snapshot().layers, _frameworks.labels
+    if not any(layer.label in labels[f.key] for f in _frameworks.live for layer in layers):
+        return  # no adapter of a watched framework entered: look again at the next entry
     _stack.modules_seen = len(sys.modules)
     try:
         guard_imported()

@@ -1,17 +1,11 @@
 """The framework registry: what the missing-adapter check knows, as records frameworks give it.
 
-The core names no framework. A framework is described by a ``Framework`` record (the
-adapter kit re-exports the class) that an adapter registers with
-``adapter_kit.register_framework``, or that a distribution declares in the entry-point
-group ``jaxoverride.frameworks``: the entry point's name is the watched module, its value
-``package.module:record``. The group is read once, at the first neutral call that asks,
-and a record is loaded only once its watched module is in ``sys.modules``: so the check
-fires for a framework whose adapter was never imported, and a process that never imports
-the framework never loads the record.
-
-A record's probes read the framework from ``sys.modules`` and never import it; the check
-asks only the *live* records (those whose watched module is imported), which are worked
-out again only when ``len(sys.modules)`` changes.
+A ``Framework`` record is registered by its adapter (``adapter_kit.register_framework``)
+or declared in the entry-point group ``jaxoverride.frameworks`` (name: the watched module;
+value: ``package.module:record``). The group is read once, and a record loaded once its
+module is in ``sys.modules``: the check fires for a framework whose adapter was never
+imported, and a process that never imports the framework never loads the record. The
+check asks only the *live* records, worked out again when ``len(sys.modules)`` changes.
 """
 
 from __future__ import annotations
@@ -39,21 +33,8 @@ class Framework:
       fix: the call that activates the adapter that handles it, as messages print it.
       label: the override-layer label of that adapter (its ``name=``).
 
-    Methods, overridden as needed (each reads the framework from ``sys.modules``, never
-    imports it, and is fast: the scope probe runs at neutral calls):
-      running: whether a scope of the framework (a transform, a bound module) is running
-        now. Default False.
-      leaked_state: the leaves of framework state a raw JAX transform would leak tracers
-        into (read before and after a call). Default ``[]``.
-      is_state: for frameworks whose state is captured in closures, whether a value is such
-        state. Default False.
-      counted: how many of the leaked tracers messages count (bookkeeping such as an rng
-        key sequence left out). Default: all.
-      fix_for: the fix naming the captured state (``names``); where an adapter of the
-        framework is active but does not cover it, ``covered`` names what it covers.
-        Default ``fix``.
-      write_error: the exception class the framework raises when captured state is
-        written under a raw JAX trace, re-raised with the fix. Default None.
+    Override the methods as needed. Each reads the framework from ``sys.modules``, never
+    imports it, and is fast: the scope probe runs at neutral calls.
 
     Example:
       >>> from jaxoverride import adapter_kit
@@ -69,11 +50,12 @@ class Framework:
     label: str = ""
 
     def running(self) -> bool:
-        """Whether a scope of the framework is running now."""
+        """Whether a scope of the framework (a transform, a bound module) runs now."""
         return False
 
     def leaked_state(self) -> list[Any]:
-        """The leaves of framework state a write under a raw JAX trace would leak into."""
+        """The leaves of framework state that a raw JAX transform would leak tracers into
+        (read before and after a call)."""
         return []
 
     def counted(self, leaked: list[Any]) -> int:
@@ -83,7 +65,8 @@ class Framework:
         return len(leaked)
 
     def is_state(self, value: Any) -> bool:
-        """Whether ``value`` is framework state that raw JAX would not thread."""
+        """Whether ``value`` is framework state, captured in closures, that raw JAX would
+        not thread."""
         return False
 
     def fix_for(self, names: list[str], *, covered: list[str] | None = None) -> str:
@@ -93,7 +76,8 @@ class Framework:
         return self.fix
 
     def write_error(self) -> type[BaseException] | None:
-        """The framework's error for a write to captured state under a raw JAX trace."""
+        """The framework's error for a write to captured state under a raw JAX trace,
+        re-raised with the fix."""
         return None
 
     def __repr__(self) -> str:

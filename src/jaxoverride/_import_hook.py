@@ -1,21 +1,13 @@
 """``interpose_on_import``: packages whose modules are neutral from their first line on.
 
-``interpose`` rebinds a module's globals after the fact, which is too late for transforms
-that a library builds while it is imported: ``eqx.filter_jit`` calls ``jax.jit`` when
-optimistix's module body runs, and ``diffrax._misc`` calls ``jax.jit`` at module level.
-Two hooks make those neutral too, for the packages named here only:
-
-- ``builtins.__import__`` hands the importing module the neutral ``jax`` / ``jax.lax`` (and
-  the neutral functions of ``from jax import jit``) while its body runs;
-- a meta path finder wraps each such module's loader, and once the body has run records
-  its references as bindings, exactly as ``interpose`` does, so restoring puts jax's own
-  objects back.
-
-A finder that another import hook puts ahead of ours (jaxtyping's, say) loads a module
-with its own loader, which ours never wraps; the module is still served the neutral
-``jax`` by the ``__import__`` hook. So every module served is also recorded once its body
-has run, whichever finder loaded it: when an import returns and finds it initialised
-(``_record_served``), and before ``rebound`` or ``restore()`` is read.
+``interpose`` is too late for transforms a library builds while it is imported
+(``eqx.filter_jit`` calls ``jax.jit`` as optimistix's module body runs). For the watched
+packages, ``builtins.__import__`` hands the importing module the neutral ``jax`` /
+``jax.lax`` while its body runs, and a meta path finder wraps its loader to record its
+references as bindings once the body has run, as ``interpose`` does, so restoring puts
+jax's own back. A module loaded by another hook's finder (jaxtyping's) is recorded by
+``_record_served`` instead: when a later import returns, and before ``rebound`` or
+``restore()`` is read.
 """
 
 from __future__ import annotations
@@ -35,7 +27,13 @@ import jax
 
 from jaxoverride import _interpose, lax as neutral_lax
 from jaxoverride._interpose import ORIGINALS, Interposition, bind_module, neutral_jax
-from jaxoverride._raw import builders, fix_for, unreachable_transforms as unreachable_transforms
+from jaxoverride._raw import (
+    builders,
+    fix_for,
+    unreachable_transforms as unreachable_transforms,
+    within,
+)
+from jaxoverride._words import listed
 from jaxoverride.errors import ImportOrderError
 
 # The ``__import__`` that ours chains to: whatever was current when ours was installed (a
@@ -229,15 +227,12 @@ class ImportInterposition:
         return self._interposition.precompiled
 
     def _watches(self, module_name: str) -> bool:
-        return self._active and any(
-            module_name == p or module_name.startswith(p + ".") for p in self.packages
-        )
+        return self._active and within(module_name, self.packages)
 
     def restore(self) -> None:
         """Stops watching the packages and rebinds jax's own objects in their modules.
 
-        Transforms that the packages built while watched (an ``eqx.filter_jit``'s cached
-        jit) stay neutral objects: with nothing active they are JAX, so that is harmless.
+        Transforms built while watched stay neutral (with nothing active they are JAX).
         Restoring twice does nothing.
         """
         if _unrecorded:
@@ -296,27 +291,21 @@ def _by_package(found: list[str], packages: Sequence[str]) -> str:
     for package in packages:
         mine = [f for f in found if f.startswith(package + ".")]
         if mine:
-            shown = ", ".join(mine[:3]) + (", ..." if len(mine) > 3 else "")
-            groups.append(f"{package!r} {len(mine)} ({shown})")
+            groups.append(f"{package!r} {len(mine)} ({listed(mine)})")
     return "; ".join(groups)
 
 
 def interpose_on_import(*packages: str) -> ImportInterposition:
     """Interposes every module of ``packages`` as it is imported, from its first line on.
 
-    ``interpose`` rebinds a module after it was imported, which cannot reach transforms the
-    module built while importing: ``eqx.filter_jit`` calls ``jax.jit`` when optimistix is
-    imported. This instead hands each module of the named packages (submodules included)
-    the neutral ``jax`` and ``jax.lax`` while it is imported, so ``jax.jit`` at import time
-    is ``jaxoverride.jit``, and records the module's references so that ``restore()``
-    rebinds jax's own. Modules of the packages that are already imported are interposed at
-    once. With nothing active the neutral API is JAX, so this is safe to leave in place.
-    It is idempotent, nests (each handle holds its packages until it is restored), and is
-    thread-safe.
-
-    Call it before the packages are imported, and name the packages whose import-time
-    transforms matter: for the Equinox family, ``"equinox"`` itself (its ``filter_jit``
-    builds the jits) as well as ``"optimistix"``, ``"lineax"``, ``"diffrax"``.
+    ``interpose`` cannot reach transforms a module built while importing
+    (``eqx.filter_jit`` calls ``jax.jit`` as optimistix is imported). This hands each
+    module of the packages the neutral ``jax`` and ``jax.lax`` while it is imported, and
+    records its references so that ``restore()`` rebinds jax's own; modules already
+    imported are interposed at once. Safe to leave in place, idempotent, nesting and
+    thread-safe. Call it before the packages are imported, naming those that build the
+    transforms too: for the Equinox family, ``"equinox"`` as well as ``"optimistix"``,
+    ``"lineax"``, ``"diffrax"``.
 
     Args:
       *packages: import names of packages (or single modules), such as ``"optimistix"``.

@@ -15,7 +15,7 @@ import jax.lax
 
 from jaxoverride import _api, _lax, _raw, lax as neutral_lax
 from jaxoverride._names import JAX_IMPLS
-from jaxoverride._words import counted
+from jaxoverride._words import counted, listed
 from jaxoverride.errors import ImportOrderWarning
 
 
@@ -133,22 +133,16 @@ def _submodules(module: types.ModuleType) -> Iterable[types.ModuleType]:
             yield candidate
 
 
-def _is_precompiled(value: Any, target: types.ModuleType) -> bool:
-    package = target.__name__.partition(".")[0]
-    return _raw.holds_raw_transform(value) and _raw.defined_in(value, (package,))
-
-
 def warn_unreachable(found: list[str], where: str, stacklevel: int) -> None:
     """Warns that ``found`` raw import-time transforms stay out of reach."""
     if not found:
         return
     packages = sorted({name.partition(".")[0] for name in found})
-    shown = ", ".join(found[:3]) + (", ..." if len(found) > 3 else "")
     warnings.warn(
         ImportOrderWarning(
             f"{where}: {', '.join(map(repr, packages))} holds {counted(len(found), 'transform')} "
-            f"built with raw JAX while it was imported ({shown}); rebinding cannot reach them, so "
-            "they keep calling raw JAX and adapters do not apply inside them. Fix: call "
+            f"built with raw JAX while it was imported ({listed(found)}); rebinding cannot reach "
+            "them, so they keep calling raw JAX and adapters do not apply inside them. Fix: call "
             f"{_raw.fix_for([*packages, *_raw.builders(found)])}."
         ),
         stacklevel=stacklevel,
@@ -177,7 +171,8 @@ def bind_module(
             binding = _Binding(target, attribute, original, value)
             _bindings[(id(target), attribute)] = binding
         else:
-            if _is_precompiled(value, target):
+            package = target.__name__.partition(".")[0]
+            if _raw.holds_raw_transform(value) and _raw.defined_in(value, (package,)):
                 handle.precompiled.append(f"{target.__name__}.{attribute}")
             continue
         relevant = True
@@ -191,11 +186,9 @@ def interpose(module: types.ModuleType, *, recursive: bool = False) -> Interposi
     """Makes an unmodified module's calls to jax go through the neutral API.
 
     The module's globals that refer to ``jax``, ``jax.lax`` or an overridable JAX function
-    (``import jax``, ``from jax import lax``, ``import jax.lax as lax``,
-    ``from jax.lax import scan``, ``from jax import jit``) are rebound to their neutral
-    counterparts; nothing else in the module changes. With nothing active the neutral API
-    is JAX itself, so this is safe to leave in place. It is idempotent and nests: each
-    handle keeps the bindings alive until it is restored.
+    (``import jax``, ``from jax.lax import scan``, ...) are rebound to their neutral
+    counterparts, nothing else. Safe to leave in place (with nothing active the neutral
+    API is JAX); idempotent, and nesting: each handle keeps its bindings until restored.
 
     Args:
       module: the module object whose functions call jax.

@@ -16,7 +16,7 @@ import threading
 import types
 import weakref
 from collections.abc import Callable, Hashable, Iterable
-from typing import Any, Protocol, TypeVar
+from typing import Any, NamedTuple, Protocol, TypeVar
 
 F = TypeVar("F")
 T = TypeVar("T")
@@ -48,46 +48,20 @@ class MakeCheckedDirect(Protocol):
     ) -> Callable[..., Any]: ...
 
 
-class _Direct:
-    """``jit_api``'s ``direct`` and ``checked_direct``, with a weak reference to the
-    function they were given for."""
+class Directs(NamedTuple):
+    """``jit_api``'s ``direct`` and ``checked_direct``, and a weak reference to their owner."""
 
-    __slots__ = ("checked", "make", "owner")
-
-    def __init__(
-        self,
-        make: MakeDirect | None,
-        checked: MakeCheckedDirect | None,
-        owner: weakref.ref[Any],
-    ):
-        self.make = make
-        self.checked = checked
-        self.owner = owner
+    make: MakeDirect | None
+    checked: MakeCheckedDirect | None
+    owner: weakref.ref[Any]
 
 
-def _direct_holder(built: object) -> _Direct | None:
-    """The ``_Direct`` that ``jit_api`` set on ``built`` itself, if any.
-
-    Only ``built``'s own: a wrapper that forwards attributes to the function it wraps
-    (``__getattr__``), or copied its ``__dict__`` (``functools.wraps``), must not hand the
-    core the inner function's direct call, which would skip the wrapper.
-    """
+def directs_of(built: object) -> Directs | None:
+    """The ``Directs`` that ``jit_api`` set on ``built`` itself, if any: not those of a
+    function that a wrapper forwards attributes to (``__getattr__``) or copied the
+    ``__dict__`` of (``functools.wraps``), whose direct call would skip the wrapper."""
     holder = getattr(built, _DIRECT, None)
-    if type(holder) is _Direct and holder.owner() is built:
-        return holder
-    return None
-
-
-def direct_of(built: object) -> MakeDirect | None:
-    """The ``direct`` that ``jit_api`` was given for ``built`` itself, if any."""
-    holder = _direct_holder(built)
-    return None if holder is None else holder.make
-
-
-def checked_direct_of(built: object) -> MakeCheckedDirect | None:
-    """The ``checked_direct`` that ``jit_api`` was given for ``built`` itself, if any."""
-    holder = _direct_holder(built)
-    return None if holder is None else holder.checked
+    return holder if type(holder) is Directs and holder.owner() is built else None
 
 
 class Stage(Protocol):
@@ -100,11 +74,9 @@ def _staging(stage: Stage, method: str, fun: Callable[..., Any]) -> Callable[...
     def staged(*args: Any, **kwargs: Any) -> Any:
         return stage(method, args, kwargs)
 
+    name = getattr(fun, "__name__", "f")
     staged.__name__ = staged.__qualname__ = method
-    staged.__doc__ = (
-        f"``jax.jit(f).{method}`` of the computation that a call with these arguments runs "
-        f"(for {getattr(fun, '__name__', 'f')!r})."
-    )
+    staged.__doc__ = f"``jax.jit(f).{method}`` of what a call with these arguments runs ({name!r})."
     return staged
 
 
@@ -139,22 +111,16 @@ def jit_api(
         a fresh compilation must not skip.
       direct: optional, for an override whose call is hot enough that one Python frame
         matters. ``direct(current, stack, fallback)`` returns a new Python function that
-        behaves exactly as ``call`` while ``current() is stack``, and otherwise returns
-        ``fallback(*args, **kwargs)``, testing that first, in its own frame. The neutral
-        wrapper (``jaxoverride.jit(f)``) built in ``stack`` then calls it directly,
-        without its own dispatch, until the process goes idle, a guarded adapter is
-        installed, or the build is dropped. ``current`` is a C-level getter of the stack
-        of the calling thread or task; ``fallback`` dispatches as the wrapper otherwise
-        would.
-      checked_direct: optional, ``direct`` for a wrapper under the missing-adapter check
-        (a function that captures framework state), for an adapter that covers such state:
-        ``checked_direct(current, stack, fallback, captured)`` returns a function that
-        behaves as ``direct``'s, where ``fallback`` also runs the check, and that may
-        skip the check only while ``captured()`` returns the token (not None) of a call
-        that passed the check, where its adapter's ``covers`` predicate would still
-        answer as then (the token stands for the function's one captured object, while
-        nothing the check reads has changed). Whatever it does not serve so goes to
-        ``fallback``.
+        behaves as ``call`` while ``current() is stack`` (tested first, in its own frame)
+        and otherwise returns ``fallback(*args, **kwargs)``. ``jaxoverride.jit(f)`` built
+        in ``stack`` then calls it without its own dispatch, until the process goes idle,
+        a guarded adapter is installed or the build is dropped. ``current`` is a C-level
+        getter of the calling thread's or task's stack; ``fallback`` dispatches.
+      checked_direct: optional, ``direct`` for a function under the missing-adapter check,
+        for an adapter that covers captured state: ``checked_direct(current, stack,
+        fallback, captured)``, whose ``fallback`` also runs the check, and which may skip
+        the check only while ``captured()`` returns the token (not None) of a call that
+        passed it and its ``covers`` predicate would answer as then.
 
     Returns:
       ``call``, with the attributes set.
@@ -191,7 +157,7 @@ def jit_api(
     attributes.update(clear_cache=clear_cache, _cache_size=cache_size, __wrapped__=fun)
     if direct is not None or checked_direct is not None:
         try:
-            attributes[_DIRECT] = _Direct(direct, checked_direct, weakref.ref(call))
+            attributes[_DIRECT] = Directs(direct, checked_direct, weakref.ref(call))
         except TypeError:
             pass  # no weak reference to it: it is dispatched, which is as right
     for name, value in attributes.items():
@@ -214,14 +180,8 @@ class _Builds(dict):  # type: ignore[type-arg]
         super().__init__()
         self.owner = owner
 
-    def __reduce__(self) -> tuple[Any, ...]:
+    def __reduce__(self) -> tuple[Any, ...]:  # copy, deepcopy and pickle: a new, empty one
         return (_Builds, ())
-
-    def __copy__(self) -> _Builds:
-        return _Builds()
-
-    def __deepcopy__(self, memo: dict[int, Any]) -> _Builds:
-        return _Builds()
 
 
 _shared: weakref.WeakValueDictionary[Hashable, Any] = weakref.WeakValueDictionary()
@@ -231,15 +191,12 @@ _shared_lock = threading.Lock()
 def reuse_jit(fun: Callable[..., Any], key: Hashable, make: Callable[[], T]) -> T:
     """What ``make()`` returned for an equal ``fun`` and ``key`` before, else ``make()``.
 
-    ``jax.jit(f)`` built twice, say ``jax.jit(f)(x)`` inside a loop, compiles once: every
-    ``jax.jit`` object of the same function and options shares one cache, which lives as
-    long as ``f``. An override of ``"jit"`` that keeps its own compiled functions (one per
-    argument plan, per tracked set) must share them the same way, or each
-    ``jaxoverride.jit(f)`` compiles ``f`` again. Build that per-function state through
-    this function. For a Python function the builds live as long as the function (they
-    are kept in an attribute of it, so that they and what it closes over are freed with
-    it, as JAX frees its cache); for another callable they are shared while anything
-    holds them. An unhashable ``fun`` or ``key`` is built afresh each time.
+    Every ``jax.jit`` object of one function and options shares one cache, so
+    ``jax.jit(f)(x)`` in a loop compiles once. An override of ``"jit"`` that keeps its own
+    compiled functions must share them the same way, by building that per-function state
+    through this function. For a Python function it lives as long as the function (in an
+    attribute of it); for another callable, while anything holds it. An unhashable ``fun``
+    or ``key`` is built afresh each time.
 
     Args:
       fun: the user's function, as passed to ``jax.jit``.
@@ -266,29 +223,25 @@ def reuse_jit(fun: Callable[..., Any], key: Hashable, make: Callable[[], T]) -> 
         hash(key)
     except TypeError:
         return make()
+    table: Any = _shared
     if isinstance(fun, types.FunctionType):
         with _shared_lock:
-            builds = fun.__dict__.get(_HOLDER)
+            table = fun.__dict__.get(_HOLDER)
             # functools.wraps copies a function's __dict__: a holder copied onto a wrapper
             # is the wrapped function's, never the wrapper's.
-            if type(builds) is not _Builds or builds.owner is None or builds.owner() is not fun:
-                builds = _Builds(weakref.ref(fun))
-                setattr(fun, _HOLDER, builds)
-            state = builds.get(key)
-        if state is None:
-            made = make()  # outside the lock: it runs the adapter's and the user's code
-            with _shared_lock:
-                state = builds.setdefault(key, made)
-        return state
-    try:
-        full_key = (fun, key)
-        hash(full_key)
-    except TypeError:
-        return make()
+            if type(table) is not _Builds or table.owner is None or table.owner() is not fun:
+                table = _Builds(weakref.ref(fun))
+                setattr(fun, _HOLDER, table)
+    else:
+        try:
+            key = (fun, key)
+            hash(key)
+        except TypeError:
+            return make()
     with _shared_lock:
-        state = _shared.get(full_key)
+        state = table.get(key)
     if state is None:
-        made = make()
+        made = make()  # outside the lock: it runs the adapter's and the user's code
         with _shared_lock:
-            state = _shared.setdefault(full_key, made)
+            state = table.setdefault(key, made)
     return state

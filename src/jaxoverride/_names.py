@@ -3,35 +3,27 @@
 from __future__ import annotations
 
 import difflib
+import operator
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import jax
 
-TRANSFORMS: Mapping[str, Callable[..., Any]] = {
-    "jit": jax.jit,
-    "vmap": jax.vmap,
-    "pmap": jax.pmap,
-    "grad": jax.grad,
-    "value_and_grad": jax.value_and_grad,
-    "jacfwd": jax.jacfwd,
-    "jacrev": jax.jacrev,
-    "hessian": jax.hessian,
-    "checkpoint": jax.checkpoint,
-    "remat": jax.remat,
-    "shard_map": jax.shard_map,
-    "make_jaxpr": jax.make_jaxpr,
-}
+
+def _from_jax(names: str) -> dict[str, Callable[..., Any]]:
+    return {name: operator.attrgetter(name)(jax) for name in names.split()}
+
+
+TRANSFORMS: Mapping[str, Callable[..., Any]] = _from_jax(
+    "jit vmap pmap grad value_and_grad jacfwd jacrev hessian checkpoint remat shard_map make_jaxpr"
+)
 """The transforms, ``{name: JAX function}``: each takes a function and returns one.
 
 The override of a transform is called once per (wrapper, active stack) to build that
 function, and the result is cached.
 """
 
-RULES: Mapping[str, Callable[..., Any]] = {
-    "custom_vjp": jax.custom_vjp,
-    "custom_jvp": jax.custom_jvp,
-}
+RULES: Mapping[str, Callable[..., Any]] = _from_jax("custom_vjp custom_jvp")
 """The custom derivative rules, ``{name: JAX class}``: decorator classes.
 
 A rule's override is called with JAX's constructor arguments once per (decorated
@@ -40,21 +32,10 @@ function, active stack), must return an object with JAX's ``defvjp`` / ``defjvp`
 onto it.
 """
 
-CALLS: Mapping[str, Callable[..., Any]] = {
-    "jvp": jax.jvp,
-    "vjp": jax.vjp,
-    "linearize": jax.linearize,
-    "eval_shape": jax.eval_shape,
-    "closure_convert": jax.closure_convert,
-    "lax.scan": jax.lax.scan,
-    "lax.while_loop": jax.lax.while_loop,
-    "lax.fori_loop": jax.lax.fori_loop,
-    "lax.cond": jax.lax.cond,
-    "lax.switch": jax.lax.switch,
-    "lax.map": jax.lax.map,
-    "lax.custom_root": jax.lax.custom_root,
-    "lax.custom_linear_solve": jax.lax.custom_linear_solve,
-}
+CALLS: Mapping[str, Callable[..., Any]] = _from_jax(
+    "jvp vjp linearize eval_shape closure_convert lax.scan lax.while_loop lax.fori_loop lax.cond "
+    "lax.switch lax.map lax.custom_root lax.custom_linear_solve"
+)
 """The calls, ``{name: JAX function}``: each runs at once; its override is resolved and
 called on every call."""
 
@@ -102,11 +83,7 @@ def check_mapping(mapping: object, *, where: str) -> dict[str, Callable[..., Any
         if not callable(impl):
             raise TypeError(
                 f"{where}: the override for {name!r} must be callable with the signature of "
-                f"{_jax_path(name)}, got {type(impl).__name__} {impl!r}."
+                f"jax.{name}, got {type(impl).__name__} {impl!r}."
             )
         impls[name] = impl
     return impls
-
-
-def _jax_path(name: str) -> str:
-    return f"jax.{name}"

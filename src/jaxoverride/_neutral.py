@@ -1,10 +1,9 @@
 """Factories that turn a JAX function into its neutral counterpart.
 
-A *call* (``lax.scan``, ``jvp``, ...) resolves the stack each time it is called. A
-*transform* (``jit``, ``vmap``, ...) returns a ``Transformed`` wrapper that resolves the
-stack each time the wrapper is called, and builds the transformed function once per
-snapshot. While the process is idle the wrapper's target is the plain JAX object
-itself, so a cache hit of ``jo.jit(f)`` costs what ``jax.jit(f)`` costs.
+A *call* (``lax.scan``, ``jvp``, ...) resolves the stack at each call. A *transform*
+(``jit``, ``vmap``, ...) returns a ``Transformed`` wrapper that resolves it at each call of
+the wrapper and builds the transformed function once per snapshot; while the process is
+idle its target is the plain JAX object, so ``jo.jit(f)`` costs what ``jax.jit(f)`` does.
 """
 
 from __future__ import annotations
@@ -21,24 +20,22 @@ from typing import Any, Generic, NoReturn, TypeVar, cast
 from jaxoverride import _detect, _stack
 from jaxoverride._compat import rule_nondiff_argnums
 from jaxoverride._dispatch import dispatch
-from jaxoverride._jitapi import checked_direct_of, direct_of
+from jaxoverride._jitapi import directs_of
 from jaxoverride._stack import ROOT, effective_snapshot
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-# Builds kept per wrapper, as the shared layer and snapshot tables are bounded: a program
-# that enters a fresh stack each step would otherwise keep one build per step for ever.
-# On overflow the oldest half goes: at worst a rebuild (and JAX's retrace), never a stale
+# Builds kept per wrapper (a program that enters a fresh stack each step would otherwise
+# keep one per step). On overflow the oldest half goes: at worst a rebuild, never a stale
 # hit, since snapshots are compared by identity.
 BUILD_LIMIT = 64
 
 
 def remember_build(builds: dict[Any, Any], snapshot: Any, built: Any) -> None:
-    """Stores ``built`` for ``snapshot`` in ``builds``, dropping the oldest past the limit.
+    """Stores ``built`` for ``snapshot``, dropping the oldest past the limit.
 
-    A dropped build's compiled code is cleared too (``clear_cache``, where it has one):
-    ``jax.jit`` objects of one function share their cache, which keys on the stack, so
-    dropping the object alone would keep every stack's executable alive.
+    A dropped build's compiled code is cleared too: ``jax.jit`` objects of one function
+    share one cache, keyed on the stack, which would otherwise keep every stack's code.
     """
     if len(builds) >= BUILD_LIMIT:
         dropped = [builds.pop(old) for old in list(builds)[: BUILD_LIMIT // 2]]
@@ -95,10 +92,9 @@ def neutral_call(name: str, default: F) -> F:
 class _TransformState:
     """Everything a ``Transformed`` needs off its fast path; it never refers back strongly.
 
-    ``check`` is set where the missing-adapter check applies: such a wrapper never goes
-    fast, nor direct. ``directs`` holds, per snapshot whose build offers one (see
-    ``jit_api``'s ``direct``), the build's direct call; ``direct`` is the snapshot whose
-    direct call is the wrapper's target now, if any.
+    ``check``: the missing-adapter check, where it applies (the wrapper then never goes
+    fast). ``directs``: per snapshot, the build's direct call (see ``jit_api``);
+    ``direct``: the snapshot whose direct call is the wrapper's target now, if any.
     """
 
     name: str
@@ -133,48 +129,31 @@ class _TransformState:
             owner = self.owner() if self.owner is not None else None
             if owner is not None:
                 owner._switch_to_slow()
-        if self.check is None:
-            make = direct_of(built)
-            if make is not None:
-                direct = self._make_direct(make, snapshot)
-                if direct is not None:
-                    directs[snapshot] = direct
-        else:
-            # A checked wrapper goes direct only to an override that answers the check's
-            # covering predicate itself, and only for a function the check can hand it.
-            checked = checked_direct_of(built)
-            guard = self.check.guard(snapshot, built) if checked is not None else None
-            if checked is not None and guard is not None:
-                direct = self._make_direct(checked, snapshot, guard)
-                if direct is not None:
-                    directs[snapshot] = direct
+        # A checked wrapper goes direct only to an override that answers the check's
+        # covering predicate itself, and only for a function the check can hand it.
+        check = self.check
+        holder = directs_of(built)
+        make = None if holder is None else holder.make if check is None else holder.checked
+        guard = None if check is None or make is None else check.guard(snapshot, built)
+        if make is not None and (check is None or guard is not None):
+            if self.fallback is None:  # dispatch, or the check in full, with no redirect
+                self.fallback = (
+                    _slow_call(self, redirect=False)
+                    if check is None
+                    else check.checked_call(self.plain, self.builds, self.build)
+                )
+                self.fallback.__wrapped__ = self.plain  # type: ignore[attr-defined]
+            guarded = () if guard is None else (guard,)
+            direct = make(_stack.snapshot_now, snapshot, self.fallback, *guarded)
+            try:  # ``__wrapped__`` as for the slow target: see ``_slow_target``
+                direct.__wrapped__ = self.plain  # type: ignore[attr-defined]
+                directs[snapshot] = direct
+            except AttributeError:
+                pass  # not a function: this wrapper keeps dispatching, which is as right
         return built
 
-    def _make_direct(
-        self,
-        make: Callable[..., Any],
-        snapshot: _stack.Snapshot,
-        guard: Callable[[], Any] | None = None,
-    ) -> Callable[..., Any] | None:
-        if self.fallback is None:
-            if self.check is None:
-                self.fallback = _slow_call(self, redirect=False)
-            else:  # the check in full, with no redirect (see ``_slow_call``)
-                self.fallback = self.check.checked_call(self.plain, self.builds, self.build)
-                self.fallback.__wrapped__ = self.plain  # type: ignore[attr-defined]
-        if guard is None:
-            direct = make(_stack.snapshot_now, snapshot, self.fallback)
-        else:
-            direct = make(_stack.snapshot_now, snapshot, self.fallback, guard)
-        try:
-            direct.__wrapped__ = self.plain  # as for the slow target: see ``_slow_target``
-        except AttributeError:
-            return None  # not a function: this wrapper keeps dispatching, which is as right
-        return direct
-
     def go_direct(self, snapshot: _stack.Snapshot) -> None:
-        """Makes the build's direct call for ``snapshot`` the wrapper's target, where it
-        has one and no guarded adapter is installed."""
+        """Makes the build's direct call for ``snapshot`` the wrapper's target, if any."""
         direct = self.directs.get(snapshot)
         owner = self.owner() if self.owner is not None else None
         if direct is None or owner is None:
@@ -190,9 +169,8 @@ class _TransformState:
 def _slow_target(state: _TransformState) -> Callable[..., Any]:
     """The target of a ``Transformed`` while anything is active anywhere in the process.
 
-    Its ``__wrapped__`` is the plain JAX object, as for the idle target: JAX unwraps
-    ``functools.partial`` and then ``__wrapped__`` to name the traced function in debug
-    info and errors, and that name must stay the user's function.
+    Its ``__wrapped__`` is the plain JAX object, as for the idle target: JAX unwraps it
+    to name the traced function in debug info and errors, which must stay the user's.
     """
     plain, builds, build = state.plain, state.builds, state.build
     check = state.check
@@ -206,13 +184,11 @@ def _slow_target(state: _TransformState) -> Callable[..., Any]:
 def _slow_call(state: _TransformState, *, redirect: bool) -> Callable[..., Any]:
     """The dispatching call of an unchecked ``Transformed``.
 
-    A build that offers a direct call (see ``jit_api``) becomes the wrapper's target once
-    built, so that later calls in its stack skip this frame. The wrapper is switched back
-    here when a guarded adapter is installed, when the process goes idle, and when that
-    build is dropped. With ``redirect`` (the wrapper's slow target, when some build has a
-    direct call) a call in the stack of such a build makes it the target again; without
-    it (the fallback of a direct call, taken in another stack) a call only builds anew:
-    a wrapper called in two stacks in turn stays direct for the first.
+    A build's direct call (see ``jit_api``) becomes the wrapper's target once built; the
+    wrapper is switched back here when a guarded adapter is installed, the process goes
+    idle or the build is dropped. With ``redirect`` (the slow target) a call in such a
+    build's stack makes it the target again; without (a direct call's fallback, taken in
+    another stack) it only builds anew, so a wrapper used in two stacks stays direct.
     """
     plain, builds, build = state.plain, state.builds, state.build
     current_get = _stack._current_get  # the contextvar's bound ``get``: never rebound
@@ -296,19 +272,20 @@ class Transformed(functools.partial):  # type: ignore[type-arg]
         return self
 
     def _switch_to_slow(self) -> None:
-        state: _TransformState = self.__dict__["_jaxoverride_state"]
-        self.__setstate__((_slow_target(state), (), None, self.__dict__))
-        if state.direct is not None:
-            state.direct = None
-            _stack.forget_direct(self)
+        self._retarget(_slow_target(self.__dict__["_jaxoverride_state"]))
 
     def _switch_to_fast(self) -> None:
         state: _TransformState = self.__dict__["_jaxoverride_state"]
         if state.check is None and _stack.register_fast(self):
-            self.__setstate__((state.plain, (), None, self.__dict__))
-            if state.direct is not None:
-                state.direct = None
-                _stack.forget_direct(self)
+            self._retarget(state.plain)
+
+    def _retarget(self, target: Callable[..., Any]) -> None:
+        """Makes ``target`` the partial's function, which stops any direct target."""
+        state: _TransformState = self.__dict__["_jaxoverride_state"]
+        self.__setstate__((target, (), None, self.__dict__))
+        if state.direct is not None:
+            state.direct = None
+            _stack.forget_direct(self)
 
     def __get__(self, instance: object, owner: type | None = None) -> Any:
         return self if instance is None else types.MethodType(self, instance)
@@ -378,13 +355,9 @@ class Transformed(functools.partial):  # type: ignore[type-arg]
         )
 
 
-def _function_parameter(default: Callable[..., Any]) -> inspect.Parameter:
-    return next(iter(inspect.signature(default).parameters.values()))
-
-
 def neutral_transform(name: str, default: F) -> F:
     """Builds the neutral version of a JAX transform (a function of a function)."""
-    parameter = _function_parameter(default)
+    parameter = next(iter(inspect.signature(default).parameters.values()))
     optional = parameter.default is not inspect.Parameter.empty
     by_keyword = parameter.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD
 
@@ -411,7 +384,7 @@ def neutral_transform(name: str, default: F) -> F:
     return cast(F, transform)
 
 
-def _check_rule_function(value: object, *, role: str, where: str, example: str) -> None:
+def _check_rule_function(value: object, role: str, where: str, example: str) -> None:
     if not callable(value):
         raise TypeError(
             f"{where}: {role} must be a function, got {type(value).__name__} {value!r}. "
@@ -422,13 +395,9 @@ def _check_rule_function(value: object, *, role: str, where: str, example: str) 
 def _jax_constructor(jax_class: type) -> Callable[..., None]:
     """``NeutralRule.__init__`` with the signature ``inspect.signature(jax_class)`` shows.
 
-    ``inspect.signature`` of a neutral class must equal JAX's class's, which moves between
-    releases: read from an annotated ``__init__`` (JAX 0.8; ``custom_jvp`` until 0.11.0,
-    and both again in 0.12), or from a ``__new__`` without annotations (``custom_vjp``
-    0.9 to 0.11, whose ``fun`` defaults to None from 0.11.1 so that ``copy.deepcopy``
-    can make the object; ``custom_jvp`` in 0.11.1 and 0.11.2). Set on each class's own
-    ``__init__``, not the class, so that an instance's signature is still that of the
-    function it wraps.
+    JAX's moves between releases (an annotated ``__init__``, or a ``__new__`` without
+    annotations), so it is read, not written. Set on ``__init__``, not the class, so that
+    an instance's signature is still that of the function it wraps.
     """
 
     def __init__(self, fun, nondiff_argnums=(), nondiff_argnames=()):  # noqa: N807
@@ -485,9 +454,7 @@ class NeutralRule(Generic[ReturnValue]):
         nondiff_argnames: Sequence[str] = (),
     ):
         where = f"jaxoverride.{self._name}"
-        _check_rule_function(
-            fun, role="the decorated function", where=where, example=f"{where}(my_function)"
-        )
+        _check_rule_function(fun, "the decorated function", where, f"{where}(my_function)")
         _check_nondiff_argnums(fun, nondiff_argnums, where=where)
         plain = self._default(
             fun, nondiff_argnums=nondiff_argnums, nondiff_argnames=nondiff_argnames

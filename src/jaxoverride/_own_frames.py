@@ -13,7 +13,6 @@ import os
 
 from jaxoverride._compat import hide_frames_under
 
-# The adapters of this repository, by import name.
 ADAPTERS = (
     "jaxoverride_plain",
     "jaxoverride_haiku",
@@ -25,20 +24,10 @@ ADAPTERS = (
 
 
 def hide_own_frames() -> None:
-    """Registers the core's directory and each installed adapter's with JAX's exclusions.
-
-    Returns:
-      None.
-
-    Example:
-      >>> from jaxoverride._own_frames import hide_own_frames
-      >>> hide_own_frames()  # done once by ``import jaxoverride``; again is harmless
-    """
+    """Registers the core's directory and each installed adapter's with JAX's exclusions
+    (done by ``import jaxoverride``; again is harmless)."""
     hide_frames_under(os.path.dirname(__file__))
     for name in ADAPTERS:
         spec = importlib.util.find_spec(name)
         for directory in (spec and spec.submodule_search_locations) or ():
             hide_frames_under(directory)
-
-
-__all__ = ["ADAPTERS", "hide_own_frames"]

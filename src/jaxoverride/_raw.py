@@ -65,32 +65,27 @@ def unguarded(value: Any) -> Any:
     return value.__wrapped__ if type(value) is RawGuard else value
 
 
-def _is_jit(value: Any) -> bool:
-    return type(value) is JIT_WRAPPER_TYPE
+def _is_raw(value: Any) -> bool:
+    """Whether ``value`` is itself a ``jax.jit``, ``custom_vjp`` or ``custom_jvp`` object."""
+    return type(value) is JIT_WRAPPER_TYPE or isinstance(value, (jax.custom_vjp, jax.custom_jvp))
 
 
 def holds_raw_transform(value: Any) -> bool:
     """Whether ``value`` is, or directly holds, a transform built with raw JAX."""
-    value = unguarded(value)
-    if _is_jit(value) or isinstance(value, (jax.custom_vjp, jax.custom_jvp)):
-        return True
-    state = getattr(value, "__dict__", None)
-    if isinstance(value, (type, types.ModuleType)) or not isinstance(state, dict):
-        return False
-    return any(_is_jit(unguarded(inner)) for inner in state.values())
+    return _is_raw(unguarded(value)) or bool(held_jits(value))
 
 
 def held_jits(value: Any) -> list[str]:
     """The attributes of ``value``'s instance dict that hold a raw ``jax.jit`` object (the
     compiled core of an ``eqx.filter_jit`` wrapper), guarded or not; none for a raw
-    ``jax.jit``, ``custom_vjp`` or ``custom_jvp`` object itself, or for a type or module."""
-    value = unguarded(value)
+    ``jax.jit`` itself, a type or a module."""
+    value, jit_type = unguarded(value), JIT_WRAPPER_TYPE
     state = getattr(value, "__dict__", None)
-    if _is_jit(value) or isinstance(value, (type, types.ModuleType)):
+    if type(value) is jit_type or isinstance(value, (type, types.ModuleType)):
         return []
     if not isinstance(state, dict):
         return []
-    return [name for name, inner in state.copy().items() if _is_jit(unguarded(inner))]
+    return [name for name, inner in state.copy().items() if type(unguarded(inner)) is jit_type]
 
 
 def within(module_name: str, packages: Iterable[str]) -> bool:
@@ -108,7 +103,7 @@ def builder(value: Any) -> str | None:
     """The top-level package whose code built the raw transform ``value`` holds, when that
     is not the package that defined the function (``eqx.filter_jit`` builds optimistix's)."""
     value = unguarded(value)
-    if _is_jit(value) or isinstance(value, (jax.custom_vjp, jax.custom_jvp)):
+    if _is_raw(value):
         return None
     module = type(value).__module__
     return module.partition(".")[0] if isinstance(module, str) else None

@@ -1,11 +1,18 @@
-"""``self_check()`` and ``python -m jaxoverride``: what is installed, active and interposed."""
+"""``self_check()`` and ``python -m jaxoverride``: what is installed, active and interposed.
+
+The supported versions are jaxoverride's own requirements, read from its installed
+distribution's metadata (``Requires-Dist``), so that ``pyproject.toml`` stays the one place
+that states them.
+"""
 
 from __future__ import annotations
 
 import importlib
 import importlib.util
+import re
 import sys
 from collections.abc import Sequence
+from typing import NamedTuple
 
 from jaxoverride import (
     _detect,
@@ -14,10 +21,9 @@ from jaxoverride import (
     _interpose,
     _introspect,
     _raw,
-    _requirements,
 )
 from jaxoverride._own_frames import ADAPTERS
-from jaxoverride._words import counted
+from jaxoverride._words import counted, listed
 
 # (distribution, import name) of what the report shows the versions of.
 DISTRIBUTIONS = (
@@ -33,6 +39,97 @@ DISTRIBUTIONS = (
     ("jaxopt", "jaxopt"),
     ("optax", "optax"),
 )
+
+
+_REQUIREMENT = re.compile(
+    r"^\s*(?P<name>[A-Za-z0-9][A-Za-z0-9._-]*)\s*(?:\[[^\]]*\])?\s*(?P<specifiers>[^;]*)"
+    r"(?:;\s*(?P<marker>.*))?$"
+)
+_EXTRA = re.compile(r"""extra\s*==\s*['"](?P<extra>[^'"]+)['"]""")
+_SPECIFIER = re.compile(r"^\s*(?P<op>~=|==|!=|<=|>=|<|>)\s*(?P<version>\S+)\s*$")
+
+
+class Requirement(NamedTuple):
+    """One ``Requires-Dist`` entry: a distribution, its range, and the extra that asks for
+    it (None for a requirement of the core)."""
+
+    distribution: str
+    specifiers: str  # as written: ">=0.8.1,<0.12"
+    extra: str | None
+
+
+def parse(line: str) -> Requirement | None:
+    """A ``Requires-Dist`` line as a ``Requirement``; None for one this reader does not
+    understand (a URL, a marker other than an extra).
+
+    Example:
+      >>> parse("dm-haiku<0.1,>=0.0.15; extra == 'haiku'")
+      Requirement(distribution='dm-haiku', specifiers='<0.1,>=0.0.15', extra='haiku')
+    """
+    match = _REQUIREMENT.match(line)
+    if match is None or "@" in match["specifiers"]:
+        return None
+    marker = (match["marker"] or "").strip()
+    extra = _EXTRA.fullmatch(marker)
+    if marker and extra is None:
+        return None
+    specifiers = match["specifiers"].strip().strip("()").replace(" ", "")
+    return Requirement(match["name"], specifiers, extra["extra"] if extra else None)
+
+
+def requirements(distribution: str = "jaxoverride") -> list[Requirement] | None:
+    """The requirements of the installed ``distribution``; None where it is not installed
+    (run from a source tree)."""
+    import importlib.metadata
+
+    try:
+        lines = importlib.metadata.requires(distribution) or []
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    return [found for found in map(parse, lines) if found is not None]
+
+
+def _release(version: str) -> tuple[int, ...]:
+    match = re.match(r"\d+(?:\.\d+)*", version.strip())
+    return tuple(int(part) for part in match[0].split(".")) if match else ()
+
+
+def _compare(left: tuple[int, ...], right: tuple[int, ...]) -> int:
+    width = max(len(left), len(right))
+    left, right = left + (0,) * (width - len(left)), right + (0,) * (width - len(right))
+    return (left > right) - (left < right)
+
+
+def satisfies(version: str, specifiers: str) -> bool:
+    """Whether ``version`` is inside ``specifiers`` (``">=0.8.1,<0.12"``), comparing
+    release numbers.
+
+    Example:
+      >>> satisfies("0.10.2", ">=0.8.1,<0.12"), satisfies("0.12.0", ">=0.8.1,<0.12")
+      (True, False)
+    """
+    installed = _release(version)
+    for specifier in filter(None, specifiers.split(",")):
+        match = _SPECIFIER.match(specifier)
+        if match is None:
+            continue
+        order = _compare(installed, _release(match["version"]))
+        op = match["op"]
+        if op == "~=":
+            bound = _release(match["version"])
+            ok = order >= 0 and installed[: len(bound) - 1] == bound[:-1]
+        else:
+            ok = {
+                "==": order == 0,
+                "!=": order != 0,
+                "<=": order <= 0,
+                ">=": order >= 0,
+                "<": order < 0,
+                ">": order > 0,
+            }[op]
+        if not ok:
+            return False
+    return True
 
 
 def _version(distribution: str) -> str:
@@ -75,15 +172,14 @@ def _framework_missing(adapter: str) -> str | None:
 
 def _adapters() -> list[str]:
     stack = _introspect.current_stack()
-    extras = {r.extra for r in _requirements.requirements() or []}
+    extras = {r.extra for r in requirements() or []}
     lines = []
     for adapter in ADAPTERS:
-        missing = None if adapter in sys.modules else _framework_missing(adapter)
         if adapter in sys.modules:
             state = "imported"
         elif not _findable(adapter):
             state = "not found"
-        elif missing is not None:
+        elif (missing := _framework_missing(adapter)) is not None:
             extra = adapter.removeprefix("jaxoverride_")
             hint = f": pip install 'jaxoverride[{extra}]'" if extra in extras else ""
             state = f"not available, {missing} is not installed{hint}"
@@ -101,7 +197,7 @@ def _adapters() -> list[str]:
 def _supported() -> list[str]:
     """Each installed distribution that jaxoverride or an adapter's extra requires, and
     whether it is inside the range its metadata states."""
-    found = _requirements.requirements()
+    found = requirements()
     if found is None:
         return ["  unknown: jaxoverride's distribution metadata is not installed"]
     extras = {adapter.removeprefix("jaxoverride_") for adapter in ADAPTERS}
@@ -118,12 +214,10 @@ def _supported() -> list[str]:
         version = _version(distribution)
         where = f"supported: {specifiers}"
         if wanted_by:
-            where += f", for the {' and '.join(wanted_by)} extra" + (
-                "s" if len(wanted_by) > 1 else ""
-            )
+            where += f", for the {' and '.join(wanted_by)} extra{'s' * (len(wanted_by) > 1)}"
         if version == "not installed":
             lines.append(f"  {distribution}: not installed ({where})")
-        elif _requirements.satisfies(version, specifiers):
+        elif satisfies(version, specifiers):
             lines.append(f"  {distribution} {version}: inside the range ({where})")
         else:
             lines.append(
@@ -156,8 +250,7 @@ def _raw_transforms(packages: Sequence[str]) -> list[str]:
         return ["  none of the solver libraries is imported in this process"]
     lines = []
     for package, names in held.items():
-        shown = ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
-        lines.append(f"  {package}: {len(names)} ({shown})")
+        lines.append(f"  {package}: {len(names)} ({listed(names)})")
     builders = _raw.builders([name for names in held.values() for name in names])
     lines.append(
         "  These keep calling raw JAX: adapters do not apply inside them. Fix: call "
@@ -167,8 +260,7 @@ def _raw_transforms(packages: Sequence[str]) -> list[str]:
     if guarded:
         lines.append(
             f"  {counted(guarded, 'of them is', 'of them are')} checked at each call while an "
-            "adapter is active: one "
-            "that runs framework code raises MissingAdapterError."
+            "adapter is active: one that runs framework code raises MissingAdapterError."
         )
     return lines
 

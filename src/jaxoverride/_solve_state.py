@@ -1,26 +1,10 @@
 """The declaration around a solver call: what each evaluation of its map sees of the state.
 
-A model trained through a solver carries its dropout and BatchNorm into the solver's map,
-which the solver evaluates many times (iterations, Jacobians, convergence checks, the
-implicit backward's re-evaluations). ``solve_state`` declares, for the duration of one
-call, how the framework's rng streams and mutable state behave across those evaluations:
-
-* rng ``"per_solve"``: every evaluation sees the rng state as at entry, so it draws the
-  same keys in the same order; on exit the stream has advanced once, as if the map had
-  been called once. ``"per_evaluation"``: each evaluation draws new keys (eager Python).
-* state ``"at_solution"``: every evaluation starts from the state as at entry; on exit
-  the state is the one the last forward evaluation wrote (one update, at the converged
-  point); the other evaluations' writes are dropped, not refused. ``"per_evaluation"``:
-  each evaluation writes on top of the last (a counter of map calls).
-
-The core only keeps the declarations; the adapter kit applies them to the frameworks
-that register a state source with it (``adapter_kit.register_solve_source``). With no
-such framework running, a declaration changes nothing.
-
-The kit tells the map's evaluations apart at its boundaries (loop bodies, branches,
-transformed functions). Two direct calls of the map with nothing between them are one
-run of the stream, as in eager Python; ``solver_map`` marks a function whose every call
-is one evaluation, whatever calls it.
+The core only keeps the declarations (see ``solve_state`` and ``solver_map``); the
+adapter kit applies them to the frameworks that register a state source with it
+(``adapter_kit.register_solve_source``), telling the map's evaluations apart at its
+boundaries (loop bodies, branches, transformed functions). With no such framework
+running, a declaration changes nothing.
 """
 
 from __future__ import annotations
@@ -128,11 +112,10 @@ def _name_of(key: Any) -> str:
 class solve_state:  # noqa: N801  (used as a context manager and a decorator, like a function)
     """Declares how a framework's rng and state behave across a solver's evaluations.
 
-    Use it around a solver call, in the model's code, as a context manager or a
-    decorator. Inside, every evaluation of the map (iterations, Jacobians, convergence
-    checks, the implicit backward's re-evaluations) follows the declared policy, for
-    every framework whose adapter is active (Flax Linen, Flax NNX, or a third
-    party's adapter on the kit). Outside every framework it changes nothing.
+    Use it around a solver call, as a context manager or a decorator: every evaluation
+    of the map inside (iterations, Jacobians, convergence checks, the implicit
+    backward's) follows the declared policy, for every framework whose adapter is active.
+    Outside every framework it changes nothing.
 
     Args:
       rng: ``"per_solve"`` (default: one key per solve; each evaluation draws the same
@@ -143,9 +126,6 @@ class solve_state:  # noqa: N801  (used as a context manager and a decorator, li
         and the solve keeps what its last forward evaluation wrote) or
         ``"per_evaluation"``. Or a mapping from collection names (Linen), Variable types
         or their names (NNX) to those values; the others are per evaluation.
-
-    The declaration is entered with ``with``, or decorates a function (each call of the
-    function is then declared).
 
     Example:
       >>> import jax.numpy as jnp
@@ -194,8 +174,6 @@ class solve_state:  # noqa: N801  (used as a context manager and a decorator, li
             _active.reset(token)
 
     def __call__(self, fun: F) -> F:
-        import functools
-
         @functools.wraps(fun)
         def declared(*args: Any, **kwargs: Any) -> Any:
             with solve_state(self.rng, self.state):
@@ -236,20 +214,15 @@ class _SolverMap:
 def solver_map(fun: F) -> F:
     """Marks ``fun`` as a solver's map: each call of the result is one evaluation of it.
 
-    Under a ``solve_state`` declaration, the adapters tell the map's evaluations apart at
-    the boundaries JAX gives them (a loop body, a branch, a transformed function). A
-    solver that calls its map twice directly in one loop body (Newton: the step's
-    ``g(z)``, then the residual's ``g(z_new)``) would otherwise run both calls as one
-    evaluation: the second would draw the next key and write on top of the first. Each
-    call of the marked function is a boundary of its own: it starts from the state at
-    the declaration's entry (the same keys, the entry statistics) whatever earlier calls
-    left, and what it leaves is the last evaluation's state (so the declaration's exit
-    keeps the last call's, and a backward pass's call keeps nothing).
+    Under a ``solve_state`` declaration, the adapters tell evaluations apart at the
+    boundaries JAX gives them (a loop body, a branch, a transformed function), so two
+    direct calls in one loop body (Newton's ``g(z)``, then ``g(z_new)``) would be one
+    evaluation. Each call of the marked function is one: it starts from the state at the
+    declaration's entry, whatever earlier calls left, and leaves the last evaluation's.
 
-    Either side may mark: a model author wraps the map passed to a solver
-    (``fixed_point(jo.solver_map(f), z0)``), a solver library marks the map it is given.
-    Marking twice is marking once. With no declaration active, or no framework taking
-    part in it, a call is ``fun``'s call and nothing else (the same jaxpr).
+    A model author may mark the map given to a solver (``fixed_point(jo.solver_map(f),
+    z0)``), or a solver library the map it is given; marking twice is marking once. With
+    no declaration or framework taking part, a call is ``fun``'s call (the same jaxpr).
 
     Args:
       fun: the map, any callable.

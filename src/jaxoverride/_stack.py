@@ -1,18 +1,15 @@
 """The override stack: interned layers and snapshots, and the process-wide idle flag.
 
-A *layer* is one immutable ``{name: implementation}`` mapping. A *snapshot* is an
-interned tuple of layers, bottom first. The contextvar ``_current`` holds an
-*activation* per entered context; the effective snapshot adds the installed adapters
-whose predicate holds underneath it.
+A *layer* is one immutable ``{name: implementation}`` mapping; a *snapshot* an interned
+tuple of layers, bottom first. The contextvar ``_current`` holds an *activation* per
+entered context; the effective snapshot adds the installed adapters whose predicate holds
+underneath it.
 
-``idle`` is true while no activation is alive anywhere in the process and no guarded
-adapter (one with a per-call ``when=`` predicate) is installed; a scoped installation
-counts only through the activations of its scopes. Neutral functions read it to take
-JAX's own path with no further work, and
-transform wrappers (see ``_neutral``) are switched to their plain JAX target while it
-holds. An activation counts as alive while any contextvars context can still see it,
-including one copied by ``asyncio.create_task``, because it is counted down only when
-the activation object itself is freed.
+``idle`` holds while no activation is alive anywhere in the process and no guarded
+adapter (a per-call ``when=``) is installed: neutral functions then take JAX's own path,
+and transform wrappers (``_neutral``) their plain JAX target. An activation is counted
+down only when it is freed, so one that a copied context (``asyncio.create_task``) can
+still see counts as alive.
 """
 
 from __future__ import annotations
@@ -56,11 +53,9 @@ _TABLE_LIMIT = 4096
 _layers: dict[tuple[Any, ...], Layer] = {}
 
 
-def _interned(
-    table: dict[Any, T], key: Any, make: Callable[[], T], keep: dict[Any, T] | None = None
-) -> T:
-    """``table[key]``, made by ``make()`` under the lock the first time: one object per key,
-    so that equal keys give the same object. A full table is cleared, but for ``keep``."""
+def _interned(table: dict[Any, T], key: Any, make: Callable[[], T]) -> T:
+    """``table[key]``, made by ``make()`` under the lock the first time, so that equal keys
+    give the same object. A full table is cleared."""
     try:
         return table[key]
     except KeyError:
@@ -68,8 +63,6 @@ def _interned(
     with _lock:
         if len(table) >= _TABLE_LIMIT:
             table.clear()
-            if keep:
-                table.update(keep)
         return table.setdefault(key, make())
 
 
@@ -123,12 +116,10 @@ _snapshots: dict[tuple[Layer, ...], Snapshot] = {}
 
 
 def snapshot_of(layers: tuple[Layer, ...]) -> Snapshot:
-    return _interned(_snapshots, layers, lambda: Snapshot(layers), _ALWAYS_INTERNED)
+    return _interned(_snapshots, layers, lambda: Snapshot(layers)) if layers else ROOT
 
 
-ROOT = Snapshot(())
-_ALWAYS_INTERNED: dict[tuple[Layer, ...], Snapshot] = {(): ROOT}
-_snapshots.update(_ALWAYS_INTERNED)
+ROOT = Snapshot(())  # never in the table: it survives its overflow
 
 # The jax.jit cache key includes these values, so a raw jax.jit around code that calls
 # neutral functions retraces when the active overrides change instead of replaying a
@@ -186,12 +177,6 @@ def forget_direct(wrapper: object) -> None:
     """Stops recording ``wrapper`` as direct (it was switched to another target)."""
     with _lock:
         _direct.discard(wrapper)
-
-
-def _reset_direct_locked() -> None:
-    for wrapper in list(_direct):
-        wrapper._switch_to_slow()
-    _direct.clear()
 
 
 def _recompute_idle_locked() -> None:
@@ -263,11 +248,9 @@ def _not_set() -> None:
     """``on_new_modules`` until the package that sets it has finished importing."""
 
 
-# Called on a context entry when modules were imported since the last call: the
-# first-call check (``_first_call``) then looks for new raw import-time transforms.
-# An entry otherwise pays one length comparison for it. A hook, set from above (this
-# module imports nothing of the layers over it): ``jaxoverride`` sets the loader of
-# ``_first_call``, whose import puts its own ``refresh`` here.
+# Called on a context entry when modules were imported since the last call, for the
+# first-call check (``_first_call``) to look for new raw import-time transforms. Set from
+# above (``jaxoverride`` sets a loader of ``_first_call``, which puts its own here).
 modules_seen = -1
 on_new_modules: Callable[[], None] = _not_set
 
@@ -341,18 +324,17 @@ def _set_installed_locked(entries: tuple[Installed, ...]) -> None:
     installed = entries
     _guards = tuple((entry.when, entry.layer) for entry in entries if not entry.scoped)
     if _guards:
-        _reset_direct_locked()
+        for wrapper in list(_direct):
+            wrapper._switch_to_slow()
+        _direct.clear()
     _recompute_idle_locked()
 
 
 def add_installed(entry: Installed) -> Installed:
     with _lock:
+        key = (entry.layer, entry.when, entry.scoped)
         for existing in installed:
-            if (existing.layer, existing.when, existing.scoped) == (
-                entry.layer,
-                entry.when,
-                entry.scoped,
-            ):
+            if (existing.layer, existing.when, existing.scoped) == key:
                 return existing
         _set_installed_locked((*installed, entry))
         return entry

@@ -1,9 +1,5 @@
-"""How two pytrees differ, in words: for errors that name a structure that changed.
-
-Raw ``PyTreeDef`` reprs of two large states differ somewhere in hundreds of characters;
-``describe`` says where instead: the paths added or removed, the leaves whose shape or
-dtype changed, and else the first container that changed type or keys.
-"""
+"""How two pytrees differ, in words, for errors: where two large ``PyTreeDef`` reprs
+would differ somewhere in hundreds of characters."""
 
 from __future__ import annotations
 
@@ -59,15 +55,9 @@ def _short(treedef: Any, limit: int = 80) -> str:
 
 
 def describe(before: Any, after: Any) -> str:
-    """How pytree ``after`` differs from ``before``: paths removed or added (with their
-    leaves), leaves that changed shape or dtype, else the first container that changed.
-
-    Args:
-      before: the pytree as it was.
-      after: the pytree as it is.
-
-    Returns:
-      A short ``"; "``-separated account (at most six differences, then a count).
+    """How pytree ``after`` differs from ``before``, ``"; "``-separated (six at most, then a
+    count): paths removed or added (with their leaves), leaves that changed shape or
+    dtype, else the first container that changed.
 
     Example:
       >>> import jax.numpy as jnp

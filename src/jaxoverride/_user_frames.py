@@ -1,9 +1,8 @@
 """The program's own frames, for messages: the call it made, the names it gave.
 
-An error raised deep inside a library names what the program wrote: the call it made
-into an interposed solver library (``optx.fixed_point``, not the ``jaxoverride.make_jaxpr``
-that the library called), and the variable that holds a tracked module. Only error paths
-call these; they read frames, never import anything.
+An error raised deep inside a library names the call the program made into it
+(``optx.fixed_point``, not the ``jaxoverride.make_jaxpr`` the library called) and the
+variable holding a module. Only error paths read these frames.
 """
 
 from __future__ import annotations
@@ -74,22 +73,10 @@ def _callee(frame: types.FrameType) -> str | None:
 
 
 def call_made(neutral: str) -> str:
-    """How a message names the call that reached the neutral function ``neutral``
-    (``"jaxoverride.make_jaxpr"``): that name where the program called it itself, else the
-    call the program made into the library that called it, with its place.
-
-    Args:
-      neutral: the neutral function's full name.
-
-    Returns:
-      ``"jaxoverride.lax.scan"``, or ``"optx.fixed_point (called in forward, at
-      model.py line 12, which reached jaxoverride.make_jaxpr)"``.
-
-    Example:
-      >>> from jaxoverride._user_frames import call_made
-      >>> call_made("jaxoverride.jit")
-      'jaxoverride.jit'
-    """
+    """How a message names the call that reached the neutral function ``neutral``: that
+    name where the program called it itself, else the call the program made into the
+    library that called it, with its place (``"optx.fixed_point (called in forward, at
+    model.py line 12, which reached jaxoverride.make_jaxpr)"``)."""
     through_library = False
     for frame in _outward():
         if _internal(frame):
@@ -108,20 +95,8 @@ def call_made(neutral: str) -> str:
 
 
 def names_of(chosen: Callable[[Any], bool]) -> list[str]:
-    """The program's variable names, innermost frame first, for the objects that
-    ``chosen`` accepts; an object held by another one's attribute is left out.
-
-    Args:
-      chosen: which objects to name (a tracked NNX module, say).
-
-    Returns:
-      The names, each object once; empty where no frame of the program holds one.
-
-    Example:
-      >>> from jaxoverride._user_frames import names_of
-      >>> names_of(lambda value: False)  # in a program: ['model'] for its tracked module
-      []
-    """
+    """The program's variable names, innermost frame first, each object once, for the
+    objects ``chosen`` accepts; an object held by another one's attribute is left out."""
     found: dict[int, tuple[str, Any]] = {}
     for frame in _outward():
         if _internal(frame) or _library(frame):

@@ -1,18 +1,13 @@
-"""Counts in messages: "1 transform", "2 transforms"."""
+"""Counts and lists in messages: "1 transform", "2 transforms", "a, b, c, ..."."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 
 def counted(count: int, singular: str, plural: str | None = None) -> str:
-    """``count`` and the noun phrase that agrees with it.
-
-    Args:
-      count: how many.
-      singular: the phrase for one (``"transform"``, ``"of them would be a tracer"``).
-      plural: the phrase for any other count; by default ``singular + "s"``.
-
-    Returns:
-      ``"1 transform"``, ``"3 transforms"``.
+    """``count`` and the noun phrase (``plural``, by default ``singular + "s"``) that
+    agrees with it.
 
     Example:
       >>> from jaxoverride._words import counted
@@ -23,3 +18,8 @@ def counted(count: int, singular: str, plural: str | None = None) -> str:
     """
     noun = singular if count == 1 else (plural if plural is not None else singular + "s")
     return f"{count} {noun}"
+
+
+def listed(items: Sequence[str], shown: int = 3) -> str:
+    """The first ``shown`` of ``items``, comma-separated, and ``", ..."`` for any more."""
+    return ", ".join(items[:shown]) + (", ..." if len(items) > shown else "")

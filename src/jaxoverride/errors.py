@@ -1,10 +1,8 @@
 """The errors jaxoverride and its adapters raise, under one base class.
 
-Every error that jaxoverride raises for a misuse it can name is a
-``JaxoverrideError``, so one ``except jaxoverride.errors.JaxoverrideError`` catches
-them all. Adapters raise these classes or subclass them: ``jaxoverride_haiku`` and
-``jaxoverride_nnx`` keep their historical names (``jaxoverride_nnx.UntrackedModuleError``
-...) as subclasses, so handlers written against either keep working.
+Every error jaxoverride raises for a misuse it can name is a ``JaxoverrideError``.
+Adapters raise these classes or subclass them (``jaxoverride_nnx.UntrackedModuleError``
+and other historical names), so handlers written against either keep working.
 
 Example:
   >>> import jaxoverride.errors as joe
@@ -128,9 +126,8 @@ class MissingAdapterError(JaxoverrideError, RuntimeError):
 
 @functools.cache
 def _missing_adapter_also(other: type[BaseException]) -> type[MissingAdapterError]:
-    """``MissingAdapterError`` that is also ``other`` (Flax's ``TraceContextError``), so
-    handlers written for the error it replaces still catch it. It is made here, once per
-    ``other``, so that it prints as ``jaxoverride.errors.MissingAdapterError``."""
+    """``MissingAdapterError`` that is also ``other`` (Flax's ``TraceContextError``), for
+    handlers of the error it replaces; made here, so it prints as this module's."""
     return type(
         "MissingAdapterError",
         (MissingAdapterError, other),
@@ -157,12 +154,10 @@ class UntrackedModuleError(JaxoverrideError, RuntimeError):
 class StructureChangeError(JaxoverrideError, ValueError):
     """Traced code changed the structure of state (a new attribute, a new shape).
 
-    A JAX trace has fixed inputs and outputs, so a new attribute, a new variable or a
-    variable of a new shape or dtype cannot come out of it; make the change outside the
-    neutral call (or let init create it). The one error for it: the kit's state threading
-    (``adapter_kit.StateStructureError`` is this class) and every adapter raise it, with
-    the message naming what changed (``between`` writes it for two pytrees). Also a
-    ``ValueError``, as before.
+    A JAX trace has fixed inputs and outputs, so a new attribute or variable, or one of a
+    new shape or dtype, cannot come out of it: make the change outside the neutral call
+    (or let init create it). The kit's state threading (``adapter_kit.StateStructureError``
+    is this class) and every adapter raise it, naming what changed (``between``).
 
     Example:
       >>> import jax.numpy as jnp
@@ -205,8 +200,7 @@ class ImportOrderError(JaxoverrideError, RuntimeError):
     r"""A package was imported before ``interpose_on_import`` could reach its import-time
     transforms, which therefore keep calling raw JAX.
 
-    The message names each package, how many such transforms it holds, and where. Also
-    ``jaxoverride.ImportOrderError``; ``jaxoverride.interpose_on_import`` shows it raised.
+    The message names each package, how many such transforms it holds, and where.
 
     Example:
       >>> import jaxoverride as jo
@@ -219,7 +213,6 @@ class ImportOrderWarning(UserWarning):
     """An interposition reached a package that holds transforms it built with raw JAX
     while it was imported, which no rebinding can reach.
 
-    They keep calling raw JAX, so adapters do not apply inside them. The message names
-    the packages, how many such transforms each holds, and the ``interpose_on_import``
-    call, made before their first import, that makes them neutral.
+    Adapters do not apply inside them. The message names the packages, their transforms
+    and the ``interpose_on_import`` call, made before their first import, that reaches them.
     """
