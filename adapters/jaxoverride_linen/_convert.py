@@ -34,7 +34,7 @@ from jaxoverride import adapter_kit as kit
 from jaxoverride.adapter_kit import init_safe, traced_arguments, zeros_for
 from jaxoverride_linen import _declared, _source
 from jaxoverride_linen._declared import SOLVE_STATE_FIX
-from jaxoverride_linen._guards import discarding, hidden_rngs, pure
+from jaxoverride_linen._guards import hidden_rngs, pure
 
 CONVERTED = (
     kit.CONVERTED_WRITE_REASON
@@ -173,7 +173,7 @@ def eval_shape(fun: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
             with contextlib.nullcontext() if policy is None else policy.discarded():
                 return fun(*a, **k)
 
-        with discarding(source.roots):
+        with _source.discarding(source.roots):
             return below(traced, *args, **kwargs)
 
     creation = lambda: fun(*traced_arguments(zeros_for(args)), **zeros_for(kwargs))

@@ -21,7 +21,8 @@ sees none of that as JAX values, so:
 from __future__ import annotations
 
 import collections
-from collections.abc import Callable, Iterator
+import contextlib
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, ClassVar
 
 import jax
@@ -304,6 +305,34 @@ def _restore_variables(root: _Root, saved: dict[str, Any]) -> None:
     root.evict_stale_caches()
 
 
+def _put_collections(root: _Root, cols: dict[str, Any]) -> None:
+    for col, tree in cols.items():
+        live = root.variables[col]
+        for path, value in trees.paths(tree):
+            trees.put_path(live, path, value)
+
+
+@contextlib.contextmanager
+def discarding(roots: Sequence[_Root]) -> Iterator[None]:
+    """Whatever runs inside leaves the roots' variables and rng counters as they were.
+
+    For ``eval_shape``: JAX's computes shapes only, so writes, creations and draws inside
+    are dropped (as ``jax.eval_shape`` drops side effects), and nothing is threaded, so a
+    call inside a loop's condition draws no key of the loop's stream.
+    """
+    saved = [(root, _mutable_trees(root), trees.copy_dicts(root.counters)) for root in roots]
+    try:
+        yield
+    finally:
+        _restore_roots(saved)
+
+
+def _restore_roots(saved: Iterable[tuple[_Root, dict[str, Any], dict[Any, Any]]]) -> None:
+    for root, cols, counters in saved:
+        _restore_variables(root, cols)
+        trees.restore(root.counters, counters, fresh=0)
+
+
 def _rebuild(live: Any, like: Any) -> Any:
     """The values of ``live`` at the paths of ``like`` (the threaded structure)."""
     if isinstance(like, dict):
@@ -464,10 +493,7 @@ class LinenSource(kit.EnterLeaveSource):
             token.saved.append(_mutable_trees(root))
             token.counters.append(trees.copy_dicts(root.counters))
             token.slots.append(slots)
-            for col, tree in cols.items():
-                live = root.variables[col]
-                for path, value in trees.paths(tree):
-                    trees.put_path(live, path, value)
+            _put_collections(root, cols)
             for path in slots:
                 if trees.get_path(root.variables, path, trees.MISSING) is not trees.MISSING:
                     trees.delete_path(root.variables, path)
@@ -485,9 +511,7 @@ class LinenSource(kit.EnterLeaveSource):
     def _undo(self, token: _Token) -> None:
         _local.steps.pop()
         _local.roots.pop()
-        for root, saved, counters in zip(token.roots, token.saved, token.counters, strict=True):
-            _restore_variables(root, saved)
-            trees.restore(root.counters, counters, fresh=0)
+        _restore_roots(zip(token.roots, token.saved, token.counters, strict=True))
 
     def leave(self, token: _Token) -> Any:
         after = []
@@ -553,9 +577,7 @@ class LinenSource(kit.EnterLeaveSource):
         """True once after a trace met fresh variables; restores the draws of ``read()``."""
         if not self._retrace:
             return False
-        self._retrace = False
-        for root, counters in zip(self.roots, self._counters_at_read, strict=True):
-            trees.restore(root.counters, counters, fresh=0)
+        self._rewind_counters()
         return True
 
     def abandon(self, token: _Token) -> None:
@@ -578,18 +600,19 @@ class LinenSource(kit.EnterLeaveSource):
         ]
         if not unknown:
             return
+        self._rewind_counters()
+        raise _unknown_trips_error(self.where, unknown)
+
+    def _rewind_counters(self) -> None:
+        """No retrace; the rng counters back as ``read()`` found them."""
         self._retrace = False
         for root, counters in zip(self.roots, self._counters_at_read, strict=True):
             trees.restore(root.counters, counters, fresh=0)
-        raise _unknown_trips_error(self.where, unknown)
 
     def write(self, state: Any) -> None:
         for root, (cols, keys, slots) in zip(self.roots, state, strict=True):
             self._rewind_frozen(root, keys)
-            for col, tree in cols.items():
-                live = root.variables[col]
-                for path, value in trees.paths(tree):
-                    trees.put_path(live, path, value)
+            _put_collections(root, cols)
             for path, (value, written) in slots.items():
                 # A traced flag here is of a call that ran (a scan or fori_loop with
                 # static bounds, a branch, a transform): the kit asked
