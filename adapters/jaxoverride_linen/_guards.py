@@ -205,14 +205,6 @@ def _stream(scope: Scope, name: str) -> str:
     return name if name in scope.rngs or "params" not in scope.rngs else "params"
 
 
-def _leaves(tree: Any) -> Iterator[tuple[Any, Any]]:
-    for key, value in tree.items():
-        if isinstance(value, dict):
-            yield from _leaves(value)
-        else:
-            yield tree, key
-
-
 @contextlib.contextmanager
 def hidden_rngs(roots: Sequence[Any]) -> Iterator[None]:
     """The roots' rng streams hidden: the state threading reads no key (draws none)."""
@@ -251,12 +243,12 @@ def pure(
         ``kit.declared_closure_convert``).
     """
     saved = [
-        (parent, key, parent[key])
+        (tree, path, value)
         for root in roots
         for col, tree in root.variables.items()
         if writes and col != "params" and isinstance(tree, dict)
         if not (keep_allowed and ("state", col) in allowed)
-        for parent, key in _leaves(tree)
+        for path, value in trees.paths(tree)
     ]
     guards = _local.pure
     ids = frozenset(id(root.variables) for root in roots)
@@ -266,5 +258,5 @@ def pure(
             yield
     finally:
         guards.pop()
-        for parent, key, value in saved:
-            parent[key] = value
+        for tree, path, value in saved:
+            trees.put_path(tree, path, value)

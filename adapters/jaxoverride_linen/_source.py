@@ -69,18 +69,12 @@ def in_bound_module() -> bool:
 def _detached(stack: list[Any]) -> bool:
     """Whether the running modules' values are out of reach of the JAX trace running now.
 
-    JAX runs a primitive's rules (an abstract evaluation, a JVP rule's primal
-    computation: lineax's ``linear_solve`` calls its solver there) under a trace that is
-    not the one the module's variables and rng keys belong to, while the module's method
-    is still on the Python stack. Such a rule is a pure function of its operands: it can
-    use no Linen value (JAX would refuse the tracer), and threading the module's state
-    into its loops would leak one. So neutral calls there are JAX's own.
-
-    The values checked are those the module's reads see now: inside a function of a
-    lifted custom rule, ``params`` reads see the rule's argument (``_guards``), while the
-    scope's dict still holds the caller's values, which belong to a trace that the rule's
-    own trace does not run inside (JAX traces a ``custom_vjp``'s primal function under a
-    fresh trace) and so look out of reach though the module's method can use its params.
+    JAX runs a primitive's rules (an abstract evaluation, a JVP rule's primal solve, where
+    lineax's ``linear_solve`` calls its solver) under another trace while the module's
+    method is on the Python stack. Such a rule can use no Linen value, and threading the
+    module's state into its loops would leak a tracer: neutral calls there are JAX's own.
+    Inside a lifted custom rule's function ``params`` reads see the rule's argument
+    (``_guards``), not the scope's (a fresh trace's outer values), so those are checked.
     """
     seen: set[int] = set()
     for module in stack:
