@@ -1,16 +1,11 @@
 """``lax.scan``, ``while_loop``, ``fori_loop``, ``cond``, ``switch`` and ``map``.
 
-Carries, operands and per-iteration inputs are encoded, and the body sees fresh objects
-with the same sharing. Where the sharing of *array* leaves differs between a carry and
-what the body returns, or between branches, the arrays are de-shared and the call traced
-again, as JAX (which never sees that sharing) would run it. A difference in the sharing
-of nodes or in static data would lose an object's identity: that is a ``SharingError``
-naming the first position that differs. Bad input gets JAX's own error: the call is
-replayed, abstractly, on raw JAX to obtain it.
-
-The functions handed to JAX are cached per user function and plan (see ``_handoff``), so
-that JAX's own caches (one trace per body function, one compile per eager loop) keep
-working.
+The body sees fresh objects shared as the caller's were. Where *array* sharing differs
+between a carry and the body's result, or between branches, the arrays are de-shared and
+the call traced again, as JAX would run it; a difference in node sharing or static data
+is a ``SharingError`` naming the first position. Bad input gets JAX's own error (the call
+replayed abstractly on raw JAX). The functions handed to JAX are cached per user function
+and plan (``_handoff``), so JAX's caches keep working.
 """
 
 from __future__ import annotations

@@ -161,10 +161,15 @@ def _make_call(name: str, config: Config) -> Callable[..., Any]:
         finally:
             _DEPTH.reset(token)
 
-    traced_call.__name__ = traced_call.__qualname__ = f"traced {name}"
-    traced_call.__module__ = __name__
-    traced_call._jaxoverride_debug = True  # type: ignore[attr-defined]
-    return traced_call
+    return _marked(traced_call, name)
+
+
+def _marked(override: Callable[..., Any], name: str) -> Callable[..., Any]:
+    """``override`` named for ``name``, and marked as a trace layer's (``_where``)."""
+    override.__name__ = override.__qualname__ = f"traced {name}"
+    override.__module__ = __name__
+    override._jaxoverride_debug = True  # type: ignore[attr-defined]
+    return override
 
 
 class TracedFunction:
@@ -218,10 +223,7 @@ def _make_transform(name: str, config: Config) -> Callable[..., Any]:
         built = below(fun, *args, **kwargs)
         return TracedFunction(name, built, function, where.impl, config)
 
-    traced_transform.__name__ = traced_transform.__qualname__ = f"traced {name}"
-    traced_transform.__module__ = __name__
-    traced_transform._jaxoverride_debug = True  # type: ignore[attr-defined]
-    return traced_transform
+    return _marked(traced_transform, name)
 
 
 _lock = threading.Lock()

@@ -73,16 +73,15 @@ _context_entries = 0
 # only once no scope is open in any thread.
 _haiku_enter = base.HaikuContext.__enter__
 _haiku_exit = base.HaikuContext.__exit__
-_scopes = threading.local()
 _open_scopes = 0
 
 
-def _thread_scopes() -> list[tuple[base.HaikuContext, Any]]:
-    try:
-        return _scopes.stack
-    except AttributeError:
-        _scopes.stack = []
-        return _scopes.stack
+class _Scopes(threading.local):
+    def __init__(self) -> None:
+        self.stack: list[tuple[base.HaikuContext, Any]] = []
+
+
+_scopes = _Scopes()
 
 
 def _enter_transform(context: base.HaikuContext) -> base.HaikuContext:
@@ -102,7 +101,7 @@ def _enter_transform(context: base.HaikuContext) -> base.HaikuContext:
     except BaseException:
         _haiku_exit(context, None, None, None)
         raise
-    _thread_scopes().append((context, scope))
+    _scopes.stack.append((context, scope))
     with _INSTALLER.lock:
         _open_scopes += 1
     return result
@@ -117,7 +116,7 @@ def _escaped_state() -> int:
 
 def _exit_transform(context: base.HaikuContext, *exc_info: Any) -> None:
     global _open_scopes
-    stack = _thread_scopes()
+    stack = _scopes.stack
     scoped = bool(stack) and stack[-1][0] is context
     escaped = 0
     try:

@@ -1,24 +1,18 @@
 """Closure conversion, ``make_jaxpr`` and JAX's custom solves inside ``hk.transform``.
 
-Each traces the user's function into a jaxpr whose inputs and outputs are fixed. So:
+Each traces the user's function into a jaxpr whose inputs and outputs are fixed. At init
+it is traced once, as at apply, a parameter it creates made at the call's site (``_site``;
+a creation pass first only where it creates state); it runs in a temporary frame of the
+caller's params, state and rng (``closure_convert`` hoists the params it reads when they
+are differentiated or traced); a state write or rng draw inside is refused at the write,
+since it could not come out.
 
-* at init the function is traced once, as at apply: a parameter it creates is made at
-  the call's site (``_site``), outside the trace, under the name apply uses (only where
-  it creates state does init fall back to a creation pass first);
-* the function is then traced in a temporary Haiku frame built from the caller's
-  params, state and rng: parameters it reads are values it closes over, which
-  ``closure_convert`` hoists when they are being differentiated or traced;
-* a state write (``hk.set_state``) or an rng draw inside it is refused at the write
-  itself: nothing written inside a converted function could come out of it.
-
-Under ``jaxoverride.solve_state`` all four run the function through ``HaikuSource``, the
-kit's declared conversions (``kit.conversion_overrides``' ``source``): every evaluation
-draws the solve's keys and starts from the entry's state, and what it writes to the
-parts the declaration freezes comes out (``closure_convert``'s converted function returns
-it; ``make_jaxpr``'s jaxpr hands it out at each evaluation, ``kit.declared_make_jaxpr``),
-so the solve ends with its last forward evaluation's state: the stream advanced once,
-BatchNorm statistics at the solution. A write to a part it leaves per evaluation is
-refused there.
+Under ``jaxoverride.solve_state`` all four run the function through ``HaikuSource`` (the
+kit's declared conversions): every evaluation draws the solve's keys and starts from the
+entry's state, and writes to the frozen parts come out (``closure_convert``'s function
+returns them, ``make_jaxpr``'s jaxpr hands them out), so the solve ends with its last
+forward evaluation's state (BatchNorm statistics at the solution). A write to a part left
+per evaluation is refused there.
 """
 
 from __future__ import annotations

@@ -1,26 +1,19 @@
 """Haiku's frame as a kit ``StateSource``: the control flow's state, threaded by the kit.
 
-The kit's combinators (``jaxoverride.adapter_kit.threaded_scan`` & co.) carry what
-``read()`` returns: the frame's state and rng, as ``hk.scan`` & co. carry them, and the
-params too where the functions handed to JAX are reused across calls (a closed-over
-value would be baked into JAX's cached trace). Params are read-only in a loop: what comes
-out of the carry is not written back.
+The kit's combinators carry what ``read()`` returns: the frame's state and rng (as
+``hk.scan`` carries them), and the params where the functions handed to JAX are reused
+across calls (a closed-over value would be baked into JAX's cached trace); params that
+come out of the carry are not written back. Optional parts of the kit's contract:
+``reuse_key()`` (the naming and interception situation reused wrappers read the frame
+under, so an identical eager call compiles once; none at init inside a site),
+``init_call`` (parameters made at the call's site, ``_site.init_once``, before the
+creation pass fallback) and ``abort_changed_predicate`` (a ``cond_fun`` that writes state
+or draws keys is seen while traced; the loop then carries the predicate).
 
-Haiku's own needs are optional parts of the kit's contract, overridden here:
-
-* ``reuse_key()``: the situation (init or apply, module-naming state, custom creators,
-  getters, setters, interceptors) under which reused wrappers read the frame, so that an
-  identical eager call hits JAX's caches and compiles once; none at init inside a site;
-* ``init_call``: at init, parameters made at the call's site inside the one trace
-  (``_site.init_once``), not by a creation pass, which remains the fallback;
-* ``abort_changed_predicate``: a ``cond_fun`` that sets state or draws rng keys is
-  detected while JAX traces it, and the loop carries the predicate instead.
-
-Module naming: a traced function names modules in its own frame (a decoupled copy of the
-caller's counters), so ``leave`` copies where it ended back into the caller's frame for
-the kit to record. The names also record which submodules each trace registered with the
-modules on the stack, which ``restore_names`` registers again: on a cache hit nothing is
-traced, yet ``params_dict()`` must list them.
+A traced function names modules in its own frame, so ``leave`` copies its counters back
+for the kit to record, with the submodules each trace registered on the stack's modules:
+``restore_names`` registers them again, since ``params_dict()`` must list them on a cache
+hit, where nothing is traced.
 """
 
 from __future__ import annotations

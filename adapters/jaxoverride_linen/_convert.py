@@ -1,21 +1,14 @@
 """Closure conversion, ``make_jaxpr`` and JAX's custom solves inside bound Linen modules.
 
-Each traces the user's function into a jaxpr whose inputs and outputs are fixed. So:
-
-* at init, a creation pass first runs the function once outside every trace (the
-  source's ``create``: variables are created once, under the names apply uses, and
-  nothing else of the pass remains);
-* the function is then traced against the caller's scopes: the variables it reads are
-  values it closes over, which ``closure_convert`` hoists into explicit inputs when they
-  are being differentiated or traced;
-* a variable write or an rng draw inside it is refused at the write itself
-  (``PureFunctionWriteError``): nothing written inside a converted function could come
-  out of it. A neutral loop inside may still carry the state; what it leaves is put back.
-  Under ``jaxoverride.solve_state`` the streams it freezes draw the solve's key, and the
-  collections it keeps at the solution come out of ``closure_convert``'s converted
-  function (``kit.declared_closure_convert``) and of ``make_jaxpr``'s jaxpr
-  (``kit.declared_make_jaxpr``: each evaluation of the jaxpr in a solver's loop hands
-  them out).
+Each traces the user's function into a jaxpr whose inputs and outputs are fixed. So at
+init a creation pass (the source's ``create``) first makes the variables, under the names
+apply uses; the function is then traced against the caller's scopes (``closure_convert``
+hoists the variables it reads when they are differentiated or traced); a write or rng
+draw inside it is refused at the write (``PureFunctionWriteError``), since it could not
+come out (what a neutral loop inside leaves is put back). Under ``jaxoverride.solve_state``
+frozen streams draw the solve's key, and collections kept at the solution come out of the
+converted function (``kit.declared_closure_convert``) or the jaxpr
+(``kit.declared_make_jaxpr``, at each evaluation in a solver's loop).
 
 JAX caches a conversion by the function's identity and its closed-over values: a
 parameter read from the scope, changed since (or another tracer under ``jax.grad``),
@@ -34,7 +27,7 @@ from jaxoverride import adapter_kit as kit
 from jaxoverride.adapter_kit import init_safe, traced_arguments, zeros_for
 from jaxoverride_linen import _declared, _source
 from jaxoverride_linen._declared import SOLVE_STATE_FIX
-from jaxoverride_linen._guards import discarding, hidden_rngs, pure
+from jaxoverride_linen._guards import hidden_rngs, pure
 
 CONVERTED = (
     kit.CONVERTED_WRITE_REASON
@@ -173,7 +166,7 @@ def eval_shape(fun: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
             with contextlib.nullcontext() if policy is None else policy.discarded():
                 return fun(*a, **k)
 
-        with discarding(source.roots):
+        with _source.discarding(source.roots):
             return below(traced, *args, **kwargs)
 
     creation = lambda: fun(*traced_arguments(zeros_for(args)), **zeros_for(kwargs))

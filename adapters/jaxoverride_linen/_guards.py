@@ -205,14 +205,6 @@ def _stream(scope: Scope, name: str) -> str:
     return name if name in scope.rngs or "params" not in scope.rngs else "params"
 
 
-def _leaves(tree: Any, prefix: tuple[Any, ...] = ()) -> Iterator[tuple[Any, Any]]:
-    for key, value in tree.items():
-        if isinstance(value, dict):
-            yield from _leaves(value, (*prefix, key))
-        else:
-            yield tree, key
-
-
 @contextlib.contextmanager
 def hidden_rngs(roots: Sequence[Any]) -> Iterator[None]:
     """The roots' rng streams hidden: the state threading reads no key (draws none)."""
@@ -250,58 +242,21 @@ def pure(
         unless ``keep_allowed`` (the state source that runs the function reads it then:
         ``kit.declared_closure_convert``).
     """
-    saved = []
-    for root in roots:
-        leaves = [
-            (parent, key, parent[key])
-            for col, tree in root.variables.items()
-            if writes and col != "params" and isinstance(tree, dict)
-            if not (keep_allowed and ("state", col) in allowed)
-            for parent, key in _leaves(tree)
-        ]
-        saved.append((root, dict(root.rngs), leaves))
-        root.rngs.clear()  # nothing to draw: loops inside thread no key
+    saved = [
+        (tree, path, value)
+        for root in roots
+        for col, tree in root.variables.items()
+        if writes and col != "params" and isinstance(tree, dict)
+        if not (keep_allowed and ("state", col) in allowed)
+        for path, value in trees.paths(tree)
+    ]
     guards = _local.pure
     ids = frozenset(id(root.variables) for root in roots)
     guards.append(_Pure(ids, where, inside, reason, writes, allowed))
     try:
-        yield
+        with hidden_rngs(roots):  # nothing to draw: loops inside thread no key
+            yield
     finally:
         guards.pop()
-        for root, rngs, leaves in saved:
-            root.rngs.update(rngs)
-            for parent, key, value in leaves:
-                parent[key] = value
-
-
-@contextlib.contextmanager
-def discarding(roots: Sequence[Any]) -> Iterator[None]:
-    """Whatever runs inside leaves the roots' variables and rng counters as they were.
-
-    For ``eval_shape``: JAX's computes shapes only, so writes, creations and draws inside
-    are dropped (as ``jax.eval_shape`` drops side effects), and nothing is threaded, so a
-    call inside a loop's condition draws no key of the loop's stream.
-    """
-    saved = [
-        (
-            root,
-            {
-                col: trees.copy_dicts(tree)
-                for col, tree in root.variables.items()
-                if isinstance(tree, dict) and root.scope.is_mutable_collection(col)
-            },
-            trees.copy_dicts(root.counters),
-        )
-        for root in roots
-    ]
-    try:
-        yield
-    finally:
-        for root, collections, counters in saved:
-            for col in [c for c in root.variables if c not in collections]:
-                if root.scope.is_mutable_collection(col):
-                    del root.variables[col]
-            for col, tree in collections.items():
-                trees.restore(root.variables[col], tree)
-            trees.restore(root.counters, counters, fresh=0)
-            root.evict_stale_caches()
+        for tree, path, value in saved:
+            trees.put_path(tree, path, value)

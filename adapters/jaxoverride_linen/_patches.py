@@ -69,8 +69,3 @@ def release() -> None:
         _ours.clear()
         _saved.clear()
         _source._in_use.clear()
-
-
-def active() -> bool:
-    """Whether the wrappers are on ``Scope`` now."""
-    return _users > 0

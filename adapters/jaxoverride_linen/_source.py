@@ -21,7 +21,8 @@ sees none of that as JAX values, so:
 from __future__ import annotations
 
 import collections
-from collections.abc import Callable, Iterator
+import contextlib
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, ClassVar
 
 import jax
@@ -68,18 +69,12 @@ def in_bound_module() -> bool:
 def _detached(stack: list[Any]) -> bool:
     """Whether the running modules' values are out of reach of the JAX trace running now.
 
-    JAX runs a primitive's rules (an abstract evaluation, a JVP rule's primal
-    computation: lineax's ``linear_solve`` calls its solver there) under a trace that is
-    not the one the module's variables and rng keys belong to, while the module's method
-    is still on the Python stack. Such a rule is a pure function of its operands: it can
-    use no Linen value (JAX would refuse the tracer), and threading the module's state
-    into its loops would leak one. So neutral calls there are JAX's own.
-
-    The values checked are those the module's reads see now: inside a function of a
-    lifted custom rule, ``params`` reads see the rule's argument (``_guards``), while the
-    scope's dict still holds the caller's values, which belong to a trace that the rule's
-    own trace does not run inside (JAX traces a ``custom_vjp``'s primal function under a
-    fresh trace) and so look out of reach though the module's method can use its params.
+    JAX runs a primitive's rules (an abstract evaluation, a JVP rule's primal solve, where
+    lineax's ``linear_solve`` calls its solver) under another trace while the module's
+    method is on the Python stack. Such a rule can use no Linen value, and threading the
+    module's state into its loops would leak a tracer: neutral calls there are JAX's own.
+    Inside a lifted custom rule's function ``params`` reads see the rule's argument
+    (``_guards``), not the scope's (a fresh trace's outer values), so those are checked.
     """
     seen: set[int] = set()
     for module in stack:
@@ -304,6 +299,34 @@ def _restore_variables(root: _Root, saved: dict[str, Any]) -> None:
     root.evict_stale_caches()
 
 
+def _put_collections(root: _Root, cols: dict[str, Any]) -> None:
+    for col, tree in cols.items():
+        live = root.variables[col]
+        for path, value in trees.paths(tree):
+            trees.put_path(live, path, value)
+
+
+@contextlib.contextmanager
+def discarding(roots: Sequence[_Root]) -> Iterator[None]:
+    """Whatever runs inside leaves the roots' variables and rng counters as they were.
+
+    For ``eval_shape``: JAX's computes shapes only, so writes, creations and draws inside
+    are dropped (as ``jax.eval_shape`` drops side effects), and nothing is threaded, so a
+    call inside a loop's condition draws no key of the loop's stream.
+    """
+    saved = [(root, _mutable_trees(root), trees.copy_dicts(root.counters)) for root in roots]
+    try:
+        yield
+    finally:
+        _restore_roots(saved)
+
+
+def _restore_roots(saved: Iterable[tuple[_Root, dict[str, Any], dict[Any, Any]]]) -> None:
+    for root, cols, counters in saved:
+        _restore_variables(root, cols)
+        trees.restore(root.counters, counters, fresh=0)
+
+
 def _rebuild(live: Any, like: Any) -> Any:
     """The values of ``live`` at the paths of ``like`` (the threaded structure)."""
     if isinstance(like, dict):
@@ -464,10 +487,7 @@ class LinenSource(kit.EnterLeaveSource):
             token.saved.append(_mutable_trees(root))
             token.counters.append(trees.copy_dicts(root.counters))
             token.slots.append(slots)
-            for col, tree in cols.items():
-                live = root.variables[col]
-                for path, value in trees.paths(tree):
-                    trees.put_path(live, path, value)
+            _put_collections(root, cols)
             for path in slots:
                 if trees.get_path(root.variables, path, trees.MISSING) is not trees.MISSING:
                     trees.delete_path(root.variables, path)
@@ -485,9 +505,7 @@ class LinenSource(kit.EnterLeaveSource):
     def _undo(self, token: _Token) -> None:
         _local.steps.pop()
         _local.roots.pop()
-        for root, saved, counters in zip(token.roots, token.saved, token.counters, strict=True):
-            _restore_variables(root, saved)
-            trees.restore(root.counters, counters, fresh=0)
+        _restore_roots(zip(token.roots, token.saved, token.counters, strict=True))
 
     def leave(self, token: _Token) -> Any:
         after = []
@@ -553,9 +571,7 @@ class LinenSource(kit.EnterLeaveSource):
         """True once after a trace met fresh variables; restores the draws of ``read()``."""
         if not self._retrace:
             return False
-        self._retrace = False
-        for root, counters in zip(self.roots, self._counters_at_read, strict=True):
-            trees.restore(root.counters, counters, fresh=0)
+        self._rewind_counters()
         return True
 
     def abandon(self, token: _Token) -> None:
@@ -578,18 +594,19 @@ class LinenSource(kit.EnterLeaveSource):
         ]
         if not unknown:
             return
+        self._rewind_counters()
+        raise _unknown_trips_error(self.where, unknown)
+
+    def _rewind_counters(self) -> None:
+        """No retrace; the rng counters back as ``read()`` found them."""
         self._retrace = False
         for root, counters in zip(self.roots, self._counters_at_read, strict=True):
             trees.restore(root.counters, counters, fresh=0)
-        raise _unknown_trips_error(self.where, unknown)
 
     def write(self, state: Any) -> None:
         for root, (cols, keys, slots) in zip(self.roots, state, strict=True):
             self._rewind_frozen(root, keys)
-            for col, tree in cols.items():
-                live = root.variables[col]
-                for path, value in trees.paths(tree):
-                    trees.put_path(live, path, value)
+            _put_collections(root, cols)
             for path, (value, written) in slots.items():
                 # A traced flag here is of a call that ran (a scan or fori_loop with
                 # static bounds, a branch, a transform): the kit asked

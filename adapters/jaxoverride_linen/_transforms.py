@@ -17,9 +17,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-import jax
-import jax.numpy as jnp
-
 import jaxoverride as jo
 from jaxoverride import adapter_kit as kit
 from jaxoverride_linen._source import in_bound_module, source
@@ -29,15 +26,6 @@ from jaxoverride_linen._source import in_bound_module, source
 _STATE = kit.source_transform_state(
     in_bound_module, source, lambda where: source(where, allow_fresh=True)
 )
-
-
-def _concrete(tree: Any) -> Any:
-    def leaf(x: Any) -> Any:
-        if isinstance(x, jax.ShapeDtypeStruct):
-            return jnp.zeros(x.shape, x.dtype)
-        return x
-
-    return jax.tree.map(leaf, tree)
 
 
 # -- vmap and pmap ---------------------------------------------------------------------
@@ -52,74 +40,24 @@ def _batched_state_error(where: str, err: Exception) -> ValueError:
     )
 
 
-def _in_modules(
-    fun: Callable[..., Any], plain: Callable[..., Any], inside: Callable[..., Any]
-) -> Callable[..., Any]:
-    """A function with ``fun``'s metadata that calls ``plain`` (the transformed function
-    below) outside every bound Linen module, and ``inside`` in one."""
-
-    @kit.wraps(fun)
-    def call(*call_args: Any, **call_kwargs: Any) -> Any:
-        if not in_bound_module():
-            return plain(*call_args, **call_kwargs)
-        return inside(*call_args, **call_kwargs)
-
-    return call
-
-
 # -- jit -------------------------------------------------------------------------------
 
 
 def jit(fun: Callable[..., Any], *args: Any, **kwargs: Any) -> Callable[..., Any]:
     plain = jo.next_impl("jit")(fun, *args, **kwargs)
-    # Inside a bound module the enclosing computation is what JAX compiles: calling the
-    # function inline keeps Linen's variables, rng and names in one trace.
-    inline = _in_modules(fun, plain, fun)
+
+    @kit.wraps(fun)
+    def inline(*call_args: Any, **call_kwargs: Any) -> Any:
+        # Inside a bound module the enclosing computation is what JAX compiles: calling
+        # the function inline keeps Linen's variables, rng and names in one trace.
+        if not in_bound_module():
+            return plain(*call_args, **call_kwargs)
+        return fun(*call_args, **call_kwargs)
+
     for attribute in ("lower", "trace", "eval_shape", "clear_cache"):
         if hasattr(plain, attribute):
             setattr(inline, attribute, getattr(plain, attribute))
     return inline
-
-
-# -- eval_shape and make_jaxpr ---------------------------------------------------------
-
-
-def eval_shape(fun: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-    below = jo.next_impl("eval_shape")
-    if not in_bound_module():
-        return below(fun, *args, **kwargs)
-    where = "jaxoverride.eval_shape"
-
-    def call() -> Any:
-        # As jax.eval_shape: state changes and rng draws inside are discarded.
-        state_call = _STATE.begin(where)
-        out = below(kit.wraps(fun)(lambda *a, **k: state_call.run(fun, a, k)[0]), *args, **kwargs)
-        state_call.finish(state_call.state)
-        return out
-
-    creation = lambda: fun(*kit.traced_arguments(_concrete(args)), **_concrete(kwargs))
-    return _STATE.init_safe(where, creation, call)
-
-
-def make_jaxpr(fun: Callable[..., Any], *args: Any, **kwargs: Any) -> Callable[..., Any]:
-    below = jo.next_impl("make_jaxpr")
-
-    def traced(*call_args: Any, **call_kwargs: Any) -> Any:
-        where = "jaxoverride.make_jaxpr"
-
-        def call() -> Any:
-            state_call = _STATE.begin(where)
-            pure = kit.wraps(fun)(lambda *a, **k: state_call.run(fun, a, k)[0])
-            out = below(pure, *args, **kwargs)(*call_args, **call_kwargs)
-            state_call.finish(state_call.state)
-            return out
-
-        # As JAX hands them: arrays, but for the static arguments.
-        static = kwargs.get("static_argnums", args[0] if args else ())
-        traced = lambda: kit.traced_arguments(call_args, static)
-        return _STATE.init_safe(where, lambda: fun(*traced(), **call_kwargs), call)
-
-    return _in_modules(fun, below(fun, *args, **kwargs), traced)
 
 
 OVERRIDES: dict[str, Callable[..., Any]] = {
@@ -127,7 +65,5 @@ OVERRIDES: dict[str, Callable[..., Any]] = {
         _STATE, _batched_state_error, mapped=("vmap", "pmap", "shard_map"), module=__name__
     ),
     "jit": jit,
-    "eval_shape": eval_shape,
-    "make_jaxpr": make_jaxpr,
 }
 """Neutral name -> Linen override, for the transforms."""

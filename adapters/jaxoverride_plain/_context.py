@@ -58,11 +58,13 @@ def _map(f: Any, xs: Any, *, batch_size: Any = None) -> Any:
     return kit.init_safe_map(f, xs, batch_size=batch_size, default_map=jo.next_impl("lax.map"))
 
 
-def _same_arguments(name: str) -> Callable[..., Any]:
-    """A transform override whose creation pass calls ``fun`` with the call's arguments."""
+def _same_arguments(name: str, zeros: bool = False) -> Callable[..., Any]:
+    """A transform override whose creation pass calls ``fun`` with the call's arguments
+    (``zeros``: concrete zeros for any ``ShapeDtypeStruct``, which ``make_jaxpr`` accepts)."""
 
     def transform(fun: Any, *args: Any, **kwargs: Any) -> Any:
-        return init_safe_transform(jo.next_impl(name)(fun, *args, **kwargs), fun)
+        creation = (lambda *a, **k: fun(*zeros_for(a), **zeros_for(k))) if zeros else fun
+        return init_safe_transform(jo.next_impl(name)(fun, *args, **kwargs), creation)
 
     transform.__qualname__ = f"init_safe_{name}"
     return transform
@@ -163,18 +165,6 @@ def _primal_call(name: str, primals: Callable[..., tuple[Any, ...]]) -> Callable
     return call
 
 
-def _primal_transform(name: str) -> Callable[..., Any]:
-    """A transform override whose creation pass calls ``fun`` on concrete zeros for any
-    ``ShapeDtypeStruct`` argument (``make_jaxpr`` accepts them)."""
-
-    def transform(fun: Any, *args: Any, **kwargs: Any) -> Any:
-        creation = lambda *a, **k: fun(*zeros_for(a), **zeros_for(k))
-        return init_safe_transform(jo.next_impl(name)(fun, *args, **kwargs), creation)
-
-    transform.__qualname__ = f"init_safe_{name}"
-    return transform
-
-
 def _jvp_primals(primals: Any, tangents: Any, **_: Any) -> tuple[Any, ...]:
     return tuple(primals)
 
@@ -234,7 +224,7 @@ TABLE = kit.OverrideTable(
         "vjp": _primal_call("vjp", _positional_primals),
         "linearize": _primal_call("linearize", _positional_primals),
         "eval_shape": _primal_call("eval_shape", _eval_shape_primals),
-        "make_jaxpr": _primal_transform("make_jaxpr"),
+        "make_jaxpr": _same_arguments("make_jaxpr", zeros=True),
         "custom_vjp": _rules.rule("custom_vjp"),
         "custom_jvp": _rules.rule("custom_jvp"),
         "closure_convert": _rules.CONVERSIONS["closure_convert"],
