@@ -445,8 +445,8 @@ IMPLICIT_OVERRIDES: dict[str, Callable[..., Any]] = {
     **LinenRule.overrides(),
     # Listed after the transforms' make_jaxpr in the layer: a write inside is refused.
     **_convert.CONVERSIONS,
-    # Replaces the transforms' eval_shape, which threads (and so draws a key): equinox
-    # calls eval_shape inside its loops' conditions, where no key may be drawn.
+    # Not a threaded eval_shape, which would draw a key: equinox calls eval_shape
+    # inside its loops' conditions, where no key may be drawn.
     "eval_shape": _convert.eval_shape,
 }
 """Neutral name -> Linen override, for the implicit-differentiation names."""
