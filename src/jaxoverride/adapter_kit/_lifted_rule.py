@@ -184,8 +184,7 @@ class LiftedRule:
     def _in_order(self, count: int, static: Sequence[Any], primals: Sequence[Any]) -> list[Any]:
         """The user's ``count`` arguments from a lifted JVP rule's nondiff ones (``static``)
         and primal ones, in call order."""
-        lifted = count + 1  # the state comes first
-        positions = [n % lifted - 1 for n in self._lifted_nondiff]
+        positions = self._static_positions(count)
         ordered: list[Any] = [None] * count
         for position, value in zip(positions, static, strict=True):
             ordered[position] = value
