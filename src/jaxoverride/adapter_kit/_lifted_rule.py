@@ -24,16 +24,8 @@ from jax.custom_derivatives import SymbolicZero
 
 import jaxoverride as jo
 from jaxoverride._compat import jit_name, rule_jvp
+from jaxoverride.adapter_kit import _rule_args as rule_args
 from jaxoverride.adapter_kit._argnums import shift_argnums
-from jaxoverride.adapter_kit._rule_args import (
-    bwd_cotangents,
-    fwd_output_pair,
-    instantiate_zeros,
-    nondiff_positions,
-    perturbed_leaves,
-    positional_arguments,
-    unwrap_primals,
-)
 from jaxoverride.adapter_kit._rule_checks import argument_types, check_bwd_types, jvp_output_pair
 from jaxoverride.adapter_kit._staged_reads import StagedPrimal, staged
 
@@ -202,7 +194,7 @@ class LiftedRule:
         try:
             signature = inspect.signature(self._fun)
         except (TypeError, ValueError):
-            return positional_arguments(self._fun, args, kwargs)  # JAX decides
+            return rule_args.positional_arguments(self._fun, args, kwargs)  # JAX decides
         try:
             bound = signature.bind(*args, **kwargs)
         except TypeError:
@@ -288,11 +280,11 @@ class LiftedRule:
 
         def lifted_fwd(values: Any, *args: Any) -> Any:
             refused = call.differentiated(values) if lifting else None
-            values = unwrap_primals(values)
+            values = rule_args.unwrap_primals(values)
             if not symbolic_zeros:
-                args = unwrap_primals(args)
+                args = rule_args.unwrap_primals(args)
             pair, after, saved = call.run_forward(values, fwd, args, refused)
-            out, residuals = fwd_output_pair(pair, fwd, fun, seen[0] if seen else None)
+            out, residuals = rule_args.fwd_output_pair(pair, fwd, fun, seen[0] if seen else None)
             return (out, after), (residuals, saved)
 
         def lifted_bwd(*rest: Any) -> Any:
@@ -300,9 +292,9 @@ class LiftedRule:
             if lifting:
                 backward.refuse_differentiated_state(state_cotangent)
             if not symbolic_zeros:
-                out_cotangent = instantiate_zeros(out_cotangent)
+                out_cotangent = rule_args.instantiate_zeros(out_cotangent)
             cotangents = backward.run_backward(saved, bwd, (*nondiff, residuals, out_cotangent))
-            cotangents = bwd_cotangents(cotangents, primal_tree)
+            cotangents = rule_args.bwd_cotangents(cotangents, primal_tree)
             if primal_types is not None:  # JAX's check, with the user's indices
                 check_bwd_types(cotangents, primal_types, fun)
             return (None, *cotangents)
@@ -340,12 +332,12 @@ class LiftedRule:
         def lifted_jvp(*rest: Any) -> Any:
             *nondiff, (values, *primals), (value_tangents, *tangents) = rest
             refused = call.differentiated(value_tangents) if differentiable_state else None
-            if not any(perturbed_leaves(tangents)):
+            if not any(rule_args.perturbed_leaves(tangents)):
                 ordered = self._in_order(count, nondiff, primals)
                 out, after = call.run(values, fun, ordered, refused)
                 return (out, after), (_symbolic_zeros(out), _symbolic_zeros(after))
             if not symbolic_zeros:
-                tangents = instantiate_zeros(tangents)
+                tangents = rule_args.instantiate_zeros(tangents)
             pair, after = call.run(
                 values, jvp, (*nondiff, tuple(primals), tuple(tangents)), refused
             )
@@ -416,7 +408,7 @@ def _resolved_nondiff(
         names = set(inspect.signature(fun).parameters)
     except (TypeError, ValueError):
         names = set()
-    return nondiff_positions(fun, argnums, [name for name in argnames if name in names])
+    return rule_args.nondiff_positions(fun, argnums, [name for name in argnames if name in names])
 
 
 def _symbolic_zeros(tree: Any) -> Any:
