@@ -1,13 +1,8 @@
 """The common part of an adapter's ``custom_vjp``/``custom_jvp``: JAX's rule, and the user's.
 
-An adapter that threads its state through a custom rule builds, per call, a JAX rule over
-a lifted function whose first argument is the state. What it needs from the user's
-decorated function is always the same: JAX's own rule object built below (for calls
-where the adapter has nothing to do, for JAX's checks of the rule functions, and for the
-attributes users read), and the rule functions the user defined, to lift at call time.
-How the rule is built over the lifted function is the same too (``LiftedRule._vjp_rule``,
-``LiftedRule._jvp_binder``); what differs is how the adapter runs one of the user's
-functions over its state (a ``RuleCall``) and its backward rule (a ``RuleBackward``).
+An adapter lifts its state into a custom rule as the first argument of a JAX rule built
+per call (``LiftedRule``); what differs between adapters is how one of the user's
+functions runs over that state (a ``RuleCall``) and how its ``bwd`` runs (a ``RuleBackward``).
 """
 
 from __future__ import annotations
@@ -166,11 +161,8 @@ class LiftedRule:
 
     @functools.cached_property
     def _lifted_nondiff(self) -> tuple[int, ...]:
-        """``_nondiff`` for the lifted function, whose first argument is the state.
-
-        A negative position counts from the end, as before (JAX then treats the argument
-        as it does for the user's function).
-        """
+        """``_nondiff`` for the lifted function, whose first argument is the state (a
+        negative position still counts from the end)."""
         return shift_argnums(self._nondiff)
 
     def _in_order(self, count: int, static: Sequence[Any], primals: Sequence[Any]) -> list[Any]:
