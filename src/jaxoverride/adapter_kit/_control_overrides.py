@@ -36,17 +36,10 @@ from collections.abc import Callable
 from typing import Any
 
 import jaxoverride as jo
+from jaxoverride.adapter_kit import _state_threading as state_threading
 from jaxoverride.adapter_kit._jax_arguments import jax_arguments, scan_arguments
 from jaxoverride.adapter_kit._operands import NO_OPERAND
 from jaxoverride.adapter_kit._state_source import StateSource
-from jaxoverride.adapter_kit._state_threading import (
-    threaded_cond,
-    threaded_fori_loop,
-    threaded_map,
-    threaded_scan,
-    threaded_switch,
-    threaded_while_loop,
-)
 
 
 def when_active(
@@ -202,12 +195,12 @@ def threaded_control_flow(
 
     return control_flow_overrides(
         active,
-        scan=through(threaded_scan, "jaxoverride.lax.scan"),
-        while_loop=through(threaded_while_loop, "jaxoverride.lax.while_loop"),
-        fori_loop=through(threaded_fori_loop, "jaxoverride.lax.fori_loop"),
-        cond=through(threaded_cond, "jaxoverride.lax.cond"),
-        switch=through(threaded_switch, "jaxoverride.lax.switch"),
-        lax_map=lambda below, f, xs, batch_size: threaded_map(
+        scan=through(state_threading.threaded_scan, "jaxoverride.lax.scan"),
+        while_loop=through(state_threading.threaded_while_loop, "jaxoverride.lax.while_loop"),
+        fori_loop=through(state_threading.threaded_fori_loop, "jaxoverride.lax.fori_loop"),
+        cond=through(state_threading.threaded_cond, "jaxoverride.lax.cond"),
+        switch=through(state_threading.threaded_switch, "jaxoverride.lax.switch"),
+        lax_map=lambda below, f, xs, batch_size: state_threading.threaded_map(
             jo.lax.scan, jo.vmap, f, xs, batch_size=batch_size
         ),
         module=module,

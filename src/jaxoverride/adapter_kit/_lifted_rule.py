@@ -1,13 +1,8 @@
 """The common part of an adapter's ``custom_vjp``/``custom_jvp``: JAX's rule, and the user's.
 
-An adapter that threads its state through a custom rule builds, per call, a JAX rule over
-a lifted function whose first argument is the state. What it needs from the user's
-decorated function is always the same: JAX's own rule object built below (for calls
-where the adapter has nothing to do, for JAX's checks of the rule functions, and for the
-attributes users read), and the rule functions the user defined, to lift at call time.
-How the rule is built over the lifted function is the same too (``LiftedRule._vjp_rule``,
-``LiftedRule._jvp_binder``); what differs is how the adapter runs one of the user's
-functions over its state (a ``RuleCall``) and its backward rule (a ``RuleBackward``).
+An adapter lifts its state into a custom rule as the first argument of a JAX rule built
+per call (``LiftedRule``); what differs between adapters is how one of the user's
+functions runs over that state (a ``RuleCall``) and how its ``bwd`` runs (a ``RuleBackward``).
 """
 
 from __future__ import annotations
@@ -24,16 +19,8 @@ from jax.custom_derivatives import SymbolicZero
 
 import jaxoverride as jo
 from jaxoverride._compat import jit_name, rule_jvp
+from jaxoverride.adapter_kit import _rule_args as rule_args
 from jaxoverride.adapter_kit._argnums import shift_argnums
-from jaxoverride.adapter_kit._rule_args import (
-    bwd_cotangents,
-    fwd_output_pair,
-    instantiate_zeros,
-    nondiff_positions,
-    perturbed_leaves,
-    positional_arguments,
-    unwrap_primals,
-)
 from jaxoverride.adapter_kit._rule_checks import argument_types, check_bwd_types, jvp_output_pair
 from jaxoverride.adapter_kit._staged_reads import StagedPrimal, staged
 
@@ -174,18 +161,14 @@ class LiftedRule:
 
     @functools.cached_property
     def _lifted_nondiff(self) -> tuple[int, ...]:
-        """``_nondiff`` for the lifted function, whose first argument is the state.
-
-        A negative position counts from the end, as before (JAX then treats the argument
-        as it does for the user's function).
-        """
+        """``_nondiff`` for the lifted function, whose first argument is the state (a
+        negative position still counts from the end)."""
         return shift_argnums(self._nondiff)
 
     def _in_order(self, count: int, static: Sequence[Any], primals: Sequence[Any]) -> list[Any]:
         """The user's ``count`` arguments from a lifted JVP rule's nondiff ones (``static``)
         and primal ones, in call order."""
-        lifted = count + 1  # the state comes first
-        positions = [n % lifted - 1 for n in self._lifted_nondiff]
+        positions = self._static_positions(count)
         ordered: list[Any] = [None] * count
         for position, value in zip(positions, static, strict=True):
             ordered[position] = value
@@ -203,7 +186,7 @@ class LiftedRule:
         try:
             signature = inspect.signature(self._fun)
         except (TypeError, ValueError):
-            return positional_arguments(self._fun, args, kwargs)  # JAX decides
+            return rule_args.positional_arguments(self._fun, args, kwargs)  # JAX decides
         try:
             bound = signature.bind(*args, **kwargs)
         except TypeError:
@@ -289,11 +272,11 @@ class LiftedRule:
 
         def lifted_fwd(values: Any, *args: Any) -> Any:
             refused = call.differentiated(values) if lifting else None
-            values = unwrap_primals(values)
+            values = rule_args.unwrap_primals(values)
             if not symbolic_zeros:
-                args = unwrap_primals(args)
+                args = rule_args.unwrap_primals(args)
             pair, after, saved = call.run_forward(values, fwd, args, refused)
-            out, residuals = fwd_output_pair(pair, fwd, fun, seen[0] if seen else None)
+            out, residuals = rule_args.fwd_output_pair(pair, fwd, fun, seen[0] if seen else None)
             return (out, after), (residuals, saved)
 
         def lifted_bwd(*rest: Any) -> Any:
@@ -301,9 +284,9 @@ class LiftedRule:
             if lifting:
                 backward.refuse_differentiated_state(state_cotangent)
             if not symbolic_zeros:
-                out_cotangent = instantiate_zeros(out_cotangent)
+                out_cotangent = rule_args.instantiate_zeros(out_cotangent)
             cotangents = backward.run_backward(saved, bwd, (*nondiff, residuals, out_cotangent))
-            cotangents = bwd_cotangents(cotangents, primal_tree)
+            cotangents = rule_args.bwd_cotangents(cotangents, primal_tree)
             if primal_types is not None:  # JAX's check, with the user's indices
                 check_bwd_types(cotangents, primal_types, fun)
             return (None, *cotangents)
@@ -341,12 +324,12 @@ class LiftedRule:
         def lifted_jvp(*rest: Any) -> Any:
             *nondiff, (values, *primals), (value_tangents, *tangents) = rest
             refused = call.differentiated(value_tangents) if differentiable_state else None
-            if not any(perturbed_leaves(tangents)):
+            if not any(rule_args.perturbed_leaves(tangents)):
                 ordered = self._in_order(count, nondiff, primals)
                 out, after = call.run(values, fun, ordered, refused)
                 return (out, after), (_symbolic_zeros(out), _symbolic_zeros(after))
             if not symbolic_zeros:
-                tangents = instantiate_zeros(tangents)
+                tangents = rule_args.instantiate_zeros(tangents)
             pair, after = call.run(
                 values, jvp, (*nondiff, tuple(primals), tuple(tangents)), refused
             )
@@ -417,7 +400,7 @@ def _resolved_nondiff(
         names = set(inspect.signature(fun).parameters)
     except (TypeError, ValueError):
         names = set()
-    return nondiff_positions(fun, argnums, [name for name in argnames if name in names])
+    return rule_args.nondiff_positions(fun, argnums, [name for name in argnames if name in names])
 
 
 def _symbolic_zeros(tree: Any) -> Any:

@@ -379,11 +379,16 @@ def threaded_while_loop(
 
         return [(0, test), (1, body)]
 
-    def carried_call() -> Any:
+    def carried_call(first: Any = None) -> Any:
+        # JAX's cond_fun cannot return state, so the predicate is evaluated at the end of
+        # each body instead, and carried: cond, body, cond, body, ... as Python would. The
+        # first test is ``first`` where the caller already ran it.
         with handed_call(source, where, functions, 3, carried_runs, Threaded) as handed:
             test, body = handed.functions
-            pred, state = _first_test(handed.traces, test, handed.thread.read(), init_val)
-            value, state, _ = below(_carried_predicate, body, (init_val, state, pred))
+            state = handed.thread.read()
+            if first is None:
+                first, state = _first_test(handed.traces, test, state, init_val)
+            value, state, _ = below(_carried_predicate, body, (init_val, state, first))
             handed.thread.finish(state, ran=None)
         return value
 
@@ -400,26 +405,7 @@ def threaded_while_loop(
                     if not cond_changed_state:
                         handed.thread.finish(state, ran=None)
                         return value
-        return stateful_cond_call()
-
-    def stateful_runs(thread: Threaded) -> list[tuple[int, Any]]:
-        def body(fns: Any, carry: Any) -> Any:
-            value, state, _ = carry
-            (value, pred), after = thread.run(0, state, _body_then_cond, fns, value)
-            return value, after, pred
-
-        return [(1, body)]
-
-    def stateful_cond_call() -> Any:
-        # JAX's cond_fun cannot return state, so evaluate the predicate at the end of
-        # each body instead, carrying it: cond, body, cond, body, ... as Python would.
-        first = jnp.asarray(cond_fun(init_val), dtype=bool)
-        with handed_call(source, where, functions, 1, stateful_runs, Threaded) as handed:
-            value, state, _ = below(
-                _carried_predicate, handed.functions[0], (init_val, handed.thread.read(), first)
-            )
-            handed.thread.finish(state, ran=None)
-        return value
+        return carried_call(cond_fun(init_val))
 
     def creation() -> Any:
         value = as_jax_operands(init_val)
@@ -454,11 +440,6 @@ def _first_test(traces: dict[Any, Any], test: Callable[..., Any], *operands: Any
 class _PredicateChangedStateError(TraceAbort):
     """Raised while JAX traces a ``cond_fun`` that changed the state (see
     ``abort_changed_predicate``)."""
-
-
-def _body_then_cond(fns: Any, value: Any) -> tuple[Any, Any]:
-    value = fns[1](value)
-    return value, jnp.asarray(fns[0](value), dtype=bool)
 
 
 def _carried_predicate(carry: Any) -> Any:
