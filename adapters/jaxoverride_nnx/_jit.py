@@ -47,7 +47,9 @@ from jaxoverride_nnx._graph import RAW, holds_state, is_graph_object
 from jaxoverride_nnx._lift import (
     call_plain,
     from_refs,
+    named_like,
     run_lifted,
+    static_positions,
     to_refs,
     with_arguments,
     write_back,
@@ -342,7 +344,7 @@ class NnxJit:
     def _lift_arguments(
         self, tracked: Tracked | None, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> tuple[Tracked, tuple[Any, ...], dict[str, Any]]:
-        static = self._static_positions(len(args))
+        static = static_positions(self._static_nums, len(args))
         view = with_arguments(tracked, *self._dynamic(args, kwargs))
         assert view is not None
         new_args = tuple(a if i in static else to_refs(a, view)[0] for i, a in enumerate(args))
@@ -361,9 +363,8 @@ class NnxJit:
         """
         if not (self._static_nums or self._static_names):
             return
-        statics = [
-            (f"static argument {i}", args[i]) for i in sorted(self._static_positions(len(args)))
-        ]
+        positions = sorted(static_positions(self._static_nums, len(args)))
+        statics = [(f"static argument {i}", args[i]) for i in positions]
         statics += [
             (f"static argument {k!r}", v) for k, v in kwargs.items() if k in self._static_names
         ]
@@ -387,13 +388,10 @@ class NnxJit:
         functools.update_wrapper(checked, fun, updated=())
         return checked
 
-    def _static_positions(self, count: int) -> set[int]:
-        return {n % count if n < 0 else n for n in self._static_nums if -count <= n < count}
-
     def _dynamic(
         self, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> tuple[list[Any], dict[str, Any]]:
-        static = self._static_positions(len(args)) if self._static_nums else ()
+        static = static_positions(self._static_nums, len(args)) if self._static_nums else ()
         return (
             [a for i, a in enumerate(args) if i not in static],
             {k: v for k, v in kwargs.items() if k not in self._static_names},
@@ -438,7 +436,7 @@ class NnxJit:
         options = self._options
         if self._per_arity is not None:
             count = key[1]
-            dynamic = count - len(self._static_positions(count))
+            dynamic = count - len(static_positions(self._static_nums, count))
             options = {**options, "in_shardings": (None, *[self._per_arity] * dynamic)}
         build = _Build(tracked, given, general or self._sharded_out)
         build.jitted = self._below(self._lifted(build), **options)
@@ -488,11 +486,7 @@ class NnxJit:
         # Named as JAX names ``fun`` (a partial by its function, an object as unnamed), so
         # compilations and lowerings carry the user's name.
         lifted.__name__ = lifted.__qualname__ = jit_name(fun)
-        for attribute in ("__qualname__", "__module__", "__doc__"):
-            value = getattr(fun, attribute, None)
-            if isinstance(value, str):
-                setattr(lifted, attribute, value)
-        return lifted
+        return named_like(lifted, fun)
 
     # -- the jitted function's other entry points -------------------------------------
     def _entry(

@@ -250,6 +250,27 @@ def changed(before: Sequence[Any], after: Sequence[Any]) -> dict[int, Any]:
     return {index: new for index, (old, new) in pairs if new is not old}
 
 
+def written_since(values: Mapping[int, Any], after: Sequence[Any], count: int) -> dict[int, Any]:
+    """``{index: new value}`` for the Variables among ``values`` (indices below ``count``;
+    the others are array attributes) whose value object changed."""
+    return {i: after[i] for i in values if i < count and after[i] is not values[i]}
+
+
+def static_positions(static: Sequence[int], count: int) -> set[int]:
+    """``static`` argnums (negative ones from the end) that exist in a call of ``count``."""
+    return {n % count if n < 0 else n for n in static if -count <= n < count}
+
+
+def named_like(call: Callable[..., Any], fun: Callable[..., Any]) -> Callable[..., Any]:
+    """``call`` under ``fun``'s names, module and docstring, so JAX's messages and
+    lowerings name the user's function."""
+    for attribute in ("__name__", "__qualname__", "__module__", "__doc__"):
+        value = getattr(fun, attribute, None)
+        if isinstance(value, str):
+            setattr(call, attribute, value)
+    return call
+
+
 # -- graph nodes as arguments ---------------------------------------------------------
 
 
