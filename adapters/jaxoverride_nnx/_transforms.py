@@ -14,7 +14,6 @@ stands for its ``nnx.Param`` Variables, and its gradient is an ``nnx.State``, as
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
 import inspect
@@ -47,7 +46,7 @@ from jaxoverride_nnx._lift import (
     written_since,
 )
 from jaxoverride_nnx._probes import has_probe, probe_types
-from jaxoverride_nnx._solve import policy_for, written
+from jaxoverride_nnx._solve import discarded, policy_for, written
 from jaxoverride_nnx._stale_reads import own_jit_trace
 from jaxoverride_nnx._touched import Threads, given_values
 from jaxoverride_nnx._tracked import Tracked, current
@@ -436,7 +435,7 @@ def eval_shape(fun: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         values = None
         if stand_ins:
             values = [stand_ins.get(i, v) for i, v in enumerate(now)]
-        with contextlib.nullcontext() if policy is None else policy.discarded():
+        with discarded(policy):
             where = "jaxoverride.eval_shape"
             out, _ = run_lifted(view, values, fun, inner_args, inner_kwargs, where)
         return to_refs(out, view)[0]
