@@ -47,11 +47,11 @@ from jaxoverride_nnx._graph import RAW, holds_state, is_graph_object
 from jaxoverride_nnx._lift import (
     call_plain,
     from_refs,
+    lift_arguments,
     named_like,
     run_lifted,
     static_positions,
     to_refs,
-    with_arguments,
     write_back,
 )
 from jaxoverride_nnx._reach import reached
@@ -345,13 +345,9 @@ class NnxJit:
         self, tracked: Tracked | None, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> tuple[Tracked, tuple[Any, ...], dict[str, Any]]:
         static = static_positions(self._static_nums, len(args))
-        view = with_arguments(tracked, *self._dynamic(args, kwargs))
+        view, args, kwargs = lift_arguments(tracked, args, kwargs, static, self._static_names)
         assert view is not None
-        new_args = tuple(a if i in static else to_refs(a, view)[0] for i, a in enumerate(args))
-        new_kwargs = {
-            k: v if k in self._static_names else to_refs(v, view)[0] for k, v in kwargs.items()
-        }
-        return view, new_args, new_kwargs
+        return view, args, kwargs
 
     def _check_static(
         self, tracked: Tracked | None, args: Sequence[Any], kwargs: dict[str, Any]

@@ -17,7 +17,7 @@ module comes back as that object.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -354,6 +354,25 @@ def check_same_refs(before: Any, after: Any, what: str, where: str) -> None:
             "same places on every iteration: return the module you were given (its "
             "Variables carry the state), not a new or different one."
         )
+
+
+def lift_arguments(
+    tracked: Tracked | None,
+    args: Sequence[Any],
+    kwargs: dict[str, Any],
+    static: Collection[int] = (),
+    static_names: Collection[str] = (),
+) -> tuple[Tracked | None, tuple[Any, ...], dict[str, Any]]:
+    """``tracked`` extended by the graph nodes in the dynamic arguments (all but the
+    positions ``static`` and the names ``static_names``), and the arguments with those
+    nodes as ``NodeRef``s; ``(None, args, kwargs)`` where there is nothing to track."""
+    dynamic = [a for i, a in enumerate(args) if i not in static]
+    view = with_arguments(tracked, dynamic, {k: kwargs[k] for k in kwargs if k not in static_names})
+    if view is None:
+        return None, tuple(args), kwargs
+    refs = lambda x: to_refs(x, view)[0]
+    new_args = tuple(a if i in static else refs(a) for i, a in enumerate(args))
+    return view, new_args, {k: v if k in static_names else refs(v) for k, v in kwargs.items()}
 
 
 def prepare(*trees: Any) -> tuple[Tracked | None, list[Any]]:

@@ -36,11 +36,11 @@ from jaxoverride_nnx._lift import (
     call_plain,
     from_refs,
     graph_objects,
+    lift_arguments,
     named_like,
     run_lifted,
     static_positions,
     to_refs,
-    with_arguments,
     write_back,
     written_since,
 )
@@ -117,17 +117,6 @@ class _PerSet:
                     self._cache.clear()
             entry = self._cache[(key, extra)] = self._build(extra)
         return entry
-
-
-def _lift_call(
-    args: tuple[Any, ...], kwargs: dict[str, Any], static: set[int]
-) -> tuple[Tracked | None, tuple[Any, ...], dict[str, Any]]:
-    dynamic = [a for i, a in enumerate(args) if i not in static]
-    view = with_arguments(current(), dynamic, kwargs)
-    if view is None:
-        return None, args, kwargs
-    new_args = tuple(a if i in static else to_refs(a, view)[0] for i, a in enumerate(args))
-    return view, new_args, to_refs(kwargs, view)[0]
 
 
 # The mark of the probes of the mapped call being traced (see ``_touched``).
@@ -222,7 +211,7 @@ def _build_pmap(
     def call(*call_args: Any, **call_kwargs: Any) -> Any:
         count = len(call_args)
         fixed = static_positions(static, count)
-        view, args_, kwargs_ = _lift_call(call_args, call_kwargs, fixed)
+        view, args_, kwargs_ = lift_arguments(current(), call_args, call_kwargs, fixed)
         if view is None:
             return call_plain(plain, call_args, call_kwargs, where)
         if isinstance(in_axes, (tuple, list)) and len(in_axes) != count:
@@ -333,7 +322,7 @@ def _build_shard_map(
     cache = _PerSet(build)
 
     def call(*call_args: Any, **call_kwargs: Any) -> Any:
-        view, args_, kwargs_ = _lift_call(call_args, call_kwargs, set())
+        view, args_, kwargs_ = lift_arguments(current(), call_args, call_kwargs)
         if view is None or call_kwargs:
             return call_plain(plain, call_args, call_kwargs, where)
         if raise_infer:

@@ -34,6 +34,7 @@ from jaxoverride_nnx._lift import (
     call_plain,
     changed,
     from_refs,
+    lift_arguments,
     named_like,
     prepare,
     refs_of,
@@ -366,13 +367,10 @@ def _checkpointing(name: str, default: Callable[..., Any]) -> Callable[..., Any]
 
         def call(*call_args: Any, **call_kwargs: Any) -> Any:
             fixed = static_positions(static, len(call_args))
-            dynamic = [a for i, a in enumerate(call_args) if i not in fixed]
-            view = with_arguments(current(), dynamic, call_kwargs)
+            view, args_, kwargs_ = lift_arguments(current(), call_args, call_kwargs, fixed)
             if view is None:
                 return call_plain(plain, call_args, call_kwargs, where)
             policy = policy_for(view)
-            args_ = [a if i in fixed else to_refs(a, view)[0] for i, a in enumerate(call_args)]
-            kwargs_ = to_refs(call_kwargs, view)[0]
 
             count = len(view.variables)
 
