@@ -51,7 +51,10 @@ def context() -> jo.OverrideContext:
     return _CONTEXT
 
 
-_handle: jo.Installation | None = None
+# Scoped: ``track`` enters the installation's scope (``activation``); no framework hook.
+_INSTALLER = kit.ScopedInstaller(
+    _CONTEXT, "jaxoverride_nnx", hook=lambda: None, unhook=lambda: None
+)
 
 
 def install() -> jo.Installation:
@@ -77,16 +80,13 @@ def install() -> jo.Installation:
       >>> int(counter[...]), jaxoverride_nnx.uninstall()
       (3, True)
     """
-    global _handle
-    if _handle is None or not _handle.installed:
-        _handle = jo.install(_CONTEXT, scoped=True, name="jaxoverride_nnx")
-    return _handle
+    return _INSTALLER.install()
 
 
 def activation() -> Any:
     """What ``track`` enters to make the NNX layer active: the installation's scope when
     installed, else ``context()``."""
-    handle = _handle
+    handle = _INSTALLER.installation
     return handle.scope() if handle is not None and handle.installed else _CONTEXT
 
 
@@ -101,9 +101,7 @@ def uninstall() -> bool:
       >>> jaxoverride_nnx.uninstall()
       False
     """
-    global _handle
-    handle, _handle = _handle, None
-    return handle is not None and handle.uninstall()
+    return _INSTALLER.uninstall()
 
 
 def layer_active() -> bool:

@@ -3,28 +3,20 @@
 Every lifted Variable's value is carried (or passed to each branch) next to the user's
 carry; inside the body the Variables hold the carried values and may be written, so a
 counter, BatchNorm statistics or an RNG stream advances once per step exactly as in a
-Python loop. After the call only the Variables that the body or a branch actually wrote
-(seen when it was traced) are stored back. Array attributes of modules are read-only
-and ride along unchanged.
+Python loop. After the call only the Variables that some traced function wrote are
+stored back. Array attributes of modules are read-only and ride along unchanged.
 
-``scan``, ``while_loop``, ``fori_loop``, ``cond``, ``switch`` and the stateful ``map``
-are the kit's threaded combinators over ``_Source``, a ``StateSource`` of the tracked
-values given to the call (``_touched``: only those of the modules it touches); the
-stateless paths (JAX's own structure when nothing is touched) are written here.
+The calls are the kit's threaded combinators over ``_Source``, given only the tracked
+values of the modules the call touches (``_touched``). The user's functions go to the kit
+as they are, so its wrappers of them are reused per (functions, kind of call, tracked
+set) and JAX's own trace cache works as for raw ``jax.lax.scan``: a loop called eagerly
+again with the same body is neither traced nor compiled again. What their traces found
+(``_Seen``) is kept next to them (``kit.kept``). Given no tracked value, a
+``while_loop`` and a ``map`` are JAX's own structure.
 
-The user's functions go to the kit's combinators as they are: the kit hands JAX its
-wrappers of them, reused per (functions, kind of call, tracked set) (``_Source.reuse_key``),
-each running in the running call's ``_Source``. So JAX's own trace cache works as it does
-for raw ``jax.lax.scan``, and a loop called eagerly again with the same body is neither
-traced nor compiled again. What their traces found (``_Seen``: the modules they touch,
-the Variables they write) is kept next to them (``kit.kept``). With no tracked value
-given, a ``while_loop`` and a ``map`` are JAX's own structure (``_ReadOnlySource``, and
-JAX's ``map`` itself).
-
-A stateful ``while_loop`` evaluates ``cond_fun`` once before the loop and then at the end
-of each body step (the predicate rides in the carry: the kit's ``carried_predicate``), so
-a ``cond_fun`` that updates state does so exactly as often as in
-``while cond(x): x = body(x)``.
+A stateful ``while_loop`` tests ``cond_fun`` once before the loop and then at the end of
+each step (the kit's ``carried_predicate``), so a ``cond_fun`` that updates state does
+so exactly as often as in ``while cond(x): x = body(x)``.
 """
 
 from __future__ import annotations
@@ -57,7 +49,7 @@ from jaxoverride_nnx._lift import (
     with_arguments,
     write_back,
 )
-from jaxoverride_nnx._solve import FRAMEWORK, parts_of, policy_for
+from jaxoverride_nnx._solve import FRAMEWORK, discarded, parts_of, policy_for
 from jaxoverride_nnx._touched import Threads, given_values
 from jaxoverride_nnx._tracked import Tracked, current
 from jaxoverride_nnx._transforms import run_closure, run_mapped
@@ -93,15 +85,9 @@ _NO_CARRY: Any = object()
 
 
 class _Source(kit.ScopedStateSource):
-    """The kit's state source for one control-flow call: the tracked values given.
+    """The kit's state source for one control-flow call: the tracked values given, run
+    through the step of each function (``steps``: by its id, with its ``_Seen``)."""
 
-    ``read()`` is the given Variables' values and array attributes; each traced run
-    installs them for its extent (``lifted``, as ``run_lifted`` does) through the step of
-    its function (``steps``: by the function's id, with the ``_Seen`` it records in);
-    ``write`` stores what some trace of the call's functions wrote.
-    """
-
-    # A while_loop tests once before the loop and at the end of each step, as Python does.
     carried_predicate = True
     # jaxoverride.solve_state: the kit's Threaded applies a declaration to these calls.
     framework: ClassVar[str | None] = FRAMEWORK
@@ -125,8 +111,7 @@ class _Source(kit.ScopedStateSource):
         self.outputs = outputs  # a branch's output shapes by its id, for branch_error
 
     def reuse_key(self) -> Any:
-        """Wrappers are reused per kind of call and tracked set (the layout of the state,
-        and what ``_Seen`` records)."""
+        # The layout of the state and what ``_Seen`` records depend on these.
         return type(self), self.kind, self.tracked.key
 
     def read(self) -> Any:
@@ -162,15 +147,12 @@ class _Source(kit.ScopedStateSource):
         self.store(state[0])
 
     def store(self, final: _Values) -> None:
-        """After the call: write back the Variables that some traced function wrote."""
         written = set().union(*(seen.written for _, seen in self.steps.values()))
         write_back(
             self.tracked, {i: value for i, value in final.items() if i in written}, self.where
         )
 
     def parts(self, state: Any) -> list[Any]:
-        """For ``jaxoverride.solve_state``: the Variables' parts (``_solve.parts_of``);
-        the array attributes are untouched."""
         values, constants = state
         return parts_of(self.tracked, values) + [None] * len(jax.tree.leaves(constants))
 
@@ -221,12 +203,8 @@ def _threaded(
         for record in seen:
             record.threads.found[tracked.key] = given
         state, constants = _start(tracked, given, reach)
-        frame = None if given or not read_only or policy is None else policy.push()
-        try:
+        with discarded(None if given or not read_only else policy):
             return call(given, (state, constants, owner))
-        finally:
-            if frame is not None and policy is not None:
-                policy.pop(frame)
 
     given = frozenset().union(*(record.threads.get(tracked, reach) for record in seen))
     seen[0].threads.found[tracked.key] = given
@@ -287,6 +265,23 @@ def scan(*args: Any, **kwargs: Any) -> tuple[Any, Any]:
     return from_refs(final, tracked), from_refs(ys, tracked)
 
 
+def _loop_step(where: str, cond_fun: Any) -> Step:
+    """The step of a loop body ``fun(*leading, carry) -> carry`` (while, fori)."""
+
+    def step(source: _Source, fun: Any, values: _Values, constants: _Values, *args: Any):
+        *leading, value = args
+        tracked = source.tracked
+        new, after = source.lifted(
+            fun, values, constants, fun, (*leading, from_refs(value, tracked))
+        )
+        new = to_refs(new, tracked)[0]
+        check_same_refs(value, new, "carry", where)
+        check_loop_carry(fun, source.initial_or(value), new, cond_fun)
+        return new, after
+
+    return step
+
+
 # -- while_loop -----------------------------------------------------------------------
 
 _WHILE = "jaxoverride.lax.while_loop"
@@ -308,14 +303,7 @@ def while_loop(
         return call_plain(below, (cond_fun, body_fun, init_val), {}, _WHILE)
     seen = _seen((cond_fun, body_fun), "while", tracked)
 
-    def body_step(source: _Source, fun: Any, values: _Values, constants: _Values, value: Any):
-        tracked = source.tracked
-        new, after = source.lifted(fun, values, constants, fun, (from_refs(value, tracked),))
-        new = to_refs(new, tracked)[0]
-        check_same_refs(value, new, "carry", _WHILE)
-        check_loop_carry(fun, source.initial_or(value), new, cond_fun)
-        return new, after
-
+    body_step = _loop_step(_WHILE, cond_fun)
     steps = {id(cond_fun): (_while_test, seen), id(body_fun): (body_step, seen)}
     init = to_refs(init_val, tracked)[0]
 
@@ -334,13 +322,7 @@ def while_loop(
 _FORI = "jaxoverride.lax.fori_loop"
 
 
-def _fori_step(source: _Source, fun: Any, values: _Values, constants: _Values, i: Any, value: Any):
-    tracked = source.tracked
-    new, after = source.lifted(fun, values, constants, fun, (i, from_refs(value, tracked)))
-    new = to_refs(new, tracked)[0]
-    check_same_refs(value, new, "carry", _FORI)
-    check_loop_carry(fun, source.initial_or(value), new, None)
-    return new, after
+_fori_step = _loop_step(_FORI, None)
 
 
 def fori_loop(*args: Any, **kwargs: Any) -> Any:
@@ -383,7 +365,6 @@ class _BranchSource(_Source):
         self.store(state)
 
     def parts(self, state: Any) -> list[Any]:
-        """For ``jaxoverride.solve_state``: the Variables' parts (``_solve.parts_of``)."""
         return parts_of(self.tracked, state)
 
 
@@ -396,29 +377,44 @@ def _branch(source: _Source, fn: Any, values: _Values, constants: _Values, *oper
     return out, after
 
 
-def _run_branches(
-    tracked: Tracked,
-    branches: list[Callable[..., Any]],
-    args: tuple[Any, ...],
-    call: Callable[..., Any],
-    switch: bool,
+def _all_callable(branches: Any) -> bool:
+    try:
+        return len(branches) > 0 and all(map(callable, branches))
+    except TypeError:  # not a sequence
+        return False
+
+
+def _branching(
+    kind: str, arguments: Any, kwargs: Any, selector: Any, branches: Any, operands: Any, one: Any
 ) -> Any:
-    """``call(source, branches, constants, *operands)`` (the kit's threaded cond or
-    switch) with the tracked state passed through the taken branch."""
-    kind = "switch" if switch else "cond"
+    """``cond`` or ``switch`` (``kind``) given ``jax_arguments``' reading of JAX's
+    ``arguments``: the tracked state passes through the taken branch."""
+    below = jo.next_impl(f"lax.{kind}")
     where = f"jaxoverride.lax.{kind}"
+    switch = kind == "switch"
+    if one is not _NO_OPERAND:  # ``operand=``, JAX's older keyword
+        if operands:  # JAX's own error for passing both
+            return below(*arguments, **kwargs)
+        operands = (one,)
+    tracked = with_arguments(current(), operands)
+    if tracked is None or not _all_callable(branches):
+        head = (selector, branches) if switch else (selector, *branches)
+        return call_plain(below, (*head, *operands), {}, where)
+    branches = list(branches)
     # Per branch: the kit reuses each branch's wrapper on its own.
     seen = [_seen((fn,), kind, tracked) for fn in branches]
     steps = {id(fn): (_branch, record) for fn, record in zip(branches, seen, strict=True)}
-    operands = to_refs(args, tracked)[0]
+    refs = to_refs(operands, tracked)[0]
     outputs: dict[int, Any] = {}
 
     def run(_: frozenset[int], given: Any) -> Any:
         source = _BranchSource(tracked, kind, where, steps, given, outputs=outputs)
-        return call(source, branches, given[1], *operands)
+        if switch:
+            return kit.threaded_switch(source, below, selector, branches, given[1], *refs)
+        return kit.threaded_cond(source, below, selector, *branches, given[1], *refs)
 
     try:
-        out = _threaded(tracked, branches, seen, run, args)
+        out = _threaded(tracked, branches, seen, run, operands)
     except TypeError as error:
         shapes = [outputs.get(id(fn)) for fn in branches]
         jax_error = branch_error(error, branches, shapes, switch=switch)
@@ -428,57 +424,16 @@ def _run_branches(
     return from_refs(out, tracked)
 
 
-def _all_callable(branches: Any) -> bool:
-    try:
-        return len(branches) > 0 and all(map(callable, branches))
-    except TypeError:  # not a sequence
-        return False
-
-
-def _operands(operands: tuple[Any, ...], operand: Any) -> tuple[tuple[Any, ...], bool]:
-    if operand is _NO_OPERAND:
-        return operands, True
-    return (operand,), not operands
-
-
 def cond(*arguments: Any, **kwargs: Any) -> Any:
     """The ``"lax.cond"`` override: ``jax.lax.cond``'s arguments (``jax_arguments``)."""
-    pred, true_fun, false_fun, operands, operand = jax_arguments("lax.cond", *arguments, **kwargs)
-    below = jo.next_impl("lax.cond")
-    where = "jaxoverride.lax.cond"
-    args, valid = _operands(operands, operand)
-    if not valid:  # JAX's own error for passing both
-        return below(*arguments, **kwargs)
-    tracked = with_arguments(current(), args)
-    if tracked is None or not (callable(true_fun) and callable(false_fun)):
-        return call_plain(below, (pred, true_fun, false_fun, *args), {}, where)
-    return _run_branches(
-        tracked,
-        [true_fun, false_fun],
-        args,
-        lambda source, fns, *packed: kit.threaded_cond(source, below, pred, *fns, *packed),
-        switch=False,
-    )
+    pred, true_fun, false_fun, *rest = jax_arguments("lax.cond", *arguments, **kwargs)
+    return _branching("cond", arguments, kwargs, pred, (true_fun, false_fun), *rest)
 
 
 def switch(*arguments: Any, **kwargs: Any) -> Any:
     """The ``"lax.switch"`` override: ``jax.lax.switch``'s arguments (``jax_arguments``)."""
-    index, branches, operands, operand = jax_arguments("lax.switch", *arguments, **kwargs)
-    below = jo.next_impl("lax.switch")
-    where = "jaxoverride.lax.switch"
-    args, valid = _operands(operands, operand)
-    if not valid:
-        return below(*arguments, **kwargs)
-    tracked = with_arguments(current(), args)
-    if tracked is None or not _all_callable(branches):
-        return call_plain(below, (index, branches, *args), {}, where)
-    return _run_branches(
-        tracked,
-        list(branches),
-        args,
-        lambda source, fns, *packed: kit.threaded_switch(source, below, index, fns, *packed),
-        switch=True,
-    )
+    index, branches, *rest = jax_arguments("lax.switch", *arguments, **kwargs)
+    return _branching("switch", arguments, kwargs, index, branches, *rest)
 
 
 # -- map ------------------------------------------------------------------------------

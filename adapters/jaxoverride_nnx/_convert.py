@@ -30,7 +30,7 @@ from jaxoverride_nnx._graph import RAW
 from jaxoverride_nnx._lift import changed, run_lifted, write_back
 from jaxoverride_nnx._probes import check_given
 from jaxoverride_nnx._rules import PureFunctionWriteError, write_refused
-from jaxoverride_nnx._solve import policy_for, stateful
+from jaxoverride_nnx._solve import discarded, policy_for, stateful
 from jaxoverride_nnx._stale_reads import own_jit_trace
 from jaxoverride_nnx._tracked import Tracked, current
 
@@ -253,15 +253,9 @@ def _pure(
         return fn  # JAX's own error for JAX's misuse, as with nothing active
 
     def pure(*args: Any, **kwargs: Any) -> Any:
-        # Under jaxoverride.solve_state, what a boundary inside keeps as its last stays in
-        # a frame of this trace (the write itself is refused below: it cannot come out).
-        policy = policy_for(tracked)
-        frame = None if policy is None else policy.push()
-        try:
+        # (a write itself is refused below: it cannot come out)
+        with discarded(policy_for(tracked)):
             out, after = run_lifted(tracked, None, fn, args, kwargs, where)
-        finally:
-            if frame is not None and policy is not None:
-                policy.pop(frame)
         if written := changed(tracked.read(), after):
             raise write_refused(tracked, written, role, why, fix, where)
         return out

@@ -1,20 +1,15 @@
 """The ``jit`` override: one inner ``jax.jit`` per tracked set, fed the Variables' values.
 
-On a cache hit a call reads the lifted Variables' raw values into a flat list, calls the
-inner jitted function with that list prepended to the arguments, and stores back only
-the values that the trace showed to change. No graph traversal happens per call: the
-tracked set was walked when ``track`` was entered. The inner function is keyed on the
-tracked set's ``TrackKey`` (root identities and graph fingerprint) in a table that
-holds no module, so weights are never baked in as constants, a changed tracked set
-gets its own trace and a dead module's entries are pruned.
+A call reads the lifted Variables' raw values into a flat list, calls the inner jitted
+function with it prepended to the arguments, and stores back only the values that the
+trace showed to change. No graph is walked per call (``track`` walked it). Builds are
+keyed on the tracked set's ``TrackKey`` in a table that holds no module, so weights are
+never baked in as constants and a dead module's entries are pruned.
 
-A repeated call is served from the flat plan that the general path last kept: the
-tracked set and structure epoch it is right for, the jitted function, the tuple of
-Variables it reads and the tuple of those it writes. Each trace of a build must return
-the same layout (``_Build.layout``: which Variables it writes, whether the output holds
-modules); the output is then the bare output, or ``(output, new values)`` in the order
-of that tuple. A trace with another layout gets a build that returns the general,
-self-describing form (``(output, {index: value})``), so no call misreads an output.
+A repeated call is served from the flat plan (``_plan``) that the general path last
+kept. Each trace of a build must return the same layout (``_Build.layout``), so the
+output is read without a self-describing form; a trace with another layout gets a build
+that returns ``(output, {index: value})``, so no call misreads an output.
 """
 
 from __future__ import annotations
@@ -47,9 +42,11 @@ from jaxoverride_nnx._graph import RAW, holds_state, is_graph_object
 from jaxoverride_nnx._lift import (
     call_plain,
     from_refs,
+    lift_arguments,
+    named_like,
     run_lifted,
+    static_positions,
     to_refs,
-    with_arguments,
     write_back,
 )
 from jaxoverride_nnx._reach import reached
@@ -126,8 +123,8 @@ class NnxJit:
 
     # -- the call ---------------------------------------------------------------------
     def _make_call(self) -> Callable[..., Any]:
-        """The callable that ``jaxoverride.jit`` runs: the hot path as a plain closure
-        (cheaper to call than an object), with JAX's jitted-function API."""
+        """What ``jaxoverride.jit`` runs: a plain closure (cheaper to call than an
+        object), with JAX's jitted-function API."""
         fun, plain, cache, compile_, clean, with_nodes, retry = (
             self._fun,
             self._plain,
@@ -137,14 +134,12 @@ class NnxJit:
             self._call_with_nodes,
             self._retry,
         )
-        # The last key and its build: one tuple, replaced whole, so that another thread
-        # reads one pair or the other, never a key with another key's build.
+        # ``last`` (key, build) and ``hot`` (the plan, ``_plan``) are tuples replaced
+        # whole: another thread reads one or the other, never a mix. A plan serves calls
+        # with its tracked set, no structural change since and plain positional
+        # arguments; it still reads every Variable (a write that bypasses NNX's checks
+        # leaves no other trace).
         last: list[Any] = [(None, None)]
-        # The plan of the last call that took the general path to the plain jitted call
-        # (see ``_plan``). A call with the same tracked set, no structural change since
-        # and plain positional arguments is served from it: it still reads every
-        # Variable (a write that bypasses NNX's checks, or nnx.jit's own, leaves no
-        # other trace). One tuple, replaced whole (threads).
         hot: list[Any] = [_COLD]
         per_arity = self._per_arity
         active_get = ACTIVE.get
@@ -157,9 +152,8 @@ class NnxJit:
             direct: tuple[Any, ...] | None = None,
             mark: list[Any] | None = None,
         ) -> Callable[..., Any]:
-            """The hot path: with ``direct`` a checked direct call (``checked_direct``) that
-            serves only in its stack and while ``captured()`` is the object ``mark`` says
-            the check passed for with this very plan."""
+            """The hot path; with ``direct``, of a ``checked_direct`` call: it serves only
+            in its stack, while ``captured()`` is what ``mark`` says passed the check."""
             current, stack, fallback, captured = direct or (None, None, None, None)
 
             def hot_call(*args: Any, **kwargs: Any) -> Any:
@@ -207,10 +201,8 @@ class NnxJit:
             fallback: Callable[..., Any],
             captured: Callable[[], Any],
         ) -> Callable[..., Any]:
-            # (plan, the check's token for the captured object) after a call that passed
-            # the check with that plan's tracked set active at its epoch: the object's
-            # cover (``_is_tracked``: its id in that set's graph) is then known for that
-            # plan. One tuple, replaced whole (threads).
+            # (plan, the check's token) once a call passed the check with the plan's
+            # tracked set active at its epoch: the captured object is then known covered.
             mark: list[Any] = [(_COLD, _COLD)]
 
             def checked(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -312,8 +304,7 @@ class NnxJit:
         )
 
     def _retry(self, key: Any, tracked: Tracked, error: NeedsState | LayoutChanged) -> None:
-        """The function touched a module it was not given: give it that one too. Or a
-        trace returned another layout than the build's first: build it general."""
+        """Rebuilds with the module a probe found, or general after a ``LayoutChanged``."""
         build = self._cache[key]
         if isinstance(error, LayoutChanged):
             self._cache[key] = self._build(key, tracked, build.given, general=True)
@@ -342,14 +333,10 @@ class NnxJit:
     def _lift_arguments(
         self, tracked: Tracked | None, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> tuple[Tracked, tuple[Any, ...], dict[str, Any]]:
-        static = self._static_positions(len(args))
-        view = with_arguments(tracked, *self._dynamic(args, kwargs))
+        static = static_positions(self._static_nums, len(args))
+        view, args, kwargs = lift_arguments(tracked, args, kwargs, static, self._static_names)
         assert view is not None
-        new_args = tuple(a if i in static else to_refs(a, view)[0] for i, a in enumerate(args))
-        new_kwargs = {
-            k: v if k in self._static_names else to_refs(v, view)[0] for k, v in kwargs.items()
-        }
-        return view, new_args, new_kwargs
+        return view, args, kwargs
 
     def _check_static(
         self, tracked: Tracked | None, args: Sequence[Any], kwargs: dict[str, Any]
@@ -361,9 +348,8 @@ class NnxJit:
         """
         if not (self._static_nums or self._static_names):
             return
-        statics = [
-            (f"static argument {i}", args[i]) for i in sorted(self._static_positions(len(args)))
-        ]
+        positions = sorted(static_positions(self._static_nums, len(args)))
+        statics = [(f"static argument {i}", args[i]) for i in positions]
         statics += [
             (f"static argument {k!r}", v) for k, v in kwargs.items() if k in self._static_names
         ]
@@ -387,13 +373,10 @@ class NnxJit:
         functools.update_wrapper(checked, fun, updated=())
         return checked
 
-    def _static_positions(self, count: int) -> set[int]:
-        return {n % count if n < 0 else n for n in self._static_nums if -count <= n < count}
-
     def _dynamic(
         self, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> tuple[list[Any], dict[str, Any]]:
-        static = self._static_positions(len(args)) if self._static_nums else ()
+        static = static_positions(self._static_nums, len(args)) if self._static_nums else ()
         return (
             [a for i, a in enumerate(args) if i not in static],
             {k: v for k, v in kwargs.items() if k not in self._static_names},
@@ -438,7 +421,7 @@ class NnxJit:
         options = self._options
         if self._per_arity is not None:
             count = key[1]
-            dynamic = count - len(self._static_positions(count))
+            dynamic = count - len(static_positions(self._static_nums, count))
             options = {**options, "in_shardings": (None, *[self._per_arity] * dynamic)}
         build = _Build(tracked, given, general or self._sharded_out)
         build.jitted = self._below(self._lifted(build), **options)
@@ -488,11 +471,7 @@ class NnxJit:
         # Named as JAX names ``fun`` (a partial by its function, an object as unnamed), so
         # compilations and lowerings carry the user's name.
         lifted.__name__ = lifted.__qualname__ = jit_name(fun)
-        for attribute in ("__qualname__", "__module__", "__doc__"):
-            value = getattr(fun, attribute, None)
-            if isinstance(value, str):
-                setattr(lifted, attribute, value)
-        return lifted
+        return named_like(lifted, fun)
 
     # -- the jitted function's other entry points -------------------------------------
     def _entry(
@@ -571,14 +550,12 @@ _LAYOUT_LOCK = threading.Lock()
 
 
 class _Build:
-    """One ``jax.jit`` of the lifted function, for one tracked set and the tracked values
-    it is given (``given``: indices, Variables first, then array attributes), which it
-    takes as a list in ``order``. It marks the probes of its traces (``_touched``).
+    """One ``jax.jit`` of the lifted function for a tracked set, given the tracked values
+    ``given`` (as a list in ``order``); it marks the probes of its traces (``_touched``).
 
-    ``layout`` is ``(written, refs)`` of its first trace: the indices of the Variables
-    it writes and whether the output holds tracked modules. Every trace of a build that
-    is not ``general`` has that layout, so a call reads its output by it; a ``general``
-    build returns ``(out, {index: value})`` (and a third item where ``refs``).
+    ``layout``: ``(indices written, whether the output holds modules)`` of its first
+    trace, which every later trace must match unless ``general`` (then it returns
+    ``(out, {index: value})``, and a third item where the output holds modules).
     """
 
     __slots__ = (
@@ -678,10 +655,8 @@ def _call_hidden(
 
 
 def _plan(tracked: Tracked, build: _Build, reads: list[Any]) -> tuple[Any, ...]:
-    """What a repeated call with ``tracked`` needs, flat: ``(tracked set, epoch, jitted
-    function, Variables read, Variables written in the layout's order, whether the output
-    holds refs, build)``. Only for a build with a layout whose Variables ``_READ`` reads
-    by their slot (see ``_reads_the_slot``)."""
+    """``(tracked set, epoch, jitted, Variables read, Variables written in the layout's
+    order, whether the output holds refs, build)``: what a repeated call needs, flat."""
     assert build.layout is not None
     written, refs = build.layout
     variables = tracked.variables

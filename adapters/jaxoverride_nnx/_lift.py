@@ -17,7 +17,7 @@ module comes back as that object.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -250,6 +250,27 @@ def changed(before: Sequence[Any], after: Sequence[Any]) -> dict[int, Any]:
     return {index: new for index, (old, new) in pairs if new is not old}
 
 
+def written_since(values: Mapping[int, Any], after: Sequence[Any], count: int) -> dict[int, Any]:
+    """``{index: new value}`` for the Variables among ``values`` (indices below ``count``;
+    the others are array attributes) whose value object changed."""
+    return {i: after[i] for i in values if i < count and after[i] is not values[i]}
+
+
+def static_positions(static: Sequence[int], count: int) -> set[int]:
+    """``static`` argnums (negative ones from the end) that exist in a call of ``count``."""
+    return {n % count if n < 0 else n for n in static if -count <= n < count}
+
+
+def named_like(call: Callable[..., Any], fun: Callable[..., Any]) -> Callable[..., Any]:
+    """``call`` under ``fun``'s names, module and docstring, so JAX's messages and
+    lowerings name the user's function."""
+    for attribute in ("__name__", "__qualname__", "__module__", "__doc__"):
+        value = getattr(fun, attribute, None)
+        if isinstance(value, str):
+            setattr(call, attribute, value)
+    return call
+
+
 # -- graph nodes as arguments ---------------------------------------------------------
 
 
@@ -333,6 +354,25 @@ def check_same_refs(before: Any, after: Any, what: str, where: str) -> None:
             "same places on every iteration: return the module you were given (its "
             "Variables carry the state), not a new or different one."
         )
+
+
+def lift_arguments(
+    tracked: Tracked | None,
+    args: Sequence[Any],
+    kwargs: dict[str, Any],
+    static: Collection[int] = (),
+    static_names: Collection[str] = (),
+) -> tuple[Tracked | None, tuple[Any, ...], dict[str, Any]]:
+    """``tracked`` extended by the graph nodes in the dynamic arguments (all but the
+    positions ``static`` and the names ``static_names``), and the arguments with those
+    nodes as ``NodeRef``s; ``(None, args, kwargs)`` where there is nothing to track."""
+    dynamic = [a for i, a in enumerate(args) if i not in static]
+    view = with_arguments(tracked, dynamic, {k: kwargs[k] for k in kwargs if k not in static_names})
+    if view is None:
+        return None, tuple(args), kwargs
+    refs = lambda x: to_refs(x, view)[0]
+    new_args = tuple(a if i in static else refs(a) for i, a in enumerate(args))
+    return view, new_args, {k: v if k in static_names else refs(v) for k, v in kwargs.items()}
 
 
 def prepare(*trees: Any) -> tuple[Tracked | None, list[Any]]:

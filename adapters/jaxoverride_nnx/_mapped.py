@@ -36,15 +36,23 @@ from jaxoverride_nnx._lift import (
     call_plain,
     from_refs,
     graph_objects,
-    refs_of,
+    lift_arguments,
+    named_like,
     run_lifted,
+    static_positions,
     to_refs,
-    with_arguments,
     write_back,
+    written_since,
 )
 from jaxoverride_nnx._touched import Threads, given_values
 from jaxoverride_nnx._tracked import ACTIVE, Tracked, TrackKey, current
-from jaxoverride_nnx._transforms import _bind, _check_broadcast, _named, mapped_module_path
+from jaxoverride_nnx._transforms import (
+    _bind,
+    _check_broadcast,
+    _named,
+    _no_keyword_modules,
+    mapped_module_path,
+)
 
 _CACHE_LIMIT = 256
 
@@ -62,18 +70,13 @@ def _lifted(fun: Callable[..., Any], where: str, check_vma: bool) -> Callable[..
         assert view is not None
         args, kwargs = from_refs((args, kwargs), view)
         out, after = run_lifted(view, values, fun, args, kwargs, where, owner=_OWNER.get())
-        count = len(view.variables)
-        updates = {i: after[i] for i in values if i < count and after[i] is not values[i]}
+        updates = written_since(values, after, len(view.variables))
         if check_vma:
             _check_replicated(view, updates, where)
         out, has_refs = to_refs(out, view)
         return out, updates, HAS_REFS if has_refs else NO_REFS
 
-    for attribute in ("__name__", "__qualname__", "__module__", "__doc__"):
-        value = getattr(fun, attribute, None)
-        if isinstance(value, str):
-            setattr(lifted, attribute, value)
-    return lifted
+    return named_like(lifted, fun)
 
 
 def _check_replicated(view: Tracked, updates: dict[int, Any], where: str) -> None:
@@ -114,17 +117,6 @@ class _PerSet:
                     self._cache.clear()
             entry = self._cache[(key, extra)] = self._build(extra)
         return entry
-
-
-def _lift_call(
-    args: tuple[Any, ...], kwargs: dict[str, Any], static: set[int]
-) -> tuple[Tracked | None, tuple[Any, ...], dict[str, Any]]:
-    dynamic = [a for i, a in enumerate(args) if i not in static]
-    view = with_arguments(current(), dynamic, kwargs)
-    if view is None:
-        return None, args, kwargs
-    new_args = tuple(a if i in static else to_refs(a, view)[0] for i, a in enumerate(args))
-    return view, new_args, to_refs(kwargs, view)[0]
 
 
 # The mark of the probes of the mapped call being traced (see ``_touched``).
@@ -202,7 +194,7 @@ def _build_pmap(
     threads = Threads()  # the modules that ``fun`` touches
 
     def build(count: int) -> Any:
-        fixed = {n % count if n < 0 else n for n in static if -count <= n < count}
+        fixed = static_positions(static, count)
         axes = in_axes if isinstance(in_axes, (tuple, list)) else (in_axes,) * count
         return below(
             lifted,
@@ -218,8 +210,8 @@ def _build_pmap(
 
     def call(*call_args: Any, **call_kwargs: Any) -> Any:
         count = len(call_args)
-        fixed = {n % count if n < 0 else n for n in static if -count <= n < count}
-        view, args_, kwargs_ = _lift_call(call_args, call_kwargs, fixed)
+        fixed = static_positions(static, count)
+        view, args_, kwargs_ = lift_arguments(current(), call_args, call_kwargs, fixed)
         if view is None:
             return call_plain(plain, call_args, call_kwargs, where)
         if isinstance(in_axes, (tuple, list)) and len(in_axes) != count:
@@ -229,11 +221,7 @@ def _build_pmap(
         _check_broadcast(
             dynamic_axes, [a for i, a in enumerate(args_) if i not in fixed], api=where
         )
-        if refs_of(kwargs_):
-            raise ValueError(
-                "jaxoverride_nnx: jaxoverride.pmap maps keyword arguments over axis 0, so NNX "
-                "modules cannot be passed by keyword; pass them positionally with in_axes=None."
-            )
+        _no_keyword_modules(kwargs_, where)
 
         def run(values: dict[int, Any]) -> Any:
             probe_key = (view.key, count, _avals((values, args_, kwargs_)))
@@ -334,7 +322,7 @@ def _build_shard_map(
     cache = _PerSet(build)
 
     def call(*call_args: Any, **call_kwargs: Any) -> Any:
-        view, args_, kwargs_ = _lift_call(call_args, call_kwargs, set())
+        view, args_, kwargs_ = lift_arguments(current(), call_args, call_kwargs)
         if view is None or call_kwargs:
             return call_plain(plain, call_args, call_kwargs, where)
         if raise_infer:

@@ -124,14 +124,10 @@ def _refusing_reads(tracked: Any, perturbed: list[int] | None, where: str) -> It
 
 
 class _SameWrites:
-    """Makes a rule's primal function and its forward rule return one structure.
-
-    JAX needs the primal function and ``fwd`` (or the JVP rule) to return the same outputs,
-    and the written Variables are outputs here. Each may be traced alone (under ``jo.grad``
-    only the rule is), or both, in either order: whichever is traced second returns the
-    Variables that the first wrote, an unchanged one as its value (a write of the same
-    value). Writing a Variable that the first did not is refused, with the fix.
-    """
+    """Makes a rule's primal function and ``fwd`` (or JVP rule) write the same Variables:
+    JAX needs both to return the same outputs, the written Variables included. Either may
+    be traced first or alone; the second returns what the first wrote (an unchanged one
+    as its value), and writing one the first did not is refused, with the fix."""
 
     def __init__(self, tracked: Any, where: str, rule: str, order: Sequence[int]):
         self._tracked = tracked
@@ -165,13 +161,9 @@ class _SameWrites:
 
 class _Call:
     """One call of a lifted rule (the kit's ``RuleCall`` and ``RuleBackward``): its probes'
-    mark, the tracked Variables given (``order``; ``values`` by index), and whether the
-    call still runs.
-
-    JAX may trace ``fwd`` or the JVP rule after the call returned (under
-    ``jax.grad(jax.jit(f))``) and traces ``bwd`` while it transposes: a module touched
-    there first can no longer be given to the call, and is refused with the fix.
-    """
+    mark, the tracked Variables given (``order``), and whether the call still runs (JAX
+    may trace ``fwd`` after it returned, and ``bwd`` while it transposes: a module first
+    touched there can no longer be given, and is refused with the fix)."""
 
     __slots__ = (
         "__weakref__", "done", "fun", "order", "owner", "policy", "received", "same", "tracked",
@@ -244,22 +236,21 @@ class _Call:
     def run_forward(
         self, values: Any, fun: Callable[..., Any], args: Sequence[Any], refused: Any
     ) -> tuple[Any, Any, Any]:
-        """``fwd``; bwd runs from the values of the call."""
+        # bwd runs from the values of the call
         return *self._run("forward rule (fwd)", values, fun, args, refused), values
 
     def staged_values(self, values: Any, used: list[bool]) -> tuple[Any, list[bool]]:
         raise NotImplementedError  # NNXRule stages no primal: a probe finds what it reads
 
     def refuse_differentiated_state(self, cotangent: Any) -> None:
-        """Nothing refused: the written Variables' cotangents are dropped, as before."""
+        pass  # the written Variables' cotangents are dropped
 
     def run_backward(self, saved: Any, fun: Callable[..., Any], args: Sequence[Any]) -> Any:
         """``bwd`` with the Variables holding the values of the call; a write is refused.
 
-        JAX traces bwd later, while it transposes (possibly inside a jit's transpose
-        trace): the Variables then hold whatever the caller's level left in them, and a
-        neutral loop in bwd would carry those as foreign constants ("No constant handler
-        for DynamicJaxprTracer"). bwd sees the values of the call instead.
+        JAX traces bwd while it transposes, when the Variables hold whatever the caller's
+        level left, which a neutral loop in bwd would carry as foreign constants ("No
+        constant handler for DynamicJaxprTracer").
         """
         tracked, values = self.tracked, saved
         cotangents, after = self.lifted(values, fun, args, "bwd rule")

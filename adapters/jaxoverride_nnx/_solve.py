@@ -17,6 +17,7 @@ they write after the JAX call.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
@@ -193,6 +194,12 @@ def written(
     state.update(updates)
     out = policy.written(state, backward)
     return {i: v for i, v in out.items() if v is not now[i]}
+
+
+def discarded(policy: Participant | None) -> contextlib.AbstractContextManager[None]:
+    """A boundary of its own (``Participant.discarded``) under a declaration: what a
+    boundary inside keeps as its last stays in it, never reaches the caller."""
+    return contextlib.nullcontext() if policy is None else policy.discarded()
 
 
 resumed = kit.resumed  # the rules run their backward pass under the forward call's declaration

@@ -1,34 +1,26 @@
 """Under ``track``: a tracked Variable read inside a raw ``jax.jit`` trace is refused.
 
-A ``jax.jit`` object that the adapter never sees (a library's module-level
-``solve = jax.jit(_solve, static_argnums=0)`` bound before any interposition, a library of
-the program's own) traces a function that reads a tracked module by closure: JAX bakes
-the weights in as constants and a later call of the same function silently returns
-results for the old weights. A write raises Flax's ``TraceContextError``; a read leaves
-nothing behind to check afterwards, so it is checked where it happens.
+A ``jax.jit`` that the adapter never sees (a library's module-level ``jax.jit(_solve)``
+bound before any interposition) traces a function that reads a tracked module by
+closure: JAX bakes the weights in as constants and a later call silently returns results
+for the old weights. A write raises Flax's ``TraceContextError``; a read leaves nothing
+to check afterwards, so it is checked where it happens.
 
 While a ``track`` scope is entered, each tracked Variable carries an ``on_get_value``
-hook (NNX runs it at every user read: ``v[...]``, ``v.value``, ``jnp.asarray(v)``,
-arithmetic). The hook looks at the Variable's raw value: every neutral transform has
-swapped a tracer in there before it runs user code, so a concrete value read inside a
-``jax.jit`` trace (``adapter_kit.jit_traces``) is one that raw JAX is baking in. The
-adapter's own ``make_jaxpr`` reads the current values on purpose, into a fresh function
-per call: ``own_jit_trace`` marks its trace, and only a jit trace around it counts.
-``jaxoverride``'s own plumbing reads the raw slot, which runs no hook, so the jitted hot
-path pays nothing. The hook is removed when the scope exits, normally or on an error,
-and the Variable's metadata is left as it was. A neutral call made inside a raw jit reads
-what it carries from the raw slot too: ``check_lifted`` checks those values, for the
-modules that the call's functions and arguments refer to (not on the jit's hot path,
-where a call with only concrete arguments inside a raw jit goes unseen).
+hook (NNX runs it at every user read). Every neutral transform swaps a tracer into the
+raw value before it runs user code, so a concrete value read inside a ``jax.jit`` trace
+(``adapter_kit.jit_traces``) is one that raw JAX is baking in. The adapter's own
+``make_jaxpr`` reads the current values on purpose, into a fresh function per call
+(``own_jit_trace`` marks its trace). The adapter's plumbing reads the raw slot, which
+runs no hook, so the jitted hot path pays nothing; a neutral call made inside a raw jit
+has what it carries checked by ``check_lifted`` instead.
 
-What it lets through, on purpose: reads under raw ``jax.grad``, ``jax.vmap`` and the other
-transforms that run at each call (nothing is cached: the values are right), and reads
-in the bodies of raw ``lax.scan``, ``while_loop``, ``cond``, ``switch``, ``fori_loop`` and
-``jax.checkpoint`` outside any jit. JAX keys the traces of those bodies on the function
-object: a body built per call (the usual library idiom, a closure over the call's
-arguments) is traced again at each call and reads the current weights, while a body
-object reused across calls would hit the cache with the old constants. The read looks
-the same in both cases, so refusing it would break the correct, common one.
+Let through on purpose: reads under raw ``jax.grad``, ``jax.vmap`` and the other
+transforms that run at each call (nothing cached), and reads in the bodies of raw
+``lax.scan``, ``while_loop``, ``cond`` ... outside any jit. JAX keys those traces on the
+body object: a body built per call (the usual idiom) reads the current weights, one
+reused across calls would not, and the read looks the same in both cases, so refusing
+it would break the correct, common one.
 """
 
 from __future__ import annotations
@@ -93,6 +85,12 @@ def _refuse(variable: Any) -> None:
     )
 
 
+def _in_raw_jit(traces: Sequence[Any]) -> bool:
+    """Whether one of the jit ``traces`` is not one of the adapter's own."""
+    own = _OWN.get()
+    return any(all(trace is not mine for mine in own) for trace in traces)
+
+
 def check_read(variable: Any, value: Any) -> Any:
     """The ``on_get_value`` hook: ``value`` unchanged, unless a raw jit is baking it in.
 
@@ -125,8 +123,7 @@ def check_read(variable: Any, value: Any) -> Any:
             # as an object's attribute): never baked in, but traced again with the
             # module given (``NeedsState``).
             check_given((raw,))
-            own = _OWN.get()
-            if any(all(trace is not mine for mine in own) for trace in traces):
+            if _in_raw_jit(traces):
                 _refuse(variable)
     return value
 
@@ -168,13 +165,7 @@ def check_lifted(
       >>> from jaxoverride_nnx._stale_reads import check_lifted
       >>> check_lifted(None, [0], [jnp.ones(())], frozenset)  # outside every jit: nothing
     """
-    traces = adapter_kit.jit_traces()
-    if not traces:
-        return
-    own = _OWN.get()
-    if not any(all(trace is not mine for mine in own) for trace in traces):
-        return
-    if not adapter_kit.adapter_check_on():
+    if not _in_raw_jit(adapter_kit.jit_traces()) or not adapter_kit.adapter_check_on():
         return
     count = len(tracked.variables)
     near: Collection[int] | None = None

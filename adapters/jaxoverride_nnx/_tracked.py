@@ -23,13 +23,8 @@ from flax.nnx.pytreelib import PytreeState
 from jaxoverride_nnx import _stale_reads
 from jaxoverride_nnx._graph import RAW, TRACE, Graph, walk
 
-_epoch = 0
+_epoch = 0  # the structure epoch: bumped whenever an attribute of a tracked node is set
 _last_death = 0
-
-
-def epoch() -> int:
-    """The structure epoch: it changes whenever an attribute of a tracked node is set."""
-    return _epoch
 
 
 def deaths() -> int:
@@ -280,10 +275,6 @@ def current() -> Tracked | None:
     return tracked
 
 
-def _describe(obj: Any) -> str:
-    return type(obj).__name__
-
-
 class Scope:
     """One entered ``track``: its roots (weakly), hooks and the ``Tracked`` it published.
 
@@ -298,7 +289,7 @@ class Scope:
         counts: dict[str, int] = {}
         names = []
         for root in roots:
-            name = _describe(root)
+            name = type(root).__name__
             counts[name] = counts.get(name, 0) + 1
             names.append(name if counts[name] == 1 else f"{name}#{counts[name]}")
         self.names = tuple(names)

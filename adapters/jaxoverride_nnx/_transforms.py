@@ -14,7 +14,6 @@ stands for its ``nnx.Param`` Variables, and its gradient is an ``nnx.State``, as
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
 import inspect
@@ -35,16 +34,20 @@ from jaxoverride_nnx._lift import (
     call_plain,
     changed,
     from_refs,
+    lift_arguments,
+    named_like,
     prepare,
     refs_of,
     refuse_modules,
     run_lifted,
+    static_positions,
     to_refs,
     with_arguments,
     write_back,
+    written_since,
 )
 from jaxoverride_nnx._probes import has_probe, probe_types
-from jaxoverride_nnx._solve import policy_for, written
+from jaxoverride_nnx._solve import discarded, policy_for, written
 from jaxoverride_nnx._stale_reads import own_jit_trace
 from jaxoverride_nnx._touched import Threads, given_values
 from jaxoverride_nnx._tracked import Tracked, current
@@ -161,6 +164,14 @@ def _check_broadcast(in_axes: Any, args: Any, api: str = "jaxoverride.vmap") -> 
     )
 
 
+def _no_keyword_modules(kwargs: dict[str, Any], api: str) -> None:
+    if refs_of(kwargs):
+        raise ValueError(
+            f"jaxoverride_nnx: {api} maps keyword arguments over axis 0, so NNX modules "
+            "cannot be passed by keyword; pass them positionally with in_axes=None."
+        )
+
+
 def vmap(fun: Callable[..., Any], *args: Any, **kwargs: Any) -> Callable[..., Any]:
     """The ``"vmap"`` override."""
     below = jo.next_impl("vmap")
@@ -171,17 +182,11 @@ def vmap(fun: Callable[..., Any], *args: Any, **kwargs: Any) -> Callable[..., An
     where = "jaxoverride.vmap"
 
     def call(*call_args: Any, **call_kwargs: Any) -> Any:
-        tracked, (args_, kwargs_) = prepare(call_args, call_kwargs)
-        if tracked is None:
+        view, (args_, kwargs_) = prepare(call_args, call_kwargs)
+        if view is None:
             return call_plain(plain, call_args, call_kwargs, where)
         _check_broadcast(in_axes, args_)
-        if refs_of(kwargs_):
-            raise ValueError(
-                "jaxoverride_nnx: jaxoverride.vmap maps keyword arguments over axis 0, so "
-                "NNX modules cannot be passed by keyword; pass them positionally with "
-                "in_axes=None."
-            )
-        view = tracked
+        _no_keyword_modules(kwargs_, where)
         policy = policy_for(view)
 
         def pure(*inner_args: Any, **inner_kwargs: Any) -> Any:
@@ -198,11 +203,7 @@ def vmap(fun: Callable[..., Any], *args: Any, **kwargs: Any) -> Callable[..., An
 
 
 def _named(call: Callable[..., Any], fun: Callable[..., Any]) -> Callable[..., Any]:
-    for attribute in ("__name__", "__qualname__", "__doc__", "__module__"):
-        value = getattr(fun, attribute, None)
-        if isinstance(value, str):
-            setattr(call, attribute, value)
-    call.__wrapped__ = fun  # type: ignore[attr-defined]
+    named_like(call, fun).__wrapped__ = fun  # type: ignore[attr-defined]
     return call
 
 
@@ -264,10 +265,9 @@ def _differentiating(name: str, default: Callable[..., Any]) -> Callable[..., An
         has_aux = options.get("has_aux", False)
 
         def call(*call_args: Any, **call_kwargs: Any) -> Any:
-            tracked = with_arguments(current(), call_args, call_kwargs)
-            if tracked is None:
+            view = with_arguments(current(), call_args, call_kwargs)
+            if view is None:
                 return call_plain(plain, call_args, call_kwargs, where)
-            view = tracked
             policy = policy_for(view)
             nums = _argnums(argnums, len(call_args))
             objects: list[Any] = []
@@ -366,16 +366,11 @@ def _checkpointing(name: str, default: Callable[..., Any]) -> Callable[..., Any]
         threads = Threads()  # the modules that ``fun`` touches
 
         def call(*call_args: Any, **call_kwargs: Any) -> Any:
-            count = len(call_args)
-            fixed = {n % count if n < 0 else n for n in static if -count <= n < count}
-            dynamic = [a for i, a in enumerate(call_args) if i not in fixed]
-            tracked = with_arguments(current(), dynamic, call_kwargs)
-            if tracked is None:
+            fixed = static_positions(static, len(call_args))
+            view, args_, kwargs_ = lift_arguments(current(), call_args, call_kwargs, fixed)
+            if view is None:
                 return call_plain(plain, call_args, call_kwargs, where)
-            view = tracked
             policy = policy_for(view)
-            args_ = [a if i in fixed else to_refs(a, view)[0] for i, a in enumerate(call_args)]
-            kwargs_ = to_refs(call_kwargs, view)[0]
 
             count = len(view.variables)
 
@@ -393,9 +388,7 @@ def _checkpointing(name: str, default: Callable[..., Any]) -> Callable[..., Any]
                         policy=policy,
                     )
                     out, has_refs = to_refs(out, view)
-                    updates = {
-                        i: after[i] for i in values if i < count and after[i] is not values[i]
-                    }
+                    updates = written_since(values, after, count)
                     return out, updates, HAS_REFS if has_refs else NO_REFS
 
                 values = given_values(view, given, (fun, call_args, call_kwargs))
@@ -421,11 +414,9 @@ remat = _checkpointing("remat", jax.remat)
 def eval_shape(fun: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     """The ``"eval_shape"`` override: runs nothing, so tracked modules do not change."""
     below = jo.next_impl("eval_shape")
-    tracked, (args_, kwargs_) = prepare(args, kwargs)
-    if tracked is None:
+    view, (args_, kwargs_) = prepare(args, kwargs)
+    if view is None:
         return call_plain(below, (fun, *args), kwargs, "jaxoverride.eval_shape")
-    view = tracked
-
     # Under ``jaxoverride.solve_state`` a boundary of its own, whose last state (a value
     # of eval_shape's trace) is dropped with it, as the writes are.
     policy = policy_for(view)
@@ -442,7 +433,7 @@ def eval_shape(fun: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         values = None
         if stand_ins:
             values = [stand_ins.get(i, v) for i, v in enumerate(now)]
-        with contextlib.nullcontext() if policy is None else policy.discarded():
+        with discarded(policy):
             where = "jaxoverride.eval_shape"
             out, _ = run_lifted(view, values, fun, inner_args, inner_kwargs, where)
         return to_refs(out, view)[0]
@@ -458,9 +449,20 @@ def _no_modules(where: str, primals: Any) -> None:
     refuse_modules(primals, where, "among its primals", fix)
 
 
-def _aux_pure(
-    tracked: Tracked, fun: Callable[..., Any], has_aux: bool, where: str, policy: Any = None
-) -> Callable[..., Any]:
+def _aux_call(
+    name: str, fun: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], primals: Any
+) -> Any:
+    """``jax.jvp``, ``vjp`` or ``linearize`` of ``fun`` (given ``args``, ``kwargs`` with
+    ``has_aux``) with the tracked state closed over: its writes leave as auxiliary output."""
+    where = f"jaxoverride.{name}"
+    below = jo.next_impl(name)
+    tracked = current()
+    if tracked is None:
+        return call_plain(below, (fun, *args), kwargs, where)
+    _no_modules(where, primals)
+    has_aux = kwargs.pop("has_aux")
+    policy = policy_for(tracked)
+
     def pure(*primals: Any) -> Any:
         out, updates = run_closure(tracked, fun, primals, {}, where, policy)
         if has_aux:
@@ -468,60 +470,21 @@ def _aux_pure(
             return value, (to_refs(aux, tracked)[0], updates)
         return out, (None, updates)
 
-    return pure
-
-
-def _finish_aux(
-    tracked: Tracked, aux_pack: Any, has_aux: bool, where: str, policy: Any = None
-) -> Any:
-    aux, updates = aux_pack
+    out, result, (aux, updates) = below(pure, *args, has_aux=True, **kwargs)
     write_back(tracked, written(policy, tracked, updates), where)
-    return from_refs(aux, tracked) if has_aux else None
+    return (out, result, from_refs(aux, tracked)) if has_aux else (out, result)
 
 
 def jvp(fun: Callable[..., Any], primals: Any, tangents: Any, has_aux: bool = False) -> Any:
     """The ``"jvp"`` override."""
-    below = jo.next_impl("jvp")
-    tracked = current()
-    if tracked is None:
-        return call_plain(below, (fun, primals, tangents), {"has_aux": has_aux}, "jaxoverride.jvp")
-    _no_modules("jaxoverride.jvp", primals)
-    where = "jaxoverride.jvp"
-    policy = policy_for(tracked)
-    out, tangent_out, pack = below(
-        _aux_pure(tracked, fun, has_aux, where, policy), primals, tangents, has_aux=True
-    )
-    aux = _finish_aux(tracked, pack, has_aux, where, policy)
-    return (out, tangent_out, aux) if has_aux else (out, tangent_out)
+    return _aux_call("jvp", fun, (primals, tangents), {"has_aux": has_aux}, primals)
 
 
 def vjp(fun: Callable[..., Any], *primals: Any, has_aux: bool = False, **kwargs: Any) -> Any:
     """The ``"vjp"`` override."""
-    below = jo.next_impl("vjp")
-    tracked = current()
-    if tracked is None:
-        return call_plain(below, (fun, *primals), {"has_aux": has_aux, **kwargs}, "jaxoverride.vjp")
-    _no_modules("jaxoverride.vjp", primals)
-    where = "jaxoverride.vjp"
-    policy = policy_for(tracked)
-    out, pullback, pack = below(
-        _aux_pure(tracked, fun, has_aux, where, policy), *primals, has_aux=True, **kwargs
-    )
-    aux = _finish_aux(tracked, pack, has_aux, where, policy)
-    return (out, pullback, aux) if has_aux else (out, pullback)
+    return _aux_call("vjp", fun, primals, {"has_aux": has_aux, **kwargs}, primals)
 
 
 def linearize(fun: Callable[..., Any], *primals: Any, has_aux: bool = False) -> Any:
     """The ``"linearize"`` override."""
-    below = jo.next_impl("linearize")
-    tracked = current()
-    if tracked is None:
-        return call_plain(below, (fun, *primals), {"has_aux": has_aux}, "jaxoverride.linearize")
-    _no_modules("jaxoverride.linearize", primals)
-    where = "jaxoverride.linearize"
-    policy = policy_for(tracked)
-    out, linear, pack = below(
-        _aux_pure(tracked, fun, has_aux, where, policy), *primals, has_aux=True
-    )
-    aux = _finish_aux(tracked, pack, has_aux, where, policy)
-    return (out, linear, aux) if has_aux else (out, linear)
+    return _aux_call("linearize", fun, primals, {"has_aux": has_aux}, primals)
