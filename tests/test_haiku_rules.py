@@ -687,3 +687,38 @@ def test_a_jvp_rule_reading_a_param_its_staged_function_does_not_use_is_refused(
     got = jax.jit(jax.grad(lambda x: model.apply(params, None, x)))(X)
     w, b = params["cell"]["w"], params["cell"]["b"]
     np.testing.assert_allclose(got, w @ (w @ jnp.ones(3) * b), rtol=1e-6)
+
+
+@pytest.mark.parametrize("jit", [False, True], ids=["grad", "grad-jit"])
+def test_optimize_remat_works_in_a_transform_as_in_jax(jit):
+    """``defvjp(..., optimize_remat=True)`` over a primal that writes state: JAX takes no
+    symbolic zeros there, so the lifted rule registers none, and the gradient is JAX's."""
+
+    def build(kind, count):
+        def primal(x):
+            if count:
+                count_call()
+            return 2.0 * jnp.sin(x)
+
+        f = kind(primal)
+        f.defvjp(
+            lambda x: (2.0 * jnp.sin(x), jnp.cos(x)),
+            lambda cos, g: (2.0 * cos * g,),
+            optimize_remat=True,
+        )
+        return hk.transform_with_state(lambda x: jnp.sum(f(hk.Linear(3)(x))))
+
+    ours, theirs = build(jo.custom_vjp, True), build(jax.custom_vjp, False)
+    params, state = ours.init(RNG, X)
+    assert int(state["~"]["calls"]) == 0  # init returns the initial state
+
+    def loss(model, state):
+        return lambda p: model.apply(p, state, None, X)[0]
+
+    grad = jax.jit(jax.grad(loss(ours, state))) if jit else jax.grad(loss(ours, state))
+    with jax.checking_leaks():
+        got = grad(params)
+    expected = jax.grad(loss(theirs, {}))(params)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6), got, expected)
+    _, after = ours.apply(params, state, None, X)
+    assert int(after["~"]["calls"]) == 1

@@ -635,3 +635,51 @@ def test_a_jvp_rule_calling_its_writing_rule_traced_after_apply_returned():
     _close(jax.grad(loss)(X), 2.0 * jnp.ones(N))
     _close(jax.jit(jax.grad(loss))(X), 2.0 * jnp.ones(N))
     _close(jax.grad(lambda x: apply(variables, x)[0])(X), 2.0 * jnp.ones(N))
+
+
+class RematRule(nn.Module):
+    """A ``custom_vjp`` with ``optimize_remat=True`` whose primal counts its calls."""
+
+    count: bool = True
+    kind: Any = jo.custom_vjp
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        calls = self.variable("counters", "calls", lambda: jnp.zeros((), jnp.int32))
+
+        def primal(x: jax.Array) -> jax.Array:
+            if self.count:
+                calls.value += 1
+            return 2.0 * jnp.sin(x)
+
+        f = self.kind(primal)
+        f.defvjp(
+            lambda x: (2.0 * jnp.sin(x), jnp.cos(x)),
+            lambda cos, g: (2.0 * cos * g,),
+            optimize_remat=True,
+        )
+        return jnp.sum(f(nn.Dense(N)(x)))
+
+
+@pytest.mark.parametrize("jit", [False, True], ids=["grad", "grad-jit"])
+def test_optimize_remat_works_as_in_jax(jit):
+    """JAX takes no symbolic zeros with ``optimize_remat``: the lifted rule registers none,
+    and the gradient is JAX's."""
+    ours, theirs = RematRule(), RematRule(count=False, kind=jax.custom_vjp)
+    variables = ours.init(KEY, X)
+    params, counters = variables["params"], variables["counters"]
+
+    def loss(p: Any) -> jax.Array:
+        out, _ = ours.apply({"params": p, "counters": counters}, X, mutable=["counters"])
+        return out
+
+    if jit:  # leak checking flags every jitted rule here: see the fixture
+        got = jax.jit(jax.grad(loss))(params)
+    else:
+        with jax.checking_leaks():
+            got = jax.grad(loss)(params)
+    expected = jax.grad(lambda p: theirs.apply({"params": p, "counters": counters}, X))(params)
+    _close(got, expected)
+    assert _tracers(got) == 0
+    _, after = ours.apply({"params": params, "counters": counters}, X, mutable=["counters"])
+    assert int(after["counters"]["calls"]) == int(counters["calls"]) + 1
