@@ -75,12 +75,17 @@ def _fresh_tally() -> Iterator[None]:
 
 @contextlib.contextmanager
 def frames(*names: str) -> Iterator[collections.Counter[str]]:
-    """Counts the Python frames of these names entered in this thread meanwhile."""
+    """Counts the Python frames of these names entered in this thread meanwhile; a name
+    ``"path/file.py::function"`` counts only that file's functions of that name."""
     counts: collections.Counter[str] = collections.Counter()
+    wanted = [(name, *name.rpartition("::")[::2]) for name in names]
 
     def profile(frame: Any, event: str, arg: Any) -> None:
-        if event == "call" and frame.f_code.co_name in names:
-            counts[frame.f_code.co_name] += 1
+        if event == "call":
+            code = frame.f_code
+            for name, where, function in wanted:
+                if code.co_name == function and code.co_filename.endswith(where):
+                    counts[name] += 1
 
     sys.setprofile(profile)
     try:
@@ -265,6 +270,9 @@ def test_the_debug_layer_over_dag_is_not_skipped():
     assert [c.kind for c in trace.calls].count("run") == 2
 
 
+DAG_HOT_PATH = "jaxoverride_dag/_jit.py::jitted"
+
+
 def test_dag_jit_goes_direct_keeps_identity_and_compiles_once():
     pair = jo.jit(lambda p: (p["a"], p["b"]))
     one = jo.jit(lambda x: x * 2.0)
@@ -276,7 +284,7 @@ def test_dag_jit_goes_direct_keeps_identity_and_compiles_once():
         one(w)
         assert state_of(one).direct is _stack.context_snapshot()
         before = len(_COMPILES)
-        with frames("slow_call", "jitted_direct") as counts:
+        with frames("slow_call", DAG_HOT_PATH) as counts:
             for _ in range(3):
                 assert one(w).tolist() == [2.0, 2.0, 2.0]
                 a, b = pair({"a": w, "b": w})  # a shared leaf: the hot path's fallback
@@ -285,7 +293,7 @@ def test_dag_jit_goes_direct_keeps_identity_and_compiles_once():
                 assert c is not d
         assert len(_COMPILES) == before  # cache hits only
         assert counts["slow_call"] == 0
-        assert counts["jitted_direct"] == 9  # each call entered the DAG's direct frame
+        assert counts[DAG_HOT_PATH] == 9  # each call entered the DAG's direct frame
         with OTHER:  # dag is still the top "jit" here, in another stack
             assert one(w).tolist() == [2.0, 2.0, 2.0]
     assert one(w).tolist() == [2.0, 2.0, 2.0]
