@@ -117,7 +117,7 @@ def _first(leaf: Any, axis: int, last: bool = False) -> Any:
     axis %= leaf.ndim
     if leaf.shape[axis] == 0:
         return jnp.zeros(leaf.shape[:axis] + leaf.shape[axis + 1 :], leaf.dtype)
-    return jnp.take(leaf, -1 if last else 0, axis=axis)
+    return leaf[(slice(None),) * axis + (-1 if last else 0,)]  # a slice, as JAX's loops take
 
 
 def _take_first(tree: Any, axis: int | None) -> Any:
