@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import functools
 import inspect
+import itertools
+import operator
 import os
 import sys
 import types
@@ -472,6 +474,30 @@ _EMPTY = object()  # an empty closure cell or an absent global, in _direct_value
 _NO_FAST = (object(), None, None, -1, None, None)  # ``guard`` with nothing to serve
 
 
+def _recalled(fun: types.FunctionType, memo: _Memo) -> list[Any] | None:
+    """What ``_direct_values(fun)`` reads now, where each is the object ``memo`` read
+    (same identity and type); else None. Without a comprehension or a call of ours: it
+    runs at every checked jitted call under an adapter."""
+    if fun.__code__ is not memo.code or fun.__kwdefaults__ or "__wrapped__" in fun.__dict__:
+        return None
+    cells = fun.__closure__
+    try:
+        direct = list(map(_CELL_CONTENTS, cells)) if cells else []
+    except ValueError:  # an empty cell
+        return None
+    if fun.__defaults__:
+        direct += fun.__defaults__
+    if memo.names:
+        direct += map(fun.__globals__.get, memo.names, _EMPTIES)
+    if tuple(map(id, direct)) == memo.ids and tuple(map(type, direct)) == memo.classes:
+        return direct
+    return None
+
+
+_EMPTIES = itertools.repeat(_EMPTY)
+_CELL_CONTENTS = operator.attrgetter("cell_contents")
+
+
 def _direct_values(fun: types.FunctionType) -> list[Any] | None:
     """Every object ``_shallow_values(fun)`` reads, in a fixed order (``_EMPTY`` for an
     empty cell or an absent global); None where it reads more (keyword defaults, which
@@ -517,18 +543,14 @@ class TransformCheck:
         fun = self.fun
         if type(fun) is not types.FunctionType or not _frameworks.capturing:
             return captured_state(fun)
-        direct = _direct_values(fun)
         memo = self._memo
-        if (
-            memo is not None
-            and direct is not None
-            and fun.__code__ is memo.code
-            and tuple(map(id, direct)) == memo.ids
-            and tuple(map(type, direct)) == memo.classes
-        ):
-            return [(name, direct[at]) for name, at in memo.found]
+        if memo is not None:
+            direct = _recalled(fun, memo)
+            if direct is not None:
+                return [(name, direct[at]) for name, at in memo.found]
         captured = captured_state(fun)
         self._memo = None
+        direct = _direct_values(fun)
         if direct is not None and _shallow_values(fun) is not None:
             # The shallow lookup's answer depends on ``direct`` alone.
             positions = {id(value): position for position, value in enumerate(direct)}
