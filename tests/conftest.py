@@ -5,9 +5,25 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from pathlib import Path
 
 # Must precede the first import of jax anywhere in the test session.
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+
+# A persistent XLA compilation cache, one folder per pytest-xdist worker, which the fresh
+# interpreters a worker starts share (they inherit the environment). The suite compiles the
+# same small programs over and over: inside jax.checking_leaks() JAX keeps nothing in its
+# in-memory caches, and every fresh interpreter starts cold. One folder per worker because
+# two processes that write one entry at once may hand a third a torn file. JAX records its
+# compile event around the cache lookup too, so the tests that count compilations count a
+# program read back from the cache as one. JAXOVERRIDE_TEST_COMPILE_CACHE=off turns it off.
+if os.environ.get("JAXOVERRIDE_TEST_COMPILE_CACHE", "on") != "off":
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = str(
+        Path(__file__).resolve().parent.parent
+        / ".jax-cache"
+        / os.environ.get("PYTEST_XDIST_WORKER", "main")
+    )
+    os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
 
 
 import contextlib

@@ -37,7 +37,12 @@ def _free_port() -> int:
 @pytest.mark.slow
 def test_two_processes_agree_with_raw_jax_on_a_global_mesh():
     port = str(_free_port())
-    env = {key: value for key, value in os.environ.items() if key != "XLA_FLAGS"}
+    # Without the suite's compilation cache: both processes would write its entries at once.
+    env = {
+        key: value
+        for key, value in os.environ.items()
+        if key not in ("XLA_FLAGS", "JAX_COMPILATION_CACHE_DIR")
+    }
     workers = [
         subprocess.Popen(
             [sys.executable, str(WORKER), str(process_id), port],
