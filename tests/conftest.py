@@ -1,5 +1,6 @@
-"""Shared test setup: 8 CPU devices, a check that no test leaves overrides behind, and
-``--jax-next`` (JAX's next flags, ``tests/_next_flags.py``)."""
+"""Shared test setup: 8 CPU devices, a persistent compilation cache per xdist worker, a
+check that no test leaves overrides behind, and ``--jax-next`` (JAX's next flags,
+``tests/_next_flags.py``)."""
 
 from __future__ import annotations
 
