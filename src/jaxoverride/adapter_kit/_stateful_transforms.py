@@ -221,35 +221,11 @@ def _options(
     return bound
 
 
-def stateful_mapping(
+def _mapping(
     state: TransformState, name: str, batched_state_error: Callable[[str, Exception], Exception]
 ) -> Callable[..., Callable[..., Any]]:
-    """The override of ``vmap`` or ``pmap``: the state passed in unmapped and out unbatched;
-    of ``shard_map``: passed in and out replicated (``PartitionSpec()``).
-
-    At init the creation pass calls the function on the first slice of its mapped
-    arguments (``shard_map``: on the block the first device sees).
-
-    Args:
-      state: the framework's ``TransformState``.
-      name: ``"vmap"``, ``"pmap"`` or ``"shard_map"``.
-      batched_state_error: ``batched_state_error(where, err)``, the error to raise when
-        JAX says that the state left depends on the mapped axis (not ``shard_map``'s).
-
-    Returns:
-      The override, with the signature of ``jax.vmap`` (``jax.pmap``, ``jax.shard_map``).
-
-    Example:
-      >>> import jax.numpy as jnp
-      >>> import jaxoverride as jo
-      >>> from jaxoverride import adapter_kit as kit
-      >>> state = kit.source_transform_state(lambda: True, lambda w: kit.DictStateSource({}))
-      >>> vmap = kit.stateful_mapping(state, "vmap", lambda where, err: err)
-      >>> with jo.override_context({"vmap": vmap}):
-      ...     out = jo.vmap(lambda x: x * 2)(jnp.arange(3.0))
-      >>> out.tolist()
-      [0.0, 2.0, 4.0]
-    """
+    """The override of ``vmap`` or ``pmap`` (the state in unmapped, out unbatched) or of
+    ``shard_map`` (in and out replicated); the creation pass sees the first slice (block)."""
     if name == "shard_map":
         return _function_transform(state, name, _sharded(state))
     signature = inspect.signature(getattr(jax, name))
@@ -286,7 +262,7 @@ def stateful_mapping(
 
 
 def _sharded(state: TransformState) -> Prepare:
-    """``shard_map``'s ``prepare`` (``stateful_mapping``): its options are keywords."""
+    """``shard_map``'s ``prepare`` (``_mapping``): its options are keywords."""
     where = "jaxoverride.shard_map"
 
     def prepare(below: Callable[..., Any], fun: Any, args: Any, options: Any) -> Any:
@@ -316,34 +292,11 @@ def _split_aux(has_aux: bool, out: Any, left: Any) -> tuple[Any, Any]:
     return value, (aux, left)
 
 
-def stateful_differentiation(
+def _differentiation(
     state: TransformState, name: str, value_first: bool
 ) -> Callable[..., Callable[..., Any]]:
-    """The override of a ``grad``-like transform: run with ``has_aux=True``, state in aux.
-
-    Args:
-      state: the framework's ``TransformState``.
-      name: ``"grad"``, ``"value_and_grad"``, ``"jacfwd"``, ``"jacrev"`` or ``"hessian"``.
-      value_first: True for ``value_and_grad`` (whose result is ``(value, grads)``).
-
-    Returns:
-      The override, with the JAX transform's signature.
-
-    Example:
-      The state is updated once per call, not once per basis vector:
-
-      >>> import jax.numpy as jnp, jaxoverride as jo
-      >>> from jaxoverride import adapter_kit as kit
-      >>> store = {"calls": jnp.int32(0)}
-      >>> state = kit.source_transform_state(lambda: True, lambda where: kit.DictStateSource(store))
-      >>> def loss(x):
-      ...     store["calls"] = store["calls"] + 1
-      ...     return x**2
-      >>> with jo.override_context({"grad": kit.stateful_differentiation(state, "grad", False)}):
-      ...     slope = jo.grad(loss)(3.0)
-      >>> float(slope), int(store["calls"])
-      (6.0, 1)
-    """
+    """The override of a ``grad``-like transform: run with ``has_aux=True``, state in aux;
+    ``value_first`` for ``value_and_grad``."""
     signature = inspect.signature(getattr(jax, name))
     where = f"jaxoverride.{name}"
 
@@ -378,26 +331,8 @@ def stateful_differentiation(
     return _function_transform(state, name, prepare)
 
 
-def stateful_with_aux(state: TransformState, name: str) -> Callable[..., Any]:
-    """The override of ``vjp`` or ``linearize``: ``(out, fn[, aux])``, the state in aux.
-
-    Args:
-      state: the framework's ``TransformState``.
-      name: ``"vjp"`` or ``"linearize"``.
-
-    Returns:
-      The override, with the JAX function's signature.
-
-    Example:
-      >>> import jaxoverride as jo
-      >>> from jaxoverride import adapter_kit as kit
-      >>> state = kit.source_transform_state(lambda: True, lambda w: kit.DictStateSource({}))
-      >>> linearize = kit.stateful_with_aux(state, "linearize")
-      >>> with jo.override_context({"linearize": linearize}):
-      ...     out, f_jvp = jo.linearize(lambda x: x**3, 2.0)
-      >>> float(out), float(f_jvp(1.0))
-      (8.0, 12.0)
-    """
+def _with_aux(state: TransformState, name: str) -> Callable[..., Any]:
+    """The override of ``vjp`` or ``linearize``: ``(out, fn[, aux])``, the state in aux."""
 
     def call_impl(
         fun: Callable[..., Any], *primals: Any, has_aux: bool = False, **kwargs: Any
@@ -434,26 +369,8 @@ def _aux_call(
     return state.init_safe_allowing_fresh(where, creation, call)
 
 
-def stateful_jvp(state: TransformState) -> Callable[..., Any]:
-    """The override of ``jvp``: ``(out, tangent_out[, aux])``, the state in aux.
-
-    Args:
-      state: the framework's ``TransformState``.
-
-    Returns:
-      The override, with ``jax.jvp``'s signature.
-
-    Example:
-      Where ``active()`` is false, the override is the implementation below:
-
-      >>> import jaxoverride as jo
-      >>> from jaxoverride import adapter_kit as kit
-      >>> idle = kit.source_transform_state(lambda: False, lambda w: kit.DictStateSource({}))
-      >>> with jo.override_context({"jvp": kit.stateful_jvp(idle)}):
-      ...     out, tangent = jo.jvp(lambda x: x * x, (3.0,), (1.0,))
-      >>> float(out), float(tangent)
-      (9.0, 6.0)
-    """
+def _jvp(state: TransformState) -> Callable[..., Any]:
+    """The override of ``jvp``: ``(out, tangent_out[, aux])``, the state in aux."""
 
     def jvp(fun: Callable[..., Any], primals: Any, tangents: Any, has_aux: bool = False) -> Any:
         below = jo.next_impl("jvp")
@@ -477,29 +394,9 @@ def _after_state(
     return bound.args[1:], bound.kwargs
 
 
-def stateful_rematerialization(state: TransformState, name: str) -> Callable[..., Any]:
-    """The override of ``checkpoint`` or ``remat``: the state an argument, as ``hk.remat``.
-
-    Closed over, JAX's rematerialisation could rebuild a scalar integer state value as a
-    Python literal; passed as the first argument it stays an array.
-
-    Args:
-      state: the framework's ``TransformState``.
-      name: ``"checkpoint"`` or ``"remat"``.
-
-    Returns:
-      The override, with ``jax.checkpoint``'s signature.
-
-    Example:
-      >>> import jax.numpy as jnp, jaxoverride as jo
-      >>> from jaxoverride import adapter_kit as kit
-      >>> store = {"w": jnp.float32(3.0)}
-      >>> state = kit.source_transform_state(lambda: True, lambda w: kit.DictStateSource(store))
-      >>> with jo.override_context({"remat": kit.stateful_rematerialization(state, "remat")}):
-      ...     out = jo.remat(lambda x, n: x * store["w"] ** n, static_argnums=1)(2.0, 2)
-      >>> float(out)
-      18.0
-    """
+def _rematerialization(state: TransformState, name: str) -> Callable[..., Any]:
+    """The override of ``checkpoint`` or ``remat``: the state an argument, as ``hk.remat``
+    (closed over, JAX could rebuild a scalar integer state value as a Python literal)."""
     where = f"jaxoverride.{name}"
 
     def prepare(below: Callable[..., Any], fun: Any, args: Any, kwargs: Any) -> Any:
@@ -536,7 +433,8 @@ def stateful_transforms(
 
     Args:
       state: the framework's ``TransformState``.
-      batched_state_error: as for ``stateful_mapping``.
+      batched_state_error: ``batched_state_error(where, err)``, the error to raise when JAX
+        says that the state a ``vmap``/``pmap``'d function left depends on the mapped axis.
       mapped: the mapping transforms to include (``"vmap"``, ``"pmap"``, ``"shard_map"``).
       module: the adapter's module, which call logs (``jaxoverride_debug``) then name
         as the overrides' (``module.grad``); the kit's own if None.
@@ -553,15 +451,15 @@ def stateful_transforms(
       ['checkpoint', 'grad', 'hessian', 'jacfwd']
     """
     table: dict[str, Callable[..., Any]] = {
-        name: stateful_mapping(state, name, batched_state_error) for name in mapped
+        name: _mapping(state, name, batched_state_error) for name in mapped
     }
     for name in ("grad", "value_and_grad", "jacfwd", "jacrev", "hessian"):
-        table[name] = stateful_differentiation(state, name, value_first=name == "value_and_grad")
+        table[name] = _differentiation(state, name, value_first=name == "value_and_grad")
     for name in ("vjp", "linearize"):
-        table[name] = stateful_with_aux(state, name)
-    table["jvp"] = stateful_jvp(state)
+        table[name] = _with_aux(state, name)
+    table["jvp"] = _jvp(state)
     for name in ("checkpoint", "remat"):
-        table[name] = stateful_rematerialization(state, name)
+        table[name] = _rematerialization(state, name)
     if module is not None:
         for override in table.values():
             override.__module__ = module
