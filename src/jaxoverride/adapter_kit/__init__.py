@@ -66,7 +66,6 @@ from jaxoverride.adapter_kit._cache import (
     WrapperCache,
 )
 from jaxoverride.adapter_kit._control_overrides import (
-    control_flow_overrides,
     threaded_control_flow,
 )
 from jaxoverride.adapter_kit._conversion import (
@@ -256,7 +255,6 @@ __all__ = [
     "check_loop_carry",
     "check_name",
     "check_scan_output",
-    "control_flow_overrides",
     "conversion_overrides",
     "create_binding_axes",
     "declarations_entered",

@@ -4,14 +4,7 @@ Every stateful adapter overrides ``lax.scan``, ``lax.while_loop``, ``lax.fori_lo
 ``lax.cond``, ``lax.switch`` and ``lax.map`` the same way: where its framework's state is
 not usable, or the call is one it cannot thread (a non-callable body, both ``operands``
 and ``operand``), the override is the implementation below it, untouched; otherwise it
-runs the adapter's threaded implementation. ``control_flow_overrides`` writes that once;
-an adapter gives only the threaded implementations, and ``threaded_control_flow`` gives
-those for a framework that describes its state as a ``StateSource``.
-
-Each threaded implementation receives ``below`` (the implementation below it) first, then
-JAX's arguments, normalised: positional for ``scan`` and ``while_loop``, ``unroll`` by
-keyword for ``fori_loop``, ``operand`` folded into the operands for ``cond`` and
-``switch``, ``batch_size`` by keyword for ``map``.
+runs the kit's ``threaded_*`` combinator over the framework's ``StateSource``.
 
 Stability: semi-public, as the rest of the kit.
 
@@ -36,10 +29,17 @@ from collections.abc import Callable
 from typing import Any
 
 import jaxoverride as jo
-from jaxoverride.adapter_kit import _state_threading as state_threading
 from jaxoverride.adapter_kit._jax_arguments import jax_arguments, scan_arguments
 from jaxoverride.adapter_kit._operands import NO_OPERAND
 from jaxoverride.adapter_kit._state_source import StateSource
+from jaxoverride.adapter_kit._state_threading import (
+    threaded_cond,
+    threaded_fori_loop,
+    threaded_map,
+    threaded_scan,
+    threaded_switch,
+    threaded_while_loop,
+)
 
 
 def when_active(
@@ -61,28 +61,14 @@ def when_active(
     return call
 
 
-def control_flow_overrides(
-    active: Callable[[], bool],
-    *,
-    scan: Callable[..., Any],
-    while_loop: Callable[..., Any],
-    fori_loop: Callable[..., Any],
-    cond: Callable[..., Any],
-    switch: Callable[..., Any],
-    lax_map: Callable[..., Any],
-    module: str | None = None,
+def threaded_control_flow(
+    active: Callable[[], bool], source: Callable[[str], StateSource], module: str | None = None
 ) -> dict[str, Callable[..., Any]]:
-    """The control-flow overrides of an adapter, from its threaded implementations.
+    """The control-flow overrides of an adapter, on the kit's ``threaded_*`` combinators.
 
     Args:
       active: whether the framework's state is usable here.
-      scan: ``scan(below, f, init, xs, length, reverse, unroll, _split_transpose)``.
-      while_loop: ``while_loop(below, cond_fun, body_fun, init_val)``.
-      fori_loop: ``fori_loop(below, lower_bound, upper_bound, body_fun, init_val,
-        unroll=unroll)``.
-      cond: ``cond(below, pred, true_fun, false_fun, *operands)``.
-      switch: ``switch(below, index, branches, *operands)``.
-      lax_map: ``lax_map(below, f, xs, batch_size=batch_size)``.
+      source: ``source(where)``, the state source of the code running now.
       module: the adapter's module, which call logs (``jaxoverride_debug``) then name
         as the overrides' (``module.scan``); the kit's own if None.
 
@@ -90,44 +76,45 @@ def control_flow_overrides(
       ``{"lax.scan": ..., "lax.while_loop": ..., "lax.fori_loop": ..., "lax.cond": ...,
       "lax.switch": ..., "lax.map": ...}``, each taking the arguments of JAX's function.
       JAX's deprecated ``cond(pred, true_operand, true_fun, false_operand, false_fun)``
-      is recast as JAX recasts it, and then threaded.
+      is recast as JAX recasts it, and then threaded; ``lax.map`` is a scan of the
+      neutral ``jaxoverride.lax.scan`` (``threaded_map``).
 
     Example:
-      >>> import jax
+      >>> import jaxoverride as jo
       >>> from jaxoverride import adapter_kit as kit
-      >>> plain = lambda below, *args, **kwargs: below(*args, **kwargs)
-      >>> table = kit.control_flow_overrides(
-      ...     lambda: False, scan=plain, while_loop=plain, fori_loop=plain, cond=plain,
-      ...     switch=plain, lax_map=plain)
-      >>> sorted(table)
-      ['lax.cond', 'lax.fori_loop', 'lax.map', 'lax.scan', 'lax.switch', 'lax.while_loop']
+      >>> table = kit.threaded_control_flow(lambda: False, lambda w: kit.DictStateSource({}))
+      >>> with jo.override_context(table):
+      ...     out = jo.lax.cond(True, lambda: 1, lambda: 2)
+      >>> int(out)
+      1
     """
 
     def scan_override(below: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         arguments = scan_arguments(*args, **kwargs)
         if not callable(arguments[0]):
             return below(*args, **kwargs)
-        return scan(below, *arguments)
+        return threaded_scan(source("jaxoverride.lax.scan"), below, *arguments)
 
     def while_override(below: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         cond_fun, body_fun, init_val = jax_arguments("lax.while_loop", *args, **kwargs)
         if not (callable(cond_fun) and callable(body_fun)):
             return below(*args, **kwargs)
-        return while_loop(below, cond_fun, body_fun, init_val)
+        where = "jaxoverride.lax.while_loop"
+        return threaded_while_loop(source(where), below, cond_fun, body_fun, init_val)
 
     def fori_override(below: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        lower_bound, upper_bound, body_fun, init_val, unroll = jax_arguments(
-            "lax.fori_loop", *args, **kwargs
-        )
-        if not callable(body_fun):
+        *arguments, unroll = jax_arguments("lax.fori_loop", *args, **kwargs)
+        if not callable(arguments[2]):  # body_fun
             return below(*args, **kwargs)
-        return fori_loop(below, lower_bound, upper_bound, body_fun, init_val, unroll=unroll)
+        where = "jaxoverride.lax.fori_loop"
+        return threaded_fori_loop(source(where), below, *arguments, unroll=unroll)
 
     def cond_override(below: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         pred, true_fun, false_fun, operands, operand = jax_arguments("lax.cond", *args, **kwargs)
-        keywords = {} if operand is NO_OPERAND else {"operand": operand}
-        if operands and keywords:
-            return below(*args, **kwargs)
+        if operand is not NO_OPERAND:
+            if operands:
+                return below(*args, **kwargs)
+            operands = (operand,)
         if not (callable(true_fun) and callable(false_fun)):
             if callable(false_fun) and len(operands) == 2 and callable(operands[1]):
                 # JAX's deprecated cond(pred, x_true, f_true, x_false, f_false), as JAX recasts it.
@@ -135,18 +122,22 @@ def control_flow_overrides(
                 recast = (lambda x, _: f_true(x), lambda _, x: f_false(x), x_true, x_false)
                 return cond_override(below, pred, *recast)
             return below(*args, **kwargs)
-        return cond(below, pred, true_fun, false_fun, *(operands or keywords.values()))
+        where = "jaxoverride.lax.cond"
+        return threaded_cond(source(where), below, pred, true_fun, false_fun, *operands)
 
     def switch_override(below: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         index, branches, operands, operand = jax_arguments("lax.switch", *args, **kwargs)
-        keywords = {} if operand is NO_OPERAND else {"operand": operand}
-        if (operands and keywords) or not branches or not all(callable(b) for b in branches):
+        if operand is not NO_OPERAND:
+            if operands:
+                return below(*args, **kwargs)
+            operands = (operand,)
+        if not branches or not all(callable(b) for b in branches):
             return below(*args, **kwargs)
-        return switch(below, index, branches, *(operands or keywords.values()))
+        return threaded_switch(source("jaxoverride.lax.switch"), below, index, branches, *operands)
 
     def map_override(below: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         f, xs, batch_size = jax_arguments("lax.map", *args, **kwargs)
-        return lax_map(below, f, xs, batch_size=batch_size)
+        return threaded_map(jo.lax.scan, jo.vmap, f, xs, batch_size=batch_size)
 
     overrides = {
         name: when_active(name, active, override)
@@ -164,44 +155,3 @@ def control_flow_overrides(
         if module is not None:
             override.__module__ = module
     return overrides
-
-
-def threaded_control_flow(
-    active: Callable[[], bool], source: Callable[[str], StateSource], module: str | None = None
-) -> dict[str, Callable[..., Any]]:
-    """``control_flow_overrides`` on the kit's ``threaded_*`` combinators.
-
-    Args:
-      active: whether the framework's state is usable here.
-      source: ``source(where)``, the state source of the code running now.
-      module: as for ``control_flow_overrides``.
-
-    Returns:
-      The control-flow overrides, as ``control_flow_overrides`` returns them; ``lax.map``
-      is a scan of the neutral ``jaxoverride.lax.scan`` (``threaded_map``).
-
-    Example:
-      >>> import jaxoverride as jo
-      >>> from jaxoverride import adapter_kit as kit
-      >>> table = kit.threaded_control_flow(lambda: False, lambda w: kit.DictStateSource({}))
-      >>> with jo.override_context(table):
-      ...     out = jo.lax.cond(True, lambda: 1, lambda: 2)
-      >>> int(out)
-      1
-    """
-
-    def through(combinator: Callable[..., Any], where: str) -> Callable[..., Any]:
-        return lambda below, *args, **kwargs: combinator(source(where), below, *args, **kwargs)
-
-    return control_flow_overrides(
-        active,
-        scan=through(state_threading.threaded_scan, "jaxoverride.lax.scan"),
-        while_loop=through(state_threading.threaded_while_loop, "jaxoverride.lax.while_loop"),
-        fori_loop=through(state_threading.threaded_fori_loop, "jaxoverride.lax.fori_loop"),
-        cond=through(state_threading.threaded_cond, "jaxoverride.lax.cond"),
-        switch=through(state_threading.threaded_switch, "jaxoverride.lax.switch"),
-        lax_map=lambda below, f, xs, batch_size: state_threading.threaded_map(
-            jo.lax.scan, jo.vmap, f, xs, batch_size=batch_size
-        ),
-        module=module,
-    )
