@@ -74,8 +74,6 @@ from jaxoverride.adapter_kit._conversion import (
 )
 from jaxoverride.adapter_kit._declared_conversion import (
     declared_closure_convert,
-    declared_custom_root,
-    declared_linear_solve,
     declared_make_jaxpr,
 )
 from jaxoverride.adapter_kit._frameworks import (
@@ -261,8 +259,6 @@ __all__ = [
     "declare_handler",
     "declared_adapters",
     "declared_closure_convert",
-    "declared_custom_root",
-    "declared_linear_solve",
     "declared_make_jaxpr",
     "describe_impl",
     "distinct_functions",

@@ -221,26 +221,7 @@ def declared_custom_root(
     tangent_solve: Callable[..., Any],
     has_aux: bool,
 ) -> Any:
-    """``custom_root`` whose ``solve`` keeps what its last evaluation of ``f`` wrote.
-
-    Args:
-      where, source, policy, below: as for ``declared_closure_convert``.
-      f, initial_guess, solve, tangent_solve, has_aux: as for ``jax.lax.custom_root``.
-
-    Returns:
-      What ``jax.lax.custom_root`` returns.
-
-    Example:
-      Under a declaration with a source that describes no state, it is ``custom_root``:
-
-      >>> import jax, jaxoverride as jo
-      >>> from jaxoverride import adapter_kit as kit
-      >>> source = kit.DictStateSource({})
-      >>> policy = kit.Participant(jo.solve_state(), "doc", source)
-      >>> float(kit.declared_custom_root("doc", source, policy, jax.lax.custom_root,
-      ...     lambda x: 2.0 * x - 4.0, 0.0, lambda g, x: 2.0, lambda g, y: y / 2.0, False))
-      2.0
-    """
+    """``custom_root`` whose ``solve`` keeps what its last evaluation of ``f`` wrote."""
     declared = _Declared(where, source, policy)
     declared.recording = False
 
@@ -320,27 +301,7 @@ def declared_linear_solve(
     *args: Any,
     **options: Any,
 ) -> Any:
-    """``custom_linear_solve`` whose ``matvec`` sees the declared state and keeps nothing.
-
-    Args:
-      where, source, policy, below: as for ``declared_closure_convert``.
-      matvec: the linear map.
-      *args: the rest of ``jax.lax.custom_linear_solve``'s positional arguments.
-      **options: its keyword arguments.
-
-    Returns:
-      What ``jax.lax.custom_linear_solve`` returns.
-
-    Example:
-      >>> import jax, jax.numpy as jnp, jaxoverride as jo
-      >>> from jaxoverride import adapter_kit as kit
-      >>> policy = kit.Participant(jo.solve_state(), "doc", kit.DictStateSource({}))
-      >>> halve = lambda matvec, b: b / 2.0
-      >>> x = kit.declared_linear_solve("doc", policy.source, policy,
-      ...     jax.lax.custom_linear_solve, lambda v: 2.0 * v, jnp.float32(4.0), halve)
-      >>> float(x)
-      2.0
-    """
+    """``custom_linear_solve`` whose ``matvec`` sees the declared state and keeps nothing."""
     declared = _Declared(where, source, policy)
     declared.recording = False
     return below(lambda x: declared.run(matvec, x)[0], *args, **options)
