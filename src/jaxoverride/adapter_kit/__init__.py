@@ -159,7 +159,6 @@ from jaxoverride.adapter_kit._rule_checks import (
     jvp_output_pair,
 )
 from jaxoverride.adapter_kit._solve_policy import (
-    NamesFramework,
     Participant,
     StatePart,
     declarations_entered,
@@ -204,7 +203,6 @@ from jaxoverride.adapter_kit._write_out import (
     Written,
     ahead_of_evaluation,
     write_out,
-    write_out_p,
 )
 from jaxoverride.adapter_kit.init_safe_control import *  # noqa: F403  (its __all__, listed once)
 
@@ -223,7 +221,6 @@ __all__ = [
     "EnterLeaveSource",
     "Framework",
     "LiftedRule",
-    "NamesFramework",
     "OverridePosition",
     "OverrideTable",
     "Participant",
@@ -319,7 +316,6 @@ __all__ = [
     "varying_axes",
     "wraps",
     "write_out",
-    "write_out_p",
     "zero_tangents",
     "zeros_for",
 ]

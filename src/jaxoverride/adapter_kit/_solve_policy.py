@@ -522,29 +522,19 @@ def resumed(entered: Participant | None) -> Iterator[None]:
         yield
 
 
-class NamesFramework(Protocol):
-    """What ``participant`` reads of a source, or of a class of sources: ``framework``,
-    the key its solve source is registered under (``StateSource.framework``), or None
-    where no declaration applies to it. Declared as ``ClassVar[str | None]``.
-
-    Example:
-      >>> from typing import ClassVar
-      >>> from jaxoverride import adapter_kit as kit
-      >>> class Marker:
-      ...     framework: ClassVar[str | None] = "doc"
-      >>> kit.participant(Marker) is None  # no declaration entered
-      True
-    """
+class _NamesFramework(Protocol):
+    """What ``participant`` reads of a source or a class of sources: ``framework``, its solve
+    source's key (``StateSource.framework``), or None where no declaration applies."""
 
     framework: ClassVar[str | None]
 
 
-def participant(source: NamesFramework | type[NamesFramework]) -> Participant | None:
+def participant(source: _NamesFramework | type[_NamesFramework]) -> Participant | None:
     """The innermost declaration's ``Participant`` for ``source``'s framework.
 
     Args:
-      source: a ``StateSource``, or any ``NamesFramework`` (a class: it names the
-        framework only, and the participant itself is returned).
+      source: a ``StateSource``, or anything with a ``framework`` class attribute (a class:
+        it names the framework only, and the participant itself is returned).
 
     Returns:
       The ``Participant`` seen by ``source`` (``Participant.seen_by``), or None (no
