@@ -382,27 +382,20 @@ def _jvp(state: TransformState) -> Callable[..., Any]:
     return jvp
 
 
-def _after_state(
-    below: Callable[..., Any], fun: Callable[..., Any], args: Any, kwargs: Any
-) -> tuple[tuple[Any, ...], dict[str, Any]]:
-    """``checkpoint``'s options for a function given one extra leading argument."""
-    bound = inspect.signature(below).bind_partial(fun, *args, **kwargs)
-    static = bound.arguments.get("static_argnums")
-    if static is not None:
-        numbers = (static,) if isinstance(static, int) else tuple(static)
-        bound.arguments["static_argnums"] = shift_argnums(numbers)
-    return bound.args[1:], bound.kwargs
-
-
 def _rematerialization(state: TransformState, name: str) -> Callable[..., Any]:
     """The override of ``checkpoint`` or ``remat``: the state an argument, as ``hk.remat``
     (closed over, JAX could rebuild a scalar integer state value as a Python literal)."""
     where = f"jaxoverride.{name}"
 
     def prepare(below: Callable[..., Any], fun: Any, args: Any, kwargs: Any) -> Any:
-        shifted_args, shifted_kwargs = _after_state(below, fun, args, kwargs)
-        static = inspect.signature(below).bind_partial(fun, *args, **kwargs).arguments
-        static_argnums = static.get("static_argnums") or ()
+        # ``checkpoint``'s options for the function given the state as a leading argument.
+        bound = inspect.signature(below).bind_partial(fun, *args, **kwargs)
+        static_argnums = bound.arguments.get("static_argnums")
+        if static_argnums is not None:
+            numbers = (static_argnums,) if isinstance(static_argnums, int) else static_argnums
+            bound.arguments["static_argnums"] = shift_argnums(numbers)
+        static_argnums = static_argnums or ()
+        shifted_args, shifted_kwargs = bound.args[1:], bound.kwargs
 
         def rematerialized(call_args: tuple[Any, ...], call_kwargs: dict[str, Any]) -> Any:
             def call() -> Any:
