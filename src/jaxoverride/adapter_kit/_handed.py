@@ -1,27 +1,16 @@
 """The functions a threaded combinator hands to JAX, and their reuse across calls.
 
-JAX caches a loop body's or a branch's trace (and, eagerly, its compiled code) on the
-identity of the function it receives. A combinator that wraps the user's function anew
-on every call makes an identical eager call trace and compile again. A state source
-that can say when two calls are in the same *situation* (everything the wrappers read
-that JAX does not see as an argument) opts into reuse with ``StateSource.reuse_key``:
+JAX caches a body's trace (and, eagerly, its compiled code) on the identity of the
+function it receives, so a combinator that wraps the user's function anew on every call
+traces and compiles again. A source opts into reuse with ``StateSource.reuse_key()``, a
+hashable summary of what the wrappers read besides their arguments (None: fresh wrappers
+per call). Calls with an equal key, combinator and user functions get the same wrappers
+and the same ``Threaded`` (on a cache hit nothing is traced, and ``finish`` replays its
+recorded names), bound to this call's source only while the call runs, per Python thread.
 
-* ``reuse_key()``: a hashable summary of that situation, or None for wrappers built
-  for this call only. Calls with an equal key, the same combinator and the same user
-  functions receive the same wrappers, and the same ``Threaded`` (its recorded naming
-  states included: on a cache hit nothing is traced, and ``finish`` replays them),
-  bound to this call's source: a source made per call (NNX's, over the Variables given
-  to the call) is the one that ``run`` and ``finish`` use, and the cache holds no
-  source past its call. Reuse is per Python thread, since that binding is.
-
-Sources whose key is None (the default) get fresh wrappers for every call.
-
-Branches (``cond``, ``switch``) each call only their own function, and JAX caches each
-branch's trace on its own. With a source without naming state (``names()`` is None: no
-branch's trace depends on where an earlier one ended), each branch's wrapper is reused on
-its own, as JAX reuses each branch: a fresh ``lambda`` beside a reused branch does not
-make that branch traced again. A source with naming state gets its wrappers reused per
-set of functions, since a branch's names depend on the branches traced before it.
+Branches are traced each on its own: with a source without naming state, each branch's
+wrapper is reused on its own, as JAX reuses each branch; with naming state, per set of
+functions, since a branch's names depend on the branches traced before it.
 """
 
 from __future__ import annotations
@@ -141,16 +130,30 @@ def _none() -> None:
     return None
 
 
-def _fresh(functions: Sequence[Any], named: int, run: Run) -> Callable[..., Any]:
-    fun = functions[named]
+def wraps(fun: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """``functools.wraps(fun)``, or no wrapping where ``fun`` cannot be wrapped.
 
-    def handed(*args: Any) -> Any:
-        return run(functions, *args)
+    Args:
+      fun: the user's function.
 
+    Returns:
+      A decorator that copies ``fun``'s name, docstring and ``__wrapped__``.
+
+    Example:
+      >>> from jaxoverride.adapter_kit import wraps
+      >>> def f(x):
+      ...     return x
+      >>> wraps(f)(lambda x: x).__name__
+      'f'
+    """
     try:
-        return functools.wraps(fun)(handed)
+        return functools.wraps(fun)
     except (AttributeError, TypeError):  # pragma: no cover - exotic callables
-        return handed
+        return lambda f: f
+
+
+def _fresh(functions: Sequence[Any], named: int, run: Run) -> Callable[..., Any]:
+    return wraps(functions[named])(lambda *args: run(functions, *args))
 
 
 @contextlib.contextmanager

@@ -166,8 +166,7 @@ class LiftedRule:
         return shift_argnums(self._nondiff)
 
     def _in_order(self, count: int, static: Sequence[Any], primals: Sequence[Any]) -> list[Any]:
-        """The user's ``count`` arguments from a lifted JVP rule's nondiff ones (``static``)
-        and primal ones, in call order."""
+        """The user's ``count`` arguments, in call order, from a JVP rule's nondiff and primals."""
         positions = self._static_positions(count)
         ordered: list[Any] = [None] * count
         for position, value in zip(positions, static, strict=True):
@@ -176,8 +175,7 @@ class LiftedRule:
         return [ordered[i] if i in positions else next(rest) for i in range(count)]
 
     def _static_positions(self, count: int) -> list[int]:
-        """The positions, among the user's ``count`` arguments, of the non-differentiable
-        ones (negative positions resolved)."""
+        """The non-differentiable positions among the user's ``count`` arguments, resolved."""
         return [n % (count + 1) - 1 for n in self._lifted_nondiff]
 
     def _call_arguments(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -197,9 +195,8 @@ class LiftedRule:
         return bound.args if kwargs else args
 
     def _rule_over(self, wrap: Callable[[Callable[..., Any], str], Callable[..., Any]]) -> Any:
-        """The user's rule below, each of its functions run through ``wrap(fn, role)``
-        (``role``: ``"primal function"``, ``"forward rule (fwd)"``, ``"bwd rule"`` or
-        ``"JVP rule"``) and named as ``fn``: JAX's jaxprs and errors are the user's."""
+        """The user's rule below, each function ``fn`` run through ``wrap(fn, role)`` and named
+        as ``fn`` (JAX's jaxprs and errors are the user's); ``role`` names it for messages."""
         assert self._rule is not None
         named = lambda fn, role: _named_as(wrap(fn, role), fn)
         rule = self._below(
@@ -219,13 +216,8 @@ class LiftedRule:
         return rule
 
     def _lifted_primal(self, call: RuleCall, seen: list[Any]) -> Callable[..., Any]:
-        """The primal function of the lifted rule: ``(values, *args) -> (out, after)``.
-
-        JAX keeps the primal function in a ``custom_vjp``'s bwd (for messages), which
-        outlives the call in a linear program: it holds ``call`` weakly (JAX runs it only
-        while the call binds, when the call is alive). ``seen`` receives its output's
-        types, which JAX's checks of the rule's primal output compare against.
-        """
+        """The lifted rule's primal ``(values, *args) -> (out, after)``, holding ``call`` weakly
+        (JAX keeps it in a ``custom_vjp``'s bwd, past the call); ``seen`` gets its output types."""
         fun, where, live = self._fun, self._where, weakref.ref(call)
 
         def primal(values: Any, *args: Any) -> Any:
@@ -246,16 +238,12 @@ class LiftedRule:
         args: Sequence[Any],
         differentiable_state: bool = True,
     ) -> Any:
-        """JAX's ``custom_vjp`` below over the lifted primal, for a call on ``args``.
+        """JAX's ``custom_vjp`` below over the lifted primal ``(values, *args) -> (out, after)``.
 
-        ``fwd`` runs through ``call`` (its ``refused`` from the symbolic zeros, which the
-        rule is registered with to learn what is being differentiated; the user's rules
-        see them only if they asked), ``bwd`` through ``backward``: the rule holds no
-        strong reference to ``call`` there. The rule takes ``(values, *args)`` and returns
-        ``(out, after)``. JAX's remat optimisation takes no symbolic zeros: there, as with
-        JAX's own rule, nothing tells which values are differentiated (``refused`` is
-        None), and so it is where ``differentiable_state`` is False (the state holds no
-        value that could be): then the rule is registered as the user's.
+        ``fwd`` runs through ``call``, its ``refused`` learnt from symbolic zeros (which the
+        user's rules see only if they asked); ``bwd`` through ``backward``, holding no
+        ``call``. With ``optimize_remat`` (which takes no symbolic zeros) or where
+        ``differentiable_state`` is False, nothing is refused: the rule is the user's.
         """
         assert self._rule is not None
         fwd, bwd, symbolic_zeros, optimize_remat = self._rule
@@ -303,17 +291,13 @@ class LiftedRule:
     def _jvp_binder(
         self, call: RuleCall, args: Sequence[Any], differentiable_state: bool = True
     ) -> Callable[[Any], tuple[Any, Any]]:
-        """``bind(values)``: JAX's ``custom_jvp`` below over the lifted primal, and the
-        values it takes, for a call on ``args``.
+        """``bind(values)``: JAX's ``custom_jvp`` below over the lifted primal, and the values
+        it takes, for a call on ``args``.
 
-        The JVP rule runs through ``call``; where only the state is differentiated, the
-        primal function instead, as JAX calls no rule when none of the function's own
-        arguments is perturbed (equinox's ``nondifferentiable`` raises in its rule), with
-        zero tangents (a read of a differentiated value is refused). The state after the
-        call gets zero tangents. Where the call is staged (and the class's
-        ``_stages_primal``), the primal is traced once and the rule takes only the values
-        it reads (``StagedPrimal``, ``RuleCall.staged_values``). Where
-        ``differentiable_state`` is False, the rule is registered as the user's.
+        The JVP rule runs through ``call``; where only the state is perturbed, the primal
+        runs instead with zero tangents, as JAX calls no rule then (equinox's
+        ``nondifferentiable`` raises in its rule). Staged (and ``_stages_primal``), the
+        primal is traced once and the rule takes only the values it reads.
         """
         assert self._rule is not None
         jvp, symbolic_zeros = self._rule
@@ -387,11 +371,8 @@ class LiftedRule:
 def _resolved_nondiff(
     plain: Any, fun: Callable[..., Any], argnums: Sequence[int], argnames: Sequence[str]
 ) -> tuple[int, ...]:
-    """The non-differentiable positions as the rule below resolved them.
-
-    JAX ignores a name that is no parameter; its next ``custom_vjp`` keeps the positions
-    as ``static_argnums``. A rule below that keeps neither gets the same resolution here.
-    """
+    """The non-differentiable positions as the rule below resolved them (``static_argnums``
+    in JAX's next ``custom_vjp``), else alike here: a name that is no parameter is ignored."""
     for attribute in ("nondiff_argnums", "static_argnums"):
         resolved = getattr(plain, attribute, None)
         if resolved is not None:
@@ -409,9 +390,8 @@ def _symbolic_zeros(tree: Any) -> Any:
 
 
 def _named_as(lifted: Callable[..., Any], user: Callable[..., Any]) -> Callable[..., Any]:
-    """``lifted`` under the user's function's name and source location, so that JAX's
-    errors and jaxprs name the user's function, not the adapter's. Its own signature
-    stays: JAX binds arguments with ``inspect.signature``."""
+    """``lifted`` named and located as ``user`` for JAX's errors and jaxprs; its own signature
+    stays, since JAX binds arguments with ``inspect.signature``."""
     signature = inspect.signature(lifted)
     name = jit_name(user)
     lifted.__name__ = name

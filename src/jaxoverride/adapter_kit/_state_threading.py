@@ -23,7 +23,7 @@ from jax.core import Tracer, eval_jaxpr
 
 from jaxoverride.adapter_kit._batched_map import batched_map
 from jaxoverride.adapter_kit._cache import WrapperCache
-from jaxoverride.adapter_kit._handed import handed_call
+from jaxoverride.adapter_kit._handed import handed_call, wraps
 from jaxoverride.adapter_kit._operands import (
     NO_OPERAND as _NO_OPERAND,
     as_jax_operands,
@@ -217,28 +217,6 @@ def _may_run(lower_bound: Any, upper_bound: Any) -> bool | None:
     if isinstance(lower_bound, Tracer) or isinstance(upper_bound, Tracer):
         return None
     return bool(upper_bound > lower_bound)
-
-
-def wraps(fun: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """``functools.wraps(fun)``, or no wrapping where ``fun`` cannot be wrapped.
-
-    Args:
-      fun: the user's function.
-
-    Returns:
-      A decorator that copies ``fun``'s name, docstring and ``__wrapped__``.
-
-    Example:
-      >>> from jaxoverride.adapter_kit import wraps
-      >>> def f(x):
-      ...     return x
-      >>> wraps(f)(lambda x: x).__name__
-      'f'
-    """
-    try:
-        return functools.wraps(fun)
-    except (AttributeError, TypeError):  # pragma: no cover - exotic callables
-        return lambda f: f
 
 
 def threaded_scan(
