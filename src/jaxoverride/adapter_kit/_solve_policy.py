@@ -200,9 +200,7 @@ class Participant:
 
     def freezes(self, kind: str, names: tuple[str, ...]) -> bool:
         """Whether the declaration freezes the state of ``kind`` named ``names`` (rng per
-        solve, state at the solution): every evaluation then sees the entry's, so a
-        backward pass may draw or write it (its writes dropped) where it must otherwise
-        refuse."""
+        solve, state at the solution): a backward pass may then draw or write it."""
         return self.declaration.policy(kind, names) in (PER_SOLVE, AT_SOLUTION)
 
     def _freezes(self, part: StatePart) -> bool:
@@ -219,9 +217,8 @@ class Participant:
         return view
 
     def learn(self, state: Any) -> None:
-        """Takes ``state``'s frozen parts not yet known (at entry, or created inside the
-        declaration, e.g. at init) as their entry values, unless a boundary is being
-        traced (whose traced values must not be kept)."""
+        """Takes ``state``'s frozen parts not yet known (created inside the declaration, at
+        init) as entry values, unless a boundary is being traced (its values are traced)."""
         if len(self._frames) != 1 or self._closed[0]:
             return
         leaves, parts, _ = _slots(self.source, state)
@@ -305,9 +302,8 @@ class Participant:
         return not (self._closed[0] or frame.backward) and frame.trace() is current_trace()
 
     def frozen_written(self, state: Any) -> dict[Hashable, Any]:
-        """The leaves of ``state`` in the parts the declaration freezes that are not the
-        entry's very values (of the innermost rebased frame), by slot: what an evaluation
-        that left ``state`` wrote there."""
+        """By slot, the frozen leaves of ``state`` that are not the entry's very values: what
+        an evaluation that left ``state`` wrote there."""
         entry = self._entry()
         return {
             slot: leaf for slot, leaf in self._entries(state).items() if entry.get(slot) is not leaf
@@ -324,9 +320,8 @@ class Participant:
         frame.last, frame.last_source = list(kept.values()), _BySlot(list(kept))
 
     def changed_per_evaluation(self, before: Any, after: Any) -> list[str]:
-        """The names of the parts the declaration leaves per evaluation that ``after``
-        changed from ``before``: in a function converted into a jaxpr such a write could
-        not come out."""
+        """The names of the per-evaluation parts that ``after`` changed from ``before`` (in a
+        function converted into a jaxpr, such a write could not come out)."""
         leaves, parts, _ = _slots(self.source, before)
         after_leaves, after_parts, _ = _slots(self.source, after)
         entry = {
@@ -343,8 +338,8 @@ class Participant:
         )
 
     def untouched(self, state: Any) -> bool:
-        """Whether ``state``'s frozen parts are the entry's very objects (of the innermost
-        rebased frame): what a traced function leaves when it evaluated nothing."""
+        """Whether ``state``'s frozen parts are the entry's very objects: what a traced
+        function leaves when it evaluated nothing."""
         frozen = self._entry()
         leaves, parts, _ = _slots(self.source, state)
         return all(
@@ -357,11 +352,18 @@ class Participant:
         taken from what its last inner call left (see ``push``). The newest write of each
         part wins, so a map that writes a collection, then calls a rule, then draws
         leaves both."""
-        last = frame.last
-        entry = frame.frozen if frame.frozen is not None else self._entry()
-        if last is None or not self.frozen:
+        if frame.last is None or not self.frozen:
             return state
-        return self._merged(state, last, frame.last_source, entry)
+        entry = frame.frozen if frame.frozen is not None else self._entry()
+        leaves, parts, treedef = _slots(self.source, state)
+        by_slot = self._entries(frame.last, frame.last_source)
+        out = [
+            by_slot.get(part.slot, leaf)
+            if part is not None and (part.slot not in entry or entry[part.slot] is leaf)
+            else leaf
+            for leaf, part in zip(leaves, parts, strict=True)
+        ]
+        return jax.tree_util.tree_unflatten(treedef, out)
 
     @contextlib.contextmanager
     def rebased(self, state: Any) -> Iterator[None]:
@@ -396,17 +398,6 @@ class Participant:
         if self.here() and not self.untouched(state):
             frame.last, frame.last_source = state, self.source
         return self.left(state, frame)
-
-    def _merged(self, state: Any, last: Any, last_source: Any, entry: dict[Hashable, Any]) -> Any:
-        leaves, parts, treedef = _slots(self.source, state)
-        by_slot = self._entries(last, last_source)
-        out = [
-            by_slot.get(part.slot, leaf)
-            if part is not None and (part.slot not in entry or entry[part.slot] is leaf)
-            else leaf
-            for leaf, part in zip(leaves, parts, strict=True)
-        ]
-        return jax.tree_util.tree_unflatten(treedef, out)
 
     def finish(self, failed: bool) -> None:
         """At the declaration's exit: the state the last forward evaluation left (or, on
