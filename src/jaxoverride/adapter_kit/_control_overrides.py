@@ -29,17 +29,10 @@ from collections.abc import Callable
 from typing import Any
 
 import jaxoverride as jo
+from jaxoverride.adapter_kit import _state_threading as state_threading
 from jaxoverride.adapter_kit._jax_arguments import jax_arguments, scan_arguments
 from jaxoverride.adapter_kit._operands import NO_OPERAND
 from jaxoverride.adapter_kit._state_source import StateSource
-from jaxoverride.adapter_kit._state_threading import (
-    threaded_cond,
-    threaded_fori_loop,
-    threaded_map,
-    threaded_scan,
-    threaded_switch,
-    threaded_while_loop,
-)
 
 
 def when_active(
@@ -93,21 +86,24 @@ def threaded_control_flow(
         arguments = scan_arguments(*args, **kwargs)
         if not callable(arguments[0]):
             return below(*args, **kwargs)
-        return threaded_scan(source("jaxoverride.lax.scan"), below, *arguments)
+        where = "jaxoverride.lax.scan"
+        return state_threading.threaded_scan(source(where), below, *arguments)
 
     def while_override(below: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         cond_fun, body_fun, init_val = jax_arguments("lax.while_loop", *args, **kwargs)
         if not (callable(cond_fun) and callable(body_fun)):
             return below(*args, **kwargs)
         where = "jaxoverride.lax.while_loop"
-        return threaded_while_loop(source(where), below, cond_fun, body_fun, init_val)
+        return state_threading.threaded_while_loop(
+            source(where), below, cond_fun, body_fun, init_val
+        )
 
     def fori_override(below: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         *arguments, unroll = jax_arguments("lax.fori_loop", *args, **kwargs)
         if not callable(arguments[2]):  # body_fun
             return below(*args, **kwargs)
         where = "jaxoverride.lax.fori_loop"
-        return threaded_fori_loop(source(where), below, *arguments, unroll=unroll)
+        return state_threading.threaded_fori_loop(source(where), below, *arguments, unroll=unroll)
 
     def cond_override(below: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         pred, true_fun, false_fun, operands, operand = jax_arguments("lax.cond", *args, **kwargs)
@@ -123,7 +119,9 @@ def threaded_control_flow(
                 return cond_override(below, pred, *recast)
             return below(*args, **kwargs)
         where = "jaxoverride.lax.cond"
-        return threaded_cond(source(where), below, pred, true_fun, false_fun, *operands)
+        return state_threading.threaded_cond(
+            source(where), below, pred, true_fun, false_fun, *operands
+        )
 
     def switch_override(below: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         index, branches, operands, operand = jax_arguments("lax.switch", *args, **kwargs)
@@ -133,11 +131,12 @@ def threaded_control_flow(
             operands = (operand,)
         if not branches or not all(callable(b) for b in branches):
             return below(*args, **kwargs)
-        return threaded_switch(source("jaxoverride.lax.switch"), below, index, branches, *operands)
+        where = "jaxoverride.lax.switch"
+        return state_threading.threaded_switch(source(where), below, index, branches, *operands)
 
     def map_override(below: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         f, xs, batch_size = jax_arguments("lax.map", *args, **kwargs)
-        return threaded_map(jo.lax.scan, jo.vmap, f, xs, batch_size=batch_size)
+        return state_threading.threaded_map(jo.lax.scan, jo.vmap, f, xs, batch_size=batch_size)
 
     overrides = {
         name: when_active(name, active, override)
