@@ -49,15 +49,10 @@ from jaxoverride_nnx._lift import (
     to_refs,
     write_back,
 )
+from jaxoverride_nnx._probes import NeedsState, check_given
 from jaxoverride_nnx._reach import reached
 from jaxoverride_nnx._solve import declared_values, frozen_key, policy_for, written
-from jaxoverride_nnx._touched import (
-    NeedsState,
-    check_carried,
-    check_given,
-    module_of,
-    referenced,
-)
+from jaxoverride_nnx._touched import check_carried, module_of, referenced
 from jaxoverride_nnx._tracked import ACTIVE, Tracked
 
 _WHERE = "jaxoverride.jit"

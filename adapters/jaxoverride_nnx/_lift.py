@@ -28,10 +28,10 @@ from flax.nnx import tracers
 
 from jaxoverride_nnx._errors import StructureChangeError, explain, structure_changed
 from jaxoverride_nnx._graph import RAW, TRACE, is_graph_object
+from jaxoverride_nnx._probes import NeedsState, probe_for
 from jaxoverride_nnx._solve import entering, leaving
-from jaxoverride_nnx._touched import NeedsState, probe_for
-from jaxoverride_nnx._tracked import ACTIVE, Tracked, current, empty
-from jaxoverride_nnx._write import raise_level_error as raise_level_error, write_back as write_back
+from jaxoverride_nnx._tracked import ACTIVE, Tracked, empty
+from jaxoverride_nnx._write import write_back as write_back
 
 
 @jax.tree_util.register_static
@@ -72,10 +72,6 @@ class Flag:
 
 NO_REFS = Flag(False)
 HAS_REFS = Flag(True)
-
-
-def _is_ref(x: Any) -> bool:
-    return type(x) is NodeRef
 
 
 def _is_ref_or_object(x: Any) -> bool:
@@ -341,7 +337,7 @@ def from_refs(tree: Any, tracked: Tracked) -> Any:
 
 def refs_of(tree: Any) -> list[NodeRef]:
     leaves = jax.tree_util.tree_leaves(tree, is_leaf=_is_ref_or_object)
-    return [leaf for leaf in leaves if _is_ref(leaf)]
+    return [leaf for leaf in leaves if type(leaf) is NodeRef]
 
 
 def check_same_refs(before: Any, after: Any, what: str, where: str) -> None:
@@ -373,11 +369,3 @@ def lift_arguments(
     refs = lambda x: to_refs(x, view)[0]
     new_args = tuple(a if i in static else refs(a) for i, a in enumerate(args))
     return view, new_args, {k: v if k in static_names else refs(v) for k, v in kwargs.items()}
-
-
-def prepare(*trees: Any) -> tuple[Tracked | None, list[Any]]:
-    """The tracked set for a call whose inputs are ``trees``, with nodes as ``NodeRef``s."""
-    tracked = with_arguments(current(), *trees)
-    if tracked is None:
-        return None, list(trees)
-    return tracked, [to_refs(tree, tracked)[0] for tree in trees]

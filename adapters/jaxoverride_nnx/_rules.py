@@ -20,11 +20,12 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from jaxoverride import errors
-from jaxoverride.adapter_kit import LiftedRule, perturbed_leaves
+from jaxoverride.adapter_kit import LiftedRule, perturbed_leaves, resumed
 from jaxoverride_nnx._compat import chain_on_get_value
 from jaxoverride_nnx._lift import run_lifted, write_back
-from jaxoverride_nnx._solve import frozen_values, policy_for, resumed, written as declared_writes
-from jaxoverride_nnx._touched import NeedsState, Threads, given_values
+from jaxoverride_nnx._probes import NeedsState
+from jaxoverride_nnx._solve import frozen_values, policy_for, written as declared_writes
+from jaxoverride_nnx._touched import Threads, given_values
 from jaxoverride_nnx._tracked import Tracked, current
 
 WHERE = "jaxoverride.custom_vjp"

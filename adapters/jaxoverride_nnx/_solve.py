@@ -202,6 +202,4 @@ def discarded(policy: Participant | None) -> contextlib.AbstractContextManager[N
     return contextlib.nullcontext() if policy is None else policy.discarded()
 
 
-resumed = kit.resumed  # the rules run their backward pass under the forward call's declaration
-
 kit.register_solve_source(FRAMEWORK, _running)

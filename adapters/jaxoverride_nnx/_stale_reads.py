@@ -59,13 +59,9 @@ _chained: dict[Any, Callable[[Any, Any], Any]] = {}
 _CHAINED_LIMIT = 256
 
 
-def _no_tracked_set() -> Any:
-    return None
-
-
 # The tracked set here (``_tracked.ACTIVE.get``): set by ``_tracked`` at its import, since
 # ``_tracked`` hooks through this module and imports point one way.
-tracked_now: Callable[[], Any] = _no_tracked_set
+tracked_now: Callable[[], Any] = lambda: None
 
 
 def _refuse(variable: Any) -> None:

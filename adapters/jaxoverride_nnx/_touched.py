@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, TypeVar
 
-from jaxoverride_nnx._probes import NeedsState, Probe, check_given, is_probe, probe_for
+from jaxoverride_nnx._probes import NeedsState, check_given
 from jaxoverride_nnx._reach import reached
 from jaxoverride_nnx._stale_reads import check_lifted
 from jaxoverride_nnx._tracked import Tracked
@@ -27,16 +27,12 @@ from jaxoverride_nnx._tracked import Tracked
 T = TypeVar("T")
 
 
-def _paths(tracked: Tracked) -> list[str]:
-    """A path for each tracked value: the Variables', then the array attributes'."""
+def _roots(tracked: Tracked) -> list[str]:
+    """The module (root, or argument) of each tracked value, Variables then array
+    attributes: the first name of its path."""
     graphs = [tracked.graph] if tracked.extra is None else [tracked.graph, tracked.extra]
-    return [p for g in graphs for p in g.paths] + [p for g in graphs for p in g.attr_paths]
-
-
-def _groups(tracked: Tracked) -> list[int]:
-    """The module (root, or argument) each tracked value belongs to, by its path."""
-    names: dict[str, int] = {}
-    return [names.setdefault(_root(path), len(names)) for path in _paths(tracked)]
+    paths = [p for g in graphs for p in g.paths] + [p for g in graphs for p in g.attr_paths]
+    return [_root(path) for path in paths]
 
 
 def _root(path: str) -> str:
@@ -46,8 +42,8 @@ def _root(path: str) -> str:
 
 def module_of(tracked: Tracked, index: int) -> frozenset[int]:
     """The indices of the tracked values of the module that value ``index`` belongs to."""
-    groups = _groups(tracked)
-    return frozenset(i for i, g in enumerate(groups) if g == groups[index]) | {index}
+    names = _roots(tracked)
+    return frozenset(i for i, name in enumerate(names) if name == names[index])
 
 
 def referenced(tracked: Tracked, fns: Sequence[Any]) -> frozenset[int]:
@@ -68,8 +64,7 @@ def referenced(tracked: Tracked, fns: Sequence[Any]) -> frozenset[int]:
     passed = _arguments(tracked)
     if not roots:
         return passed
-    names = [_root(path) for path in _paths(tracked)]
-    return passed | frozenset(i for i, name in enumerate(names) if name in roots)
+    return passed | frozenset(i for i, name in enumerate(_roots(tracked)) if name in roots)
 
 
 def _arguments(tracked: Tracked) -> frozenset[int]:
@@ -145,15 +140,3 @@ def check_carried(
     """``check_lifted`` of the values a call carries, for a call whose functions and
     arguments are ``reach``: what they refer to is looked up only inside a raw jit."""
     check_lifted(tracked, indices, values, lambda: referenced(tracked, reach))
-
-
-__all__ = [
-    "NeedsState",
-    "Probe",
-    "Threads",
-    "check_carried",
-    "check_given",
-    "given_values",
-    "is_probe",
-    "probe_for",
-]

@@ -36,7 +36,6 @@ from jaxoverride_nnx._lift import (
     from_refs,
     lift_arguments,
     named_like,
-    prepare,
     refs_of,
     refuse_modules,
     run_lifted,
@@ -182,7 +181,7 @@ def vmap(fun: Callable[..., Any], *args: Any, **kwargs: Any) -> Callable[..., An
     where = "jaxoverride.vmap"
 
     def call(*call_args: Any, **call_kwargs: Any) -> Any:
-        view, (args_, kwargs_) = prepare(call_args, call_kwargs)
+        view, args_, kwargs_ = lift_arguments(current(), call_args, call_kwargs)
         if view is None:
             return call_plain(plain, call_args, call_kwargs, where)
         _check_broadcast(in_axes, args_)
@@ -414,7 +413,7 @@ remat = _checkpointing("remat", jax.remat)
 def eval_shape(fun: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     """The ``"eval_shape"`` override: runs nothing, so tracked modules do not change."""
     below = jo.next_impl("eval_shape")
-    view, (args_, kwargs_) = prepare(args, kwargs)
+    view, args_, kwargs_ = lift_arguments(current(), args, kwargs)
     if view is None:
         return call_plain(below, (fun, *args), kwargs, "jaxoverride.eval_shape")
     # Under ``jaxoverride.solve_state`` a boundary of its own, whose last state (a value
