@@ -1,15 +1,12 @@
 """The ``jit`` override: one inner ``jax.jit`` per tracked set, fed the Variables' values.
 
-A call reads the lifted Variables' raw values into a flat list, calls the inner jitted
-function with it prepended to the arguments, and stores back only the values that the
-trace showed to change. No graph is walked per call (``track`` walked it). Builds are
-keyed on the tracked set's ``TrackKey`` in a table that holds no module, so weights are
-never baked in as constants and a dead module's entries are pruned.
-
-A repeated call is served from the flat plan (``_plan``) that the general path last
-kept. Each trace of a build must return the same layout (``_Build.layout``), so the
-output is read without a self-describing form; a trace with another layout gets a build
-that returns ``(output, {index: value})``, so no call misreads an output.
+A call reads the lifted Variables' raw values into a flat list, passes it first to the
+inner jitted function and stores back only the values the trace showed to change. Builds
+are keyed on the tracked set's ``TrackKey`` in a table that holds no module, so weights
+are never baked in and a dead module's entries are pruned. A repeated call is served
+from the flat plan (``_plan``) that the general path last kept; every trace of a build
+returns the first's layout (``_Build.layout``), else it gets a general build that
+returns ``(output, {index: value})``.
 """
 
 from __future__ import annotations
@@ -118,8 +115,7 @@ class NnxJit:
 
     # -- the call ---------------------------------------------------------------------
     def _make_call(self) -> Callable[..., Any]:
-        """What ``jaxoverride.jit`` runs: a plain closure (cheaper to call than an
-        object), with JAX's jitted-function API."""
+        """What ``jaxoverride.jit`` runs: a closure (cheaper to call than an object)."""
         fun, plain, cache, compile_, clean, with_nodes, retry = (
             self._fun,
             self._plain,
@@ -129,11 +125,9 @@ class NnxJit:
             self._call_with_nodes,
             self._retry,
         )
-        # ``last`` (key, build) and ``hot`` (the plan, ``_plan``) are tuples replaced
-        # whole: another thread reads one or the other, never a mix. A plan serves calls
-        # with its tracked set, no structural change since and plain positional
-        # arguments; it still reads every Variable (a write that bypasses NNX's checks
-        # leaves no other trace).
+        # ``last`` (key, build) and ``hot`` (the plan) are tuples replaced whole, so another
+        # thread reads one or the other, never a mix. A plan serves calls with its tracked
+        # set, no structural change since and plain positional arguments.
         last: list[Any] = [(None, None)]
         hot: list[Any] = [_COLD]
         per_arity = self._per_arity
@@ -530,11 +524,8 @@ class NnxJit:
 
 
 class LayoutChanged(TraceAbort):
-    """A trace of a build returned another layout than its first (see ``_Build.settle``).
-
-    A ``BaseException`` (``adapter_kit.TraceAbort``), as ``NeedsState``: it is never seen
-    outside the adapter.
-    """
+    """A trace of a build returned another layout than its first (``_Build.settle``); a
+    ``TraceAbort``, never seen outside the adapter."""
 
     def __init__(self, owner: _Build):
         super().__init__(owner)
@@ -546,12 +537,9 @@ _LAYOUT_LOCK = threading.Lock()
 
 class _Build:
     """One ``jax.jit`` of the lifted function for a tracked set, given the tracked values
-    ``given`` (as a list in ``order``); it marks the probes of its traces (``_touched``).
-
-    ``layout``: ``(indices written, whether the output holds modules)`` of its first
-    trace, which every later trace must match unless ``general`` (then it returns
-    ``(out, {index: value})``, and a third item where the output holds modules).
-    """
+    ``given`` (as a list in ``order``). ``layout``: ``(indices written, whether the
+    output holds modules)`` of its first trace, which later traces must match unless
+    ``general`` (then it returns ``(out, {index: value}[, refs])``)."""
 
     __slots__ = (
         "attrs",
@@ -632,13 +620,10 @@ def _call_hidden(
 ) -> Any:
     """Calls ``jitted`` with the tracked set visible to ``lifted`` only.
 
-    Inside a neutral transform (``jo.grad``: JAX's linearize) the Variables hold that
-    transform's tracers. JAX may lower the jitted function during the call, and lowering
-    runs the Python implementation of primitives such as Equinox's (``lineax``'s linear
-    solve): neutral loops in it would carry the Variables' values into the lowering as
-    constants ("No constant handler for type: LinearizeTracer"). A primitive's
-    implementation is pure, so it runs with nothing tracked; ``lifted``, traced by the
-    same call, still finds the tracked set.
+    Inside a neutral transform the Variables hold its tracers, and JAX may lower the
+    jitted function during the call, running primitives' Python implementations (such
+    as lineax's linear solve): their neutral loops would carry those tracers into the
+    lowering as constants ("No constant handler for type: LinearizeTracer").
     """
     hidden = _HIDDEN.set(tracked)
     token = ACTIVE.set(None)

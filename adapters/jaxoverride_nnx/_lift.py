@@ -1,18 +1,12 @@
 """Lifting: run stateful NNX code inside a JAX trace as a function of explicit values.
 
-Every override follows the same recipe. Outside the trace it reads the lifted
-Variables' values (``Tracked.read``) and passes them through the JAX transform as
-ordinary inputs, carries or closure constants. Inside, ``run_lifted`` points each
-Variable at its traced value, gives it a trace state that is valid at this level (so
-NNX lets it be written), runs the user's function, collects the new values and restores
-every Variable exactly, also on an exception. The values come back as outputs and
-``write_back`` stores those that changed. The Variable objects are never replaced, so
-shared references, and the identity of modules passed as arguments, are kept.
-
-Graph nodes passed as arguments or carries are replaced by ``NodeRef`` placeholders,
-pytree nodes with no leaves whose identity is their position in the lifted set; the
-function inside sees the very same module object, and an output that is a lifted
-module comes back as that object.
+Outside the trace an override reads the lifted Variables' values and passes them through
+the JAX transform as inputs, carries or constants. Inside, ``run_lifted`` points each
+Variable at its traced value with a trace state valid at this level (so NNX lets it be
+written), runs the function, collects the new values and restores every Variable, also on
+an exception; ``write_back`` stores those that changed. The Variable objects are never
+replaced, so shared references and module identities are kept. Graph nodes passed as
+arguments are ``NodeRef`` placeholders inside (pytree nodes with no leaves).
 """
 
 from __future__ import annotations
@@ -135,18 +129,17 @@ def run_lifted(
 ) -> tuple[Any, list[Any]]:
     """Calls ``fn`` with the lifted Variables holding ``values`` (or their current values).
 
-    Must be called inside the trace of the transform that ``where`` names. The Variables
-    may be read and written by ``fn`` at this trace level; nested neutral calls inside
-    ``fn`` see ``tracked`` (frozen) as the tracked set.
+    Must be called inside the trace of the transform that ``where`` names; nested
+    neutral calls inside ``fn`` see ``tracked`` (frozen) as the tracked set.
 
-    With ``owner`` (a ``Threads`` call's mark), ``values`` is a dict ``{index: value}``
-    of the values given, and every other tracked value holds a ``Probe`` of ``owner``
-    meanwhile; a write of one of those raises ``NeedsState`` too (it must be threaded).
-
-    With ``policy`` (a ``jaxoverride.solve_state`` participant, ``_solve``) the values
-    the function receives are frozen (``rebase``: they were frozen at the call's read,
-    and are the frozen parts inside it; ``received``, with ``values``' order, what the
-    evaluations before the call left) and what it leaves is the declaration's.
+    Args:
+      owner: a ``Threads`` call's mark: ``values`` is then ``{index: value}`` of the
+        values given, every other tracked value holds a ``Probe`` of ``owner``, and a
+        write of one raises ``NeedsState`` too (it must be threaded).
+      policy: a ``jaxoverride.solve_state`` participant (``_solve``): ``fn`` receives
+        the frozen values (``rebase``: frozen at the call's read already; ``received``,
+        in ``values``' order, what the evaluations before the call left) and what it
+        leaves is the declaration's.
 
     Returns:
       ``(fn's output, the Variables' values after the call)``; every Variable is restored

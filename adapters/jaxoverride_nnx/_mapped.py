@@ -1,19 +1,12 @@
 """The ``pmap`` and ``shard_map`` overrides: tracked state enters and leaves replicated.
 
-The tracked Variables' values are passed as one extra argument that every device sees
-whole (``pmap`` ``in_axes=None``, ``shard_map`` spec ``P()``); the user's arguments keep
-their ``in_axes`` / ``in_specs``. What the function writes leaves unmapped (``out_axes=None``,
-``P()``) and is stored back once, so it must be the same on every device: reduce it over
-the axis (``lax.pmean``, ``nnx.BatchNorm(axis_name=...)``) before writing.
-
-``shard_map`` proves that with its own replication check (``check_vma=True``): a value
-that may differ across devices is refused with the Variable's path. ``jax.pmap`` does not
-check (it would keep the first device's value), so before the first call with a new
-tracked set or new shapes the function is traced once abstractly under a ``vmap`` with
-the same axis name, where a per-device update shows up as a batched output.
-
-One mapped function is built per tracked set (``TrackKey``), as ``jit`` does, so a
-cache hit of the underlying ``jax.pmap`` never runs with another set's Variables.
+The tracked values are one extra argument every device sees whole (``in_axes=None``,
+spec ``P()``); what the function writes leaves unmapped and is stored back once, so it
+must be the same on every device (reduce it with ``lax.pmean`` or
+``nnx.BatchNorm(axis_name=...)``). ``shard_map`` proves that with ``check_vma``;
+``jax.pmap`` does not check, so before the first call with a new tracked set or shapes
+the function is traced abstractly under a ``vmap`` of the same axis name, where a
+per-device update shows up batched. One mapped function is built per tracked set.
 """
 
 from __future__ import annotations
@@ -157,11 +150,9 @@ def _shared_build(
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
 ) -> Callable[..., Any]:
-    """``build(fun, below, plain, options)``, shared by every equal ``jaxoverride.<name>(fun,
-    ...)`` through ``jo.reuse_jit``: an eager ``jo.pmap(f)(x)`` built again reuses the
-    mapped functions (and JAX's compilations) of the first, as ``jax.pmap`` does. ``plain``
-    is ``below``'s own mapped ``fun`` (for calls that track nothing), ``options`` the
-    arguments bound to ``default``'s parameters."""
+    """``build(fun, below, plain, options)``, shared through ``jo.reuse_jit`` by every
+    equal ``jaxoverride.<name>(fun, ...)`` (as ``jax.pmap`` shares its compilations);
+    ``plain`` is ``below``'s own mapped ``fun``, ``options`` bound to ``default``."""
     below = jo.next_impl(name)
     options = _bind(default, fun, args, kwargs)
     key = (name, below, tuple(sorted(options.items())))
@@ -250,11 +241,8 @@ def _probe(
     where: str = "jaxoverride.pmap",
 ) -> None:
     """Traces under ``vmap``: a batched state update is one that differs per device.
-
-    The first abstract trace maps every update to axis 0 and notes which ones are
-    batched (``vmap`` refuses ``out_axes=None`` for a batched output); only when one
-    is, each update is tried on its own to name the Variable.
-    """
+    Only when one is (``vmap`` refuses ``out_axes=None`` for it), each update is tried
+    on its own to name the Variable."""
     static_values = {i: args[i] for i in fixed}
     dynamic = [a for i, a in enumerate(args) if i not in fixed]
     dynamic_axes = tuple(a for i, a in enumerate(axes) if i not in fixed)

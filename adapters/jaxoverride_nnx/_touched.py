@@ -1,17 +1,11 @@
 """Which tracked values a traced function is given: only those of the modules it touches.
 
-A loop, branch, ``jit`` or custom rule under ``track`` threads the tracked Variables'
-values through JAX as inputs and outputs. A module that the function never touches must
-not be among them: with nothing to do, the jaxpr must be JAX's. Which modules a function
-touches is known only once it has been traced, so the function is traced with the values
-of the modules it is *believed* to touch (none, at first, or what its last trace found)
-and every other tracked Variable holds a ``Probe`` meanwhile. A probe knows its shape and
-dtype, and any other use of it (reading it into a computation, indexing, writing into it,
-passing it to JAX) raises ``NeedsState``, which aborts JAX's trace. The caller (a
-``Threads`` slot) then adds the whole module that the probe stands for and traces again;
-a write that replaces a probe does the same. So a module is threaded if and only if the
-function uses it, and a function that uses its module costs one more (aborted) trace the
-first time only: the slot keeps what it found.
+A module the function never touches must not be threaded (with nothing to do, the jaxpr
+must be JAX's), and what it touches is known only once traced. So it is traced with the
+modules it is *believed* to touch (``referenced``, or what its last trace found) and
+every other tracked Variable holds a ``Probe``: any use of one raises ``NeedsState``,
+which aborts the trace, and the ``Threads`` slot traces again with the probe's module
+given, keeping what it found.
 """
 
 from __future__ import annotations
@@ -47,11 +41,9 @@ def module_of(tracked: Tracked, index: int) -> frozenset[int]:
 
 
 def referenced(tracked: Tracked, fns: Sequence[Any]) -> frozenset[int]:
-    """The tracked values of the modules that ``fns`` refer to (``_reach.reached``: by
-    closure, bound ``self``, ``functools.partial`` arguments, defaults, the globals they
-    name, containers and plain objects' attributes, a few levels deep): the first guess
-    of what they touch, so that a function that uses its module is traced once. A guess
-    only: a probe still catches what it misses."""
+    """The tracked values of the modules that ``fns`` refer to (``_reach.reached``), and
+    of the modules passed as arguments: the first guess of what they touch, so that a
+    function that uses its module is traced once (a probe catches what it misses)."""
     roots: set[str] = set()
     for _, obj in reached(("", fn) for fn in fns):
         index = tracked.var_index(obj)
@@ -102,11 +94,8 @@ class Threads:
         fns: Sequence[Any] = (),
     ) -> T:
         """``call(indices, owner)``, traced again with the module of each probe it used.
-
-        ``owner`` marks the probes of this call: a probe of an enclosing call belongs to
-        that call's slot and passes through. ``fns``: the user's functions, whose
-        references give the first guess (``referenced``).
-        """
+        ``owner`` marks this call's probes (an enclosing call's pass through); ``fns``
+        give the first guess (``referenced``)."""
         given = self.get(tracked, fns)
         while True:
             owner = object()

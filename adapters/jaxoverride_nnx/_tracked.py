@@ -1,12 +1,10 @@
 """The tracked set: which Variables neutral calls thread, walked once per ``track`` scope.
 
-A ``Tracked`` is what neutral calls see in the contextvar ``ACTIVE``: the lifted
-Variables in a fixed order, the graph they came from and a ``TrackKey`` (root identities
-plus the graph's fingerprint) that ``jit`` caches on. The scope that ``track`` opens
-holds its modules by weak reference and watches their ``PytreeState`` trace states:
-setting an attribute of a tracked module (``model.eval()``, a new submodule) bumps a
-global epoch, and the next neutral call walks the graph again instead of using a stale
-structure. Inside a lifted call the contextvar holds a frozen copy that never re-walks.
+A ``Tracked`` (in the contextvar ``ACTIVE``) holds the lifted Variables in a fixed order,
+the graph they came from and a ``TrackKey`` that ``jit`` caches on. The scope watches its
+modules' ``PytreeState`` trace states: setting an attribute of a tracked module bumps a
+global epoch, and the next neutral call walks the graph again. Inside a lifted call the
+contextvar holds a frozen copy that never re-walks.
 """
 
 from __future__ import annotations

@@ -1,15 +1,11 @@
 """Overrides of the neutral transforms other than ``jit``, and of the transform-like calls.
 
-They lift with *closure* semantics: inside the transform the tracked Variables keep the
-values they have outside (constants of the trace, as closed-over arrays are in JAX) but
-become writable, and whatever the function writes leaves the transform as an auxiliary
-output, which is stored back afterwards. So ``grad`` sees the weights as constants,
-``vmap`` broadcasts the state to every example and ``eval_shape`` changes nothing.
-
-Modules passed as arguments are threaded the same way and the function receives the
-very same objects. In the differentiated arguments of ``grad`` and friends a module
-stands for its ``nnx.Param`` Variables, and its gradient is an ``nnx.State``, as with
-``nnx.grad``.
+They lift with *closure* semantics: inside the transform the tracked Variables keep their
+values (constants of the trace, as closed-over arrays are) but are writable, and what the
+function writes leaves as an auxiliary output, stored back afterwards. Modules passed as
+arguments are threaded the same way; in the differentiated arguments of ``grad`` and
+friends a module stands for its ``nnx.Param`` Variables, with an ``nnx.State`` gradient,
+as with ``nnx.grad``.
 """
 
 from __future__ import annotations
