@@ -306,9 +306,8 @@ class NnxJit:
         self, tracked: Tracked | None, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> Any:
         originals = (args, kwargs)
-        view, args, kwargs = self._lift_arguments(tracked, args, kwargs)
+        key, view, args, kwargs = self._lift_arguments(tracked, args, kwargs)
         policy = policy_for(view)
-        key = self._key(view, args)
         if policy is not None:
             key = (*(key if type(key) is tuple else (key,)), frozen_key(policy, view))
         result, build = self._on_build(key, view, None, args, kwargs, originals, policy)
@@ -321,11 +320,13 @@ class NnxJit:
 
     def _lift_arguments(
         self, tracked: Tracked | None, args: tuple[Any, ...], kwargs: dict[str, Any]
-    ) -> tuple[Tracked, tuple[Any, ...], dict[str, Any]]:
+    ) -> tuple[Any, Tracked, tuple[Any, ...], dict[str, Any]]:
+        """The build key, the tracked set with the graph nodes among the dynamic arguments,
+        and the arguments with those as ``NodeRef``s."""
         static = static_positions(self._static_nums, len(args))
         view, args, kwargs = lift_arguments(tracked, args, kwargs, static, self._static_names)
         assert view is not None
-        return view, args, kwargs
+        return self._key(view, args), view, args, kwargs
 
     def _check_static(
         self, tracked: Tracked | None, args: Sequence[Any], kwargs: dict[str, Any]
@@ -362,19 +363,14 @@ class NnxJit:
         functools.update_wrapper(checked, fun, updated=())
         return checked
 
-    def _dynamic(
-        self, args: tuple[Any, ...], kwargs: dict[str, Any]
-    ) -> tuple[list[Any], dict[str, Any]]:
-        static = static_positions(self._static_nums, len(args)) if self._static_nums else ()
-        return (
-            [a for i, a in enumerate(args) if i not in static],
-            {k: v for k, v in kwargs.items() if k not in self._static_names},
-        )
-
     def _clean_arguments(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
         """True when no dynamic argument holds an NNX graph node (checked cheaply: the
         call's plain arrays are tested by ``general`` before)."""
-        dynamic = self._dynamic(args, kwargs)
+        static = static_positions(self._static_nums, len(args)) if self._static_nums else ()
+        dynamic = (
+            [a for i, a in enumerate(args) if i not in static],
+            {k: v for k, v in kwargs.items() if k not in self._static_names},
+        )
         try:
             treedef = jax.tree_util.tree_structure(dynamic)
             if treedef in self._clean:
@@ -471,8 +467,7 @@ class NnxJit:
             if tracked is None:
                 return None, None, args, kwargs
             return self._key(tracked, args), tracked, args, kwargs
-        view, args, kwargs = self._lift_arguments(tracked, args, kwargs)
-        return self._key(view, args), view, args, kwargs
+        return self._lift_arguments(tracked, args, kwargs)
 
     def _on_build(
         self,

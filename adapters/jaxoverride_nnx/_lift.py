@@ -11,6 +11,7 @@ arguments are ``NodeRef`` placeholders inside (pytree nodes with no leaves).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
@@ -23,45 +24,29 @@ from flax.nnx import tracers
 from jaxoverride_nnx._errors import StructureChangeError, explain, structure_changed
 from jaxoverride_nnx._graph import RAW, TRACE, is_graph_object
 from jaxoverride_nnx._probes import NeedsState, probe_for
-from jaxoverride_nnx._solve import entering, leaving
+from jaxoverride_nnx._solve import entering, leaving, written
 from jaxoverride_nnx._tracked import ACTIVE, Tracked, empty
 from jaxoverride_nnx._write import write_back as write_back
 
 
 @jax.tree_util.register_static
+@dataclasses.dataclass(frozen=True, slots=True)
 class NodeRef:
     """Stands for a lifted module (``kind="n"``) or Variable (``"v"``) inside a trace."""
 
-    __slots__ = ("index", "kind")
-
-    def __init__(self, kind: str, index: int):
-        self.kind = kind
-        self.index = index
-
-    def __hash__(self) -> int:
-        return hash((self.kind, self.index))
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, NodeRef) and (self.kind, self.index) == (other.kind, other.index)
+    kind: str
+    index: int
 
     def __repr__(self) -> str:
         return f"NodeRef({self.kind}{self.index})"
 
 
 @jax.tree_util.register_static
+@dataclasses.dataclass(frozen=True, slots=True)
 class Flag:
     """A boolean that leaves a trace as static output (in the treedef, not as an array)."""
 
-    __slots__ = ("value",)
-
-    def __init__(self, value: bool):
-        self.value = value
-
-    def __hash__(self) -> int:
-        return hash(self.value)
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, Flag) and self.value == other.value
+    value: bool
 
 
 NO_REFS = Flag(False)
@@ -239,10 +224,34 @@ def changed(before: Sequence[Any], after: Sequence[Any]) -> dict[int, Any]:
     return {index: new for index, (old, new) in pairs if new is not old}
 
 
-def written_since(values: Mapping[int, Any], after: Sequence[Any], count: int) -> dict[int, Any]:
-    """``{index: new value}`` for the Variables among ``values`` (indices below ``count``;
-    the others are array attributes) whose value object changed."""
-    return {i: after[i] for i in values if i < count and after[i] is not values[i]}
+def run_given(
+    view: Tracked,
+    values: dict[int, Any],
+    fun: Callable[..., Any],
+    args: Sequence[Any],
+    kwargs: dict[str, Any],
+    where: str,
+    owner: object,
+    policy: Any = None,
+) -> tuple[Any, dict[int, Any], Flag]:
+    """Inside a trace: ``fun`` on arguments holding ``NodeRef``s, with the given tracked
+    ``values`` (``run_lifted``'s ``owner``): ``(output with NodeRefs, {index: value}
+    of the Variables written, whether the output holds refs)``."""
+    args, kwargs = from_refs((args, kwargs), view)
+    out, after = run_lifted(view, values, fun, args, kwargs, where, owner=owner, policy=policy)
+    out, has_refs = to_refs(out, view)
+    count = len(view.variables)  # the indices above are array attributes, read only
+    updates = {i: after[i] for i in values if i < count and after[i] is not values[i]}
+    return out, updates, HAS_REFS if has_refs else NO_REFS
+
+
+def land(
+    view: Tracked, result: tuple[Any, dict[int, Any], Flag], where: str, policy: Any = None
+) -> Any:
+    """Writes back what the JAX call of a ``run_given`` returned; returns its output."""
+    out, updates, refs = result
+    write_back(view, written(policy, view, updates), where)
+    return from_refs(out, view) if refs.value else out
 
 
 def static_positions(static: Sequence[int], count: int) -> set[int]:

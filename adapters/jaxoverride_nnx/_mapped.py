@@ -24,18 +24,13 @@ import jaxoverride as jo
 from jaxoverride.adapter_kit import INFER_SPECS as _INFER, as_index_tuple, varying_axes
 from jaxoverride_nnx._errors import StructureChangeError
 from jaxoverride_nnx._lift import (
-    HAS_REFS,
-    NO_REFS,
     call_plain,
-    from_refs,
     graph_objects,
+    land,
     lift_arguments,
     named_like,
-    run_lifted,
+    run_given,
     static_positions,
-    to_refs,
-    write_back,
-    written_since,
 )
 from jaxoverride_nnx._touched import Threads, given_values
 from jaxoverride_nnx._tracked import ACTIVE, Tracked, TrackKey, current
@@ -61,13 +56,10 @@ def _lifted(fun: Callable[..., Any], where: str, check_vma: bool) -> Callable[..
     def lifted(values: dict[int, Any], *args: Any, **kwargs: Any) -> Any:
         view = ACTIVE.get()
         assert view is not None
-        args, kwargs = from_refs((args, kwargs), view)
-        out, after = run_lifted(view, values, fun, args, kwargs, where, owner=_OWNER.get())
-        updates = written_since(values, after, len(view.variables))
+        result = run_given(view, values, fun, args, kwargs, where, _OWNER.get())
         if check_vma:
-            _check_replicated(view, updates, where)
-        out, has_refs = to_refs(out, view)
-        return out, updates, HAS_REFS if has_refs else NO_REFS
+            _check_replicated(view, result[1], where)
+        return result
 
     return named_like(lifted, fun)
 
@@ -91,25 +83,22 @@ def _varying(view: Tracked, index: int, where: str, axes: Any) -> StructureChang
     )
 
 
-class _PerSet:
-    """One mapped function per tracked set (and per extra key), pruned of dead sets."""
+def _per_set(build: Callable[[Any], Any]) -> Callable[[TrackKey, Any], Any]:
+    """``build(extra)`` once per tracked set and ``extra``, pruned of dead sets."""
+    cache: dict[Any, Any] = {}
 
-    __slots__ = ("_build", "_cache")
-
-    def __init__(self, build: Callable[[Any], Any]):
-        self._build = build
-        self._cache: dict[Any, Any] = {}
-
-    def get(self, key: TrackKey, extra: Any = None) -> Any:
-        entry = self._cache.get((key, extra))
+    def get(key: TrackKey, extra: Any) -> Any:
+        entry = cache.get((key, extra))
         if entry is None:
-            if len(self._cache) >= _CACHE_LIMIT:
-                for stale in [k for k in self._cache if not k[0].alive()]:
-                    del self._cache[stale]
-                if len(self._cache) >= _CACHE_LIMIT:
-                    self._cache.clear()
-            entry = self._cache[(key, extra)] = self._build(extra)
+            if len(cache) >= _CACHE_LIMIT:
+                for stale in [k for k in cache if not k[0].alive()]:
+                    del cache[stale]
+                if len(cache) >= _CACHE_LIMIT:
+                    cache.clear()
+            entry = cache[(key, extra)] = build(extra)
         return entry
+
+    return get
 
 
 # The mark of the probes of the mapped call being traced (see ``_touched``).
@@ -134,9 +123,7 @@ def _threaded(
             _OWNER.reset(owner_token)
             ACTIVE.reset(token)
 
-    out, updates, refs = threads.run(view, attempt, (fun, arguments))
-    write_back(view, updates, where)
-    return from_refs(out, view) if refs.value else out
+    return land(view, threads.run(view, attempt, (fun, arguments)), where)
 
 
 # -- pmap -----------------------------------------------------------------------------
@@ -197,7 +184,7 @@ def _build_pmap(
             **options,
         )
 
-    cache = _PerSet(build)
+    cached = _per_set(build)
 
     def call(*call_args: Any, **call_kwargs: Any) -> Any:
         count = len(call_args)
@@ -221,7 +208,7 @@ def _build_pmap(
                 if len(probed) >= _CACHE_LIMIT:
                     probed.clear()
                 probed.add(probe_key)
-            return cache.get(view.key, count)(values, *args_, **kwargs_)
+            return cached(view.key, count)(values, *args_, **kwargs_)
 
         return _threaded(threads, view, run, where, fun, call_args)
 
@@ -307,7 +294,7 @@ def _build_shard_map(
         )
         return lambda values, *args: mapped(values, args)
 
-    cache = _PerSet(build)
+    cached = _per_set(build)
 
     def call(*call_args: Any, **call_kwargs: Any) -> Any:
         view, args_, kwargs_ = lift_arguments(current(), call_args, call_kwargs)
@@ -321,7 +308,7 @@ def _build_shard_map(
                 "in_specs=... for your arguments."
             )
         _check_specs(in_specs, call_args)
-        mapped = cache.get(view.key)
+        mapped = cached(view.key, None)
         return _threaded(
             threads, view, lambda values: mapped(values, *args_, **kwargs_), where, fun, call_args
         )
