@@ -16,6 +16,7 @@ A stateful ``while_loop`` carries its predicate (``carried_predicate``), so a
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar, TypeVar
 
@@ -55,15 +56,13 @@ T = TypeVar("T")
 _Values = dict[int, Any]
 
 
+@dataclasses.dataclass(eq=False, slots=True)
 class _Seen:
     """What the traces of one call's functions found: the tracked values they touch and
     the Variables they wrote; kept as long as the kit's wrappers of the functions."""
 
-    __slots__ = ("threads", "written")
-
-    def __init__(self) -> None:
-        self.threads = Threads()
-        self.written: set[int] = set()
+    threads: Threads = dataclasses.field(default_factory=Threads)
+    written: set[int] = dataclasses.field(default_factory=set)
 
 
 def _seen(functions: Sequence[Any], kind: str, tracked: Tracked) -> _Seen:

@@ -225,7 +225,6 @@ def _probe(
     fixed: set[int],
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
-    where: str = "jaxoverride.pmap",
 ) -> None:
     """Traces under ``vmap``: a batched state update is one that differs per device.
     Only when one is (``vmap`` refuses ``out_axes=None`` for it), each update is tried
@@ -259,7 +258,7 @@ def _probe(
     for position, index in enumerate(list(keys)):
         count = len(keys)
         if not attempt(tuple(None if j == position else 0 for j in range(count))):
-            raise _varying(view, index, where, (axis_name,))
+            raise _varying(view, index, "jaxoverride.pmap", (axis_name,))
 
 
 # -- shard_map ------------------------------------------------------------------------

@@ -13,6 +13,7 @@ the call come back as an extra output, written back once.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -116,17 +117,17 @@ def _refusing_reads(tracked: Any, perturbed: list[int] | None, where: str) -> It
                 metadata["on_get_value"] = old
 
 
+@dataclasses.dataclass(eq=False)
 class _SameWrites:
     """Makes a rule's primal function and ``fwd`` (or JVP rule) write the same Variables,
     as JAX needs the same outputs from both: the second traced returns what the first
     wrote, and writing one the first did not is refused."""
 
-    def __init__(self, tracked: Any, where: str, rule: str, order: Sequence[int]):
-        self._tracked = tracked
-        self._where = where
-        self._rule = rule
-        self._order = order  # the given Variables' indices, in the outputs' order
-        self._first: tuple[str, frozenset[int]] | None = None
+    _tracked: Any
+    _where: str
+    _rule: str
+    _order: Sequence[int]  # the given Variables' indices, in the outputs' order
+    _first: tuple[str, frozenset[int]] | None = None
 
     def conform(self, role: str, given: dict[int, Any], after: Sequence[Any]) -> list[Any]:
         """The given Variables' values after a run, in order (``None``: not written)."""

@@ -173,7 +173,7 @@ def leaving(
 
 
 def written(
-    policy: Participant | None, tracked: Tracked, updates: dict[int, Any], backward: bool = False
+    policy: Participant | None, tracked: Tracked, updates: dict[int, Any]
 ) -> dict[int, Any]:
     """What to write for a JAX call that left ``updates`` (``{index: value}``): the
     frozen parts as at entry again (the state kept as the boundary's last)."""
@@ -182,7 +182,7 @@ def written(
     now = list(map(RAW.__get__, tracked.variables))
     state = policy.current(dict(enumerate(now)))
     state.update(updates)
-    out = policy.written(state, backward)
+    out = policy.written(state)
     return {i: v for i, v in out.items() if v is not now[i]}
 
 

@@ -219,12 +219,8 @@ class Tracked:
         merged = Graph()
         for part in (self.extra, extra):
             offset_v, offset_n = len(merged.variables), len(merged.nodes)
-            merged.variables += part.variables
-            merged.paths += part.paths
-            merged.nodes += part.nodes
-            merged.node_paths += part.node_paths
-            merged.attrs += part.attrs
-            merged.attr_paths += part.attr_paths
+            for field in ("variables", "paths", "nodes", "node_paths", "attrs", "attr_paths"):
+                getattr(merged, field).extend(getattr(part, field))
             merged.var_ids.update({k: v + offset_v for k, v in part.var_ids.items()})
             merged.node_ids.update({k: v + offset_n for k, v in part.node_ids.items()})
         return Tracked(self.graph, key, None, merged)
