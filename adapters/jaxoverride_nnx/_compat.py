@@ -1,22 +1,16 @@
 """Every Flax difference across the supported range (``flax>=0.12.1,<0.13``), in one place.
 
-The adapter reads Flax NNX internals (``graphlib``, ``variablelib``, ``pytreelib``,
-``tracers``), which is why ``pyproject.toml`` bounds Flax above. Within the range:
+The adapter reads Flax NNX internals, which is why ``pyproject.toml`` bounds Flax above.
+Within the range: ``flax.nnx.graphlib`` is ``flax.nnx.graph`` before Flax 0.12.5;
+``graphlib.DataElem`` / ``StaticElem`` (0.12.5+) mark a node's items as data or static
+(earlier releases wrap nothing, so here they stand for classes nothing is an instance
+of); a Variable's ``on_get_value`` metadata may be a tuple of hooks from Flax 0.12.7, a
+single callable before (``chain_on_get_value`` builds one callable every release takes).
 
-- ``flax.nnx.graphlib`` is named ``flax.nnx.graph`` before Flax 0.12.5 (0.12.5 renamed
-  it and kept ``graph`` as a re-export).
-- ``graphlib.DataElem`` / ``StaticElem`` (0.12.5+) wrap a node's items to mark them as
-  data or static. Earlier releases never wrap an item, so here they stand for classes that
-  nothing is an instance of, and the ``isinstance`` checks are simply false.
-- A Variable's ``on_get_value`` metadata may be a tuple of hooks from Flax 0.12.7, but
-  only a single callable in Flax 0.12.1 to 0.12.6 (read in each tag's ``variablelib``);
-  ``chain_on_get_value`` builds one callable that every release accepts.
-
-And one JAX difference that the adapter handles without a branch: from JAX 0.12,
-``lax.custom_root`` traces ``f``, ``solve`` and ``tangent_solve`` through ``jax.jit``'s
-cache (``jax.jit(f).trace``, a hijax primitive; before, control-flow traces of their own),
-so a tracked Variable read there is inside a jit trace. The adapter hands JAX a fresh
-function per call, whose jit trace is marked as its own (``_convert._pure``): never stale.
+One JAX difference needs no branch: from JAX 0.12 ``lax.custom_root`` traces its
+functions through ``jax.jit``'s cache, so a tracked Variable read there is inside a jit
+trace; the adapter hands JAX a fresh function per call, its trace marked as its own
+(``_convert._pure``).
 """
 
 from __future__ import annotations
@@ -90,9 +84,8 @@ PRIVATE_SYMBOLS: dict[str, str] = {
 Read in Flax 0.12.0 (``graph``), 0.12.7, 0.12.8 and 0.12.10 (tested) and main at 0.12.8
 (2026-07-02), and for the JAX names in JAX 0.8.1, 0.10.2 and 0.11.2 (tested), 0.11.0, main
 at 0.11.1.dev (2026-08-08) and 0.12.0. ``ci/private_symbols.py`` re-checks them against
-git checkouts;
-``tests/test_private_symbols.py`` fails when the adapter uses a private name not listed
-here, or one that has a public name.
+git checkouts; ``tests/test_private_symbols.py`` fails when the adapter uses a private
+name not listed here, or one that has a public name.
 """
 
 
@@ -120,19 +113,15 @@ PRIVATE_ATTRIBUTES: dict[str, str] = {
 }
 """Private attributes of Flax objects the NNX adapter uses, with why no public one serves.
 
-They are slots of ``Variable`` (``__slots__ = ('_raw_value', '_trace_state',
-'_var_metadata')``) in every supported release: read in Flax 0.12.8 (installed) and in an
-older and a newer upstream ``variablelib.py``; the oldest set (Flax 0.12.1,
-``make test-oldest``) runs the adapter's tests over them. ``jaxoverride_nnx._graph`` takes
-their descriptors from ``Variable.__dict__``, so a release without them fails at import,
-not with a wrong value; the jit's plan reads ``_raw_value`` by name only for Variable
-types where that name is still the slot (``_jit._reads_the_slot``), and through the
-slot's descriptor otherwise.
+They are slots of ``Variable`` in every supported release (read in Flax 0.12.8 and in an
+older and a newer upstream ``variablelib.py``; ``make test-oldest`` runs Flax 0.12.1).
+``_graph`` takes their descriptors from ``Variable.__dict__``, so a release without them
+fails at import; the jit's plan reads ``_raw_value`` by name only where that name is still
+the slot (``_jit._reads_the_slot``).
 
-Hooks are put on only while a ``track`` scope is entered and taken off at its exit, the
-metadata left as it was. Flax copies a Variable's metadata into the copies it makes
-(``nnx.split``, ``nnx.state``, ``Variable.copy``): a copy made under ``track`` keeps the
-read check, which does nothing outside ``track`` or for a Variable that is not tracked.
+Hooks are put on only while a ``track`` scope is entered and taken off at its exit. A copy
+of a Variable made under ``track`` (``nnx.split``, ``nnx.state``) keeps the read check,
+which does nothing outside ``track`` or for a Variable that is not tracked.
 """
 
 

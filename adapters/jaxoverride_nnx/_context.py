@@ -10,14 +10,14 @@ from jaxoverride_nnx import _control, _convert, _jit, _mapped, _rules, _transfor
 
 # Every overridable name is NNX-aware; nothing passes through.
 _TRANSFORMS = ("vmap", "grad", "value_and_grad", "jacfwd", "jacrev", "hessian", "checkpoint")
-_CALLS = ("remat", "eval_shape", "jvp", "vjp", "linearize")
+_TRANSFORMS += ("remat", "eval_shape", "jvp", "vjp", "linearize")
 _CONTROL = ("lax.scan", "lax.while_loop", "lax.fori_loop", "lax.cond", "lax.switch")
 TABLE = kit.OverrideTable(
     "jaxoverride_nnx",
     {
         "jit": _jit.jit,
         **kit.overrides_in(_mapped, "pmap", "shard_map"),
-        **kit.overrides_in(_transforms, *_TRANSFORMS, *_CALLS),
+        **kit.overrides_in(_transforms, *_TRANSFORMS),
         **kit.overrides_in(_control, *_CONTROL),
         "lax.map": _control.lax_map,  # ``map`` would shadow the builtin there
         **kit.overrides_in(_rules, "custom_vjp", "custom_jvp"),

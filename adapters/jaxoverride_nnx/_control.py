@@ -1,26 +1,22 @@
 """Overrides of the neutral control flow: the tracked Variables become loop carries.
 
 Every lifted Variable's value is carried (or passed to each branch) next to the user's
-carry; inside the body the Variables hold the carried values and may be written, so a
-counter, BatchNorm statistics or an RNG stream advances once per step exactly as in a
-Python loop. After the call only the Variables that some traced function wrote are
-stored back. Array attributes of modules are read-only and ride along unchanged.
+carry, so a counter, BatchNorm statistics or an RNG stream advances once per step as in
+a Python loop; only the Variables some traced function wrote are stored back. Array
+attributes of modules ride along, read only.
 
 The calls are the kit's threaded combinators over ``_Source``, given only the tracked
-values of the modules the call touches (``_touched``). The user's functions go to the kit
-as they are, so its wrappers of them are reused per (functions, kind of call, tracked
-set) and JAX's own trace cache works as for raw ``jax.lax.scan``: a loop called eagerly
-again with the same body is neither traced nor compiled again. What their traces found
-(``_Seen``) is kept next to them (``kit.kept``). Given no tracked value, a
-``while_loop`` and a ``map`` are JAX's own structure.
-
-A stateful ``while_loop`` tests ``cond_fun`` once before the loop and then at the end of
-each step (the kit's ``carried_predicate``), so a ``cond_fun`` that updates state does
-so exactly as often as in ``while cond(x): x = body(x)``.
+values of the modules the call touches (``_touched``). The user's functions reach the kit
+as they are, so its wrappers are reused and JAX's trace cache works as for raw
+``jax.lax.scan``; what their traces found (``_Seen``) is kept next to them
+(``kit.kept``). Given no tracked value, ``while_loop`` and ``map`` are JAX's own.
+A stateful ``while_loop`` carries its predicate (``carried_predicate``), so a
+``cond_fun`` that updates state does so as often as in ``while cond(x): x = body(x)``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar, TypeVar
 
@@ -60,16 +56,13 @@ T = TypeVar("T")
 _Values = dict[int, Any]
 
 
+@dataclasses.dataclass(eq=False, slots=True)
 class _Seen:
-    """What the traces of one call's functions found: the tracked values they touch
-    (``threads``) and the Variables they wrote (``written``). Kept next to the functions
-    (``kit.kept``), as long as the kit's wrappers of them: a cached trace is not run again."""
+    """What the traces of one call's functions found: the tracked values they touch and
+    the Variables they wrote; kept as long as the kit's wrappers of the functions."""
 
-    __slots__ = ("threads", "written")
-
-    def __init__(self) -> None:
-        self.threads = Threads()
-        self.written: set[int] = set()
+    threads: Threads = dataclasses.field(default_factory=Threads)
+    written: set[int] = dataclasses.field(default_factory=set)
 
 
 def _seen(functions: Sequence[Any], kind: str, tracked: Tracked) -> _Seen:
@@ -166,19 +159,6 @@ class _ReadOnlySource(_Source):
     __slots__ = ()
 
 
-def _start(
-    tracked: Tracked, given: frozenset[int], reach: Sequence[Any]
-) -> tuple[dict[int, Any], dict[int, Any]]:
-    """The given Variables' values to carry and the given array attributes to pass along,
-    for a call whose functions and operands are ``reach``."""
-    values = given_values(tracked, given, reach)
-    count = len(tracked.variables)
-    return (
-        {i: v for i, v in values.items() if i < count},
-        {i: v for i, v in values.items() if i >= count},
-    )
-
-
 def _threaded(
     tracked: Tracked,
     functions: Sequence[Any],
@@ -188,21 +168,20 @@ def _threaded(
     read_only: bool = False,
 ) -> T:
     """``call(indices, (state, constants, owner))`` given the tracked values that
-    ``functions`` touch, traced again with the module of each probe it used.
-
-    The first ``_Seen`` keeps what was found, for the call as a whole (a ``cond``'s
-    branches share one carry). ``read_only``: with nothing given, the call is JAX's own
-    structure (``_ReadOnlySource``), and under ``jaxoverride.solve_state`` what an inner
-    boundary keeps as its last stays in a frame of this call (a tracer of JAX's trace
-    here, never the caller's).
-    """
+    ``functions`` touch, traced again with the module of each probe it used; the first
+    ``_Seen`` keeps what was found (a ``cond``'s branches share one carry). ``read_only``:
+    given nothing, the call is JAX's own, and under ``jaxoverride.solve_state`` what an
+    inner boundary keeps stays in a frame of this call."""
     reach = [*functions, operands]
     policy = policy_for(tracked)
 
     def attempt(given: frozenset[int], owner: object) -> T:
         for record in seen:
             record.threads.found[tracked.key] = given
-        state, constants = _start(tracked, given, reach)
+        values = given_values(tracked, given, reach)  # Variables, then array attributes
+        count = len(tracked.variables)
+        state = {i: v for i, v in values.items() if i < count}
+        constants = {i: v for i, v in values.items() if i >= count}
         with discarded(None if given or not read_only else policy):
             return call(given, (state, constants, owner))
 

@@ -1,17 +1,12 @@
 """Conversion to pure functions under ``track``: ``closure_convert``, ``make_jaxpr``,
 ``lax.custom_root`` and ``lax.custom_linear_solve``.
 
-Each turns the user's function into a jaxpr of its inputs, so tracked Variables are
-*read* at the traced level (JAX hoists what the function closes over into explicit,
-differentiated inputs) and a *write* could never come out: it is refused with
-``PureFunctionWriteError`` and every Variable is left as it was. JAX caches such traces by
-the function's identity, closed-over values included, so each call converts a fresh
-function: a cached trace would serve the weights it was first traced with.
-
-Equinox closure-converts a user's callback with ``jax.make_jaxpr``
-(``filter_closure_convert`` in optimistix, lineax and diffrax): the tracked Variables
-that the callback reads become constants of the jaxpr, which Equinox then passes as
-explicit operands, so gradients with respect to the module flow through them.
+Each turns the user's function into a jaxpr of its inputs: tracked Variables are *read*
+at the traced level (JAX hoists what the function closes over into explicit inputs; so
+does Equinox's ``filter_closure_convert``, so gradients reach the module), and a *write*
+could never come out, so it is refused with ``PureFunctionWriteError``, every Variable
+left as it was. JAX caches such traces by the function's identity, closed-over values
+included, so each call converts a fresh function.
 """
 
 from __future__ import annotations
@@ -96,20 +91,16 @@ def make_jaxpr(fun: Callable[..., Any], *args: Any, **kwargs: Any) -> Callable[.
 
 
 def _written_out(tracked: Tracked, policy: kit.Participant, fun: Callable[..., Any]) -> Any:
-    """``fun`` to trace into a jaxpr under ``jaxoverride.solve_state``: it runs on the
-    tracked Variables with the frozen parts as at entry, and what it writes to them is
-    handed out of the jaxpr at each evaluation (``kit.write_out``): evaluated in a
-    solver's loop body, it writes the Variables there as a direct call of ``fun`` would,
-    and the solve keeps its last forward evaluation's. A write to a Variable the
-    declaration does not freeze is refused (it could not come out)."""
+    """``fun`` to trace into a jaxpr under ``jaxoverride.solve_state``: what it writes is
+    handed out at each evaluation (``kit.write_out``), as a direct call would write it
+    there; a write to a Variable the declaration does not freeze is refused."""
     count = len(tracked.variables)
 
     indices: list[int] = []
 
     def given() -> None:
-        # Where the evaluation's boundary was not given a Variable the map writes (a
-        # loop's first trace holds a probe for it), it traces again with it given; this
-        # asks before the evaluation stages anything of the jaxpr.
+        # A Variable the map writes that the evaluation's boundary was not given (a probe)
+        # retraces that boundary with it, before the evaluation stages anything.
         check_given([RAW.__get__(tracked.variables[i]) for i in indices])
 
     @functools.wraps(fun)
@@ -184,14 +175,10 @@ def _declared_convert(
     fun: Callable[..., Any],
     example_args: tuple[Any, ...],
 ) -> Any:
-    """``closure_convert`` under ``jaxoverride.solve_state``: the tracked state (every
-    Variable but the Params, which JAX hoists as usual) is an explicit input of the
-    jaxpr, read from the Variables where the converted function is called, and what
-    ``fun`` writes is an output that it writes there: a call of the converted function
-    is a call of ``fun``. The boundaries around those calls (a solver's loop, a custom
-    rule, its backward pass) apply the declaration: each evaluation draws the entry's
-    keys, the last forward evaluation's state is kept and a backward pass's is dropped.
-    Nothing is a constant of the jaxpr that a later trace could find stale."""
+    """``closure_convert`` under ``jaxoverride.solve_state``: the tracked state (all but
+    the Params, which JAX hoists) is an explicit input of the jaxpr, read where the
+    converted function is called, and what ``fun`` writes an output written there, so
+    the boundaries around those calls apply the declaration and nothing goes stale."""
     where = "jaxoverride.closure_convert"
     state = stateful(tracked)
     written: list[tuple[int, ...]] = []
@@ -238,22 +225,15 @@ def _pure(
 ) -> Any:
     """``fn`` run with the tracked Variables readable and any write refused.
 
-    JAX traces each function it is given into a jaxpr and hoists what it closes over into
-    explicit, differentiated inputs, so reads of a tracked module come out right. Two things
-    need the adapter. JAX caches those traces by the function's identity, closed-over values
-    included: a function defined once and called again after the weights changed (or under
-    ``jo.grad``, whose values are other tracers) would get the old values, a silently wrong
-    gradient or a leaked tracer. A fresh wrapper per call never hits that cache, so where
-    JAX traces it through ``jax.jit`` (``jitted``: ``lax.custom_root`` from JAX 0.12, see
-    ``jaxoverride_nnx._compat``) that trace is marked as the adapter's own, where reading
-    the current values is right. And a write inside could never come out of the jaxpr: it
-    is refused with the fix, every Variable left as it was.
+    JAX hoists what it closes over into explicit inputs, so reads come out right; the
+    caller hands a fresh wrapper per call past JAX's trace cache (which would keep old
+    weights), and where JAX traces it through ``jax.jit`` (``jitted``: ``custom_root``
+    from JAX 0.12) that trace is marked as the adapter's own (reads are current).
     """
     if fn is None or not callable(fn):
         return fn  # JAX's own error for JAX's misuse, as with nothing active
 
     def pure(*args: Any, **kwargs: Any) -> Any:
-        # (a write itself is refused below: it cannot come out)
         with discarded(policy_for(tracked)):
             out, after = run_lifted(tracked, None, fn, args, kwargs, where)
         if written := changed(tracked.read(), after):

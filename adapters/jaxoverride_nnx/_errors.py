@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import re
 import sys
+import traceback
 import types
 from typing import TYPE_CHECKING, Any
 
@@ -86,11 +87,7 @@ class LevelError(_PlainError, errors.JaxoverrideError):
 
 
 def _frames(tb: types.TracebackType | None) -> list[types.FrameType]:
-    frames = []
-    while tb is not None:
-        frames.append(tb.tb_frame)
-        tb = tb.tb_next
-    return frames
+    return [frame for frame, _ in traceback.walk_tb(tb)]
 
 
 def _culprit(frames: list[types.FrameType]) -> tuple[Any, str | None]:

@@ -9,6 +9,7 @@ lift to the same flat list of values, position by position.
 
 from __future__ import annotations
 
+import dataclasses
 import weakref
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -72,6 +73,7 @@ def _key_text(key: Any) -> str:
     return f"[{key}]" if isinstance(key, int) else f".{key}"
 
 
+@dataclasses.dataclass(eq=False, slots=True)
 class Graph:
     """What one walk found. Indices in the fingerprint refer to the lists here.
 
@@ -89,30 +91,16 @@ class Graph:
       fingerprint: the hashable shape of the graph.
     """
 
-    __slots__ = (
-        "attr_paths",
-        "attrs",
-        "fingerprint",
-        "node_ids",
-        "node_paths",
-        "nodes",
-        "paths",
-        "states",
-        "var_ids",
-        "variables",
-    )
-
-    def __init__(self) -> None:
-        self.variables: list[Variable[Any]] = []
-        self.paths: list[str] = []
-        self.var_ids: dict[int, int] = {}
-        self.nodes: list[Any] = []
-        self.node_paths: list[str] = []
-        self.node_ids: dict[int, int] = {}
-        self.attrs: list[tuple[Any, str]] = []
-        self.attr_paths: list[str] = []
-        self.states: list[PytreeState] = []
-        self.fingerprint: tuple[Any, ...] = ()
+    variables: list[Variable[Any]] = dataclasses.field(default_factory=list)
+    paths: list[str] = dataclasses.field(default_factory=list)
+    var_ids: dict[int, int] = dataclasses.field(default_factory=dict)
+    nodes: list[Any] = dataclasses.field(default_factory=list)
+    node_paths: list[str] = dataclasses.field(default_factory=list)
+    node_ids: dict[int, int] = dataclasses.field(default_factory=dict)
+    attrs: list[tuple[Any, str]] = dataclasses.field(default_factory=list)
+    attr_paths: list[str] = dataclasses.field(default_factory=list)
+    states: list[PytreeState] = dataclasses.field(default_factory=list)
+    fingerprint: tuple[Any, ...] = ()
 
 
 class _Walker:

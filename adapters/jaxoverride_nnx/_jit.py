@@ -1,15 +1,12 @@
 """The ``jit`` override: one inner ``jax.jit`` per tracked set, fed the Variables' values.
 
-A call reads the lifted Variables' raw values into a flat list, calls the inner jitted
-function with it prepended to the arguments, and stores back only the values that the
-trace showed to change. No graph is walked per call (``track`` walked it). Builds are
-keyed on the tracked set's ``TrackKey`` in a table that holds no module, so weights are
-never baked in as constants and a dead module's entries are pruned.
-
-A repeated call is served from the flat plan (``_plan``) that the general path last
-kept. Each trace of a build must return the same layout (``_Build.layout``), so the
-output is read without a self-describing form; a trace with another layout gets a build
-that returns ``(output, {index: value})``, so no call misreads an output.
+A call reads the lifted Variables' raw values into a flat list, passes it first to the
+inner jitted function and stores back only the values the trace showed to change. Builds
+are keyed on the tracked set's ``TrackKey`` in a table that holds no module, so weights
+are never baked in and a dead module's entries are pruned. A repeated call is served
+from the flat plan (``_plan``) that the general path last kept; every trace of a build
+returns the first's layout (``_Build.layout``), else it gets a general build that
+returns ``(output, {index: value})``.
 """
 
 from __future__ import annotations
@@ -49,15 +46,10 @@ from jaxoverride_nnx._lift import (
     to_refs,
     write_back,
 )
+from jaxoverride_nnx._probes import NeedsState, check_given
 from jaxoverride_nnx._reach import reached
 from jaxoverride_nnx._solve import declared_values, frozen_key, policy_for, written
-from jaxoverride_nnx._touched import (
-    NeedsState,
-    check_carried,
-    check_given,
-    module_of,
-    referenced,
-)
+from jaxoverride_nnx._touched import check_carried, module_of, referenced
 from jaxoverride_nnx._tracked import ACTIVE, Tracked
 
 _WHERE = "jaxoverride.jit"
@@ -123,8 +115,7 @@ class NnxJit:
 
     # -- the call ---------------------------------------------------------------------
     def _make_call(self) -> Callable[..., Any]:
-        """What ``jaxoverride.jit`` runs: a plain closure (cheaper to call than an
-        object), with JAX's jitted-function API."""
+        """What ``jaxoverride.jit`` runs: a closure (cheaper to call than an object)."""
         fun, plain, cache, compile_, clean, with_nodes, retry = (
             self._fun,
             self._plain,
@@ -134,11 +125,9 @@ class NnxJit:
             self._call_with_nodes,
             self._retry,
         )
-        # ``last`` (key, build) and ``hot`` (the plan, ``_plan``) are tuples replaced
-        # whole: another thread reads one or the other, never a mix. A plan serves calls
-        # with its tracked set, no structural change since and plain positional
-        # arguments; it still reads every Variable (a write that bypasses NNX's checks
-        # leaves no other trace).
+        # ``last`` (key, build) and ``hot`` (the plan) are tuples replaced whole, so another
+        # thread reads one or the other, never a mix. A plan serves calls with its tracked
+        # set, no structural change since and plain positional arguments.
         last: list[Any] = [(None, None)]
         hot: list[Any] = [_COLD]
         per_arity = self._per_arity
@@ -317,9 +306,8 @@ class NnxJit:
         self, tracked: Tracked | None, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> Any:
         originals = (args, kwargs)
-        view, args, kwargs = self._lift_arguments(tracked, args, kwargs)
+        key, view, args, kwargs = self._lift_arguments(tracked, args, kwargs)
         policy = policy_for(view)
-        key = self._key(view, args)
         if policy is not None:
             key = (*(key if type(key) is tuple else (key,)), frozen_key(policy, view))
         result, build = self._on_build(key, view, None, args, kwargs, originals, policy)
@@ -332,11 +320,13 @@ class NnxJit:
 
     def _lift_arguments(
         self, tracked: Tracked | None, args: tuple[Any, ...], kwargs: dict[str, Any]
-    ) -> tuple[Tracked, tuple[Any, ...], dict[str, Any]]:
+    ) -> tuple[Any, Tracked, tuple[Any, ...], dict[str, Any]]:
+        """The build key, the tracked set with the graph nodes among the dynamic arguments,
+        and the arguments with those as ``NodeRef``s."""
         static = static_positions(self._static_nums, len(args))
         view, args, kwargs = lift_arguments(tracked, args, kwargs, static, self._static_names)
         assert view is not None
-        return view, args, kwargs
+        return self._key(view, args), view, args, kwargs
 
     def _check_static(
         self, tracked: Tracked | None, args: Sequence[Any], kwargs: dict[str, Any]
@@ -373,19 +363,14 @@ class NnxJit:
         functools.update_wrapper(checked, fun, updated=())
         return checked
 
-    def _dynamic(
-        self, args: tuple[Any, ...], kwargs: dict[str, Any]
-    ) -> tuple[list[Any], dict[str, Any]]:
-        static = static_positions(self._static_nums, len(args)) if self._static_nums else ()
-        return (
-            [a for i, a in enumerate(args) if i not in static],
-            {k: v for k, v in kwargs.items() if k not in self._static_names},
-        )
-
     def _clean_arguments(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
         """True when no dynamic argument holds an NNX graph node (checked cheaply: the
         call's plain arrays are tested by ``general`` before)."""
-        dynamic = self._dynamic(args, kwargs)
+        static = static_positions(self._static_nums, len(args)) if self._static_nums else ()
+        dynamic = (
+            [a for i, a in enumerate(args) if i not in static],
+            {k: v for k, v in kwargs.items() if k not in self._static_names},
+        )
         try:
             treedef = jax.tree_util.tree_structure(dynamic)
             if treedef in self._clean:
@@ -482,8 +467,7 @@ class NnxJit:
             if tracked is None:
                 return None, None, args, kwargs
             return self._key(tracked, args), tracked, args, kwargs
-        view, args, kwargs = self._lift_arguments(tracked, args, kwargs)
-        return self._key(view, args), view, args, kwargs
+        return self._lift_arguments(tracked, args, kwargs)
 
     def _on_build(
         self,
@@ -535,11 +519,8 @@ class NnxJit:
 
 
 class LayoutChanged(TraceAbort):
-    """A trace of a build returned another layout than its first (see ``_Build.settle``).
-
-    A ``BaseException`` (``adapter_kit.TraceAbort``), as ``NeedsState``: it is never seen
-    outside the adapter.
-    """
+    """A trace of a build returned another layout than its first (``_Build.settle``); a
+    ``TraceAbort``, never seen outside the adapter."""
 
     def __init__(self, owner: _Build):
         super().__init__(owner)
@@ -551,12 +532,9 @@ _LAYOUT_LOCK = threading.Lock()
 
 class _Build:
     """One ``jax.jit`` of the lifted function for a tracked set, given the tracked values
-    ``given`` (as a list in ``order``); it marks the probes of its traces (``_touched``).
-
-    ``layout``: ``(indices written, whether the output holds modules)`` of its first
-    trace, which every later trace must match unless ``general`` (then it returns
-    ``(out, {index: value})``, and a third item where the output holds modules).
-    """
+    ``given`` (as a list in ``order``). ``layout``: ``(indices written, whether the
+    output holds modules)`` of its first trace, which later traces must match unless
+    ``general`` (then it returns ``(out, {index: value}[, refs])``)."""
 
     __slots__ = (
         "attrs",
@@ -637,13 +615,10 @@ def _call_hidden(
 ) -> Any:
     """Calls ``jitted`` with the tracked set visible to ``lifted`` only.
 
-    Inside a neutral transform (``jo.grad``: JAX's linearize) the Variables hold that
-    transform's tracers. JAX may lower the jitted function during the call, and lowering
-    runs the Python implementation of primitives such as Equinox's (``lineax``'s linear
-    solve): neutral loops in it would carry the Variables' values into the lowering as
-    constants ("No constant handler for type: LinearizeTracer"). A primitive's
-    implementation is pure, so it runs with nothing tracked; ``lifted``, traced by the
-    same call, still finds the tracked set.
+    Inside a neutral transform the Variables hold its tracers, and JAX may lower the
+    jitted function during the call, running primitives' Python implementations (such
+    as lineax's linear solve): their neutral loops would carry those tracers into the
+    lowering as constants ("No constant handler for type: LinearizeTracer").
     """
     hidden = _HIDDEN.set(tracked)
     token = ACTIVE.set(None)

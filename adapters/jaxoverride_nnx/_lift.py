@@ -1,22 +1,17 @@
 """Lifting: run stateful NNX code inside a JAX trace as a function of explicit values.
 
-Every override follows the same recipe. Outside the trace it reads the lifted
-Variables' values (``Tracked.read``) and passes them through the JAX transform as
-ordinary inputs, carries or closure constants. Inside, ``run_lifted`` points each
-Variable at its traced value, gives it a trace state that is valid at this level (so
-NNX lets it be written), runs the user's function, collects the new values and restores
-every Variable exactly, also on an exception. The values come back as outputs and
-``write_back`` stores those that changed. The Variable objects are never replaced, so
-shared references, and the identity of modules passed as arguments, are kept.
-
-Graph nodes passed as arguments or carries are replaced by ``NodeRef`` placeholders,
-pytree nodes with no leaves whose identity is their position in the lifted set; the
-function inside sees the very same module object, and an output that is a lifted
-module comes back as that object.
+Outside the trace an override reads the lifted Variables' values and passes them through
+the JAX transform as inputs, carries or constants. Inside, ``run_lifted`` points each
+Variable at its traced value with a trace state valid at this level (so NNX lets it be
+written), runs the function, collects the new values and restores every Variable, also on
+an exception; ``write_back`` stores those that changed. The Variable objects are never
+replaced, so shared references and module identities are kept. Graph nodes passed as
+arguments are ``NodeRef`` placeholders inside (pytree nodes with no leaves).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
@@ -28,54 +23,34 @@ from flax.nnx import tracers
 
 from jaxoverride_nnx._errors import StructureChangeError, explain, structure_changed
 from jaxoverride_nnx._graph import RAW, TRACE, is_graph_object
-from jaxoverride_nnx._solve import entering, leaving
-from jaxoverride_nnx._touched import NeedsState, probe_for
-from jaxoverride_nnx._tracked import ACTIVE, Tracked, current, empty
-from jaxoverride_nnx._write import raise_level_error as raise_level_error, write_back as write_back
+from jaxoverride_nnx._probes import NeedsState, probe_for
+from jaxoverride_nnx._solve import entering, leaving, written
+from jaxoverride_nnx._tracked import ACTIVE, Tracked, empty
+from jaxoverride_nnx._write import write_back as write_back
 
 
 @jax.tree_util.register_static
+@dataclasses.dataclass(frozen=True, slots=True)
 class NodeRef:
     """Stands for a lifted module (``kind="n"``) or Variable (``"v"``) inside a trace."""
 
-    __slots__ = ("index", "kind")
-
-    def __init__(self, kind: str, index: int):
-        self.kind = kind
-        self.index = index
-
-    def __hash__(self) -> int:
-        return hash((self.kind, self.index))
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, NodeRef) and (self.kind, self.index) == (other.kind, other.index)
+    kind: str
+    index: int
 
     def __repr__(self) -> str:
         return f"NodeRef({self.kind}{self.index})"
 
 
 @jax.tree_util.register_static
+@dataclasses.dataclass(frozen=True, slots=True)
 class Flag:
     """A boolean that leaves a trace as static output (in the treedef, not as an array)."""
 
-    __slots__ = ("value",)
-
-    def __init__(self, value: bool):
-        self.value = value
-
-    def __hash__(self) -> int:
-        return hash(self.value)
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, Flag) and self.value == other.value
+    value: bool
 
 
 NO_REFS = Flag(False)
 HAS_REFS = Flag(True)
-
-
-def _is_ref(x: Any) -> bool:
-    return type(x) is NodeRef
 
 
 def _is_ref_or_object(x: Any) -> bool:
@@ -139,18 +114,17 @@ def run_lifted(
 ) -> tuple[Any, list[Any]]:
     """Calls ``fn`` with the lifted Variables holding ``values`` (or their current values).
 
-    Must be called inside the trace of the transform that ``where`` names. The Variables
-    may be read and written by ``fn`` at this trace level; nested neutral calls inside
-    ``fn`` see ``tracked`` (frozen) as the tracked set.
+    Must be called inside the trace of the transform that ``where`` names; nested
+    neutral calls inside ``fn`` see ``tracked`` (frozen) as the tracked set.
 
-    With ``owner`` (a ``Threads`` call's mark), ``values`` is a dict ``{index: value}``
-    of the values given, and every other tracked value holds a ``Probe`` of ``owner``
-    meanwhile; a write of one of those raises ``NeedsState`` too (it must be threaded).
-
-    With ``policy`` (a ``jaxoverride.solve_state`` participant, ``_solve``) the values
-    the function receives are frozen (``rebase``: they were frozen at the call's read,
-    and are the frozen parts inside it; ``received``, with ``values``' order, what the
-    evaluations before the call left) and what it leaves is the declaration's.
+    Args:
+      owner: a ``Threads`` call's mark: ``values`` is then ``{index: value}`` of the
+        values given, every other tracked value holds a ``Probe`` of ``owner``, and a
+        write of one raises ``NeedsState`` too (it must be threaded).
+      policy: a ``jaxoverride.solve_state`` participant (``_solve``): ``fn`` receives
+        the frozen values (``rebase``: frozen at the call's read already; ``received``,
+        in ``values``' order, what the evaluations before the call left) and what it
+        leaves is the declaration's.
 
     Returns:
       ``(fn's output, the Variables' values after the call)``; every Variable is restored
@@ -250,10 +224,34 @@ def changed(before: Sequence[Any], after: Sequence[Any]) -> dict[int, Any]:
     return {index: new for index, (old, new) in pairs if new is not old}
 
 
-def written_since(values: Mapping[int, Any], after: Sequence[Any], count: int) -> dict[int, Any]:
-    """``{index: new value}`` for the Variables among ``values`` (indices below ``count``;
-    the others are array attributes) whose value object changed."""
-    return {i: after[i] for i in values if i < count and after[i] is not values[i]}
+def run_given(
+    view: Tracked,
+    values: dict[int, Any],
+    fun: Callable[..., Any],
+    args: Sequence[Any],
+    kwargs: dict[str, Any],
+    where: str,
+    owner: object,
+    policy: Any = None,
+) -> tuple[Any, dict[int, Any], Flag]:
+    """Inside a trace: ``fun`` on arguments holding ``NodeRef``s, with the given tracked
+    ``values`` (``run_lifted``'s ``owner``): ``(output with NodeRefs, {index: value}
+    of the Variables written, whether the output holds refs)``."""
+    args, kwargs = from_refs((args, kwargs), view)
+    out, after = run_lifted(view, values, fun, args, kwargs, where, owner=owner, policy=policy)
+    out, has_refs = to_refs(out, view)
+    count = len(view.variables)  # the indices above are array attributes, read only
+    updates = {i: after[i] for i in values if i < count and after[i] is not values[i]}
+    return out, updates, HAS_REFS if has_refs else NO_REFS
+
+
+def land(
+    view: Tracked, result: tuple[Any, dict[int, Any], Flag], where: str, policy: Any = None
+) -> Any:
+    """Writes back what the JAX call of a ``run_given`` returned; returns its output."""
+    out, updates, refs = result
+    write_back(view, written(policy, view, updates), where)
+    return from_refs(out, view) if refs.value else out
 
 
 def static_positions(static: Sequence[int], count: int) -> set[int]:
@@ -341,7 +339,7 @@ def from_refs(tree: Any, tracked: Tracked) -> Any:
 
 def refs_of(tree: Any) -> list[NodeRef]:
     leaves = jax.tree_util.tree_leaves(tree, is_leaf=_is_ref_or_object)
-    return [leaf for leaf in leaves if _is_ref(leaf)]
+    return [leaf for leaf in leaves if type(leaf) is NodeRef]
 
 
 def check_same_refs(before: Any, after: Any, what: str, where: str) -> None:
@@ -373,11 +371,3 @@ def lift_arguments(
     refs = lambda x: to_refs(x, view)[0]
     new_args = tuple(a if i in static else refs(a) for i, a in enumerate(args))
     return view, new_args, {k: v if k in static_names else refs(v) for k, v in kwargs.items()}
-
-
-def prepare(*trees: Any) -> tuple[Tracked | None, list[Any]]:
-    """The tracked set for a call whose inputs are ``trees``, with nodes as ``NodeRef``s."""
-    tracked = with_arguments(current(), *trees)
-    if tracked is None:
-        return None, list(trees)
-    return tracked, [to_refs(tree, tracked)[0] for tree in trees]

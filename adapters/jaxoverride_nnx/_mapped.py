@@ -1,19 +1,12 @@
 """The ``pmap`` and ``shard_map`` overrides: tracked state enters and leaves replicated.
 
-The tracked Variables' values are passed as one extra argument that every device sees
-whole (``pmap`` ``in_axes=None``, ``shard_map`` spec ``P()``); the user's arguments keep
-their ``in_axes`` / ``in_specs``. What the function writes leaves unmapped (``out_axes=None``,
-``P()``) and is stored back once, so it must be the same on every device: reduce it over
-the axis (``lax.pmean``, ``nnx.BatchNorm(axis_name=...)``) before writing.
-
-``shard_map`` proves that with its own replication check (``check_vma=True``): a value
-that may differ across devices is refused with the Variable's path. ``jax.pmap`` does not
-check (it would keep the first device's value), so before the first call with a new
-tracked set or new shapes the function is traced once abstractly under a ``vmap`` with
-the same axis name, where a per-device update shows up as a batched output.
-
-One mapped function is built per tracked set (``TrackKey``), as ``jit`` does, so a
-cache hit of the underlying ``jax.pmap`` never runs with another set's Variables.
+The tracked values are one extra argument every device sees whole (``in_axes=None``,
+spec ``P()``); what the function writes leaves unmapped and is stored back once, so it
+must be the same on every device (reduce it with ``lax.pmean`` or
+``nnx.BatchNorm(axis_name=...)``). ``shard_map`` proves that with ``check_vma``;
+``jax.pmap`` does not check, so before the first call with a new tracked set or shapes
+the function is traced abstractly under a ``vmap`` of the same axis name, where a
+per-device update shows up batched. One mapped function is built per tracked set.
 """
 
 from __future__ import annotations
@@ -31,18 +24,13 @@ import jaxoverride as jo
 from jaxoverride.adapter_kit import INFER_SPECS as _INFER, as_index_tuple, varying_axes
 from jaxoverride_nnx._errors import StructureChangeError
 from jaxoverride_nnx._lift import (
-    HAS_REFS,
-    NO_REFS,
     call_plain,
-    from_refs,
     graph_objects,
+    land,
     lift_arguments,
     named_like,
-    run_lifted,
+    run_given,
     static_positions,
-    to_refs,
-    write_back,
-    written_since,
 )
 from jaxoverride_nnx._touched import Threads, given_values
 from jaxoverride_nnx._tracked import ACTIVE, Tracked, TrackKey, current
@@ -68,13 +56,10 @@ def _lifted(fun: Callable[..., Any], where: str, check_vma: bool) -> Callable[..
     def lifted(values: dict[int, Any], *args: Any, **kwargs: Any) -> Any:
         view = ACTIVE.get()
         assert view is not None
-        args, kwargs = from_refs((args, kwargs), view)
-        out, after = run_lifted(view, values, fun, args, kwargs, where, owner=_OWNER.get())
-        updates = written_since(values, after, len(view.variables))
+        result = run_given(view, values, fun, args, kwargs, where, _OWNER.get())
         if check_vma:
-            _check_replicated(view, updates, where)
-        out, has_refs = to_refs(out, view)
-        return out, updates, HAS_REFS if has_refs else NO_REFS
+            _check_replicated(view, result[1], where)
+        return result
 
     return named_like(lifted, fun)
 
@@ -98,25 +83,22 @@ def _varying(view: Tracked, index: int, where: str, axes: Any) -> StructureChang
     )
 
 
-class _PerSet:
-    """One mapped function per tracked set (and per extra key), pruned of dead sets."""
+def _per_set(build: Callable[[Any], Any]) -> Callable[[TrackKey, Any], Any]:
+    """``build(extra)`` once per tracked set and ``extra``, pruned of dead sets."""
+    cache: dict[Any, Any] = {}
 
-    __slots__ = ("_build", "_cache")
-
-    def __init__(self, build: Callable[[Any], Any]):
-        self._build = build
-        self._cache: dict[Any, Any] = {}
-
-    def get(self, key: TrackKey, extra: Any = None) -> Any:
-        entry = self._cache.get((key, extra))
+    def get(key: TrackKey, extra: Any) -> Any:
+        entry = cache.get((key, extra))
         if entry is None:
-            if len(self._cache) >= _CACHE_LIMIT:
-                for stale in [k for k in self._cache if not k[0].alive()]:
-                    del self._cache[stale]
-                if len(self._cache) >= _CACHE_LIMIT:
-                    self._cache.clear()
-            entry = self._cache[(key, extra)] = self._build(extra)
+            if len(cache) >= _CACHE_LIMIT:
+                for stale in [k for k in cache if not k[0].alive()]:
+                    del cache[stale]
+                if len(cache) >= _CACHE_LIMIT:
+                    cache.clear()
+            entry = cache[(key, extra)] = build(extra)
         return entry
+
+    return get
 
 
 # The mark of the probes of the mapped call being traced (see ``_touched``).
@@ -141,9 +123,7 @@ def _threaded(
             _OWNER.reset(owner_token)
             ACTIVE.reset(token)
 
-    out, updates, refs = threads.run(view, attempt, (fun, arguments))
-    write_back(view, updates, where)
-    return from_refs(out, view) if refs.value else out
+    return land(view, threads.run(view, attempt, (fun, arguments)), where)
 
 
 # -- pmap -----------------------------------------------------------------------------
@@ -157,11 +137,9 @@ def _shared_build(
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
 ) -> Callable[..., Any]:
-    """``build(fun, below, plain, options)``, shared by every equal ``jaxoverride.<name>(fun,
-    ...)`` through ``jo.reuse_jit``: an eager ``jo.pmap(f)(x)`` built again reuses the
-    mapped functions (and JAX's compilations) of the first, as ``jax.pmap`` does. ``plain``
-    is ``below``'s own mapped ``fun`` (for calls that track nothing), ``options`` the
-    arguments bound to ``default``'s parameters."""
+    """``build(fun, below, plain, options)``, shared through ``jo.reuse_jit`` by every
+    equal ``jaxoverride.<name>(fun, ...)`` (as ``jax.pmap`` shares its compilations);
+    ``plain`` is ``below``'s own mapped ``fun``, ``options`` bound to ``default``."""
     below = jo.next_impl(name)
     options = _bind(default, fun, args, kwargs)
     key = (name, below, tuple(sorted(options.items())))
@@ -206,7 +184,7 @@ def _build_pmap(
             **options,
         )
 
-    cache = _PerSet(build)
+    cached = _per_set(build)
 
     def call(*call_args: Any, **call_kwargs: Any) -> Any:
         count = len(call_args)
@@ -230,7 +208,7 @@ def _build_pmap(
                 if len(probed) >= _CACHE_LIMIT:
                     probed.clear()
                 probed.add(probe_key)
-            return cache.get(view.key, count)(values, *args_, **kwargs_)
+            return cached(view.key, count)(values, *args_, **kwargs_)
 
         return _threaded(threads, view, run, where, fun, call_args)
 
@@ -247,14 +225,10 @@ def _probe(
     fixed: set[int],
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
-    where: str = "jaxoverride.pmap",
 ) -> None:
     """Traces under ``vmap``: a batched state update is one that differs per device.
-
-    The first abstract trace maps every update to axis 0 and notes which ones are
-    batched (``vmap`` refuses ``out_axes=None`` for a batched output); only when one
-    is, each update is tried on its own to name the Variable.
-    """
+    Only when one is (``vmap`` refuses ``out_axes=None`` for it), each update is tried
+    on its own to name the Variable."""
     static_values = {i: args[i] for i in fixed}
     dynamic = [a for i, a in enumerate(args) if i not in fixed]
     dynamic_axes = tuple(a for i, a in enumerate(axes) if i not in fixed)
@@ -284,7 +258,7 @@ def _probe(
     for position, index in enumerate(list(keys)):
         count = len(keys)
         if not attempt(tuple(None if j == position else 0 for j in range(count))):
-            raise _varying(view, index, where, (axis_name,))
+            raise _varying(view, index, "jaxoverride.pmap", (axis_name,))
 
 
 # -- shard_map ------------------------------------------------------------------------
@@ -319,7 +293,7 @@ def _build_shard_map(
         )
         return lambda values, *args: mapped(values, args)
 
-    cache = _PerSet(build)
+    cached = _per_set(build)
 
     def call(*call_args: Any, **call_kwargs: Any) -> Any:
         view, args_, kwargs_ = lift_arguments(current(), call_args, call_kwargs)
@@ -333,7 +307,7 @@ def _build_shard_map(
                 "in_specs=... for your arguments."
             )
         _check_specs(in_specs, call_args)
-        mapped = cache.get(view.key)
+        mapped = cached(view.key, None)
         return _threaded(
             threads, view, lambda values: mapped(values, *args_, **kwargs_), where, fun, call_args
         )

@@ -1,16 +1,11 @@
 """What a function, or a static argument, reaches by reference: NNX modules and Variables.
 
-Two questions are answered with it. Which tracked modules a traced function is first
-given (``_touched.referenced``: a guess, a probe catches what it misses), and which NNX
-state a ``jit`` trace bakes in through its static arguments (``_jit``: JAX caches the
-trace by them, so any module they reach is read as constants, and must be tracked).
-
-A reference is followed through a function's closure cells, defaults and the globals
-its code names, a bound method's object, a ``functools.partial``'s function and
-arguments, the items of lists, tuples and dicts (which do not count as a level: a
-library's static arguments are often nested tuples, as Equinox's ``filter_jit`` makes
-them), and the attributes of plain objects (a solver object holding the function). An
-NNX graph object is reported and not entered: tracking a module tracks what it holds.
+Used for which tracked modules a traced function is first given (``_touched.referenced``,
+a guess) and which NNX state a ``jit`` trace bakes in through its static arguments. A
+reference is followed through closure cells, defaults, the globals a function's code
+names, bound methods, ``functools.partial``, containers (not counted as a level: Equinox
+nests static arguments in tuples) and plain objects' attributes; an NNX graph object is
+reported and not entered.
 """
 
 from __future__ import annotations

@@ -1,30 +1,29 @@
 """``custom_vjp`` and ``custom_jvp`` under ``track``: the tracked Variables' values as an
 explicit argument.
 
-JAX traces a custom rule's primal function at a level of its own and its ``fwd`` one
-level up. A neutral loop inside the rule carries every tracked Variable, Params included,
-so without lifting, the Variables' values at the caller's level would be closed over by
-the rule, which JAX refuses ("differentiation of a custom_vjp function with respect to a
-closed-over value"). Here the values go in as a leading argument, the primal and ``fwd``
-run with the Variables pointing at them (``run_lifted``, so they may also be written),
-and the values after the call come back as an extra output that is written back once.
-The leading argument gets a zero cotangent: gradients reach the parameters through the
-arguments of the rule, which ``jaxoverride.closure_convert`` provides. ``custom_jvp`` does
-the same with its primal function and JVP rule (the written values get zero tangents).
+JAX traces a rule's primal function and its ``fwd`` at levels of their own: a neutral
+loop inside would close over the caller's Variable values, which JAX refuses
+("differentiation of a custom_vjp function with respect to a closed-over value"). So
+the values go in as a leading argument (with a zero cotangent: gradients reach the
+parameters through the rule's arguments, which ``closure_convert`` provides), the
+functions run with the Variables pointing at them (``run_lifted``), and the values after
+the call come back as an extra output, written back once.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from jaxoverride import errors
-from jaxoverride.adapter_kit import LiftedRule, perturbed_leaves
+from jaxoverride.adapter_kit import LiftedRule, perturbed_leaves, resumed
 from jaxoverride_nnx._compat import chain_on_get_value
 from jaxoverride_nnx._lift import run_lifted, write_back
-from jaxoverride_nnx._solve import frozen_values, policy_for, resumed, written as declared_writes
-from jaxoverride_nnx._touched import NeedsState, Threads, given_values
+from jaxoverride_nnx._probes import NeedsState
+from jaxoverride_nnx._solve import frozen_values, policy_for, written as declared_writes
+from jaxoverride_nnx._touched import Threads, given_values
 from jaxoverride_nnx._tracked import Tracked, current
 
 WHERE = "jaxoverride.custom_vjp"
@@ -91,14 +90,9 @@ def write_refused(
 
 @contextlib.contextmanager
 def _refusing_reads(tracked: Any, perturbed: list[int] | None, where: str) -> Iterator[None]:
-    """Refuses reads of the Variables being differentiated, at the read itself.
-
-    A custom rule gives gradients for its explicit arguments only: a Variable that it
-    reads directly would get a silently zero gradient (raw JAX refuses the same for a
-    closed-over tracer). NNX calls ``on_get_value`` hooks on every user read
-    (``variable[...]``, ``.value``); the adapter's own plumbing reads the raw value and
-    is not seen.
-    """
+    """Refuses reads of the Variables being differentiated, at the read itself (NNX's
+    ``on_get_value`` hook): the rule gives gradients for its explicit arguments only, so
+    such a Variable would get a silently zero gradient."""
     if not perturbed:
         yield
         return
@@ -123,18 +117,17 @@ def _refusing_reads(tracked: Any, perturbed: list[int] | None, where: str) -> It
                 metadata["on_get_value"] = old
 
 
+@dataclasses.dataclass(eq=False)
 class _SameWrites:
-    """Makes a rule's primal function and ``fwd`` (or JVP rule) write the same Variables:
-    JAX needs both to return the same outputs, the written Variables included. Either may
-    be traced first or alone; the second returns what the first wrote (an unchanged one
-    as its value), and writing one the first did not is refused, with the fix."""
+    """Makes a rule's primal function and ``fwd`` (or JVP rule) write the same Variables,
+    as JAX needs the same outputs from both: the second traced returns what the first
+    wrote, and writing one the first did not is refused."""
 
-    def __init__(self, tracked: Any, where: str, rule: str, order: Sequence[int]):
-        self._tracked = tracked
-        self._where = where
-        self._rule = rule
-        self._order = order  # the given Variables' indices, in the outputs' order
-        self._first: tuple[str, frozenset[int]] | None = None
+    _tracked: Any
+    _where: str
+    _rule: str
+    _order: Sequence[int]  # the given Variables' indices, in the outputs' order
+    _first: tuple[str, frozenset[int]] | None = None
 
     def conform(self, role: str, given: dict[int, Any], after: Sequence[Any]) -> list[Any]:
         """The given Variables' values after a run, in order (``None``: not written)."""
@@ -160,10 +153,9 @@ class _SameWrites:
 
 
 class _Call:
-    """One call of a lifted rule (the kit's ``RuleCall`` and ``RuleBackward``): its probes'
-    mark, the tracked Variables given (``order``), and whether the call still runs (JAX
-    may trace ``fwd`` after it returned, and ``bwd`` while it transposes: a module first
-    touched there can no longer be given, and is refused with the fix)."""
+    """One call of a lifted rule (the kit's ``RuleCall`` and ``RuleBackward``). ``done``:
+    the call returned, so a module first touched by a later trace (``fwd`` or ``bwd``)
+    can no longer be given, and is refused with the fix."""
 
     __slots__ = (
         "__weakref__", "done", "fun", "order", "owner", "policy", "received", "same", "tracked",
@@ -246,12 +238,8 @@ class _Call:
         pass  # the written Variables' cotangents are dropped
 
     def run_backward(self, saved: Any, fun: Callable[..., Any], args: Sequence[Any]) -> Any:
-        """``bwd`` with the Variables holding the values of the call; a write is refused.
-
-        JAX traces bwd while it transposes, when the Variables hold whatever the caller's
-        level left, which a neutral loop in bwd would carry as foreign constants ("No
-        constant handler for DynamicJaxprTracer").
-        """
+        """``bwd`` with the Variables holding the values of the call (JAX traces it while
+        it transposes, when they hold the caller's level's); a write is refused."""
         tracked, values = self.tracked, saved
         cotangents, after = self.lifted(values, fun, args, "bwd rule")
         written = {i: after[i] for i in self.order if after[i] is not values[i]}
@@ -332,9 +320,8 @@ class NNXRule(LiftedRule):
         return out
 
     def _probing_rule(self, call: _Call) -> Any:
-        """JAX's rule over the user's own functions, each run with every tracked value a
-        probe: as long as they touch no tracked module, the rule is the user's (JAX's
-        jaxprs, and JAX's errors about the user's functions); a touch retraces with it."""
+        """JAX's rule over the user's own functions, every tracked value a probe: while they
+        touch no tracked module it is the user's rule; a touch retraces with it given."""
 
         def probing(fn: Callable[..., Any], role: str) -> Callable[..., Any]:
             return lambda *inner: call.lifted({}, fn, inner, role)[0]

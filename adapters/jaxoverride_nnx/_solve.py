@@ -1,18 +1,13 @@
 """``jaxoverride.solve_state`` for NNX: what each tracked Variable is, and the adapter's
 own boundaries' use of the kit's ``Participant``.
 
-A tracked Variable's parts (``parts_of``): an ``nnx.RngState`` (``RngCount``,
-``RngKey``) is an rng position named by its stream (the ``tag``: ``"dropout"``); an
-``nnx.Param`` is untouched; every other Variable is mutable state named by its type and
-the Variable types it derives from (``"BatchStat"``, ``"Variable"``), so a declaration
-may name ``nnx.BatchStat`` or a custom ``Counter(nnx.Variable)``. A slot is the Variable's
-identity and the leaf's position in its value: it does not depend on which Variables a
-state holds (a loop carries only those it touches, a ``jit`` those it is given).
+A Variable's parts (``parts_of``): an ``nnx.RngState`` is an rng position named by its
+stream (``"dropout"``); an ``nnx.Param`` is untouched; any other Variable is state named
+by the Variable types in its MRO (``"BatchStat"``, ``"Variable"``). A slot is the
+Variable's identity and the leaf's position, whichever Variables a state holds.
 
-The kit's ``Threaded`` applies the declaration to the control-flow calls (``_control``'s
-``_Source`` describes its states with ``parts_of``). The other boundaries call
-``run_lifted`` with ``policy`` (``entering`` / ``leaving`` below) and ``written`` on what
-they write after the JAX call.
+The kit's ``Threaded`` applies the declaration to the control-flow calls; the other
+boundaries call ``run_lifted`` with ``policy`` and ``written`` on what they write.
 """
 
 from __future__ import annotations
@@ -66,9 +61,8 @@ def stateful(tracked: Tracked) -> list[int]:
 
 
 class Values:
-    """A state source over ``{index: value}`` of a tracked set: the declaration's
-    snapshot and exit (``read``/``write``: every tracked Variable), and the description
-    (``parts``) of the states the adapter's own boundaries hand the ``Participant``.
+    """A state source over ``{index: value}`` of a tracked set: every tracked Variable
+    for the declaration's snapshot and exit, and ``parts`` for the adapter's boundaries.
 
     Args:
       tracked: the tracked set the indices refer to.
@@ -132,15 +126,12 @@ def declared_values(
 ) -> tuple[list[Any], list[Any] | None]:
     """What a cached trace (``jit``) is handed under a declaration: ``values`` (of the
     tracked values ``order``) frozen, and what the evaluations before the call left
-    (``Participant.current``), both as arguments, so that nothing of the caller is baked
-    into the trace: a function that evaluates nothing passes the latter on.
+    (``Participant.current``), both as arguments, so nothing of the caller is baked in.
 
-    Where the latter are the frozen values themselves (nothing evaluated since the
-    entry), it is None, and the trace passes its frozen inputs on: the trace tells what
-    its function wrote by identity with its inputs, and the same values handed twice
-    would make a function that only carries them look like one that wrote the entry
-    state, kept over what an enclosing boundary's evaluation left (diffrax's default
-    adjoint, whose statistics then came out at entry)."""
+    The latter is None where it is the frozen values themselves: the trace tells writes
+    by identity with its inputs, and the same values handed twice would make a function
+    that only carries them look like one that wrote the entry state (diffrax's adjoint).
+    """
     state = dict(zip(order, values, strict=True))
     received = policy.current(state)
     frozen = frozen_values(policy, tracked, order, values)
@@ -158,11 +149,11 @@ def entering(
     received: Mapping[int, Any],
 ) -> tuple[dict[int, Any], Any]:
     """``values`` frozen, and the frame pushed for the traced function that receives them.
-    ``rebase``: a cached trace (``jit``), whose inputs were frozen at the call's read;
-    inside it the frozen parts are those inputs (``Participant.push``). ``received``: what
-    the evaluations before the call left (``Participant.current``: a cached trace's own
-    argument, else read from the caller's live values before the trace gave them new
-    identities), which a function that evaluates nothing passes on."""
+
+    ``rebase``: a cached trace (``jit``), whose inputs were frozen at the call's read and
+    are the frozen parts inside it. ``received``: what the evaluations before the call
+    left, which a function that evaluates nothing passes on.
+    """
     if rebase:
         return dict(values), policy.push(values, received=dict(received))
     return policy.freeze(dict(values)), policy.push(received=dict(received))
@@ -171,9 +162,8 @@ def entering(
 def leaving(
     policy: Participant, frame: Any, after: Sequence[Any], indices: Sequence[int]
 ) -> list[Any]:
-    """The values (all of ``after``'s, by index) that the traced function leaves, where
-    ``indices`` are those it was handed: where it left the frozen parts as it received
-    them, its last inner call's, or with none, what it was handed (``Participant.left``)."""
+    """``after`` with the declaration's values for ``indices`` (those the function was
+    handed: ``Participant.left``)."""
     policy.pop(frame)
     left = policy.left({i: after[i] for i in indices}, frame)
     out = list(after)
@@ -183,7 +173,7 @@ def leaving(
 
 
 def written(
-    policy: Participant | None, tracked: Tracked, updates: dict[int, Any], backward: bool = False
+    policy: Participant | None, tracked: Tracked, updates: dict[int, Any]
 ) -> dict[int, Any]:
     """What to write for a JAX call that left ``updates`` (``{index: value}``): the
     frozen parts as at entry again (the state kept as the boundary's last)."""
@@ -192,7 +182,7 @@ def written(
     now = list(map(RAW.__get__, tracked.variables))
     state = policy.current(dict(enumerate(now)))
     state.update(updates)
-    out = policy.written(state, backward)
+    out = policy.written(state)
     return {i: v for i, v in out.items() if v is not now[i]}
 
 
@@ -201,7 +191,5 @@ def discarded(policy: Participant | None) -> contextlib.AbstractContextManager[N
     boundary inside keeps as its last stays in it, never reaches the caller."""
     return contextlib.nullcontext() if policy is None else policy.discarded()
 
-
-resumed = kit.resumed  # the rules run their backward pass under the forward call's declaration
 
 kit.register_solve_source(FRAMEWORK, _running)

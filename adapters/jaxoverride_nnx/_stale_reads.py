@@ -1,26 +1,19 @@
 """Under ``track``: a tracked Variable read inside a raw ``jax.jit`` trace is refused.
 
-A ``jax.jit`` that the adapter never sees (a library's module-level ``jax.jit(_solve)``
-bound before any interposition) traces a function that reads a tracked module by
-closure: JAX bakes the weights in as constants and a later call silently returns results
-for the old weights. A write raises Flax's ``TraceContextError``; a read leaves nothing
-to check afterwards, so it is checked where it happens.
+A ``jax.jit`` that the adapter never sees (a library's module-level ``jax.jit(_solve)``)
+would bake a closed-over module's weights in as constants and later serve the old ones.
+A write raises Flax's ``TraceContextError``; a read leaves no trace, so it is checked
+where it happens: while a ``track`` scope is entered, each tracked Variable carries an
+``on_get_value`` hook. Neutral transforms swap tracers into the raw values before running
+user code, so a concrete value read inside a jit trace (``adapter_kit.jit_traces``) that
+the adapter did not start (``own_jit_trace``) is one raw JAX is baking in. The adapter
+reads the raw slot, which runs no hook; what a neutral call inside a raw jit carries is
+checked by ``check_lifted`` instead.
 
-While a ``track`` scope is entered, each tracked Variable carries an ``on_get_value``
-hook (NNX runs it at every user read). Every neutral transform swaps a tracer into the
-raw value before it runs user code, so a concrete value read inside a ``jax.jit`` trace
-(``adapter_kit.jit_traces``) is one that raw JAX is baking in. The adapter's own
-``make_jaxpr`` reads the current values on purpose, into a fresh function per call
-(``own_jit_trace`` marks its trace). The adapter's plumbing reads the raw slot, which
-runs no hook, so the jitted hot path pays nothing; a neutral call made inside a raw jit
-has what it carries checked by ``check_lifted`` instead.
-
-Let through on purpose: reads under raw ``jax.grad``, ``jax.vmap`` and the other
-transforms that run at each call (nothing cached), and reads in the bodies of raw
-``lax.scan``, ``while_loop``, ``cond`` ... outside any jit. JAX keys those traces on the
-body object: a body built per call (the usual idiom) reads the current weights, one
-reused across calls would not, and the read looks the same in both cases, so refusing
-it would break the correct, common one.
+Let through on purpose: reads under raw ``jax.grad``, ``vmap`` and the other transforms
+that cache nothing, and in raw ``lax.scan``/``while_loop``/``cond`` bodies outside any jit
+(JAX keys those on the body object: a body built per call, the usual idiom, reads the
+current weights, and its read looks the same as a stale one's).
 """
 
 from __future__ import annotations
@@ -59,13 +52,9 @@ _chained: dict[Any, Callable[[Any, Any], Any]] = {}
 _CHAINED_LIMIT = 256
 
 
-def _no_tracked_set() -> Any:
-    return None
-
-
 # The tracked set here (``_tracked.ACTIVE.get``): set by ``_tracked`` at its import, since
 # ``_tracked`` hooks through this module and imports point one way.
-tracked_now: Callable[[], Any] = _no_tracked_set
+tracked_now: Callable[[], Any] = lambda: None
 
 
 def _refuse(variable: Any) -> None:
@@ -137,16 +126,10 @@ def check_lifted(
     """Raises if a neutral call inside a raw ``jax.jit`` trace is about to carry tracked
     Variables' concrete values into it, for a module that the call's functions reach.
 
-    The adapter reads the values it threads from the raw slot, which runs no hook: a
-    neutral call (``jo.lax.scan``, ``jo.jit``, ...) made inside a raw ``jax.jit`` would
-    hand that jit the current weights as constants, which it caches. The values the
-    call carries are checked instead, as ``check_read`` checks one user read.
-
-    Only the values of the modules that the call's functions and arguments refer to
-    (``reached``, asked only inside a raw jit trace) count. A library's one ``jo.jit``
-    or ``jo.custom_vjp`` keeps one build per tracked set, so after a call with a function
-    that uses the model it carries the model's values into every later call, also one
-    whose function never reads them: baked in unused, nothing can go stale.
+    The adapter reads the values it threads from the raw slot, which runs no hook, so
+    they are checked here as ``check_read`` checks a user read. Only the modules that
+    the call's functions and arguments refer to count: a library's one ``jo.jit`` keeps
+    one build per tracked set and may carry values that its function never reads.
 
     Args:
       tracked: the tracked set the call lifts from.

@@ -1,17 +1,11 @@
 """Which tracked values a traced function is given: only those of the modules it touches.
 
-A loop, branch, ``jit`` or custom rule under ``track`` threads the tracked Variables'
-values through JAX as inputs and outputs. A module that the function never touches must
-not be among them: with nothing to do, the jaxpr must be JAX's. Which modules a function
-touches is known only once it has been traced, so the function is traced with the values
-of the modules it is *believed* to touch (none, at first, or what its last trace found)
-and every other tracked Variable holds a ``Probe`` meanwhile. A probe knows its shape and
-dtype, and any other use of it (reading it into a computation, indexing, writing into it,
-passing it to JAX) raises ``NeedsState``, which aborts JAX's trace. The caller (a
-``Threads`` slot) then adds the whole module that the probe stands for and traces again;
-a write that replaces a probe does the same. So a module is threaded if and only if the
-function uses it, and a function that uses its module costs one more (aborted) trace the
-first time only: the slot keeps what it found.
+A module the function never touches must not be threaded (with nothing to do, the jaxpr
+must be JAX's), and what it touches is known only once traced. So it is traced with the
+modules it is *believed* to touch (``referenced``, or what its last trace found) and
+every other tracked Variable holds a ``Probe``: any use of one raises ``NeedsState``,
+which aborts the trace, and the ``Threads`` slot traces again with the probe's module
+given, keeping what it found.
 """
 
 from __future__ import annotations
@@ -19,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, TypeVar
 
-from jaxoverride_nnx._probes import NeedsState, Probe, check_given, is_probe, probe_for
+from jaxoverride_nnx._probes import NeedsState, check_given
 from jaxoverride_nnx._reach import reached
 from jaxoverride_nnx._stale_reads import check_lifted
 from jaxoverride_nnx._tracked import Tracked
@@ -27,16 +21,12 @@ from jaxoverride_nnx._tracked import Tracked
 T = TypeVar("T")
 
 
-def _paths(tracked: Tracked) -> list[str]:
-    """A path for each tracked value: the Variables', then the array attributes'."""
+def _roots(tracked: Tracked) -> list[str]:
+    """The module (root, or argument) of each tracked value, Variables then array
+    attributes: the first name of its path."""
     graphs = [tracked.graph] if tracked.extra is None else [tracked.graph, tracked.extra]
-    return [p for g in graphs for p in g.paths] + [p for g in graphs for p in g.attr_paths]
-
-
-def _groups(tracked: Tracked) -> list[int]:
-    """The module (root, or argument) each tracked value belongs to, by its path."""
-    names: dict[str, int] = {}
-    return [names.setdefault(_root(path), len(names)) for path in _paths(tracked)]
+    paths = [p for g in graphs for p in g.paths] + [p for g in graphs for p in g.attr_paths]
+    return [_root(path) for path in paths]
 
 
 def _root(path: str) -> str:
@@ -46,16 +36,14 @@ def _root(path: str) -> str:
 
 def module_of(tracked: Tracked, index: int) -> frozenset[int]:
     """The indices of the tracked values of the module that value ``index`` belongs to."""
-    groups = _groups(tracked)
-    return frozenset(i for i, g in enumerate(groups) if g == groups[index]) | {index}
+    names = _roots(tracked)
+    return frozenset(i for i, name in enumerate(names) if name == names[index])
 
 
 def referenced(tracked: Tracked, fns: Sequence[Any]) -> frozenset[int]:
-    """The tracked values of the modules that ``fns`` refer to (``_reach.reached``: by
-    closure, bound ``self``, ``functools.partial`` arguments, defaults, the globals they
-    name, containers and plain objects' attributes, a few levels deep): the first guess
-    of what they touch, so that a function that uses its module is traced once. A guess
-    only: a probe still catches what it misses."""
+    """The tracked values of the modules that ``fns`` refer to (``_reach.reached``), and
+    of the modules passed as arguments: the first guess of what they touch, so that a
+    function that uses its module is traced once (a probe catches what it misses)."""
     roots: set[str] = set()
     for _, obj in reached(("", fn) for fn in fns):
         index = tracked.var_index(obj)
@@ -68,8 +56,7 @@ def referenced(tracked: Tracked, fns: Sequence[Any]) -> frozenset[int]:
     passed = _arguments(tracked)
     if not roots:
         return passed
-    names = [_root(path) for path in _paths(tracked)]
-    return passed | frozenset(i for i, name in enumerate(names) if name in roots)
+    return passed | frozenset(i for i, name in enumerate(_roots(tracked)) if name in roots)
 
 
 def _arguments(tracked: Tracked) -> frozenset[int]:
@@ -107,11 +94,8 @@ class Threads:
         fns: Sequence[Any] = (),
     ) -> T:
         """``call(indices, owner)``, traced again with the module of each probe it used.
-
-        ``owner`` marks the probes of this call: a probe of an enclosing call belongs to
-        that call's slot and passes through. ``fns``: the user's functions, whose
-        references give the first guess (``referenced``).
-        """
+        ``owner`` marks this call's probes (an enclosing call's pass through); ``fns``
+        give the first guess (``referenced``)."""
         given = self.get(tracked, fns)
         while True:
             owner = object()
@@ -145,15 +129,3 @@ def check_carried(
     """``check_lifted`` of the values a call carries, for a call whose functions and
     arguments are ``reach``: what they refer to is looked up only inside a raw jit."""
     check_lifted(tracked, indices, values, lambda: referenced(tracked, reach))
-
-
-__all__ = [
-    "NeedsState",
-    "Probe",
-    "Threads",
-    "check_carried",
-    "check_given",
-    "given_values",
-    "is_probe",
-    "probe_for",
-]

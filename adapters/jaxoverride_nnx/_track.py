@@ -117,20 +117,15 @@ def _describe_active(tracked: Tracked | None) -> str:
 def track(*modules: Any) -> Track:
     """Makes neutral functions work on code that reads and writes ``modules`` by closure.
 
-    Within ``with track(model): ...`` every neutral transform (``jaxoverride.jit``,
-    ``vmap``, ``grad``, ``value_and_grad``, ``jacfwd``, ``jacrev``, ``hessian``,
-    ``checkpoint``, ``eval_shape``, ``jvp``, ``vjp``, ``linearize``) and every neutral
-    control-flow call (``jaxoverride.lax.scan``, ``while_loop``, ``fori_loop``,
-    ``cond``, ``switch``, ``map``) may run functions that use the modules: their
-    Variables are threaded through the JAX transform as values, and afterwards the
-    modules hold what eager Python execution would have left (counters, BatchNorm
-    statistics, RNG streams advanced once per step). Variables and submodules shared
-    between the modules stay shared. ``jaxoverride.jit`` re-reads the weights on every
-    call, so it never serves stale ones, and does not retrace on a cache hit.
-
-    The object graphs are walked once here, not per call; setting an attribute of a
-    tracked module (``model.eval()``, a new submodule) is noticed and the graph walked
-    again on the next neutral call.
+    Within ``with track(model): ...`` every neutral transform and control-flow call
+    (``jaxoverride.jit``, ``grad``, ``vmap``, ``lax.scan``, ``lax.while_loop``, ...) may
+    run functions that use the modules: their Variables are threaded through the JAX
+    transform as values, and afterwards the modules hold what eager Python execution
+    would have left (counters, BatchNorm statistics, RNG streams advanced once per step),
+    shared Variables and submodules still shared. ``jaxoverride.jit`` re-reads the weights
+    on every call (never stale) and does not retrace on a cache hit. The graphs are walked
+    here, once; setting an attribute of a tracked module (``model.eval()``) is noticed and
+    the graph walked again on the next neutral call.
 
     Args:
       *modules: NNX graph nodes (Modules, ``nnx.Rngs``, ``nnx.List``, ...) or

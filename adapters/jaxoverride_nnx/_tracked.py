@@ -1,12 +1,10 @@
 """The tracked set: which Variables neutral calls thread, walked once per ``track`` scope.
 
-A ``Tracked`` is what neutral calls see in the contextvar ``ACTIVE``: the lifted
-Variables in a fixed order, the graph they came from and a ``TrackKey`` (root identities
-plus the graph's fingerprint) that ``jit`` caches on. The scope that ``track`` opens
-holds its modules by weak reference and watches their ``PytreeState`` trace states:
-setting an attribute of a tracked module (``model.eval()``, a new submodule) bumps a
-global epoch, and the next neutral call walks the graph again instead of using a stale
-structure. Inside a lifted call the contextvar holds a frozen copy that never re-walks.
+A ``Tracked`` (in the contextvar ``ACTIVE``) holds the lifted Variables in a fixed order,
+the graph they came from and a ``TrackKey`` that ``jit`` caches on. The scope watches its
+modules' ``PytreeState`` trace states: setting an attribute of a tracked module bumps a
+global epoch, and the next neutral call walks the graph again. Inside a lifted call the
+contextvar holds a frozen copy that never re-walks.
 """
 
 from __future__ import annotations
@@ -221,12 +219,8 @@ class Tracked:
         merged = Graph()
         for part in (self.extra, extra):
             offset_v, offset_n = len(merged.variables), len(merged.nodes)
-            merged.variables += part.variables
-            merged.paths += part.paths
-            merged.nodes += part.nodes
-            merged.node_paths += part.node_paths
-            merged.attrs += part.attrs
-            merged.attr_paths += part.attr_paths
+            for field in ("variables", "paths", "nodes", "node_paths", "attrs", "attr_paths"):
+                getattr(merged, field).extend(getattr(part, field))
             merged.var_ids.update({k: v + offset_v for k, v in part.var_ids.items()})
             merged.node_ids.update({k: v + offset_n for k, v in part.node_ids.items()})
         return Tracked(self.graph, key, None, merged)

@@ -1,15 +1,11 @@
 """Overrides of the neutral transforms other than ``jit``, and of the transform-like calls.
 
-They lift with *closure* semantics: inside the transform the tracked Variables keep the
-values they have outside (constants of the trace, as closed-over arrays are in JAX) but
-become writable, and whatever the function writes leaves the transform as an auxiliary
-output, which is stored back afterwards. So ``grad`` sees the weights as constants,
-``vmap`` broadcasts the state to every example and ``eval_shape`` changes nothing.
-
-Modules passed as arguments are threaded the same way and the function receives the
-very same objects. In the differentiated arguments of ``grad`` and friends a module
-stands for its ``nnx.Param`` Variables, and its gradient is an ``nnx.State``, as with
-``nnx.grad``.
+They lift with *closure* semantics: inside the transform the tracked Variables keep their
+values (constants of the trace, as closed-over arrays are) but are writable, and what the
+function writes leaves as an auxiliary output, stored back afterwards. Modules passed as
+arguments are threaded the same way; in the differentiated arguments of ``grad`` and
+friends a module stands for its ``nnx.Param`` Variables, with an ``nnx.State`` gradient,
+as with ``nnx.grad``.
 """
 
 from __future__ import annotations
@@ -25,7 +21,7 @@ import jax
 from flax import nnx
 
 import jaxoverride as jo
-from jaxoverride.adapter_kit import shift_argnums
+from jaxoverride.adapter_kit import as_index_tuple, shift_argnums
 from jaxoverride_nnx._errors import StructureChangeError
 from jaxoverride_nnx._graph import RAW, is_graph_object
 from jaxoverride_nnx._lift import (
@@ -34,17 +30,17 @@ from jaxoverride_nnx._lift import (
     call_plain,
     changed,
     from_refs,
+    land,
     lift_arguments,
     named_like,
-    prepare,
     refs_of,
     refuse_modules,
+    run_given,
     run_lifted,
     static_positions,
     to_refs,
     with_arguments,
     write_back,
-    written_since,
 )
 from jaxoverride_nnx._probes import has_probe, probe_types
 from jaxoverride_nnx._solve import discarded, policy_for, written
@@ -182,7 +178,7 @@ def vmap(fun: Callable[..., Any], *args: Any, **kwargs: Any) -> Callable[..., An
     where = "jaxoverride.vmap"
 
     def call(*call_args: Any, **call_kwargs: Any) -> Any:
-        view, (args_, kwargs_) = prepare(call_args, call_kwargs)
+        view, args_, kwargs_ = lift_arguments(current(), call_args, call_kwargs)
         if view is None:
             return call_plain(plain, call_args, call_kwargs, where)
         _check_broadcast(in_axes, args_)
@@ -248,8 +244,7 @@ def _is_params(x: Any) -> bool:
 
 
 def _argnums(argnums: int | Sequence[int], count: int) -> tuple[int, ...]:
-    nums = (argnums,) if isinstance(argnums, int) else tuple(argnums)
-    return tuple(n % count if n < 0 and count else n for n in nums)
+    return tuple(n % count if n < 0 and count else n for n in as_index_tuple(argnums))
 
 
 def _differentiating(name: str, default: Callable[..., Any]) -> Callable[..., Any]:
@@ -356,8 +351,7 @@ def _checkpointing(name: str, default: Callable[..., Any]) -> Callable[..., Any]
         below = jo.next_impl(name)
         plain = below(fun, *args, **kwargs)
         options = _bind(default, fun, args, kwargs)
-        static = options.get("static_argnums", ())
-        static = (static,) if isinstance(static, int) else tuple(static)
+        static = as_index_tuple(options.get("static_argnums", ()))
         prevent_cse = options.get("prevent_cse", True)
         shifted = dict(options)
         shifted["static_argnums"] = shift_argnums(static)
@@ -372,31 +366,15 @@ def _checkpointing(name: str, default: Callable[..., Any]) -> Callable[..., Any]
                 return call_plain(plain, call_args, call_kwargs, where)
             policy = policy_for(view)
 
-            count = len(view.variables)
-
             def attempt(given: frozenset[int], owner: object) -> Any:
-                def pure(values: dict[int, Any], *inner_args: Any, **inner_kwargs: Any) -> Any:
-                    inner_args, inner_kwargs = from_refs((inner_args, inner_kwargs), view)
-                    out, after = run_lifted(
-                        view,
-                        values,
-                        fun,
-                        inner_args,
-                        inner_kwargs,
-                        where,
-                        owner=owner,
-                        policy=policy,
-                    )
-                    out, has_refs = to_refs(out, view)
-                    updates = written_since(values, after, count)
-                    return out, updates, HAS_REFS if has_refs else NO_REFS
+                def pure(values: dict[int, Any], *inner: Any, **inner_kwargs: Any) -> Any:
+                    return run_given(view, values, fun, inner, inner_kwargs, where, owner, policy)
 
                 values = given_values(view, given, (fun, call_args, call_kwargs))
                 return below(pure, **shifted)(values, *args_, **kwargs_)
 
-            out, updates, refs = threads.run(view, attempt, (fun, call_args, call_kwargs))
-            write_back(view, written(policy, view, updates), where)
-            return from_refs(out, view) if refs.value else out
+            result = threads.run(view, attempt, (fun, call_args, call_kwargs))
+            return land(view, result, where, policy)
 
         return _named(call, fun)
 
@@ -414,7 +392,7 @@ remat = _checkpointing("remat", jax.remat)
 def eval_shape(fun: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     """The ``"eval_shape"`` override: runs nothing, so tracked modules do not change."""
     below = jo.next_impl("eval_shape")
-    view, (args_, kwargs_) = prepare(args, kwargs)
+    view, args_, kwargs_ = lift_arguments(current(), args, kwargs)
     if view is None:
         return call_plain(below, (fun, *args), kwargs, "jaxoverride.eval_shape")
     # Under ``jaxoverride.solve_state`` a boundary of its own, whose last state (a value

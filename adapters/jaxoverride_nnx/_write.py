@@ -6,6 +6,7 @@ from typing import Any
 
 from jax.core import Tracer
 
+from jaxoverride_nnx._errors import LevelError
 from jaxoverride_nnx._graph import RAW, TRACE
 from jaxoverride_nnx._tracked import Tracked
 
@@ -15,17 +16,12 @@ def write_back(tracked: Tracked, updates: dict[int, Any], where: str) -> None:
     variables = tracked.variables
     for index, value in updates.items():
         if isinstance(value, Tracer) and not TRACE.__get__(variables[index]).is_valid():
-            raise_level_error(tracked, index, where)
+            raise LevelError(
+                f"jaxoverride_nnx: {where} updated the tracked Variable `{tracked.path(index)}`, "
+                "but it was called inside a JAX transform that is not a jaxoverride neutral "
+                "function (a raw jax.* or nnx.* transform), where the Variable cannot hold the "
+                "new value. Use the neutral function there too (jaxoverride.jit, "
+                "jaxoverride.grad, ...)."
+            )
     for index, value in updates.items():
         RAW.__set__(variables[index], value)
-
-
-def raise_level_error(tracked: Tracked, index: int, where: str) -> None:
-    from jaxoverride_nnx._errors import LevelError
-
-    raise LevelError(
-        f"jaxoverride_nnx: {where} updated the tracked Variable `{tracked.path(index)}`, but "
-        "it was called inside a JAX transform that is not a jaxoverride neutral function "
-        "(a raw jax.* or nnx.* transform), where the Variable cannot hold the new value. "
-        "Use the neutral function there too (jaxoverride.jit, jaxoverride.grad, ...)."
-    )
