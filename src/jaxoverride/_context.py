@@ -295,21 +295,16 @@ def install(
     """
     impls = check_mapping(mapping, where="jaxoverride.install")
     if when is not None:
-        if not callable(when):
-            raise TypeError(
-                f"jaxoverride.install: when= must be a predicate taking no arguments, got "
-                f"{type(when).__name__} {when!r}."
-            )
         try:
             inspect.signature(when).bind()
-        except TypeError:
-            raise TypeError(
-                f"jaxoverride.install: when= must be a predicate taking no arguments, got "
-                f"{when!r} with signature {inspect.signature(when)}. Close over what it "
-                "needs instead, e.g. when=lambda: frame_is_active(frame)."
-            ) from None
         except ValueError:
             pass  # no signature to check (some builtins): it is called as when()
+        except TypeError:  # not callable, or it takes arguments
+            raise TypeError(
+                "jaxoverride.install: when= must be a predicate taking no arguments, got "
+                f"{type(when).__name__} {when!r}. Close over what it needs instead, e.g. "
+                "when=lambda: frame_is_active(frame)."
+            ) from None
     if when is not None and scoped:
         raise TypeError(
             "jaxoverride.install: pass either when= (asked on every call) or scoped=True "

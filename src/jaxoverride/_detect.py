@@ -427,11 +427,6 @@ def run_call(
     snapshot: _stack.Snapshot,
 ) -> Any:
     """Runs a neutral call (``lax.scan``, ``jvp``, ...) under the check."""
-    unhandled = False
-    for framework in _frameworks.capturing:
-        if not _handled(framework, snapshot):
-            unhandled = True
-            break
     running = False
     for probe in _frameworks.probes:  # ``scope_running``, without its frame
         if probe():
@@ -449,7 +444,7 @@ def run_call(
     captured: Captured = []
     search: Args = ()
     # Under a framework's adapter, control flow threads what it reaches itself: no search.
-    if unhandled:
+    if any(not _handled(framework, snapshot) for framework in _frameworks.capturing):
         functions = _functions(args, kwargs)
         if name in _DIFFERENTIATES:
             captured = [found for value in functions for found in captured_state(value)]

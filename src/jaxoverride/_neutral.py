@@ -445,6 +445,8 @@ class NeutralRule(Generic[ReturnValue]):
             cls._default = jax_class
             cls._kind = cls.__name__.removeprefix("custom_").upper()
             cls.__init__ = _jax_constructor(jax_class)
+            cls.__doc__ = _doc(cls._name, jax_class, "each time the decorated function is called")
+            cls.__module__ = "jaxoverride"
 
     # The annotations are JAX's, to the letter: ``inspect.signature`` compares them.
     def __init__(

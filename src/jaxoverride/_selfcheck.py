@@ -271,13 +271,6 @@ def _guarded(dotted: str) -> bool:
     return type(getattr(module, attribute, None)) is _raw.RawGuard
 
 
-def _check() -> list[str]:
-    state = "on" if _detect.enabled else "off"
-    return [
-        f"  {state} (jaxoverride.set_adapter_check(...), or {_detect.ENV_VAR}=0 to turn it off)"
-    ]
-
-
 def self_check(packages: Sequence[str] | None = None) -> str:
     """A report of this process: versions, adapters, interposition, raw transforms.
 
@@ -302,11 +295,12 @@ def self_check(packages: Sequence[str] | None = None) -> str:
       True
     """
     names = _raw.SOLVER_LIBRARIES if packages is None else tuple(packages)
+    turn_off = f"(jaxoverride.set_adapter_check(...), or {_detect.ENV_VAR}=0 to turn it off)"
     sections = [
         ("Versions (from package metadata)", _versions()),
         ("Supported versions (jaxoverride's requirements)", _supported()),
         ("Adapters", _adapters()),
-        ("Missing-adapter check", _check()),
+        ("Missing-adapter check", [f"  {'on' if _detect.enabled else 'off'} {turn_off}"]),
         ("Interposed packages", _interposed()),
         ("Raw import-time transforms in imported solver libraries", _raw_transforms(names)),
     ]
