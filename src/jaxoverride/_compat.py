@@ -55,12 +55,8 @@ def _from_extend_core(name: str, alias: str) -> Callable[..., Any]:
 
 _jax_opaque_trace_state = _from_extend_core("get_opaque_trace_state", "_jax_opaque_trace_state")
 _find_top_trace = _from_extend_core("find_top_trace", "_find_top_trace")
-_jaxprs_in_params = _from_extend_core("jaxprs_in_params", "_jaxprs_in_params")
-
-
-def jaxprs_in_params(params: Any) -> Any:
-    """JAX's ``jaxprs_in_params`` (``jax.extend.core``): the jaxprs an equation's params hold."""
-    return _jaxprs_in_params(params)
+# The jaxprs an equation's params hold: a name imported elsewhere keeps the stand-in.
+jaxprs_in_params = _from_extend_core("jaxprs_in_params", "jaxprs_in_params")
 
 
 class _NoTrace:

@@ -266,8 +266,8 @@ def _describe(captured: Captured) -> str:
 def _fix(framework: Framework, captured: Captured, active: bool = False) -> str:
     """The record's fix naming what ``captured`` holds: each name's root, as an
     identifier (``"model"`` for one that is not)."""
-    roots = dict.fromkeys(name.split("[", 1)[0] for name, _ in captured)
-    names = list(dict.fromkeys(n if n.isidentifier() else "model" for n in roots))
+    roots = (name.split("[", 1)[0] for name, _ in captured)
+    names = list(dict.fromkeys(root if root.isidentifier() else "model" for root in roots))
     if not active:
         return framework.fix_for(names)
     covered = names_of(lambda value: framework.is_state(value) and _covered(framework, value))

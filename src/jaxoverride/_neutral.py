@@ -290,18 +290,6 @@ class Transformed(functools.partial):  # type: ignore[type-arg]
     def __get__(self, instance: object, owner: type | None = None) -> Any:
         return self if instance is None else types.MethodType(self, instance)
 
-    def lower(self, *args: Any, **kwargs: Any) -> Any:
-        """Lowers the function selected by the active stack; see ``jax.jit(...).lower``."""
-        return self._selected_attribute("lower")(*args, **kwargs)
-
-    def trace(self, *args: Any, **kwargs: Any) -> Any:
-        """Traces the function selected by the active stack; see ``jax.jit(...).trace``."""
-        return self._selected_attribute("trace")(*args, **kwargs)
-
-    def eval_shape(self, *args: Any, **kwargs: Any) -> Any:
-        """Output shapes of the function selected by the active stack, as ``jax.eval_shape``."""
-        return self._selected_attribute("eval_shape")(*args, **kwargs)
-
     def clear_cache(self) -> None:
         """Clears the compiled code of this function under every stack, as
         ``jax.jit(f).clear_cache()`` does for ``f``; the next call compiles again."""

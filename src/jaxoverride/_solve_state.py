@@ -31,32 +31,23 @@ _active: contextvars.ContextVar[tuple[tuple[solve_state, Any], ...]] = contextva
     "jaxoverride_solve_state", default=()
 )
 
-# Set by the adapter kit when it is imported: ``on_enter(declaration)`` returns what
-# ``on_exit(declaration, entered, failed)`` receives. Unset: nothing to apply.
+# Set by the adapter kit when it is imported (unset: nothing to apply). ``on_enter(
+# declaration)`` returns what ``on_exit(declaration, entered, failed)`` receives;
+# ``on_map(entered, fun, args, kwargs)`` runs ``fun(*args, **kwargs)`` as one evaluation
+# of a solver's map under the innermost declaration (``entered``: what ``on_enter`` made).
 _on_enter: Callable[[solve_state], Any] | None = None
 _on_exit: Callable[[solve_state, Any, bool], None] | None = None
-
-
-def set_hooks(
-    on_enter: Callable[[solve_state], Any], on_exit: Callable[[solve_state, Any, bool], None]
-) -> None:
-    """Installs the kit's hooks (called once, by ``jaxoverride.adapter_kit``)."""
-    global _on_enter, _on_exit
-    _on_enter, _on_exit = on_enter, on_exit
-
-
-# Set by the adapter kit: ``on_map(entered, fun, args, kwargs)`` runs ``fun(*args,
-# **kwargs)`` as one evaluation of a solver's map under the innermost declaration
-# (``entered``: what ``on_enter`` made of it). Unset: ``solver_map`` only calls ``fun``.
 _on_map: Callable[[Any, Callable[..., Any], tuple[Any, ...], dict[str, Any]], Any] | None = None
 
 
-def set_map_hook(
+def set_hooks(
+    on_enter: Callable[[solve_state], Any],
+    on_exit: Callable[[solve_state, Any, bool], None],
     on_map: Callable[[Any, Callable[..., Any], tuple[Any, ...], dict[str, Any]], Any],
 ) -> None:
-    """Installs the kit's ``solver_map`` hook (called once, by ``jaxoverride.adapter_kit``)."""
-    global _on_map
-    _on_map = on_map
+    """Installs the kit's hooks (called once, by ``jaxoverride.adapter_kit``)."""
+    global _on_enter, _on_exit, _on_map
+    _on_enter, _on_exit, _on_map = on_enter, on_exit, on_map
 
 
 def current() -> solve_state | None:
