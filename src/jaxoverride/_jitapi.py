@@ -16,7 +16,7 @@ import threading
 import types
 import weakref
 from collections.abc import Callable, Hashable, Iterable
-from typing import Any, NamedTuple, Protocol, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 F = TypeVar("F")
 T = TypeVar("T")
@@ -28,24 +28,12 @@ _DIRECT = "_jaxoverride_direct"
 """The attribute of an override's jitted function that holds ``jit_api``'s ``direct``."""
 
 
-class MakeDirect(Protocol):
-    """``direct(current, stack, fallback)``: see ``jit_api``."""
-
-    def __call__(
-        self, current: Callable[[], object], stack: object, fallback: Callable[..., Any]
-    ) -> Callable[..., Any]: ...
-
-
-class MakeCheckedDirect(Protocol):
-    """``checked_direct(current, stack, fallback, captured)``: see ``jit_api``."""
-
-    def __call__(
-        self,
-        current: Callable[[], object],
-        stack: object,
-        fallback: Callable[..., Any],
-        captured: Callable[[], Any],
-    ) -> Callable[..., Any]: ...
+# ``direct(current, stack, fallback)`` and ``checked_direct(current, stack, fallback,
+# captured)``: see ``jit_api``.
+MakeDirect = Callable[[Callable[[], object], object, Callable[..., Any]], Callable[..., Any]]
+MakeCheckedDirect = Callable[
+    [Callable[[], object], object, Callable[..., Any], Callable[[], Any]], Callable[..., Any]
+]
 
 
 class Directs(NamedTuple):
@@ -64,10 +52,7 @@ def directs_of(built: object) -> Directs | None:
     return holder if type(holder) is Directs and holder.owner() is built else None
 
 
-class Stage(Protocol):
-    """``stage(method, args, kwargs)``: see ``jit_api``."""
-
-    def __call__(self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any: ...
+Stage = Callable[[str, tuple[Any, ...], dict[str, Any]], Any]  # see ``jit_api``
 
 
 def _staging(stage: Stage, method: str, fun: Callable[..., Any]) -> Callable[..., Any]:

@@ -11,6 +11,7 @@ import importlib
 import importlib.util
 import re
 import sys
+from collections import Counter
 from collections.abc import Sequence
 from typing import NamedTuple
 
@@ -232,13 +233,9 @@ def _interposed() -> list[str]:
         modules = sorted({binding.module.__name__ for binding in _interpose._bindings.values()})
         watched = sorted(_import_hook._watched)
     lines = [f"  interpose_on_import watches: {', '.join(watched) or 'nothing'}"]
-    packages = sorted({name.partition(".")[0] for name in modules})
-    for package in packages:
-        count = sum(name.partition(".")[0] == package for name in modules)
-        lines.append(f"  {package}: {counted(count, 'module')} rebound")
-    if not packages:
-        lines.append("  no module is rebound")
-    return lines
+    packages = Counter(name.partition(".")[0] for name in modules)
+    lines += [f"  {p}: {counted(n, 'module')} rebound" for p, n in sorted(packages.items())]
+    return lines if packages else [*lines, "  no module is rebound"]
 
 
 def _raw_transforms(packages: Sequence[str]) -> list[str]:
@@ -248,9 +245,7 @@ def _raw_transforms(packages: Sequence[str]) -> list[str]:
         if imported:
             return [f"  none: {', '.join(imported)} hold no raw import-time transform"]
         return ["  none of the solver libraries is imported in this process"]
-    lines = []
-    for package, names in held.items():
-        lines.append(f"  {package}: {len(names)} ({listed(names)})")
+    lines = [f"  {package}: {len(names)} ({listed(names)})" for package, names in held.items()]
     builders = _raw.builders([name for names in held.values() for name in names])
     lines.append(
         "  These keep calling raw JAX: adapters do not apply inside them. Fix: call "
