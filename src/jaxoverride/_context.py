@@ -258,13 +258,12 @@ def install(
 ) -> Installation:
     """Registers overrides for every thread and task, active by a predicate or in scopes.
 
-    This is how an adapter makes library code stateful without the library knowing
-    (``jaxoverride_haiku.install()``: the Haiku overrides, active inside ``hk.transform``).
-    Installed layers sit beneath all entered contexts, in installation order; installing
-    an equal layer the same way again returns the existing installation. ``when=`` is
-    asked on every neutral call (a Python-level dispatch, about 10 % of a ``jax.jit``
-    cache hit); ``scoped=True`` is active only inside ``installation.scope()``, which the
-    adapter enters from a hook of its framework, so outside it the process stays idle.
+    How an adapter makes library code stateful without the library knowing
+    (``jaxoverride_haiku.install()``). Installed layers sit beneath all entered contexts,
+    in installation order; installing an equal layer the same way again returns the
+    existing installation. ``when=`` costs a Python-level dispatch on every neutral call
+    (about 10 % of a ``jax.jit`` cache hit); ``scoped=True`` leaves the process idle
+    outside ``installation.scope()``, which the adapter enters from a hook of its framework.
 
     Args:
       mapping: as for ``override_context``; an ``OverrideContext`` works too.

@@ -48,6 +48,8 @@ _REQUIREMENT = re.compile(
 )
 _EXTRA = re.compile(r"""extra\s*==\s*['"](?P<extra>[^'"]+)['"]""")
 _SPECIFIER = re.compile(r"^\s*(?P<op>~=|==|!=|<=|>=|<|>)\s*(?P<version>\S+)\s*$")
+# The orders (-1, 0, 1 for below, equal, above) each comparison accepts.
+_ORDERS = {"==": (0,), "!=": (-1, 1), "<=": (-1, 0), ">=": (0, 1), "<": (-1,), ">": (1,)}
 
 
 class Requirement(NamedTuple):
@@ -114,20 +116,12 @@ def satisfies(version: str, specifiers: str) -> bool:
         match = _SPECIFIER.match(specifier)
         if match is None:
             continue
-        order = _compare(installed, _release(match["version"]))
-        op = match["op"]
-        if op == "~=":
-            bound = _release(match["version"])
+        bound = _release(match["version"])
+        order = _compare(installed, bound)
+        if match["op"] == "~=":  # at least ``bound``, and the same release but its last part
             ok = order >= 0 and installed[: len(bound) - 1] == bound[:-1]
         else:
-            ok = {
-                "==": order == 0,
-                "!=": order != 0,
-                "<=": order <= 0,
-                ">=": order >= 0,
-                "<": order < 0,
-                ">": order > 0,
-            }[op]
+            ok = order in _ORDERS[match["op"]]
         if not ok:
             return False
     return True

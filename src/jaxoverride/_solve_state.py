@@ -205,15 +205,13 @@ class _SolverMap:
 def solver_map(fun: F) -> F:
     """Marks ``fun`` as a solver's map: each call of the result is one evaluation of it.
 
-    Under a ``solve_state`` declaration, the adapters tell evaluations apart at the
-    boundaries JAX gives them (a loop body, a branch, a transformed function), so two
-    direct calls in one loop body (Newton's ``g(z)``, then ``g(z_new)``) would be one
-    evaluation. Each call of the marked function is one: it starts from the state at the
-    declaration's entry, whatever earlier calls left, and leaves the last evaluation's.
-
-    A model author may mark the map given to a solver (``fixed_point(jo.solver_map(f),
-    z0)``), or a solver library the map it is given; marking twice is marking once. With
-    no declaration or framework taking part, a call is ``fun``'s call (the same jaxpr).
+    Under a ``solve_state`` declaration, adapters tell evaluations apart only at JAX's
+    boundaries (a loop body, a branch), so Newton's ``g(z)`` then ``g(z_new)`` in one body
+    would be one evaluation; each call of the marked function is one, starting from the
+    state at the declaration's entry. Mark the map given to a solver
+    (``fixed_point(jo.solver_map(f), z0)``), or, in a solver library, the map it is given;
+    marking twice is marking once. With no declaration or framework taking part, a call
+    is ``fun``'s call (the same jaxpr).
 
     Args:
       fun: the map, any callable.
