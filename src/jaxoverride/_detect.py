@@ -1,12 +1,11 @@
 """The missing-adapter check: a neutral function met framework state no adapter handles.
 
-The frameworks are the registered records (``_frameworks``). Once one is imported and no
-adapter of it is active, the check refuses: inside a scope of a scoped framework, a call
-that leaves tracers in its ``leaked_state()`` (reads are harmless); for a
-closure-captured framework, a transform whose function (or a jit's static arguments)
-captures its state and is jitted (weights baked in) or differentiated with respect to it
-(a zero gradient), and a write to captured state (its ``write_error()``). Under an
-adapter of the framework, captured state its ``covers=`` predicate does not cover.
+Once a registered framework (``_frameworks``) is imported and no adapter of it is active,
+the check refuses: inside a scope of a scoped framework, a call that leaves tracers in its
+``leaked_state()``; for a closure-captured framework, a transform whose function (or a
+jit's static arguments) captures its state and is jitted (weights baked in) or
+differentiated with respect to it (a zero gradient), and a write to captured state. Under
+an adapter of the framework, captured state its ``covers=`` predicate does not cover.
 
 Idle cost: one length comparison of ``sys.modules`` per neutral call while no framework is
 imported; a transform pays at creation, and gets a checked target only if built inside a

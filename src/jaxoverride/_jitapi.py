@@ -1,13 +1,10 @@
 """``jit_api``: the attributes of ``jax.jit(f)`` on what an adapter's ``"jit"`` override returns.
 
-Users call more of a jitted function than ``__call__``: ahead-of-time lowering
-(``.lower(x).compile()``, cost analysis), ``.trace``, ``.eval_shape`` and
-``.clear_cache()``. An override of ``"jit"`` usually runs one or more ``jax.jit`` objects
-of its own (over a function that threads state, or over a plan of the arguments), so
-those attributes must describe *that* computation, not a stateless ``jax.jit(f)`` beside
-it. Every adapter states the two adapter-specific facts here, and this module turns them
-into JAX's API, once. ``reuse_jit`` shares an override's per-function state between
-``jaxoverride.jit`` objects of one function, as ``jax.jit`` objects share their cache.
+An override of ``"jit"`` runs ``jax.jit`` objects of its own (over a function that threads
+state, or over a plan of the arguments), so ``.lower``, ``.trace``, ``.eval_shape`` and
+``.clear_cache()`` must describe *that* computation, not a stateless ``jax.jit(f)`` beside
+it. ``reuse_jit`` shares an override's per-function state between ``jaxoverride.jit``
+objects of one function, as ``jax.jit`` objects share their cache.
 """
 
 from __future__ import annotations
@@ -94,18 +91,16 @@ def jit_api(
         ``clear_cache()`` clears each; ``_cache_size()`` sums theirs.
       clear: called by ``clear_cache()`` after that, for caches of the adapter's own that
         a fresh compilation must not skip.
-      direct: optional, for an override whose call is hot enough that one Python frame
-        matters. ``direct(current, stack, fallback)`` returns a new Python function that
-        behaves as ``call`` while ``current() is stack`` (tested first, in its own frame)
-        and otherwise returns ``fallback(*args, **kwargs)``. ``jaxoverride.jit(f)`` built
-        in ``stack`` then calls it without its own dispatch, until the process goes idle,
-        a guarded adapter is installed or the build is dropped. ``current`` is a C-level
-        getter of the calling thread's or task's stack; ``fallback`` dispatches.
-      checked_direct: optional, ``direct`` for a function under the missing-adapter check,
-        for an adapter that covers captured state: ``checked_direct(current, stack,
-        fallback, captured)``, whose ``fallback`` also runs the check, and which may skip
-        the check only while ``captured()`` returns the token (not None) of a call that
-        passed it and its ``covers`` predicate would answer as then.
+      direct: optional, where one Python frame matters: ``direct(current, stack,
+        fallback)`` returns a new function that behaves as ``call`` while ``current() is
+        stack`` (tested first, in its own frame), else returns ``fallback(*args,
+        **kwargs)``. ``jaxoverride.jit(f)`` built in ``stack`` then calls it without its
+        own dispatch, until the process goes idle, a guarded adapter is installed or the
+        build is dropped. ``current`` is a C-level getter of the caller's stack.
+      checked_direct: optional, ``direct`` under the missing-adapter check, for an adapter
+        that covers captured state: ``checked_direct(current, stack, fallback, captured)``
+        may skip the check only while ``captured()`` returns the token (not None) of a
+        call that passed it and its ``covers`` predicate would answer as then.
 
     Returns:
       ``call``, with the attributes set.
@@ -176,12 +171,11 @@ _shared_lock = threading.Lock()
 def reuse_jit(fun: Callable[..., Any], key: Hashable, make: Callable[[], T]) -> T:
     """What ``make()`` returned for an equal ``fun`` and ``key`` before, else ``make()``.
 
-    Every ``jax.jit`` object of one function and options shares one cache, so
-    ``jax.jit(f)(x)`` in a loop compiles once. An override of ``"jit"`` that keeps its own
-    compiled functions must share them the same way, by building that per-function state
-    through this function. For a Python function it lives as long as the function (in an
-    attribute of it); for another callable, while anything holds it. An unhashable ``fun``
-    or ``key`` is built afresh each time.
+    ``jax.jit(f)(x)`` in a loop compiles once, since ``jax.jit`` objects of one function
+    share a cache; an override of ``"jit"`` shares its own compiled functions the same way
+    by building them through this. For a Python function the state lives as long as the
+    function; for another callable, while anything holds it. An unhashable ``fun`` or
+    ``key`` is built afresh each time.
 
     Args:
       fun: the user's function, as passed to ``jax.jit``.
