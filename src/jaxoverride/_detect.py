@@ -55,10 +55,9 @@ Kwargs = dict[str, Any]
 def set_adapter_check(on: bool) -> bool:
     """Turns the missing-adapter check on or off for the whole process.
 
-    The check raises ``jaxoverride.errors.MissingAdapterError`` when a neutral function
-    meets the state of a registered framework that no active adapter handles, which would
-    otherwise give a silently wrong result. Turn it off only for a program that means
-    it; the environment variable ``JAXOVERRIDE_ADAPTER_CHECK=0`` does the same at start-up.
+    The check raises ``MissingAdapterError`` where a neutral function meets state of a
+    registered framework that no active adapter handles (a silently wrong result). Turn it
+    off only for a program that means it; ``JAXOVERRIDE_ADAPTER_CHECK=0`` does at start-up.
 
     Args:
       on: whether the check runs.
@@ -758,7 +757,7 @@ def _qualified_name(fun: Any) -> str:
     return name if isinstance(name, str) else jit_name(fun)
 
 
-def _check_trace(name: str, fun: Callable[..., Any], args: Any, kwargs: Any) -> Any:
+def _check_trace(fun: Callable[..., Any], args: Any, kwargs: Any) -> Any:
     """Traces ``fun`` under the check: the trace-time half of ``traced_check``."""
     scopes = [f for f in _frameworks.scoped if f.running()]
     capturing = _frameworks.capturing
@@ -767,11 +766,11 @@ def _check_trace(name: str, fun: Callable[..., Any], args: Any, kwargs: Any) -> 
     snapshot = _stack.effective_snapshot()
     if capturing:
         captured = captured_state(fun) + _static_state(args, kwargs)
-        _refuse_captured(name, captured, snapshot, None, handled=False)
+        _refuse_captured("jit", captured, snapshot, None, handled=False)
     scopes = [f for f in scopes if not _handled(f, snapshot)]
     before = {f.key: f.leaked_state() for f in scopes}
     out = fun(*args, **kwargs)
-    _raise_on_new_tracers(scopes, before, name, "while JAX's own jit traced it, no adapter active")
+    _raise_on_new_tracers(scopes, before, "jit", "while JAX's own jit traced it, no adapter active")
     return out
 
 
@@ -785,8 +784,7 @@ class _Traced:
 
     # No __slots__: ``__module__`` and ``__doc__`` are the function's, per instance.
 
-    def __init__(self, name: str, fun: Any, ref: Any):
-        self._name = name
+    def __init__(self, fun: Any, ref: Any):
         self._fun = ref
         self.__name__ = jit_name(fun)
         self.__qualname__ = _qualified_name(fun)
@@ -801,7 +799,7 @@ class _Traced:
         fun = self._fun()
         if not watching():
             return fun(*args, **kwargs)
-        return _check_trace(self._name, fun, args, kwargs)
+        return _check_trace(fun, args, kwargs)
 
 
 # id(fun) -> (weak reference to fun, its _Traced): one per function, so that jo.jit(f)
@@ -838,6 +836,6 @@ def traced_check(name: str, fun: Any) -> Any:
         ref = weakref.ref(fun, _forget(key))
     except TypeError:  # a builtin, say: it runs no framework code
         return fun
-    traced = _Traced(name, fun, ref)
+    traced = _Traced(fun, ref)
     _traced[key] = (ref, traced)
     return traced

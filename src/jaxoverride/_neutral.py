@@ -402,11 +402,10 @@ def _jax_constructor(jax_class: type) -> Callable[..., None]:
 class NeutralRule(Generic[ReturnValue]):
     """Base of ``jaxoverride.custom_vjp`` and ``jaxoverride.custom_jvp``.
 
-    It records the decorated function, JAX's constructor options and the rules defined on
-    it. While nothing is active a call is a call of the JAX object built from the same
-    definition. Otherwise the active override of the name builds one object per stack (as
-    a transform builds one function per stack), the recorded rules are replayed onto it,
-    and the call goes there. Redefining a rule drops every build.
+    While nothing is active a call is a call of the JAX object built from the same
+    definition. Otherwise the active override of the name builds one object per stack,
+    the rules defined on this one are replayed onto it, and the call goes there.
+    Redefining a rule drops every build.
 
     Example:
       >>> import jax, jax.numpy as jnp, jaxoverride as jo
