@@ -301,9 +301,8 @@ def self_check(packages: Sequence[str] | None = None) -> str:
 
 HELP = """usage: python -m jaxoverride [--import PACKAGE ...]
 
-Prints jaxoverride's self-check: versions and whether they are inside the supported range,
-the adapters (installed, imported, active), the missing-adapter check, the interposed
-packages and the raw import-time transforms of imported solver libraries.
+Prints jaxoverride's self-check: versions and supported ranges, the adapters, the
+missing-adapter check, interposed packages and raw transforms of imported solver libraries.
 
 options:
   -h, --help        show this message and exit
@@ -312,10 +311,7 @@ options:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m jaxoverride [--import PACKAGE ...]``: prints ``self_check()``.
-
-    ``--import`` imports packages first, as a program would, to see what they hold.
-    """
+    """``python -m jaxoverride [--import PACKAGE ...]``: prints ``self_check()`` (see ``HELP``)."""
     arguments = list(sys.argv[1:] if argv is None else argv)
     to_import: list[str] = []
     while arguments:
