@@ -92,16 +92,6 @@ _LAZY = {
 }
 
 
-def _installed_version() -> str:
-    # One source of truth: the version pyproject.toml gives the installed distribution.
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("jaxoverride")
-    except PackageNotFoundError:  # run from a source tree that was never installed
-        return "0+unknown"
-
-
 def __getattr__(name: str) -> Any:
     import importlib
 
@@ -109,8 +99,13 @@ def __getattr__(name: str) -> Any:
         value = getattr(importlib.import_module(_LAZY[name]), name)
     elif name == "adapter_kit":
         value = importlib.import_module("jaxoverride.adapter_kit")
-    elif name == "__version__":
-        value = _installed_version()
+    elif name == "__version__":  # the one source of truth: pyproject.toml, installed
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            value = version("jaxoverride")
+        except PackageNotFoundError:  # run from a source tree that was never installed
+            value = "0+unknown"
     else:
         raise AttributeError(f"module 'jaxoverride' has no attribute {name!r}")
     globals()[name] = value  # found directly from now on

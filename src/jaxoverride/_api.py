@@ -20,7 +20,6 @@ from jaxoverride._neutral import (
     NeutralRule,
     ReturnValue,
     _check_rule_function,
-    _doc,
     neutral_call,
     neutral_transform,
 )
@@ -94,12 +93,3 @@ class custom_jvp(NeutralRule[ReturnValue], jax_class=jax.custom_jvp):  # noqa: N
                 where, example = "jaxoverride.custom_jvp.defjvps", "f.defjvps(my_jvp_of_x, None)"
                 _check_rule_function(jvp, "each jvp (or None)", where, example)
         self._define("defjvps", jvps, {})
-
-
-custom_vjp.__doc__ = _doc(
-    "custom_vjp", jax.custom_vjp, "each time the decorated function is called"
-)
-custom_jvp.__doc__ = _doc(
-    "custom_jvp", jax.custom_jvp, "each time the decorated function is called"
-)
-custom_vjp.__module__ = custom_jvp.__module__ = "jaxoverride"

@@ -55,12 +55,8 @@ def _from_extend_core(name: str, alias: str) -> Callable[..., Any]:
 
 _jax_opaque_trace_state = _from_extend_core("get_opaque_trace_state", "_jax_opaque_trace_state")
 _find_top_trace = _from_extend_core("find_top_trace", "_find_top_trace")
-_jaxprs_in_params = _from_extend_core("jaxprs_in_params", "_jaxprs_in_params")
-
-
-def jaxprs_in_params(params: Any) -> Any:
-    """JAX's ``jaxprs_in_params`` (``jax.extend.core``): the jaxprs an equation's params hold."""
-    return _jaxprs_in_params(params)
+# The jaxprs an equation's params hold: a name imported elsewhere keeps the stand-in.
+jaxprs_in_params = _from_extend_core("jaxprs_in_params", "jaxprs_in_params")
 
 
 class _NoTrace:
@@ -347,16 +343,10 @@ PRIVATE_ATTRIBUTES: dict[str, str] = {
 }
 """Private attributes read off public JAX objects, with why no public name serves.
 
-``adapter_kit.escaped_tracers`` reads the first two (Haiku's end-of-transform check for
-tracers of an ended trace; Linen's test for values out of reach of the running trace),
-and finds nothing where they are missing. ``adapter_kit.jit_traces`` reads
-``parent_trace`` and the last two through ``staged_for``, each with ``getattr`` and a
-default, so a JAX that moves them makes the check it serves say nothing rather than fail.
-
-No public route (JAX 0.8.1 to 0.12.0, read for issue 20) answers "is this tracer's trace
-the current one or one it runs inside": ``Tracer`` has no accessor for its trace,
-``find_top_trace`` ignores its argument, a trace's parent has no accessor,
-``Trace.is_valid()`` cannot tell an ended jit trace, and ``jax.checking_leaks()`` is a
-global mode. Nor does one say which transform a trace stages for: ``DebugInfo`` is
-reached only from a finished jaxpr.
+Each is read with ``getattr`` and a default (``adapter_kit.escaped_tracers``,
+``adapter_kit.jit_traces`` through ``staged_for``), so a JAX that moves one makes the
+check it serves say nothing rather than fail. No public route (JAX 0.8.1 to 0.12.0)
+answers "is this tracer's trace the current one or one it runs inside" (``Trace.is_valid()``
+cannot tell an ended jit trace; ``jax.checking_leaks()`` is a global mode), nor which
+transform a trace stages for (``DebugInfo`` is reached only from a finished jaxpr).
 """

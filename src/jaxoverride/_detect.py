@@ -1,12 +1,11 @@
 """The missing-adapter check: a neutral function met framework state no adapter handles.
 
-The frameworks are the registered records (``_frameworks``). Once one is imported and no
-adapter of it is active, the check refuses: inside a scope of a scoped framework, a call
-that leaves tracers in its ``leaked_state()`` (reads are harmless); for a
-closure-captured framework, a transform whose function (or a jit's static arguments)
-captures its state and is jitted (weights baked in) or differentiated with respect to it
-(a zero gradient), and a write to captured state (its ``write_error()``). Under an
-adapter of the framework, captured state its ``covers=`` predicate does not cover.
+Once a registered framework (``_frameworks``) is imported and no adapter of it is active,
+the check refuses: inside a scope of a scoped framework, a call that leaves tracers in its
+``leaked_state()``; for a closure-captured framework, a transform whose function (or a
+jit's static arguments) captures its state and is jitted (weights baked in) or
+differentiated with respect to it (a zero gradient), and a write to captured state. Under
+an adapter of the framework, captured state its ``covers=`` predicate does not cover.
 
 Idle cost: one length comparison of ``sys.modules`` per neutral call while no framework is
 imported; a transform pays at creation, and gets a checked target only if built inside a
@@ -56,10 +55,9 @@ Kwargs = dict[str, Any]
 def set_adapter_check(on: bool) -> bool:
     """Turns the missing-adapter check on or off for the whole process.
 
-    The check raises ``jaxoverride.errors.MissingAdapterError`` when a neutral function
-    meets the state of a registered framework that no active adapter handles, which would
-    otherwise give a silently wrong result. Turn it off only for a program that means
-    it; the environment variable ``JAXOVERRIDE_ADAPTER_CHECK=0`` does the same at start-up.
+    The check raises ``MissingAdapterError`` where a neutral function meets state of a
+    registered framework that no active adapter handles (a silently wrong result). Turn it
+    off only for a program that means it; ``JAXOVERRIDE_ADAPTER_CHECK=0`` does at start-up.
 
     Args:
       on: whether the check runs.
@@ -266,8 +264,8 @@ def _describe(captured: Captured) -> str:
 def _fix(framework: Framework, captured: Captured, active: bool = False) -> str:
     """The record's fix naming what ``captured`` holds: each name's root, as an
     identifier (``"model"`` for one that is not)."""
-    roots = dict.fromkeys(name.split("[", 1)[0] for name, _ in captured)
-    names = list(dict.fromkeys(n if n.isidentifier() else "model" for n in roots))
+    roots = (name.split("[", 1)[0] for name, _ in captured)
+    names = list(dict.fromkeys(root if root.isidentifier() else "model" for root in roots))
     if not active:
         return framework.fix_for(names)
     covered = names_of(lambda value: framework.is_state(value) and _covered(framework, value))
@@ -427,11 +425,6 @@ def run_call(
     snapshot: _stack.Snapshot,
 ) -> Any:
     """Runs a neutral call (``lax.scan``, ``jvp``, ...) under the check."""
-    unhandled = False
-    for framework in _frameworks.capturing:
-        if not _handled(framework, snapshot):
-            unhandled = True
-            break
     running = False
     for probe in _frameworks.probes:  # ``scope_running``, without its frame
         if probe():
@@ -449,7 +442,7 @@ def run_call(
     captured: Captured = []
     search: Args = ()
     # Under a framework's adapter, control flow threads what it reaches itself: no search.
-    if unhandled:
+    if any(not _handled(framework, snapshot) for framework in _frameworks.capturing):
         functions = _functions(args, kwargs)
         if name in _DIFFERENTIATES:
             captured = [found for value in functions for found in captured_state(value)]
@@ -764,7 +757,7 @@ def _qualified_name(fun: Any) -> str:
     return name if isinstance(name, str) else jit_name(fun)
 
 
-def _check_trace(name: str, fun: Callable[..., Any], args: Any, kwargs: Any) -> Any:
+def _check_trace(fun: Callable[..., Any], args: Any, kwargs: Any) -> Any:
     """Traces ``fun`` under the check: the trace-time half of ``traced_check``."""
     scopes = [f for f in _frameworks.scoped if f.running()]
     capturing = _frameworks.capturing
@@ -773,11 +766,11 @@ def _check_trace(name: str, fun: Callable[..., Any], args: Any, kwargs: Any) -> 
     snapshot = _stack.effective_snapshot()
     if capturing:
         captured = captured_state(fun) + _static_state(args, kwargs)
-        _refuse_captured(name, captured, snapshot, None, handled=False)
+        _refuse_captured("jit", captured, snapshot, None, handled=False)
     scopes = [f for f in scopes if not _handled(f, snapshot)]
     before = {f.key: f.leaked_state() for f in scopes}
     out = fun(*args, **kwargs)
-    _raise_on_new_tracers(scopes, before, name, "while JAX's own jit traced it, no adapter active")
+    _raise_on_new_tracers(scopes, before, "jit", "while JAX's own jit traced it, no adapter active")
     return out
 
 
@@ -791,8 +784,7 @@ class _Traced:
 
     # No __slots__: ``__module__`` and ``__doc__`` are the function's, per instance.
 
-    def __init__(self, name: str, fun: Any, ref: Any):
-        self._name = name
+    def __init__(self, fun: Any, ref: Any):
         self._fun = ref
         self.__name__ = jit_name(fun)
         self.__qualname__ = _qualified_name(fun)
@@ -807,7 +799,7 @@ class _Traced:
         fun = self._fun()
         if not watching():
             return fun(*args, **kwargs)
-        return _check_trace(self._name, fun, args, kwargs)
+        return _check_trace(fun, args, kwargs)
 
 
 # id(fun) -> (weak reference to fun, its _Traced): one per function, so that jo.jit(f)
@@ -844,6 +836,6 @@ def traced_check(name: str, fun: Any) -> Any:
         ref = weakref.ref(fun, _forget(key))
     except TypeError:  # a builtin, say: it runs no framework code
         return fun
-    traced = _Traced(name, fun, ref)
+    traced = _Traced(fun, ref)
     _traced[key] = (ref, traced)
     return traced

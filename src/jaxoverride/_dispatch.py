@@ -37,9 +37,8 @@ def next_impl(name: str) -> Callable[..., Any]:
     """The implementation of ``name`` below the override that is running now.
 
     An override reaches the layer beneath it (an outer override, an installed adapter,
-    or JAX itself) with this, instead of calling the neutral function, which would
-    dispatch to the top of the stack and so back into itself. Call it inside the
-    override, before handing control to user code; it is not meant to be stored.
+    or JAX) with this; the neutral function would dispatch back into itself. Call it
+    inside the override, before handing control to user code; do not store it.
 
     Args:
       name: an overridable name, such as ``"lax.scan"`` or ``"jit"``. It need not be

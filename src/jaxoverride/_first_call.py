@@ -1,18 +1,13 @@
 """The first-call check: a solver library never interposed, called while an adapter is active.
 
-A transform that a library built with raw JAX while it was imported (``optx.fixed_point``,
-an ``eqx.filter_jit`` wrapper; see ``_raw``) keeps calling raw JAX, so framework code it
-runs is out of the adapter's reach. Such a call is caught when it happens:
-
-- on an adapter's context entry after new imports, the imported solver libraries' raw
-  import-time transforms are rebound, where their modules hold them, to a ``RawGuard``;
-  inside an ``eqx.filter_jit`` wrapper, the ``jax.jit`` it holds is guarded too, which
-  reaches names a program bound to the wrapper before (``from optimistix import
-  fixed_point``). A bare ``jax.jit`` bound by name stays raw (JAX's C++ object).
-- a guard called while anything is active refuses a function that captures the state of
-  a closure-captured framework whose adapter is active, and, inside a running scope of a
-  scoped framework, a call that leaves new tracers in its state: ``MissingAdapterError``
-  names the transform and the ``interpose_on_import`` call that fixes it.
+A transform that a library built with raw JAX while it was imported (``optx.fixed_point``;
+see ``_raw``) keeps calling raw JAX, out of the adapter's reach. On an adapter's context
+entry after new imports, the imported solver libraries' raw import-time transforms are
+rebound to a ``RawGuard`` where their modules hold them, and so is the ``jax.jit`` inside
+an ``eqx.filter_jit`` wrapper (which reaches names a program bound to the wrapper before).
+A guard called while anything is active refuses a function that captures state of a
+framework whose adapter is active, or, inside a running scope, a call that leaves new
+tracers in its state: ``MissingAdapterError`` names the ``interpose_on_import`` fix.
 """
 
 from __future__ import annotations

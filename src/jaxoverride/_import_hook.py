@@ -1,11 +1,9 @@
 """``interpose_on_import``: packages whose modules are neutral from their first line on.
 
-``interpose`` is too late for transforms a library builds while it is imported
-(``eqx.filter_jit`` calls ``jax.jit`` as optimistix's module body runs). For the watched
-packages, ``builtins.__import__`` hands the importing module the neutral ``jax`` /
-``jax.lax`` while its body runs, and a meta path finder wraps its loader to record its
-references as bindings once the body has run, as ``interpose`` does, so restoring puts
-jax's own back. A module loaded by another hook's finder (jaxtyping's) is recorded by
+For the watched packages, ``builtins.__import__`` hands the importing module the neutral
+``jax`` / ``jax.lax`` while its body runs, and a meta path finder wraps its loader to
+record its references as bindings once the body has run, so restoring puts jax's own
+back. A module loaded by another hook's finder (jaxtyping's) is recorded by
 ``_record_served`` instead: when a later import returns, and before ``rebound`` or
 ``restore()`` is read.
 """
@@ -298,14 +296,11 @@ def _by_package(found: list[str], packages: Sequence[str]) -> str:
 def interpose_on_import(*packages: str) -> ImportInterposition:
     """Interposes every module of ``packages`` as it is imported, from its first line on.
 
-    ``interpose`` cannot reach transforms a module built while importing
-    (``eqx.filter_jit`` calls ``jax.jit`` as optimistix is imported). This hands each
-    module of the packages the neutral ``jax`` and ``jax.lax`` while it is imported, and
-    records its references so that ``restore()`` rebinds jax's own; modules already
+    Unlike ``interpose``, this reaches transforms a module builds while it is imported
+    (``eqx.filter_jit`` calls ``jax.jit`` as optimistix is imported); modules already
     imported are interposed at once. Safe to leave in place, idempotent, nesting and
     thread-safe. Call it before the packages are imported, naming those that build the
-    transforms too: for the Equinox family, ``"equinox"`` as well as ``"optimistix"``,
-    ``"lineax"``, ``"diffrax"``.
+    transforms too: ``"equinox"`` as well as ``"optimistix"``, ``"lineax"``, ``"diffrax"``.
 
     Args:
       *packages: import names of packages (or single modules), such as ``"optimistix"``.
@@ -319,9 +314,7 @@ def interpose_on_import(*packages: str) -> ImportInterposition:
         jaxoverride.
       ModuleNotFoundError: no package of that name can be imported.
       ImportOrderError: a named package is already imported and holds transforms it built
-        with raw JAX at import time, which no rebinding can reach. Nothing is changed;
-        call ``interpose_on_import`` before the package is first imported (or use
-        ``jo.interpose(module, recursive=True)`` to rebind only what can be reached).
+        with raw JAX at import time, which no rebinding can reach. Nothing is changed.
 
     Example:
       >>> import sys

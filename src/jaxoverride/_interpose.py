@@ -74,10 +74,8 @@ class Interposition:
       rebound: ``{module name: [attribute, ...]}`` that now refer to the neutral API.
       precompiled: ``module.attribute`` names holding transforms that the package built
         with raw JAX when it was imported (``jax.jit`` functions, ``eqx.filter_jit``
-        wrappers, ``jax.custom_vjp`` / ``custom_jvp`` objects): the same list that
-        ``ImportOrderError`` gives for the package. Interposition cannot reach inside
-        them: they keep calling raw JAX until the package is imported under
-        ``interpose_on_import``.
+        wrappers, ``custom_vjp`` objects), as ``ImportOrderError`` lists them: they keep
+        calling raw JAX until the package is imported under ``interpose_on_import``.
 
     Example:
       >>> import jaxoverride as jo

@@ -1,13 +1,10 @@
 """``jit_api``: the attributes of ``jax.jit(f)`` on what an adapter's ``"jit"`` override returns.
 
-Users call more of a jitted function than ``__call__``: ahead-of-time lowering
-(``.lower(x).compile()``, cost analysis), ``.trace``, ``.eval_shape`` and
-``.clear_cache()``. An override of ``"jit"`` usually runs one or more ``jax.jit`` objects
-of its own (over a function that threads state, or over a plan of the arguments), so
-those attributes must describe *that* computation, not a stateless ``jax.jit(f)`` beside
-it. Every adapter states the two adapter-specific facts here, and this module turns them
-into JAX's API, once. ``reuse_jit`` shares an override's per-function state between
-``jaxoverride.jit`` objects of one function, as ``jax.jit`` objects share their cache.
+An override of ``"jit"`` runs ``jax.jit`` objects of its own (over a function that threads
+state, or over a plan of the arguments), so ``.lower``, ``.trace``, ``.eval_shape`` and
+``.clear_cache()`` must describe *that* computation, not a stateless ``jax.jit(f)`` beside
+it. ``reuse_jit`` shares an override's per-function state between ``jaxoverride.jit``
+objects of one function, as ``jax.jit`` objects share their cache.
 """
 
 from __future__ import annotations
@@ -16,7 +13,7 @@ import threading
 import types
 import weakref
 from collections.abc import Callable, Hashable, Iterable
-from typing import Any, NamedTuple, Protocol, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 F = TypeVar("F")
 T = TypeVar("T")
@@ -28,24 +25,12 @@ _DIRECT = "_jaxoverride_direct"
 """The attribute of an override's jitted function that holds ``jit_api``'s ``direct``."""
 
 
-class MakeDirect(Protocol):
-    """``direct(current, stack, fallback)``: see ``jit_api``."""
-
-    def __call__(
-        self, current: Callable[[], object], stack: object, fallback: Callable[..., Any]
-    ) -> Callable[..., Any]: ...
-
-
-class MakeCheckedDirect(Protocol):
-    """``checked_direct(current, stack, fallback, captured)``: see ``jit_api``."""
-
-    def __call__(
-        self,
-        current: Callable[[], object],
-        stack: object,
-        fallback: Callable[..., Any],
-        captured: Callable[[], Any],
-    ) -> Callable[..., Any]: ...
+# ``direct(current, stack, fallback)`` and ``checked_direct(current, stack, fallback,
+# captured)``: see ``jit_api``.
+MakeDirect = Callable[[Callable[[], object], object, Callable[..., Any]], Callable[..., Any]]
+MakeCheckedDirect = Callable[
+    [Callable[[], object], object, Callable[..., Any], Callable[[], Any]], Callable[..., Any]
+]
 
 
 class Directs(NamedTuple):
@@ -64,10 +49,7 @@ def directs_of(built: object) -> Directs | None:
     return holder if type(holder) is Directs and holder.owner() is built else None
 
 
-class Stage(Protocol):
-    """``stage(method, args, kwargs)``: see ``jit_api``."""
-
-    def __call__(self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any: ...
+Stage = Callable[[str, tuple[Any, ...], dict[str, Any]], Any]  # see ``jit_api``
 
 
 def _staging(stage: Stage, method: str, fun: Callable[..., Any]) -> Callable[..., Any]:
@@ -109,18 +91,16 @@ def jit_api(
         ``clear_cache()`` clears each; ``_cache_size()`` sums theirs.
       clear: called by ``clear_cache()`` after that, for caches of the adapter's own that
         a fresh compilation must not skip.
-      direct: optional, for an override whose call is hot enough that one Python frame
-        matters. ``direct(current, stack, fallback)`` returns a new Python function that
-        behaves as ``call`` while ``current() is stack`` (tested first, in its own frame)
-        and otherwise returns ``fallback(*args, **kwargs)``. ``jaxoverride.jit(f)`` built
-        in ``stack`` then calls it without its own dispatch, until the process goes idle,
-        a guarded adapter is installed or the build is dropped. ``current`` is a C-level
-        getter of the calling thread's or task's stack; ``fallback`` dispatches.
-      checked_direct: optional, ``direct`` for a function under the missing-adapter check,
-        for an adapter that covers captured state: ``checked_direct(current, stack,
-        fallback, captured)``, whose ``fallback`` also runs the check, and which may skip
-        the check only while ``captured()`` returns the token (not None) of a call that
-        passed it and its ``covers`` predicate would answer as then.
+      direct: optional, where one Python frame matters: ``direct(current, stack,
+        fallback)`` returns a new function that behaves as ``call`` while ``current() is
+        stack`` (tested first, in its own frame), else returns ``fallback(*args,
+        **kwargs)``. ``jaxoverride.jit(f)`` built in ``stack`` then calls it without its
+        own dispatch, until the process goes idle, a guarded adapter is installed or the
+        build is dropped. ``current`` is a C-level getter of the caller's stack.
+      checked_direct: optional, ``direct`` under the missing-adapter check, for an adapter
+        that covers captured state: ``checked_direct(current, stack, fallback, captured)``
+        may skip the check only while ``captured()`` returns the token (not None) of a
+        call that passed it and its ``covers`` predicate would answer as then.
 
     Returns:
       ``call``, with the attributes set.
@@ -191,12 +171,11 @@ _shared_lock = threading.Lock()
 def reuse_jit(fun: Callable[..., Any], key: Hashable, make: Callable[[], T]) -> T:
     """What ``make()`` returned for an equal ``fun`` and ``key`` before, else ``make()``.
 
-    Every ``jax.jit`` object of one function and options shares one cache, so
-    ``jax.jit(f)(x)`` in a loop compiles once. An override of ``"jit"`` that keeps its own
-    compiled functions must share them the same way, by building that per-function state
-    through this function. For a Python function it lives as long as the function (in an
-    attribute of it); for another callable, while anything holds it. An unhashable ``fun``
-    or ``key`` is built afresh each time.
+    ``jax.jit(f)(x)`` in a loop compiles once, since ``jax.jit`` objects of one function
+    share a cache; an override of ``"jit"`` shares its own compiled functions the same way
+    by building them through this. For a Python function the state lives as long as the
+    function; for another callable, while anything holds it. An unhashable ``fun`` or
+    ``key`` is built afresh each time.
 
     Args:
       fun: the user's function, as passed to ``jax.jit``.

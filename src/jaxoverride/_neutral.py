@@ -290,18 +290,6 @@ class Transformed(functools.partial):  # type: ignore[type-arg]
     def __get__(self, instance: object, owner: type | None = None) -> Any:
         return self if instance is None else types.MethodType(self, instance)
 
-    def lower(self, *args: Any, **kwargs: Any) -> Any:
-        """Lowers the function selected by the active stack; see ``jax.jit(...).lower``."""
-        return self._selected_attribute("lower")(*args, **kwargs)
-
-    def trace(self, *args: Any, **kwargs: Any) -> Any:
-        """Traces the function selected by the active stack; see ``jax.jit(...).trace``."""
-        return self._selected_attribute("trace")(*args, **kwargs)
-
-    def eval_shape(self, *args: Any, **kwargs: Any) -> Any:
-        """Output shapes of the function selected by the active stack, as ``jax.eval_shape``."""
-        return self._selected_attribute("eval_shape")(*args, **kwargs)
-
     def clear_cache(self) -> None:
         """Clears the compiled code of this function under every stack, as
         ``jax.jit(f).clear_cache()`` does for ``f``; the next call compiles again."""
@@ -414,11 +402,10 @@ def _jax_constructor(jax_class: type) -> Callable[..., None]:
 class NeutralRule(Generic[ReturnValue]):
     """Base of ``jaxoverride.custom_vjp`` and ``jaxoverride.custom_jvp``.
 
-    It records the decorated function, JAX's constructor options and the rules defined on
-    it. While nothing is active a call is a call of the JAX object built from the same
-    definition. Otherwise the active override of the name builds one object per stack (as
-    a transform builds one function per stack), the recorded rules are replayed onto it,
-    and the call goes there. Redefining a rule drops every build.
+    While nothing is active a call is a call of the JAX object built from the same
+    definition. Otherwise the active override of the name builds one object per stack,
+    the rules defined on this one are replayed onto it, and the call goes there.
+    Redefining a rule drops every build.
 
     Example:
       >>> import jax, jax.numpy as jnp, jaxoverride as jo
@@ -445,6 +432,8 @@ class NeutralRule(Generic[ReturnValue]):
             cls._default = jax_class
             cls._kind = cls.__name__.removeprefix("custom_").upper()
             cls.__init__ = _jax_constructor(jax_class)
+            cls.__doc__ = _doc(cls._name, jax_class, "each time the decorated function is called")
+            cls.__module__ = "jaxoverride"
 
     # The annotations are JAX's, to the letter: ``inspect.signature`` compares them.
     def __init__(

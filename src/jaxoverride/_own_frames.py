@@ -1,9 +1,7 @@
 """The frames of jaxoverride and its adapters count as JAX's in source info and tracebacks.
 
-With nothing active a neutral function is JAX's function, so an error or an equation must
-name the user's line as JAX's would, not the neutral wrapper or an adapter that stands
-between (JAX 0.11 appends "This error occurs at source: <the first frame outside JAX>" to
-some errors). The adapters' directories are found without importing them.
+An error or an equation must name the user's line as JAX's would, not a neutral wrapper or
+an adapter between. The adapters' directories are found without importing them.
 """
 
 from __future__ import annotations

@@ -145,13 +145,8 @@ def builders(found: Iterable[str]) -> list[str]:
 def held_by_imported(packages: Sequence[str] = SOLVER_LIBRARIES) -> dict[str, list[str]]:
     """``{package: [module.attribute, ...]}`` for each imported package of ``packages``
     that holds raw import-time transforms."""
-    held = {}
-    for package in packages:
-        if package in sys.modules:
-            found = unreachable_transforms([package])
-            if found:
-                held[package] = found
-    return held
+    held = {p: unreachable_transforms([p]) for p in packages if p in sys.modules}
+    return {package: found for package, found in held.items() if found}
 
 
 # Packages whose own import-time transforms are never a solver library's: JAX's jitted

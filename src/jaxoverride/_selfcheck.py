@@ -11,6 +11,7 @@ import importlib
 import importlib.util
 import re
 import sys
+from collections import Counter
 from collections.abc import Sequence
 from typing import NamedTuple
 
@@ -47,6 +48,8 @@ _REQUIREMENT = re.compile(
 )
 _EXTRA = re.compile(r"""extra\s*==\s*['"](?P<extra>[^'"]+)['"]""")
 _SPECIFIER = re.compile(r"^\s*(?P<op>~=|==|!=|<=|>=|<|>)\s*(?P<version>\S+)\s*$")
+# The orders (-1, 0, 1 for below, equal, above) each comparison accepts.
+_ORDERS = {"==": (0,), "!=": (-1, 1), "<=": (-1, 0), ">=": (0, 1), "<": (-1,), ">": (1,)}
 
 
 class Requirement(NamedTuple):
@@ -113,20 +116,12 @@ def satisfies(version: str, specifiers: str) -> bool:
         match = _SPECIFIER.match(specifier)
         if match is None:
             continue
-        order = _compare(installed, _release(match["version"]))
-        op = match["op"]
-        if op == "~=":
-            bound = _release(match["version"])
+        bound = _release(match["version"])
+        order = _compare(installed, bound)
+        if match["op"] == "~=":  # at least ``bound``, and the same release but its last part
             ok = order >= 0 and installed[: len(bound) - 1] == bound[:-1]
         else:
-            ok = {
-                "==": order == 0,
-                "!=": order != 0,
-                "<=": order <= 0,
-                ">=": order >= 0,
-                "<": order < 0,
-                ">": order > 0,
-            }[op]
+            ok = order in _ORDERS[match["op"]]
         if not ok:
             return False
     return True
@@ -232,13 +227,9 @@ def _interposed() -> list[str]:
         modules = sorted({binding.module.__name__ for binding in _interpose._bindings.values()})
         watched = sorted(_import_hook._watched)
     lines = [f"  interpose_on_import watches: {', '.join(watched) or 'nothing'}"]
-    packages = sorted({name.partition(".")[0] for name in modules})
-    for package in packages:
-        count = sum(name.partition(".")[0] == package for name in modules)
-        lines.append(f"  {package}: {counted(count, 'module')} rebound")
-    if not packages:
-        lines.append("  no module is rebound")
-    return lines
+    packages = Counter(name.partition(".")[0] for name in modules)
+    lines += [f"  {p}: {counted(n, 'module')} rebound" for p, n in sorted(packages.items())]
+    return lines if packages else [*lines, "  no module is rebound"]
 
 
 def _raw_transforms(packages: Sequence[str]) -> list[str]:
@@ -248,9 +239,7 @@ def _raw_transforms(packages: Sequence[str]) -> list[str]:
         if imported:
             return [f"  none: {', '.join(imported)} hold no raw import-time transform"]
         return ["  none of the solver libraries is imported in this process"]
-    lines = []
-    for package, names in held.items():
-        lines.append(f"  {package}: {len(names)} ({listed(names)})")
+    lines = [f"  {package}: {len(names)} ({listed(names)})" for package, names in held.items()]
     builders = _raw.builders([name for names in held.values() for name in names])
     lines.append(
         "  These keep calling raw JAX: adapters do not apply inside them. Fix: call "
@@ -269,13 +258,6 @@ def _guarded(dotted: str) -> bool:
     module_name, _, attribute = dotted.rpartition(".")
     module = sys.modules.get(module_name)
     return type(getattr(module, attribute, None)) is _raw.RawGuard
-
-
-def _check() -> list[str]:
-    state = "on" if _detect.enabled else "off"
-    return [
-        f"  {state} (jaxoverride.set_adapter_check(...), or {_detect.ENV_VAR}=0 to turn it off)"
-    ]
 
 
 def self_check(packages: Sequence[str] | None = None) -> str:
@@ -302,11 +284,12 @@ def self_check(packages: Sequence[str] | None = None) -> str:
       True
     """
     names = _raw.SOLVER_LIBRARIES if packages is None else tuple(packages)
+    turn_off = f"(jaxoverride.set_adapter_check(...), or {_detect.ENV_VAR}=0 to turn it off)"
     sections = [
         ("Versions (from package metadata)", _versions()),
         ("Supported versions (jaxoverride's requirements)", _supported()),
         ("Adapters", _adapters()),
-        ("Missing-adapter check", _check()),
+        ("Missing-adapter check", [f"  {'on' if _detect.enabled else 'off'} {turn_off}"]),
         ("Interposed packages", _interposed()),
         ("Raw import-time transforms in imported solver libraries", _raw_transforms(names)),
     ]
@@ -318,9 +301,8 @@ def self_check(packages: Sequence[str] | None = None) -> str:
 
 HELP = """usage: python -m jaxoverride [--import PACKAGE ...]
 
-Prints jaxoverride's self-check: versions and whether they are inside the supported range,
-the adapters (installed, imported, active), the missing-adapter check, the interposed
-packages and the raw import-time transforms of imported solver libraries.
+Prints jaxoverride's self-check: versions and supported ranges, the adapters, the
+missing-adapter check, interposed packages and raw transforms of imported solver libraries.
 
 options:
   -h, --help        show this message and exit
@@ -329,10 +311,7 @@ options:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m jaxoverride [--import PACKAGE ...]``: prints ``self_check()``.
-
-    ``--import`` imports packages first, as a program would, to see what they hold.
-    """
+    """``python -m jaxoverride [--import PACKAGE ...]``: prints ``self_check()`` (see ``HELP``)."""
     arguments = list(sys.argv[1:] if argv is None else argv)
     to_import: list[str] = []
     while arguments:

@@ -31,32 +31,23 @@ _active: contextvars.ContextVar[tuple[tuple[solve_state, Any], ...]] = contextva
     "jaxoverride_solve_state", default=()
 )
 
-# Set by the adapter kit when it is imported: ``on_enter(declaration)`` returns what
-# ``on_exit(declaration, entered, failed)`` receives. Unset: nothing to apply.
+# Set by the adapter kit when it is imported (unset: nothing to apply). ``on_enter(
+# declaration)`` returns what ``on_exit(declaration, entered, failed)`` receives;
+# ``on_map(entered, fun, args, kwargs)`` runs ``fun(*args, **kwargs)`` as one evaluation
+# of a solver's map under the innermost declaration (``entered``: what ``on_enter`` made).
 _on_enter: Callable[[solve_state], Any] | None = None
 _on_exit: Callable[[solve_state, Any, bool], None] | None = None
-
-
-def set_hooks(
-    on_enter: Callable[[solve_state], Any], on_exit: Callable[[solve_state, Any, bool], None]
-) -> None:
-    """Installs the kit's hooks (called once, by ``jaxoverride.adapter_kit``)."""
-    global _on_enter, _on_exit
-    _on_enter, _on_exit = on_enter, on_exit
-
-
-# Set by the adapter kit: ``on_map(entered, fun, args, kwargs)`` runs ``fun(*args,
-# **kwargs)`` as one evaluation of a solver's map under the innermost declaration
-# (``entered``: what ``on_enter`` made of it). Unset: ``solver_map`` only calls ``fun``.
 _on_map: Callable[[Any, Callable[..., Any], tuple[Any, ...], dict[str, Any]], Any] | None = None
 
 
-def set_map_hook(
+def set_hooks(
+    on_enter: Callable[[solve_state], Any],
+    on_exit: Callable[[solve_state, Any, bool], None],
     on_map: Callable[[Any, Callable[..., Any], tuple[Any, ...], dict[str, Any]], Any],
 ) -> None:
-    """Installs the kit's ``solver_map`` hook (called once, by ``jaxoverride.adapter_kit``)."""
-    global _on_map
-    _on_map = on_map
+    """Installs the kit's hooks (called once, by ``jaxoverride.adapter_kit``)."""
+    global _on_enter, _on_exit, _on_map
+    _on_enter, _on_exit, _on_map = on_enter, on_exit, on_map
 
 
 def current() -> solve_state | None:
@@ -214,15 +205,13 @@ class _SolverMap:
 def solver_map(fun: F) -> F:
     """Marks ``fun`` as a solver's map: each call of the result is one evaluation of it.
 
-    Under a ``solve_state`` declaration, the adapters tell evaluations apart at the
-    boundaries JAX gives them (a loop body, a branch, a transformed function), so two
-    direct calls in one loop body (Newton's ``g(z)``, then ``g(z_new)``) would be one
-    evaluation. Each call of the marked function is one: it starts from the state at the
-    declaration's entry, whatever earlier calls left, and leaves the last evaluation's.
-
-    A model author may mark the map given to a solver (``fixed_point(jo.solver_map(f),
-    z0)``), or a solver library the map it is given; marking twice is marking once. With
-    no declaration or framework taking part, a call is ``fun``'s call (the same jaxpr).
+    Under a ``solve_state`` declaration, adapters tell evaluations apart only at JAX's
+    boundaries (a loop body, a branch), so Newton's ``g(z)`` then ``g(z_new)`` in one body
+    would be one evaluation; each call of the marked function is one, starting from the
+    state at the declaration's entry. Mark the map given to a solver
+    (``fixed_point(jo.solver_map(f), z0)``), or, in a solver library, the map it is given;
+    marking twice is marking once. With no declaration or framework taking part, a call
+    is ``fun``'s call (the same jaxpr).
 
     Args:
       fun: the map, any callable.

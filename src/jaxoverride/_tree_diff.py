@@ -46,7 +46,7 @@ def _first_container_change(before: Any, after: Any, where: str = "") -> str:
             return _first_container_change(one, other, where + key)
     # What paths do not show (a None added, metadata): this container's two structures.
     shown = [_short(jax.tree_util.tree_structure(tree)) for tree in (before, after)]
-    return f"{where or '(the whole state)'}: {shown[0]} -> {shown[1]}"
+    return f"{here}: {shown[0]} -> {shown[1]}"
 
 
 def _short(treedef: Any, limit: int = 80) -> str:

@@ -628,5 +628,4 @@ def _on_map(
     return call(0)
 
 
-_solve_state.set_hooks(_on_enter, _on_exit)
-_solve_state.set_map_hook(_on_map)
+_solve_state.set_hooks(_on_enter, _on_exit, _on_map)
