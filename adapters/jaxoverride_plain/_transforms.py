@@ -53,17 +53,6 @@ def init_safe_transform(
       (2.0, 'ArrayImpl')
     """
 
-    def call(*args: Any, **kwargs: Any) -> Any:
-        return init_safe_call(
-            lambda: creation(*args, **kwargs),
-            lambda: transformed(*args, **kwargs),
-            initializing=initializing,
-            create=create,
-        )
-
-    if not all(hasattr(transformed, name) for name in _JITTED):
-        return call
-
     # A jitted function keeps JAX's API; staging it at init creates the parameters first,
     # as a call does, so that the trace reads them instead of creating them.
     def stage(method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -74,6 +63,11 @@ def init_safe_transform(
             create=create,
         )
 
+    def call(*args: Any, **kwargs: Any) -> Any:
+        return stage("__call__", args, kwargs)
+
+    if not all(hasattr(transformed, name) for name in _JITTED):
+        return call
     return jo.jit_api(
         call,
         getattr(transformed, "__wrapped__", creation),
