@@ -1,13 +1,10 @@
 """Progress bars for loops with a static trip count, updated from inside compiled code.
 
-The body of the loop gets a ``jax.debug.callback`` that receives the iteration index:
-the loop counter of ``fori_loop``, or an ``arange`` scanned alongside ``xs`` for ``scan``
-and ``lax.map``. The index makes the callback loop-variant, so JAX's partial evaluation
-keeps it inside the forward loop under ``grad`` (a callback without operands would be
-hoisted out and run once), and it is never batched, so under ``vmap`` it runs once per
-iteration, not once per batch element. A ``lax.cond`` on the index lets about a hundred
-callbacks through per run. Nothing flows from the callback back into the loop: the carry
-and the outputs are those of the loop without it.
+The body gets a ``jax.debug.callback`` of the iteration index (``fori_loop``'s counter, or
+an ``arange`` scanned alongside ``xs``): being loop-variant it stays inside the forward
+loop under ``grad``, and unbatched it runs once per iteration under ``vmap``. A
+``lax.cond`` on the index lets about a hundred callbacks through per run; nothing flows
+back into the loop.
 """
 
 from __future__ import annotations

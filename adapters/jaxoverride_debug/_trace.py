@@ -206,25 +206,12 @@ def trace(
 ) -> Trace:
     """Logs every neutral call, with its shapes and the implementation it goes to.
 
-    While the returned ``Trace`` is entered, each call of a neutral function that
-    reaches the trace layer (made by code written against ``jaxoverride``, or by an
-    unmodified library after ``jaxoverride.interpose``) is recorded as a ``Call``: the
-    name, the arguments' shapes and dtypes, and the implementation below the trace that
-    it is handed to (JAX's, or an adapter's entered before the trace). Then it is
-    handed down unchanged: results, and the jaxpr without progress bars, are what they
-    are without the trace.
-
-    Calls are recorded when Python runs them: inside a jitted function, when JAX traces
-    it (the first call, and each retrace), not on a compiled cache hit. A transform
-    such as ``jit`` gives a ``"build"`` record when its function is built (once per
-    neutral wrapper and stack, so a wrapper built under an earlier trace with the same
-    configuration is not built again) and a ``"run"`` record each time that function is
-    called. ``depth`` counts the recorded calls around a call.
-
-    Enter the trace inside other adapters' contexts (innermost) to see the calls as the
-    library makes them, and which adapter each goes to. Entered outside, it sees what
-    the adapters above hand down, with ``above`` naming them. Not entered, it costs
-    nothing.
+    While the returned ``Trace`` is entered, each neutral call reaching the trace layer is
+    recorded as a ``Call`` (name, argument shapes, the implementation below it) and handed
+    down unchanged. Calls are recorded when Python runs them (inside ``jit``, when JAX
+    traces); a transform gives a ``"build"`` record when its function is built and a
+    ``"run"`` record per call. Entered innermost, it sees the calls as the library makes
+    them; not entered, it costs nothing.
 
     Args:
       log: called with each ``Call`` as it is recorded, e.g. ``print``; by default each
