@@ -16,11 +16,10 @@ from typing import Any
 
 import jaxoverride as jo
 from jaxoverride import adapter_kit as kit
-from jaxoverride.adapter_kit import CALLS, RULES, TRANSFORMS, override_position
+from jaxoverride.adapter_kit import CALLS, RULES, TRANSFORMS, describe_impl, override_position
 from jaxoverride_debug._describe import (
     describe_arguments,
     describe_call,
-    describe_impl,
     describe_options,
     function_name,
 )

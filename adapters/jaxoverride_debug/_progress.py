@@ -71,15 +71,9 @@ a host callback costs tens of microseconds, far more than a small loop body."""
 
 
 def _ticking(bar: Bar, step_of: Callable[[Any], Any]) -> Callable[[Any], None]:
-    """A function of the iteration index that reports to ``bar`` from compiled code.
-
-    It calls back on the first and last step and on every ``total // UPDATES``-th in
-    between, under a ``lax.cond`` on the (never batched) step, so a long loop pays for
-    about ``UPDATES`` callbacks, not one per step. It stages the callback only where the
-    loop body is being traced for JAX's loop: an adapter that runs the body once eagerly
-    to create parameters (Haiku and plain at init) calls it at the trace level of the
-    loop call itself, where it does nothing.
-    """
+    """A function of the iteration index that reports to ``bar`` from compiled code, on the
+    first and last step and every ``total // UPDATES``-th between (a ``lax.cond`` on the
+    step). It does nothing at the loop call's own trace level (a creation pass)."""
     outer = get_opaque_trace_state()
     stride = max(1, bar.total // UPDATES)
 
@@ -115,16 +109,6 @@ def _leading(xs: Any) -> int | None:
     return int(leaves[0].shape[0])
 
 
-def _bound_fori(
-    lower: Any, upper: Any, body_fun: Any, init_val: Any, **kwargs: Any
-) -> tuple[Any, ...]:
-    return lower, upper, body_fun, init_val, kwargs
-
-
-def _bound_map(f: Any, xs: Any, **kwargs: Any) -> tuple[Any, ...]:
-    return f, xs, kwargs
-
-
 def with_progress(
     name: str,
     args: tuple[Any, ...],
@@ -138,16 +122,12 @@ def with_progress(
     Returns None (leave the call alone) for other names, for a trip count that is not
     static or is below ``min_steps``, and for arguments JAX would reject anyway.
     """
+    attach = {"lax.fori_loop": _fori, "lax.map": _map}.get(name)
     try:
         if name == "lax.scan":
-            bound = scan_arguments(*args, **kwargs)
-            return _scan(*bound, min_steps=min_steps, options=options)
-        if name == "lax.fori_loop":
-            bound = _bound_fori(*args, **kwargs)
-            return _fori(*bound, min_steps=min_steps, options=options)
-        if name == "lax.map":
-            bound = _bound_map(*args, **kwargs)
-            return _map(*bound, min_steps=min_steps, options=options)
+            return _scan(*scan_arguments(*args, **kwargs), min_steps=min_steps, options=options)
+        if attach is not None:
+            return attach(*args, **kwargs, min_steps=min_steps, options=options)
     except TypeError:
         return None
     return None
@@ -186,10 +166,10 @@ def _fori(
     upper: Any,
     body_fun: Any,
     init_val: Any,
-    kwargs: dict[str, Any],
     *,
     min_steps: int,
     options: Mapping[str, Any],
+    **kwargs: Any,
 ) -> tuple[tuple[Any, ...], dict[str, Any]] | None:
     first, last = _static_int(lower), _static_int(upper)
     if first is None or last is None or last - first < min_steps or not callable(body_fun):
@@ -205,7 +185,7 @@ def _fori(
 
 
 def _map(
-    f: Any, xs: Any, kwargs: dict[str, Any], *, min_steps: int, options: Mapping[str, Any]
+    f: Any, xs: Any, *, min_steps: int, options: Mapping[str, Any], **kwargs: Any
 ) -> tuple[tuple[Any, ...], dict[str, Any]] | None:
     total = _leading(xs)
     if total is None or total < min_steps or not callable(f):
