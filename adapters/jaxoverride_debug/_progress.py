@@ -36,12 +36,8 @@ def require_tqdm() -> Any:
 
 
 class Bar:
-    """The host side of one loop's progress bar: one tqdm bar per run of the loop.
-
-    ``step`` (1-based) is computed from the index each callback receives. A run opens
-    its bar at step 1 and closes it at the last step; a step at or behind the bar is
-    ignored, so duplicate reports (several devices under ``pmap``) cannot reopen it.
-    """
+    """The host side of one loop's progress bar: one tqdm bar per run, opened at step 1
+    and closed at the last; a step at or behind the bar (another device's) is ignored."""
 
     def __init__(self, total: int, description: str, options: Mapping[str, Any]):
         self.total = total
@@ -125,7 +121,7 @@ def with_progress(
     attach = {"lax.fori_loop": _fori, "lax.map": _map}.get(name)
     try:
         if name == "lax.scan":
-            return _scan(*scan_arguments(*args, **kwargs), min_steps=min_steps, options=options)
+            return _scan(scan_arguments(*args, **kwargs), min_steps=min_steps, options=options)
         if attach is not None:
             return attach(*args, **kwargs, min_steps=min_steps, options=options)
     except TypeError:
@@ -134,17 +130,9 @@ def with_progress(
 
 
 def _scan(
-    f: Any,
-    init: Any,
-    xs: Any,
-    length: Any,
-    reverse: bool,
-    unroll: Any,
-    split: bool,
-    *,
-    min_steps: int,
-    options: Mapping[str, Any],
+    bound: tuple[Any, ...], *, min_steps: int, options: Mapping[str, Any]
 ) -> tuple[tuple[Any, ...], dict[str, Any]] | None:
+    f, init, xs, length, reverse, unroll, split = bound  # ``scan_arguments``
     total = _static_int(length) if length is not None else _leading(xs)
     if total is None or total < min_steps or not callable(f):
         return None

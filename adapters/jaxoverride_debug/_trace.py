@@ -38,6 +38,11 @@ class NothingTracedWarning(UserWarning):
     """
 
 
+class _Tokens(threading.local):
+    def __init__(self) -> None:
+        self.stack: list[Any] = []  # the session tokens of this thread's entries
+
+
 def _to_logger(call: Call) -> None:
     logger.info("%s", call)
 
@@ -45,10 +50,8 @@ def _to_logger(call: Call) -> None:
 class Trace:
     """An entered or enterable trace; returned by ``trace``.
 
-    Entering it pushes the trace layer onto the override stack of this thread or task;
-    every neutral call that reaches the layer is recorded in ``calls`` and sent to the
-    ``log`` callable, then handed to the implementation below unchanged. The object
-    may be entered again (records accumulate), nested, and used as a decorator.
+    While entered, every neutral call reaching the layer is recorded in ``calls``, sent to
+    ``log``, and handed down unchanged. It may be re-entered, nested, and used as a decorator.
 
     Example:
       >>> import jax.numpy as jnp, jaxoverride as jo, jaxoverride_debug
@@ -64,7 +67,7 @@ class Trace:
     def __init__(self, context: jo.OverrideContext, session: Session):
         self._context = context
         self._session = session
-        self._tokens = threading.local()
+        self._tokens = _Tokens()
 
     @property
     def calls(self) -> list[Call]:
@@ -80,13 +83,6 @@ class Trace:
         """The records as the log shows them, one line each, indented by depth."""
         return "\n".join(str(call) for call in self.calls)
 
-    def _stack(self) -> list[Any]:
-        try:
-            return self._tokens.stack
-        except AttributeError:
-            self._tokens.stack = []
-            return self._tokens.stack
-
     def __enter__(self) -> Trace:
         token = _SESSION.set(self._session)
         try:
@@ -94,11 +90,11 @@ class Trace:
         except BaseException:
             _SESSION.reset(token)
             raise
-        self._stack().append(token)
+        self._tokens.stack.append(token)
         return self
 
     def __exit__(self, *exc_info: object) -> None:
-        stack = self._stack()
+        stack = self._tokens.stack
         if not stack:
             raise RuntimeError(
                 f"{self!r} was exited in a thread or task that did not enter it; nothing changed."
@@ -114,7 +110,9 @@ class Trace:
         # The core refuses, unchanged, an exit across another entered context.
         self._context.__exit__(*exc_info)
         _SESSION.reset(stack.pop())
-        if not stack and exc_info[0] is None and not self.calls:
+        if stack or exc_info[0] is not None:
+            return
+        if not self.calls:
             warnings.warn(
                 NothingTracedWarning(
                     "jaxoverride_debug.trace() recorded no call: nothing that ran inside it "
@@ -124,8 +122,7 @@ class Trace:
                 ),
                 stacklevel=2,
             )
-        if not stack and exc_info[0] is None:
-            _warn_unreached()
+        _warn_unreached()
 
     def __call__(self, fn: F) -> F:
         """Decorates ``fn`` so that each of its calls runs inside this trace."""
