@@ -1,8 +1,7 @@
 """Init-safe transforms: the same creation pass, then apply pass, around ``jit``, ``grad``...
 
-Creating a parameter inside a ``jit``, ``grad`` or ``vmap`` trace leaks a tracer into the
-parameter store. At init these wrappers first call the function on the primal (for
-``vmap``/``pmap``: one unbatched slice) outside any transform, then run the transform.
+A parameter created inside a transform's trace would leak a tracer: at init these wrappers
+first call the function outside any transform (``vmap``/``pmap``: on one slice).
 """
 
 from __future__ import annotations
@@ -33,10 +32,8 @@ def init_safe_transform(
       initializing, create: the hooks of ``init_safe_scan``.
 
     Returns:
-      A function with the signature of ``transformed``. If ``transformed`` is a jitted
-      function, the result has its API too (``lower``, ``trace``, ``eval_shape``,
-      ``clear_cache``; see ``jaxoverride.jit_api``): at init, staging it runs the
-      creation pass first, as a call does.
+      A function with the signature of ``transformed`` (and a jitted function's API, whose
+      staging at init also runs the creation pass first).
 
     Example:
       >>> import jax, jax.numpy as jnp
