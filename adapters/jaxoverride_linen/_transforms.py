@@ -42,8 +42,7 @@ def jit(fun: Callable[..., Any], *args: Any, **kwargs: Any) -> Callable[..., Any
 
     @kit.wraps(fun)
     def inline(*call_args: Any, **call_kwargs: Any) -> Any:
-        # Inside a bound module the enclosing computation is what JAX compiles: calling
-        # the function inline keeps Linen's variables, rng and names in one trace.
+        # Inline: the enclosing computation is what JAX compiles, Linen's state one trace.
         if not in_bound_module():
             return plain(*call_args, **call_kwargs)
         return fun(*call_args, **call_kwargs)
