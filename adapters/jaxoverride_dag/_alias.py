@@ -1,11 +1,9 @@
 """Fresh objects for the caller's concrete arrays, without copying their data.
 
-JAX hands some arrays to a function untraced: ``vmap``'s unmapped arguments and
-``grad``'s other arguments when run eagerly, a loop's carry under
-``jax.disable_jit()``, and an input that a computation returns unchanged. Those would be
-the caller's own objects. Arrays are immutable, so a new array object over the same
-device buffers is indistinguishable from a copy but costs no copy (about 6 µs); a numpy
-array gets a view.
+JAX hands some arrays to a function untraced (eager ``vmap``'s unmapped arguments, a loop's
+carry under ``jax.disable_jit()``, an input returned unchanged): the caller's own objects.
+A new array object over the same device buffers costs no copy (about 6 µs); numpy gets a
+view.
 """
 
 from __future__ import annotations

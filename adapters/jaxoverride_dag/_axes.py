@@ -1,12 +1,9 @@
 """Spreading a prefix tree (``in_axes``, ``out_axes``, donation flags) over a plan's leaves.
 
-The prefix is laid over the *expanded* tree, where a shared object appears at each of
-its positions; each traced leaf then takes the value above it. A shared array that
-ends up under two different values is an error, unless the caller merges them or, with
-``spread_splitting``, gives the array once per value: JAX never sees array sharing, so
-``vmap(vmap(d, (None, 0)), (0, None))(R, R)`` is a valid program, and an array is
-immutable, so splitting it loses nothing. A shared *node* under two values stays an
-error: splitting it would silently lose its identity.
+The prefix is laid over the *expanded* tree (a shared object at each of its positions). A
+shared array under two different values is an error unless the caller merges them or
+(``spread_splitting``) passes the array once per value: JAX never sees array sharing and
+arrays are immutable, so splitting loses nothing. A shared *node* would lose its identity.
 """
 
 from __future__ import annotations

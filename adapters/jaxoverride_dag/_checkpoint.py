@@ -8,7 +8,7 @@ from typing import Any
 import jaxoverride as jo
 from jaxoverride.adapter_kit import infer_argnums_and_argnames
 from jaxoverride_dag._jit import pack_output, unpack_output
-from jaxoverride_dag._out import Packed, unforward_tree
+from jaxoverride_dag._out import packing_outputs, unforward_tree
 from jaxoverride_dag._plan import encode
 from jaxoverride_dag._static_args import StaticArgs
 
@@ -68,10 +68,5 @@ def dag_eval_shape(fun: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     if not callable(fun):  # JAX's own error
         return below(fun, *args, **kwargs)
     plan, dyn = encode((args, kwargs), "eval_shape arguments", "call")
-
-    def traced(*inputs: Any) -> Packed:
-        inner_args, inner_kwargs = plan.decode_inside(inputs)
-        out_plan, out_dyn = encode(fun(*inner_args, **inner_kwargs), "eval_shape outputs")
-        return Packed(tuple(out_dyn), out_plan)
-
+    traced, _ = packing_outputs(fun, plan, "eval_shape outputs", lambda _: ())
     return below(traced, *dyn).unpack()

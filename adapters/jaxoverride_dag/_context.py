@@ -68,15 +68,11 @@ _CONTEXT = TABLE.context()
 def context() -> jo.OverrideContext:
     """Makes every neutral transform and control-flow call preserve relative identity.
 
-    Inside it, ``jaxoverride.jit``, ``vmap``, ``pmap``, ``shard_map``, ``grad``,
-    ``value_and_grad``, ``jacfwd``, ``jacrev``, ``hessian``, ``checkpoint``/``remat``,
-    ``eval_shape`` and
-    ``jaxoverride.lax.scan``, ``while_loop``, ``fori_loop``, ``cond``, ``switch`` and
-    ``map`` pass pytrees through with their sharing intact: positions that held one
-    object hold one (fresh) object inside and in the outputs, a shared array is passed
-    once, tied parameters get one summed gradient, and non-array leaves (functions,
-    strings, enums, other objects) are static data, in inputs and in outputs. The jit
-    cache is keyed on the sharing pattern and the static data, never on object ids.
+    Inside it, the neutral transforms and control flow pass pytrees through with their
+    sharing intact: positions that held one object hold one (fresh) object inside and in
+    the outputs, a shared array is passed once, tied parameters get one summed gradient,
+    and non-array leaves are static data. The jit cache is keyed on the sharing pattern
+    and the static data, never on object ids.
 
     Returns:
       The adapter's ``OverrideContext``: one object, reusable and reentrant; a context

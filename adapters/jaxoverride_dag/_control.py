@@ -2,10 +2,8 @@
 
 The body sees fresh objects shared as the caller's were. Where *array* sharing differs
 between a carry and the body's result, or between branches, the arrays are de-shared and
-the call traced again, as JAX would run it; a difference in node sharing or static data
-is a ``SharingError`` naming the first position. Bad input gets JAX's own error (the call
-replayed abstractly on raw JAX). The functions handed to JAX are cached per user function
-and plan (``_handoff``), so JAX's caches keep working.
+the call traced again; a difference in node sharing or static data is a ``SharingError``.
+Bad input gets JAX's own error; the functions handed to JAX are cached (``_handoff``).
 """
 
 from __future__ import annotations
@@ -78,10 +76,8 @@ def _pack_carry(api: str, plan: Plan, new_carry: Any) -> tuple[Any, ...]:
 
 
 def _drive(run: Callable[[Plan], Any], plan: Plan, raw: Callable[[], Any]) -> tuple[Any, Plan]:
-    """``run(plan)``, again with fewer shared arrays while the body asks for it.
-
-    Each retry splits at least one group of shared arrays, so there are at most ``n_dyn``.
-    """
+    """``run(plan)``, again with fewer shared arrays while the body asks for it (each
+    retry splits a group, so there are at most ``n_dyn``)."""
     while True:
         try:
             return run(plan), plan
@@ -94,11 +90,7 @@ def _drive(run: Callable[[Plan], Any], plan: Plan, raw: Callable[[], Any]) -> tu
 
 
 def _nothing_to_map(plan: Plan, dyn: Sequence[Any]) -> bool:
-    """Whether ``xs`` holds only static data (``"abc"``, a generator): JAX refuses those.
-
-    Static leaves ride along beside arrays in the adapter, but with no array to give the
-    length, JAX's own error about the invalid type is the one to raise.
-    """
+    """Whether ``xs`` holds only static data (``"abc"``, a generator): JAX's error then."""
     return not dyn and bool(plan.statics)
 
 
@@ -180,12 +172,8 @@ def _while_body(get: Callable[[], Any], plan: Plan) -> Callable[..., Any]:
 
 
 def dag_fori_loop(*args: Any, **kwargs: Any) -> Any:
-    """The ``"lax.fori_loop"`` override: ``jax.lax.fori_loop``'s arguments
-    (``jax_arguments``).
-
-    The body sees the carry as fresh objects, shared as the caller's were (arrays
-    de-shared where the body splits them, as JAX would run it).
-    """
+    """The ``"lax.fori_loop"`` override: ``jax.lax.fori_loop``'s arguments; the body sees
+    the carry as fresh objects, shared as the caller's were."""
     lower, upper, body_fun, init_val, unroll = jax_arguments("lax.fori_loop", *args, **kwargs)
     below = jo.next_impl("lax.fori_loop")
     if not callable(body_fun):  # JAX's own error
@@ -214,11 +202,8 @@ def _fori_body(get: Callable[[], Any], plan: Plan) -> Callable[..., Any]:
 def _branch(
     get: Callable[[], Any], api: str, plan: Plan, target: Plan | None
 ) -> Callable[..., Packed]:
-    """A branch that decodes the operands and packs its output (as ``target`` if given).
-
-    It records its output plan per operand types, so that the caller can find the common
-    plan of all branches when JAX finds that their outputs differ.
-    """
+    """A branch that decodes the operands and packs its output (as ``target`` if given),
+    recording its output plan per operand types for ``_common_plan``."""
     seen: dict[Any, Plan] = {}
 
     def branch(*operands: Any) -> Packed:

@@ -12,8 +12,7 @@ from jaxoverride_dag._kinds import ARRAY, IDENTITYLESS, NODE, STATIC, kind_of_no
 
 
 class _Described(Protocol):
-    """What these messages read of a plan (``_plan.Plan`` has it; ``_plan`` imports this
-    module, so naming the class here would make an import cycle)."""
+    """What these messages read of a plan (``_plan.Plan``, which imports this module)."""
 
     n_dyn: int
     statics: tuple[Any, ...]
@@ -28,11 +27,9 @@ class SharingError(errors.SharingError):
 
     The DAG case of ``jaxoverride.errors.SharingError``.
 
-    Raised when a loop body changes which pytree nodes its carry shares (or its static
-    data), when branches of ``cond``/``switch`` share nodes differently, and when one
-    shared array is given two different mapped axes. Arrays whose sharing differs between
-    a carry and the body's result, or between branches, are de-shared as JAX would run
-    them, with no error. The message names the path and says how to fix it.
+    Raised when a loop body changes which nodes its carry shares (or its static data), when
+    branches share nodes differently, or when one shared array gets two mapped axes (array
+    sharing that differs is de-shared, with no error). The message names the path and fix.
 
     Example:
       >>> import jax.numpy as jnp, jaxoverride as jo, jaxoverride_dag as dag

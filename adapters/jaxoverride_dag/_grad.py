@@ -1,10 +1,9 @@
 """``grad``, ``value_and_grad``, ``jacfwd``, ``jacrev`` and ``hessian`` with tied leaves.
 
-The differentiated arguments and the rest are encoded as two groups: identity holds
-within each, not across them, so ``grad(lambda a, b: jnp.sum(a * b))(w, w)`` is JAX's
-answer. A shared array is one input to JAX, so its gradient is the sum over its uses,
-returned once and placed at each of its positions. Leaves that cannot be differentiated
-(static data, integer arrays unless ``allow_int``) get ``None``.
+The differentiated arguments and the rest are encoded as two groups (identity holds within
+each, so ``grad(lambda a, b: jnp.sum(a * b))(w, w)`` is JAX's answer). A shared array is one
+input, so its gradient is summed over its uses and placed at each position; leaves that
+cannot be differentiated get ``None``.
 """
 
 from __future__ import annotations

@@ -1,11 +1,9 @@
 """Handing user functions to JAX: cached wrappers, the user-call frame, JAX's errors.
 
-JAX caches a body's trace per function object (and an eager loop's executable per
-jaxpr), so the wrapper around a user function must be the same object for the same
-function and plan: ``cached`` keeps one per pair while the function lives. Every call
-of user code goes through ``call_user``, so that an error raised by user code can be
-told from one raised by JAX's checks of what it returned. Bad input is replayed on raw
-JAX, abstractly, to raise JAX's own exception and message (``raise_as_jax``).
+JAX caches a body's trace per function object, so ``cached`` keeps one wrapper per user
+function and plan while the function lives. User code runs through ``call_user``, so its
+errors are told from JAX's checks of what it returned; bad input is replayed on raw JAX,
+abstractly, for JAX's own error (``raise_as_jax``).
 """
 
 from __future__ import annotations
@@ -35,10 +33,8 @@ class MismatchError(Exception):
 
 
 def call_user(fun: Callable[..., Any], *args: Any) -> Any:
-    # Every call of user code goes through here: an error that passed through was raised
-    # by user code, not by JAX's checks of what the user code returned. It is marked, not
-    # found by this frame in its traceback: JAX drops jaxoverride's frames from the
-    # tracebacks of errors that pass through it (the core's ``hide_frames_under``).
+    # An error passing through here is the user's; marked, since JAX drops jaxoverride's
+    # frames from the tracebacks of errors that pass through it.
     try:
         return fun(*args)
     except Exception as error:
@@ -71,11 +67,8 @@ _WRAPPERS: WrapperCache[Callable[..., Any]] = WrapperCache(MAX_PER_FUNCTION)
 def cached(
     fun: Any, key: Any, make: Callable[[Callable[[], Any]], Callable[..., Any]]
 ) -> Callable[..., Any]:
-    """The wrapper ``make(get_fun)`` for ``(fun, key)``, one object per pair while ``fun`` lives.
-
-    JAX caches a body's trace per function object, so the same wrapper must reach it for
-    the same body. The wrapper holds ``fun`` weakly, so that the cache never keeps it alive.
-    """
+    """The wrapper ``make(get_fun)`` for ``(fun, key)``, one object per pair while ``fun``
+    lives (held weakly)."""
     return _WRAPPERS.get((fun,), key, lambda getters: make(getters[0]))
 
 

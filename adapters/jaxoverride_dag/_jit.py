@@ -1,11 +1,9 @@
 """``jit`` that keeps relative identity and carries non-array leaves as static data.
 
-One ``jax.jit`` per plan (sharing pattern and static data): a new tree with the same
-pattern reuses it, so the cache never sees an object id. The hot path recognises a call
-shaped like the last one without encoding it again: ``flatten_up_to`` against the last
-structure, an identity check of the static leaves, and distinct ids of the traced
-leaves, which (for plans whose every node holds a traced leaf) proves nothing is shared.
-Whatever the hot path cannot prove goes through the full encoding.
+One ``jax.jit`` per plan (sharing pattern and static data), so the cache never sees an
+object id. The hot path recognises a call shaped like the last one without encoding it:
+``flatten_up_to`` against the last structure, an identity check of the static leaves, and
+distinct ids of the traced leaves; whatever it cannot prove goes through the encoding.
 """
 
 from __future__ import annotations
@@ -32,9 +30,8 @@ _LABEL = "jit arguments"
 
 
 class _TraceMismatch(Exception):  # noqa: N818  (a signal, not an error a user sees)
-    """A control-flow signal, not an error: raised inside a trace when the hot path handed
-    JAX leaves of another structure, and always caught by the hot path, which then takes
-    the slow path."""
+    """Raised inside a trace when the hot path handed JAX leaves of another structure;
+    the hot path catches it and takes the slow path."""
 
 
 def pack_output(out: Any, label: str) -> Any:
@@ -88,10 +85,8 @@ class FastPathEntry(NamedTuple):
 
 def _one_dict(treedef: Any, n_dyn: int) -> Callable[[dict[Any, Any]], tuple[Any, ...]] | None:
     """The getter of the values of ``treedef``'s only argument, in JAX's key order, if the
-    call is ``f(d)`` with ``d`` a plain dict of ``n_dyn >= 2`` traced leaves.
-
-    Looking ``d``'s keys up costs a small fraction of flattening it, which sorts them.
-    """
+    call is ``f(d)`` with ``d`` a plain dict of ``n_dyn >= 2`` traced leaves (a lookup
+    costs a small fraction of flattening, which sorts the keys)."""
     args, kwargs = treedef.children()
     if n_dyn < 2 or kwargs.num_nodes != 1 or args.num_nodes != n_dyn + 2:
         return None
@@ -383,31 +378,20 @@ def dag_jit(fun: Callable[..., Any], /, **options: Any) -> Callable[..., Any]:
     return jitted
 
 
-# The hot paths keep the commonest call (one array) in one small frame, and a few arrays
-# in one frame more: every call saved is a measurable share of a cache hit that costs a
-# few microseconds. A call that must be flattened costs tens of microseconds, and shares
-# ``_dynamic``. Each returns what the last entry computes, or falls back to ``call_slow``
-# for anything it cannot prove.
+# The hot paths keep the commonest call (one array) in one small frame, a few arrays in
+# one frame more: each frame is a measurable share of a cache hit of a few microseconds.
+# Each returns what the last entry computes, or falls back to ``call_slow``.
 #
-# Distinct traced leaves are proven by reference counts first, because building a set of
-# ids costs about twice as much. A leaf that ``flatten_up_to`` put into its fresh list
-# once and that the tree holds once has exactly ``_REFS_IN_LIST`` references as counted
-# by ``sys.getrefcount`` (the tree, the list, the call's argument), one more if it was
-# also picked into a tuple. A leaf that occurs twice in the list has at least one more
-# than that whenever anything at all holds it besides the list, so ``max(refs) <= most``
-# proves that no leaf occurs twice. A larger count (a leaf the caller also holds in a
-# variable, a tracer that JAX holds) only sends the check on to the set of ids.
-# A leaf that is an argument itself is also held by the argument tuples of every frame
-# between the caller and here, so the counts are taken of the other leaves only: an
-# argument that also occurs below an argument raises the count of that occurrence, and
-# two such arguments (``arguments > 1``) are compared by the set of ids. The values of
-# a dict looked up by ``dict_values`` are held by the dict and the tuple alone.
-#
-# Counted over three containers (the list, the picked tuple and the tuple of the leaves
-# below the arguments), a leaf that occurs twice has at least 2 x 3 + 1 references from
-# those and ``getrefcount``'s argument alone, where one that occurs once has 5 with the
-# tree's: so up to ``_MOST_OF_THREE`` proves it too, and tolerates one holder more (a
-# model whose arrays ``eqx.partition`` also holds, say) before the set of ids is built.
+# Distinct traced leaves are proven by reference counts first (a set of ids costs twice
+# as much). A leaf that ``flatten_up_to`` put into its fresh list once and that the tree
+# holds once has ``_REFS_IN_LIST`` references (the tree, the list, getrefcount's
+# argument), one more if also picked into a tuple; a leaf in the list twice has more, so
+# ``max(refs) <= most`` proves none repeats, and a larger count only sends the check on to
+# the set of ids. Leaves that are arguments themselves are also held by the frames' argument
+# tuples, so only the other leaves are counted (two such arguments: the set of ids).
+# Over three containers (list, picked tuple, tuple of the leaves below the arguments) a
+# leaf occurring twice has at least 2 x 3 + 1 references, one occurring once 5: up to
+# ``_MOST_OF_THREE`` proves it too, tolerating one holder more (``eqx.partition``'s).
 _REFS_IN_LIST = 3
 _MOST_OF_THREE = 6
 

@@ -61,20 +61,15 @@ def packing_outputs(
     def traced(*inputs: Any) -> Packed:
         inner_args, inner_kwargs = plan.decode_inside(inputs)
         out_plan, out_dyn = encode(fun(*inner_args, **inner_kwargs), what)
-        carrier.leaves = spread(out_plan)
-        carrier.plan = out_plan
+        carrier.leaves, carrier.plan = spread(out_plan), out_plan
         return Packed(tuple(out_dyn), out_plan)
 
     return traced, carrier
 
 
 def unforward(outputs: Sequence[Any], inputs: Sequence[Any]) -> Sequence[Any]:
-    """``outputs``, with a fresh alias in place of any concrete input array among them.
-
-    Run eagerly, JAX hands back an input that a loop, ``checkpoint`` or ``vmap`` returns
-    unchanged, which would make an output the caller's own array. Tracers are left alone:
-    under an outer trace the inputs are not the caller's objects.
-    """
+    """``outputs``, with a fresh alias in place of any concrete input array among them (run
+    eagerly, JAX hands back an input returned unchanged; tracers are left alone)."""
     given = {id(x) for x in inputs if isinstance(x, jax.Array) and not isinstance(x, Tracer)}
     if not given or not any(id(leaf) in given for leaf in outputs):
         return outputs

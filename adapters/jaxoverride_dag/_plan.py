@@ -38,14 +38,9 @@ def picker(indices: Sequence[int]) -> Callable[[Sequence[Any]], Sequence[Any]]:
 
 
 def run_picker(indices: Sequence[int]) -> Callable[[Sequence[Any]], Sequence[Any]]:
-    """As ``picker``, for the jit hot path: the picked items as a sequence of the input's
-    type, by slices where ``indices`` are one or two runs of consecutive positions.
-
-    The traced leaves of a model are nearly all consecutive (its arrays, then its static
-    leaves, then the other arguments): a slice copies them in one step, where an
-    ``itemgetter`` looks each index up. Each picked item gains one reference, as in
-    ``picker``'s tuple, which the hot path's reference counts rely on.
-    """
+    """As ``picker``, for the jit hot path: by slices where ``indices`` are one or two runs
+    of consecutive positions (a model's traced leaves nearly are; a slice copies them in one
+    step). Each picked item gains one reference, as the hot path's counts rely on."""
     runs: list[list[int]] = []
     for index in indices:
         if runs and runs[-1][1] == index:

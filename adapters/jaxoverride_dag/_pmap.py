@@ -1,9 +1,8 @@
 """``pmap`` that keeps relative identity; non-array leaves ride through unmapped.
 
-``jax.pmap`` reads ``out_axes`` when it is created, before any trace. A single axis (or
-``None``) applies to every traced output as it is. A tree of ``out_axes`` needs the
-output plan first: one abstract trace (``eval_shape`` of a ``vmap`` with the same axis
-name, so collectives work) finds it, once per argument plan and shapes.
+``jax.pmap`` reads ``out_axes`` before any trace, so a tree of ``out_axes`` needs the output
+plan first: one abstract trace (``eval_shape`` of a ``vmap`` with the same axis name) finds
+it, once per argument plan and shapes.
 """
 
 from __future__ import annotations

@@ -1,14 +1,10 @@
 """Plans that differ only in which array leaves they share, and the common plan of both.
 
-A loop carry initialised as ``(z0, z0)`` and a body that returns two different arrays
-is a valid JAX program: JAX never sees the sharing of arrays. Arrays are immutable, so
-de-sharing them loses nothing, and the adapter follows JAX there. Two plans with the
-same *form* (structure, shared nodes, static leaves) differ at most in how their array
-slots are grouped; their *meet* groups two slots only where both plans do.
-
-The slots of a plan are numbered in the order ``encode`` meets them: the root's slots
-left to right, a shared node's slots at its first reference. So a plan built here is
-equal to the plan ``encode`` gives a tree with that sharing.
+A carry initialised as ``(z0, z0)`` whose body returns two different arrays is valid JAX:
+arrays are immutable, so the adapter de-shares them. Two plans of the same *form*
+(structure, shared nodes, static leaves) differ at most in the grouping of array slots;
+their *meet* groups two slots only where both do. Slots are numbered in ``encode``'s order,
+so a plan built here equals the one ``encode`` gives a tree with that sharing.
 """
 
 from __future__ import annotations

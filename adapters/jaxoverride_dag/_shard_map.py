@@ -1,10 +1,8 @@
 """``shard_map`` that keeps relative identity; non-array leaves ride through as static data.
 
-``in_specs`` is laid over the arguments with sharing expanded, so a shared array is passed
-once with the spec of its positions (two different specs are a ``SharingError``).
-``out_specs`` is only known per leaf once the function has run, so, as for ``vmap``, it is
-handed to ``jax.shard_map`` as a ``Packed`` that the traced function fills in:
-``shard_map`` reads ``out_specs`` after tracing.
+``in_specs`` is laid over the arguments with sharing expanded (a shared array is passed once,
+with one spec); ``out_specs``, known per leaf only once the function has run, is handed over
+as a ``Packed`` that the traced function fills in (``shard_map`` reads it after tracing).
 """
 
 from __future__ import annotations

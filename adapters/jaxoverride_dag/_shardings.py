@@ -1,10 +1,8 @@
 """Laying a tree of shardings or partition specs over a plan's traced leaves.
 
-``jit``'s ``in_shardings``/``out_shardings`` and ``shard_map``'s ``in_specs``/``out_specs``
-describe the caller's tree, where a shared array appears at each of its positions. The
-adapter passes that array once, so it gets the value above its positions: ``None``
-(unspecified) gives way to a sharding given elsewhere, and two different shardings for
-one array are a ``SharingError`` naming both positions.
+``jit``'s and ``shard_map``'s shardings and specs describe the caller's tree; the adapter
+passes a shared array once, so it gets the value above its positions: ``None`` gives way
+to a sharding given elsewhere, and two different ones are a ``SharingError``.
 """
 
 from __future__ import annotations

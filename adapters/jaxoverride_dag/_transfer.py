@@ -1,14 +1,11 @@
 """Moving large numpy leaves to the CPU device with one copy.
 
-A shared numpy array is one traced leaf, so it is transferred once however many times
-it is referenced. On the CPU backend JAX adopts a 64-byte aligned host buffer without
-copying it, but copies an unaligned one on a path that costs about twice a ``memcpy``
-(and numpy's large arrays are usually only 16-byte aligned). For large arrays the
-adapter therefore makes the one copy itself, synchronously, into an aligned buffer that
-nobody else holds, and lets JAX adopt it: the caller's array may then be changed straight
-after the call without effect. An aligned array is handed to JAX as it is, and JAX's rule
-holds for it as under ``jax.jit``: JAX may adopt it without a copy and reads it
-asynchronously, so the caller must not change it before the result is ready.
+A shared numpy array is one traced leaf, transferred once. On CPU JAX adopts a 64-byte
+aligned host buffer without a copy, but copies an unaligned one (numpy's large arrays are
+usually 16-byte aligned) at about twice a ``memcpy``; so the adapter makes the one copy
+itself into an aligned buffer nobody else holds, and the caller may change its array right
+after the call. An aligned array is handed over as it is, under ``jax.jit``'s rule: JAX may
+adopt it and read it asynchronously.
 """
 
 from __future__ import annotations

@@ -11,11 +11,9 @@ from jaxoverride_dag._plan import encode
 def tree_map(f: Callable[[Any], Any], tree: Any) -> Any:
     """Applies ``f`` to every array and scalar leaf, keeping relative identity.
 
-    ``jax.tree_util.tree_map`` rebuilds a shared node once per position and calls ``f``
-    once per position, so its result shares nothing. This one calls ``f`` once per
-    distinct array (and once per Python scalar) and builds one new node per distinct
-    node, so the result is shared where ``tree`` is. Static (non-array) leaves are kept
-    as they are. Use it inside transformed functions whose outputs should stay shared.
+    Unlike ``jax.tree_util.tree_map`` (whose result shares nothing), it calls ``f`` once
+    per distinct array (and per Python scalar) and builds one new node per distinct node,
+    so the result is shared where ``tree`` is; static leaves are kept as they are.
 
     Args:
       f: the function to apply to each traced leaf.

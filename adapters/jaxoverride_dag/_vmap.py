@@ -1,9 +1,7 @@
 """``vmap`` that keeps relative identity; non-array leaves ride through unmapped.
 
-``in_axes`` is laid over the expanded arguments, so a shared array takes the axis of its
-positions (a conflict is an error). ``out_axes`` is only known per leaf once the function
-has run, so it is handed to ``jax.vmap`` as a ``Packed`` that the traced function fills
-in: ``jax.vmap`` reads ``out_axes`` after tracing.
+``in_axes`` is laid over the expanded arguments; ``out_axes``, known per leaf only once the
+function has run, is handed over as a ``Packed`` the traced function fills in.
 """
 
 from __future__ import annotations
@@ -29,11 +27,8 @@ def _ignore(*args: Any, **kwargs: Any) -> None:
 
 
 def check_in_axes(api: str, in_axes: Any) -> Any:
-    """``in_axes`` as JAX canonicalises it (a list becomes a tuple), or JAX's error.
-
-    ``jax.vmap`` refuses a bad ``in_axes`` when it is built, and its own error is raised;
-    ``jax.pmap`` only when it is called, so the adapter's own error stands for it.
-    """
+    """``in_axes`` as JAX canonicalises it (a list becomes a tuple), or JAX's error (the
+    adapter's for ``pmap``, which JAX checks only when called)."""
     if isinstance(in_axes, list):
         in_axes = tuple(in_axes)
     if not (in_axes is None or isinstance(in_axes, int | tuple)):
@@ -52,11 +47,8 @@ def call_prefix(
     api: str, in_axes: Any, args: tuple[Any, ...], kwargs: dict[str, Any] | None = None
 ) -> Any:
     """The prefix of the ``(args, kwargs)`` pair: keyword arguments are mapped on axis 0.
-
-    A tuple ``in_axes`` of the wrong length raises JAX's own error for ``vmap`` (replayed
-    on a function that JAX never calls: it checks the length first), and the adapter's
-    for ``pmap``, whose ``args`` here are placeholders.
-    """
+    A tuple ``in_axes`` of the wrong length raises JAX's own error for ``vmap``, the
+    adapter's for ``pmap`` (whose ``args`` here are placeholders)."""
     if isinstance(in_axes, tuple) and len(in_axes) != len(args):
         ours = ValueError(
             f"jaxoverride_dag.{api}: in_axes must be an int, None, or a tuple with one "
@@ -106,14 +98,9 @@ def _sizes_error(
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
 ) -> ValueError:
-    """JAX's own error for inconsistent mapped sizes, naming the user's arguments.
-
-    The adapter maps the flat leaves of a plan, so JAX's message would name those
-    (``inputs``, ``args[1]``). JAX checks the sizes before it traces anything, so a raw
-    ``jax.vmap`` of a stand-in with ``fun``'s name and signature, over the user's own
-    arguments, gets JAX's message for ``fun`` without running it. Any other error (or
-    arguments that raw ``jax.vmap`` cannot take) keeps the adapter's.
-    """
+    """JAX's own error for inconsistent mapped sizes, naming the user's arguments, not a
+    plan's flat leaves: a raw ``jax.vmap`` of a stand-in for ``fun`` over them (JAX checks
+    sizes before tracing). Any other error keeps the adapter's."""
     if "inconsistent sizes" not in str(error):
         return error
     stand_in = functools.wraps(fun)(lambda *_, **__: None)

@@ -5,13 +5,13 @@ from __future__ import annotations
 import functools
 import inspect
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import jax
 import numpy as np
 
-from jaxoverride.adapter_kit import JAX_IMPLS, describe_impl as _describe_impl
+from jaxoverride.adapter_kit import JAX_IMPLS
 
 # Containers longer than this show their first items and a count of the rest: a Haiku
 # params dict of a deep model would otherwise fill the screen on every call.
@@ -121,11 +121,6 @@ def describe_arguments(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> str:
 def describe_options(kwargs: Mapping[str, Any], args: tuple[Any, ...]) -> str:
     """The options given to a transform when it is built, such as ``static_argnums=1``."""
     return ", ".join([repr(arg) for arg in args] + [f"{k}={v!r}" for k, v in kwargs.items()])
-
-
-def describe_impl(impl: Callable[..., Any], name: str) -> str:
-    """``jax.lax.scan`` for JAX's own function, else the implementation's qualified name."""
-    return _describe_impl(impl, name)
 
 
 def function_name(fun: Any) -> str:

@@ -1,12 +1,9 @@
 """The trace layer: an override of every name that records the call and delegates down.
 
-There is one ``OverrideContext`` per *compiled-in* configuration (which names, whether
-loops get progress bars, the bars' threshold and options): what ends up inside a traced
-program must be part of the layer, so that the stack, and with it every cache keyed on
-it (``jo.jit``'s builds, ``jax.jit``'s user context), tells the configurations apart.
-Everything that only matters on the host while Python runs (where records go) lives in
-the ``_SESSION`` context variable instead, so entering ``trace()`` again with the same
-configuration finds the same layer and the builds cached for it.
+One ``OverrideContext`` per *compiled-in* configuration (names, progress bars and their
+options), so that the stack, and every cache keyed on it, tells configurations apart.
+Where records go matters only on the host: it lives in ``_SESSION``, so entering
+``trace()`` again with the same configuration finds the same layer and its builds.
 """
 
 from __future__ import annotations
@@ -19,11 +16,10 @@ from typing import Any
 
 import jaxoverride as jo
 from jaxoverride import adapter_kit as kit
-from jaxoverride.adapter_kit import CALLS, RULES, TRANSFORMS, override_position
+from jaxoverride.adapter_kit import CALLS, RULES, TRANSFORMS, describe_impl, override_position
 from jaxoverride_debug._describe import (
     describe_arguments,
     describe_call,
-    describe_impl,
     describe_options,
     function_name,
 )
@@ -73,30 +69,26 @@ _SESSION: contextvars.ContextVar[Session | None] = contextvars.ContextVar(
 _DEPTH: contextvars.ContextVar[int] = contextvars.ContextVar("jaxoverride_debug_depth", default=0)
 
 
-@dataclass(frozen=True)
-class _Where:
-    """Where the running trace override sits in its stack."""
-
-    shadowed: bool  # another trace layer above already records this call
-    impl: str  # what it delegates to
-    above: tuple[str, ...]  # overrides of the name above it, which ran first
-
-
-def _where(name: str) -> _Where:
-    position = override_position(name)
-    return _Where(
-        shadowed=any(getattr(impl, "_jaxoverride_debug", False) for impl in position.above),
-        impl=describe_impl(position.below, name),
-        above=tuple(describe_impl(impl, name) for impl in position.above),
-    )
-
-
-def _recording(config: Config, name: str) -> tuple[Session, _Where] | None:
+def _recording(config: Config, name: str) -> tuple[Session, str, tuple[str, ...]] | None:
+    """The session, the implementation below and those above, if this layer records
+    ``name`` now (not where another trace layer above already records it)."""
     session = _SESSION.get()
     if session is None or not config.wants(name):
         return None
-    where = _where(name)
-    return None if where.shadowed else (session, where)
+    position = override_position(name)
+    if any(getattr(impl, "_jaxoverride_debug", False) for impl in position.above):
+        return None
+    above = tuple(describe_impl(impl, name) for impl in position.above)
+    return session, describe_impl(position.below, name), above
+
+
+def _below(depth: int, call: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """``call(*args, **kwargs)`` one recorded call deeper."""
+    token = _DEPTH.set(depth + 1)
+    try:
+        return call(*args, **kwargs)
+    finally:
+        _DEPTH.reset(token)
 
 
 # Where the function that a call runs is among its arguments: (position, keyword).
@@ -128,44 +120,25 @@ def _make_call(name: str, config: Config) -> Callable[..., Any]:
         recording = _recording(config, name)
         if recording is None:
             return below(*args, **kwargs)
-        session, where = recording
+        session, impl, above = recording
         shapes = describe_call(name, args, kwargs)
         attached = None
         if config.progress:
-            attached = with_progress(
-                name,
-                args,
-                kwargs,
-                min_steps=config.min_steps,
-                options=dict(config.progress_options),
-            )
+            options, steps = dict(config.progress_options), config.min_steps
+            attached = with_progress(name, args, kwargs, min_steps=steps, options=options)
         depth = _DEPTH.get()
         body = _function_argument(name, args, kwargs)
-        session.emit(
-            Call(
-                name,
-                "call",
-                shapes,
-                where.impl,
-                depth,
-                None if body is None else function_name(body),
-                where.above,
-                attached is not None,
-            )
-        )
+        function = None if body is None else function_name(body)
+        session.emit(Call(name, "call", shapes, impl, depth, function, above, attached is not None))
         if attached is not None:
             args, kwargs = attached
-        token = _DEPTH.set(depth + 1)
-        try:
-            return below(*args, **kwargs)
-        finally:
-            _DEPTH.reset(token)
+        return _below(depth, below, *args, **kwargs)
 
     return _marked(traced_call, name)
 
 
 def _marked(override: Callable[..., Any], name: str) -> Callable[..., Any]:
-    """``override`` named for ``name``, and marked as a trace layer's (``_where``)."""
+    """``override`` named for ``name``, and marked as a trace layer's (``_recording``)."""
     override.__name__ = override.__qualname__ = f"traced {name}"
     override.__module__ = __name__
     override._jaxoverride_debug = True  # type: ignore[attr-defined]
@@ -197,11 +170,7 @@ class TracedFunction:
         depth = _DEPTH.get()
         shapes = describe_arguments(args, kwargs)
         session.emit(Call(self._name, "run", shapes, self._impl, depth, self._function))
-        token = _DEPTH.set(depth + 1)
-        try:
-            return self.__wrapped__(*args, **kwargs)
-        finally:
-            _DEPTH.reset(token)
+        return _below(depth, self.__wrapped__, *args, **kwargs)
 
     def __getattr__(self, attribute: str) -> Any:
         return getattr(self.__wrapped__, attribute)
@@ -216,12 +185,11 @@ def _make_transform(name: str, config: Config) -> Callable[..., Any]:
         recording = _recording(config, name)
         if recording is None:
             return below(fun, *args, **kwargs)
-        session, where = recording
+        session, impl, above = recording
         function = function_name(fun)
         options = describe_options(kwargs, args)
-        session.emit(Call(name, "build", options, where.impl, _DEPTH.get(), function, where.above))
-        built = below(fun, *args, **kwargs)
-        return TracedFunction(name, built, function, where.impl, config)
+        session.emit(Call(name, "build", options, impl, _DEPTH.get(), function, above))
+        return TracedFunction(name, below(fun, *args, **kwargs), function, impl, config)
 
     return _marked(traced_transform, name)
 

@@ -1,13 +1,10 @@
 """Progress bars for loops with a static trip count, updated from inside compiled code.
 
-The body of the loop gets a ``jax.debug.callback`` that receives the iteration index:
-the loop counter of ``fori_loop``, or an ``arange`` scanned alongside ``xs`` for ``scan``
-and ``lax.map``. The index makes the callback loop-variant, so JAX's partial evaluation
-keeps it inside the forward loop under ``grad`` (a callback without operands would be
-hoisted out and run once), and it is never batched, so under ``vmap`` it runs once per
-iteration, not once per batch element. A ``lax.cond`` on the index lets about a hundred
-callbacks through per run. Nothing flows from the callback back into the loop: the carry
-and the outputs are those of the loop without it.
+The body gets a ``jax.debug.callback`` of the iteration index (``fori_loop``'s counter, or
+an ``arange`` scanned alongside ``xs``): being loop-variant it stays inside the forward
+loop under ``grad``, and unbatched it runs once per iteration under ``vmap``. A
+``lax.cond`` on the index lets about a hundred callbacks through per run; nothing flows
+back into the loop.
 """
 
 from __future__ import annotations
@@ -39,12 +36,8 @@ def require_tqdm() -> Any:
 
 
 class Bar:
-    """The host side of one loop's progress bar: one tqdm bar per run of the loop.
-
-    ``step`` (1-based) is computed from the index each callback receives. A run opens
-    its bar at step 1 and closes it at the last step; a step at or behind the bar is
-    ignored, so duplicate reports (several devices under ``pmap``) cannot reopen it.
-    """
+    """The host side of one loop's progress bar: one tqdm bar per run, opened at step 1
+    and closed at the last; a step at or behind the bar (another device's) is ignored."""
 
     def __init__(self, total: int, description: str, options: Mapping[str, Any]):
         self.total = total
@@ -74,15 +67,9 @@ a host callback costs tens of microseconds, far more than a small loop body."""
 
 
 def _ticking(bar: Bar, step_of: Callable[[Any], Any]) -> Callable[[Any], None]:
-    """A function of the iteration index that reports to ``bar`` from compiled code.
-
-    It calls back on the first and last step and on every ``total // UPDATES``-th in
-    between, under a ``lax.cond`` on the (never batched) step, so a long loop pays for
-    about ``UPDATES`` callbacks, not one per step. It stages the callback only where the
-    loop body is being traced for JAX's loop: an adapter that runs the body once eagerly
-    to create parameters (Haiku and plain at init) calls it at the trace level of the
-    loop call itself, where it does nothing.
-    """
+    """A function of the iteration index that reports to ``bar`` from compiled code, on the
+    first and last step and every ``total // UPDATES``-th between (a ``lax.cond`` on the
+    step). It does nothing at the loop call's own trace level (a creation pass)."""
     outer = get_opaque_trace_state()
     stride = max(1, bar.total // UPDATES)
 
@@ -118,16 +105,6 @@ def _leading(xs: Any) -> int | None:
     return int(leaves[0].shape[0])
 
 
-def _bound_fori(
-    lower: Any, upper: Any, body_fun: Any, init_val: Any, **kwargs: Any
-) -> tuple[Any, ...]:
-    return lower, upper, body_fun, init_val, kwargs
-
-
-def _bound_map(f: Any, xs: Any, **kwargs: Any) -> tuple[Any, ...]:
-    return f, xs, kwargs
-
-
 def with_progress(
     name: str,
     args: tuple[Any, ...],
@@ -141,33 +118,21 @@ def with_progress(
     Returns None (leave the call alone) for other names, for a trip count that is not
     static or is below ``min_steps``, and for arguments JAX would reject anyway.
     """
+    attach = {"lax.fori_loop": _fori, "lax.map": _map}.get(name)
     try:
         if name == "lax.scan":
-            bound = scan_arguments(*args, **kwargs)
-            return _scan(*bound, min_steps=min_steps, options=options)
-        if name == "lax.fori_loop":
-            bound = _bound_fori(*args, **kwargs)
-            return _fori(*bound, min_steps=min_steps, options=options)
-        if name == "lax.map":
-            bound = _bound_map(*args, **kwargs)
-            return _map(*bound, min_steps=min_steps, options=options)
+            return _scan(scan_arguments(*args, **kwargs), min_steps=min_steps, options=options)
+        if attach is not None:
+            return attach(*args, **kwargs, min_steps=min_steps, options=options)
     except TypeError:
         return None
     return None
 
 
 def _scan(
-    f: Any,
-    init: Any,
-    xs: Any,
-    length: Any,
-    reverse: bool,
-    unroll: Any,
-    split: bool,
-    *,
-    min_steps: int,
-    options: Mapping[str, Any],
+    bound: tuple[Any, ...], *, min_steps: int, options: Mapping[str, Any]
 ) -> tuple[tuple[Any, ...], dict[str, Any]] | None:
+    f, init, xs, length, reverse, unroll, split = bound  # ``scan_arguments``
     total = _static_int(length) if length is not None else _leading(xs)
     if total is None or total < min_steps or not callable(f):
         return None
@@ -189,10 +154,10 @@ def _fori(
     upper: Any,
     body_fun: Any,
     init_val: Any,
-    kwargs: dict[str, Any],
     *,
     min_steps: int,
     options: Mapping[str, Any],
+    **kwargs: Any,
 ) -> tuple[tuple[Any, ...], dict[str, Any]] | None:
     first, last = _static_int(lower), _static_int(upper)
     if first is None or last is None or last - first < min_steps or not callable(body_fun):
@@ -208,7 +173,7 @@ def _fori(
 
 
 def _map(
-    f: Any, xs: Any, kwargs: dict[str, Any], *, min_steps: int, options: Mapping[str, Any]
+    f: Any, xs: Any, *, min_steps: int, options: Mapping[str, Any], **kwargs: Any
 ) -> tuple[tuple[Any, ...], dict[str, Any]] | None:
     total = _leading(xs)
     if total is None or total < min_steps or not callable(f):

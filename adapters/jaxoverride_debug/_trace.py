@@ -38,6 +38,11 @@ class NothingTracedWarning(UserWarning):
     """
 
 
+class _Tokens(threading.local):
+    def __init__(self) -> None:
+        self.stack: list[Any] = []  # the session tokens of this thread's entries
+
+
 def _to_logger(call: Call) -> None:
     logger.info("%s", call)
 
@@ -45,10 +50,8 @@ def _to_logger(call: Call) -> None:
 class Trace:
     """An entered or enterable trace; returned by ``trace``.
 
-    Entering it pushes the trace layer onto the override stack of this thread or task;
-    every neutral call that reaches the layer is recorded in ``calls`` and sent to the
-    ``log`` callable, then handed to the implementation below unchanged. The object
-    may be entered again (records accumulate), nested, and used as a decorator.
+    While entered, every neutral call reaching the layer is recorded in ``calls``, sent to
+    ``log``, and handed down unchanged. It may be re-entered, nested, and used as a decorator.
 
     Example:
       >>> import jax.numpy as jnp, jaxoverride as jo, jaxoverride_debug
@@ -64,7 +67,7 @@ class Trace:
     def __init__(self, context: jo.OverrideContext, session: Session):
         self._context = context
         self._session = session
-        self._tokens = threading.local()
+        self._tokens = _Tokens()
 
     @property
     def calls(self) -> list[Call]:
@@ -80,13 +83,6 @@ class Trace:
         """The records as the log shows them, one line each, indented by depth."""
         return "\n".join(str(call) for call in self.calls)
 
-    def _stack(self) -> list[Any]:
-        try:
-            return self._tokens.stack
-        except AttributeError:
-            self._tokens.stack = []
-            return self._tokens.stack
-
     def __enter__(self) -> Trace:
         token = _SESSION.set(self._session)
         try:
@@ -94,11 +90,11 @@ class Trace:
         except BaseException:
             _SESSION.reset(token)
             raise
-        self._stack().append(token)
+        self._tokens.stack.append(token)
         return self
 
     def __exit__(self, *exc_info: object) -> None:
-        stack = self._stack()
+        stack = self._tokens.stack
         if not stack:
             raise RuntimeError(
                 f"{self!r} was exited in a thread or task that did not enter it; nothing changed."
@@ -114,7 +110,9 @@ class Trace:
         # The core refuses, unchanged, an exit across another entered context.
         self._context.__exit__(*exc_info)
         _SESSION.reset(stack.pop())
-        if not stack and exc_info[0] is None and not self.calls:
+        if stack or exc_info[0] is not None:
+            return
+        if not self.calls:
             warnings.warn(
                 NothingTracedWarning(
                     "jaxoverride_debug.trace() recorded no call: nothing that ran inside it "
@@ -124,8 +122,7 @@ class Trace:
                 ),
                 stacklevel=2,
             )
-        if not stack and exc_info[0] is None:
-            _warn_unreached()
+        _warn_unreached()
 
     def __call__(self, fn: F) -> F:
         """Decorates ``fn`` so that each of its calls runs inside this trace."""
@@ -206,25 +203,12 @@ def trace(
 ) -> Trace:
     """Logs every neutral call, with its shapes and the implementation it goes to.
 
-    While the returned ``Trace`` is entered, each call of a neutral function that
-    reaches the trace layer (made by code written against ``jaxoverride``, or by an
-    unmodified library after ``jaxoverride.interpose``) is recorded as a ``Call``: the
-    name, the arguments' shapes and dtypes, and the implementation below the trace that
-    it is handed to (JAX's, or an adapter's entered before the trace). Then it is
-    handed down unchanged: results, and the jaxpr without progress bars, are what they
-    are without the trace.
-
-    Calls are recorded when Python runs them: inside a jitted function, when JAX traces
-    it (the first call, and each retrace), not on a compiled cache hit. A transform
-    such as ``jit`` gives a ``"build"`` record when its function is built (once per
-    neutral wrapper and stack, so a wrapper built under an earlier trace with the same
-    configuration is not built again) and a ``"run"`` record each time that function is
-    called. ``depth`` counts the recorded calls around a call.
-
-    Enter the trace inside other adapters' contexts (innermost) to see the calls as the
-    library makes them, and which adapter each goes to. Entered outside, it sees what
-    the adapters above hand down, with ``above`` naming them. Not entered, it costs
-    nothing.
+    While the returned ``Trace`` is entered, each neutral call reaching the trace layer is
+    recorded as a ``Call`` (name, argument shapes, the implementation below it) and handed
+    down unchanged. Calls are recorded when Python runs them (inside ``jit``, when JAX
+    traces); a transform gives a ``"build"`` record when its function is built and a
+    ``"run"`` record per call. Entered innermost, it sees the calls as the library makes
+    them; not entered, it costs nothing.
 
     Args:
       log: called with each ``Call`` as it is recorded, e.g. ``print``; by default each

@@ -32,25 +32,29 @@ TABLE = kit.OverrideTable(
 class _HaikuContext(jo.OverrideContext):
     """The table's layer, with Haiku's transform exit hooked while it is entered.
 
-    ``install()`` checks, when each transform ends, that no parameter or state value is a
-    tracer left behind by a raw JAX transform (a bare ``jax.jit`` object that a library
-    bound by name at import time, which no guard reaches). Entering ``context()`` puts the
-    same check on the transforms that end while it is entered in this thread or task.
+    When a transform ends, no parameter or state value may be a tracer left behind by a
+    raw JAX transform (a library's import-time ``jax.jit``, which no guard reaches).
     """
 
     __slots__ = ()
 
     def __enter__(self) -> jo.OverrideContext:
+        global _context_entries
         result = super().__enter__()
         _entered_depth.set(_entered_depth.get() + 1)
-        _hook_exit_for_context()
+        with _INSTALLER.lock:
+            _context_entries += 1
+            base.HaikuContext.__exit__ = _exit_transform  # type: ignore[method-assign]
         return result
 
     def __exit__(self, *exc_info: object) -> None:
+        global _context_entries
         # Leaving out of order raises with nothing changed: the hook stays counted too.
         super().__exit__(*exc_info)
         _entered_depth.set(_entered_depth.get() - 1)
-        _unhook_exit_for_context()
+        with _INSTALLER.lock:
+            _context_entries -= 1
+            _restore_exit_if_unused()
 
 
 # One layer for the whole process: re-entering it finds the builds made for it before.
@@ -64,13 +68,10 @@ _entered_depth: contextvars.ContextVar[int] = contextvars.ContextVar(
 # hooked while any is (a class attribute is process-wide), and put back after the last.
 _context_entries = 0
 
-# install() enters the installation's scope whenever Haiku enters a transform's context
-# (HaikuContext.__enter__, the one place where Haiku pushes a transform frame) and leaves
-# it on exit. Outside every transform the process then stays idle: neutral functions cost
-# exactly what JAX's do, with no per-call predicate. Each thread keeps a stack pairing a
-# context with the scope its enter opened, so an exit closes exactly what its enter did,
-# also when install() or uninstall() runs inside a transform; the exit hook is removed
-# only once no scope is open in any thread.
+# install() enters the installation's scope in HaikuContext.__enter__ (where Haiku pushes
+# a transform frame) and leaves it on exit: outside transforms neutral calls cost what
+# JAX's do. Each thread pairs a context with the scope its enter opened, so an exit closes
+# exactly that, also across install()/uninstall() inside a transform.
 _haiku_enter = base.HaikuContext.__enter__
 _haiku_exit = base.HaikuContext.__exit__
 _open_scopes = 0
@@ -91,8 +92,7 @@ def _enter_transform(context: base.HaikuContext) -> base.HaikuContext:
     if installation is None:
         return result
     if not installation.installed:
-        # Removed through the handle (``with joh.install():``, ``handle.uninstall()``),
-        # not ``uninstall()``: a stale installation must not activate the adapter.
+        # Removed through the handle, not ``uninstall()``: a stale one must not activate.
         _INSTALLER.forget(installation)
         return result
     scope = installation.scope()
@@ -107,13 +107,6 @@ def _enter_transform(context: base.HaikuContext) -> base.HaikuContext:
     return result
 
 
-def _escaped_state() -> int:
-    """How many of the ending transform's parameters and state values a raw JAX transform
-    left as tracers of a trace that has ended (see ``adapter_kit.escaped_tracers``)."""
-    frame = base.current_frame()
-    return len(kit.escaped_tracers((frame.params, frame.state)))
-
-
 def _exit_transform(context: base.HaikuContext, *exc_info: Any) -> None:
     global _open_scopes
     stack = _scopes.stack
@@ -122,7 +115,8 @@ def _exit_transform(context: base.HaikuContext, *exc_info: Any) -> None:
     try:
         if (scoped or _entered_depth.get()) and exc_info[0] is None and kit.adapter_check_on():
             # A library never interposed ran Haiku code inside its raw transform.
-            escaped = _escaped_state()
+            frame = base.current_frame()
+            escaped = len(kit.escaped_tracers((frame.params, frame.state)))
         if scoped:
             _, scope = stack.pop()
             with _INSTALLER.lock:
@@ -138,14 +132,10 @@ def _exit_transform(context: base.HaikuContext, *exc_info: Any) -> None:
 def context() -> jo.OverrideContext:
     """The Haiku overrides, to enter with ``with``: neutral functions become Haiku-aware.
 
-    Inside ``hk.transform``/``hk.transform_with_state`` every neutral transform and
-    control-flow function threads Haiku params, state and rng through JAX, creates
-    parameters at init (init returns what apply returns), and names modules built in
-    the functions it receives as Haiku would. Outside a transform, and at a JAX trace
-    level where Haiku state is unusable, each neutral function is JAX's own. A transform
-    that ends while it is entered is checked as under ``install()``: parameters or state
-    left as tracers by a raw JAX transform (a library's import-time ``jax.jit``) raise
-    ``MissingAdapterError`` with the fix.
+    Inside ``hk.transform`` every neutral function threads Haiku params, state and rng
+    through JAX, creates parameters at init, and names modules as Haiku would; elsewhere
+    it is JAX's own. A transform ending inside raises ``MissingAdapterError`` for
+    parameters or state left as tracers by a raw JAX transform.
 
     Returns:
       The adapter's ``OverrideContext`` (one object, reusable, reentrant; also a
@@ -171,13 +161,9 @@ def context() -> jo.OverrideContext:
 def install() -> jo.Installation:
     """Registers the Haiku overrides for the whole process, active only inside transforms.
 
-    Library code that calls the neutral API (or was interposed with
-    ``jaxoverride.interpose``) then works with Haiku modules without any ``with`` block,
-    while everything outside ``hk.transform`` runs exactly as before, at JAX's own speed:
-    the installation is scoped (``jaxoverride.install(..., scoped=True)``), entered and
-    left by a hook on Haiku's transform context (``HaikuContext.__enter__``/``__exit__``),
-    so no predicate is asked on each neutral call. Calling it again returns the same
-    installation.
+    Scoped (``jaxoverride.install(..., scoped=True)``): a hook on Haiku's transform context
+    enters it, so everything outside ``hk.transform`` runs at JAX's own speed. Calling it
+    again returns the same installation.
 
     Returns:
       The ``jaxoverride.Installation``; ``uninstall()`` removes it.
@@ -227,29 +213,11 @@ def is_installed() -> bool:
 
 
 def _restore_exit_if_unused() -> None:
-    """Haiku's own transform exit back once nothing needs the hook (the lock held).
-
-    The exit hook stays while a transform entered with the installation is still open,
-    and while ``context()`` is entered anywhere. A transform that ``with`` entered while
-    hooked still calls the hook, which then checks only what is active in its thread.
-    """
+    """Haiku's own transform exit back once no installed transform is open and no
+    ``context()`` is entered anywhere (the lock held)."""
     unused = _INSTALLER.installation is None and _open_scopes == 0 and _context_entries == 0
     if unused and base.HaikuContext.__exit__ is _exit_transform:
         base.HaikuContext.__exit__ = _haiku_exit  # type: ignore[method-assign]
-
-
-def _hook_exit_for_context() -> None:
-    global _context_entries
-    with _INSTALLER.lock:
-        _context_entries += 1
-        base.HaikuContext.__exit__ = _exit_transform  # type: ignore[method-assign]
-
-
-def _unhook_exit_for_context() -> None:
-    global _context_entries
-    with _INSTALLER.lock:
-        _context_entries -= 1
-        _restore_exit_if_unused()
 
 
 def _hook() -> None:

@@ -1,10 +1,8 @@
 """Overrides of the neutral control flow: Haiku state threaded through, and init-exact.
 
-Each override is the kit's threaded combinator over a ``_source.HaikuSource`` (the state
-and rng in the carry, as ``hk.scan`` & co. carry them); where Haiku state is unusable it
-is the implementation below. At init a parameter made in a body is made at the call's
-site (``_site``); at apply the functions handed to JAX are reused (``reuse_key``), so an
-identical eager call compiles once.
+Each override is the kit's threaded combinator over a ``_source.HaikuSource`` (state and
+rng in the carry, as ``hk.scan`` carries them); where Haiku state is unusable it is the
+implementation below.
 """
 
 from __future__ import annotations

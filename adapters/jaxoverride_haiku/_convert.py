@@ -1,18 +1,12 @@
 """Closure conversion, ``make_jaxpr`` and JAX's custom solves inside ``hk.transform``.
 
-Each traces the user's function into a jaxpr whose inputs and outputs are fixed. At init
-it is traced once, as at apply, a parameter it creates made at the call's site (``_site``;
-a creation pass first only where it creates state); it runs in a temporary frame of the
-caller's params, state and rng (``closure_convert`` hoists the params it reads when they
-are differentiated or traced); a state write or rng draw inside is refused at the write,
-since it could not come out.
-
-Under ``jaxoverride.solve_state`` all four run the function through ``HaikuSource`` (the
-kit's declared conversions): every evaluation draws the solve's keys and starts from the
-entry's state, and writes to the frozen parts come out (``closure_convert``'s function
-returns them, ``make_jaxpr``'s jaxpr hands them out), so the solve ends with its last
-forward evaluation's state (BatchNorm statistics at the solution). A write to a part left
-per evaluation is refused there.
+Each traces the user's function into a jaxpr with fixed inputs and outputs: at init once,
+a parameter it creates made at the call's site (``_site``); it runs in a temporary frame of
+the caller's params, state and rng, and a state write or rng draw inside is refused, since
+it could not come out. Under ``jaxoverride.solve_state`` all four run through
+``HaikuSource`` (the kit's declared conversions): writes to the frozen parts come out, so
+a solve ends with its last forward evaluation's state (BatchNorm statistics at the
+solution); a write to a part left per evaluation is refused.
 """
 
 from __future__ import annotations
@@ -36,11 +30,9 @@ from jaxoverride_haiku._source import HaikuSource
 class PureFunctionWriteError(errors.PureFunctionWriteError):
     """A Haiku state write or rng draw inside a function that JAX makes pure.
 
-    The Haiku case of ``jaxoverride.errors.PureFunctionWriteError``.
-
-    Raised by ``closure_convert``, ``make_jaxpr``, ``lax.custom_root`` and
-    ``lax.custom_linear_solve`` inside ``hk.transform``: nothing written or drawn inside
-    the converted function could come out of it.
+    The Haiku case of ``jaxoverride.errors.PureFunctionWriteError``, raised by
+    ``closure_convert``, ``make_jaxpr`` and the custom solves inside ``hk.transform``:
+    nothing written or drawn inside the converted function could come out of it.
 
     Example:
       >>> import jax, jax.numpy as jnp, haiku as hk
@@ -83,14 +75,9 @@ def pure_frame(
     reason: str = _CONVERTED,
     policy: Participant | None = None,
 ) -> Iterator[None]:
-    """Refuses state writes and rng draws in the current Haiku frame.
-
-    ``inside`` names the function for the error, and ``reason`` says why nothing written
-    there could come out and what to do instead (``{where}`` is filled in). ``policy``:
-    the ``jaxoverride.solve_state`` declaration a backward pass runs under, whose frozen
-    rng and state the frame holds as at entry: draws of them are allowed and writes to
-    them dropped (a backward pass's writes never come out).
-    """
+    """Refuses state writes and rng draws in the current Haiku frame (``inside`` names the
+    function, ``reason`` why and the fix). Under ``policy`` (a backward pass's
+    ``jaxoverride.solve_state``) draws and writes of what it freezes pass (writes dropped)."""
 
     def refuse_write(next_setter: Any, value: Any, context: hk.SetterContext) -> Any:
         module = context.module_name
@@ -128,9 +115,8 @@ def _converting(
     trace: Callable[[Callable[..., Any]], Any],
     creation: Callable[[], Any],
 ) -> Any:
-    """Outside a declaration: at init the creation pass; then ``trace(traced)``, where
-    ``traced`` runs ``fun`` in a temporary, write-refusing frame of the caller's state,
-    entered inside JAX's trace. (Under one, the kit runs ``fun`` through ``HaikuSource``.)"""
+    """``trace(traced)``, ``traced`` running ``fun`` in a temporary, write-refusing frame of
+    the caller's state (at init a creation pass first where needed)."""
 
     def apply() -> Any:
         thread = Threaded(1, where, check_params=False)

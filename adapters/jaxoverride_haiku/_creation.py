@@ -1,16 +1,10 @@
 """The creation pass: run a body once, outside JAX control flow, to create its parameters.
 
-``jaxoverride_plain``'s combinators call ``create(thunk)`` at init before the apply pass.
-For Haiku the pass must leave no trace but the parameters and state entries it created:
-
-* state values and the module-naming counters are restored, so that the apply pass
-  (the traced loop) sees the state the loop receives and names its modules as the
-  creation pass did;
-* rng draws of the body itself come from a throw-away copy of the sequence, so that the
-  apply pass draws the same keys that apply will draw;
-* initializers draw from a key salted with the parameter's full name: every parameter
-  created in a creation pass gets its own key, and none of them repeats a key that the
-  untouched sequence hands out later.
+``jaxoverride_plain``'s combinators call ``create(thunk)`` at init before the apply pass,
+which must then see the state and names the loop receives: state values and naming
+counters are restored, the body's own draws come from a throw-away copy of the sequence,
+and initializers draw from a key salted with the parameter's full name, which no later
+key of the untouched sequence repeats.
 """
 
 from __future__ import annotations
@@ -33,17 +27,12 @@ from jaxoverride_haiku._rng import PLAIN_SEQUENCES, CheckedSequence, block_size
 
 @functools.partial(jax.jit, static_argnums=(2, 3))
 def _salted_keys(parent: Any, salt: Any, parent_block: int, own_block: int) -> Any:
-    """The keys of a salted sequence's first draw, in one call instead of a dozen.
+    """The keys of a salted sequence's first draw, bit for bit what ``PRNGSequence``
+    computes step by step, in one cached call (at init some twenty equations become one).
 
-    Exactly what ``PRNGSequence`` computes step by step: with ``parent_block``, the
-    parent's key split into ``parent_block + 1`` keys (Haiku's ``reserve``), the first
-    subkey drawn; then ``fold_in`` of the drawn key and ``salt``; with ``own_block``, that
-    key split into ``own_block + 1`` keys. Traced at init (a ``jax.jit`` call is one
-    cached equation where the steps are some twenty), and bit for bit the same keys.
-
-    Returns:
-      ``(parent_keys, own_keys)``: the parent's split (empty without ``parent_block``),
-      and the salted sequence's split (the salted key alone without ``own_block``).
+    Returns ``(parent_keys, own_keys)``: the parent's split into ``parent_block + 1`` keys
+    (empty without it), and the split of ``fold_in(drawn, salt)`` into ``own_block + 1``
+    (the salted key alone without it).
     """
     parent_keys: tuple[Any, ...] = ()
     if parent_block:
@@ -55,12 +44,8 @@ def _salted_keys(parent: Any, salt: Any, parent_block: int, own_block: int) -> A
 
 
 class _SaltedSequence(hk.PRNGSequence):
-    """A ``PRNGSequence`` whose key, ``fold_in(next(parent), salt)``, is made on first use.
-
-    Initializers that draw no key (``jnp.zeros``, constants) then cost nothing; the usual
-    first use, one ``hk.next_rng_key()``, computes the parent's draw, the salted key and
-    its first block of keys in one ``_salted_keys`` call.
-    """
+    """A ``PRNGSequence`` whose key, ``fold_in(next(parent), salt)``, is made on first use
+    (in one ``_salted_keys`` call): initializers that draw no key cost nothing."""
 
     __slots__ = ("_parent", "_salt")
 
@@ -167,12 +152,9 @@ def _restore_params(frame: base.Frame, before: dict[str, dict[str, Any]]) -> Non
 
 
 def create(thunk: Callable[[], Any]) -> None:
-    """The ``create`` hook of ``jaxoverride_plain``'s combinators, for Haiku.
-
-    Runs ``thunk`` in the current frame; keeps the parameters and state entries it
-    created; restores state values, rng and module-naming counters. On an exception it
-    also removes what it created, so that nothing of the failed pass remains.
-    """
+    """The ``create`` hook of the kit's combinators, for Haiku: runs ``thunk`` in the
+    current frame, keeping the parameters and state entries it created (none on an
+    exception) and restoring state values, rng and naming counters."""
     frame = current_frame()
     names = Names.capture(frame)
     state_before = _copy_bundles(frame.state)

@@ -1,21 +1,18 @@
 """What the adapter needs from Haiku's internals: where its state is usable, frames for
 code that JAX traces, and the module-naming state that must survive retracing.
 
-Haiku keeps params, state and rng in a thread-local *frame*, and names modules with
-counters kept in the same frame. A JAX transform cannot see either, so every override
-passes the JAX values (``stateful.internal_state()``) in and out explicitly, and handles
-the Python values (the naming counters) itself: each traced function starts from a
-recorded naming state, so that a retrace (JAX retraces a loop body to fix weak types)
-names modules exactly as the first trace did, and the caller's counters are advanced
-once, after the JAX call, to where the last traced function left them.
+Haiku keeps params, state, rng and the naming counters in a thread-local *frame* that no
+JAX transform sees: overrides pass the JAX values in and out explicitly, and each traced
+function starts from a recorded naming state, so a retrace names modules as the first
+trace did; the caller's counters advance once, after the JAX call.
 """
 
 from __future__ import annotations
 
 import collections
 import contextlib
-from collections.abc import Iterator
-from typing import Any, ClassVar
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any, ClassVar, NamedTuple
 
 from haiku._src import base, stateful
 
@@ -49,11 +46,9 @@ def in_transform() -> bool:
 def state_usable() -> bool:
     """Whether Haiku state can be passed through a JAX transform started here.
 
-    True inside ``hk.transform`` at the trace level of the innermost Haiku frame, which
-    is where Haiku itself allows ``hk.get_parameter`` and friends with
-    ``check_jax_usage=True``. Inside a raw ``jax.jit``/``jax.vmap`` written within a
-    transformed function it is false: the overrides then step aside and the neutral
-    functions are JAX's own, exactly as outside any transform.
+    True inside ``hk.transform`` at the trace level of the innermost Haiku frame (where
+    Haiku allows ``hk.get_parameter`` with ``check_jax_usage=True``); false inside a raw
+    ``jax.jit``/``jax.vmap`` there, where the neutral functions are JAX's own.
 
     Returns:
       Whether the Haiku overrides take effect at this point.
@@ -86,8 +81,7 @@ def solve_policy() -> Participant | None:
 
 def policy_state(policy: Participant | None) -> InternalState:
     """The frame's state (params closed over), for a boundary: under a declaration with a
-    full block of rng keys reserved (the rng's slots then match the entry's) and its
-    frozen parts as at entry."""
+    full rng block reserved (slots matching the entry's) and frozen parts as at entry."""
     if policy is None:
         return stateful.internal_state()
     reserve_full_block()
@@ -95,9 +89,8 @@ def policy_state(policy: Participant | None) -> InternalState:
 
 
 def policy_received(policy: Participant | None) -> InternalState | None:
-    """The state a boundary starting now is handed before its frozen parts are frozen:
-    what the evaluations before it left (``Participant.current``), for it to pass on where
-    it runs no evaluation (``Participant.push``'s ``received``); None without a policy."""
+    """What the evaluations before a boundary starting now left (``Participant.current``),
+    for it to pass on where it runs none; None without a policy."""
     if policy is None:
         return None
     reserve_full_block()
@@ -123,14 +116,11 @@ def initializing() -> bool:
     return not current_frame().freeze_params and not is_applying()
 
 
-class Names:
+class Names(NamedTuple):
     """A copy of a frame's module-naming state (counters and used names, every level)."""
 
-    __slots__ = ("counters", "used")
-
-    def __init__(self, counters: list[collections.Counter[str]], used: list[set[str]]):
-        self.counters = counters
-        self.used = used
+    counters: list[collections.Counter[str]]
+    used: list[set[str]]
 
     @classmethod
     def capture(cls, frame: base.Frame) -> Names:
@@ -164,16 +154,35 @@ def naming_signature(frame: base.Frame) -> tuple[Any, ...]:
 
 
 def submodule_sets(frame: base.Frame) -> list[set[str] | None]:
-    return [getattr(entry.module, "_submodules", None) for entry in frame.module_stack._storage]
+    """A copy of the submodule names each module on ``frame``'s stack has registered."""
+    return [
+        None if names is None else set(names)
+        for names in (getattr(e.module, "_submodules", None) for e in frame.module_stack._storage)
+    ]
+
+
+def added_submodules(before: list[set[str] | None], frame: base.Frame) -> list[set[str]]:
+    """Per level of ``frame``'s module stack, the submodule names registered since
+    ``before`` (``submodule_sets``)."""
+    return [
+        set() if old is None or new is None else new - old
+        for old, new in zip(before, submodule_sets(frame), strict=False)
+    ]
+
+
+def register_submodules(frame: base.Frame, added: Sequence[Iterable[str]]) -> None:
+    """Registers ``added`` (per stack level) with the modules on ``frame``'s stack again: a
+    reused trace (a cache hit, where nothing runs) must still list them in ``params_dict()``."""
+    stack = frame.module_stack._storage
+    for level, names in enumerate(added):
+        if names and level < len(stack):
+            getattr(stack[level].module, "_submodules", set()).update(names)
 
 
 class Threaded:
-    """Runs ``count`` functions, traced by one JAX call in order, with Haiku state threaded.
-
-    Function ``i`` starts from the naming state in which function ``i - 1`` ended (the
-    first from the caller's); a retrace of ``i`` starts from the same state again.
-    ``finish()`` then advances the caller's counters once.
-    """
+    """Runs ``count`` functions, traced by one JAX call in order, with Haiku state threaded:
+    function ``i`` (and its retrace) starts from the naming state where ``i - 1`` ended;
+    ``finish()`` advances the caller's counters once."""
 
     __slots__ = ("_added", "_ends", "_starts", "check_params", "where")
 
@@ -203,17 +212,14 @@ class Threaded:
             inner = current_frame()
             start.restore_into(inner)
             before = base.param_names() if self.check_params else None
-            submodules = [None if s is None else set(s) for s in submodule_sets(inner)]
+            submodules = submodule_sets(inner)
             yield inner
             if before is not None:
                 created = base.param_names() - before
                 if created:
                     raise new_parameters_error(self.where, created)
             self._ends[index] = Names.capture(inner)
-            self._added[index] = [
-                set() if old is None or new is None else new - old
-                for old, new in zip(submodules, submodule_sets(inner), strict=False)
-            ]
+            self._added[index] = added_submodules(submodules, inner)
 
     def finish(self) -> None:
         frame = current_frame()
@@ -221,10 +227,7 @@ class Threaded:
         if last is not None:
             last.restore_into(frame)
         for added in self._added:
-            for level, names in enumerate(added):
-                if names and level < len(frame.module_stack._storage):
-                    module = frame.module_stack._storage[level].module
-                    getattr(module, "_submodules", set()).update(names)
+            register_submodules(frame, added)
 
 
 def _listed(created: Any) -> str:
@@ -247,13 +250,8 @@ def new_parameters_error(where: str, created: Any) -> ValueError:
 
 def loop_state(params: bool = False) -> InternalState:
     """The state a loop carries: state and rng, and params if ``params`` (else closed over,
-    as Haiku's loops do).
-
-    A full block of rng keys is reserved first, so that the carry has the same structure
-    on entry to every iteration and on exit (and the same keys as ``hk.scan`` draws).
-    Params are carried where the function handed to JAX is reused across calls: a closed
-    over value would be baked into JAX's cached trace.
-    """
+    as Haiku's loops do); a full rng block reserved first, so the carry keeps one
+    structure (and draws the keys ``hk.scan`` draws)."""
     reserve_full_block()
     state = stateful.internal_state(params=params)
     if state.params is not None:  # at init a defaultdict, inside a temporary frame a dict

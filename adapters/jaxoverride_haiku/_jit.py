@@ -1,18 +1,13 @@
 """The ``jit`` override: Haiku state passed in and out, and module naming that a cache hit
 replays instead of silently skipping.
 
-Haiku's private ``stateful.jit`` caches on the arguments only. Called twice in one
-transform it retraces at init (the params changed) and names the second module
-``linear_1``, but at apply both calls hit the cache and reuse ``linear``: silently wrong.
-
-Here the naming state at the call (module stack, name counters, names in use), init vs
-apply, and the active custom creators, getters, setters and interceptors form a *key*.
-The key is interned by content, so equal situations share one key object, and passed to
-one ``jax.jit`` as a static argument: a new naming situation traces anew, an equal one is
-a cache hit, and the key remembers where the trace left the naming counters so that a
-hit advances them just as the trace did. Params, state and rng are ordinary arguments,
-so their structure, shapes and dtypes are part of JAX's own cache key. Nothing is keyed
-on object identities of modules or arrays.
+Haiku's private ``stateful.jit`` caches on the arguments only: called twice in one
+transform, init names the second module ``linear_1`` but apply hits the cache and reuses
+``linear``. Here the naming state at the call, init vs apply, and the active custom
+creators, getters, setters and interceptors form a *key*, interned by content and passed
+to one ``jax.jit`` as a static argument: a new situation traces anew, and a hit advances
+the naming counters as the trace did (the key remembers where it left them). Params,
+state and rng are ordinary arguments; nothing is keyed on object identities.
 """
 
 from __future__ import annotations
@@ -29,11 +24,13 @@ import jaxoverride as jo
 from jaxoverride.adapter_kit import resolve_argnums
 from jaxoverride_haiku._frames import (
     Names,
+    added_submodules,
     current_frame,
     naming_signature,
     policy_left,
     policy_received,
     policy_state,
+    register_submodules,
     solve_policy,
     state_usable,
     submodule_sets,
@@ -55,10 +52,7 @@ class _Key:
     def replay(self, frame: base.Frame) -> None:
         if self.end is not None:
             self.end.restore_into(frame)
-        for level, added in enumerate(self.submodules):
-            if added:
-                module = frame.module_stack._storage[level].module
-                getattr(module, "_submodules", set()).update(added)
+        register_submodules(frame, self.submodules)
 
 
 def customisations() -> tuple[Any, ...]:
@@ -170,12 +164,9 @@ class HaikuJit:
             state, received = (handed, None) if policy is None else handed
             with temporary_state(state), base.push_jax_trace_level():
                 inner = current_frame()
-                submodules_before = [
-                    set(s) if s is not None else None for s in submodule_sets(inner)
-                ]
-                # Under ``jaxoverride.solve_state`` the frozen values inside are this
-                # function's own state argument: nothing of the caller is baked in; where
-                # it runs no evaluation it passes on ``received``, an argument too.
+                submodules_before = submodule_sets(inner)
+                # Under ``jaxoverride.solve_state`` the frozen values are this function's
+                # own argument (``received`` too): nothing of the caller is baked in.
                 frame = None if policy is None else policy.push(state, received=received)
                 try:
                     out = fun(*args, **kwargs)
@@ -184,10 +175,7 @@ class HaikuJit:
                     if policy is not None and frame is not None:
                         policy.pop(frame)
                 key.end = Names.capture(inner)
-                key.submodules = [
-                    set(after - before) if after is not None and before is not None else set()
-                    for before, after in zip(submodules_before, submodule_sets(inner), strict=False)
-                ]
+                key.submodules = added_submodules(submodules_before, inner)
             return out, changed
 
         try:
@@ -244,9 +232,7 @@ class HaikuJit:
 
 def _handed(policy: Any) -> Any:
     """The state argument of the jitted pure function: the frame's state, under a
-    ``jaxoverride.solve_state`` declaration with what the evaluations before the call left
-    (``policy_received``), so a call that runs no evaluation passes that on, not the
-    entry state."""
+    ``jaxoverride.solve_state`` with what the evaluations before the call left."""
     state = policy_state(policy)
     return state if policy is None else (state, policy_received(policy))
 

@@ -1,9 +1,8 @@
 """The Haiku layer, for the override modules that it is built from.
 
-``_context`` builds the layer from ``_control``, ``_rules`` and the rest, and records it
-here. A rule that JAX traces after its transform returned (outside ``install()``'s scope)
-re-enters the layer through this module: importing ``_context`` from ``_rules`` would be
-an import cycle.
+``_context`` records the layer here; a rule JAX traces after its transform returned
+(outside ``install()``'s scope) re-enters it from here (``_rules`` importing ``_context``
+would be an import cycle).
 """
 
 from __future__ import annotations

@@ -1,19 +1,11 @@
 """Overrides of ``pmap`` and ``shard_map``: Haiku state enters replicated, leaves unmapped.
 
-Every device runs the function with the caller's params, state and rng (``pmap``:
-``in_axes=None``; ``shard_map``: ``PartitionSpec()``); the user's arguments keep their own
-axes or specs. What the function changes (state, the rng sequence; parameters at init)
-comes back once, unmapped (``pmap``: ``out_axes=None``; ``shard_map``: ``P()``), so it
-must be the same on every device: reduce it with ``lax.pmean``/``lax.psum`` first. Under
-``shard_map`` with ``check_vma=True`` a state value that varies over a mesh axis is
-reported by name; ``pmap`` cannot tell and, like JAX's ``out_axes=None``, keeps device 0's.
-Keys drawn with ``hk.next_rng_key()`` are the same on every device; fold in
-``lax.axis_index`` for per-device randomness.
-
-At init, the function first runs once on device 0's slice (``pmap``) or block
-(``shard_map``), outside the mapping, to create parameters and state exactly as an
-unmapped call would, with collectives over the mapped axes bound to size 1; then the
-mapped call runs as it does at apply.
+Every device runs the function with the caller's params, state and rng (``in_axes=None``;
+``PartitionSpec()``); what it changes comes back once, unmapped, so it must be the same on
+every device: reduce it with ``lax.pmean``/``lax.psum`` first (``shard_map`` with
+``check_vma=True`` names a state value that varies; ``pmap`` keeps device 0's). Keys drawn
+with ``hk.next_rng_key()`` are the same on every device. At init the function first runs
+once on device 0's slice or block, with collectives over the mapped axes bound to size 1.
 """
 
 from __future__ import annotations
@@ -48,12 +40,6 @@ def _init_exact(
     )
 
 
-def _as_tuple(value: Any) -> tuple[int, ...]:
-    if isinstance(value, int):
-        return (value,)
-    return tuple(value)
-
-
 # -- pmap ------------------------------------------------------------------------------
 
 
@@ -65,8 +51,8 @@ def pmap(fun: Callable[..., Any], *args: Any, **kwargs: Any) -> Callable[..., An
     axis_name = options.get("axis_name")
     in_axes = options.get("in_axes", 0)
     out_axes = options.get("out_axes", 0)
-    static = _as_tuple(options.get("static_broadcasted_argnums", ()))
-    donate = _as_tuple(options.get("donate_argnums", ()))
+    static = kit.as_index_tuple(options.get("static_broadcasted_argnums", ()))
+    donate = kit.as_index_tuple(options.get("donate_argnums", ()))
 
     @kit.wraps(fun)
     def mapped(*call_args: Any, **call_kwargs: Any) -> Any:

@@ -1,12 +1,10 @@
 """Haiku's frames and rng sequences, entered without checking the keys again.
 
-Haiku checks a key each time a ``PRNGSequence`` is built or its state replaced
-(``assert_is_prng_key``), and for a raw ``uint32`` key the check traces an
-``eval_shape`` of its own: about as long as tracing a small layer. The adapter moves rng
-state between frames many times per call at init (each loop body, branch, jit and rule
-gets a frame), always state that Haiku checked when ``hk.transform`` received the key, or
-a carry of the same shape and dtype. Checking it again would make init trace several
-times longer than apply, which has no rng.
+Haiku checks a key each time a ``PRNGSequence`` is built or its state replaced, and for a
+raw ``uint32`` key the check traces an ``eval_shape``: about as long as a small layer. The
+adapter moves rng state between frames many times per call at init, always state Haiku
+already checked (or a carry of its shape and dtype); checking again would make init trace
+several times longer than apply.
 """
 
 from __future__ import annotations
@@ -116,12 +114,8 @@ def block_size() -> int:
 
 @functools.partial(jax.jit, static_argnums=1)
 def split_keys(key: Any, count: int) -> tuple[Any, ...]:
-    """``tuple(jax.random.split(key, count))``, as ``PRNGSequence.reserve`` computes it.
-
-    One cached ``jax.jit`` call: traced at init, a single equation where Haiku's own
-    reservation binds one per key (the split, then a slice and a squeeze per key), and the
-    same keys bit for bit.
-    """
+    """``tuple(jax.random.split(key, count))``, as ``PRNGSequence.reserve`` computes it, in
+    one cached call (traced at init: one equation, where Haiku binds a few per key)."""
     return tuple(jax.random.split(key, count))
 
 

@@ -1,33 +1,20 @@
 """``custom_vjp`` and ``custom_jvp`` inside ``hk.transform``: Haiku's state as an argument.
 
-JAX traces a rule's functions at levels of its own, and may trace ``fwd`` (or the JVP
-rule) lazily: under ``jax.grad(jax.jit(apply))`` it does so after the transform has
-returned, when no Haiku frame exists. So nothing of Haiku may be closed over. Here each
-call builds JAX's rule over a function that takes Haiku's values ``(params, state, rng)``
-as a leading argument and returns ``(state, rng)`` after it as an extra output:
+JAX may trace ``fwd`` (or the JVP rule) after the transform returned (under
+``jax.grad(jax.jit(apply))``), with no Haiku frame, so nothing of Haiku may be closed over.
+Each call builds JAX's rule over a function taking ``(params, state, rng)`` as a leading
+argument and returning ``(state, rng)`` after it:
 
-* every function of the rule runs in a fresh frame made from that argument and from a
-  copy of the caller's module stack and naming counters (taken at the call), so modules
-  are named, and parameters found, as in the caller;
-* state written and keys drawn by the primal or ``fwd``/JVP rule come out once per call,
-  whichever JAX ran. Only the entries that the run replaced reach the caller's frame (a
-  superset of the writes: a neutral loop or jit inside the rule stores what it carries
-  again), so state the rule did not touch keeps its derivatives, and no write is lost;
-  differentiating, after the call, state that came out of a ``custom_vjp`` is refused;
-* ``bwd`` runs in a fresh frame holding the values as ``fwd`` left them, and a state
-  write or rng draw there is refused at the write itself (``pure_frame``'s setter and rng
-  guard), never by comparing afterwards, which a neutral loop inside ``bwd`` would
-  trip: a backward pass returns cotangents only;
-* the rule is registered with ``symbolic_zeros=True`` to learn which of Haiku's values are
-  being differentiated. A rule gives gradients for its explicit arguments only, so a read
-  of such a value (``hk.get_parameter``/``hk.get_state``, seen by a custom getter) is
-  refused at the read, naming ``closure_convert``, instead of a silently zero gradient;
-* at init the primal is traced once, as at apply: a parameter it creates is made at
-  the call's site (``_site``), under the name apply uses.
-
-JAX binds a rule's arguments with ``inspect.signature``: keywords are resolved to
-positions on the user's function before the call, and the lifted functions keep a plain
-``(values, *args)`` signature of their own.
+* each function of the rule runs in a fresh frame made from that argument and a copy of
+  the caller's module stack and naming counters, so names resolve as in the caller;
+* writes and draws of the primal or ``fwd``/JVP rule come out once per call; only the
+  entries the run replaced reach the caller, so untouched state keeps its derivatives; a
+  derivative of state that came out of a ``custom_vjp`` is refused;
+* ``bwd`` runs on the values as ``fwd`` left them; a write or draw there is refused at the
+  write (``pure_frame``): a backward pass returns cotangents only;
+* with ``symbolic_zeros=True`` the rule learns what is differentiated: reading such a
+  value is refused, naming ``closure_convert``, not a silently zero gradient;
+* at init a parameter the primal creates is made at the call's site (``_site``).
 """
 
 from __future__ import annotations
@@ -46,7 +33,6 @@ import jaxoverride as jo
 from jaxoverride import errors
 from jaxoverride.adapter_kit import (
     LiftedRule,
-    Participant,
     StagedPrimal,
     perturbed_leaves,
     resumed,
@@ -75,12 +61,9 @@ from jaxoverride_haiku._site import current_site, init_once
 class ClosedOverDifferentiationError(errors.ClosedOverDifferentiationError):
     """A custom rule reads a Haiku parameter (or state) that is being differentiated.
 
-    The Haiku case of ``jaxoverride.errors.ClosedOverDifferentiationError``, which
-    catches it too (and its ``ValueError`` base).
-
-    The rule gives gradients for its explicit arguments only, so the value would get a
-    silently zero gradient. ``jaxoverride.closure_convert`` makes what a function reads
-    explicit arguments.
+    The Haiku case of ``jaxoverride.errors.ClosedOverDifferentiationError``: the rule gives
+    gradients for its explicit arguments only, so the value would get a silently zero
+    gradient (``jaxoverride.closure_convert`` makes what a function reads arguments).
 
     Example:
       >>> import jax, jax.numpy as jnp, haiku as hk
@@ -102,10 +85,8 @@ class ClosedOverDifferentiationError(errors.ClosedOverDifferentiationError):
 class DifferentiatedStateError(errors.DifferentiatedStateError):
     """State that came out of a custom rule is differentiated after it.
 
-    The Haiku case of ``jaxoverride.errors.DifferentiatedStateError``.
-
-    The rule's ``bwd`` gives cotangents from that of the rule's output only, so the state
-    would get a silently zero gradient.
+    The Haiku case of ``jaxoverride.errors.DifferentiatedStateError``: the rule's ``bwd``
+    gives cotangents from that of its output only, so the state would get a zero gradient.
 
     Example:
       >>> import jax, jax.numpy as jnp, haiku as hk
@@ -164,22 +145,6 @@ def _differentiated(internal: Any, perturbed: Callable[[Any], list[bool]]) -> fr
     return frozenset(names)
 
 
-def _refuse_differentiated_state(call: _RuleCall, cotangents: dict[str, Any]) -> None:
-    """Refuses a derivative that would silently be zero: of state that the rule replaced.
-
-    The user's ``bwd`` gives cotangents for the rule's arguments from that of its output
-    only; a state value that came out of the rule and is differentiated afterwards (its
-    cotangent is not a symbolic zero) would get none.
-    """
-    names = sorted(
-        f"{module}/{name}"
-        for module, name in call.changed
-        if any(perturbed_leaves(cotangents[module][name].current))
-    )
-    if names:
-        raise DifferentiatedStateError.came_out(call.where, f"the Haiku state {', '.join(names)}")
-
-
 def _late_write_error(where: str, names: set[tuple[str, str]]) -> ValueError:
     listed = ", ".join(f"{module}/{name}" for module, name in sorted(names))
     return ValueError(
@@ -192,11 +157,8 @@ def _late_write_error(where: str, names: set[tuple[str, str]]) -> ValueError:
 
 
 def _state_identities(state: Any) -> dict[tuple[str, str], tuple[int, ...]]:
-    """The identities of each state entry's values (``StatePair``'s leaves): every write
-    stores new ones, while moving state between frames keeps them.
-
-    Identities are not kept beyond the run, whose values are held meanwhile.
-    """
+    """The identities of each state entry's leaves: a write stores new ones, moving state
+    between frames keeps them (the run holds the values meanwhile)."""
     return {
         (module, name): tuple(_leaf_ids(pair))
         for module, bundle in (state or {}).items()
@@ -208,28 +170,8 @@ def _mutable(bundles: Any) -> collections.defaultdict[str, dict[str, Any]]:
     return collections.defaultdict(dict, {module: dict(b) for module, b in bundles.items()})
 
 
-def _rebased(policy: Participant, state: InternalState, entry: InternalState) -> InternalState:
-    """``state`` with the frozen parts of ``entry`` (the state a rule's call received):
-    what its backward pass re-evaluates from, with no value of the declaration's trace
-    closed over (JAX may trace bwd after that trace ended)."""
-    frame = policy.push(entry)
-    try:
-        return policy.freeze(state)
-    finally:
-        policy.pop(frame)
-
-
-def _handed(policy: Participant, values: InternalState) -> tuple[InternalState, InternalState]:
-    """The values a rule takes under ``jaxoverride.solve_state``: ``values`` with the
-    frozen parts as at entry, and what the evaluations before the call left (its params
-    left out: it is passed on, never read), which a run that evaluates nothing (a
-    ``cond``'s no-op branch inside the rule) passes on (``Participant.push``)."""
-    received = policy.current(values)._replace(params={})
-    return policy.freeze(values), received
-
-
 def _split(values: Any) -> tuple[InternalState, InternalState | None]:
-    """A rule's values and, under a declaration, what it received (``_handed``)."""
+    """A rule's values and, under a declaration, what it received (``_run``)."""
     if isinstance(values, InternalState):
         return values, None
     internal, received = values
@@ -268,39 +210,28 @@ class _RuleCall:
 
     def __init__(self, where: str):
         frame = current_frame()
-        # A decoupled copy of the module stack and naming counters: every function of the
-        # rule starts from it, also one that JAX traces after the transform returned.
-        # The template holds no rng sequence: the caller's may hold JAX values.
+        # A decoupled copy of the module stack and naming counters, which every function
+        # of the rule starts from; no rng sequence (the caller's may hold JAX values).
         template = frame.evolve(params={}, state={}, rng=None)
         self.template = template._replace(rng_stack=data_structures.Stack())
         self.where = where
-        # The refusal of rng draws in force at the call (inside a function that JAX makes
-        # pure), or None. Every function of the rule keeps it, also one that JAX traces
-        # after that function's trace ended (from JAX 0.12 the JVP rule of a custom_jvp
-        # met in jax.linearize's partial evaluation: optimistix's Newton step): the rule's
-        # runs then build the same sequence, and so hand back rng state of one structure.
+        # The refusal of rng draws in force at the call, or None: every function of the
+        # rule keeps it, also one traced later, so all hand back rng of one structure.
         self.refuse = REFUSAL.get()
-        # Full names of the params that a staged rule does not take (its primal function
-        # does not use them): a read of one in the JVP rule is refused (``_left_out``).
+        # Full names of the params a staged rule does not take: a read is refused.
         self.left_out: frozenset[str] = frozenset()
         self.end: Names | None = None
-        # Names of the state entries that a forward run replaced (written, or stored by a
-        # neutral loop or jit inside it): only these reach the caller's frame, so a value
-        # the rule did not touch keeps its own derivatives.
+        # Names of the state entries a forward run replaced: only these reach the caller,
+        # so a value the rule did not touch keeps its own derivatives.
         self.changed: set[tuple[str, str]] = set()
-        # Whether a forward run drew a key (None: no forward run yet). The rng sequence
-        # reaches the caller only then, for the same reason as the state entries: from
-        # JAX 0.12 a custom_jvp staged in a partial evaluation with an unknown input (a
-        # tangent, inside jax.linearize: optimistix's Newton step; a custom_jvp's JVP
-        # rule that calls another on its tangent, as optimistix's ``_asarray`` does, met
-        # in lineax's transpose) has only unknown outputs, so a sequence passed through
-        # would come back unknown. Both compare with what the run was handed, under a
-        # declaration also what the evaluations before the call left (``received``),
-        # which a run that evaluates nothing passes on: that is no write or draw.
+        # Whether a forward run drew a key (None: none ran yet); the sequence reaches the
+        # caller only then: from JAX 0.12 a custom_jvp staged with an unknown input has
+        # only unknown outputs, so a sequence passed through would come back unknown.
+        # Passing on what the run was handed (or ``received``) is no write or draw.
         self.drew: bool | None = None
         self.finished = False
-        # The ``jaxoverride.solve_state`` declaration in force at the call (JAX runs bwd
-        # after it has exited), and the boundaries pushed for the runs now open.
+        # The ``jaxoverride.solve_state`` at the call (bwd runs after it exited), and the
+        # boundaries pushed for the runs now open.
         self.policy = solve_policy()
         self.policy_frames: list[Any] = []
 
@@ -343,14 +274,11 @@ class _RuleCall:
             if self.left_out:
                 stack.enter_context(hk.custom_creator(self._refuse_left_out, params=True))
             before = base.param_names()
-            # What the run is handed: its own values and, under a declaration, what the
-            # evaluations before the call left (which a run that evaluates nothing passes
-            # on, ``_after``). A value left as one of them is no write or draw.
+            # A value left as one the run was handed (``received`` too) is no write.
             handed = [values] if received is None else [values, received]
             entry = [_state_identities(given.state) for given in handed]
             if self.policy is not None:
-                # JAX may run this after the declaration has exited (bwd): it is in force
-                # again inside; the frozen values are the rule's own argument's.
+                # In force again inside (bwd runs after it exited), frozen at the argument.
                 stack.enter_context(resumed(self.policy))
                 pushed = self.policy.push(values, received=received, backward=not forward)
                 self.policy_frames.append(pushed)
@@ -373,10 +301,8 @@ class _RuleCall:
                 else:
                     late = changed - self.changed
                     if self.policy is not None:
-                        # Under a declaration a later run (optimistix's JVP rule, which
-                        # calls lineax's jitted solve) may pass what it received on
-                        # through a neutral jit as new values, which no identity tells
-                        # from a write: only an entry it was not handed is one for sure.
+                        # A later run may pass what it received on through a neutral
+                        # jit as new values: only an entry it was not handed is a write.
                         late = {n for n in late if all(n not in e for e in entry)}
                     if late:
                         raise _late_write_error(self.where, late)
@@ -400,7 +326,7 @@ class _RuleCall:
     ) -> tuple[Any, Any, Any]:
         """As ``run``; also the values as ``fun`` left them, which bwd runs from, and under
         ``jaxoverride.solve_state`` the values this call received (bwd re-evaluates from
-        their frozen state: ``_rebased``)."""
+        their frozen state)."""
         with self.frame(values, refused or frozenset()) as frame:
             out = fun(*args)
             after = _after(frame, self)
@@ -412,14 +338,31 @@ class _RuleCall:
         """The values a staged custom_jvp takes: the params its primal uses, all of the
         state and rng (a read of a param left out is refused: ``_refuse_left_out``)."""
         internal, received = _split(values)
-        kept = _kept_params(internal, used)
-        pruned = _without_params(internal, kept)
-        self.left_out = frozenset(_full_names(internal.params) - _full_names(pruned.params))
+        count = len(jax.tree.leaves(internal.params))
+        kept = [u or index >= count for index, u in enumerate(used)]  # state and rng: all
+        flags = iter(kept)
+        params: dict[str, dict[str, Any]] = {}
+        left_out = set()
+        for module, bundle in sorted((internal.params or {}).items()):
+            for name in sorted(bundle):
+                if next(flags):
+                    params.setdefault(module, {})[name] = bundle[name]
+                else:
+                    left_out.add(f"{module}/{name}")
+        self.left_out = frozenset(left_out)
+        pruned = internal._replace(params=params)
         return (pruned if received is None else (pruned, received)), kept
 
     def refuse_differentiated_state(self, cotangent: Any) -> None:
-        """Refuses a derivative of state that came out (``_refuse_differentiated_state``)."""
-        _refuse_differentiated_state(self, cotangent[0])
+        """Refuses a derivative of state the rule replaced: ``bwd`` would give it none."""
+        names = sorted(
+            f"{module}/{name}"
+            for module, name in self.changed
+            if any(perturbed_leaves(cotangent[0][module][name].current))
+        )
+        if names:
+            what = f"the Haiku state {', '.join(names)}"
+            raise DifferentiatedStateError.came_out(self.where, what)
 
     def run_backward(self, saved: Any, fun: Callable[..., Any], args: Sequence[Any]) -> Any:
         """``fun(*args)`` (bwd) in a fresh frame holding the values as fwd left them, every
@@ -427,7 +370,12 @@ class _RuleCall:
         forward_values, entry = saved
         policy = self.policy
         if policy is not None:
-            forward_values = _rebased(policy, forward_values, entry)
+            # Frozen at what the call received, no value of the declaration's trace kept.
+            frame = policy.push(entry)
+            try:
+                forward_values = policy.freeze(forward_values)
+            finally:
+                policy.pop(frame)
         with (
             self.frame(forward_values, forward=False),
             pure_frame(self.where, *_BACKWARD, policy=policy),
@@ -466,46 +414,24 @@ def _haiku_layer() -> contextlib.AbstractContextManager[Any]:
     return contextlib.nullcontext()
 
 
-def _kept_params(values: InternalState, used: list[bool]) -> list[bool]:
-    """Per leaf of ``values``: whether it goes to the rule. Params only where ``used``;
-    all of the state and rng, which the rule hands back."""
-    count = len(jax.tree.leaves(values.params))
-    return [u or index >= count for index, u in enumerate(used)]
-
-
-def _without_params(values: InternalState, kept: list[bool]) -> InternalState:
-    """``values`` without the params that ``kept`` leaves out (in leaf order)."""
-    flags = iter(kept)
-    params: dict[str, dict[str, Any]] = {}
-    for module, bundle in sorted((values.params or {}).items()):
-        for name in sorted(bundle):
-            if next(flags):
-                params.setdefault(module, {})[name] = bundle[name]
-    return values._replace(params=params)
-
-
-def _full_names(params: Any) -> set[str]:
-    return {f"{module}/{name}" for module, bundle in (params or {}).items() for name in bundle}
-
-
 def _run(
     bind: Callable[[Any], tuple[Any, Any]],
     call: _RuleCall,
     args: tuple[Any, ...],
 ) -> Any:
-    """Calls JAX's rule on the caller's values and hands back what it wrote.
-
-    ``bind(values)`` returns the rule and the values it takes (under a declaration, with
-    what the evaluations before the call left: ``_handed``). A full block of rng keys
-    is reserved first (the same rng structure in and out); a failure puts the caller's
-    sequence back as it was.
-    """
+    """Calls the rule ``bind(values)`` returns on the caller's values, and hands back what
+    it wrote; a full rng block is reserved first (one structure in and out), put back on
+    failure."""
     sequence = current_frame().rng_stack.peek()
     saved = None if sequence is None else (sequence, sequence.internal_state)
     try:
         reserve_full_block()
         values = stateful.internal_state()
-        rule, values = bind(values if call.policy is None else _handed(call.policy, values))
+        policy = call.policy
+        if policy is not None:  # frozen, with what the evaluations before left (no params)
+            received = policy.current(values)._replace(params={})
+            values = (policy.freeze(values), received)
+        rule, values = bind(values)
         out, after = rule(values, *args)
     except BaseException:
         if saved is not None:
@@ -529,19 +455,16 @@ class HaikuRule(LiftedRule):
         if called is None:  # JAX's own error about the call
             return self._plain(*args, **kwargs)
         args = called
-        lifted = self._lifted_vjp if self._name == "custom_vjp" else self._lifted_jvp
         return init_once(
-            lambda: lifted(args),
-            lambda: init_safe_call(lambda: self._fun(*args), lambda: lifted(args)),
+            lambda: self._lifted(args),
+            lambda: init_safe_call(lambda: self._fun(*args), lambda: self._lifted(args)),
         )
 
-    def _lifted_vjp(self, args: tuple[Any, ...]) -> Any:
+    def _lifted(self, args: tuple[Any, ...]) -> Any:
         call = _RuleCall(self._where)
-        rule = self._vjp_rule(call, call, args)
-        return _run(lambda values: (rule, values), call, args)
-
-    def _lifted_jvp(self, args: tuple[Any, ...]) -> Any:
-        call = _RuleCall(self._where)
+        if self._name == "custom_vjp":
+            rule = self._vjp_rule(call, call, args)
+            return _run(lambda values: (rule, values), call, args)
         return _run(self._jvp_binder(call, args), call, args)
 
 

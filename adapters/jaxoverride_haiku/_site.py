@@ -1,20 +1,12 @@
 """Parameter creation inside the one trace of a loop body or branch at init.
 
-At init, JAX traces a body or branch once, as it would at apply. A parameter that the
-body creates there must not be a value of the body's trace (it would leak out of it):
-it is created at the *site*, the JAX trace and Haiku frame of the outermost neutral
-call that started creating, by running the creator chain and the initializer under
-that trace. The value is stored in the site's frame, under the name Haiku gives it
-there, and the body reads it as a value it closes over, exactly as it reads a
-parameter at apply. A retrace finds the parameter already made.
-
-Keys follow ``_creation``: the initializer draws ``fold_in(k, crc32(full name))``, with
-``k`` from a copy of the site's rng sequence, so the sequence that the loop carries,
-and every key that apply draws, are untouched.
-
-State created inside a traced body would change the loop's carry: that case (rare) is
-recorded in the site (``state_created``), and its owner starts again with the creation
-pass.
+A parameter a traced body creates must not be a value of that trace: it is created at
+the *site* (the JAX trace and Haiku frame of the outermost neutral call that started
+creating), stored in the site's frame under Haiku's name, and read by the body as a value
+it closes over, as at apply. Initializers draw ``fold_in(k, crc32(full name))`` with ``k``
+from a copy of the site's sequence (``_creation``), so no key apply draws changes. State
+created in a traced body (rare) sets ``state_created``; the owner then starts again with
+the creation pass.
 """
 
 from __future__ import annotations
@@ -50,9 +42,8 @@ class Site:
         self.state_created = False
 
     def sandbox(self) -> hk.PRNGSequence | None:
-        """A copy of the site's rng sequence at the call, made on first use (Haiku checks
-        the key of a new sequence with an ``eval_shape``: a call that creates nothing
-        should not pay for it)."""
+        """A copy of the site's rng sequence at the call, made on first use (Haiku checks a
+        new sequence's key with an ``eval_shape``, which a call creating nothing skips)."""
         if self._sandbox is None and self._rng is not None:
             self._sandbox = CheckedSequence(self._rng)
         return self._sandbox
@@ -63,18 +54,13 @@ _SITE: contextvars.ContextVar[Site | None] = contextvars.ContextVar(
 )
 
 
-def _split(full_name: str) -> tuple[str, str]:
-    module, _, name = full_name.rpartition("/")
-    return module, name
-
-
 def _site_creator(
     next_creator: Any, shape: Any, dtype: Any, init: Any, context: hk.GetterContext
 ) -> Any:
     site = _SITE.get()
     if site is None:  # pragma: no cover - removed from the stack when the site ends
         return next_creator(shape, dtype, init)
-    module, name = _split(context.full_name)
+    module, _, name = context.full_name.rpartition("/")
     existing = site.frame.params.get(module, {}).get(name)
     if existing is not None:  # made by an earlier trace of this call (a retrace)
         return existing
@@ -89,22 +75,6 @@ def _site_creator(
         site.frame.params.setdefault(module, {})[name] = value
         site.created.append((module, name))
     return value
-
-
-@contextlib.contextmanager
-def _outermost(creator: Any) -> Iterator[None]:
-    # First in the chain, so that every other creator runs at the site's trace too.
-    storage = base.param_creator_stack._storage
-    storage.appendleft(creator)
-    try:
-        yield
-    finally:
-        storage.remove(creator)
-
-
-def creating_site() -> bool:
-    """Whether an enclosing neutral call at init already creates parameters at its site."""
-    return _SITE.get() is not None
 
 
 def current_site() -> Site | None:
@@ -132,9 +102,11 @@ def create_in_trace() -> Iterator[Site]:
         pass
     site = Site(trace, frame, None if sequence is None else sequence.internal_state)
     token = _SITE.set(site)
+    # First in the creator chain, so that every other creator runs at the site's trace too.
+    creators = base.param_creator_stack._storage
+    creators.appendleft(_site_creator)
     try:
-        with _outermost(_site_creator):
-            yield site
+        yield site
     except BaseException:
         for module, name in site.created:
             bundle = frame.params.get(module)
@@ -144,23 +116,21 @@ def create_in_trace() -> Iterator[Site]:
                     del frame.params[module]
         raise
     finally:
+        creators.remove(_site_creator)
         _SITE.reset(token)
 
 
 def init_once(one: Callable[[], T], two_pass: Callable[[], T]) -> T:
     """``one()`` (the call JAX traces); at init, with parameters created inside its trace.
-
-    ``two_pass()`` (the creation pass, then the call) is the fallback where a traced
-    function creates state (``Site.state_created``; the frame's state, rng and naming are
-    put back first), and under ``jax.disable_jit()``, where JAX runs bodies in Python (a
-    zero-trip loop would not run its body at all).
-    """
+    ``two_pass()`` (creation pass, then call) is the fallback where a traced function
+    creates state (state, rng and naming put back first), and under ``jax.disable_jit()``
+    (a zero-trip loop would not run its body)."""
     if not initializing():
         return one()
     if jax.config.jax_disable_jit:  # type: ignore[attr-defined]
         return two_pass()
     frame = current_frame()
-    if creating_site():
+    if current_site() is not None:
         # A nested call: the owner of the site starts again if state is created.
         with create_in_trace():
             return one()

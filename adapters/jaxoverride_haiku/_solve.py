@@ -1,15 +1,11 @@
 """``jaxoverride.solve_state`` for Haiku: the frame's state, given to the kit.
 
-Haiku has one rng stream (the frame's ``PRNGSequence``) and state per module
-(``hk.get_state``/``hk.set_state``). The kit applies a declaration at every boundary
-that goes through its ``Threaded`` (the neutral control flow); the adapter's own
-boundaries (``jit``, the transforms, closure conversion, custom rules) use the same
-``Participant`` (``kit.participant``).
+Haiku has one rng stream (the frame's ``PRNGSequence``) and state per module. The kit
+applies a declaration at the neutral control flow's boundaries; the adapter's own (``jit``,
+the transforms, conversions, rules) use the same ``Participant`` (``kit.participant``).
 """
 
 from __future__ import annotations
-
-from typing import Any
 
 import jaxoverride as jo
 from jaxoverride import adapter_kit as kit
@@ -34,12 +30,6 @@ def current_source() -> HaikuSource | None:
     if not state_usable() or jo.resolve("jit") is not _jit.jit:
         return None
     return HaikuSource(WHERE)
-
-
-def policy() -> Any:
-    """The declaration's ``Participant`` for Haiku here, or None."""
-    source = current_source()
-    return None if source is None else kit.participant(source)
 
 
 kit.register_solve_source("haiku", current_source)

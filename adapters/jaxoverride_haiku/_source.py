@@ -1,19 +1,14 @@
 """Haiku's frame as a kit ``StateSource``: the control flow's state, threaded by the kit.
 
-The kit's combinators carry what ``read()`` returns: the frame's state and rng (as
-``hk.scan`` carries them), and the params where the functions handed to JAX are reused
-across calls (a closed-over value would be baked into JAX's cached trace); params that
-come out of the carry are not written back. Optional parts of the kit's contract:
-``reuse_key()`` (the naming and interception situation reused wrappers read the frame
-under, so an identical eager call compiles once; none at init inside a site),
-``init_call`` (parameters made at the call's site, ``_site.init_once``, before the
-creation pass fallback) and ``abort_changed_predicate`` (a ``cond_fun`` that writes state
-or draws keys is seen while traced; the loop then carries the predicate).
+The kit carries what ``read()`` returns: the frame's state and rng (as ``hk.scan`` does),
+and the params where the functions handed to JAX are reused across calls (a closed-over
+value would be baked into JAX's cached trace); params are not written back. Optional
+parts of the kit's contract: ``reuse_key()``, ``init_call`` (``_site.init_once``) and
+``abort_changed_predicate``.
 
-A traced function names modules in its own frame, so ``leave`` copies its counters back
-for the kit to record, with the submodules each trace registered on the stack's modules:
-``restore_names`` registers them again, since ``params_dict()`` must list them on a cache
-hit, where nothing is traced.
+``leave`` copies a traced function's naming counters back, with the submodules each trace
+registered: ``restore_names`` registers them again, since ``params_dict()`` must list them
+on a cache hit, where nothing is traced.
 """
 
 from __future__ import annotations
@@ -31,18 +26,20 @@ from jaxoverride_haiku._creation import create
 from jaxoverride_haiku._frames import (
     InternalState,
     Names,
+    added_submodules,
     check_same_state,
     current_frame,
     initializing,
     loop_state,
     naming_signature,
     new_parameters_error,
+    register_submodules,
     state_names,
     submodule_sets,
 )
 from jaxoverride_haiku._jit import customisations
 from jaxoverride_haiku._rng import temporary_state, update_state
-from jaxoverride_haiku._site import creating_site, current_site, init_once
+from jaxoverride_haiku._site import current_site, init_once
 
 Added = tuple[frozenset[str], ...]
 """Per level of the module stack, the submodule names that traces registered there."""
@@ -62,12 +59,9 @@ def _union(a: Added, b: Added) -> Added:
 
 
 def _check(where: str, before: InternalState, after: InternalState) -> InternalState:
-    """``after``, checked to hold the state entries of ``before``.
-
-    At init, state created inside the body is left out instead (the carry keeps its
-    structure, and the trace completes: an aborted one would keep tracers alive), and
-    the site records it, so that the outermost call starts again with a creation pass.
-    """
+    """``after``, checked to hold the state entries of ``before``. At init, state created
+    inside the body is left out instead (the trace completes: an aborted one keeps tracers
+    alive), and the site records it, for the outermost call to start again."""
     site = current_site()
     if site is not None and state_names(after.state) - state_names(before.state):
         site.state_created = True
@@ -114,7 +108,7 @@ class HaikuSource(kit.EnterLeaveSource):
     def _carry_params() -> bool:
         # Inside a site (init) functions are traced once and params are closed over, as
         # Haiku's own loops do; elsewhere they are reused, and params ride in the carry.
-        return not creating_site()
+        return current_site() is None
 
     def read(self) -> InternalState:
         return loop_state(self._carry_params())
@@ -129,7 +123,7 @@ class HaikuSource(kit.EnterLeaveSource):
         exits.enter_context(base.push_jax_trace_level())
         inner = current_frame()
         params_before = base.param_names() if self._carry_params() else None
-        submodules = [None if s is None else set(s) for s in submodule_sets(inner)]
+        submodules = submodule_sets(inner)
         return _Entered(exits, outer, inner, state, params_before, submodules)
 
     def leave(self, token: _Entered) -> InternalState:
@@ -140,10 +134,8 @@ class HaikuSource(kit.EnterLeaveSource):
                 if created:
                     raise new_parameters_error(self.where, created)
             Names.capture(token.inner).restore_into(token.outer)
-            self._added = tuple(
-                frozenset() if old is None or new is None else frozenset(new - old)
-                for old, new in zip(token.submodules, submodule_sets(token.inner), strict=False)
-            )
+            added = added_submodules(token.submodules, token.inner)
+            self._added = tuple(map(frozenset, added))
         return _check(self.where, token.state, after)
 
     def abandon(self, token: _Entered) -> None:
@@ -160,10 +152,7 @@ class HaikuSource(kit.EnterLeaveSource):
     def restore_names(self, names: Naming) -> None:
         frame = current_frame()
         names.names.restore_into(frame)
-        stack = frame.module_stack._storage
-        for level, added in enumerate(names.added):
-            if added and level < len(stack):
-                getattr(stack[level].module, "_submodules", set()).update(added)
+        register_submodules(frame, names.added)
         self._restored = names
 
     def initializing(self) -> bool:
@@ -176,7 +165,7 @@ class HaikuSource(kit.EnterLeaveSource):
         return init_once(call, two_pass)
 
     def reuse_key(self) -> Hashable:
-        if creating_site():  # init: traced once, parameters made at the site
+        if current_site() is not None:  # init: traced once, parameters made at the site
             return None
         frame = current_frame()
         return (frame.freeze_params, naming_signature(frame), customisations())
@@ -192,10 +181,9 @@ def _key_name(entry: Any) -> Any:
 def state_parts(state: InternalState) -> list[kit.StatePart | None]:
     """What each leaf of ``state`` is, for ``jaxoverride.solve_state``.
 
-    The rng sequence (its key and reserved subkeys) is Haiku's one stream; each state
-    entry (both halves of its ``StatePair``) is state named by its module; params are
-    untouched. A slot is the leaf's path, which does not depend on what else ``state``
-    holds.
+    The rng sequence is Haiku's one stream; each state entry (both halves of its
+    ``StatePair``) is state named by its module; params are untouched. A slot is the
+    leaf's path.
 
     Args:
       state: an ``InternalState`` (params may be None, the rng a full block or None).

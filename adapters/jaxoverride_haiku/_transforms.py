@@ -1,13 +1,11 @@
 """Overrides of the neutral transforms that trace their function once per call.
 
-``vmap``, ``grad``, ``value_and_grad``, ``jacfwd``, ``jacrev``, ``hessian``,
-``checkpoint``/``remat`` and the calls ``jvp``, ``vjp``, ``linearize`` and ``eval_shape``:
-the function runs in a Haiku frame built from the caller's state (params, state, rng),
-closed over, and returns what changed (``stateful.difference``) as an auxiliary output
-that JAX does not map, differentiate or batch. So a counter increments once per call,
-not once per basis vector, and rng keys are drawn as if the transform were not there.
-Parameters created inside (at init) come out the same way. A new traced function is made
-per call, so JAX's own caches (``checkpoint``'s) can never replay a stale Haiku trace.
+``vmap``, the ``grad`` family, ``checkpoint``/``remat``, ``jvp``, ``vjp``, ``linearize`` and
+``eval_shape``: the function runs in a Haiku frame built from the caller's state, closed
+over, and returns what changed (``stateful.difference``) as an auxiliary output JAX does
+not map or differentiate: a counter increments once per call, keys are drawn as without
+the transform. A new traced function per call keeps JAX's caches from replaying a stale
+Haiku trace.
 """
 
 from __future__ import annotations
@@ -35,10 +33,9 @@ class TracedCall(kit.StatefulCall):
     __slots__ = ("policy", "received", "thread")
 
     def __init__(self, where: str):
-        # Under ``jaxoverride.solve_state``: the call starts from the frozen state, and
-        # what it leaves is written through the declaration (``Participant``); where it
-        # runs no evaluation, it leaves what the evaluations before it left (``received``,
-        # closed over: the call's trace is made per call, never cached).
+        # Under ``jaxoverride.solve_state``: the call starts from the frozen state and
+        # writes through the declaration; running no evaluation, it leaves ``received``
+        # (closed over: the trace is made per call, never cached).
         self.policy = solve_policy()
         self.received = policy_received(self.policy)
         super().__init__(policy_state(self.policy))
@@ -92,8 +89,7 @@ TRANSFORMS = kit.stateful_transforms(_STATE, _batched_state_error, module=__name
 
 
 def _concrete(tree: Any) -> Any:
-    """What ``eval_shape`` traces ``fun`` on, made concrete for the creation pass: zeros for
-    ``ShapeDtypeStruct`` leaves, and every other leaf as the array JAX would make of it."""
+    """What ``eval_shape`` traces ``fun`` on, made concrete for the creation pass."""
     return kit.as_jax_operands(kit.zeros_for(tree))
 
 

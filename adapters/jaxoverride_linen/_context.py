@@ -33,6 +33,7 @@ class _LinenContext(jo.OverrideContext):
     __slots__ = ()
 
     def __enter__(self) -> jo.OverrideContext:
+        global _context_entries
         _patches.acquire()
         try:
             result = super().__enter__()
@@ -40,10 +41,13 @@ class _LinenContext(jo.OverrideContext):
             _patches.release()
             raise
         _entered_depth.set(_entered_depth.get() + 1)
-        _hook_calls_for_context()
+        with _INSTALLER.lock:
+            _context_entries += 1
+            _Module._call_wrapped_method = _call_in_scope  # type: ignore[method-assign]
         return result
 
     def __exit__(self, *exc_info: object) -> None:
+        global _context_entries
         try:
             # Leaving out of order raises with nothing changed (the patches stay counted
             # too, as before); the hook is released only by a real exit.
@@ -53,7 +57,9 @@ class _LinenContext(jo.OverrideContext):
             raise
         _entered_depth.set(_entered_depth.get() - 1)
         try:
-            _unhook_calls_for_context()
+            with _INSTALLER.lock:
+                _context_entries -= 1
+                _restore_calls_if_unused()
         finally:
             _patches.release()
 
@@ -61,17 +67,10 @@ class _LinenContext(jo.OverrideContext):
 # One layer for the whole process: re-entering it finds the builds made for it before.
 _CONTEXT = _LinenContext(TABLE.overrides, name=TABLE.label)
 
-# install() enters the installation's scope around every method call of a bound Linen
-# module (Module._call_wrapped_method, the one place where Linen runs a module's method:
-# __call__, setup, nn.compact and any other method) and leaves it on return. Outside
-# every module the process stays idle: neutral functions cost exactly what JAX's do, with
-# no per-call predicate. Inside, the cost is one scope entry per method call, which JAX
-# pays only while tracing.
-#
-# The same hook, also while ``context()`` is entered, checks when the outermost method call
-# of a bound module returns that no variable is a tracer of a JAX trace that has ended: a
-# raw JAX transform (a bare ``jax.jit`` object that a library bound by name at import
-# time, which no guard reaches) ran the module's code, and init would return its tracers.
+# install() enters the installation's scope around every method call of a bound module
+# (Module._call_wrapped_method runs them all): outside modules neutral calls cost what
+# JAX's do. The same hook, also under ``context()``, checks on the outermost call's return
+# that no variable is a tracer of an ended trace (a library's raw import-time jax.jit).
 _Module = linen_module.Module
 _linen_call = _Module._call_wrapped_method
 _linen_context = linen_module._context  # Linen's thread-local module stack
@@ -97,15 +96,16 @@ def _call_in_scope(module: Any, fun: Any, args: Any, kwargs: Any) -> Any:
     else:
         return _linen_call(module, fun, args, kwargs)
     if _linen_context.module_stack[-1] is None and kit.adapter_check_on():
-        _check_escaped(module)
+        escaped = kit.escaped_tracers(module.scope.root._variables)
+        if escaped:
+            raise kit.raw_transform_error("Flax Linen", "A bound Linen module's call", len(escaped))
     return out
 
 
 def _call_marked(module: Any, fun: Any, args: Any, kwargs: Any) -> Any:
-    """Linen's call; an outermost call inside a JAX trace that the module's root was not
-    bound in (a module from ``.bind()`` used in a free function's loop) is marked, so
-    that a write of its variables is refused (``_source``) instead of leaking a tracer:
-    the trace was started by no method of the module, so nothing threads its state."""
+    """Linen's call; an outermost call inside a JAX trace its root was not bound in (a
+    ``.bind()`` module in a free function's loop) is marked, so a write of its variables
+    is refused (``_source``): nothing threads its state."""
     root = module.scope.root
     if _linen_context.module_stack[-1] is not None or root.trace_level == (
         core_tracers.current_trace()
@@ -122,14 +122,6 @@ def _call_marked(module: Any, fun: Any, args: Any, kwargs: Any) -> Any:
         module.scope.root.trace_level = root.trace_level
 
 
-def _check_escaped(module: Any) -> None:
-    """Raises if the outermost call of a bound module left variables that are tracers of
-    a trace that has ended (see ``adapter_kit.escaped_tracers``)."""
-    escaped = kit.escaped_tracers(module.scope.root._variables)
-    if escaped:
-        raise kit.raw_transform_error("Flax Linen", "A bound Linen module's call", len(escaped))
-
-
 def _restore_calls_if_unused() -> None:
     """Linen's own method runner back once nothing needs the hook (the lock held)."""
     unused = _INSTALLER.installation is None and _context_entries == 0
@@ -138,32 +130,14 @@ def _restore_calls_if_unused() -> None:
         _Module._call_wrapped_method = _linen_call  # type: ignore[method-assign]
 
 
-def _hook_calls_for_context() -> None:
-    global _context_entries
-    with _INSTALLER.lock:
-        _context_entries += 1
-        _Module._call_wrapped_method = _call_in_scope  # type: ignore[method-assign]
-
-
-def _unhook_calls_for_context() -> None:
-    global _context_entries
-    with _INSTALLER.lock:
-        _context_entries -= 1
-        _restore_calls_if_unused()
-
-
 def context() -> jo.OverrideContext:
     """The Linen overrides, to enter with ``with``: neutral functions become Linen-aware.
 
-    Inside a bound Linen module (``init``, ``init_with_output``, ``apply``, a module from
-    ``bind``) every neutral transform and control-flow function threads the module's
-    mutable variable collections and rng streams through JAX, creates at init the
-    variables its functions use (init returns what apply returns), and names the
-    submodules made in those functions as Linen would outside them. Outside a bound
-    module each neutral function is JAX's own. As under ``install()``, the outermost
-    method call of a bound module checks when it returns that no variable was left as a
-    tracer by a raw JAX transform (a library's import-time ``jax.jit``), and raises
-    ``MissingAdapterError`` with the fix.
+    Inside a bound Linen module every neutral function threads the mutable collections
+    and rng streams through JAX, creates at init the variables its functions use, and
+    names submodules as Linen would; outside one it is JAX's own. The outermost method
+    call raises ``MissingAdapterError`` for variables left as tracers by a raw JAX
+    transform.
 
     Returns:
       The adapter's ``OverrideContext`` (one object, reusable, reentrant).
@@ -188,12 +162,10 @@ def context() -> jo.OverrideContext:
 def install() -> jo.Installation:
     """Registers the Linen overrides for the whole process, active inside bound modules.
 
-    Library code that calls the neutral API then works with Linen modules without a
-    ``with`` block, while everything outside Linen modules runs exactly as before, at
-    JAX's own speed: the installation is scoped (``jaxoverride.install(...,
-    scoped=True)``), entered and left around each method call of a bound module (a hook
-    on ``Module._call_wrapped_method``), so no predicate is asked on each neutral call.
-    Calling it again returns the same installation.
+    Scoped (``jaxoverride.install(..., scoped=True)``): a hook on
+    ``Module._call_wrapped_method`` enters it around each method call of a bound module,
+    so everything outside runs at JAX's own speed. Calling it again returns the same
+    installation.
 
     Returns:
       The ``jaxoverride.Installation``; ``uninstall()`` removes it.
@@ -266,9 +238,8 @@ _INSTALLER = kit.ScopedInstaller(_CONTEXT, "jaxoverride_linen", hook=_hook, unho
 
 
 def _solve_source() -> Any:
-    """The source a ``jaxoverride.solve_state`` declaration applies to: the Linen modules
-    running now, where this adapter is active (``context()`` entered, or ``install()``);
-    None elsewhere, so that a declaration there changes nothing."""
+    """The source a ``jaxoverride.solve_state`` applies to: the Linen modules running now
+    where this adapter is active; None elsewhere (the declaration changes nothing)."""
     if not _source.in_bound_module():
         return None
     installation = _INSTALLER.installation

@@ -1,18 +1,12 @@
 """Closure conversion, ``make_jaxpr`` and JAX's custom solves inside bound Linen modules.
 
-Each traces the user's function into a jaxpr whose inputs and outputs are fixed. So at
-init a creation pass (the source's ``create``) first makes the variables, under the names
-apply uses; the function is then traced against the caller's scopes (``closure_convert``
-hoists the variables it reads when they are differentiated or traced); a write or rng
-draw inside it is refused at the write (``PureFunctionWriteError``), since it could not
-come out (what a neutral loop inside leaves is put back). Under ``jaxoverride.solve_state``
-frozen streams draw the solve's key, and collections kept at the solution come out of the
-converted function (``kit.declared_closure_convert``) or the jaxpr
-(``kit.declared_make_jaxpr``, at each evaluation in a solver's loop).
-
-JAX caches a conversion by the function's identity and its closed-over values: a
-parameter read from the scope, changed since (or another tracer under ``jax.grad``),
-would come back stale. Each call traces a fresh wrapper, which never hits that cache.
+Each traces the user's function into a jaxpr with fixed inputs and outputs: at init a
+creation pass first makes the variables; a write or draw inside is refused
+(``PureFunctionWriteError``), since it could not come out. Under ``jaxoverride.solve_state``
+frozen streams draw the solve's key, and kept collections come out of the converted
+function (``kit.declared_closure_convert``) or the jaxpr (``kit.declared_make_jaxpr``).
+Each call traces a fresh wrapper: JAX's conversion cache, keyed by identity and closed-over
+values, would hand back a stale parameter.
 """
 
 from __future__ import annotations
@@ -70,8 +64,16 @@ def _converting(
     source = _source.source(where)
     policy = _source.declaration()
     if where == "jaxoverride.make_jaxpr" and _declared.frozen_collections_any(policy):
+        # Kept collections: run through the source, written out of the jaxpr at each
+        # evaluation (``kit.declared_make_jaxpr``).
         assert policy is not None
-        return init_safe(source, creation, lambda: trace(_written_out(where, source, policy, fun)))
+        declared = kit.declared_make_jaxpr(where, source, policy, fun)
+
+        def written_out(*args: Any, **kwargs: Any) -> Any:
+            with _declared.evaluating(policy, source.roots):
+                return declared(*args, **kwargs)
+
+        return init_safe(source, creation, lambda: trace(written_out))
     # Draws of the streams frozen: the solve's key; writes cannot come out (see above).
     allowed = frozenset(a for a in _declared.allowed(policy) if a[0] == "rng")
     reason = CONVERTED_DECLARED if _declared.frozen_collections_any(policy) else CONVERTED
@@ -85,22 +87,6 @@ def _converting(
     return init_safe(source, creation, lambda: trace(traced))
 
 
-def _written_out(
-    where: str, source: Any, policy: kit.Participant, fun: Callable[..., Any]
-) -> Callable[..., Any]:
-    """``fun`` to trace into a jaxpr under a declaration that keeps collections at the
-    solution: run through the source, its writes handed out of the jaxpr at each
-    evaluation (``kit.declared_make_jaxpr``); a write it leaves per evaluation is
-    refused there."""
-    declared = kit.declared_make_jaxpr(where, source, policy, fun)
-
-    def traced(*args: Any, **kwargs: Any) -> Any:
-        with _declared.evaluating(policy, source.roots):
-            return declared(*args, **kwargs)
-
-    return traced
-
-
 CONVERSIONS: dict[str, Callable[..., Any]] = kit.conversion_overrides(
     _source.in_bound_module, _converting, module=__name__
 )
@@ -111,11 +97,8 @@ _converting_closure = CONVERSIONS["closure_convert"]
 
 def closure_convert(fun: Callable[..., Any], *example_args: Any) -> Any:
     """``jax.closure_convert`` inside bound Linen modules (``_converting``); under a
-    ``jaxoverride.solve_state`` that keeps collections at the solution, the kit's
-    ``declared_closure_convert``: each evaluation of the converted function keeps what
-    ``fun`` wrote to them. Its state is read with the rng streams hidden (a frozen stream
-    draws the solve's key; another draw, or a write to another collection, is refused at
-    the write, and what a loop inside leaves there is put back)."""
+    ``jaxoverride.solve_state`` keeping collections at the solution, the kit's
+    ``declared_closure_convert``: each evaluation keeps what ``fun`` wrote to them."""
     policy = _source.declaration() if _source.in_bound_module() else None
     if not _declared.frozen_collections_any(policy):
         return _converting_closure(fun, *example_args)
@@ -143,14 +126,9 @@ CONVERSIONS["closure_convert"] = closure_convert
 
 
 def eval_shape(fun: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-    """``jax.eval_shape`` against the caller's scopes, threading nothing.
-
-    Shapes need no state threaded: reads see the caller's variables (closed over), and
-    writes, creations and draws inside are dropped, as ``jax.eval_shape`` drops side
-    effects. Threading would draw a key from every rng stream, which a call inside a
-    loop's condition (equinox checks its callbacks' shapes there) must not do. At init a
-    creation pass first creates the variables the function uses.
-    """
+    """``jax.eval_shape`` against the caller's scopes, threading nothing: writes and
+    draws inside are dropped (threading would draw a key, which a call inside a loop's
+    condition must not do). At init a creation pass first creates the variables."""
     below = jo.next_impl("eval_shape")
     if not _source.in_bound_module():
         return below(fun, *args, **kwargs)
@@ -158,8 +136,7 @@ def eval_shape(fun: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     source = _source.source(where)
 
     def call() -> Any:
-        # Under ``jaxoverride.solve_state`` a boundary of its own, whose last state (a
-        # value of eval_shape's trace) is dropped with it, as the writes are.
+        # Under ``jaxoverride.solve_state`` a boundary of its own, its last state dropped.
         policy = _source.declaration()
 
         def traced(*a: Any, **k: Any) -> Any:

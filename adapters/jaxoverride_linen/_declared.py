@@ -1,20 +1,11 @@
 """``jaxoverride.solve_state`` at Linen's own boundaries: custom rules and conversions.
 
-The kit's ``Threaded`` applies a declaration to every loop, branch and transform. The
-functions that JAX makes pure (a closure-converted map, a ``custom_root`` function, a
-custom rule's functions, its ``bwd``) refuse writes and draws outside a declaration
-(``_guards.pure``). Inside one, what the declaration freezes runs under its semantics:
-
-* a draw from a stream it freezes (one key per solve) is drawn from the entry key, with
-  the stream's counters as at entry, so it gives the key every other evaluation draws;
-* a write to a collection it keeps at the solution starts from the entry state; a
-  closure-converted function hands it out (``kit.declared_closure_convert``), so that
-  each call of the converted map writes it as the map itself would; elsewhere it is
-  dropped (a backward pass re-evaluating the map writes nothing);
-* a draw or write that the declaration leaves per evaluation is refused as before.
-
-A custom rule keeps the declaration found when it is called: JAX runs ``bwd`` after the
-declaration has exited (``evaluating`` makes it the one Linen's draws see).
+The functions JAX makes pure (closure-converted maps, custom solves, a rule's functions)
+refuse writes and draws (``_guards.pure``); under a declaration what it freezes is let
+through: a frozen stream draws from the entry key at the entry's counters, and a write to
+a collection kept at the solution starts from the entry state and is handed out by a
+converted function (``kit.declared_closure_convert``), else dropped. A custom rule keeps
+the declaration found at its call, since JAX runs ``bwd`` after it exited.
 """
 
 from __future__ import annotations
@@ -72,8 +63,7 @@ def evaluating(
     policy: kit.Participant | None, roots: Sequence[Any], install: bool = False
 ) -> Iterator[None]:
     """One evaluation under ``policy``: Linen's draws see it, and the streams it freezes
-    start from the entry's counters (and, with ``install``, the frozen collections from
-    the entry state).
+    start from the entry's counters (with ``install``, the frozen collections from entry).
 
     Args:
       policy: the declaration (``kit.Participant``), or None (then nothing changes).
@@ -92,11 +82,15 @@ def evaluating(
     entry = policy.source._entry_counters or {}
     for root in roots:
         rid = id(root.variables)
-        for slot, _ in frozen(policy):
-            if slot[0] == "rng" and slot[1] == rid:
+        for slot, value in frozen(policy):
+            if slot[1] != rid:
+                continue
+            if slot[0] == "rng":
                 trees.restore_stream(root.counters, entry.get(rid, {}), slot[2])
-    if install:
-        _install_entry_state(policy, roots)
+            elif install:  # the frozen collections' leaves live, as at entry
+                col, path = slot[2], slot[3]
+                if trees.get_path(root.variables.get(col, {}), path) is not trees.MISSING:
+                    trees.put_path(root.variables[col], path, value)
     _local.declared.append(policy)
     try:
         yield
@@ -104,15 +98,3 @@ def evaluating(
         _local.declared.pop()
         for root, counters in saved:
             trees.restore(root.counters, counters, fresh=0)
-
-
-def _install_entry_state(policy: kit.Participant, roots: Sequence[Any]) -> None:
-    """The frozen collections' leaves, live, as at the declaration's entry."""
-    for root in roots:
-        rid = id(root.variables)
-        for slot, value in frozen(policy):
-            if slot[0] != "state" or slot[1] != rid:
-                continue
-            col, path = slot[2], slot[3]
-            if trees.get_path(root.variables.get(col, {}), path) is not trees.MISSING:
-                trees.put_path(root.variables[col], path, value)

@@ -1,9 +1,5 @@
-"""The implicit-differentiation errors of the Linen adapter, under ``jaxoverride.errors``.
-
-Each subclasses the shared class of the same name, so a handler written against
-``jaxoverride.errors`` (or against another adapter's class of that name, through the
-shared base) catches it.
-"""
+"""The implicit-differentiation errors of the Linen adapter: each subclasses the
+``jaxoverride.errors`` class of its name, so a handler of that class catches it."""
 
 from __future__ import annotations
 
@@ -14,8 +10,7 @@ class ClosedOverDifferentiationError(joe.ClosedOverDifferentiationError):
     """A custom rule reads a Linen variable that is being differentiated.
 
     The rule gives gradients for its explicit arguments only, so the variable would get a
-    silently zero gradient. ``jaxoverride.closure_convert`` makes what a function reads
-    explicit arguments.
+    silently zero gradient (``jaxoverride.closure_convert`` makes reads arguments).
 
     Example:
       >>> import jax, flax.linen as nn, jaxoverride as jo, jaxoverride_linen
@@ -65,9 +60,8 @@ class DifferentiatedStateError(joe.DifferentiatedStateError):
 class PureFunctionWriteError(joe.PureFunctionWriteError):
     """A Linen variable write or rng draw inside a function that JAX makes pure.
 
-    Raised by ``closure_convert``, ``make_jaxpr``, ``lax.custom_root`` and
-    ``lax.custom_linear_solve`` inside a bound Linen module, and inside a custom rule's
-    backward pass: nothing written or drawn there could come out.
+    Raised by ``closure_convert``, ``make_jaxpr``, the custom solves and a custom rule's
+    backward pass inside a bound Linen module: nothing written or drawn could come out.
 
     Example:
       >>> import jax, jax.numpy as jnp, flax.linen as nn, jaxoverride as jo, jaxoverride_linen

@@ -1,27 +1,21 @@
 """Read and write guards on Linen's scopes, for the implicit-differentiation rules.
 
-Three hooks (``_patches`` puts them on ``Scope`` while the adapter is in use), each one
-thread-local read when none of this adapter's rules is running:
+Three hooks (on ``Scope`` while the adapter is in use; one thread-local read when idle):
 
-* **lifted reads**: a custom rule passes Linen's variables to JAX as an explicit argument;
-  while one of its functions runs, ``Scope.get_variable`` (what ``self.param``,
-  ``self.variable(...).value`` and every ``nn.Dense`` read through) returns the rule's
-  values instead of the caller's, which JAX would refuse as closed-over tracers;
-* **refused reads**: a variable being differentiated, read inside a rule that gives
-  gradients for its explicit arguments only, is refused at the read
-  (``ClosedOverDifferentiationError``, naming ``closure_convert``);
-* **refused writes**: inside a function that JAX makes pure (closure conversion, a custom
-  solve, a rule's ``bwd``), ``Scope.put_variable`` and ``Scope.make_rng`` raise
-  ``PureFunctionWriteError`` at the write or draw itself. Loops inside such a function
-  still carry the state: the roots' rng streams are hidden from the threading (there is
-  nothing to draw), and the collection leaves they write back are put back afterwards.
+* **lifted reads**: while a rule's function runs, ``Scope.get_variable`` returns the
+  values the rule passed to JAX as an argument, not the caller's closed-over tracers;
+* **refused reads**: reading a variable being differentiated inside a rule raises
+  ``ClosedOverDifferentiationError``;
+* **refused writes**: inside a function JAX makes pure, ``put_variable`` and ``make_rng``
+  raise ``PureFunctionWriteError``; loops inside thread no key, and what they write back
+  is put back afterwards.
 """
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from flax.core import scope as core_scope
 
@@ -33,33 +27,14 @@ from jaxoverride_linen._per_thread import local as _local
 Scope = core_scope.Scope
 
 
-class _Lifted:
-    """The values that reads of one root scope see while a rule's function runs.
+class _Lifted(NamedTuple):
+    """The values that reads of one root scope see while a rule's function runs."""
 
-    ``left_out``: the paths of the ``params`` the rule was not given (a staged
-    ``custom_jvp`` takes only those its primal function reads), whose reads are refused.
-    """
-
-    __slots__ = ("left_out", "params", "refused", "where")
-
-    def __init__(
-        self,
-        params: Any,
-        refused: frozenset[tuple[str, ...]],
-        where: str,
-        left_out: frozenset[tuple[str, ...]] = frozenset(),
-    ):
-        self.params = params
-        self.refused = refused
-        self.where = where
-        self.left_out = left_out
-
-
-def _refuse_read(lifted: _Lifted, col: str, path: tuple[str, ...]) -> None:
-    full = (col, *path)
-    if any(full == refused[: len(full)] for refused in lifted.refused):
-        what = f"the Linen variable {'/'.join(full)!r}"
-        raise ClosedOverDifferentiationError.reading(lifted.where, what)
+    params: Any
+    refused: frozenset[tuple[str, ...]]
+    where: str
+    # The ``params`` paths the rule was not given (a staged ``custom_jvp``): reads refused.
+    left_out: frozenset[tuple[str, ...]] = frozenset()
 
 
 def guard_get_variable(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -73,7 +48,10 @@ def guard_get_variable(original: Callable[..., Any]) -> Callable[..., Any]:
         if lifted is None:
             return original(self, col, name, default)
         path = (*self.path, name)
-        _refuse_read(lifted, col, path)
+        full = (col, *path)
+        if any(full == refused[: len(full)] for refused in lifted.refused):
+            what = f"the Linen variable {'/'.join(full)!r}"
+            raise ClosedOverDifferentiationError.reading(lifted.where, what)
         if col == "params":
             value = trees.get_path(lifted.params, path)
             if value is not trees.MISSING:
@@ -109,9 +87,7 @@ def lifted_reads(
     left_out = left_out or [frozenset()] * len(roots)
     for variables, tree, paths, unused in zip(roots, params, refused, left_out, strict=True):
         outer = frame.get(id(variables))
-        # A rule inside a rule: its values come from the outer one's, so what the outer
-        # one was not given stays missing, and what it refuses stays refused (with the
-        # outer one's name).
+        # A rule inside a rule: what the outer one was not given or refuses stays so.
         unused = unused | (outer.left_out if outer is not None else frozenset())
         if outer is not None and outer.refused - paths:
             frame[id(variables)] = _Lifted(tree, paths | outer.refused, outer.where, unused)
@@ -135,26 +111,15 @@ def lifted_params(variables: Any) -> Any:
 # -- pure functions ----------------------------------------------------------------------
 
 
-class _Pure:
-    __slots__ = ("allowed", "inside", "reason", "roots", "where", "writes")
-
-    def __init__(
-        self,
-        roots: frozenset[int],
-        where: str,
-        inside: str,
-        reason: str,
-        writes: bool,
-        allowed: frozenset[tuple[str, str]],
-    ):
-        self.roots = roots
-        self.where = where
-        self.inside = inside
-        self.reason = reason
-        self.writes = writes  # whether writes are refused too, not only draws
-        # ("rng", stream) and ("state", collection) that a ``jaxoverride.solve_state``
-        # freezes: drawn from its entry key, written and dropped (``_declared``).
-        self.allowed = allowed
+class _Pure(NamedTuple):
+    roots: frozenset[int]
+    where: str
+    inside: str
+    reason: str
+    writes: bool  # whether writes are refused too, not only draws
+    # ("rng", stream) and ("state", collection) that a ``jaxoverride.solve_state``
+    # freezes: drawn from its entry key, written and dropped (``_declared``).
+    allowed: frozenset[tuple[str, str]]
 
     def error(self, what: str) -> PureFunctionWriteError:
         return PureFunctionWriteError(
@@ -193,14 +158,14 @@ def guard_make_rng(original: Callable[..., Any]) -> Callable[..., Any]:
 
     def make_rng(self: Scope, name: str = "params") -> Any:
         guard = _pure_guard(self)
-        if guard is not None and ("rng", _stream(self, name)) not in guard.allowed:
+        if guard is not None and ("rng", stream(self, name)) not in guard.allowed:
             raise guard.error(f"an rng key was drawn (make_rng({name!r}))")
         return original(self, name)
 
     return make_rng
 
 
-def _stream(scope: Scope, name: str) -> str:
+def stream(scope: Scope, name: str) -> str:
     """The stream ``make_rng(name)`` draws from (Linen falls back on ``params``)."""
     return name if name in scope.rngs or "params" not in scope.rngs else "params"
 
@@ -234,13 +199,11 @@ def pure(
       roots: the adapter's roots (each with ``variables`` and ``rngs``).
       where: the neutral name, for the error.
       inside: the function, for the error (``"the function being converted"``).
-      reason: why nothing written there could come out, and the fix (``{where}`` is
-        filled in).
+      reason: why nothing written there could come out, and the fix (``{where}`` filled in).
       writes: refuse writes too; what loops inside leave is then put back on exit.
       allowed: ``("rng", stream)`` and ``("state", collection)`` let through (what a
-        ``jaxoverride.solve_state`` freezes); what they write is put back on exit too,
-        unless ``keep_allowed`` (the state source that runs the function reads it then:
-        ``kit.declared_closure_convert``).
+        ``jaxoverride.solve_state`` freezes); their writes are put back on exit too, unless
+        ``keep_allowed`` (``kit.declared_closure_convert`` reads them).
     """
     saved = [
         (tree, path, value)

@@ -1,11 +1,8 @@
 """Linen's ``Scope`` methods patched while the adapter is in use, and only then.
 
-The adapter reaches Linen's variables, rng draws and writes through four methods of
-``flax.core.scope.Scope`` (``make_rng``, ``variable``, ``put_variable``,
-``get_variable``). Importing the adapter changes nothing: the wrappers go on when the
-first user (an entered ``context()``, or ``install()``) arrives, and Flax's own methods,
-the very objects found there, come back when the last one leaves. Contexts of many
-threads share one count.
+``make_rng``, ``variable``, ``put_variable`` and ``get_variable`` get the wrappers when the
+first user (``context()`` or ``install()``) arrives; Flax's own methods come back when the
+last one leaves. Contexts of all threads share one count.
 """
 
 from __future__ import annotations

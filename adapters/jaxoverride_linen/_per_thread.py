@@ -1,7 +1,6 @@
 """What the Linen adapter keeps per thread: the stacks its wrappers of ``Scope`` read.
 
-Each wrapper costs Linen's own method one read of these while nothing of the adapter runs
-in the thread (an empty stack, or no recorder).
+Each wrapper costs Linen's own method one read of these while the adapter is idle here.
 """
 
 from __future__ import annotations

@@ -1,37 +1,25 @@
-"""The implicit-differentiation names inside bound Linen modules; here ``custom_vjp`` and
-``custom_jvp``, Linen's state as an argument (``_convert``: the pure functions).
+"""``custom_vjp``, ``custom_jvp`` and the implicit-differentiation names inside bound Linen
+modules (``IMPLICIT_OVERRIDES``; ``_convert``: the pure functions).
 
-``IMPLICIT_OVERRIDES`` maps each of ``custom_vjp``, ``custom_jvp``, ``closure_convert``,
-``make_jaxpr``, ``lax.custom_root`` and ``lax.custom_linear_solve`` to its Linen override.
+JAX refuses (as a leaked tracer) a value being differentiated that a rule closes over, and
+a function calling Linen submodules closes over the whole scope. So each call builds JAX's
+rule over a function taking Linen's values ``(params, state, received)`` as a leading
+argument (``state``: the mutable collections and one key per rng stream, as loops thread
+them; ``received``: under ``jaxoverride.solve_state``, what the evaluations before the call
+left where it differs from the frozen ``state``) and returning ``state`` after it:
 
-JAX traces a rule's functions at levels of their own, and refuses (as a leaked tracer) a
-value being differentiated that a rule closes over. A function that calls Linen
-submodules closes over the whole scope: its parameters, its mutable collections and its
-rng streams. Here each call builds JAX's rule over a function that takes Linen's values
-``(params, state, received)`` as a leading argument (``state``: the mutable collections and
-one key per rng stream, as the adapter's state source threads them through loops;
-``received``: under a ``jaxoverride.solve_state`` declaration, the leaves of what the
-evaluations before the call left where they differ from the frozen ``state``, else empty)
-and returns ``state`` after it as an extra output:
+* the rule's functions see those values through the scopes (params via
+  ``_guards.lifted_reads``), so submodules are found and named as in the caller;
+* writes and draws of the primal or ``fwd``/JVP rule come out once per call; a derivative
+  of a variable that came out of a ``custom_vjp`` is refused (``DifferentiatedStateError``);
+* ``bwd`` sees the values as ``fwd`` left them and may not write or draw
+  (``PureFunctionWriteError``);
+* with ``symbolic_zeros=True`` the rule learns what is differentiated: reading such a value
+  is refused (``ClosedOverDifferentiationError``), not a silently zero gradient;
+* at init a creation pass runs the primal once, creating variables under apply's names.
 
-* every function of the rule runs with the scopes showing those values (params through
-  ``_guards.lifted_reads``, the rest installed by the source), so submodules defined in
-  ``setup`` or ``nn.compact`` are found, and named, as in the caller;
-* variables written and keys drawn by the primal function or ``fwd``/the JVP rule come out
-  once per call, whichever JAX ran; differentiating, after the call, a variable that came
-  out of a ``custom_vjp`` is refused (``DifferentiatedStateError``);
-* ``bwd`` sees the values as ``fwd`` left them; a write or a draw there is refused at the
-  write itself (``PureFunctionWriteError``): a backward pass returns cotangents only;
-* the rule is registered with ``symbolic_zeros=True`` to learn which of Linen's values are
-  being differentiated. A rule gives gradients for its explicit arguments only, so a read
-  of such a value is refused at the read, naming ``closure_convert``, instead of a
-  silently zero gradient (``ClosedOverDifferentiationError``);
-* at init, a creation pass first runs the primal function once: variables are created
-  once, under the names apply uses.
-
-Unlike ``nn.custom_vjp``, the rule's functions may call any submodule and read any
-variable (no ``grad_vars`` selection): what they read is lifted, what they differentiate
-must be an argument. ``nn.custom_vjp`` has no ``custom_jvp`` counterpart; this one does.
+Unlike ``nn.custom_vjp`` the functions may call any submodule and read any variable; there
+is a ``custom_jvp`` too.
 """
 
 from __future__ import annotations
@@ -85,35 +73,20 @@ def _as_dicts(tree: Any) -> Any:
     return tree
 
 
-def _differentiated(values: Any) -> list[frozenset[tuple[str, ...]]]:
-    """Per root, the paths ``(collection, *path)`` holding a leaf being differentiated."""
-    params, state = values[0], values[1]
-    refused = []
-    for tree, root_state in zip(params, state, strict=True):
-        collections = root_state[0]  # the source's state per root: collections first
-        paths = {
-            ("params", *path)
-            for path, value in trees.paths(tree)
-            if any(kit.perturbed_leaves(value))
-        }
-        paths |= {
-            (col, *path)
-            for col, col_tree in collections.items()
-            for path, value in trees.paths(col_tree)
-            if any(kit.perturbed_leaves(value))
-        }
-        refused.append(frozenset(paths))
-    return refused
+def _perturbed(collections: Any) -> frozenset[tuple[str, ...]]:
+    """The paths ``(collection, *path)`` holding a leaf being differentiated."""
+    return frozenset(
+        (col, *path)
+        for col, tree in collections.items()
+        for path, value in trees.paths(tree)
+        if any(kit.perturbed_leaves(value))
+    )
 
 
 @contextlib.contextmanager
 def _valid(source: Any) -> Iterator[None]:
-    """The root scopes valid again while a rule's function runs after the call returned.
-
-    JAX may trace ``fwd`` or the JVP rule after ``apply`` returned (under
-    ``jax.grad(jax.jit(model.apply))``), when Linen has invalidated the root scope. The
-    function runs on the values the rule received; the scope only routes them.
-    """
+    """The root scopes valid again: JAX may trace ``fwd`` or the JVP rule after ``apply``
+    returned (``jax.grad(jax.jit(model.apply))``); the scope only routes the rule's values."""
     invalid = [root.scope for root in source.roots if root.scope._invalid]
     for scope in invalid:
         scope._invalid = False
@@ -146,24 +119,21 @@ class _Call:
         self.where = where
         self.roots = [root.variables for root in source.roots]
         self.forward = kit.Threaded(source, 1, where)
-        # A ``jaxoverride.solve_state`` around the call: the rule's state argument is
-        # frozen at the call's read (``_call``), and its forward functions run on that
-        # argument (a value of the rule's own trace, not the entry snapshot closed over);
-        # JAX runs bwd after the declaration has exited: it keeps the one found now, and
-        # its writes are dropped.
+        # A ``jaxoverride.solve_state`` around the call: the forward functions run on the
+        # rule's frozen argument, not the entry snapshot; bwd (run after the declaration
+        # exited) keeps the one found now, its writes dropped.
         self.policy = self.forward.policy
         self.forward.policy = None
         self.evaluated = False  # whether a forward run evaluated anything (``kit.Threaded``)
-        # Under a declaration, the leaves of the state (in ``jax.tree.leaves`` order) where
-        # what the evaluations before the call left is not what the rule is given (frozen):
-        # those come in as the rule's third value (``_call``), so that a forward run that
-        # evaluates nothing passes them on.
+        # Under a declaration, the state leaves where what the evaluations before the call
+        # left differs from the frozen argument: the rule's third value (``_call``), which
+        # a forward run that evaluates nothing passes on.
         self.received_at: tuple[int, ...] = ()
         self.backward = kit.Threaded(source, 1, where, backward=True)
         self.backward.policy = self.policy
         # Per leaf of the threaded state: left as it came in by every forward run so far.
         self.kept: list[bool] | None = None
-        # Per root, the params paths a staged custom_jvp was not given (``_used_params``).
+        # Per root, the params paths a staged custom_jvp was not given (``staged_values``).
         self.left_out: list[frozenset[tuple[str, ...]]] | None = None
 
     def note_kept(self, state: Any, after: Any) -> None:
@@ -175,18 +145,11 @@ class _Call:
         )
 
     def written(self, before: Any, after: Any) -> Any:
-        """``after``, the rule's state output, with each leaf that no forward run wrote
-        taken from ``before`` (the caller's value, which the rule was given; under a
-        declaration, what the evaluations before the call left, ``received``).
+        """``after`` with each leaf that no forward run wrote taken from ``before``.
 
-        JAX 0.12 stages a ``custom_jvp`` call met in a partial evaluation with an unknown
-        input as one equation whose outputs are all unknown (``JaxprTrace
-        .process_custom_jvp_call``; before, it inlined the function, and a value passed
-        through stayed known). So inside ``jax.linearize`` (optimistix's Newton step) a
-        rule called on a tangent would turn every Linen variable it merely carried into an
-        unknown, and the enclosing rule's primal output with it: JAX's "Linearization
-        failed to produce known values". The unwritten leaves are the same values either
-        way.
+        From JAX 0.12 a ``custom_jvp`` staged in a partial evaluation with an unknown input
+        has only unknown outputs, so inside ``jax.linearize`` a variable merely carried
+        would come back unknown ("Linearization failed to produce known values").
         """
         kept = self.kept
         if kept is None or not any(kept):
@@ -199,13 +162,21 @@ class _Call:
 
     @contextlib.contextmanager
     def reading(self, params: Any, refused: Sequence[frozenset] | None = None) -> Iterator[None]:
+        """The scopes showing ``params`` (reads of ``refused`` paths refused), no rng key,
+        and valid even after the call returned."""
         refused = refused or [frozenset()] * len(self.roots)
+        roots = self.source.roots
         with lifted_reads(self.roots, params, refused, self.where, self.left_out):
-            yield
+            with hidden_rngs(roots), _valid(self.source):
+                yield
 
     def differentiated(self, values: Any) -> list[frozenset[tuple[str, ...]]]:
         """Per root, the paths being differentiated (``kit.RuleCall``)."""
-        return _differentiated(values)
+        params, state = values[0], values[1]
+        return [
+            _perturbed({"params": tree, **cols})
+            for tree, (cols, *_) in zip(params, state, strict=True)
+        ]
 
     def run(
         self, values: Any, fun: Callable[..., Any], args: Sequence[Any], refused: Any = None
@@ -226,7 +197,7 @@ class _Call:
                 return fun(*args)
 
         if policy is None:
-            with self.reading(params, refused), hidden_rngs(source.roots), _valid(source):
+            with self.reading(params, refused):
                 out, after = self.forward.run(0, state, drawing_refused)
             self.note_kept(state, after)
             return out, after
@@ -236,7 +207,7 @@ class _Call:
         frame = policy.push(state, received=handed)
         with policy.rebased(state):
             try:
-                with self.reading(params, refused), hidden_rngs(source.roots), _valid(source):
+                with self.reading(params, refused):
                     with _declared.evaluating(policy, source.roots):
                         out, after = self.forward.run(0, state, drawing_refused)
             finally:
@@ -255,9 +226,32 @@ class _Call:
         return out, after, (values[0], after)
 
     def staged_values(self, values: Any, used: list[bool]) -> tuple[Any, list[bool]]:
-        """The values a staged custom_jvp takes (``_used_params``)."""
-        values, kept, self.left_out = _used_params(values, used)
-        return values, kept
+        """The values a staged custom_jvp takes: the params whose leaves ``used`` marks (a
+        variable partly read kept whole), all of the state; per leaf, whether it is kept."""
+        params, state, received = values
+        flags = iter(used)
+        kept: list[bool] = []
+        pruned, left_out = [], []
+        for tree in params:
+            taken: dict[str, Any] = {}
+            dropped = set()
+            variables = jax.tree_util.tree_flatten_with_path(
+                tree, is_leaf=lambda node: not isinstance(node, dict)
+            )[0]
+            for keys, variable in variables:
+                path = tuple(key.key for key in keys)
+                reads = [next(flags) for _ in jax.tree.leaves(variable)]
+                keep = not reads or any(reads)
+                kept += [keep] * len(reads)
+                if keep:
+                    trees.put_path(taken, path, variable)
+                else:
+                    dropped.add(path)
+            pruned.append(taken)
+            left_out.append(frozenset(dropped))
+        kept += [True for _ in flags]  # the state, and what came before the call
+        self.left_out = left_out
+        return (pruned, state, received), kept
 
     def _received(self, state: Any, received: Sequence[Any]) -> Any:
         """What the evaluations before the call left: ``state`` with the leaves at
@@ -282,23 +276,17 @@ class _Call:
             with pure_scope(source, where, *_BACKWARD, allowed=allowed):
                 return fun(*args)
 
-        with self.reading(params), hidden_rngs(source.roots), _valid(source):
-            with _declared.evaluating(policy, source.roots):
-                out, _ = self.backward.run(0, state, refusing)
+        with self.reading(params), _declared.evaluating(policy, source.roots):
+            out, _ = self.backward.run(0, state, refusing)
         return out
 
 
 class _Backward:
     """What the backward rule keeps of a call: its name, and the call and modules weakly.
 
-    JAX keeps ``bwd`` in the linear program after the differentiating trace has ended
-    (from JAX 0.12, ``jax.grad`` linearizes through a ``LinearizeTrace``, and transposes
-    after it), while the caller's scopes hold the variables being differentiated as
-    tracers of that trace: a strong reference to the call would keep them, and the
-    trace, alive (``jax.checking_leaks`` reports it). ``bwd`` can reach those scopes only
-    through a reference of the user's own (a module that its functions or residuals
-    hold), which keeps the modules alive; where none is left, ``bwd`` has no variable to
-    read and none to write, and runs as it is.
+    JAX keeps ``bwd`` after the differentiating trace ended, while the caller's scopes hold
+    its tracers: a strong reference would keep that trace alive (``jax.checking_leaks``).
+    Where no module is left, ``bwd`` has no variable to read or write, and runs as it is.
     """
 
     __slots__ = ("call", "modules", "where")
@@ -309,8 +297,12 @@ class _Backward:
         self.where = call.where
 
     def refuse_differentiated_state(self, cotangent: Any) -> None:
-        """Refuses a derivative of a variable that came out (``kit.RuleBackward``)."""
-        _refuse_differentiated_state(self.where, cotangent)
+        """Refuses a derivative, silently zero, of a variable that came out
+        (``kit.RuleBackward``)."""
+        names = sorted("/".join(p) for cols, *_ in cotangent for p in _perturbed(cols))
+        if names:
+            what = f"the Linen state {', '.join(names)}"
+            raise DifferentiatedStateError.came_out(self.where, what)
 
     def run_backward(self, saved: Any, fun: Callable[..., Any], args: Sequence[Any]) -> Any:
         """``fun(*args)`` as ``_Call.run_backward`` while the caller's modules live."""
@@ -322,20 +314,6 @@ class _Backward:
             source = _source.LinenSource(self.where, modules=modules)
             call = _Call(source, self.where)
         return call.run_backward(saved, fun, args)
-
-
-def _refuse_differentiated_state(where: str, state_cotangent: Any) -> None:
-    """Refuses a derivative that would silently be zero: of a variable that came out."""
-    names = sorted(
-        "/".join((col, *path))
-        for root_state in state_cotangent
-        for col, tree in root_state[0].items()
-        for path, value in trees.paths(tree)
-        if any(kit.perturbed_leaves(value))
-    )
-    if names:
-        what = f"the Linen state {', '.join(names)}"
-        raise DifferentiatedStateError.came_out(where, what)
 
 
 class LinenRule(kit.LiftedRule):
@@ -353,21 +331,20 @@ class LinenRule(kit.LiftedRule):
             return self._plain(*args, **kwargs)
         args = called
         source = _source.source(self._where)
-        lifted = self._lifted_vjp if self._name == "custom_vjp" else self._lifted_jvp
         # The creation pass sees the arguments as JAX's rule does: arrays, nondiff ones
         # as given.
         creation = lambda: self._fun(*kit.traced_arguments(args, self._nondiff))
-        return init_safe(source, creation, lambda: lifted(source, args))
+        return init_safe(source, creation, lambda: self._lifted(source, args))
 
-    def _call(
-        self,
-        bind: Callable[[Any], tuple[Any, Any]],
-        call: _Call,
-        source: Any,
-        args: tuple[Any, ...],
-    ) -> Any:
-        """Calls JAX's rule on the caller's values; ``bind(values)`` returns the rule and
-        the values it takes."""
+    def _lifted(self, source: Any, args: tuple[Any, ...]) -> Any:
+        """Calls JAX's rule on the caller's values."""
+        call = _Call(source, self._where)
+        bind: Callable[[Any], tuple[Any, Any]]
+        if self._name == "custom_vjp":
+            rule = self._vjp_rule(call, _Backward(call), args)  # bwd holds the call weakly
+            bind = lambda values: (rule, values)
+        else:
+            bind = self._jvp_binder(call, args)
         with hidden_rngs(source.roots):  # the state without keys (see _DRAW)
             state = source.read()
         policy = call.policy
@@ -391,54 +368,6 @@ class LinenRule(kit.LiftedRule):
             after = policy.written(after, backward=not call.evaluated)
         call.forward.finish(after)
         return out
-
-    def _lifted_vjp(self, source: Any, args: tuple[Any, ...]) -> Any:
-        call = _Call(source, self._where)
-        rule = self._vjp_rule(call, _Backward(call), args)  # bwd holds the call weakly
-        return self._call(lambda values: (rule, values), call, source, args)
-
-    def _lifted_jvp(self, source: Any, args: tuple[Any, ...]) -> Any:
-        call = _Call(source, self._where)
-        return self._call(self._jvp_binder(call, args), call, source, args)
-
-
-def _used_params(values: Any, used: list[bool]) -> tuple[Any, list[bool], list[frozenset]]:
-    """``values`` with only the params that ``used`` marks, and all of the state (the rule
-    hands it back).
-
-    Args:
-      values: the rule's ``(params, state, received)``, ``params`` one tree of dicts per root.
-      used: per leaf of ``values``, whether the staged primal reads it
-        (``kit.StagedPrimal.used``).
-
-    Returns:
-      ``(values, kept, left_out)``: the values the rule takes, per leaf of ``values``
-      whether it is among them (a variable whose leaves are partly read is kept whole),
-      and per root the paths of the params left out.
-    """
-    params, state, received = values
-    flags = iter(used)
-    kept: list[bool] = []
-    pruned, left_out = [], []
-    for tree in params:
-        taken: dict[str, Any] = {}
-        dropped = set()
-        variables = jax.tree_util.tree_flatten_with_path(
-            tree, is_leaf=lambda node: not isinstance(node, dict)
-        )[0]
-        for keys, variable in variables:
-            path = tuple(key.key for key in keys)
-            reads = [next(flags) for _ in jax.tree.leaves(variable)]
-            keep = not reads or any(reads)
-            kept += [keep] * len(reads)
-            if keep:
-                trees.put_path(taken, path, variable)
-            else:
-                dropped.add(path)
-        pruned.append(taken)
-        left_out.append(frozenset(dropped))
-    kept += [True for _ in flags]  # the state, and what came before the call
-    return (pruned, state, received), kept, left_out
 
 
 IMPLICIT_OVERRIDES: dict[str, Callable[..., Any]] = {

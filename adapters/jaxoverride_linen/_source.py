@@ -1,21 +1,14 @@
 """Linen's implicit state as a kit ``StateSource``: variable collections, rng and names.
 
-A bound Linen module keeps its variables in its root scope's ``_variables`` (one nested
-dict per collection, which every child scope references into), draws rng keys by folding
-a Python counter into the root key, and names submodules and variables with Python
-counters and reservations kept on the modules and scopes running now. A JAX loop body
-sees none of that as JAX values, so:
+A bound module keeps its variables in its root scope's ``_variables``, draws keys by
+folding Python counters into the root key, and names submodules with counters kept on the
+running modules and scopes; a JAX loop body sees none of that, so:
 
-* the *mutable* collections (``params`` too at init: Linen's lifted transforms write
-  back every variable of their scope) are the threaded state: their leaves are written
-  in place, in the dicts the scopes reference, while a body runs, and the caller's
-  values are put back afterwards;
-* each rng stream is threaded as one *step key*: inside a body every ``make_rng`` of that
-  stream folds its usual path and counter into the step key instead of the root key, so
-  each iteration draws fresh keys; the counters are restored afterwards, so retracing a
-  body draws the same keys again;
-* the module-naming state (autoname cursors, children, scope reservations) of the modules
-  on Linen's module stack is what ``names()`` copies.
+* the *mutable* collections (``params`` too at init) are threaded: written in place while
+  a body runs, the caller's values put back afterwards;
+* each rng stream is threaded as one *step key* that ``make_rng`` folds into instead of
+  the root key; the counters are restored, so a retrace draws the same keys;
+* ``names()`` copies the naming state of the modules on Linen's module stack.
 """
 
 from __future__ import annotations
@@ -33,7 +26,7 @@ from flax.linen import module as linen_module
 from jaxoverride import adapter_kit as kit
 from jaxoverride.errors import JaxoverrideError
 from jaxoverride_linen import _declared, _trees as trees
-from jaxoverride_linen._guards import lifted_params
+from jaxoverride_linen._guards import lifted_params, stream
 from jaxoverride_linen._per_thread import local as _local
 
 Scope = core_scope.Scope
@@ -49,10 +42,8 @@ def in_bound_module() -> bool:
     """Whether a method of a bound Linen module is running (the adapter's predicate).
 
     Returns:
-      True inside ``init``, ``init_with_output``, ``apply`` and methods of bound modules;
-      False inside a JAX primitive's rule that runs there apart from the module's trace
-      (an abstract evaluation, a JVP rule's primal solve), where no Linen value can be
-      used and neutral functions are JAX's own.
+      True inside ``init``, ``apply`` and methods of bound modules; False inside a JAX
+      primitive's rule traced apart from the module's trace, where no Linen value is usable.
 
     Example:
       >>> import flax.linen as nn, jaxoverride_linen
@@ -67,15 +58,9 @@ def in_bound_module() -> bool:
 
 
 def _detached(stack: list[Any]) -> bool:
-    """Whether the running modules' values are out of reach of the JAX trace running now.
-
-    JAX runs a primitive's rules (an abstract evaluation, a JVP rule's primal solve, where
-    lineax's ``linear_solve`` calls its solver) under another trace while the module's
-    method is on the Python stack. Such a rule can use no Linen value, and threading the
-    module's state into its loops would leak a tracer: neutral calls there are JAX's own.
-    Inside a lifted custom rule's function ``params`` reads see the rule's argument
-    (``_guards``), not the scope's (a fresh trace's outer values), so those are checked.
-    """
+    """Whether the running modules' values are out of reach of the JAX trace running now
+    (a primitive's rule traced while the method is on the Python stack: threading there
+    would leak a tracer). Inside a lifted rule, ``params`` reads see the rule's argument."""
     seen: set[int] = set()
     for module in stack:
         scope = None if module is None else module.scope
@@ -91,11 +76,6 @@ def _detached(stack: list[Any]) -> bool:
         if kit.escaped_tracers((variables, [lazy.rng for lazy in root.rngs.values()])):
             return True
     return False
-
-
-def stack_modules() -> list[Any]:
-    """The bound modules whose methods are running now, outermost first."""
-    return [m for m in _linen_context.module_stack if m is not None and m.scope is not None]
 
 
 # -- rng substitution ------------------------------------------------------------------
@@ -126,22 +106,20 @@ def wrap_make_rng(original: Callable[..., Any]) -> Callable[..., Any]:
         if not stack and policy is None:
             return original(self, name)
         rngs: Any = self.rngs  # LazyRng values, though Flax annotates them as keys
-        resolved = name if name in rngs or "params" not in rngs else "params"
+        resolved = stream(self, name)
         lazy = rngs.get(resolved)
         if lazy is None:
             return original(self, name)
         step = stack[-1].get(id(lazy.rng)) if stack else None
         if step is not None and step.root is not lazy.rng:
             step = None
-        # A stream that ``jaxoverride.solve_state`` freezes draws from its entry key
-        # everywhere in the declaration (directly called maps too).
+        # A stream that ``jaxoverride.solve_state`` freezes draws from its entry key.
         declared = None if policy is None else policy.frozen.get(_rng_slot(self.root, resolved))
         if step is None and declared is None:
             return original(self, name)
         if step is not None and declared is None:
-            # A frozen stream draws from its entry key, never from the step key: the
-            # step stays unused, so a body whose evaluations all ran through boundaries
-            # (``jaxoverride.solver_map``) leaves the stream as it entered it.
+            # Only here is the step used: a body whose draws are all frozen leaves the
+            # stream as it entered it.
             step.used = True
         key = declared if declared is not None else step.key  # type: ignore[union-attr]
         rngs[resolved] = LazyRng(key, lazy.suffix)
@@ -195,9 +173,8 @@ def wrap_put_variable(original: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def declaration() -> kit.Participant | None:
-    """The ``jaxoverride.solve_state`` that Linen's state runs under here, or None: the
-    innermost one entered, or the one a custom rule's function runs under (JAX may run
-    a backward rule after the declaration has exited; ``_declared.evaluating``)."""
+    """The ``jaxoverride.solve_state`` that Linen's state runs under here, or None (a custom
+    rule's may have exited: ``_declared.evaluating``)."""
     declared = _local.declared
     return declared[-1] if declared else kit.participant(LinenSource)
 
@@ -270,8 +247,7 @@ class _Token:
 class LinenStateError(JaxoverrideError, ValueError):
     """A traced body created or wrote Linen variables it cannot hand back.
 
-    Also raised for a write, inside a traced body, to a module bound to a scope that is
-    not running here (``module.bind(...)`` elsewhere): its variables are not threaded.
+    Also for a write, in a traced body, to a module bound elsewhere (``module.bind``).
 
     Example:
       >>> import jaxoverride.errors, jaxoverride_linen
@@ -308,12 +284,8 @@ def _put_collections(root: _Root, cols: dict[str, Any]) -> None:
 
 @contextlib.contextmanager
 def discarding(roots: Sequence[_Root]) -> Iterator[None]:
-    """Whatever runs inside leaves the roots' variables and rng counters as they were.
-
-    For ``eval_shape``: JAX's computes shapes only, so writes, creations and draws inside
-    are dropped (as ``jax.eval_shape`` drops side effects), and nothing is threaded, so a
-    call inside a loop's condition draws no key of the loop's stream.
-    """
+    """Whatever runs inside leaves the roots' variables and rng counters as they were
+    (``eval_shape`` drops side effects, and draws no key of a loop's stream)."""
     saved = [(root, _mutable_trees(root), trees.copy_dicts(root.counters)) for root in roots]
     try:
         yield
@@ -334,22 +306,14 @@ def _rebuild(live: Any, like: Any) -> Any:
     return live
 
 
-def _aval(value: Any) -> Any:
-    return jax.tree.map(lambda v: jax.ShapeDtypeStruct(jnp.shape(v), jnp.result_type(v)), value)
-
-
 class LinenSource(kit.EnterLeaveSource):
     """The ``StateSource`` of the modules on Linen's module stack now.
 
-    Variables first written inside a loop body or branch at apply (a ``sow``) are
-    *fresh*: the first trace records their shapes and asks the kit to run the call again
-    (``retrace()``) with a slot for them, which each iteration refills from an absent
-    entry; what comes out is the last iteration's value, written once per call. Under a
-    differentiating transform the slot is part of the auxiliary output: what comes out
-    is the primal's value, as under ``nn.grad``; ``vmap`` and ``pmap`` stack it along the
-    mapped axis (``fresh_axes``). Where ``allow_fresh=False`` (``shard_map``, a custom
-    rule) such a write is a ``LinenStateError``. The branches of a ``cond`` or ``switch``
-    name as the arms of an ``if`` (``alternative_branches``).
+    Variables first written inside a loop body or branch at apply (a ``sow``) are *fresh*:
+    the first trace records their shapes and asks for a retrace (``retrace()``) with a slot
+    for them; the last iteration's value comes out once per call (``vmap``/``pmap`` stack it:
+    ``fresh_axes``). Where ``allow_fresh=False`` (``shard_map``, a custom rule) such a write
+    is a ``LinenStateError``.
     """
 
     alternative_branches = True
@@ -385,7 +349,10 @@ class LinenSource(kit.EnterLeaveSource):
         self._created: list[tuple[_Root, set[tuple[str, ...]]]] = []
         # ``modules``: those of an earlier call's stack, when a custom rule's bwd runs
         # after the call returned (``_rules._Backward``).
-        self.modules = stack_modules() if modules is None else modules
+        if modules is None:  # the bound modules running now, outermost first
+            stack = _linen_context.module_stack
+            modules = [m for m in stack if m is not None and m.scope is not None]
+        self.modules = modules
         roots: dict[int, _Root] = {}
         for module in self.modules:
             root = module.scope.root
@@ -422,9 +389,8 @@ class LinenSource(kit.EnterLeaveSource):
     # -- jaxoverride.solve_state ---------------------------------------------------------
 
     def parts(self, state: Any) -> list[kit.StatePart | None]:
-        """What each leaf of ``read()``'s state is for ``jaxoverride.solve_state``: each
-        rng stream's key, by stream name; each leaf of a mutable collection, by the
-        collection's name; the slots of variables first written in a body, nothing."""
+        """What each leaf of ``read()``'s state is for ``jaxoverride.solve_state``: a
+        collection's leaf, a stream's key, or nothing (a fresh slot)."""
         parts: list[kit.StatePart | None] = []
         for path, _ in jax.tree_util.tree_flatten_with_path(state)[0]:
             index, kind = path[0].idx, path[1].idx  # type: ignore[attr-defined]
@@ -441,24 +407,16 @@ class LinenSource(kit.EnterLeaveSource):
                 parts.append(None)
         return parts
 
-    def _declared(self, policy: Any, root: _Root, name: str) -> tuple[Any, Any] | None:
-        """The entry key and rng counters of stream ``name`` of ``root`` if the
-        declaration ``policy`` freezes it (one key per solve), else None."""
-        if policy is None:
-            return None
-        key = policy.frozen.get(_rng_slot(root.scope, name))
-        if key is None:
-            return None
-        return key, policy.source._entry_counters.get(id(root.variables), {})
-
     def _key(self, policy: Any, root: _Root, name: str) -> Any:
         """The step key of stream ``name`` to thread: a fresh draw, or, for a stream the
         declaration freezes and that no direct call drew from since the last boundary,
         its entry key itself (the kit tells an untouched stream by that identity)."""
-        declared = self._declared(policy, root, name)
-        if declared is not None:
-            key, counters = declared
-            if trees.stream_at(root.counters, counters, name):
+        if policy is not None:
+            key = policy.frozen.get(_rng_slot(root.scope, name))
+            entry = None if key is None else policy.source._entry_counters
+            if entry is not None and trees.stream_at(
+                root.counters, entry.get(id(root.variables), {}), name
+            ):
                 return key
         return root.scope.make_rng(name)
 
@@ -502,7 +460,7 @@ class LinenSource(kit.EnterLeaveSource):
         roots.append((roots[-1] if roots else set()) | {id(r.variables) for r in self.roots})
         return token
 
-    def _undo(self, token: _Token) -> None:
+    def abandon(self, token: _Token) -> None:
         _local.steps.pop()
         _local.roots.pop()
         _restore_roots(zip(token.roots, token.saved, token.counters, strict=True))
@@ -526,8 +484,7 @@ class LinenSource(kit.EnterLeaveSource):
             for name in sorted(root.rngs):
                 step = token.steps[id(root.rngs[name].rng)]
                 keys[name] = jax.random.fold_in(step.key, _NEXT_STEP) if step.used else step.key
-            # The slots this trace entered with (a path found in this trace is kept for
-            # the retrace, which reads it), each the value written, or the one entered.
+            # The slots this trace entered with: the value written, or the one entered.
             slots = {
                 path: trees.get_path(root.variables, path, trees.MISSING)
                 for path in token.slots[index]
@@ -543,15 +500,15 @@ class LinenSource(kit.EnterLeaveSource):
             (index, path): trees.get_path(token.roots[index].variables, path, None)
             for index, path in created
         }
-        self._undo(token)
+        self.abandon(token)
         self._written.append(frozenset(written.union(created)))
         if created:
             if not self.allow_fresh or any(path[0] == "params" for _, path in created):
                 raise _created_error(self.where, [p for _, p in created])
-            # The trace runs to its end (aborting a JAX trace that closes over outer
-            # tracers leaks it); the kit then discards the call and runs it again.
+            # The trace ran to its end (aborting one leaks tracers); the kit retraces.
+            aval = lambda v: jax.ShapeDtypeStruct(jnp.shape(v), jnp.result_type(v))
             for index, path in created:
-                self.fresh[index][path] = _aval(values[(index, path)])
+                self.fresh[index][path] = jax.tree.map(aval, values[(index, path)])
             self._retrace = True
         for (_, cols, keys, slots), entered in zip(state, token.slots, strict=True):
             slots = {
@@ -563,8 +520,7 @@ class LinenSource(kit.EnterLeaveSource):
 
     def fresh_axes(self, axis: int) -> list[Any]:
         """A prefix of the threaded state for ``vmap``'s ``out_axes``: the fresh slots
-        mapped along ``axis`` (stacked, as ``nn.vmap`` stacks a collection it is given
-        ``variable_axes={collection: axis}`` for), everything else unmapped (shared)."""
+        stacked along ``axis`` (as ``nn.vmap``'s ``variable_axes``), the rest shared."""
         return [(None, None, dict.fromkeys(fresh, (axis, None))) for fresh in self.fresh]
 
     def retrace(self) -> bool:
@@ -574,18 +530,10 @@ class LinenSource(kit.EnterLeaveSource):
         self._rewind_counters()
         return True
 
-    def abandon(self, token: _Token) -> None:
-        self._undo(token)
-
     def check_unknown_trips(self, state: Any) -> None:
-        """Refuses the fresh slots of a loop whose trip count is traced (the kit asks).
-
-        Whether a variable first written in the body exists after the loop depends on
-        whether the loop ran; where that flag is a tracer (a ``while_loop`` under
-        ``jax.jit``, a ``fori_loop`` with traced bounds) JAX has fixed the outputs, so no
-        answer can be Python's for both 0 trips and more. Nothing is written then, and
-        the rng counters are put back where they were before the loop.
-        """
+        """Refuses the fresh slots of a loop whose trip count is traced (the kit asks):
+        whether they exist after it would depend on a traced value. The rng counters are
+        put back as before the loop."""
         unknown = [
             path
             for (_, _, slots) in state
@@ -608,9 +556,8 @@ class LinenSource(kit.EnterLeaveSource):
             self._rewind_frozen(root, keys)
             _put_collections(root, cols)
             for path, (value, written) in slots.items():
-                # A traced flag here is of a call that ran (a scan or fori_loop with
-                # static bounds, a branch, a transform): the kit asked
-                # ``check_unknown_trips`` about every loop whose trip count is traced.
+                # A traced flag here is of a call that ran: the kit asked
+                # ``check_unknown_trips`` about every loop with a traced trip count.
                 if _concrete(written) is not False:
                     trees.put_path(root.variables, path, value)
 
@@ -639,18 +586,10 @@ class LinenSource(kit.EnterLeaveSource):
             )
 
     def join_names(self, ends: list[Any]) -> Any:
-        """The naming state after a ``cond``/``switch`` whose branches ended in ``ends``.
-
-        Each branch started from the caller's names, as an arm of a Python ``if``/``else``
-        does; after the call every name that any branch took stays taken (autoname
-        cursors at their furthest, children and reservations united), so nothing created
-        after the branch can take a name a branch created.
-
-        Called before anything is written: branches that first write different Linen
-        variables (``sow`` ``"a"`` in one, ``"b"`` in the other, or in one only) are
-        refused, as ``nn.cond`` refuses them: which of them comes out would depend on
-        the branch taken, and JAX fixes a call's outputs when it traces it.
-        """
+        """The naming state after a ``cond``/``switch`` whose branches ended in ``ends``:
+        every name any branch took stays taken (cursors at their furthest, children and
+        reservations united). Branches that first write different variables are refused,
+        as ``nn.cond`` refuses them: JAX fixes a call's outputs when it traces it."""
         if len(set(self._written)) > 1:
             raise _branch_writes_error(self.where, self._written)
         joined = []
@@ -804,8 +743,8 @@ def _created_error(where: str, created: list[tuple[str, ...]]) -> LinenStateErro
 
 
 def source(where: str, *, allow_fresh: bool = False, solve_entry: bool = False) -> LinenSource:
-    """The state source of the Linen modules running now (``solve_entry``: of a
-    ``jaxoverride.solve_state`` declaration, which keeps its entry rng counters)."""
+    """The state source of the Linen modules running now (``solve_entry``: a
+    ``jaxoverride.solve_state``'s, keeping its entry rng counters)."""
     if not _in_use:
         raise LinenStateError(
             f"{where}: the Linen overrides run, but jaxoverride_linen is not in use: they "

@@ -1,15 +1,9 @@
 """Overrides of the neutral transforms inside bound Linen modules.
 
-Each transformed function runs with the module's threaded state installed (closed over,
-or as an argument where JAX would otherwise bake it in) and returns the state it left as
-an auxiliary output that JAX does not map or differentiate; the caller's variables are
-updated once per call. At init a creation pass first calls the function outside JAX
-(for ``vmap``/``pmap`` on the first slice of the mapped arguments), so the variables it
-uses exist before JAX traces it.
-
-``jit`` inside a bound module calls its function inline: the enclosing computation
-(``jax.jit(model.apply)``, or the eager method) is what JAX compiles, so Linen's state
-never crosses a separate trace.
+Each transformed function runs with the threaded state installed and returns the state
+it left as an auxiliary output JAX does not map or differentiate; at init a creation
+pass first calls it outside JAX. ``jit`` calls its function inline: the enclosing
+computation is what JAX compiles, so Linen's state never crosses a separate trace.
 """
 
 from __future__ import annotations
@@ -48,8 +42,7 @@ def jit(fun: Callable[..., Any], *args: Any, **kwargs: Any) -> Callable[..., Any
 
     @kit.wraps(fun)
     def inline(*call_args: Any, **call_kwargs: Any) -> Any:
-        # Inside a bound module the enclosing computation is what JAX compiles: calling
-        # the function inline keeps Linen's variables, rng and names in one trace.
+        # Inline: the enclosing computation is what JAX compiles, Linen's state one trace.
         if not in_bound_module():
             return plain(*call_args, **call_kwargs)
         return fun(*call_args, **call_kwargs)

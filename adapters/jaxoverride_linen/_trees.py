@@ -1,10 +1,8 @@
 """Linen's nested variable and rng-counter dicts, read and restored in place.
 
-A child scope caches the dict its parent holds for it (``Scope._variables[col]``, and
-its ``rng_counters``) the first time it reaches it, and keeps using that object. Restoring
-variables removes what was added since (Linen's outputs show no empty dict), so the scope
-caches that point at removed dicts are then dropped (``evict_stale_caches``); rng counters
-are not outputs, so their dicts are kept where they are, their counts back at 0.
+A child scope caches the dict its parent holds for it (variables and ``rng_counters``).
+Restoring variables removes what was added since, so caches of removed dicts are dropped
+(``evict_stale_caches``); rng counters are not outputs: their dicts stay, counts back at 0.
 """
 
 from __future__ import annotations

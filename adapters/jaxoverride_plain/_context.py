@@ -245,9 +245,7 @@ def context() -> jo.OverrideContext:
     ``lax.custom_linear_solve`` (on ``matvec(b)``).
 
     Outside ``init_context()`` every override delegates straight to the implementation
-    below, so the context can stay entered around both init and apply. ``shard_map``'s
-    creation pass runs on the block of the first device, ``pmap``'s on one slice; both
-    with collectives over the mapped axes bound (size 1).
+    below, so the context can stay entered around both init and apply.
 
     Returns:
       An ``OverrideContext`` (reusable; also a decorator and a mapping).

@@ -1,9 +1,7 @@
 """Init-safe implicit differentiation: custom rules, closure conversion, custom solves.
 
-Each creates parameters by running the user's primal function once, outside any trace,
-before JAX sees it: ``closure_convert`` then hoists parameters that already exist, and a
-custom rule's ``fwd``/``bwd`` (traced lazily by JAX, possibly after init has returned)
-only ever read them.
+Each runs the user's primal function once outside any trace before JAX sees it, so
+``closure_convert`` hoists existing parameters and a rule's ``fwd``/``bwd`` only read them.
 """
 
 from __future__ import annotations

@@ -1,8 +1,7 @@
 """Init-safe transforms: the same creation pass, then apply pass, around ``jit``, ``grad``...
 
-Creating a parameter inside a ``jit``, ``grad`` or ``vmap`` trace leaks a tracer into the
-parameter store. At init these wrappers first call the function on the primal (for
-``vmap``/``pmap``: one unbatched slice) outside any transform, then run the transform.
+A parameter created inside a transform's trace would leak a tracer: at init these wrappers
+first call the function outside any transform (``vmap``/``pmap``: on one slice).
 """
 
 from __future__ import annotations
@@ -33,10 +32,8 @@ def init_safe_transform(
       initializing, create: the hooks of ``init_safe_scan``.
 
     Returns:
-      A function with the signature of ``transformed``. If ``transformed`` is a jitted
-      function, the result has its API too (``lower``, ``trace``, ``eval_shape``,
-      ``clear_cache``; see ``jaxoverride.jit_api``): at init, staging it runs the
-      creation pass first, as a call does.
+      A function with the signature of ``transformed`` (and a jitted function's API, whose
+      staging at init also runs the creation pass first).
 
     Example:
       >>> import jax, jax.numpy as jnp
@@ -53,17 +50,6 @@ def init_safe_transform(
       (2.0, 'ArrayImpl')
     """
 
-    def call(*args: Any, **kwargs: Any) -> Any:
-        return init_safe_call(
-            lambda: creation(*args, **kwargs),
-            lambda: transformed(*args, **kwargs),
-            initializing=initializing,
-            create=create,
-        )
-
-    if not all(hasattr(transformed, name) for name in _JITTED):
-        return call
-
     # A jitted function keeps JAX's API; staging it at init creates the parameters first,
     # as a call does, so that the trace reads them instead of creating them.
     def stage(method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -74,6 +60,11 @@ def init_safe_transform(
             create=create,
         )
 
+    def call(*args: Any, **kwargs: Any) -> Any:
+        return stage("__call__", args, kwargs)
+
+    if not all(hasattr(transformed, name) for name in _JITTED):
+        return call
     return jo.jit_api(
         call,
         getattr(transformed, "__wrapped__", creation),
