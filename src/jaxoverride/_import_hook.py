@@ -317,12 +317,12 @@ def interpose_on_import(*packages: str) -> ImportInterposition:
         with raw JAX at import time, which no rebinding can reach. Nothing is changed.
 
     Example:
-      >>> import sys
       >>> import jaxoverride as jo
       >>> try:  # the top of a program, before the first ``import optimistix``
       ...     handle = jo.interpose_on_import("equinox", "optimistix")
       ... except jo.ImportOrderError:  # imported earlier: rebind what can still be reached
-      ...     handle = jo.interpose(sys.modules["optimistix"], recursive=True)
+      ...     import optimistix
+      ...     handle = jo.interpose(optimistix, recursive=True)
       >>> import optimistix as optx  # its eqx.filter_jit wrappers hold jo.jit (first branch)
       >>> handle.restore()
     """
